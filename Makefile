@@ -1,0 +1,31 @@
+# Two commands do everything on a fresh machine: `make run` and `make test`.
+VENV    := .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+PYTHON3 ?= python3
+
+.PHONY: run test bench venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# A local cluster on 127.0.0.1:7711-7713 with the embedded default config; Ctrl-C stops it.
+run: venv
+	$(PY) -m disque.devcluster --nodes 3 --port 7711
+
+test: venv
+	$(PY) -m pytest
+
+# Benchmarks print figures (ratios against redis-server measured in the same run).
+bench: venv
+	command -v redis-benchmark >/dev/null && command -v redis-server >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-tools redis-server >/dev/null)
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

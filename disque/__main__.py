@@ -1,0 +1,3 @@
+from disque.cli import server_main
+
+server_main()

@@ -1,0 +1,460 @@
+"""The one msgpack codec: bus frames and the two serialized forms of a job.
+
+Theory of operation: a frame is a 4-byte big-endian body length followed by
+the body, a msgpack map (cluster.md §2.1):
+
+    {"v": 1, "t": "<TYPE>", "s": sender, "p": client port, "f": node flags,
+     "m": mflags, ...short keys of the message's fields...}
+
+Framing and body encoding are separate layers: `encode_body`/`decode_body`
+turn a (Header, message) pair into a body and back, and `encode_frame` /
+`FrameDecoder` only add and strip the length prefix, so a per-link MAC and
+sequence number can later wrap each body without touching either side.
+
+Everything is table-driven: a `_Field` names an attribute, its short key, a
+check that validates and normalises a decoded value, and a dump that makes the
+value msgpack-ready.  `_KINDS` holds one row per message type; gossip entries
+and jobs are described by the same kind of field tuples, and one generic pack
+and one generic load serve them all.
+
+Incoming frames are validated strictly: the core never sees an ill-typed or
+out-of-range field.  Bytes stay bytes (msgpack bin) and text stays str, so
+queue names and bodies are binary-safe.  A frame of an unknown version is
+skipped; anything else that is wrong raises `FrameError` and the caller drops
+the link (ARCHITECTURE habit 5).  Malformed serialized jobs raise
+`DecodeError` (a ValueError).
+
+Jobs have two forms with the same fields (cluster.md §8.1, persistence.md §4):
+the bus form (`job_to_wire`, a relative `ttl`, DELIVERED cleared) carried by
+REPLJOB and YOURJOBS, and the storage form (`job_to_storage`, absolute
+`etime`, state and flags kept) written to the AOF as `encode_storage` bytes.
+Neither carries `gc_retry` nor the local IN_LIST flag.
+
+Callers: the trio bus (`encode_frame`, `FrameDecoder`), the core when it sends
+or receives jobs (`job_to_wire`, `job_from_wire`), and the AOF
+(`encode_storage`, `decode_storage`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import msgpack
+
+from disque.cluster.messages import (
+    DelJob, Enqueue, Fail, GossipEntry, GotAck, GotJob, Header, Meet, Message,
+    NeedJobs, Pause, Ping, Pong, Queued, ReplJob, SetAck, WillQueue, WireJob,
+    Working, YourJobs,
+)  # fmt: skip
+from disque.ids import valid_id
+from disque.store.job import DELIVERED, WIRE_FLAGS, Job, State
+
+VERSION = 1  # frame body version ("v")
+STORAGE_VERSION = 1  # storage form version ("v")
+
+# Largest accepted frame body: a 64 MiB job body plus 1 MiB for the envelope
+# and the other job fields.  A YOURJOBS batch must stay under it as well.
+MAX_FRAME = (64 << 20) + (1 << 20)
+
+# mflags bits.
+NOREPLY = 1
+INCR_NACKS = 2
+INCR_DELIV = 4
+
+_PREFIX = 4  # length prefix size
+_U64 = 2**64 - 1  # msgpack's largest integer
+
+
+class DecodeError(ValueError):
+    """A frame body or a serialized job is malformed."""
+
+
+class FrameError(DecodeError):
+    """The peer sent something unusable: the link must be dropped."""
+
+    @property
+    def reason(self) -> str:
+        return self.args[0]
+
+
+# --- checks: validate a decoded value and return it normalised ---------------
+
+_Check = Callable[[Any], Any]
+
+
+def _int_in(lo: int, hi: int) -> _Check:
+    def check(v: Any) -> int:
+        # msgpack yields plain ints and bools; IntEnums such as State come from
+        # dicts made by this module.  A bool is never a valid integer field.
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise DecodeError(f"expected an integer, got {type(v).__name__}")
+        if not lo <= v <= hi:
+            raise DecodeError(f"{v} is not in [{lo}, {hi}]")
+        return v
+
+    return check
+
+
+def _of_type(t: type) -> _Check:
+    def check(v: Any) -> Any:
+        if type(v) is not t:
+            raise DecodeError(f"expected {t.__name__}, got {type(v).__name__}")
+        return v
+
+    return check
+
+
+_bytes = _of_type(bytes)
+_bool = _of_type(bool)
+_str = _of_type(str)
+
+
+def _opt_bytes(v: Any) -> bytes | None:
+    return None if v is None else _bytes(v)
+
+
+def _job_id(v: Any) -> bytes:
+    if not valid_id(_bytes(v)):
+        raise DecodeError("invalid job ID")
+    return v
+
+
+_NODE_ID = re.compile("[0-9a-f]{40}")
+
+
+def _node_id(v: Any) -> str:
+    if not _NODE_ID.fullmatch(_str(v)):
+        raise DecodeError("invalid node ID")
+    return v
+
+
+def _ip(v: Any) -> str:
+    try:
+        ipaddress.ip_address(_str(v))
+    except ValueError:
+        raise DecodeError("invalid IP address") from None
+    return v
+
+
+def _list_of(check: _Check, min_len: int = 0) -> _Check:
+    """A msgpack array (or a tuple, in a dict made by this module) -> tuple."""
+
+    def load(v: Any) -> tuple[Any, ...]:
+        if type(v) not in (list, tuple):
+            raise DecodeError(f"expected an array, got {type(v).__name__}")
+        if len(v) < min_len:
+            raise DecodeError(f"expected at least {min_len} item(s)")
+        out = []
+        for i, item in enumerate(v):
+            try:
+                out.append(check(item))
+            except DecodeError as e:
+                raise DecodeError(f"item {i}: {e}") from None
+        return tuple(out)
+
+    return load
+
+
+_PORT = _int_in(0, 65535)
+_BITS = _int_in(0, 2**32 - 1)  # node flags and mflags: unknown bits are harmless
+_UINT = _int_in(0, _U64)
+_FLAG_BYTE = _int_in(0, 255)
+_STATE_CODE = _int_in(min(State), max(State))
+_node_ids = _list_of(_node_id)
+
+
+def _job_state(v: Any) -> State:
+    return State(_STATE_CODE(v))
+
+
+def _job_flags(v: Any) -> int:
+    return _FLAG_BYTE(v) & WIRE_FLAGS
+
+
+def _nodes_delivered(v: Any) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(_node_ids(v)))  # a set: drop duplicates, keep order
+
+
+# --- records: field tables, one pack and one load -----------------------------
+
+
+def _same(v: Any) -> Any:
+    return v
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    name: str  # attribute / dict key on our side
+    key: str  # short key in the msgpack map
+    check: _Check  # decoded value -> validated value
+    dump: Callable[[Any], Any] = _same  # our value -> msgpack-ready value
+
+
+_Fields = tuple[_Field, ...]
+
+
+def _pack(fields: _Fields, get: Callable[[str], Any]) -> dict[str, Any]:
+    return {f.key: f.dump(get(f.name)) for f in fields}
+
+
+def _load(fields: _Fields, m: Any, *, named: bool = False) -> dict[str, Any]:
+    """Check map `m` (short keys, or our names when `named`) -> {name: value}."""
+    if type(m) is not dict:
+        raise DecodeError(f"expected a map, got {type(m).__name__}")
+    out = {}
+    for f in fields:
+        key = f.name if named else f.key
+        if key not in m:
+            raise DecodeError(f"missing field {key!r}")
+        try:
+            out[f.name] = f.check(m[key])
+        except DecodeError as e:
+            raise DecodeError(f"field {key!r}: {e}") from None
+    return out
+
+
+def _record(fields: _Fields, build: Callable[..., Any]) -> _Check:
+    return lambda m: build(**_load(fields, m))
+
+
+def _dump_attrs(fields: _Fields) -> Callable[[Any], dict[str, Any]]:
+    return lambda obj: _pack(fields, partial(getattr, obj))
+
+
+def _dump_items(fields: _Fields) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    return lambda d: _pack(fields, d.__getitem__)
+
+
+def _each(dump: Callable[[Any], Any]) -> Callable[[Any], list[Any]]:
+    return lambda items: [dump(item) for item in items]
+
+
+def _unpack_map(data: bytes) -> dict[Any, Any]:
+    try:
+        # The default limits of unpackb are derived from len(data), so a
+        # claimed array or string length cannot allocate more than that.
+        m = msgpack.unpackb(data, raw=False)
+    except (ValueError, msgpack.UnpackException) as e:
+        raise DecodeError(f"undecodable msgpack: {e}") from None
+    if type(m) is not dict:
+        raise DecodeError(f"expected a map, got {type(m).__name__}")
+    return m
+
+
+_VERSION = (_Field("v", "v", _int_in(-(2**63), _U64)),)  # any msgpack integer
+
+
+def _version(m: dict[Any, Any]) -> int:
+    return _load(_VERSION, m)["v"]
+
+
+# --- jobs ---------------------------------------------------------------------
+
+# The fields both forms share; the names are those of Job's constructor.
+_JOB_COMMON: _Fields = (
+    _Field("id", "i", _job_id),
+    _Field("state", "s", _job_state),
+    _Field("flags", "f", _job_flags),
+    _Field("repl", "r", _int_in(1, 65535)),
+    _Field("ctime", "c", _UINT),
+    _Field("delay", "d", _UINT),
+    _Field("retry", "rt", _UINT),
+    _Field("nacks", "na", _UINT),
+    _Field("deliv", "dv", _UINT),
+    _Field("queue", "q", _opt_bytes),
+    _Field("body", "b", _opt_bytes),
+    _Field("nodes_delivered", "nd", _nodes_delivered),
+)
+_WIRE_JOB: _Fields = _JOB_COMMON + (_Field("ttl", "tl", _int_in(1, _U64)),)
+_STORED_JOB: _Fields = _JOB_COMMON + (_Field("etime", "et", _UINT),)
+_wire_job = _record(_WIRE_JOB, dict)  # checks the job of REPLJOB / YOURJOBS
+_dump_wire_job = _dump_items(_WIRE_JOB)
+
+
+def _job_fields(job: Job, flag_mask: int) -> dict[str, Any]:
+    d = {f.name: getattr(job, f.name) for f in _JOB_COMMON}
+    d["flags"] = job.flags & flag_mask
+    return d
+
+
+def job_to_wire(job: Job, now_s: int) -> WireJob:
+    """Bus form: relative TTL, DELIVERED (and local flags) cleared."""
+    d = _job_fields(job, WIRE_FLAGS & ~DELIVERED)
+    d["ttl"] = max(1, job.etime - now_s + 1)
+    return d
+
+
+def job_from_wire(d: WireJob, now_s: int) -> Job:
+    """A received job with `etime = now_s + ttl` and every other field as sent.
+
+    The caller applies the receive rules (state active, qtime, known nodes).
+    Raises DecodeError if `d` is malformed.
+    """
+    fields = _load(_WIRE_JOB, d, named=True)
+    fields["etime"] = now_s + fields.pop("ttl")
+    return Job(**fields)
+
+
+def job_to_storage(job: Job) -> dict[str, Any]:
+    """Storage form: absolute etime, state and flags kept (IN_LIST masked)."""
+    d = _job_fields(job, WIRE_FLAGS)
+    d["etime"] = job.etime
+    return d
+
+
+def job_from_storage(d: dict[str, Any]) -> Job:
+    """Inverse of job_to_storage; raises DecodeError if `d` is malformed."""
+    return Job(**_load(_STORED_JOB, d, named=True))
+
+
+def encode_storage(job: Job) -> bytes:
+    """The AOF LOADJOB payload: the storage form as a versioned msgpack map."""
+    m = _pack(_STORED_JOB, job_to_storage(job).__getitem__)
+    m["v"] = STORAGE_VERSION
+    return msgpack.packb(m, use_bin_type=True)
+
+
+def decode_storage(data: bytes) -> Job:
+    """Inverse of encode_storage; raises DecodeError on anything malformed."""
+    m = _unpack_map(data)
+    if _version(m) != STORAGE_VERSION:
+        raise DecodeError(f"unknown storage version {m['v']}")
+    return Job(**_load(_STORED_JOB, m))
+
+
+# --- messages -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    name: str  # wire type name
+    cls: type
+    fields: _Fields = ()
+    mflags: tuple[tuple[str, int], ...] = ()  # boolean attribute -> mflags bit
+
+
+_ENVELOPE: _Fields = (
+    _Field("sender", "s", _node_id),
+    _Field("port", "p", _PORT),
+    _Field("flags", "f", _BITS),
+)
+_MFLAGS = _Field("mflags", "m", _BITS)
+
+_GOSSIP_ENTRY: _Fields = (
+    _Field("node_id", "n", _node_id),
+    _Field("ip", "i", _ip),
+    _Field("port", "p", _PORT),
+    _Field("flags", "f", _BITS),
+)
+_GOSSIP = _Field(
+    "gossip", "g", _list_of(_record(_GOSSIP_ENTRY, GossipEntry)), _each(_dump_attrs(_GOSSIP_ENTRY))
+)
+_ID = _Field("id", "i", _job_id)
+_QUEUE = _Field("queue", "q", _bytes)
+
+# Short keys must not reuse the envelope keys v, t, s, p, f, m.
+_KINDS = (
+    _Kind("PING", Ping, (_GOSSIP,)),
+    _Kind("PONG", Pong, (_GOSSIP,)),
+    _Kind("MEET", Meet, (_GOSSIP,)),
+    _Kind("FAIL", Fail, (_Field("node", "n", _node_id),)),
+    _Kind("REPLJOB", ReplJob, (_Field("job", "j", _wire_job, _dump_wire_job),), (("noreply", NOREPLY),)),
+    _Kind("GOTJOB", GotJob, (_ID,)),
+    _Kind("ENQUEUE", Enqueue, (_ID, _Field("delay", "d", _UINT))),
+    _Kind("QUEUED", Queued, (_ID,), (("incr_nacks", INCR_NACKS), ("incr_deliv", INCR_DELIV))),
+    _Kind("WORKING", Working, (_ID,)),
+    _Kind("WILLQUEUE", WillQueue, (_ID,)),
+    _Kind("SETACK", SetAck, (_ID, _Field("mayhave", "h", _UINT))),
+    _Kind("GOTACK", GotAck, (_ID, _Field("known", "k", _bool))),
+    _Kind("DELJOB", DelJob, (_ID,)),
+    _Kind("NEEDJOBS", NeedJobs, (_QUEUE, _Field("count", "c", _UINT))),
+    _Kind("YOURJOBS", YourJobs, (_Field("jobs", "j", _list_of(_wire_job, 1), _each(_dump_wire_job)),)),
+    _Kind("PAUSE", Pause, (_QUEUE, _Field("flags", "pf", _int_in(0, 3)))),
+)
+_BY_NAME = {k.name: k for k in _KINDS}
+_BY_CLASS = {k.cls: k for k in _KINDS}
+
+
+def encode_body(header: Header, msg: Message) -> bytes:
+    kind = _BY_CLASS[type(msg)]
+    m = {"v": VERSION, "t": kind.name, "m": sum(bit for attr, bit in kind.mflags if getattr(msg, attr))}
+    m |= _pack(_ENVELOPE, partial(getattr, header))
+    m |= _pack(kind.fields, partial(getattr, msg))
+    return msgpack.packb(m, use_bin_type=True)
+
+
+def decode_body(body: bytes) -> tuple[Header, Message] | None:
+    """Decode one frame body; None for a frame of an unknown version.
+
+    Raises FrameError for anything else that is wrong, including a malformed
+    field of a known message type: the link is dropped rather than the frame
+    ignored, since a peer that sends one bad frame cannot be trusted with the
+    next.  Unknown extra keys are ignored.
+    """
+    try:
+        m = _unpack_map(body)
+        if _version(m) != VERSION:
+            return None
+        name = m.get("t")
+        kind = _BY_NAME.get(name) if type(name) is str else None
+        if kind is None:
+            raise DecodeError(f"unknown message type {name[:40]!r}" if type(name) is str else "ill-typed type 't'")
+        fields = _load(kind.fields + (_MFLAGS,), m)
+        mflags = fields.pop("mflags")
+        fields |= {attr: bool(mflags & bit) for attr, bit in kind.mflags}
+        return Header(**_load(_ENVELOPE, m)), kind.cls(**fields)
+    except DecodeError as e:
+        raise FrameError(str(e)) from None
+
+
+# --- framing ------------------------------------------------------------------
+
+
+def encode_frame(header: Header, msg: Message) -> bytes:
+    body = encode_body(header, msg)
+    return len(body).to_bytes(_PREFIX, "big") + body
+
+
+class FrameDecoder:
+    """Turns the byte stream of one link into (Header, message) pairs.
+
+    `feed()` whatever arrives, then call `next_frame()` until it returns None
+    (more data needed).  A length prefix over `max_frame` raises FrameError as
+    soon as the prefix is seen, before any of the body is buffered.  After a
+    FrameError the stream cannot be resynchronised: drop the link.
+    """
+
+    __slots__ = ("max_frame", "_buf")
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    def next_frame(self) -> tuple[Header, Message] | None:
+        while (body := self._next_body()) is not None:
+            decoded = decode_body(body)
+            if decoded is not None:  # None: unknown version, skipped
+                return decoded
+        return None
+
+    def _next_body(self) -> bytes | None:
+        buf = self._buf
+        if len(buf) < _PREFIX:
+            return None
+        size = int.from_bytes(buf[:_PREFIX], "big")
+        if size > self.max_frame:
+            raise FrameError(f"frame of {size} bytes exceeds the {self.max_frame} byte limit")
+        end = _PREFIX + size
+        if len(buf) < end:
+            return None
+        body = bytes(buf[_PREFIX:end])
+        del buf[:end]  # O(1) for a bytearray: it only moves its start
+        return body

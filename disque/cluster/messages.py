@@ -1,0 +1,149 @@
+"""Cluster bus messages, one frozen dataclass per verb (cluster.md §2.2).
+
+Theory of operation: these are the values the core exchanges with the bus.
+`membership.py`, `replication.py` and `federation.py` build them and match on
+them; `codec.py` alone knows how they look on the wire and validates every
+field on the way in, so a handler never sees a field of the wrong type or out
+of range.  Every message travels with a `Header` (the envelope: who sent it).
+
+Per-message flags (`mflags` on the wire) appear here as booleans on the
+messages they belong to (`ReplJob.noreply`, `Queued.incr_nacks`,
+`Queued.incr_deliv`).
+
+Jobs travel in their bus form, a `WireJob`: the plain dict made by
+`codec.job_to_wire(job, now_s)`, with a relative `ttl` instead of an absolute
+`etime`.  The receiver turns it into its own `Job` with
+`codec.job_from_wire(d, now_s)` and then applies the receive rules of
+cluster.md §8.1.  Messages never hold a live `Job`: the sender keeps mutating
+its record after the message is built, and a simulated network may deliver
+the same message twice.  Treat a `WireJob` as read-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Node flag bits, as kept in the node table and sent in headers and gossip.
+PFAIL = 1
+FAIL = 2
+MYSELF = 4
+HANDSHAKE = 8
+NOADDR = 16
+MEET = 32
+DELETED = 64
+LEAVING = 128
+
+# A job in bus form: see codec.job_to_wire / codec.job_from_wire.
+WireJob = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """Envelope of every message: sender's node ID, client port, node flags."""
+
+    sender: str
+    port: int
+    flags: int
+
+
+@dataclass(frozen=True, slots=True)
+class GossipEntry:
+    node_id: str
+    ip: str
+    port: int
+    flags: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    gossip: tuple[GossipEntry, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    gossip: tuple[GossipEntry, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Meet:
+    gossip: tuple[GossipEntry, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReplJob:
+    job: WireJob
+    noreply: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GotJob:
+    id: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueue:
+    id: bytes
+    delay: int  # seconds, counted from reception
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    id: bytes
+    incr_nacks: bool = False
+    incr_deliv: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Working:
+    id: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class WillQueue:
+    id: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SetAck:
+    id: bytes
+    mayhave: int  # size of the sender's nodes_delivered
+
+
+@dataclass(frozen=True, slots=True)
+class GotAck:
+    id: bytes
+    known: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DelJob:
+    id: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class NeedJobs:
+    queue: bytes
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class YourJobs:
+    jobs: tuple[WireJob, ...]  # at least one
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    queue: bytes
+    flags: int  # bit 1 = paused for input, bit 2 = paused for output
+
+
+Message = (
+    Ping | Pong | Meet | Fail | ReplJob | GotJob | Enqueue | Queued | Working
+    | WillQueue | SetAck | GotAck | DelJob | NeedJobs | YourJobs | Pause
+)  # fmt: skip

@@ -1,0 +1,597 @@
+"""The client command table: arity, flags, argument validation, replies.
+
+Theory of operation: `dispatch` runs the checks of commands.md §1.3 in their
+order (QUIT, lookup, arity, AUTH, memory, MISCONF, LOADING) and calls the
+handler.  Handlers parse and validate their arguments exactly as the spec
+says (the first failing option decides the error), call the operations of
+`NodeCore`, and return a reply value of `resp.py` (or `BLOCKED`, or
+`SILENT` when nothing must be written).  A `DisqueError` raised anywhere
+becomes the error reply.  Nothing here keeps state of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from disque import admin, errors, ids
+from disque.cluster import messages as m
+from disque.errors import DisqueError, err
+from disque.node import SILENT, Client, NodeCore
+from disque.resp import NIL_ARRAY, Map, Status
+from disque.store.job import STATE_BY_NAME, STATE_NAMES, Job, State
+from disque.store.queue import PAUSE_IN, PAUSE_NAMES, PAUSE_OUT
+
+OK = Status(b"OK")
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+Handler = Callable[[NodeCore, Client, list[bytes]], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    name: str
+    arity: int
+    flags: str  # w r m a l F (commands.md §3)
+    handler: Handler
+
+
+COMMANDS: dict[bytes, Command] = {}
+
+FLAG_WORDS = {"w": "write", "r": "readonly", "m": "denyoom", "a": "admin", "l": "loading", "F": "fast"}
+
+
+def command(name: str, arity: int, flags: str) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        COMMANDS[name.encode()] = Command(name, arity, flags, fn)
+        return fn
+
+    return register
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def parse_int(raw: bytes) -> int:
+    """Strict int64 (commands.md §1.2): optional sign, digits only; the empty
+    string is 0 (upstream quirk).  ValueError otherwise."""
+    digits = raw[1:] if raw[:1] in (b"-", b"+") else raw
+    if raw and not digits.isdigit():
+        raise ValueError(raw)
+    value = int(raw) if raw else 0
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ValueError(raw)
+    return value
+
+
+def int_or(raw: bytes, error: DisqueError) -> int:
+    try:
+        return parse_int(raw)
+    except ValueError:
+        raise error from None
+
+
+def parse_timeout(raw: bytes) -> int:
+    value = int_or(raw, errors.TIMEOUT_NOT_INT)
+    if value < 0:
+        raise errors.TIMEOUT_NEGATIVE
+    return value
+
+
+def parse_cursor(raw: bytes) -> int:
+    neg = raw[:1] == b"-"
+    digits = raw[1:] if neg else raw
+    if not digits.isdigit():
+        raise errors.BAD_CURSOR
+    value = int(digits) % (1 << 64)
+    return (-value) % (1 << 64) if neg else value
+
+
+def job_ids(argv: list[bytes]) -> list[bytes]:
+    """Validate every ID before acting on any (commands.md §2.3)."""
+    for job_id in argv:
+        if not ids.valid_id(job_id):
+            raise errors.BADID
+    return argv
+
+
+def text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
+# ---------------------------------------------------------------- dispatch
+
+
+def dispatch(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    name = argv[0].lower()
+    if name == b"quit":
+        node.close_client(client)
+        return OK
+    cmd = COMMANDS.get(name)
+    if cmd is None:
+        return errors.unknown_command(text(argv[0]))
+    if (cmd.arity > 0 and len(argv) != cmd.arity) or len(argv) < -cmd.arity:
+        return errors.wrong_arity(cmd.name)
+    if not client.authenticated and cmd.name != "auth" and not (cmd.name == "hello" and len(argv) > 1):
+        return errors.NOAUTH
+    flags = cmd.flags
+    if node.config.maxmemory and not node.evict() and "m" in flags:
+        return errors.OOM
+    if node.aof_error is not None and ("w" in flags or cmd.name == "ping"):
+        return errors.misconf(node.aof_error)
+    if node.loading and "l" not in flags:
+        return errors.LOADING
+    client.last_cmd = cmd.name
+    stats = node.stats
+    stats.commands += 1
+    if node.monitors:
+        node.feed_monitors(client, argv)
+    start = node.clock.now_us()
+    try:
+        reply = cmd.handler(node, client, argv)
+    except DisqueError as e:
+        reply = e
+    elapsed = node.clock.now_us() - start
+    calls = stats.calls.get(cmd.name)
+    if calls is None:
+        calls = stats.calls[cmd.name] = [0, 0]
+    calls[0] += 1
+    calls[1] += elapsed
+    if elapsed > node.config.slowlog_log_slower_than >= 0:
+        node.slowlog_add(argv, elapsed)
+    if client.reply_mode:
+        return client.silence(reply)
+    return reply
+
+
+# ---------------------------------------------------------------- jobs
+
+
+ADDJOB_OPTS: dict[bytes, tuple[str, Callable[[int], bool], DisqueError]] = {
+    b"replicate": ("repl", lambda v: 1 <= v <= 65535, err("REPLICATE must be between 1 and 65535")),
+    b"ttl": ("ttl", lambda v: v > 0, err("TTL must be a number > 0")),
+    b"retry": ("retry", lambda v: v >= 0, err("RETRY time must be a non negative number")),
+    b"delay": ("delay", lambda v: v >= 0, err("DELAY time must be a non negative number")),
+    b"maxlen": ("maxlen", lambda v: v > 0, err("MAXLEN must be a positive number")),
+}
+
+
+@command("addjob", -4, "wmF")
+def cmd_addjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    opts: dict[str, int] = {}
+    is_async = False
+    i, n = 4, len(argv)
+    while i < n:
+        opt = argv[i].lower()
+        spec = ADDJOB_OPTS.get(opt)
+        if spec is not None and i + 1 < n:
+            key, ok, error = spec
+            try:
+                value = parse_int(argv[i + 1])
+            except ValueError:
+                raise error from None
+            if not ok(value):
+                raise error
+            opts[key] = value
+            i += 2
+        elif opt == b"async":
+            is_async = True
+            i += 1
+        else:
+            raise errors.SYNTAX
+    timeout = parse_timeout(argv[3])
+    return node.add_job(client, argv[1], argv[2], timeout, opts, is_async)
+
+
+@command("getjob", -2, "wF")
+def cmd_getjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    nohang = withcounters = False
+    timeout, count = 0, 1
+    i, n = 1, len(argv)
+    while i < n:
+        opt = argv[i].lower()
+        if opt == b"from":
+            break
+        if opt == b"nohang":
+            nohang = True
+        elif opt == b"withcounters":
+            withcounters = True
+        elif opt == b"timeout" and i + 1 < n:
+            i += 1
+            timeout = parse_timeout(argv[i])
+        elif opt == b"count" and i + 1 < n:
+            i += 1
+            count = int_or(argv[i], err("COUNT must be a number greater than zero"))
+            if count <= 0:
+                raise err("COUNT must be a number greater than zero")
+        else:
+            raise errors.SYNTAX
+        i += 1
+    queues = argv[i + 1 :]
+    if i >= n or not queues:
+        raise errors.SYNTAX
+    return node.get_jobs(client, queues, count, nohang, withcounters, timeout)
+
+
+@command("ackjob", -1, "wF")
+def cmd_ackjob(node: NodeCore, client: Client, argv: list[bytes]) -> int:
+    return sum(node.ack_job(job_id) for job_id in job_ids(argv[1:]))
+
+
+@command("fastack", -1, "wF")
+def cmd_fastack(node: NodeCore, client: Client, argv: list[bytes]) -> int:
+    return sum(node.fast_ack(job_id) for job_id in job_ids(argv[1:]))
+
+
+def _each_known(node: NodeCore, argv: list[bytes], action: Callable[[Job], bool]) -> int:
+    done = 0
+    for job_id in job_ids(argv[1:]):
+        job = node.jobs.get(job_id)
+        if job is not None and action(job):
+            done += 1
+    return done
+
+
+@command("deljob", -1, "wF")
+def cmd_deljob(node: NodeCore, client: Client, argv: list[bytes]) -> int:
+    def delete(job: Job) -> bool:
+        node.delete_job(job)
+        return True
+
+    return _each_known(node, argv, delete)
+
+
+@command("enqueue", -1, "mwF")
+def cmd_enqueue(node: NodeCore, client: Client, argv: list[bytes]) -> int:
+    return _each_known(node, argv, lambda job: job.state == State.ACTIVE and node.enqueue(job))
+
+
+@command("nack", -1, "mwF")
+def cmd_nack(node: NodeCore, client: Client, argv: list[bytes]) -> int:
+    return _each_known(node, argv, lambda job: job.state == State.ACTIVE and node.enqueue(job, nack=True))
+
+
+@command("dequeue", -1, "wF")
+def cmd_dequeue(node: NodeCore, client: Client, argv: list[bytes]) -> int:
+    return _each_known(node, argv, node.dequeue)
+
+
+@command("working", 2, "wF")
+def cmd_working(node: NodeCore, client: Client, argv: list[bytes]) -> int:
+    (job_id,) = job_ids(argv[1:])
+    job = node.jobs.get(job_id)
+    if job is None:
+        raise errors.NOJOB
+    return node.working(job)
+
+
+@command("show", 2, "rF")
+def cmd_show(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    (job_id,) = job_ids(argv[1:])
+    job = node.jobs.get(job_id)
+    return None if job is None else show(node, job)
+
+
+def show(node: NodeCore, job: Job) -> Map:
+    now = node.now
+    dummy = job.is_dummy_ack
+    return Map(
+        [
+            (b"id", job.id),
+            (b"queue", job.queue),
+            (b"state", STATE_NAMES[job.state]),
+            (b"repl", 0 if dummy else job.repl),
+            (b"ttl", max(0, job.etime - now // 1000)),
+            (b"ctime", job.ctime),
+            (b"delay", job.delay),
+            (b"retry", job.retry),
+            (b"nacks", job.nacks),
+            (b"additional-deliveries", job.deliv),
+            (b"nodes-delivered", list(job.nodes_delivered)),
+            (b"nodes-confirmed", sorted(job.nodes_confirmed or ())),
+            (b"next-requeue-within", max(0, job.qtime - now) if job.qtime else None),
+            (b"next-awake-within", max(0, job.awake - now) if job.awake else None),
+            (b"body", job.body),
+        ]
+    )
+
+
+@command("loadjob", 2, "w")
+def cmd_loadjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    raise err("LOADJOB is a special command only processed from AOF")
+
+
+# ---------------------------------------------------------------- scanning
+
+
+def parse_scan(argv: list[bytes], numeric: tuple[bytes, ...], extra: dict[bytes, Callable[[bytes], Any]]) -> tuple[int, dict[bytes, Any]]:
+    """Shared JSCAN/QSCAN argument parser: tokens in any order, one cursor."""
+    cursor: int | None = None
+    opts: dict[bytes, Any] = {b"count": 100}
+    i, n = 1, len(argv)
+    while i < n:
+        tok = argv[i].lower()
+        has_value = i + 1 < n
+        if tok == b"busyloop":
+            opts[tok] = True
+        elif has_value and (tok in numeric or tok == b"count"):
+            i += 1
+            opts[tok] = int_or(argv[i], errors.NOT_INTEGER)
+        elif has_value and tok in extra:
+            i += 1
+            opts.setdefault(tok, []).append(extra[tok](argv[i]))
+        else:
+            if cursor is not None:
+                raise errors.SYNTAX
+            cursor = parse_cursor(argv[i])
+        i += 1
+    return cursor or 0, opts
+
+
+def _scan(table: Any, cursor: int, opts: dict[bytes, Any]) -> tuple[int, list[Any]]:
+    count = max(1, opts[b"count"])
+    if opts.get(b"busyloop"):
+        return table.scan(cursor, 1 << 62, None)
+    return table.scan(cursor, count, count * 10)
+
+
+def _job_state(raw: bytes) -> State:
+    state = STATE_BY_NAME.get(text(raw).lower())
+    if state is None:
+        raise err("Invalid job state name")
+    return state
+
+
+def _reply_type(raw: bytes) -> bool:
+    kind = raw.lower()
+    if kind not in (b"id", b"all"):
+        raise err("Invalid REPLY type, try ID or ALL")
+    return kind == b"all"
+
+
+@command("jscan", -1, "r")
+def cmd_jscan(node: NodeCore, client: Client, argv: list[bytes]) -> list[Any]:
+    cursor, opts = parse_scan(argv, (), {b"queue": bytes, b"state": _job_state, b"reply": _reply_type})
+    queues = opts.get(b"queue")
+    states = opts.get(b"state")
+    reply_all = opts.get(b"reply", [False])[-1]
+    cursor, jobs = _scan(node.jobs, cursor, opts)
+    items: list[Any] = []
+    for job in jobs:
+        if job.is_dummy_ack or (queues and job.queue != queues[-1]) or (states and job.state not in states):
+            continue
+        items.append(show(node, job) if reply_all else Status(job.id))
+    return [str(cursor).encode(), items]
+
+
+COMMANDS[b"scanjobs"] = Command("scanjobs", -1, "r", cmd_jscan)
+
+
+@command("qscan", -1, "r")
+def cmd_qscan(node: NodeCore, client: Client, argv: list[bytes]) -> list[Any]:
+    cursor, opts = parse_scan(argv, (b"minlen", b"maxlen", b"importrate"), {})
+    cursor, queues = _scan(node.queues, cursor, opts)
+    minlen, maxlen, rate = opts.get(b"minlen"), opts.get(b"maxlen"), opts.get(b"importrate")
+    names = [
+        q.name
+        for q in queues
+        if (minlen is None or len(q) >= minlen)
+        and (maxlen is None or len(q) <= maxlen)
+        and (rate is None or node.import_rate(q) >= rate)
+    ]
+    return [str(cursor).encode(), names]
+
+
+# ---------------------------------------------------------------- queues
+
+
+@command("qlen", 2, "rF")
+def cmd_qlen(node: NodeCore, client: Client, argv: list[bytes]) -> int:
+    queue = node.queues.get(argv[1])
+    return 0 if queue is None else len(queue)
+
+
+@command("qpeek", 3, "r")
+def cmd_qpeek(node: NodeCore, client: Client, argv: list[bytes]) -> list[Any]:
+    count = int_or(argv[2], errors.NOT_INTEGER)
+    queue = node.queues.get(argv[1])
+    if queue is None or count == 0:
+        return []
+    source = queue.oldest() if count > 0 else queue.newest()
+    out = []
+    for job in source:
+        if len(out) == abs(count):
+            break
+        out.append(node.job_entry(job, False))
+    return out
+
+
+@command("qstat", 2, "rF")
+def cmd_qstat(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    queue = node.queues.get(argv[1])
+    if queue is None:
+        return NIL_ARRAY
+    now = node.now
+    return Map(
+        [
+            (b"name", queue.name),
+            (b"len", len(queue)),
+            (b"age", max(0, (now - queue.ctime) // 1000)),
+            (b"idle", max(0, (now - queue.atime) // 1000)),
+            (b"blocked", len(queue.waiters)),
+            (b"import-from", node.import_from(queue)),
+            (b"import-rate", node.import_rate(queue)),
+            (b"jobs-in", queue.jobs_in),
+            (b"jobs-out", queue.jobs_out),
+            (b"pause", PAUSE_NAMES[queue.pause]),
+        ]
+    )
+
+
+PAUSE_OPTS = {b"none": None, b"in": PAUSE_IN, b"out": PAUSE_OUT, b"all": PAUSE_IN | PAUSE_OUT}
+
+
+@command("pause", -3, "rF")
+def cmd_pause(node: NodeCore, client: Client, argv: list[bytes]) -> Status:
+    flags = 0
+    change = bcast = False
+    for raw in argv[2:]:
+        opt = raw.lower()
+        if opt in PAUSE_OPTS:
+            bit = PAUSE_OPTS[opt]
+            flags = 0 if bit is None else flags | bit
+            change = True
+        elif opt == b"bcast":
+            bcast = True
+        elif opt != b"state":
+            raise errors.SYNTAX
+    name = argv[1]
+    if change:
+        node.set_pause(name, flags)
+    queue = node.queues.get(name)
+    result = 0 if queue is None else queue.pause
+    if bcast:
+        msg = m.Pause(name, result)
+        for node_id in node.cluster.linked_ids():
+            node.send(node_id, msg)
+    return Status(PAUSE_NAMES[result].encode())
+
+
+# ---------------------------------------------------------------- connection
+
+
+@command("auth", 2, "rlF")
+def cmd_auth(node: NodeCore, client: Client, argv: list[bytes]) -> Status:
+    node.authenticate(client, argv[1])
+    return OK
+
+
+@command("ping", -1, "rF")
+def cmd_ping(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    if len(argv) > 2:
+        raise errors.wrong_arity("ping")
+    return Status(b"PONG") if len(argv) == 1 else argv[1]
+
+
+@command("echo", 2, "rF")
+def cmd_echo(node: NodeCore, client: Client, argv: list[bytes]) -> bytes:
+    return argv[1]
+
+
+@command("select", 2, "rlF")
+def cmd_select(node: NodeCore, client: Client, argv: list[bytes]) -> Status:
+    if argv[1] != b"0":
+        raise err("DB index is out of range")
+    return OK
+
+
+@command("time", 1, "rF")
+def cmd_time(node: NodeCore, client: Client, argv: list[bytes]) -> list[bytes]:
+    us = node.clock.wall_us()
+    return [str(us // 1_000_000).encode(), str(us % 1_000_000).encode()]
+
+
+@command("hello", -1, "rlF")
+def cmd_hello(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    if len(argv) == 1:
+        return admin.hello(node)
+    return admin.redis_hello(node, client, argv[1:])
+
+
+@command("client", -2, "ar")
+def cmd_client(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    return admin.client_command(node, client, argv)
+
+
+@command("command", 0, "rl")
+def cmd_command(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    if len(argv) == 1:
+        return [_command_entry(c) for c in COMMANDS.values()]
+    sub = argv[1].lower()
+    if sub == b"count" and len(argv) == 2:
+        return len(COMMANDS)
+    if sub == b"info":
+        return [None if (c := COMMANDS.get(a.lower())) is None else _command_entry(c) for a in argv[2:]]
+    if sub == b"docs":
+        return Map([])
+    raise err("Unknown subcommand or wrong number of arguments.")
+
+
+def _command_entry(cmd: Command) -> list[Any]:
+    return [cmd.name, cmd.arity, [Status(FLAG_WORDS[f].encode()) for f in cmd.flags], 0, 0, 0]
+
+
+@command("monitor", 1, "ar")
+def cmd_monitor(node: NodeCore, client: Client, argv: list[bytes]) -> Status:
+    node.monitors[client.id] = client
+    return OK
+
+
+# ---------------------------------------------------------------- server
+
+
+@command("info", -1, "rl")
+def cmd_info(node: NodeCore, client: Client, argv: list[bytes]) -> bytes:
+    if len(argv) > 2:
+        raise errors.SYNTAX
+    return admin.info(node, text(argv[1]).lower() if len(argv) == 2 else "default")
+
+
+@command("config", -2, "ar")
+def cmd_config(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    return admin.config_command(node, argv)
+
+
+@command("shutdown", -1, "arl")
+def cmd_shutdown(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    if len(argv) > 2 or (len(argv) == 2 and argv[1].lower() != b"rewrite-aof"):
+        raise errors.SYNTAX
+    if not node.host.shutdown(len(argv) == 2):
+        raise err("Errors trying to SHUTDOWN. Check logs.")
+    return SILENT
+
+
+@command("bgrewriteaof", 1, "ar")
+def cmd_bgrewriteaof(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    return node.host.bgrewriteaof()
+
+
+@command("debug", -2, "a")
+def cmd_debug(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    return admin.debug_command(node, argv)
+
+
+@command("slowlog", -2, "r")
+def cmd_slowlog(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    sub = argv[1].lower()
+    if sub == b"len" and len(argv) == 2:
+        return len(node.slowlog)
+    if sub == b"reset" and len(argv) == 2:
+        node.slowlog.clear()
+        return OK
+    if sub == b"get" and len(argv) <= 3:
+        count = int_or(argv[2], errors.NOT_INTEGER) if len(argv) == 3 else 10
+        return [list(entry) for entry in list(node.slowlog)[:count]]
+    raise err("Unknown SLOWLOG subcommand or wrong # of args. Try GET, RESET, LEN.")
+
+
+@command("latency", -2, "arl")
+def cmd_latency(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    sub = argv[1].lower()
+    if sub == b"latest" and len(argv) == 2:
+        return []
+    if sub == b"doctor" and len(argv) == 2:
+        return b"No latency spikes were observed (latency monitoring is not sampling events)."
+    if sub == b"history" and len(argv) == 3:
+        return []
+    if sub == b"graph" and len(argv) == 3:
+        raise err(f"No samples available for event '{text(argv[2])}'")
+    if sub == b"reset":
+        return 0
+    raise errors.SYNTAX
+
+
+@command("cluster", -2, "ar")
+def cmd_cluster(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    return admin.cluster_command(node, argv)

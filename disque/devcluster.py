@@ -1,0 +1,158 @@
+"""Start local nodes as real processes: `make run`, the integration tests,
+the benchmarks and jepsen-lite all use this.
+
+`python -m disque.devcluster --nodes 3 --port 7711` starts three nodes on
+127.0.0.1:7711-7713 with the embedded default config, joins them with
+CLUSTER MEET, and stops them (by PID, SIGTERM) on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DEFAULT_CONF = Path(__file__).with_name("default.conf")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A client port whose bus port (+10000) is free too."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port > 55535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+def command(host: str, port: int, *args: str | bytes, timeout: float = 5.0) -> bytes:
+    """Send one command and return the raw reply line(s) (tiny helper, no client
+    library needed)."""
+    parts = [a if isinstance(a, bytes) else str(a).encode() for a in args]
+    payload = b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.sendall(payload)
+        return s.recv(1 << 20)
+
+
+class NodeProcess:
+    """One `disque-server` child process in its own directory."""
+
+    def __init__(self, port: int, workdir: Path, *extra: str, host: str = "127.0.0.1") -> None:
+        self.port = port
+        self.host = host
+        self.workdir = workdir
+        self.extra = list(extra)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "log.txt"
+
+    def start(self, wait: float = 10.0) -> NodeProcess:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        conf = self.workdir / "disque.conf"
+        if not conf.exists():
+            conf.write_text(DEFAULT_CONF.read_text() + f"\nport {self.port}\nbind {self.host}\nlogfile log.txt\n")
+        argv = [sys.executable, "-m", "disque", str(conf), "--dir", str(self.workdir), *self.extra]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                raise RuntimeError(f"node on port {self.port} exited with {self.proc.returncode}: {err}")
+            try:
+                if command(self.host, self.port, "PING", timeout=1).startswith(b"+PONG"):
+                    return self
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError(f"node on port {self.port} did not answer within {wait}s")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, signum: int) -> None:
+        if self.alive():
+            os.kill(self.pid, signum)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM by PID, then SIGKILL if it does not exit in time."""
+        if self.proc is None:
+            return None
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stderr:
+            self.proc.stderr.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.kill()
+            self.proc.wait()
+
+
+def join(nodes: list[NodeProcess], timeout: float = 15.0) -> None:
+    """MEET every node with the first one and wait for the full mesh."""
+    first = nodes[0]
+    for node in nodes[1:]:
+        command(node.host, node.port, "CLUSTER", "MEET", first.host, first.port)
+    deadline = time.monotonic() + timeout
+    for node in nodes:
+        while b"cluster_reachable_nodes:%d" % (len(nodes) - 1) not in command(node.host, node.port, "CLUSTER", "INFO"):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the cluster did not form in time")
+            time.sleep(0.05)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Run a local Disque cluster (Ctrl-C stops it).")
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--port", type=int, default=7711, help="port of the first node")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
+    args = parser.parse_args()
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="disque-run-"))
+    nodes = [NodeProcess(args.port + i, base / str(args.port + i), host=args.host) for i in range(args.nodes)]
+    try:
+        for node in nodes:
+            node.start()
+        if len(nodes) > 1:
+            join(nodes)
+        print(f"{len(nodes)} node(s) on {args.host}:{args.port}-{args.port + len(nodes) - 1}, data in {base}.")
+        print("Try: .venv/bin/disque -p %d ADDJOB q hello 0   (Ctrl-C stops the cluster)" % args.port, flush=True)
+        while all(node.alive() for node in nodes):
+            time.sleep(0.5)
+        print("a node exited; stopping the others", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("\nstopping...", flush=True)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan nodes
+        for node in nodes:
+            node.stop()
+
+
+if __name__ == "__main__":
+    main()

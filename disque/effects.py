@@ -1,0 +1,44 @@
+"""What the core asks the shell to do.
+
+Theory of operation: the core never performs I/O.  Entry points of
+`NodeCore` return the reply of the command they ran and append everything
+else to `NodeCore.effects`: replies to *other* clients (a blocked GETJOB
+served by someone's ADDJOB), bus messages, AOF records, connections to
+close.  The shell drains the list after every call and carries the effects
+out in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A reply value (resp types) for a client that is not the caller."""
+
+    client_id: int
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """A bus message for one peer (skipped by the shell if there is no link)."""
+
+    node_id: str
+    msg: Any
+
+
+@dataclass(frozen=True, slots=True)
+class AofAppend:
+    """An encoded AOF record (LOADJOB or DELJOB)."""
+
+    record: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CloseClient:
+    """Close a client connection once its pending output is written."""
+
+    client_id: int

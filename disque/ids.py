@@ -1,0 +1,44 @@
+"""48-character job IDs (commands.md §2).
+
+Theory of operation: an ID is `DI` + the first 8 characters of the creating
+node's ID + 32 random lowercase hex characters + the TTL in minutes as 4 hex
+digits + `SQ`.  The random part comes from the `random.Random` the caller
+injects, so simulations are reproducible.  The parity of the TTL field records
+the delivery guarantee: odd = at-least-once (RETRY > 0), even = at-most-once.
+IDs are bytes everywhere in the core: they arrive as bytes from clients and
+leave as bytes in replies.
+"""
+
+from __future__ import annotations
+
+import random
+
+ID_LEN = 48
+
+
+def new_job_id(node_id: str, rng: random.Random, ttl: int, retry: int) -> bytes:
+    minutes = min(ttl // 60, 65535)
+    minutes = minutes | 1 if retry > 0 else minutes & ~1
+    return b"DI%s%032x%04xSQ" % (node_id[:8].encode(), rng.getrandbits(128), minutes)
+
+
+def valid_id(job_id: bytes) -> bool:
+    return len(job_id) == ID_LEN and job_id[:2] == b"DI" and job_id[46:] == b"SQ"
+
+
+def ttl_minutes(job_id: bytes) -> int:
+    """TTL field of an ID; a non-hex digit counts as 0, as upstream does."""
+    value = 0
+    for ch in job_id[42:46].lower():
+        digit = ch - 48 if 48 <= ch <= 57 else ch - 87 if 97 <= ch <= 102 else 0
+        value = value * 16 + digit
+    return value
+
+
+def mixed(node_id: str, job_id: bytes) -> bytes:
+    """Per-job mixing of a node ID used to break ties between nodes (§2.5)."""
+    return bytes(b ^ job_id[10 + (i % 32)] for i, b in enumerate(node_id.encode()[:40]))
+
+
+def node_prefix(job_id: bytes) -> str:
+    return job_id[2:10].decode("ascii", "replace")

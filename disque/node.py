@@ -1,0 +1,750 @@
+"""NodeCore: one Disque node's state and the job lifecycle, with no I/O.
+
+Theory of operation: the trio shell (server.py) feeds the core three kinds of
+input: client commands (`handle_command`), bus messages (`handle_message`,
+cluster layer) and the passage of time (`tick`).  The core reads the time from
+the injected `clock` and random numbers from the injected `rng` only, and
+answers with a reply value plus `effects` (replies to other clients, bus
+sends, AOF records).  `next_deadline()` tells the shell when to call `tick`.
+
+Invariants kept here:
+* a job is in exactly one state (`store/job.py` transition table), and a
+  queue holds only `queued` jobs;
+* every registered job has one awake time in the `JobStore` timer, recomputed
+  by `_reschedule` after every change that matters (cluster.md §8.3);
+* a RETRY 0 job is queued at most once per node (`enqueue` refuses it once
+  delivered, and `qtime = 0` afterwards);
+* clients blocked in GETJOB are served after every command, one job each, in
+  arrival order (`_serve_ready`).
+
+Command parsing and validation live in `commands.py`; this module offers the
+operations they need.  Anything that needs the outside world synchronously
+(rewriting the config file, process statistics, shutting down) goes through
+the `host` object the shell provides.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from disque import errors
+from disque.cluster import messages as m
+from disque.cluster.membership import Membership
+from disque.effects import AofAppend, CloseClient, Reply, Send
+from disque.ids import new_job_id, ttl_minutes
+from disque.resp import NIL_ARRAY, Status
+from disque.store.job import (
+    ABORT,
+    ACK,
+    BCAST_QUEUED,
+    BCAST_WILLQUEUE,
+    DELIVERED,
+    DEQUEUE,
+    ENQUEUE,
+    FETCH,
+    Job,
+    State,
+)
+from disque.store.aof import AofStatus
+from disque.store.jobs import JobStore
+from disque.store.queue import PAUSE_IN, PAUSE_OUT, Queue
+from disque.store.scan import BucketedDict
+
+# Memory estimate (cluster.md §11): the dataset size, not the process RSS.
+BASE_MEMORY = 800_000  # an idle node, as upstream reports it
+JOB_OVERHEAD = 160  # per job record, on top of id + queue + body bytes
+QUEUE_OVERHEAD = 400  # per queue object, on top of its name
+
+WILLQUEUE_LEAD = 500
+GC_MAX_DELAY = 180_000
+QUEUE_IDLE_MS = (300_000, 10_000, 2_000)  # by memory level 0, 1, >= 2
+BLOCKED_CRON_MS = 100
+REPL_STEP_MS = 50
+
+# need_jobs reasons (cluster.md §9.1)
+CLIENTS_WAITING = 0
+REACHED_ZERO = 1
+
+
+class Clock(Protocol):
+    def now_ms(self) -> int:
+        """Unix time in ms (jobs' ctime, etime and timers)."""
+
+    def now_us(self) -> int:
+        """A monotonic µs counter (command durations)."""
+
+    def wall_us(self) -> int:
+        """Unix time in µs (TIME, MONITOR)."""
+
+
+class Host(Protocol):
+    """Synchronous services of the shell (I/O the core must not do itself)."""
+
+    def process_info(self) -> dict[str, Any]: ...
+
+    def rewrite_config(self) -> None: ...
+
+    def change_dir(self, path: str) -> None: ...
+
+    def shutdown(self, rewrite_aof: bool) -> bool: ...
+
+    def apply_config(self, changed: list[str]) -> None:
+        """React to CONFIG SET (chdir, AOF on/off, ...); raises DisqueError."""
+
+    def bgrewriteaof(self) -> Any: ...
+
+    def debug(self, sub: str, args: list[bytes]) -> Any: ...
+
+
+REPLY_ON, REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT = 0, 1, 2, 3
+SILENT = object()  # handle_command result: write nothing
+
+
+@dataclass(slots=True, eq=False)
+class Client:
+    id: int
+    fd: int = -1
+    addr: str = ""
+    laddr: str = ""
+    name: bytes = b""
+    authenticated: bool = False
+    proto: int = 2
+    ctime: int = 0
+    last: int = 0
+    last_cmd: str = "NULL"
+    waiter: "Waiter | None" = None
+    repl_job: bytes | None = None  # ADDJOB waiting for replication
+    lib_name: bytes = b""
+    lib_ver: bytes = b""
+    reply_mode: int = 0  # REPLY_ON, REPLY_OFF or REPLY_SKIP (CLIENT REPLY)
+
+    def silence(self, reply: Any) -> Any:
+        """Apply CLIENT REPLY OFF/SKIP to the reply of the current command."""
+        if self.reply_mode == REPLY_SKIP_NEXT:
+            self.reply_mode = REPLY_SKIP
+            return reply
+        if self.reply_mode == REPLY_SKIP:
+            self.reply_mode = REPLY_ON
+        return SILENT
+
+
+@dataclass(slots=True, eq=False)
+class Waiter:
+    """A client blocked in GETJOB."""
+
+    client: Client
+    queues: tuple[bytes, ...]
+    withcounters: bool
+    deadline: int  # 0 = forever
+
+
+@dataclass(slots=True)
+class Stats:
+    connections: int = 0
+    commands: int = 0
+    net_in: int = 0
+    net_out: int = 0
+    rejected: int = 0
+    bus_sent: int = 0
+    bus_received: int = 0
+    calls: dict[str, list[int]] = field(default_factory=dict)  # name -> [calls, usec]
+
+
+BLOCKED = object()  # handle_command result: the client waits for a later Reply
+
+
+class NodeCore:
+    def __init__(
+        self,
+        config: Any,
+        node_id: str,
+        *,
+        clock: Clock,
+        rng: random.Random,
+        host: Host,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.rng = rng
+        self.host = host
+        self.now = clock.now_ms()
+        self.cluster = Membership(node_id, config.port)
+        self.solo = (node_id,)  # shared nodes_delivered tuple of local-only jobs
+        self.jobs = JobStore()
+        self.queues: BucketedDict[bytes, Queue] = BucketedDict()
+        self.clients: dict[int, Client] = {}
+        self.blocked: dict[int, Waiter] = {}
+        self.repl_waiters: dict[bytes, Client] = {}
+        self.ready: dict[bytes, None] = {}
+        self.effects: list[Any] = []
+        self.stats = Stats()
+        self.last_ctime = 0
+        self.used_memory = BASE_MEMORY
+        self.peak_memory = BASE_MEMORY
+        self.loading = False
+        self.aof = AofStatus()
+        self.aof_error: str | None = None  # strerror of the last failed AOF write (MISCONF)
+        self.start_ms = self.now
+        self.run_id = "%040x" % rng.getrandbits(160)
+        self.client_pause_until = 0
+        self._last_cron = 0
+        self._gc_cursor = 0
+        self.federation: Any = None  # cluster/federation.py, attached by the cluster layer
+        self.replication: Any = None  # cluster/replication.py, attached by the cluster layer
+        self.monitors: dict[int, Client] = {}
+        self.slowlog: deque[tuple[int, int, int, list[bytes]]] = deque()
+        self.slowlog_id = 0
+
+    # ------------------------------------------------------------------ time
+
+    def next_deadline(self) -> int:
+        """Absolute ms when `tick` must run next (the scheduler, blocked
+        clients' timeouts and the 100 ms client cron)."""
+        at = self._last_cron + BLOCKED_CRON_MS
+        awake = self.jobs.next_awake()
+        return at if awake is None else min(at, awake)
+
+    def tick(self) -> None:
+        self.now = now = self.clock.now_ms()
+        for job in self.jobs.due(now):
+            self._process_job(job)
+        if now - self._last_cron >= BLOCKED_CRON_MS:
+            self._last_cron = now
+            self._cron()
+        self._serve_ready()
+
+    def _cron(self) -> None:
+        now = self.now
+        for waiter in list(self.blocked.values()):
+            if waiter.deadline and waiter.deadline <= now:
+                self._unblock(waiter.client, NIL_ARRAY)
+            elif self.cluster.leaving:
+                self._unblock(waiter.client, errors.LEAVING)
+            elif self.federation is not None:
+                for name in waiter.queues:
+                    self.federation.need_jobs(self._queue(name), CLIENTS_WAITING)
+        self._collect_idle_queues()
+
+    # ------------------------------------------------------------ clients
+
+    def connect(self, client_id: int, addr: str = "", laddr: str = "", fd: int = -1) -> Client:
+        client = Client(client_id, fd, addr, laddr, ctime=self.now, last=self.now)
+        client.authenticated = not self.config.requirepass
+        self.clients[client_id] = client
+        self.stats.connections += 1
+        return client
+
+    def disconnect(self, client_id: int) -> None:
+        client = self.clients.pop(client_id, None)
+        if client is None:
+            return
+        self.monitors.pop(client_id, None)
+        if client.waiter is not None:
+            self._drop_waiter(client.waiter)
+        if client.repl_job is not None:
+            self.repl_waiters.pop(client.repl_job, None)
+            job = self.jobs.get(client.repl_job)
+            client.repl_job = None
+            if job is not None and job.state == State.WAIT_REPL:
+                self._abort_replication(job)
+
+    def reply_to(self, client: Client, value: Any) -> None:
+        self.effects.append(Reply(client.id, value))
+
+    def close_client(self, client: Client) -> None:
+        self.effects.append(CloseClient(client.id))
+
+    # ------------------------------------------------------------ commands
+
+    def handle_command(self, client: Client, argv: list[bytes]) -> Any:
+        from disque.commands import dispatch  # circular: commands use NodeCore
+
+        self.now = self.clock.now_ms()
+        client.last = self.now
+        reply = dispatch(self, client, argv)
+        if self.ready:
+            self._serve_ready()
+        return reply
+
+    # ------------------------------------------------------------ memory
+
+    def mem_level(self) -> int:
+        limit = self.config.maxmemory
+        used = self.used_memory
+        if used > limit // 100 * 95:
+            return 2
+        return 1 if used > limit // 100 * 75 else 0
+
+    def _account(self, delta: int) -> None:
+        self.used_memory += delta
+        if self.used_memory > self.peak_memory:
+            self.peak_memory = self.used_memory
+
+    @staticmethod
+    def job_size(job: Job) -> int:
+        return JOB_OVERHEAD + len(job.id) + len(job.body or b"") + len(job.queue or b"")
+
+    def evict(self) -> bool:
+        """Free memory at level >= 2 (cluster.md §11).  True when back under
+        the 95 % threshold (or nothing needed)."""
+        if self.mem_level() < 2:
+            return True
+        if self.config.maxmemory == 0:
+            return True  # upstream quirk kept: maxmemory 0 never answers OOM
+        if self.config.maxmemory_policy == "noeviction":
+            return False
+        if len(self.jobs) == 0:
+            self._collect_idle_queues(everything=True)
+        else:
+            fruitless = 0
+            candidates = list(self.jobs.values())
+            while fruitless < 10 and candidates and self.mem_level() >= 2:
+                job = candidates.pop(self.rng.randrange(len(candidates)))
+                if job.state == State.ACKED or (job.retry == 0 and job.flags & DELIVERED):
+                    self.delete_job(job)
+                    fruitless = 0
+                else:
+                    fruitless += 1
+        return self.mem_level() < 2
+
+    # ------------------------------------------------------------ queues
+
+    def _queue(self, name: bytes) -> Queue:
+        queue = self.queues.get(name)
+        if queue is None:
+            queue = Queue(name, self.now)
+            self.queues.add(name, queue)
+            self._account(QUEUE_OVERHEAD + len(name))
+        return queue
+
+    def destroy_queue(self, queue: Queue) -> None:
+        for job in queue.drain():  # only when flushing: GC never drops live jobs
+            job.move(DEQUEUE)
+        self.queues.pop(queue.name)
+        self.ready.pop(queue.name, None)
+        self._account(-(QUEUE_OVERHEAD + len(queue.name)))
+
+    def _queue_collectable(self, queue: Queue, idle_ms: int) -> bool:
+        return not len(queue) and not queue.waiters and not queue.pause and self.now - queue.atime >= idle_ms
+
+    def _collect_idle_queues(self, everything: bool = False) -> None:
+        """Destroy empty idle queues: a slice of the table per cron tick (a
+        rolling scan cursor), or the whole table when evicting."""
+        idle = QUEUE_IDLE_MS[min(self.mem_level(), 2)]
+        if everything:
+            candidates = list(self.queues.values())
+        else:
+            self._gc_cursor, candidates = self.queues.scan(self._gc_cursor, 100, 16)
+        for queue in candidates:
+            if self._queue_collectable(queue, idle):
+                self.destroy_queue(queue)
+
+    # ------------------------------------------------------------ jobs
+
+    def jitter(self) -> int:
+        return self.rng.randrange(-250, 250)
+
+    def new_ctime(self) -> int:
+        ctime = self.now * 1_000_000
+        if ctime <= self.last_ctime:
+            ctime = self.last_ctime + 1
+        self.last_ctime = ctime
+        return ctime
+
+    def register(self, job: Job) -> None:
+        if job.queue is not None:
+            queue = self.queues.get(job.queue)
+            if queue is not None:
+                job.queue = queue.name  # share the name bytes between jobs
+        self.jobs.add(job)
+        self._account(self.job_size(job))
+        self._reschedule(job)
+
+    def delete_job(self, job: Job, log: bool = True) -> None:
+        """Unregister a job, whatever the cause (cluster.md §8.7)."""
+        if job.state == State.QUEUED:
+            self._queue(job.queue).discard(job)  # type: ignore[arg-type]
+            job.move(DEQUEUE)
+        if log and job.state == State.ACTIVE:
+            self.aof_deljob(job.id)
+        if job.state == State.WAIT_REPL:
+            client = self.repl_waiters.pop(job.id, None)
+            if client is not None:
+                client.repl_job = None
+                self.reply_to(client, errors.NOREPL_REMOVED)
+            self.broadcast(job.nodes_delivered, m.DelJob(job.id))
+        self.jobs.remove(job)
+        self._account(-self.job_size(job))
+
+    def _reschedule(self, job: Job) -> None:
+        at = job.etime * 1000 + 1000
+        state = job.state
+        if state == State.ACKED:
+            gc_at = self.now + min(1000 << job.gc_retry, GC_MAX_DELAY) + self.jitter()
+            at = min(at, gc_at)
+        elif state != State.WAIT_REPL and job.qtime:
+            at = min(at, job.qtime - (WILLQUEUE_LEAD if job.flags & BCAST_WILLQUEUE else 0))
+        self.jobs.schedule(job, at)
+
+    def _process_job(self, job: Job) -> None:
+        """One scheduler visit (cluster.md §8.3)."""
+        now = self.now
+        if job.etime * 1000 <= now:
+            self.delete_job(job)
+            return
+        state = job.state
+        if state in (State.ACTIVE, State.QUEUED) and job.qtime:
+            if job.flags & BCAST_WILLQUEUE and job.qtime - WILLQUEUE_LEAD <= now:
+                if state == State.ACTIVE:
+                    self.broadcast(job.nodes_delivered, m.WillQueue(job.id))
+                job.flags &= ~BCAST_WILLQUEUE
+            elif job.qtime <= now:
+                if state == State.ACTIVE:
+                    queue = self.queues.get(job.queue)  # type: ignore[arg-type]
+                    if job.retry and queue is not None and queue.pause & PAUSE_IN:
+                        job.qtime = now + job.retry * 1000 + self.jitter()
+                    else:
+                        self.enqueue(job)
+                elif job.retry:
+                    job.qtime = now + job.retry * 1000 + self.jitter()
+                    job.flags |= BCAST_WILLQUEUE
+        elif state == State.ACKED:
+            self.try_gc(job)
+        if job.id in self.jobs:
+            self._reschedule(job)
+
+    def enqueue(self, job: Job, nack: bool = False) -> bool:
+        """Queue a job (cluster.md §8.3).  False when refused."""
+        if job.state == State.QUEUED or not job.qtime or (job.retry == 0 and job.flags & DELIVERED):
+            return False
+        job.move(ENQUEUE)
+        if job.retry:
+            job.flags |= BCAST_WILLQUEUE
+            job.qtime = self.now + job.retry * 1000 + self.jitter()
+        else:
+            job.qtime = 0
+        if job.flags & BCAST_QUEUED or nack:
+            self.broadcast(job.nodes_delivered, m.Queued(job.id, incr_nacks=nack, incr_deliv=not nack))
+            if nack:
+                job.nacks = min(job.nacks + 1, 0xFFFF)
+            else:
+                job.deliv = min(job.deliv + 1, 0xFFFF)
+        else:
+            job.flags |= BCAST_QUEUED
+        queue = self._queue(job.queue)  # type: ignore[arg-type]
+        job.queue = queue.name
+        queue.push(job)
+        queue.atime = self.now
+        queue.jobs_in += 1
+        if not queue.pause & PAUSE_OUT and queue.waiters:
+            self.ready[queue.name] = None
+        self._reschedule(job)
+        return True
+
+    def dequeue(self, job: Job) -> bool:
+        if job.state != State.QUEUED:
+            return False
+        self._queue(job.queue).discard(job)  # type: ignore[arg-type]
+        job.move(DEQUEUE)
+        return True
+
+    def fetch(self, queue: Queue) -> Job | None:
+        """Take the oldest job for delivery (GETJOB, or YOURJOBS)."""
+        job = queue.pop()
+        if job is None:
+            return None
+        job.move(FETCH)
+        job.flags |= DELIVERED
+        queue.atime = self.now
+        queue.jobs_out += 1
+        return job
+
+    def acknowledge(self, job: Job) -> None:
+        if job.state == State.ACKED:
+            return
+        self.dequeue(job)
+        was_active = job.state == State.ACTIVE
+        job.move(ACK)
+        job.nodes_confirmed = None
+        if was_active:
+            self.aof_deljob(job.id)
+        self._reschedule(job)
+
+    def try_gc(self, job: Job) -> None:
+        """One ACK garbage-collection attempt (cluster.md §8.6)."""
+        dummy = job.is_dummy_ack
+        job.gc_retry = min(job.gc_retry + 1, 10)
+        if job.nodes_confirmed is None:
+            job.nodes_confirmed = {self.cluster.my_id}
+        if (not dummy and len(job.nodes_delivered) == len(job.nodes_confirmed)) or (
+            dummy and self.cluster.size() == 1
+        ):
+            self.delete_job(job)
+            return
+        targets = list(self.cluster.nodes) if dummy else job.nodes_delivered
+        msg = m.SetAck(job.id, len(job.nodes_delivered))
+        self.broadcast([n for n in targets if n not in job.nodes_confirmed], msg)
+
+    def _abort_replication(self, job: Job) -> None:
+        job.move(ABORT)
+        self.broadcast(job.nodes_delivered, m.DelJob(job.id))
+        self.delete_job(job)
+
+    # ------------------------------------------------------------ client operations
+
+    def add_job(
+        self, client: Client, queue: bytes, body: bytes, timeout: int, opts: dict[str, int], is_async: bool
+    ) -> Any:
+        """ADDJOB after option parsing (commands.md §4.1 steps 3-8, creation)."""
+        size = self.cluster.size()
+        repl = opts.get("repl", min(3, size))
+        ttl = opts.get("ttl", 86400)
+        delay = opts.get("delay", 0)
+        if repl > 1 and opts.get("retry") == 0:
+            raise errors.err(
+                "With RETRY set to 0 please explicitly set  REPLICATE to 1 (at-most-once delivery)"
+            )
+        if delay >= ttl:
+            raise errors.err(
+                "The specified DELAY is greater than TTL. Job refused since would never be delivered"
+            )
+        retry = opts.get("retry", min(ttl // 10, 300) or 1)
+        leaving = self.cluster.leaving
+        extrepl = leaving or self.mem_level() >= 1
+        additional = repl if extrepl else repl - 1
+        reachable = len(self.cluster.reachable())
+        if additional > reachable:
+            if extrepl and additional - 1 == reachable:
+                raise errors.noreply_reason("I'm leaving the cluster" if leaving else "I'm out of memory")
+            raise errors.NOREPL_REACH
+        existing = self.queues.get(queue)
+        if existing is not None:
+            if "maxlen" in opts and len(existing) >= opts["maxlen"]:
+                raise errors.MAXLEN
+            if existing.pause & PAUSE_IN:
+                raise errors.PAUSED
+        job_id = new_job_id(self.cluster.my_id, self.rng, ttl, retry)
+        if job_id in self.jobs:
+            raise errors.err("Internal error creating the job, check server logs")
+        now = self.now
+        job = Job(
+            job_id, queue, body, repl=repl, etime=now // 1000 + ttl, ctime=self.new_ctime(),
+            delay=delay, retry=retry, nodes_delivered=() if extrepl else self.solo,
+        )  # fmt: skip
+        job.qtime = now + (delay or retry) * 1000
+        if additional and self.replication is not None:
+            return self.replication.start(client, job, additional, timeout, is_async, extrepl)
+        self.register(job)
+        self.queue_new_job(job)
+        return Status(job_id)
+
+    def queue_new_job(self, job: Job) -> None:
+        """A new job with a local copy becomes queued (or scheduled) and logged."""
+        if job.delay == 0:
+            self.enqueue(job)
+        else:
+            self._reschedule(job)
+        self.aof_loadjob(job)
+
+    def get_jobs(
+        self, client: Client, names: list[bytes], count: int, nohang: bool, withcounters: bool, timeout: int
+    ) -> Any:
+        """GETJOB after option parsing: rounds over the queues (commands.md §4.2)."""
+        out: list[Any] = []
+        federation = self.federation
+        while True:
+            took = False
+            for name in names:
+                queue = self.queues.get(name)
+                job = None
+                if queue is not None and not queue.pause & PAUSE_OUT:
+                    job = self.fetch(queue)
+                if job is None:
+                    queue = queue or self._queue(name)
+                    if federation is not None:
+                        federation.need_jobs(queue, CLIENTS_WAITING)
+                    continue
+                took = True
+                out.append(self.job_entry(job, withcounters))
+                if federation is not None and not len(queue):
+                    federation.need_jobs(queue, REACHED_ZERO)
+                if len(out) == count:
+                    return out
+            if not took:
+                break
+        if out:
+            return out
+        if nohang:
+            return NIL_ARRAY
+        if self.cluster.leaving:
+            raise errors.LEAVING
+        self.block(client, tuple(dict.fromkeys(names)), withcounters, timeout)
+        return BLOCKED
+
+    def ack_job(self, job_id: bytes) -> bool:
+        """ACKJOB for one ID (commands.md §5.3).  True when it counts."""
+        job = self.jobs.get(job_id)
+        counted = False
+        if job is None:
+            if self.cluster.size() > 1 and not self.cluster.leaving and ttl_minutes(job_id) & 1:
+                job = Job(job_id, None, None, state=State.ACKED, etime=self.now // 1000 + ttl_minutes(job_id) * 60)
+                self.register(job)
+        elif job.state != State.ACKED:
+            self.acknowledge(job)
+            counted = True
+        if job is not None:
+            self.try_gc(job)
+        return counted
+
+    def fast_ack(self, job_id: bytes) -> bool:
+        job = self.jobs.get(job_id)
+        if job is None:
+            for node_id in self.cluster.linked_ids():
+                self.send(node_id, m.DelJob(job_id))
+            return False
+        self.broadcast(job.nodes_delivered, m.DelJob(job_id))
+        self.delete_job(job)
+        return True
+
+    def working(self, job: Job) -> int:
+        """WORKING (commands.md §5.2): postpone the next requeue."""
+        created_ms = job.ctime // 1_000_000
+        ttl_ms = job.etime * 1000 - created_ms
+        if ttl_ms > 0 and self.now - created_ms > ttl_ms / 2:
+            raise errors.TOOLATE
+        self.dequeue(job)
+        job.flags |= BCAST_WILLQUEUE
+        if job.retry and job.qtime:
+            job.qtime = self.now + job.retry * 1000 + self.jitter()
+        self.broadcast(job.nodes_delivered, m.Working(job.id))
+        self._reschedule(job)
+        return job.retry
+
+    def set_pause(self, name: bytes, flags: int) -> None:
+        queue = self.queues.get(name)
+        if queue is None:
+            if not flags:
+                return
+            queue = self._queue(name)
+        queue.pause = flags
+        if not flags & PAUSE_OUT and queue.waiters and len(queue):
+            self.ready[name] = None
+
+    def set_leaving(self, leaving: bool) -> None:
+        me = self.cluster.myself
+        me.flags = me.flags | m.LEAVING if leaving else me.flags & ~m.LEAVING
+        self.cluster.changed = True
+
+    def import_rate(self, queue: Queue) -> int:
+        return 0 if self.federation is None else self.federation.import_rate(queue)
+
+    def import_from(self, queue: Queue) -> list[str]:
+        return [] if self.federation is None else self.federation.import_from(queue)
+
+    def authenticate(self, client: Client, password: bytes) -> None:
+        required = self.config.requirepass
+        if not required:
+            raise errors.err("Client sent AUTH, but no password is set")
+        client.authenticated = len(password) <= 512 and password == required.encode()
+        if not client.authenticated:
+            raise errors.err("invalid password")
+
+    def feed_monitors(self, client: Client, argv: list[bytes]) -> None:
+        now_us = self.clock.wall_us()
+        args = " ".join('"%s"' % a.decode("utf-8", "backslashreplace").replace('"', '\\"') for a in argv)
+        line = Status(b"%d.%06d [%s] %s" % (now_us // 1_000_000, now_us % 1_000_000, client.addr.encode(), args.encode()))
+        for monitor in self.monitors.values():
+            if monitor is not client:
+                self.reply_to(monitor, line)
+
+    def slowlog_add(self, argv: list[bytes], elapsed_us: int) -> None:
+        self.slowlog_id += 1
+        self.slowlog.appendleft((self.slowlog_id, self.now // 1000, elapsed_us, argv[:32]))
+        while len(self.slowlog) > self.config.slowlog_max_len:
+            self.slowlog.pop()
+
+    # ------------------------------------------------------------ blocking
+
+    def block(self, client: Client, queues: tuple[bytes, ...], withcounters: bool, timeout: int) -> None:
+        waiter = Waiter(client, queues, withcounters, self.now + timeout if timeout else 0)
+        client.waiter = waiter
+        self.blocked[client.id] = waiter
+        for name in queues:
+            self._queue(name).waiters[client.id] = waiter
+
+    def _drop_waiter(self, waiter: Waiter) -> None:
+        waiter.client.waiter = None
+        self.blocked.pop(waiter.client.id, None)
+        for name in waiter.queues:
+            queue = self.queues.get(name)
+            if queue is not None:
+                queue.waiters.pop(waiter.client.id, None)
+
+    def _unblock(self, client: Client, value: Any) -> None:
+        if client.waiter is not None:
+            self._drop_waiter(client.waiter)
+        self.reply_to(client, value)
+
+    def unblock_all(self, value: Any) -> None:
+        for waiter in list(self.blocked.values()):
+            self._unblock(waiter.client, value)
+
+    def _serve_ready(self) -> None:
+        while self.ready:
+            name = next(iter(self.ready))
+            del self.ready[name]
+            queue = self.queues.get(name)
+            if queue is None or queue.pause & PAUSE_OUT:
+                continue
+            while queue.waiters and len(queue):
+                waiter = next(iter(queue.waiters.values()))
+                job = self.fetch(queue)
+                assert job is not None
+                self._unblock(waiter.client, [self.job_entry(job, waiter.withcounters)])
+                if not len(queue) and self.federation is not None:
+                    self.federation.need_jobs(queue, REACHED_ZERO)
+
+    @staticmethod
+    def job_entry(job: Job, withcounters: bool) -> list[Any]:
+        if withcounters:
+            return [job.queue, job.id, job.body, b"nacks", job.nacks, b"additional-deliveries", job.deliv]
+        return [job.queue, job.id, job.body]
+
+    # ------------------------------------------------------------ cluster hooks
+
+    def broadcast(self, node_ids: Any, msg: Any) -> None:
+        me = self.cluster.my_id
+        for node_id in node_ids:
+            if node_id != me and self.cluster.has_link(node_id):
+                self.send(node_id, msg)
+
+    def send(self, node_id: str, msg: Any) -> None:
+        self.stats.bus_sent += 1
+        self.effects.append(Send(node_id, msg))
+
+    # ------------------------------------------------------------ AOF hooks
+
+    aof_encoder: Callable[[Job], bytes] | None = None
+
+    def aof_loadjob(self, job: Job) -> None:
+        if self.aof.state != "off" and self.aof_encoder is not None:
+            self.effects.append(AofAppend(self.aof_encoder(job)))
+
+    def aof_deljob(self, job_id: bytes) -> None:
+        if self.aof.state != "off":
+            self.effects.append(AofAppend(b"*2\r\n$6\r\nDELJOB\r\n$%d\r\n%s\r\n" % (len(job_id), job_id)))
+
+    # ------------------------------------------------------------ flushing
+
+    def flush_all(self) -> None:
+        """DEBUG FLUSHALL / CLUSTER RESET: every job and queue goes."""
+        for job in list(self.jobs.values()):
+            if job.id in self.jobs:
+                self.delete_job(job)
+        self.unblock_all(NIL_ARRAY)
+        for queue in list(self.queues.values()):
+            self.destroy_queue(queue)

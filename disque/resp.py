@@ -1,0 +1,418 @@
+"""RESP for clients: request parsing and reply encoding.
+
+Theory of operation
+-------------------
+`RequestParser` is a sans-IO decoder in the style of h11: the connection task
+`feed()`s the bytes it receives, then calls `next_command()` until it returns
+None.  Each call yields one request as a non-empty argv of bytes, or raises
+`ProtocolError`; the server then sends `encode(error)` and closes, and the
+parser stays dead.  A request whose first byte is `*` is a multibulk array;
+anything else is an inline line, split like a shell.
+
+hiredis's C reader builds the multibulk argvs.  It is a reply parser, more
+lenient than upstream's request reader (it takes every RESP3 type, negative
+counts, any length), so the parser keeps a copy of the input it handed to
+hiredis and re-reads it with upstream's rules (`_resync`) when hiredis fails,
+returns something other than an argv, or runs out of data in the middle of a
+request.  That yields upstream's exact error, or shows that the request
+hiredis choked on is an inline line or an ignored `*<count <= 0>` header, in
+which case hiredis is dropped and parsing restarts there.  A chunk of complete
+requests costs one `gets()` and a type check per request.
+
+hiredis does not tell how far it has read, so the re-reading starts from an
+anchor: a request boundary, or a point inside the pending request up to which
+the input was already checked, with the number of requests returned since.
+hiredis discards consumed input once it has read 1 KiB; when that happens just
+after a request, the size of what it keeps shows where that request ended, and
+the anchor moves there.  This keeps the copy and each re-reading small.
+
+Between multibulk requests the parser is idle: it parses inline lines itself
+and checks the `*<count>` line of a multibulk request before handing the input
+to a fresh hiredis reader, in slices that grow with what hiredis has read, so
+that a restart re-feeds little.
+
+Where our replies differ from upstream Disque (its Redis 3 request reader):
+
+* Elements sent as `+text`, `(n` or `=n` are read by hiredis as strings, so
+  the request runs with them as arguments; upstream replies `expected '$',
+  got '+'`.  We reply that too when the request is re-read (a later request
+  in the same stretch of input is malformed, or is cut at the end of a read).
+* Lines of a multibulk request must end in CRLF, as hiredis requires; upstream
+  skips whatever byte follows the CR.
+* `expected '$', got 'c'` is reported as soon as the byte arrives; upstream
+  waits for the end of its line.
+* Inline lines end at LF and are split up to the first NUL.  Upstream looks
+  for the LF with strchr, so a line with a NUL never ends, and after a bare LF
+  it drops the first byte of the next request.
+
+`encode(value, proto)` turns a reply value into bytes for RESP2 or RESP3:
+`Status` (+text), int, bytes or str (bulk), list or tuple (array), `Map`,
+None (nil bulk), `NIL_ARRAY` (nil array) and `DisqueError` (-CODE text).
+"""
+
+from __future__ import annotations
+
+import re
+
+import hiredis
+
+from disque.errors import DisqueError, err
+
+QUERY_BUFFER_LIMIT = 1 << 30  # the server closes a client holding more, with no reply
+INLINE_MAX = 64 * 1024  # longest inline request, count line or length line
+MAX_MULTIBULK = 1024 * 1024  # most arguments in a request
+MAX_BULK = 512 * 1024 * 1024  # longest argument
+_FEED_MIN = 4096  # smallest slice handed to hiredis
+
+_STAR, _DOLLAR = ord("*"), ord("$")
+_INT64 = re.compile(rb"-?[1-9][0-9]{0,18}|0")  # upstream's string2ll syntax
+_is_bytes = bytes.__instancecheck__
+
+
+class ProtocolError(DisqueError):
+    """A malformed request; `message` is the reply text after `-ERR `."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("ERR", message)
+
+
+class RequestParser:
+    """Turns the bytes of one client connection into argvs."""
+
+    __slots__ = ("_buf", "_reader", "_fed", "_hlen", "_skip", "_left", "_returned", "_error")
+
+    def __init__(self) -> None:
+        # Idle (no reader): _buf holds the unparsed input.  With a reader:
+        # _buf is the input from the anchor on, of which hiredis got _fed bytes.
+        self._buf = bytearray()
+        self._reader: hiredis.Reader | None = None
+        self._fed = 0
+        self._hlen = 0  # hiredis's buffer size when last looked at
+        # The anchor: payload bytes still to pass, elements left in the request
+        # there, requests returned since.
+        self._skip = 0
+        self._left = 0
+        self._returned = 0
+        self._error: ProtocolError | None = None
+
+    def feed(self, data: bytes) -> None:
+        if self._error is None:
+            self._buf += data
+
+    def buffered(self) -> int:
+        """Bytes received and not yet returned as requests (approximately,
+        within the 1 KiB hiredis keeps of consumed input)."""
+        if self._reader is None:
+            return len(self._buf)
+        return self._reader.len() + len(self._buf) - self._fed
+
+    def next_command(self) -> list[bytes] | None:
+        """The next request, or None until more data is fed."""
+        if self._error is not None:
+            raise self._error
+        try:
+            return self._next()
+        except ProtocolError as exc:
+            self._error = exc
+            self._buf = bytearray()
+            self._reader = None
+            raise
+
+    def _next(self) -> list[bytes] | None:
+        buf = self._buf
+        while True:
+            reader = self._reader
+            if reader is None:
+                if not buf:
+                    return None
+                if buf[0] != _STAR:
+                    argv = self._inline()
+                    if argv is None:
+                        return None
+                    if argv:
+                        return argv
+                    continue
+                header = _count_line(buf, 0)
+                if header is None:
+                    return None
+                count, end = header
+                if count <= 0:
+                    del buf[:end]
+                    continue
+                self._reader = reader = hiredis.Reader()
+                self._fed = self._hlen = 0
+                self._feed_more()
+            try:
+                argv = reader.gets()
+            except Exception:  # hiredis's ProtocolError, or MemoryError/TypeError on absurd nesting
+                self._resync(failed=True)
+                continue
+            if argv is False:
+                self._hlen = reader.len()
+                if self._fed < len(buf):
+                    self._feed_more()
+                elif not self._resync(failed=False):
+                    return None
+                continue
+            if type(argv) is list and 0 < len(argv) <= MAX_MULTIBULK and all(map(_is_bytes, argv)):
+                if not reader.has_data():  # hiredis read all it got: a request boundary
+                    self._restart(self._fed)
+                else:
+                    self._returned += 1
+                    kept = reader.len()
+                    if kept < self._hlen:  # hiredis just discarded input up to the end of argv
+                        self._hlen = kept
+                        self._move_anchor(self._fed - kept, 0, 0, 0)
+                return argv
+            self._resync(failed=True)
+
+    def _feed_more(self) -> None:
+        # Slices grow with what hiredis holds, so a restart wastes little.
+        size = min(len(self._buf) - self._fed, max(_FEED_MIN, self._fed))
+        self._reader.feed(self._buf, self._fed, size)
+        self._fed += size
+        self._hlen += size
+
+    def _move_anchor(self, pos: int, skip: int, left: int, returned: int) -> None:
+        del self._buf[:pos]
+        self._fed -= pos
+        self._skip, self._left, self._returned = skip, left, returned
+
+    def _restart(self, pos: int) -> None:
+        """Drop hiredis and go idle at `pos`, a request boundary."""
+        self._move_anchor(pos, 0, 0, 0)
+        self._reader = None
+
+    def _resync(self, failed: bool) -> bool:
+        """Re-read from the anchor with upstream's rules.
+
+        Raises upstream's error, if any.  Returns True after a restart at the
+        request hiredis is on, when upstream would read it as inline or
+        ignore it.  Otherwise hiredis waits for data (`failed` is False): the
+        anchor moves to the first element not complete yet and this returns
+        False.
+        """
+        buf = self._buf
+        size = len(buf)
+        pos, skip, left, todo = 0, self._skip, self._left, self._returned
+        while todo >= 0:
+            if skip:
+                step = min(skip, size - pos)
+                pos += step
+                skip -= step
+                if skip:
+                    break
+                if not left:
+                    todo -= 1  # a request ends here
+            elif left:
+                if pos == size:
+                    break
+                bulk = _bulk_line(buf, pos)
+                if bulk is None:
+                    break
+                length, pos = bulk
+                skip = length + 2
+                left -= 1
+            else:  # at a request boundary
+                if pos == size:
+                    break
+                header = _count_line(buf, pos) if buf[pos] == _STAR else (0, pos)
+                if header is None:
+                    break
+                left, end = header
+                if left <= 0:
+                    self._restart(pos)
+                    return True
+                pos = end
+        if failed or todo < 0:  # pragma: no cover - hiredis rejected what upstream accepts
+            raise ProtocolError("Protocol error: invalid bulk length")
+        self._move_anchor(pos, skip, left, todo)
+        return False
+
+    def _inline(self) -> list[bytes] | None:
+        """Consume one inline line; None while it is incomplete."""
+        buf = self._buf
+        eol = buf.find(b"\n")
+        if eol < 0:
+            if len(buf) > INLINE_MAX:
+                raise ProtocolError("Protocol error: too big inline request")
+            return None
+        line = bytes(buf[: eol - 1 if eol and buf[eol - 1] == 13 else eol])
+        del buf[: eol + 1]
+        try:
+            args = _split_inline(line)
+        except ValueError:
+            raise ProtocolError("Protocol error: unbalanced quotes in request") from None
+        return [arg for arg in args if arg]
+
+
+def _int64(buf: bytearray, start: int, end: int) -> int | None:
+    """buf[start:end] as upstream's string2ll reads it, or None."""
+    if _INT64.fullmatch(buf, start, end) is None:
+        return None
+    value = int(buf[start:end])
+    return value if -(1 << 63) <= value < 1 << 63 else None
+
+
+def _count_line(buf: bytearray, pos: int) -> tuple[int, int] | None:
+    """Check the `*<count>` line at pos: (count, end of line), or None if cut."""
+    eol = buf.find(b"\r\n", pos)
+    if eol < 0:
+        if len(buf) - pos > INLINE_MAX:
+            raise ProtocolError("Protocol error: too big mbulk count string")
+        return None
+    count = _int64(buf, pos + 1, eol)
+    if count is None or count > MAX_MULTIBULK:
+        raise ProtocolError("Protocol error: invalid multibulk length")
+    return count, eol + 2
+
+
+def _bulk_line(buf: bytearray, pos: int) -> tuple[int, int] | None:
+    """Check the `$<length>` line at pos: (length, end of line), or None if cut."""
+    if buf[pos] != _DOLLAR:
+        got = bytes(buf[pos : pos + 1]).decode("utf-8", "surrogateescape")
+        raise ProtocolError(f"Protocol error: expected '$', got '{got}'")
+    eol = buf.find(b"\r\n", pos)
+    if eol < 0:
+        if len(buf) - pos > INLINE_MAX:
+            raise ProtocolError("Protocol error: too big bulk count string")
+        return None
+    length = _int64(buf, pos + 1, eol)
+    if length is None or not 0 <= length <= MAX_BULK:
+        raise ProtocolError("Protocol error: invalid bulk length")
+    return length, eol + 2
+
+
+# TODO(lead): use config.split_args_bytes
+_BLANK = frozenset(b" \t\n\r\v\f")  # C isspace(): skipped between arguments
+_WORD_END = frozenset(b" \t\n\r")
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+_DQUOTE, _SQUOTE, _BACKSLASH = ord('"'), ord("'"), ord("\\")
+_ESCAPES = {ord("n"): 10, ord("r"): 13, ord("t"): 9, ord("b"): 8, ord("a"): 7}
+
+
+def _split_inline(line: bytes) -> list[bytes]:
+    """Split like upstream's sdssplitargs; ValueError on unbalanced quotes."""
+    line = line.split(b"\0", 1)[0]  # a C string ends at NUL
+    args = []
+    i, n = 0, len(line)
+    while True:
+        while i < n and line[i] in _BLANK:
+            i += 1
+        if i == n:
+            return args
+        arg = bytearray()
+        quote = 0
+        while True:
+            if not quote:
+                if i == n or line[i] in _WORD_END:
+                    break
+                if line[i] == _DQUOTE or line[i] == _SQUOTE:
+                    quote = line[i]
+                else:
+                    arg.append(line[i])
+                i += 1
+                continue
+            if i == n:
+                raise ValueError("unbalanced quotes")
+            c = line[i]
+            if c == quote:
+                i += 1
+                if i < n and line[i] not in _BLANK:
+                    raise ValueError("closing quote must be followed by a space")
+                break
+            nxt = line[i + 1] if i + 1 < n else -1
+            if c == _BACKSLASH and quote == _DQUOTE and nxt >= 0:
+                pair = line[i + 2 : i + 4]
+                if nxt == ord("x") and len(pair) == 2 and _HEX.issuperset(pair):
+                    arg.append(int(pair, 16))
+                    i += 4
+                else:
+                    arg.append(_ESCAPES.get(nxt, nxt))
+                    i += 2
+            elif c == _BACKSLASH and quote == _SQUOTE and nxt == _SQUOTE:
+                arg.append(_SQUOTE)
+                i += 2
+            else:
+                arg.append(c)
+                i += 1
+        args.append(bytes(arg))
+
+
+# ---------------------------------------------------------------------------
+# Replies
+
+
+class Status(bytes):
+    """A status reply, `+text`; the text must hold no CR or LF."""
+
+    __slots__ = ()
+
+
+class Map(list):
+    """A map reply: (key, value) pairs.  RESP2 sends a flat array k, v, k, v."""
+
+    __slots__ = ()
+
+
+class _NilArray:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NIL_ARRAY"
+
+
+NIL_ARRAY = _NilArray()  # RESP2 `*-1`; None is the nil bulk `$-1`
+
+
+def encode(value: object, proto: int = 2) -> bytes:
+    """The wire form of a reply value for protocol version `proto` (2 or 3)."""
+    kind = type(value)
+    if kind is Status:
+        return b"+%s\r\n" % value
+    if kind is int:
+        return b":%d\r\n" % value
+    if kind is bytes:
+        return b"$%d\r\n%s\r\n" % (len(value), value)
+    out: list[bytes] = []
+    _encode_into(out, value, proto == 3)
+    return b"".join(out)
+
+
+def encode_error(text: str) -> bytes:
+    """`-ERR <text>` (CR and LF turned into spaces)."""
+    return b"-%s\r\n" % err(text).wire()
+
+
+def _encode_into(out: list[bytes], value: object, resp3: bool) -> None:
+    kind = type(value)
+    if kind is list or kind is tuple:
+        out.append(b"*%d\r\n" % len(value))
+        for item in value:
+            if type(item) is bytes:  # the common element: skip a call
+                out += (b"$%d\r\n" % len(item), item, b"\r\n")
+            else:
+                _encode_into(out, item, resp3)
+    elif kind is bytes:
+        out += (b"$%d\r\n" % len(value), value, b"\r\n")
+    elif kind is str:
+        data = value.encode("utf-8", "surrogateescape")
+        out += (b"$%d\r\n" % len(data), data, b"\r\n")
+    elif kind is Status:
+        out += (b"+", value, b"\r\n")
+    elif value is None:
+        out.append(b"_\r\n" if resp3 else b"$-1\r\n")
+    elif value is NIL_ARRAY:
+        out.append(b"_\r\n" if resp3 else b"*-1\r\n")
+    elif kind is Map:
+        pairs = len(value)
+        out.append(b"%%%d\r\n" % pairs if resp3 else b"*%d\r\n" % (2 * pairs))
+        for key, item in value:
+            _encode_into(out, key, resp3)
+            _encode_into(out, item, resp3)
+    elif isinstance(value, DisqueError):
+        out.append(b"-%s\r\n" % value.wire())
+    elif isinstance(value, int) and not isinstance(value, bool):
+        out.append(b":%d\r\n" % value)
+    else:
+        raise TypeError(f"no RESP encoding for {kind.__name__}")

@@ -1,0 +1,116 @@
+"""The job record and its state machine.
+
+Theory of operation: a `Job` is one node's copy of a job (cluster.md §8.0).
+Its `state` moves only along `TRANSITIONS`; `Job.move(event)` is the one place
+that changes it, so an unlisted (state, event) pair is a bug that raises.
+Timers are not kept here: `qtime` (next requeue, 0 = never) and `awake` (next
+scheduler visit) are plain fields that the scheduler in `jobs.py` reads.
+
+Memory matters (hundreds of thousands of queued jobs): the record uses
+`__slots__`, `nodes_delivered` is a tuple (shared between jobs while it is the
+single-node tuple), and `nodes_confirmed` exists only while replication or an
+ACK is being confirmed.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class State(IntEnum):
+    WAIT_REPL = 0
+    ACTIVE = 1
+    QUEUED = 2
+    ACKED = 3
+
+
+STATE_NAMES = {State.WAIT_REPL: "wait-repl", State.ACTIVE: "active", State.QUEUED: "queued", State.ACKED: "acked"}
+STATE_BY_NAME = {v: k for k, v in STATE_NAMES.items()}
+
+# Job flags (cluster.md §8.0).  IN_LIST is local bookkeeping of queue.py and is
+# masked out whenever a job is serialized.
+BCAST_QUEUED = 1
+BCAST_WILLQUEUE = 2
+DELIVERED = 4
+IN_LIST = 8
+WIRE_FLAGS = BCAST_QUEUED | BCAST_WILLQUEUE | DELIVERED
+
+# Events that change a job's state.
+REPLICATED = "replicated"  # synchronous replication achieved
+ENQUEUE = "enqueue"
+FETCH = "fetch"  # GETJOB, or handed to another node through YOURJOBS
+DEQUEUE = "dequeue"  # DEQUEUE, QUEUED/WORKING messages, WORKING command
+ACK = "ack"
+ABORT = "abort"  # sync replication gave up: the job is deleted right after
+
+W, A, Q, K = State.WAIT_REPL, State.ACTIVE, State.QUEUED, State.ACKED
+TRANSITIONS: dict[State, dict[str, State]] = {
+    W: {REPLICATED: A, ENQUEUE: Q, ACK: K, ABORT: A},
+    A: {ENQUEUE: Q, ACK: K},
+    Q: {FETCH: A, DEQUEUE: A, ACK: K},
+    K: {},
+}
+
+
+class Job:
+    __slots__ = (
+        "id", "state", "flags", "repl", "etime", "ctime", "delay", "retry",
+        "nacks", "deliv", "queue", "body", "nodes_delivered", "nodes_confirmed",
+        "qtime", "awake", "gc_retry",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        id: bytes,
+        queue: bytes | None,
+        body: bytes | None,
+        *,
+        state: State = State.ACTIVE,
+        flags: int = 0,
+        repl: int = 1,
+        etime: int = 0,
+        ctime: int = 0,
+        delay: int = 0,
+        retry: int = 0,
+        nacks: int = 0,
+        deliv: int = 0,
+        nodes_delivered: tuple[str, ...] = (),
+    ) -> None:
+        self.id = id
+        self.queue = queue
+        self.body = body
+        self.state = state
+        self.flags = flags
+        self.repl = repl
+        self.etime = etime
+        self.ctime = ctime
+        self.delay = delay
+        self.retry = retry
+        self.nacks = nacks
+        self.deliv = deliv
+        self.nodes_delivered = nodes_delivered
+        self.nodes_confirmed: set[str] | None = None
+        self.qtime = 0
+        self.awake = 0
+        self.gc_retry = 0
+
+    def move(self, event: str) -> None:
+        """Apply a state transition; an unlisted one is a programming error."""
+        try:
+            self.state = TRANSITIONS[self.state][event]
+        except KeyError:
+            raise AssertionError(f"job {self.id!r}: no transition {event!r} from {STATE_NAMES[self.state]}") from None
+
+    @property
+    def is_dummy_ack(self) -> bool:
+        return not self.nodes_delivered
+
+    def add_delivered(self, node_id: str) -> None:
+        if node_id not in self.nodes_delivered:
+            self.nodes_delivered = self.nodes_delivered + (node_id,)
+
+    def sort_key(self) -> tuple[int, bytes]:
+        return (self.ctime, self.id)
+
+    def __repr__(self) -> str:
+        return f"<Job {self.id.decode()} {STATE_NAMES[self.state]} q={self.queue!r}>"

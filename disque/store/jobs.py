@@ -1,0 +1,114 @@
+"""The job registry and the one timer structure of the job lifecycle.
+
+Theory of operation: `JobStore` owns every job record of the node, keyed by
+ID in a scannable `BucketedDict`.  Each job has one `awake` time, "when must
+the scheduler look at this job next" (cluster.md §8.3): expiry, the WILLQUEUE
+lead, the requeue time or the next ACK garbage-collection attempt, whichever
+comes first.  Jobs wait in millisecond buckets (`awake` -> insertion-ordered
+dict of jobs) whose keys sit in a min-heap; rescheduling moves a job between
+buckets in O(1), and many jobs share a bucket (expiry times are whole
+seconds), so the per-job cost is one dict slot.  A heap key whose bucket
+emptied is skipped when popped.  Iteration orders are deterministic, so a
+simulated cluster replays identically from a seed.
+
+The store decides nothing: `NodeCore` computes awake times and processes the
+jobs that `due()` returns.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+
+from disque.store.job import Job
+from disque.store.scan import BucketedDict
+
+MAX_JOBS_PER_PASS = 10_000
+
+
+class JobStore:
+    __slots__ = ("_jobs", "_buckets", "_heap")
+
+    def __init__(self) -> None:
+        self._jobs: BucketedDict[bytes, Job] = BucketedDict()
+        self._buckets: dict[int, dict[Job, None]] = {}
+        self._heap: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, job_id: bytes) -> bool:
+        return job_id in self._jobs
+
+    def get(self, job_id: bytes) -> Job | None:
+        return self._jobs.get(job_id)
+
+    def add(self, job: Job) -> None:
+        self._jobs.add(job.id, job)
+
+    def remove(self, job: Job) -> None:
+        self._jobs.pop(job.id)
+        self.unschedule(job)
+
+    def values(self) -> Iterator[Job]:
+        return self._jobs.values()
+
+    def scan(self, cursor: int, want: int, max_buckets: int | None) -> tuple[int, list[Job]]:
+        return self._jobs.scan(cursor, want, max_buckets)
+
+    def clear(self) -> None:
+        self._jobs.clear()
+        self._buckets.clear()
+        self._heap.clear()
+
+    # -- the timer ---------------------------------------------------------
+
+    def schedule(self, job: Job, at: int) -> None:
+        old = self._buckets.get(job.awake)
+        if old is not None and job in old:
+            if job.awake == at:
+                return
+            del old[job]
+            if not old:
+                del self._buckets[job.awake]
+        job.awake = at
+        bucket = self._buckets.get(at)
+        if bucket is None:
+            bucket = self._buckets[at] = {}
+            heapq.heappush(self._heap, at)
+        bucket[job] = None
+
+    def unschedule(self, job: Job) -> None:
+        bucket = self._buckets.get(job.awake)
+        if bucket is not None and job in bucket:
+            del bucket[job]
+            if not bucket:
+                del self._buckets[job.awake]
+
+    def next_awake(self) -> int | None:
+        heap = self._heap
+        while heap and heap[0] not in self._buckets:
+            heapq.heappop(heap)
+        return heap[0] if heap else None
+
+    def due(self, now_ms: int, limit: int = MAX_JOBS_PER_PASS) -> list[Job]:
+        """Take up to `limit` jobs whose awake time has come, earliest first.
+        They leave the timer; processing them reschedules them."""
+        out: list[Job] = []
+        heap, buckets = self._heap, self._buckets
+        while heap and heap[0] <= now_ms and len(out) < limit:
+            at = heap[0]
+            bucket = buckets.get(at)
+            if bucket is None:
+                heapq.heappop(heap)
+                continue
+            room = limit - len(out)
+            if len(bucket) <= room:
+                out.extend(bucket)
+                del buckets[at]
+                heapq.heappop(heap)
+            else:  # split the bucket (rebuilt: deleting from a dict's front is slow)
+                jobs = list(bucket)
+                out.extend(jobs[:room])
+                buckets[at] = dict.fromkeys(jobs[room:])
+        return out

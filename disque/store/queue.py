@@ -1,0 +1,111 @@
+"""Queues: jobs ordered by creation time, pause flags, counters, blocked clients.
+
+Theory of operation: a queue holds the jobs in state `queued` whose `queue`
+field names it, ordered by `(ctime, id)` (cluster.md §8.3).  New local jobs
+arrive in ctime order, so the common insert is an append to a deque; an older
+job (a requeue, an import) is placed with a bisect.  Removing a job from the
+middle (DEQUEUE, an ACK, a QUEUED message) does not touch the deque: the entry
+becomes a tombstone, recognised because its job is no longer `queued`, and is
+dropped when it reaches the front or when tombstones outnumber live entries.
+A job re-queued while its tombstone is still in the deque revives that entry,
+which is already in the right place; the `IN_LIST` job flag tells the two
+cases apart.  `len(queue)` counts live entries only.
+
+Blocked GETJOB clients wait in `waiters`, an insertion-ordered dict, so they
+are served in arrival order.  `Federation` state (NEEDJOBS/YOURJOBS policy)
+is attached lazily by the cluster layer.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+from disque.store.job import IN_LIST, Job, State
+
+PAUSE_IN = 1
+PAUSE_OUT = 2
+PAUSE_NAMES = {0: "none", PAUSE_IN: "in", PAUSE_OUT: "out", PAUSE_IN | PAUSE_OUT: "all"}
+
+_COMPACT_MIN = 64  # below this many tombstones compaction is not worth it
+
+
+def _key(job: Job) -> tuple[int, bytes]:
+    return (job.ctime, job.id)
+
+
+class Queue:
+    __slots__ = (
+        "name", "_items", "_live", "ctime", "atime", "pause", "waiters",
+        "jobs_in", "jobs_out", "federation",
+    )  # fmt: skip
+
+    def __init__(self, name: bytes, now_ms: int) -> None:
+        self.name = name
+        self._items: deque[Job] = deque()
+        self._live = 0
+        self.ctime = now_ms
+        self.atime = now_ms
+        self.pause = 0
+        self.waiters: dict[int, Any] = {}
+        self.jobs_in = 0
+        self.jobs_out = 0
+        self.federation: Any = None
+
+    def __len__(self) -> int:
+        return self._live
+
+    def push(self, job: Job) -> None:
+        """Insert a job already moved to `queued`."""
+        self._live += 1
+        if job.flags & IN_LIST:
+            return  # its tombstone is revived in place
+        job.flags |= IN_LIST
+        items = self._items
+        if not items or _key(items[-1]) < _key(job):
+            items.append(job)
+        else:
+            items.insert(bisect_right(items, _key(job), key=_key), job)
+
+    def pop(self) -> Job | None:
+        """Remove and return the oldest queued job (caller moves its state)."""
+        items = self._items
+        while items:
+            job = items.popleft()
+            job.flags &= ~IN_LIST
+            if job.state == State.QUEUED:
+                self._live -= 1
+                return job
+        return None
+
+    def discard(self, job: Job) -> None:
+        """Forget a job that is leaving the `queued` state (lazily)."""
+        self._live -= 1
+        if len(self._items) - self._live > max(_COMPACT_MIN, self._live):
+            self._compact()
+
+    def _compact(self) -> None:
+        kept: deque[Job] = deque()
+        for job in self._items:
+            if job.state == State.QUEUED:
+                kept.append(job)
+            else:
+                job.flags &= ~IN_LIST
+        self._items = kept
+
+    def oldest(self) -> Iterator[Job]:
+        return (j for j in self._items if j.state == State.QUEUED)
+
+    def newest(self) -> Iterator[Job]:
+        return (j for j in reversed(self._items) if j.state == State.QUEUED)
+
+    def drain(self) -> list[Job]:
+        """Remove every entry; returns the live jobs (for flushes)."""
+        live = list(self.oldest())
+        for job in self._items:
+            job.flags &= ~IN_LIST
+        self._items.clear()
+        self._live = 0
+        return live

@@ -1,0 +1,468 @@
+"""Bus codec: round trips, framing under arbitrary splits, job forms, fuzzing."""
+
+from __future__ import annotations
+
+import random
+import tracemalloc
+from typing import Any, get_args
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from disque.cluster.codec import (
+    INCR_DELIV, INCR_NACKS, MAX_FRAME, NOREPLY, STORAGE_VERSION, DecodeError,
+    FrameDecoder, FrameError, decode_body, decode_storage, encode_body,
+    encode_frame, encode_storage, job_from_storage, job_from_wire,
+    job_to_storage, job_to_wire,
+)  # fmt: skip
+from disque.cluster.messages import (
+    DelJob, Enqueue, Fail, GossipEntry, GotAck, GotJob, Header, Meet, Message,
+    NeedJobs, Pause, Ping, Pong, Queued, ReplJob, SetAck, WillQueue, Working,
+    YourJobs,
+)  # fmt: skip
+from disque.ids import new_job_id
+from disque.store.job import BCAST_QUEUED, BCAST_WILLQUEUE, DELIVERED, IN_LIST, WIRE_FLAGS, Job, State
+
+NOW = 1_700_000_000
+U64 = 2**64 - 1
+fuzz = settings(deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+relaxed = settings(deadline=None)
+
+# --- strategies ---------------------------------------------------------------
+
+node_ids = st.binary(min_size=20, max_size=20).map(bytes.hex)
+job_ids = st.builds(
+    new_job_id, node_ids, st.randoms(use_true_random=False), st.integers(1, 2**40), st.integers(0, 1000)
+)
+uints = st.integers(0, U64)
+ports = st.integers(0, 65535)
+blobs = st.binary(max_size=48)
+headers = st.builds(Header, node_ids, ports, st.integers(0, 2**32 - 1))
+gossip = st.lists(
+    st.builds(GossipEntry, node_ids, st.ip_addresses().map(str), ports, st.integers(0, 255)), max_size=4
+).map(tuple)
+
+
+@st.composite
+def jobs(draw: st.DrawFn) -> Job:
+    dummy = draw(st.booleans())
+    return Job(
+        draw(job_ids),
+        None if dummy else draw(blobs),
+        None if dummy else draw(blobs),
+        state=draw(st.sampled_from(State)),
+        flags=draw(st.integers(0, 15)),
+        repl=draw(st.integers(1, 65535)),
+        etime=draw(st.integers(0, 2**40)),
+        ctime=draw(uints),
+        delay=draw(uints),
+        retry=draw(uints),
+        nacks=draw(uints),
+        deliv=draw(uints),
+        nodes_delivered=tuple(draw(st.lists(node_ids, unique=True, max_size=4))),
+    )
+
+
+wire_jobs = jobs().map(lambda job: job_to_wire(job, NOW))
+
+MESSAGES: dict[type, st.SearchStrategy[Any]] = {
+    Ping: st.builds(Ping, gossip),
+    Pong: st.builds(Pong, gossip),
+    Meet: st.builds(Meet, gossip),
+    Fail: st.builds(Fail, node_ids),
+    ReplJob: st.builds(ReplJob, wire_jobs, st.booleans()),
+    GotJob: st.builds(GotJob, job_ids),
+    Enqueue: st.builds(Enqueue, job_ids, uints),
+    Queued: st.builds(Queued, job_ids, st.booleans(), st.booleans()),
+    Working: st.builds(Working, job_ids),
+    WillQueue: st.builds(WillQueue, job_ids),
+    SetAck: st.builds(SetAck, job_ids, uints),
+    GotAck: st.builds(GotAck, job_ids, st.booleans()),
+    DelJob: st.builds(DelJob, job_ids),
+    NeedJobs: st.builds(NeedJobs, blobs, uints),
+    YourJobs: st.builds(YourJobs, st.lists(wire_jobs, min_size=1, max_size=3).map(tuple)),
+    Pause: st.builds(Pause, blobs, st.integers(0, 3)),
+}
+frames = st.tuples(headers, st.one_of(*MESSAGES.values()))
+one_of_each = st.tuples(*(st.tuples(headers, s) for s in MESSAGES.values())).map(list)
+
+# Any value msgpack can carry.
+msgpack_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), U64) | st.floats() | st.binary(max_size=16)
+    | st.text(max_size=16),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=4),
+    max_leaves=12,
+)  # fmt: skip
+
+
+def frame_of(body: bytes) -> bytes:
+    return len(body).to_bytes(4, "big") + body
+
+
+def drain(decoder: FrameDecoder) -> list[tuple[Header, Message]]:
+    out = []
+    while (frame := decoder.next_frame()) is not None:
+        out.append(frame)
+    return out
+
+
+def decode_stream(stream: bytes) -> list[tuple[Header, Message]]:
+    """Decode until the data runs out or a FrameError; check what came out."""
+    decoder = FrameDecoder()
+    decoder.feed(stream)
+    out: list[tuple[Header, Message]] = []
+    try:
+        while (frame := decoder.next_frame()) is not None:
+            out.append(frame)
+    except FrameError:
+        pass
+    for header, msg in out:  # a decoded message is valid iff it survives a round trip
+        assert decode_body(encode_body(header, msg)) == (header, msg)
+    return out
+
+
+def job_fields(job: Job) -> dict[str, Any]:
+    """The serialized fields of a job (everything but the local timers)."""
+    return {name: getattr(job, name) for name in job_to_storage(job)}
+
+
+# --- message round trips --------------------------------------------------------
+
+
+def test_strategies_cover_every_message_type() -> None:
+    assert set(MESSAGES) == set(get_args(Message))
+
+
+@pytest.mark.parametrize("cls", MESSAGES, ids=lambda cls: cls.__name__)
+@relaxed
+@given(data=st.data())
+def test_round_trip(cls: type, data: st.DataObject) -> None:
+    header, msg = data.draw(headers), data.draw(MESSAGES[cls])
+    decoder = FrameDecoder()
+    decoder.feed(encode_frame(header, msg))
+    assert drain(decoder) == [(header, msg)]
+
+
+def test_envelope_shape() -> None:
+    header = Header("ab" * 20, 7711, 4 | 128)
+    jid = new_job_id(header.sender, random.Random(0), 60, 1)
+    body = msgpack.unpackb(encode_body(header, Queued(jid, incr_nacks=True, incr_deliv=True)), raw=False)
+    assert body == {"v": 1, "t": "QUEUED", "s": header.sender, "p": 7711, "f": 132, "m": INCR_NACKS | INCR_DELIV, "i": jid}
+    body = msgpack.unpackb(encode_body(header, Pause(b"q\xff\x00", 2)), raw=False)
+    assert body["q"] == b"q\xff\x00" and body["m"] == 0  # bytes travel as msgpack bin
+
+
+@relaxed
+@given(headers, wire_jobs, st.booleans())
+def test_noreply_travels_in_mflags(header: Header, job: dict[str, Any], noreply: bool) -> None:
+    body = msgpack.unpackb(encode_body(header, ReplJob(job, noreply)), raw=False)
+    assert body["m"] == (NOREPLY if noreply else 0)
+
+
+@relaxed
+@given(st.lists(frames, max_size=6), st.data())
+def test_random_chunk_splits(pairs: list[tuple[Header, Message]], data: st.DataObject) -> None:
+    stream = b"".join(encode_frame(h, m) for h, m in pairs)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=12)))
+    decoder, out = FrameDecoder(), []
+    for start, end in zip([0, *cuts], [*cuts, len(stream)]):
+        decoder.feed(stream[start:end])
+        out += drain(decoder)
+    assert out == pairs
+
+
+@settings(deadline=None, max_examples=20)
+@given(one_of_each)
+def test_one_byte_at_a_time(pairs: list[tuple[Header, Message]]) -> None:
+    stream = b"".join(encode_frame(h, m) for h, m in pairs)
+    decoder, out = FrameDecoder(), []
+    for i in range(len(stream)):
+        decoder.feed(stream[i : i + 1])
+        out += drain(decoder)
+    assert out == pairs
+
+
+def test_unknown_extra_keys_are_ignored() -> None:
+    header = Header("0" * 40, 1, 0)
+    body = msgpack.unpackb(encode_body(header, Ping()), raw=False) | {"zz": [1, 2]}
+    assert decode_body(msgpack.packb(body, use_bin_type=True)) == (header, Ping())
+
+
+# --- versions, limits and malformed frames -----------------------------------------------
+
+HEADER = Header("0123456789abcdef0123456789abcdef01234567", 7711, 0)
+GOOD_ID = new_job_id(HEADER.sender, random.Random(1), 3600, 1)
+GOOD_JOB = job_to_wire(Job(GOOD_ID, b"q", b"b", nodes_delivered=(HEADER.sender,), etime=NOW + 60), NOW)
+
+
+def test_unknown_version_is_skipped() -> None:
+    decoder = FrameDecoder()
+    decoder.feed(frame_of(msgpack.packb({"v": 2, "t": "FROM-THE-FUTURE", "x": b"\x00"})))
+    assert decoder.next_frame() is None
+    decoder.feed(frame_of(msgpack.packb({"v": -1})) + encode_frame(HEADER, Ping()))
+    assert drain(decoder) == [(HEADER, Ping())]
+
+
+def test_oversized_length_prefix_fails_without_allocating() -> None:
+    decoder = FrameDecoder()
+    tracemalloc.start()
+    try:
+        decoder.feed((MAX_FRAME + 1).to_bytes(4, "big") + b"x" * 100)
+        with pytest.raises(FrameError, match="exceeds"):
+            decoder.next_frame()
+        with pytest.raises(FrameError):  # the stream stays unusable
+            decoder.next_frame()
+        # A large but allowed length just waits for its data.
+        pending = FrameDecoder()
+        pending.feed(MAX_FRAME.to_bytes(4, "big") + b"x" * 100)
+        assert pending.next_frame() is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+def test_max_frame_is_inclusive() -> None:
+    frame = encode_frame(HEADER, Ping())
+    exact = FrameDecoder(max_frame=len(frame) - 4)
+    exact.feed(frame)
+    assert drain(exact) == [(HEADER, Ping())]
+    short = FrameDecoder(max_frame=len(frame) - 5)
+    short.feed(frame)
+    with pytest.raises(FrameError):
+        short.next_frame()
+
+
+def edit(d: dict[str, Any], /, **changes: Any) -> dict[str, Any]:
+    """A copy of `d` with some keys replaced; a None value removes the key."""
+    return {k: v for k, v in (d | changes).items() if v is not None}
+
+
+def _body(msg: Message, **changes: Any) -> bytes:
+    """A valid body for `msg`, edited."""
+    return msgpack.packb(edit(msgpack.unpackb(encode_body(HEADER, msg), raw=False), **changes), use_bin_type=True)
+
+
+def _job_map(**changes: Any) -> dict[str, Any]:
+    """The wire map of GOOD_JOB, edited."""
+    return edit(msgpack.unpackb(encode_body(HEADER, ReplJob(GOOD_JOB)), raw=False)["j"], **changes)
+
+
+BAD_BODIES = {
+    "empty": b"",
+    "reserved byte": b"\xc1",
+    "truncated": _body(Ping())[:-1],
+    "trailing data": _body(Ping()) + b"\x00",
+    "not a map": msgpack.packb([1, 2, 3]),
+    "non-string map key": b"\x81\x01\x01",
+    "invalid utf-8": b"\x81\xa1v\xa1\xff",
+    "no version": _body(Ping(), v=None),
+    "string version": _body(Ping(), v="1"),
+    "no type": _body(Ping(), t=None),
+    "unknown type": _body(Ping(), t="PINGG"),
+    "bytes type": _body(Ping(), t=b"PING"),
+    "no sender": _body(Ping(), s=None),
+    "uppercase sender": _body(Ping(), s="A" * 40),
+    "short sender": _body(Ping(), s="a" * 39),
+    "bytes sender": _body(Ping(), s=b"a" * 40),
+    "port too large": _body(Ping(), p=65536),
+    "negative port": _body(Ping(), p=-1),
+    "boolean port": _body(Ping(), p=True),
+    "float port": _body(Ping(), p=1.0),
+    "no flags": _body(Ping(), f=None),
+    "no mflags": _body(Ping(), m=None),
+    "string mflags": _body(Ping(), m="1"),
+    "gossip not a list": _body(Ping(), g={}),
+    "gossip entry not a map": _body(Ping(), g=[[HEADER.sender, "1.2.3.4", 1, 0]]),
+    "gossip bad ip": _body(Ping(), g=[{"n": HEADER.sender, "i": "1.2.3.400", "p": 1, "f": 0}]),
+    "gossip empty ip": _body(Ping(), g=[{"n": HEADER.sender, "i": "", "p": 1, "f": 0}]),
+    "gossip missing port": _body(Ping(), g=[{"n": HEADER.sender, "i": "::1", "f": 0}]),
+    "fail bad node": _body(Fail(HEADER.sender), n="x" * 40),
+    "short job id": _body(GotJob(GOOD_ID), i=GOOD_ID[:-1]),
+    "string job id": _body(GotJob(GOOD_ID), i=GOOD_ID.decode()),
+    "bad id suffix": _body(GotJob(GOOD_ID), i=GOOD_ID[:-2] + b"XX"),
+    "missing id": _body(DelJob(GOOD_ID), i=None),
+    "negative delay": _body(Enqueue(GOOD_ID, 1), d=-1),
+    "integer known": _body(GotAck(GOOD_ID, True), k=1),
+    "string queue": _body(NeedJobs(b"q", 1), q="q"),
+    "pause flags": _body(Pause(b"q", 1), pf=4),
+    "no jobs": _body(YourJobs((GOOD_JOB,)), j=[]),
+    "job not a map": _body(ReplJob(GOOD_JOB), j=[1]),
+    "job missing ttl": _body(ReplJob(GOOD_JOB), j=_job_map(tl=None)),
+    "job zero ttl": _body(ReplJob(GOOD_JOB), j=_job_map(tl=0)),
+    "job zero repl": _body(ReplJob(GOOD_JOB), j=_job_map(r=0)),
+    "job bad state": _body(ReplJob(GOOD_JOB), j=_job_map(s=4)),
+    "job string body": _body(ReplJob(GOOD_JOB), j=_job_map(b="body")),
+    "job bad delivered node": _body(ReplJob(GOOD_JOB), j=_job_map(nd=["z" * 40])),
+    "bad second job": _body(YourJobs((GOOD_JOB,)), j=[_job_map(), _job_map(na=-1)]),
+}
+
+
+@pytest.mark.parametrize("body", BAD_BODIES.values(), ids=BAD_BODIES)
+def test_malformed_frame_raises_frame_error(body: bytes) -> None:
+    decoder = FrameDecoder()
+    decoder.feed(frame_of(body))
+    with pytest.raises(FrameError) as info:
+        decoder.next_frame()
+    assert isinstance(info.value, ValueError) and info.value.reason
+
+
+# --- fuzzing: only valid messages or FrameError, never anything else -------------------
+
+
+@fuzz
+@given(st.binary(max_size=512))
+def test_fuzz_arbitrary_bytes(data: bytes) -> None:
+    decode_stream(data)
+
+
+@fuzz
+@given(st.lists(st.binary(max_size=64) | msgpack_values.map(lambda v: msgpack.packb(v, use_bin_type=True))))
+def test_fuzz_framed_garbage(bodies: list[bytes]) -> None:
+    decode_stream(b"".join(frame_of(body) for body in bodies))
+
+
+def _containers(obj: Any) -> list[tuple[Any, Any]]:
+    """Every (container, key/index) slot inside a decoded msgpack value."""
+    slots: list[tuple[Any, Any]] = []
+    keys = obj.keys() if isinstance(obj, dict) else range(len(obj)) if isinstance(obj, list) else ()
+    for key in keys:
+        slots.append((obj, key))
+        slots += _containers(obj[key])
+    return slots
+
+
+@fuzz
+@given(frames, st.data())
+def test_fuzz_mutated_fields(frame: tuple[Header, Message], data: st.DataObject) -> None:
+    """Replace or delete one value anywhere inside a valid body."""
+    body = msgpack.unpackb(encode_body(*frame), raw=False)
+    container, key = data.draw(st.sampled_from(_containers(body)))
+    if isinstance(container, dict) and data.draw(st.booleans()):
+        del container[key]
+    else:
+        container[key] = data.draw(msgpack_values)
+    decode_stream(frame_of(msgpack.packb(body, use_bin_type=True)))
+
+
+mutations = st.one_of(
+    st.tuples(st.just("flip"), st.integers(0), st.integers(0, 7)),
+    st.tuples(st.just("truncate"), st.integers(0)),
+    st.tuples(st.just("insert"), st.integers(0), st.binary(min_size=1, max_size=8)),
+)
+
+
+@fuzz
+@given(st.lists(frames, min_size=1, max_size=4), st.lists(mutations, min_size=1, max_size=3))
+def test_fuzz_mutated_stream(pairs: list[tuple[Header, Message]], ops: list[tuple[Any, ...]]) -> None:
+    """Bit flips, truncations and insertions anywhere, length prefixes included."""
+    encoded = [encode_frame(h, m) for h, m in pairs]
+    stream = bytearray(b"".join(encoded))
+    first = len(stream)  # frames wholly before the first damage must survive
+    for op, pos, *arg in ops:
+        pos %= len(stream) + 1
+        first = min(first, pos)
+        if op == "flip" and pos < len(stream):
+            stream[pos] ^= 1 << arg[0]
+        elif op == "truncate":
+            del stream[pos:]
+        elif op == "insert":
+            stream[pos:pos] = arg[0]
+    intact, end = 0, 0
+    for frame in encoded:
+        end += len(frame)
+        intact += end <= first
+    assert decode_stream(bytes(stream))[:intact] == pairs[:intact]
+
+
+# --- jobs: bus form and storage form ------------------------------------------------
+
+
+@relaxed
+@given(jobs(), st.integers(0, 2**40), st.integers(0, 2**40))
+def test_job_bus_form(job: Job, sent_at: int, received_at: int) -> None:
+    job.gc_retry = 3
+    d = job_to_wire(job, sent_at)
+    assert d["ttl"] == max(1, job.etime - sent_at + 1)
+    assert d["flags"] == job.flags & (BCAST_QUEUED | BCAST_WILLQUEUE)  # DELIVERED, IN_LIST cleared
+    assert "etime" not in d and "gc_retry" not in d
+    [(_, msg)] = decode_stream(encode_frame(HEADER, ReplJob(d)))
+    copy = job_from_wire(msg.job, received_at)
+    assert copy.etime == received_at + d["ttl"]
+    assert job_fields(copy) == job_fields(job) | {"flags": d["flags"], "etime": copy.etime}
+    assert (copy.gc_retry, copy.qtime, copy.awake, copy.nodes_confirmed) == (0, 0, 0, None)
+
+
+@relaxed
+@given(jobs())
+def test_job_storage_form(job: Job) -> None:
+    job.gc_retry = 5
+    d = job_to_storage(job)
+    assert d["etime"] == job.etime and d["state"] == job.state
+    assert d["flags"] == job.flags & WIRE_FLAGS  # DELIVERED kept, IN_LIST masked
+    expected = job_fields(job) | {"flags": job.flags & ~IN_LIST}
+    assert job_fields(job_from_storage(d)) == expected
+    copy = decode_storage(encode_storage(job))
+    assert job_fields(copy) == expected and copy.gc_retry == 0
+    assert msgpack.unpackb(encode_storage(job))["v"] == STORAGE_VERSION
+
+
+def test_delivered_nodes_are_a_set() -> None:
+    d = edit(GOOD_JOB, nodes_delivered=("a" * 40, "b" * 40, "a" * 40))
+    assert job_from_wire(d, NOW).nodes_delivered == ("a" * 40, "b" * 40)
+
+
+def test_job_from_wire_accepts_its_own_output() -> None:
+    job = job_from_wire(GOOD_JOB, NOW)
+    assert job.etime == NOW + GOOD_JOB["ttl"] and job.flags & DELIVERED == 0
+
+
+GOOD_STORED = job_to_storage(job_from_wire(GOOD_JOB, NOW))
+BAD_JOB_FIELDS = [
+    ("id", None),
+    ("id", b"x" * 48),
+    ("state", 4),
+    ("state", "queued"),
+    ("flags", 256),
+    ("repl", 65536),
+    ("ctime", -1),
+    ("delay", True),
+    ("queue", "q"),
+    ("nodes_delivered", "a" * 40),
+    ("nodes_delivered", ("A" * 40,)),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), [*BAD_JOB_FIELDS, ("ttl", 0), ("ttl", None)])
+def test_malformed_wire_job_raises_decode_error(field: str, value: Any) -> None:
+    with pytest.raises(DecodeError):
+        job_from_wire(edit(GOOD_JOB, **{field: value}), NOW)
+
+
+@pytest.mark.parametrize(("field", "value"), [*BAD_JOB_FIELDS, ("etime", -1), ("etime", None)])
+def test_malformed_stored_job_raises_decode_error(field: str, value: Any) -> None:
+    with pytest.raises(DecodeError):
+        job_from_storage(edit(GOOD_STORED, **{field: value}))
+
+
+def test_decode_storage_rejects_other_versions_and_shapes() -> None:
+    m = msgpack.unpackb(encode_storage(job_from_wire(GOOD_JOB, NOW)), raw=False)
+    for bad in ({**m, "v": STORAGE_VERSION + 1}, {k: v for k, v in m.items() if k != "v"}, [m]):
+        with pytest.raises(DecodeError):
+            decode_storage(msgpack.packb(bad, use_bin_type=True))
+
+
+@fuzz
+@given(jobs(), st.binary(max_size=64), st.integers(0), st.integers(0, 7))
+def test_fuzz_decode_storage(job: Job, junk: bytes, pos: int, bit: int) -> None:
+    """Garbage and damaged records decode to a Job or raise DecodeError."""
+    data = bytearray(encode_storage(job))
+    data[pos % len(data)] ^= 1 << bit
+    for candidate in (junk, bytes(data), bytes(data[: pos % len(data)])):
+        try:
+            copy = decode_storage(candidate)
+        except DecodeError:
+            continue
+        assert job_fields(decode_storage(encode_storage(copy))) == job_fields(copy)

@@ -1,0 +1,40 @@
+"""Real `disque-server` processes on free loopback ports."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from disque.devcluster import NodeProcess, free_port
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
+    """Start nodes; every node started is stopped (by PID) at teardown."""
+    started: list[NodeProcess] = []
+
+    def start(*extra: str) -> NodeProcess:
+        port = free_port()
+        node = NodeProcess(port, tmp_path / f"node-{port}", *extra)
+        started.append(node)
+        return node.start()
+
+    yield start
+    for node in started:
+        node.stop()
+
+
+@pytest.fixture
+def node(spawn: Callable[..., NodeProcess]) -> NodeProcess:
+    return spawn()
+
+
+@pytest.fixture
+def r(node: NodeProcess) -> Iterator[redis.Redis]:
+    """redis-py 8 with its default settings (RESP3 handshake included)."""
+    client = redis.Redis(host=node.host, port=node.port)
+    yield client
+    client.close()

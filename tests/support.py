@@ -1,0 +1,100 @@
+"""Test doubles shared by the suites: a fake clock and a recording host."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from disque.config import Config
+from disque.node import NodeCore
+from disque.resp import Status
+
+START_MS = 1_790_000_000_000  # a fixed, realistic unix time
+
+
+class FakeClock:
+    def __init__(self, start_ms: int = START_MS) -> None:
+        self.ms = start_ms
+
+    def now_ms(self) -> int:
+        return self.ms
+
+    def now_us(self) -> int:
+        return self.ms * 1000
+
+    def wall_us(self) -> int:
+        return self.ms * 1000
+
+    def advance(self, ms: int) -> None:
+        self.ms += ms
+
+
+class FakeHost:
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.shutdown_ok = True
+
+    def process_info(self) -> dict[str, Any]:
+        return {
+            "pid": 1, "rss": 10_000_000, "os": "Test", "executable": "/bin/disque-server",
+            "used_cpu_sys": 0.0, "used_cpu_user": 0.0, "used_cpu_sys_children": 0.0, "used_cpu_user_children": 0.0,
+        }  # fmt: skip
+
+    def rewrite_config(self) -> None:
+        self.calls.append(("rewrite_config",))
+
+    def apply_config(self, changed: list[str]) -> None:
+        self.calls.append(("apply_config", tuple(changed)))
+
+    def shutdown(self, rewrite_aof: bool) -> bool:
+        self.calls.append(("shutdown", rewrite_aof))
+        return self.shutdown_ok
+
+    def bgrewriteaof(self) -> Any:
+        self.calls.append(("bgrewriteaof",))
+        return Status(b"Background append only file rewriting started")
+
+    def debug(self, sub: str, args: list[bytes]) -> Any:
+        self.calls.append(("debug", sub, tuple(args)))
+        return Status(b"OK")
+
+
+NODE_ID = "c0a3e3babc92560eea6b873cbf463cf54921aa2d"
+
+
+def make_core(seed: int = 1, node_id: str = NODE_ID, **overrides: Any) -> tuple[NodeCore, FakeClock, FakeHost]:
+    config = Config()
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    clock, host = FakeClock(), FakeHost()
+    core = NodeCore(config, node_id, clock=clock, rng=random.Random(seed), host=host)
+    return core, clock, host
+
+
+class Session:
+    """One client connection to a core: call it with command arguments."""
+
+    _next_id = 0
+
+    def __init__(self, core: NodeCore, proto: int = 2) -> None:
+        Session._next_id += 1
+        self.core = core
+        self.client = core.connect(Session._next_id, f"127.0.0.1:{40000 + Session._next_id}")
+        self.client.proto = proto
+
+    def __call__(self, *args: Any) -> Any:
+        argv = [a if isinstance(a, bytes) else str(a).encode() for a in args]
+        return self.core.handle_command(self.client, argv)
+
+    def raw(self, *args: Any) -> bytes:
+        from disque.resp import encode
+
+        return encode(self(*args), self.client.proto)
+
+    def pending(self) -> list[Any]:
+        """Replies the core produced for this client since the last call."""
+        from disque.effects import Reply
+
+        mine = [e.value for e in self.core.effects if isinstance(e, Reply) and e.client_id == self.client.id]
+        self.core.effects[:] = [e for e in self.core.effects if not (isinstance(e, Reply) and e.client_id == self.client.id)]
+        return mine
