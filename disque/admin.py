@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from disque import __version__, errors
-from disque.cluster.membership import flags_text
+from disque.cluster.membership import flags_text, valid_address
 from disque.cluster.messages import FAIL, LEAVING, MYSELF, PFAIL
 from disque.config import ConfigError, config_get, config_set
 from disque.errors import DisqueError, err
@@ -395,6 +395,44 @@ def cluster_command(node: NodeCore, argv: list[bytes]) -> Any:
         value = args[0].lower()
         if value not in (b"yes", b"no"):
             raise err("Wrong argument for CLUSTER LEAVING. Use 'yes' or 'no'")
-        node.set_leaving(value == b"yes")
+        node.cluster.set_leaving(value == b"yes")
+        return OK
+    if sub == b"meet" and len(args) == 2:
+        ip, port_text = _text(args[0]), _text(args[1])
+        try:
+            port = int(port_text)
+        except ValueError:
+            raise err(f"Invalid TCP port specified: {port_text}") from None
+        if not valid_address(ip, port):
+            raise err(f"Invalid node address specified: {ip}:{port_text}")
+        node.cluster.meet(ip, port)
+        return OK
+    if sub == b"forget" and len(args) == 1:
+        node_id = _text(args[0])
+        if len(node_id) != 40:
+            raise err("Invalid node identifier")
+        if node_id == node.cluster.my_id:
+            raise err("I tried hard but I can't forget myself...")
+        if node_id not in node.cluster.nodes:
+            raise err(f"Unknown node {node_id}")
+        node.cluster.forget(node_id)
+        return OK
+    if sub == b"reset" and len(args) <= 1:
+        mode = args[0].lower() if args else b"soft"
+        if mode not in (b"soft", b"hard"):
+            raise errors.SYNTAX
+        node.flush_all()
+        node.cluster.reset(hard=mode == b"hard")
+        _save_conf(node)
+        return OK
+    if sub == b"saveconfig" and not args:
+        _save_conf(node)
         return OK
     raise WRONG_CLUSTER
+
+
+def _save_conf(node: NodeCore) -> None:
+    try:
+        node.host.save_cluster_config(fsync=True)
+    except OSError as e:
+        raise err(f"error saving the cluster node config: {e.strerror}") from None

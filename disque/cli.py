@@ -71,10 +71,17 @@ def server_main(argv: list[str] | None = None) -> None:
     if config.port > 55535:
         log.warning("Port %d is too high: the cluster bus port (port + 10000) would overflow", config.port)
         sys.exit(1)
+    from disque.cluster.membership import ConfError
+    from disque.cluster.nodes_file import NodesFileLocked
     from disque.server import Server
 
     try:
-        trio.run(Server(config).serve)
+        server = Server(config)
+    except (ConfError, NodesFileLocked) as e:
+        log.warning("%s", e)
+        sys.exit(1)
+    try:
+        trio.run(server.serve)
     except OSError as e:
         log.warning("Creating Server TCP listening socket *:%d: %s", config.port, e.strerror)
         sys.exit(1)

@@ -24,10 +24,25 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class Send:
-    """A bus message for one peer (skipped by the shell if there is no link)."""
+    """A bus message on our outgoing link `key` (dropped if not connected)."""
 
-    node_id: str
+    key: int
     msg: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A bus message on the incoming connection `conn` (a PONG)."""
+
+    conn: int
+    msg: Any
+
+
+@dataclass(frozen=True, slots=True)
+class DropLink:
+    """Close our outgoing link `key`; it reconnects if still wanted."""
+
+    key: int
 
 
 @dataclass(frozen=True, slots=True)

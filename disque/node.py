@@ -33,8 +33,11 @@ from typing import Any, Protocol
 
 from disque import errors
 from disque.cluster import messages as m
+from disque.cluster.federation import CLIENTS_WAITING, REACHED_ZERO, Federation
+from disque.cluster.handlers import HANDLERS
 from disque.cluster.membership import Membership
-from disque.effects import AofAppend, CloseClient, Reply, Send
+from disque.cluster.replication import Replication
+from disque.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
 from disque.ids import new_job_id, ttl_minutes
 from disque.resp import NIL_ARRAY, Status
 from disque.store.job import (
@@ -63,11 +66,7 @@ WILLQUEUE_LEAD = 500
 GC_MAX_DELAY = 180_000
 QUEUE_IDLE_MS = (300_000, 10_000, 2_000)  # by memory level 0, 1, >= 2
 BLOCKED_CRON_MS = 100
-REPL_STEP_MS = 50
 
-# need_jobs reasons (cluster.md §9.1)
-CLIENTS_WAITING = 0
-REACHED_ZERO = 1
 
 
 class Clock(Protocol):
@@ -94,6 +93,9 @@ class Host(Protocol):
 
     def apply_config(self, changed: list[str]) -> None:
         """React to CONFIG SET (chdir, AOF on/off, ...); raises DisqueError."""
+
+    def save_cluster_config(self, fsync: bool) -> None:
+        """Write nodes.conf now; raises OSError."""
 
     def bgrewriteaof(self) -> Any: ...
 
@@ -166,13 +168,16 @@ class NodeCore:
         clock: Clock,
         rng: random.Random,
         host: Host,
+        membership: Membership | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
         self.rng = rng
         self.host = host
         self.now = clock.now_ms()
-        self.cluster = Membership(node_id, config.port)
+        self.cluster = membership or Membership(node_id, config.port, rng=rng, wire=self)
+        self.cluster.wire = self
+        self.cluster.now = self.now
         self.solo = (node_id,)  # shared nodes_delivered tuple of local-only jobs
         self.jobs = JobStore()
         self.queues: BucketedDict[bytes, Queue] = BucketedDict()
@@ -193,8 +198,8 @@ class NodeCore:
         self.client_pause_until = 0
         self._last_cron = 0
         self._gc_cursor = 0
-        self.federation: Any = None  # cluster/federation.py, attached by the cluster layer
-        self.replication: Any = None  # cluster/replication.py, attached by the cluster layer
+        self.federation = Federation(self)
+        self.replication = Replication(self)
         self.monitors: dict[int, Client] = {}
         self.slowlog: deque[tuple[int, int, int, list[bytes]]] = deque()
         self.slowlog_id = 0
@@ -208,12 +213,19 @@ class NodeCore:
         awake = self.jobs.next_awake()
         return at if awake is None else min(at, awake)
 
+    def _set_time(self) -> int:
+        self.now = self.cluster.now = now = self.clock.now_ms()
+        return now
+
     def tick(self) -> None:
-        self.now = now = self.clock.now_ms()
+        now = self._set_time()
         for job in self.jobs.due(now):
             self._process_job(job)
         if now - self._last_cron >= BLOCKED_CRON_MS:
             self._last_cron = now
+            self.cluster.timeout = self.config.cluster_node_timeout
+            self.cluster.cron()
+            self.replication.cron()
             self._cron()
         self._serve_ready()
 
@@ -224,7 +236,7 @@ class NodeCore:
                 self._unblock(waiter.client, NIL_ARRAY)
             elif self.cluster.leaving:
                 self._unblock(waiter.client, errors.LEAVING)
-            elif self.federation is not None:
+            else:
                 for name in waiter.queues:
                     self.federation.need_jobs(self._queue(name), CLIENTS_WAITING)
         self._collect_idle_queues()
@@ -246,11 +258,9 @@ class NodeCore:
         if client.waiter is not None:
             self._drop_waiter(client.waiter)
         if client.repl_job is not None:
-            self.repl_waiters.pop(client.repl_job, None)
             job = self.jobs.get(client.repl_job)
-            client.repl_job = None
             if job is not None and job.state == State.WAIT_REPL:
-                self._abort_replication(job)
+                self.replication.abort(job, None)
 
     def reply_to(self, client: Client, value: Any) -> None:
         self.effects.append(Reply(client.id, value))
@@ -263,8 +273,7 @@ class NodeCore:
     def handle_command(self, client: Client, argv: list[bytes]) -> Any:
         from disque.commands import dispatch  # circular: commands use NodeCore
 
-        self.now = self.clock.now_ms()
-        client.last = self.now
+        client.last = self._set_time()
         reply = dispatch(self, client, argv)
         if self.ready:
             self._serve_ready()
@@ -362,7 +371,7 @@ class NodeCore:
                 job.queue = queue.name  # share the name bytes between jobs
         self.jobs.add(job)
         self._account(self.job_size(job))
-        self._reschedule(job)
+        self.reschedule(job)
 
     def delete_job(self, job: Job, log: bool = True) -> None:
         """Unregister a job, whatever the cause (cluster.md §8.7)."""
@@ -372,6 +381,7 @@ class NodeCore:
         if log and job.state == State.ACTIVE:
             self.aof_deljob(job.id)
         if job.state == State.WAIT_REPL:
+            self.replication.forget(job.id)
             client = self.repl_waiters.pop(job.id, None)
             if client is not None:
                 client.repl_job = None
@@ -380,7 +390,7 @@ class NodeCore:
         self.jobs.remove(job)
         self._account(-self.job_size(job))
 
-    def _reschedule(self, job: Job) -> None:
+    def reschedule(self, job: Job) -> None:
         at = job.etime * 1000 + 1000
         state = job.state
         if state == State.ACKED:
@@ -415,7 +425,7 @@ class NodeCore:
         elif state == State.ACKED:
             self.try_gc(job)
         if job.id in self.jobs:
-            self._reschedule(job)
+            self.reschedule(job)
 
     def enqueue(self, job: Job, nack: bool = False) -> bool:
         """Queue a job (cluster.md §8.3).  False when refused."""
@@ -442,7 +452,7 @@ class NodeCore:
         queue.jobs_in += 1
         if not queue.pause & PAUSE_OUT and queue.waiters:
             self.ready[queue.name] = None
-        self._reschedule(job)
+        self.reschedule(job)
         return True
 
     def dequeue(self, job: Job) -> bool:
@@ -472,7 +482,7 @@ class NodeCore:
         job.nodes_confirmed = None
         if was_active:
             self.aof_deljob(job.id)
-        self._reschedule(job)
+        self.reschedule(job)
 
     def try_gc(self, job: Job) -> None:
         """One ACK garbage-collection attempt (cluster.md §8.6)."""
@@ -489,10 +499,26 @@ class NodeCore:
         msg = m.SetAck(job.id, len(job.nodes_delivered))
         self.broadcast([n for n in targets if n not in job.nodes_confirmed], msg)
 
-    def _abort_replication(self, job: Job) -> None:
+    def abort_replication(self, job: Job) -> None:
+        """A job that never reached its replication level: delete every copy."""
         job.move(ABORT)
         self.broadcast(job.nodes_delivered, m.DelJob(job.id))
-        self.delete_job(job)
+        self.delete_job(job, log=False)
+
+    def adopt(self, job: Job) -> Job:
+        """Register a job received from a peer (cluster.md §8.1 receive rules)."""
+        job.state = State.ACTIVE
+        job.gc_retry = 0
+        job.flags = 0
+        if job.retry:
+            job.flags = BCAST_WILLQUEUE
+            job.qtime = self.now + (job.delay + job.retry) * 1000 + self.jitter()
+        else:
+            job.qtime = 0
+        known = self.cluster.nodes
+        job.nodes_delivered = tuple(n for n in job.nodes_delivered if n in known)
+        self.register(job)
+        return job
 
     # ------------------------------------------------------------ client operations
 
@@ -536,7 +562,7 @@ class NodeCore:
             delay=delay, retry=retry, nodes_delivered=() if extrepl else self.solo,
         )  # fmt: skip
         job.qtime = now + (delay or retry) * 1000
-        if additional and self.replication is not None:
+        if additional:
             return self.replication.start(client, job, additional, timeout, is_async, extrepl)
         self.register(job)
         self.queue_new_job(job)
@@ -547,7 +573,7 @@ class NodeCore:
         if job.delay == 0:
             self.enqueue(job)
         else:
-            self._reschedule(job)
+            self.reschedule(job)
         self.aof_loadjob(job)
 
     def get_jobs(
@@ -564,13 +590,11 @@ class NodeCore:
                 if queue is not None and not queue.pause & PAUSE_OUT:
                     job = self.fetch(queue)
                 if job is None:
-                    queue = queue or self._queue(name)
-                    if federation is not None:
-                        federation.need_jobs(queue, CLIENTS_WAITING)
+                    federation.need_jobs(queue or self._queue(name), CLIENTS_WAITING)
                     continue
                 took = True
                 out.append(self.job_entry(job, withcounters))
-                if federation is not None and not len(queue):
+                if not len(queue):
                     federation.need_jobs(queue, REACHED_ZERO)
                 if len(out) == count:
                     return out
@@ -621,7 +645,7 @@ class NodeCore:
         if job.retry and job.qtime:
             job.qtime = self.now + job.retry * 1000 + self.jitter()
         self.broadcast(job.nodes_delivered, m.Working(job.id))
-        self._reschedule(job)
+        self.reschedule(job)
         return job.retry
 
     def set_pause(self, name: bytes, flags: int) -> None:
@@ -634,16 +658,11 @@ class NodeCore:
         if not flags & PAUSE_OUT and queue.waiters and len(queue):
             self.ready[name] = None
 
-    def set_leaving(self, leaving: bool) -> None:
-        me = self.cluster.myself
-        me.flags = me.flags | m.LEAVING if leaving else me.flags & ~m.LEAVING
-        self.cluster.changed = True
-
     def import_rate(self, queue: Queue) -> int:
-        return 0 if self.federation is None else self.federation.import_rate(queue)
+        return self.federation.import_rate(queue)
 
     def import_from(self, queue: Queue) -> list[str]:
-        return [] if self.federation is None else self.federation.import_from(queue)
+        return self.federation.import_from(queue)
 
     def authenticate(self, client: Client, password: bytes) -> None:
         required = self.config.requirepass
@@ -705,7 +724,7 @@ class NodeCore:
                 job = self.fetch(queue)
                 assert job is not None
                 self._unblock(waiter.client, [self.job_entry(job, waiter.withcounters)])
-                if not len(queue) and self.federation is not None:
+                if not len(queue):
                     self.federation.need_jobs(queue, REACHED_ZERO)
 
     @staticmethod
@@ -723,8 +742,52 @@ class NodeCore:
                 self.send(node_id, msg)
 
     def send(self, node_id: str, msg: Any) -> None:
+        key = self.cluster.key_of(node_id)
+        if key is not None:
+            self.send_key(key, msg)
+
+    def send_key(self, key: int, msg: Any) -> None:
         self.stats.bus_sent += 1
-        self.effects.append(Send(node_id, msg))
+        self.effects.append(Send(key, msg))
+
+    def answer(self, conn: int, msg: Any) -> None:
+        self.stats.bus_sent += 1
+        self.effects.append(Answer(conn, msg))
+
+    def drop_link(self, key: int) -> None:
+        self.effects.append(DropLink(key))
+
+    # ------------------------------------------------------------ bus entry points
+
+    def header(self) -> m.Header:
+        me = self.cluster.myself
+        return m.Header(me.id, self.config.port, me.flags)
+
+    def bus_links(self) -> dict[int, tuple[str, int]]:
+        return self.cluster.bus_links()
+
+    def link_connected(self, key: int) -> None:
+        self._set_time()
+        self.cluster.link_connected(key)
+
+    def link_closed(self, key: int, connect_failed: bool) -> None:
+        self._set_time()
+        self.cluster.link_closed(key, connect_failed)
+
+    def handle_bus(
+        self, header: m.Header, msg: Any, *, key: int | None = None, conn: int | None = None,
+        peer_ip: str = "", local_ip: str = "",
+    ) -> None:  # fmt: skip
+        """A frame from a peer: membership first, then job messages from
+        known senders only (cluster.md §1)."""
+        self._set_time()
+        self.stats.bus_received += 1
+        known = self.cluster.receive(header, msg, key, conn, peer_ip, local_ip)
+        handler = HANDLERS.get(type(msg))
+        if handler is not None and known and not self.loading:
+            handler(self, header.sender, msg)
+        if self.ready:
+            self._serve_ready()
 
     # ------------------------------------------------------------ AOF hooks
 

@@ -10,42 +10,42 @@ parser stays dead.  A request whose first byte is `*` is a multibulk array;
 anything else is an inline line, split like a shell.
 
 hiredis's C reader builds the multibulk argvs.  It is a reply parser, more
-lenient than upstream's request reader (it takes every RESP3 type, negative
-counts, any length), so the parser keeps a copy of the input it handed to
-hiredis and re-reads it with upstream's rules (`_resync`) when hiredis fails,
-returns something other than an argv, or runs out of data in the middle of a
-request.  That yields upstream's exact error, or shows that the request
-hiredis choked on is an inline line or an ignored `*<count <= 0>` header, in
-which case hiredis is dropped and parsing restarts there.  A chunk of complete
+lenient than upstream's request reader (every RESP3 type, any count or
+length), so the parser keeps a copy of the input it hands to hiredis and
+re-reads it with upstream's rules (`_resync`) when hiredis fails, returns
+something that is not an argv, or runs out of data in the middle of a
+request.  The re-reading raises upstream's exact error, or finds that the
+request hiredis is on is an inline line or an ignored `*<count <= 0>` header;
+then hiredis is dropped and parsing goes on from there.  A chunk of complete
 requests costs one `gets()` and a type check per request.
 
 hiredis does not tell how far it has read, so the re-reading starts from an
-anchor: a request boundary, or a point inside the pending request up to which
-the input was already checked, with the number of requests returned since.
-hiredis discards consumed input once it has read 1 KiB; when that happens just
-after a request, the size of what it keeps shows where that request ended, and
-the anchor moves there.  This keeps the copy and each re-reading small.
+anchor: a request boundary, or a point in the pending request up to which the
+input was already checked, plus the number of requests returned since.  Once
+hiredis has read 1 KiB it discards what it has read; when that happens right
+after a request, the size it keeps shows where that request ended and the
+anchor moves there.  The copy and each re-reading stay around 1 KiB.
 
-Between multibulk requests the parser is idle: it parses inline lines itself
-and checks the `*<count>` line of a multibulk request before handing the input
-to a fresh hiredis reader, in slices that grow with what hiredis has read, so
-that a restart re-feeds little.
+Between multibulk requests the parser is idle: it splits inline lines itself
+and checks the `*<count>` line of a multibulk request before handing the
+input to a fresh hiredis reader, in slices that grow with what hiredis holds,
+so that dropping hiredis wastes little.
 
-Where our replies differ from upstream Disque (its Redis 3 request reader):
+Where replies differ from upstream Disque (its Redis 3 request reader):
 
-* Elements sent as `+text`, `(n` or `=n` are read by hiredis as strings, so
+* Elements sent as `+text`, `(n` or `=n` are read by hiredis as strings, and
   the request runs with them as arguments; upstream replies `expected '$',
-  got '+'`.  We reply that too when the request is re-read (a later request
-  in the same stretch of input is malformed, or is cut at the end of a read).
-* Lines of a multibulk request must end in CRLF, as hiredis requires; upstream
-  skips whatever byte follows the CR.
+  got '+'`.  We do too when the request is re-read: a later request in the
+  same stretch of input is malformed, or is cut at the end of a read.
+* Multibulk lines must end in CRLF, as hiredis requires; upstream skips
+  whatever byte follows the CR.
 * `expected '$', got 'c'` is reported as soon as the byte arrives; upstream
   waits for the end of its line.
-* Inline lines end at LF and are split up to the first NUL.  Upstream looks
-  for the LF with strchr, so a line with a NUL never ends, and after a bare LF
+* An inline line ends at LF and is split up to its first NUL.  Upstream finds
+  the LF with strchr, so a line holding a NUL never ends, and after a bare LF
   it drops the first byte of the next request.
 
-`encode(value, proto)` turns a reply value into bytes for RESP2 or RESP3:
+`encode(value, proto)` turns a reply value into RESP2 or RESP3 bytes:
 `Status` (+text), int, bytes or str (bulk), list or tuple (array), `Map`,
 None (nil bulk), `NIL_ARRAY` (nil array) and `DisqueError` (-CODE text).
 """
@@ -66,6 +66,8 @@ _FEED_MIN = 4096  # smallest slice handed to hiredis
 
 _STAR, _DOLLAR = ord("*"), ord("$")
 _INT64 = re.compile(rb"-?[1-9][0-9]{0,18}|0")  # upstream's string2ll syntax
+_COUNT_LINE = re.compile(rb"\*([1-9][0-9]{0,5})\r\n")  # the usual lines, within limits
+_BULK_LINE = re.compile(rb"\$(0|[1-9][0-9]{0,7})\r\n")
 _is_bytes = bytes.__instancecheck__
 
 
@@ -79,7 +81,7 @@ class ProtocolError(DisqueError):
 class RequestParser:
     """Turns the bytes of one client connection into argvs."""
 
-    __slots__ = ("_buf", "_reader", "_fed", "_hlen", "_skip", "_left", "_returned", "_error")
+    __slots__ = ("_buf", "_reader", "_fed", "_held", "_skip", "_left", "_returned", "_error")
 
     def __init__(self) -> None:
         # Idle (no reader): _buf holds the unparsed input.  With a reader:
@@ -87,7 +89,7 @@ class RequestParser:
         self._buf = bytearray()
         self._reader: hiredis.Reader | None = None
         self._fed = 0
-        self._hlen = 0  # hiredis's buffer size when last looked at
+        self._held = 0  # size of hiredis's buffer when last looked at
         # The anchor: payload bytes still to pass, elements left in the request
         # there, requests returned since.
         self._skip = 0
@@ -110,68 +112,64 @@ class RequestParser:
         """The next request, or None until more data is fed."""
         if self._error is not None:
             raise self._error
+        buf = self._buf
         try:
-            return self._next()
+            while True:
+                reader = self._reader
+                if reader is None:
+                    if not buf:
+                        return None
+                    if buf[0] != _STAR:
+                        argv = self._inline()
+                        if argv is None:
+                            return None
+                        if argv:
+                            return argv
+                        continue
+                    header = _count_line(buf, 0)
+                    if header is None:
+                        return None
+                    count, end = header
+                    if count <= 0:
+                        del buf[:end]
+                        continue
+                    self._reader = reader = hiredis.Reader()
+                    self._fed = self._held = 0
+                    self._feed_more()
+                try:
+                    argv = reader.gets()
+                except Exception:  # ProtocolError, or MemoryError/TypeError on absurd nesting
+                    argv = None  # re-read below
+                if type(argv) is list and 0 < len(argv) <= MAX_MULTIBULK and all(map(_is_bytes, argv)):
+                    if not reader.has_data():  # hiredis read all it got: a request boundary
+                        self._restart(self._fed)
+                    else:
+                        self._returned += 1
+                        kept = reader.len()
+                        if kept < self._held:  # hiredis just discarded its input up to here
+                            self._held = kept
+                            self._move_anchor(self._fed - kept, 0, 0, 0)
+                    return argv
+                if argv is not False:
+                    self._resync(failed=True)
+                    continue
+                self._held = reader.len()
+                if self._fed < len(buf):
+                    self._feed_more()
+                elif not self._resync(failed=False):
+                    return None
         except ProtocolError as exc:
             self._error = exc
             self._buf = bytearray()
             self._reader = None
             raise
 
-    def _next(self) -> list[bytes] | None:
-        buf = self._buf
-        while True:
-            reader = self._reader
-            if reader is None:
-                if not buf:
-                    return None
-                if buf[0] != _STAR:
-                    argv = self._inline()
-                    if argv is None:
-                        return None
-                    if argv:
-                        return argv
-                    continue
-                header = _count_line(buf, 0)
-                if header is None:
-                    return None
-                count, end = header
-                if count <= 0:
-                    del buf[:end]
-                    continue
-                self._reader = reader = hiredis.Reader()
-                self._fed = self._hlen = 0
-                self._feed_more()
-            try:
-                argv = reader.gets()
-            except Exception:  # hiredis's ProtocolError, or MemoryError/TypeError on absurd nesting
-                self._resync(failed=True)
-                continue
-            if argv is False:
-                self._hlen = reader.len()
-                if self._fed < len(buf):
-                    self._feed_more()
-                elif not self._resync(failed=False):
-                    return None
-                continue
-            if type(argv) is list and 0 < len(argv) <= MAX_MULTIBULK and all(map(_is_bytes, argv)):
-                if not reader.has_data():  # hiredis read all it got: a request boundary
-                    self._restart(self._fed)
-                else:
-                    self._returned += 1
-                    kept = reader.len()
-                    if kept < self._hlen:  # hiredis just discarded input up to the end of argv
-                        self._hlen = kept
-                        self._move_anchor(self._fed - kept, 0, 0, 0)
-                return argv
-            self._resync(failed=True)
-
     def _feed_more(self) -> None:
         # Slices grow with what hiredis holds, so a restart wastes little.
         size = min(len(self._buf) - self._fed, max(_FEED_MIN, self._fed))
         self._reader.feed(self._buf, self._fed, size)
         self._fed += size
-        self._hlen += size
+        self._held += size
 
     def _move_anchor(self, pos: int, skip: int, left: int, returned: int) -> None:
         del self._buf[:pos]
@@ -196,27 +194,24 @@ class RequestParser:
         size = len(buf)
         pos, skip, left, todo = 0, self._skip, self._left, self._returned
         while todo >= 0:
-            if skip:
-                step = min(skip, size - pos)
-                pos += step
-                skip -= step
-                if skip:
+            if skip:  # inside a payload
+                if skip > size - pos:
+                    skip -= size - pos
+                    pos = size
                     break
+                pos += skip
+                skip = 0
                 if not left:
                     todo -= 1  # a request ends here
             elif left:
-                if pos == size:
-                    break
                 bulk = _bulk_line(buf, pos)
                 if bulk is None:
                     break
                 length, pos = bulk
                 skip = length + 2
                 left -= 1
-            else:  # at a request boundary
-                if pos == size:
-                    break
-                header = _count_line(buf, pos) if buf[pos] == _STAR else (0, pos)
+            else:  # at a request boundary; anything but `*` starts an inline line
+                header = _count_line(buf, pos) if buf[pos : pos + 1] == b"*" else (0, pos)
                 if header is None:
                     break
                 left, end = header
@@ -256,6 +251,9 @@ def _int64(buf: bytearray, start: int, end: int) -> int | None:
 
 def _count_line(buf: bytearray, pos: int) -> tuple[int, int] | None:
     """Check the `*<count>` line at pos: (count, end of line), or None if cut."""
+    usual = _COUNT_LINE.match(buf, pos)
+    if usual is not None:
+        return int(usual[1]), usual.end()
     eol = buf.find(b"\r\n", pos)
     if eol < 0:
         if len(buf) - pos > INLINE_MAX:
@@ -269,6 +267,11 @@ def _count_line(buf: bytearray, pos: int) -> tuple[int, int] | None:
 
 def _bulk_line(buf: bytearray, pos: int) -> tuple[int, int] | None:
     """Check the `$<length>` line at pos: (length, end of line), or None if cut."""
+    usual = _BULK_LINE.match(buf, pos)
+    if usual is not None:
+        return int(usual[1]), usual.end()
+    if pos == len(buf):
+        return None
     if buf[pos] != _DOLLAR:
         got = bytes(buf[pos : pos + 1]).decode("utf-8", "surrogateescape")
         raise ProtocolError(f"Protocol error: expected '$', got '{got}'")

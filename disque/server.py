@@ -23,6 +23,8 @@ from typing import Any
 import trio
 
 from disque import config as cfg
+from disque.cluster.membership import Membership
+from disque.cluster.nodes_file import NodesFile
 from disque.effects import AofAppend, CloseClient, Reply, Send
 from disque.errors import DisqueError, err
 from disque.node import BLOCKED, SILENT, Client, NodeCore
@@ -70,12 +72,22 @@ def _peer(stream: trio.SocketStream, local: bool = False) -> str:
 
 
 class Server:
-    def __init__(self, config: cfg.Config, node_id: str | None = None) -> None:
+    def __init__(self, config: cfg.Config) -> None:
         self.config = config
         self.clock = RealClock()
-        self.core = NodeCore(
-            config, node_id or secrets.token_hex(20), clock=self.clock, rng=random.Random(), host=self
-        )
+        rng = random.Random()
+        # nodes.conf is locked and loaded before anything else (cluster.md §12.1)
+        self.nodes_file = NodesFile(config.cluster_config_file)
+        text = self.nodes_file.read()
+        membership = None
+        if text.strip():
+            membership = Membership.from_conf(text, config.port, rng=rng, now=self.clock.now_ms())
+            log.info("Node configuration loaded, I'm %s", membership.my_id)
+        node_id = membership.my_id if membership else secrets.token_hex(20)
+        self.core = NodeCore(config, node_id, clock=self.clock, rng=rng, host=self, membership=membership)
+        if membership is None:
+            self.save_cluster_config(fsync=True)
+            log.info("No cluster configuration found, I'm %s", node_id)
         self.conns: dict[int, Conn] = {}
         self.next_client_id = 0
         self.nursery: trio.Nursery | None = None
@@ -139,7 +151,7 @@ class Server:
         if len(self.conns) >= self.config.maxclients:
             core.stats.rejected += 1
             with trio.move_on_after(1):
-                await stream.send_all(encode_error("ERR max number of clients reached"))
+                await stream.send_all(encode_error("max number of clients reached"))
             await stream.aclose()
             return
         self.next_client_id += 1
@@ -184,7 +196,7 @@ class Server:
             try:
                 argv = parser.next_command()
             except ProtocolError as e:
-                out.append(encode_error("ERR " + e.message))
+                out.append(encode_error(e.message))
                 conn.closing = True
                 return
             if argv is None:
@@ -194,6 +206,8 @@ class Server:
                 return
             if reply is not SILENT:
                 out.append(encode(reply, client.proto))
+            if core.effects and CloseClient(client.id) in core.effects:
+                conn.closing = True  # QUIT, CLIENT KILL of itself: run nothing more
 
     def _apply_effects(self, current: Conn | None) -> None:
         core = self.core
@@ -218,6 +232,12 @@ class Server:
                     self.aof_append(effect.record)
             for conn in touched:  # an unblocked client resumes its pipeline
                 self._run_commands(conn)
+        if core.cluster.dirty:
+            try:
+                self.save_cluster_config(fsync=False)
+            except OSError as e:
+                log.warning("Fatal: can't update cluster config file: %s", e.strerror)
+                os._exit(1)
         for conn in touched:
             if conn is not current and self.nursery is not None:
                 self.nursery.start_soon(self._flush, conn)
@@ -300,6 +320,10 @@ class Server:
         log.warning("User requested shutdown...")
         self.shutdown_requested.set()
         return True
+
+    def save_cluster_config(self, fsync: bool) -> None:
+        self.core.cluster.dirty = False
+        self.nodes_file.save(self.core.cluster.to_conf(), fsync)
 
     def bgrewriteaof(self) -> Any:
         return DisqueError("ERR")

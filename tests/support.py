@@ -50,6 +50,9 @@ class FakeHost:
         self.calls.append(("shutdown", rewrite_aof))
         return self.shutdown_ok
 
+    def save_cluster_config(self, fsync: bool) -> None:
+        self.calls.append(("save_cluster_config", fsync))
+
     def bgrewriteaof(self) -> Any:
         self.calls.append(("bgrewriteaof",))
         return Status(b"Background append only file rewriting started")

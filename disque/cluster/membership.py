@@ -1,22 +1,57 @@
-"""The node table: who is in the cluster, how to reach them, who is failing.
+"""The node table: joining, gossip, failure detection, nodes.conf.
 
-Theory of operation: `Membership` holds one `Node` entry per known node,
-myself included, with the flags of cluster.md §2.1.  It answers the questions
-the job layer asks: `size()` (known nodes not in handshake, myself and
-failing nodes included: used for default REPLICATE, FAIL quorum and dummy
-ACKs), `reachable()` (replication candidates: not myself, handshake, leaving,
-PFAIL or FAIL) and `has_link()` (the shell reports outgoing links going up
-and down; messages to a node without a link are skipped).
+Theory of operation: `Membership` holds one `Node` per known node, myself
+included, with the flags of cluster.md §2.1.  It is driven by the core with
+the three bus inputs (a link went up or down, a PING/PONG/MEET/FAIL arrived)
+and a 100 ms `cron`, and it answers the questions the job layer asks:
+`size()` (known nodes not in handshake, failing ones included), `reachable()`
+(replication candidates) and `has_link()`.
+
+Links: every node with an address gets one outgoing link, identified by the
+node's `key`, an int that survives the handshake renaming a node; the shell
+keeps exactly the links `bus_links()` lists and reports them up and down.
+PINGs, MEETs and everything else we send go on outgoing links; PONGs answer
+on the incoming connection the PING came in on.
+
+Joining (§3): MEET creates a HANDSHAKE entry with a random temporary ID; the
+PONG that answers our MEET/PING renames it to the sender's real ID.  Gossip
+about unknown nodes from known senders starts more handshakes, so a chain of
+MEETs ends in a full mesh.  Failure detection (§4): an unanswered PING older
+than the node timeout flags PFAIL; PFAIL plus reports from a majority makes
+FAIL, broadcast to all; any PONG clears both.
+
+Whenever something that nodes.conf records changes, `dirty` is set and the
+shell saves the file (`to_conf()`) before it sleeps.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ipaddress
+import random
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from disque.cluster.messages import FAIL, HANDSHAKE, LEAVING, MYSELF, NOADDR, PFAIL
+from disque.cluster.messages import (
+    FAIL,
+    HANDSHAKE,
+    LEAVING,
+    MEET,
+    MYSELF,
+    NOADDR,
+    PFAIL,
+    Fail,
+    GossipEntry,
+    Header,
+    Meet,
+    Ping,
+    Pong,
+)
+
+FORGET_BLACKLIST_MS = 60_000
+CRON_MS = 100
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Node:
     id: str
     ip: str = ""
@@ -26,15 +61,14 @@ class Node:
     pong_received: int = 0
     ctime: int = 0
     fail_time: int = 0
+    key: int = 0
     link: bool = False
-
-    @property
-    def bus_port(self) -> int:
-        return self.port + 10000 if self.port else 0
+    link_time: int = 0
+    reports: dict[str, int] = field(default_factory=dict)  # reporter id -> when
 
 
 FLAG_NAMES = ((MYSELF, "myself"), (PFAIL, "fail?"), (FAIL, "fail"), (HANDSHAKE, "handshake"), (NOADDR, "noaddr"), (LEAVING, "leaving"))
-
+FLAG_BITS = {name: bit for bit, name in FLAG_NAMES} | {"noflags": 0}
 UNREACHABLE = HANDSHAKE | LEAVING | PFAIL | FAIL
 
 
@@ -43,11 +77,43 @@ def flags_text(flags: int) -> str:
     return ",".join(names) if names else "noflags"
 
 
+def valid_address(ip: str, port: int) -> bool:
+    try:
+        ipaddress.ip_address(ip)
+    except ValueError:
+        return False
+    return 1 <= port <= 55535
+
+
+class Wire(Protocol):
+    """What membership needs from the core to talk on the bus."""
+
+    def send_key(self, key: int, msg: Any) -> None: ...
+
+    def answer(self, conn: int, msg: Any) -> None: ...
+
+    def drop_link(self, key: int) -> None: ...
+
+
+class ConfError(Exception):
+    """nodes.conf is corrupted (the node refuses to start)."""
+
+
 class Membership:
-    def __init__(self, myself_id: str, port: int) -> None:
+    def __init__(self, myself_id: str, port: int, *, rng: random.Random, wire: Wire | None = None) -> None:
+        self.rng = rng
+        self.wire: Wire = wire  # type: ignore[assignment]  # NodeCore sets itself
+        self.now = 0
+        self.timeout = 15_000
         self.nodes: dict[str, Node] = {}
-        self.myself = Node(myself_id, port=port, flags=MYSELF, link=True)
-        self.nodes[myself_id] = self.myself
+        self.by_key: dict[int, Node] = {}
+        self._next_key = 0
+        self.myself = self._add(Node(myself_id, port=port, flags=MYSELF, link=True))
+        self.blacklist: dict[str, int] = {}
+        self.dirty = False  # nodes.conf must be saved
+        self._ticks = 0
+
+    # ------------------------------------------------------------ queries
 
     @property
     def my_id(self) -> str:
@@ -70,3 +136,314 @@ class Membership:
     def linked_ids(self, include_handshake: bool = False) -> list[str]:
         skip = MYSELF if include_handshake else MYSELF | HANDSHAKE
         return [n.id for n in self.nodes.values() if n.link and not n.flags & skip]
+
+    def key_of(self, node_id: str) -> int | None:
+        node = self.nodes.get(node_id)
+        return None if node is None or not node.link else node.key
+
+    def bus_links(self) -> dict[int, tuple[str, int]]:
+        return {
+            n.key: (n.ip, n.port + 10000)
+            for n in self.nodes.values()
+            if not n.flags & (MYSELF | NOADDR) and n.ip and n.port
+        }
+
+    # ------------------------------------------------------------ table edits
+
+    def _add(self, node: Node) -> Node:
+        self._next_key += 1
+        node.key = self._next_key
+        node.ctime = self.now
+        self.nodes[node.id] = node
+        self.by_key[node.key] = node
+        return node
+
+    def _delete(self, node: Node) -> None:
+        self.nodes.pop(node.id, None)
+        self.by_key.pop(node.key, None)
+        if node.link:
+            self.wire.drop_link(node.key)
+        for other in self.nodes.values():
+            other.reports.pop(node.id, None)
+        self.dirty = True
+
+    def _random_id(self) -> str:
+        return "%040x" % self.rng.getrandbits(160)
+
+    def meet(self, ip: str, port: int, flags: int = HANDSHAKE | MEET) -> None:
+        """Start a handshake with ip:port (CLUSTER MEET, or gossip)."""
+        ip = str(ipaddress.ip_address(ip))
+        for n in self.nodes.values():
+            if n.flags & HANDSHAKE and n.ip == ip and n.port == port:
+                return
+        self._add(Node(self._random_id(), ip=ip, port=port, flags=flags))
+
+    def forget(self, node_id: str) -> Node:
+        node = self.nodes[node_id]
+        self._delete(node)
+        self.blacklist[node_id] = self.now + FORGET_BLACKLIST_MS
+        return node
+
+    def reset(self, hard: bool) -> None:
+        for node in [n for n in self.nodes.values() if n is not self.myself]:
+            self._delete(node)
+        if hard:
+            del self.nodes[self.myself.id]
+            self.myself.id = self._random_id()
+            self.nodes[self.myself.id] = self.myself
+        self.dirty = True
+
+    def set_leaving(self, leaving: bool) -> None:
+        me = self.myself
+        me.flags = me.flags | LEAVING if leaving else me.flags & ~LEAVING
+        self.dirty = True
+
+    # ------------------------------------------------------------ links
+
+    def link_connected(self, key: int) -> None:
+        node = self.by_key.get(key)
+        if node is None:
+            self.wire.drop_link(key)
+            return
+        node.link = True
+        node.link_time = self.now
+        if node.flags & MEET:
+            node.flags &= ~MEET
+            self._ping(node, Meet(self.gossip()))
+        else:
+            self._ping(node, Ping(self.gossip()))
+
+    def link_closed(self, key: int, connect_failed: bool) -> None:
+        node = self.by_key.get(key)
+        if node is None:
+            return
+        node.link = False
+        if connect_failed and not node.ping_sent:
+            node.ping_sent = self.now  # failure detection progresses without a link
+
+    def _ping(self, node: Node, msg: Any) -> None:
+        if not node.ping_sent:
+            node.ping_sent = self.now
+        self.wire.send_key(node.key, msg)
+
+    def gossip(self) -> tuple[GossipEntry, ...]:
+        candidates = [n for n in self.nodes.values() if not n.flags & (MYSELF | HANDSHAKE | NOADDR) and n.link]
+        wanted = min(max(3, len(self.nodes) // 10), len(self.nodes) - 2)
+        if wanted <= 0 or not candidates:
+            return ()
+        chosen: dict[str, Node] = {}
+        failing = [n for n in candidates if n.flags & (PFAIL | FAIL)]
+        for attempt in range(3 * wanted):
+            pool = failing if failing and attempt < wanted else candidates
+            node = self.rng.choice(pool)
+            chosen[node.id] = node
+            if len(chosen) >= wanted:
+                break
+        return tuple(GossipEntry(n.id, n.ip, n.port, n.flags & ~MYSELF) for n in chosen.values())
+
+    # ------------------------------------------------------------ messages
+
+    def receive(self, header: Header, msg: Any, key: int | None, conn: int | None, peer_ip: str, local_ip: str) -> bool:
+        """Handle a membership message.  Returns whether the sender is known
+        (job messages from unknown senders are ignored by the caller)."""
+        kind = type(msg)
+        sender = self.nodes.get(header.sender)
+        if sender is not None and sender.flags & HANDSHAKE:
+            sender = None  # a temporary ID is never a real sender
+        if kind is Ping or kind is Meet:
+            self._receive_ping(header, msg, sender, conn, peer_ip, local_ip)
+        elif kind is Pong:
+            self._receive_pong(header, msg, key)
+        elif kind is Fail:
+            node = self.nodes.get(msg.node)
+            if sender is not None and node is not None and not node.flags & (FAIL | MYSELF):
+                self._mark_fail(node, broadcast=False)
+        return sender is not None
+
+    def _receive_ping(self, header: Header, msg: Any, sender: Node | None, conn: int | None, peer_ip: str, local_ip: str) -> None:
+        is_meet = type(msg) is Meet
+        if local_ip and (is_meet or not self.myself.ip) and self.myself.ip != local_ip:
+            self.myself.ip = local_ip
+            self.dirty = True
+        if is_meet and sender is None and peer_ip:
+            self.meet(peer_ip, header.port, flags=HANDSHAKE)
+        if conn is not None:
+            self.wire.answer(conn, Pong(self.gossip()))
+        if sender is None:
+            if is_meet:
+                self._gossip_in(msg.gossip, None)
+            return
+        if type(msg) is Ping and peer_ip and (sender.ip, sender.port) != (peer_ip, header.port):
+            if sender.link:
+                self.wire.drop_link(sender.key)
+                sender.link = False
+            sender.ip, sender.port = peer_ip, header.port
+            sender.flags &= ~NOADDR
+            self.dirty = True
+        self._copy_leaving(sender, header)
+        self._gossip_in(msg.gossip, sender)
+
+    def _receive_pong(self, header: Header, msg: Pong, key: int | None) -> None:
+        node = self.by_key.get(key) if key is not None else None
+        if node is None:
+            return
+        if node.flags & HANDSHAKE:
+            real = self.nodes.get(header.sender)
+            if real is not None and real is not node:
+                if (real.ip, real.port) != (node.ip, node.port):
+                    real.ip, real.port = node.ip, node.port
+                    if real.link:
+                        self.wire.drop_link(real.key)
+                        real.link = False
+                self._delete(node)
+                return
+            del self.nodes[node.id]
+            node.id = header.sender
+            node.flags &= ~HANDSHAKE
+            self.nodes[node.id] = node
+            self.dirty = True
+        elif node.id != header.sender:
+            node.flags |= NOADDR
+            node.ip, node.port = "", 0
+            self.wire.drop_link(node.key)
+            node.link = False
+            self.dirty = True
+            return
+        node.pong_received = self.now
+        node.ping_sent = 0
+        if node.flags & (PFAIL | FAIL):
+            node.flags &= ~(PFAIL | FAIL)
+            self.dirty = True
+        self._copy_leaving(node, header)
+        self._gossip_in(msg.gossip, node)
+
+    def _copy_leaving(self, node: Node, header: Header) -> None:
+        if (node.flags ^ header.flags) & LEAVING:
+            node.flags ^= LEAVING
+            self.dirty = True
+
+    def _gossip_in(self, entries: tuple[GossipEntry, ...], sender: Node | None) -> None:
+        for entry in entries:
+            if entry.node_id == self.my_id:
+                continue
+            node = self.nodes.get(entry.node_id)
+            if node is not None:
+                if sender is not None:
+                    if entry.flags & (PFAIL | FAIL):
+                        node.reports[sender.id] = self.now
+                        self._check_fail(node)
+                    else:
+                        node.reports.pop(sender.id, None)
+                if node.flags & (PFAIL | FAIL) and (entry.ip, entry.port) != (node.ip, node.port) and entry.ip:
+                    self.meet(entry.ip, entry.port, flags=HANDSHAKE)
+            elif (
+                sender is not None
+                and not entry.flags & NOADDR
+                and entry.ip
+                and self.blacklist.get(entry.node_id, 0) <= self.now
+            ):
+                self.meet(entry.ip, entry.port, flags=HANDSHAKE)
+
+    # ------------------------------------------------------------ failure detection
+
+    def _valid_reports(self, node: Node) -> int:
+        horizon = self.now - 2 * self.timeout
+        for reporter in [r for r, t in node.reports.items() if t < horizon]:
+            del node.reports[reporter]
+        return len(node.reports)
+
+    def _check_fail(self, node: Node) -> None:
+        if node.flags & PFAIL and 1 + self._valid_reports(node) >= self.size() // 2 + 1:
+            self._mark_fail(node, broadcast=True)
+
+    def _mark_fail(self, node: Node, broadcast: bool) -> None:
+        node.flags = (node.flags | FAIL) & ~PFAIL
+        node.fail_time = self.now
+        self.dirty = True
+        if broadcast:
+            for other in self.nodes.values():
+                if other.link and not other.flags & (MYSELF | HANDSHAKE):
+                    self.wire.send_key(other.key, Fail(node.id))
+
+    def cron(self) -> None:
+        """The 100 ms cluster cron (cluster.md §4)."""
+        now, timeout = self.now, self.timeout
+        self._ticks += 1
+        for node in list(self.nodes.values()):
+            if node.flags & HANDSHAKE and now - node.ctime > max(timeout, 1000):
+                self._delete(node)
+        if self._ticks % 10 == 0:
+            sample = [self.rng.choice(list(self.nodes.values())) for _ in range(5)]
+            sample = [n for n in sample if n.link and not n.ping_sent and not n.flags & (MYSELF | HANDSHAKE)]
+            if sample:
+                oldest = min(sample, key=lambda n: n.pong_received)
+                self._ping(oldest, Ping(self.gossip()))
+        for node in list(self.nodes.values()):
+            if node.flags & (MYSELF | HANDSHAKE):
+                continue
+            if node.link and not node.ping_sent and now - node.pong_received > timeout / 2:
+                self._ping(node, Ping(self.gossip()))
+            if (
+                node.link
+                and now - node.link_time > timeout
+                and node.ping_sent
+                and now - node.ping_sent > timeout / 2
+                and node.pong_received < node.ping_sent
+            ):
+                self.wire.drop_link(node.key)
+                node.link = False
+            if node.ping_sent and now - node.ping_sent > timeout and not node.flags & (PFAIL | FAIL):
+                node.flags |= PFAIL
+                self._check_fail(node)
+        for node_id in [i for i, t in self.blacklist.items() if t <= now]:
+            del self.blacklist[node_id]
+
+    # ------------------------------------------------------------ nodes.conf
+
+    def to_conf(self) -> str:
+        lines = []
+        for n in self.nodes.values():
+            if n.flags & HANDSHAKE:
+                continue
+            link = "connected" if n.link or n.flags & MYSELF else "disconnected"
+            lines.append(f"{n.id} {n.ip}:{n.port} {flags_text(n.flags)} {n.ping_sent} {n.pong_received} {link}\n")
+        return "".join(lines)
+
+    @classmethod
+    def from_conf(cls, text: str, port: int, *, rng: random.Random, now: int) -> Membership:
+        """Parse nodes.conf (config.md §5.3); raises ConfError."""
+        entries = []
+        for line in text.splitlines():
+            parts = line.split()
+            if not parts or parts[0] == "vars":
+                continue
+            if len(parts) != 6 or len(parts[0]) != 40 or ":" not in parts[1]:
+                raise ConfError("Unrecoverable error: corrupted cluster config file.")
+            ip, _, port_text = parts[1].rpartition(":")
+            flags = 0
+            for word in parts[2].split(","):
+                if word not in FLAG_BITS:
+                    raise ConfError(f"Unknown flag in cluster config file: {word}")
+                flags |= FLAG_BITS[word]
+            try:
+                entry_port = int(port_text)
+            except ValueError:
+                raise ConfError("Unrecoverable error: corrupted cluster config file.") from None
+            entries.append((parts[0], ip, entry_port, flags, parts[3] != "0", parts[4] != "0"))
+        mine = [e for e in entries if e[3] & MYSELF]
+        if len(mine) != 1:
+            raise ConfError("Unrecoverable error: corrupted cluster config file.")
+        my_id, my_ip, _, my_flags, _, _ = mine[0]
+        members = cls(my_id, port, rng=rng)
+        members.now = now
+        members.myself.ip = my_ip
+        members.myself.flags = my_flags
+        for node_id, ip, entry_port, flags, pinged, ponged in entries:
+            if flags & MYSELF:
+                continue
+            node = members._add(Node(node_id, ip=ip, port=entry_port, flags=flags & ~HANDSHAKE))
+            node.ping_sent = now if pinged else 0
+            node.pong_received = now if ponged else 0
+            if flags & FAIL:
+                node.fail_time = now
+        return members

@@ -197,7 +197,9 @@ def test_multibulk_then_inline_in_separate_feeds() -> None:
 @pytest.mark.parametrize("inline", [b"PING\r\n", b"$5 x\r\n", b":1\r\n", b"-x\r\n", b"_\r\n", b"~0\r\n"])
 def test_inline_after_multibulk_in_one_chunk(inline: bytes) -> None:
     data = PING + inline + PING
-    assert run_all_ways(data) == ([[b"PING"], inline.split(), [b"PING"]], None)
+    expected = ([[b"PING"], inline.split(), [b"PING"]], None)
+    assert run_all_ways(data) == expected
+    assert run([PING + inline[:2], inline[2:] + PING]) == expected  # hiredis waits in the line
     assert run([LONG_PIPELINE + data]) == upstream(LONG_PIPELINE + data)
 
 
@@ -340,7 +342,7 @@ def test_documented_deviation_simple_string_elements() -> None:
         (b"a b", [b"a", b"b"]),
         (b"a\vb", [b"a\vb"]),
         (b'"a\\tb\\r\\n\\b\\a\\q\\"\\\\"', [b"a\tb\r\n\b\a" + b'q"\\']),
-        (b'"\\x4a\\x4" "\\xzz"', [b"J\\x4", b"\\xzz"]),
+        (b'"\\x4a\\x4" "\\xzz"', [b"Jx4", b"xzz"]),
         (b"'a\\'b\\c'", [b"a'b\\c"]),
         (b'"a"\t"b"', [b"a", b"b"]),
         (b'""', [b""]),
@@ -560,3 +562,7 @@ def test_encode_rejects_other_types(value: object) -> None:
 def test_encode_error() -> None:
     assert encode_error("max number of clients reached") == b"-ERR max number of clients reached\r\n"
     assert encode_error("a\r\nb") == b"-ERR a  b\r\n"
+
+
+def test_nil_array_repr() -> None:
+    assert repr(NIL_ARRAY) == "NIL_ARRAY"

@@ -1,0 +1,156 @@
+"""Shared helpers of the benchmarks: servers, redis-benchmark, RSS, output.
+
+Every benchmark compares our node with a `redis-server` started in the same
+run, on the same machine, driven by the same `redis-benchmark` binary, so the
+ratios it prints do not depend on how fast the machine is.  Both servers and
+the load generator share the machine's cores: a ratio is the figure to watch,
+an absolute ops/s is only meaningful next to the Redis one printed with it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from disque.devcluster import NodeProcess, command, free_port
+
+RESULTS_DIR = Path(__file__).with_name("results")
+BODY = b"x" * 100  # the job body / list element of every benchmark
+CLIENTS = 50
+
+
+def require_tools() -> None:
+    missing = [tool for tool in ("redis-benchmark", "redis-server") if shutil.which(tool) is None]
+    if missing:
+        sys.exit(f"{' and '.join(missing)} not found: `make bench` installs them (Debian packages redis-tools, redis-server)")
+
+
+def environment() -> dict[str, object]:
+    version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "redis": next((w[2:] for w in version if w.startswith("v=")), "?"),
+        "platform": platform.platform(),
+    }
+
+
+def start_node(workdir: Path, *extra: str) -> NodeProcess:
+    """A fresh single node (default config) on a free port."""
+    return NodeProcess(free_port(), workdir, *extra).start()
+
+
+class RedisProcess:
+    """A redis-server without persistence, in its own directory, on a free port."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, wait: float = 10.0) -> RedisProcess:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", str(self.workdir), "--logfile", "redis.log"]  # fmt: skip
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode}, see {self.workdir}/redis.log")
+            try:
+                if command("127.0.0.1", self.port, "PING", timeout=1).startswith(b"+PONG"):
+                    return self
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError("redis-server did not answer in time")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def redis_benchmark(port: int, requests: int, pipeline: int, *args: str | bytes) -> float:
+    """Requests per second of `redis-benchmark -c 50 -n requests -P pipeline <args>`."""
+    argv = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-c", str(CLIENTS), "-n", str(requests),
+            "-P", str(pipeline), "--csv", *args]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, check=True)
+    rows = [row for row in csv.reader(done.stdout.decode().splitlines()) if len(row) >= 2]
+    try:
+        return float(rows[-1][1])  # the last row; redis-benchmark >= 6 puts a header first
+    except (IndexError, ValueError):
+        raise RuntimeError(f"unexpected redis-benchmark output: {done.stdout!r} {done.stderr!r}") from None
+
+
+def send_pipelined(port: int, argv: list[bytes], count: int, batch: int = 1000) -> None:
+    """Send one command `count` times over one connection, `batch` requests
+    per write, reading all replies of a batch before the next.  The replies
+    must be single lines (status, integer); an error reply raises."""
+    request = b"*%d\r\n" % len(argv) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in argv)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        while count > 0:
+            n = min(batch, count)
+            s.sendall(request * n)
+            replies = bytearray()
+            while replies.count(b"\r\n") < n:
+                chunk = s.recv(1 << 20)
+                if not chunk:
+                    raise RuntimeError("connection closed during a pipelined run")
+                replies += chunk
+            if b"\n-" in b"\n" + replies:
+                raise RuntimeError(f"error reply: {bytes(replies[:200])!r}")
+            count -= n
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (VmRSS of /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def print_table(title: str, header: list[str], rows: list[list[object]]) -> None:
+    """A plain aligned table; numbers right-aligned, floats with 2 decimals."""
+    cells = [[_cell(v) for v in row] for row in [header, *rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    numeric = [all(isinstance(row[i], (int, float)) for row in rows) for i in range(len(header))]
+    print(f"\n{title}")
+    for n, row in enumerate(cells):
+        print("  ".join(c.rjust(w) if numeric[i] else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:,.2f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def write_results(name: str, data: dict[str, object]) -> Path:
+    """bench/results/<name>-<timestamp>.json (gitignored)."""
+    RESULTS_DIR.mkdir(exist_ok=True)
+    path = RESULTS_DIR / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path

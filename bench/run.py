@@ -1,0 +1,39 @@
+"""Run the benchmarks (`make bench`): print tables, write bench/results/*.json.
+
+Each benchmark is a module with `run(quick: bool) -> dict` that prints its
+own tables and returns its figures; `--only` selects some of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import common
+import single_node
+
+BENCHMARKS = {"single": single_node}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short runs (noisier figures)")
+    parser.add_argument("--only", action="append", choices=sorted(BENCHMARKS), help="run only these (repeatable)")
+    args = parser.parse_args()
+    common.require_tools()
+    env = common.environment()
+    print(
+        f"{env['cpus']} CPU(s), Python {env['python']}, redis {env['redis']}.  redis-benchmark runs on the same"
+        " machine as the server it measures: they share these cores, so compare ratios, not absolute ops/s."
+    )
+    for name in args.only or list(BENCHMARKS):
+        print(f"\n=== {name}")
+        started = time.monotonic()
+        figures = BENCHMARKS[name].run(args.quick)
+        elapsed = time.monotonic() - started
+        path = common.write_results(name, {"benchmark": name, "quick": args.quick, "seconds": elapsed, **env, **figures})
+        print(f"\n{name}: {elapsed:.0f} s, figures written to {path}")
+
+
+if __name__ == "__main__":
+    main()

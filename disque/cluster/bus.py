@@ -1,0 +1,297 @@
+"""The trio cluster bus: the bus listener and the outgoing links.
+
+Theory of operation: the bus moves frames and decides nothing.  The core says
+which outgoing links it wants (`core.bus_links()`: link key -> (ip, bus
+port)); a cron every 100 ms connects the missing ones and closes those whose
+key disappeared or whose address changed.  Each outgoing link is one task:
+connect (with a timeout, from the first bind address if any), report
+`link_connected`, then read frames and hand them to `core.handle_bus(key=)`
+until EOF, an I/O error, a bad frame or a `DropLink`; the task then reports
+`link_closed` and ends.  The next cron starts a new task if the key is still
+wanted.  Connection attempts of a key are spaced by a backoff of 1, 2, 4, 8
+and at most 10 cron ticks (100 ms .. 1 s), reset by a successful connect.
+
+Incoming connections are only read from, except for the answers the core
+sends back on them (`Answer`, e.g. PONG to PING/MEET).  Each gets an int id
+passed to `core.handle_bus(conn=)` with the peer and local IPs of the socket.
+
+Every connection, either way, is a `_Peer`: a stream, a queue of encoded
+frames and a writer task, so a slow peer only ever delays itself.  Frames are
+encoded when the effect is applied, with the core's current header.  A peer
+whose queue grows past `max_queue` bytes is not reading and is dropped, as is
+a peer that sends a malformed or oversized frame (logged, rate-limited).
+
+After every core call the bus runs `drain()`, which applies the effects the
+call produced (the server's `_apply_effects`).  Applying effects never calls
+the core back: closing a link only cancels its task, which reports later.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import trio
+
+from disque.cluster.codec import MAX_FRAME, FrameDecoder, FrameError, encode_frame
+from disque.cluster.messages import Header, Message
+
+log = logging.getLogger("disque")
+
+CLUSTER_PORT_INCR = 10000  # bus port = client port + 10000
+CRON_PERIOD = 0.1  # seconds between link reconciliations
+MAX_BACKOFF_TICKS = 10  # reconnect attempts of a failing key: at most every second
+CONNECT_TIMEOUT = 1.0  # seconds; a hung connect counts as a failed one
+# A peer that stops reading is dropped once this many bytes wait for it: room
+# for a largest frame behind a backlog of as much again.
+MAX_QUEUE = 2 * MAX_FRAME
+READ_SIZE = 64 * 1024
+LOG_INTERVAL = 1.0  # seconds between two logged link errors
+
+
+class _Peer:
+    """One bus connection: its stream, its queue of frames, its cancel scope."""
+
+    __slots__ = ("addr", "label", "stream", "out", "queued", "wake", "scope", "closed")
+
+    def __init__(self, addr: tuple[str, int], label: str, stream: trio.SocketStream | None = None) -> None:
+        self.addr = addr
+        self.label = label
+        self.stream = stream  # None until an outgoing link is connected
+        self.out: list[bytes] = []
+        self.queued = 0  # bytes accepted and not yet handed to the kernel
+        self.wake = trio.Event()
+        self.scope = trio.CancelScope()
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+        self.scope.cancel()
+
+
+class _Retry:
+    __slots__ = ("next_tick", "delay")
+
+    def __init__(self) -> None:
+        self.next_tick = 0  # earliest cron tick of the next connection attempt
+        self.delay = 1  # ticks between attempts
+
+
+def _host(addr: tuple[Any, ...]) -> str:
+    """The IP of a socket address: scope id removed, IPv4-mapped IPv6 unwrapped."""
+    ip = addr[0].partition("%")[0]
+    mapped = ipaddress.ip_address(ip).ipv4_mapped if ":" in ip else None
+    return str(mapped) if mapped else ip
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Bus:
+    """Listener, outgoing links and the link cron of one node.
+
+    `await listen()` binds the listeners (OSError if it cannot), then `run()`
+    serves until cancelled.  `send`, `answer` and `drop_link` carry out the
+    core's `Send`, `Answer` and `DropLink` effects; they never block.
+    """
+
+    def __init__(
+        self,
+        core: Any,
+        drain: Callable[[], None],
+        *,
+        port: int,
+        bind: Sequence[str] = (),
+        backlog: int = 511,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        max_frame: int = MAX_FRAME,
+        max_queue: int = MAX_QUEUE,
+    ) -> None:
+        self.core = core
+        self.drain = drain
+        self.port = port
+        self.bind = list(bind)
+        self.source = self.bind[0] if self.bind else None  # source address of outgoing links
+        self.backlog = backlog
+        self.connect_timeout = connect_timeout
+        self.max_frame = max_frame
+        self.max_queue = max_queue
+        self.listeners: list[trio.SocketListener] = []
+        self.links: dict[int, _Peer] = {}  # outgoing, connecting or connected
+        self.conns: dict[int, _Peer] = {}  # incoming
+        self._retry: dict[int, _Retry] = {}
+        self._tick = 0
+        self._next_conn = 0
+        self._nursery: trio.Nursery | None = None
+        self._log_at = float("-inf")
+        self._log_skipped = 0
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def listen(self) -> None:
+        listeners: list[trio.SocketListener] = []
+        try:
+            for host in self.bind or [None]:
+                listeners += await trio.open_tcp_listeners(self.port, host=host, backlog=self.backlog)
+        except OSError as e:
+            log.warning("Creating cluster bus TCP listening socket %s: %s", _hostport(host or "*", self.port), e.strerror)
+            for listener in listeners:
+                await listener.aclose()
+            raise
+        self.listeners = listeners
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            if self.listeners:
+                nursery.start_soon(trio.serve_listeners, self._serve_conn, self.listeners)
+            next_at = trio.current_time()
+            while True:
+                self._reconcile()
+                self._tick += 1
+                next_at = max(next_at + CRON_PERIOD, trio.current_time())
+                await trio.sleep_until(next_at)
+
+    # ------------------------------------------------------------ effects
+
+    def send(self, key: int, msg: Message) -> None:
+        self._push(self.links.get(key), msg)
+
+    def answer(self, conn: int, msg: Message) -> None:
+        self._push(self.conns.get(conn), msg)
+
+    def drop_link(self, key: int) -> None:
+        link = self.links.get(key)
+        if link is not None:
+            link.close()
+
+    def _push(self, peer: _Peer | None, msg: Message) -> None:
+        if peer is None or peer.stream is None or peer.closed:
+            return  # no link: dropped, as every bus message is best effort
+        frame = encode_frame(self.core.header(), msg)
+        peer.out.append(frame)
+        peer.queued += len(frame)
+        peer.wake.set()
+        if peer.queued > self.max_queue:
+            self._warn("Closing %s: %d bytes queued, the peer is not reading", peer.label, peer.queued)
+            peer.close()
+
+    # ------------------------------------------------------------ outgoing links
+
+    def _reconcile(self) -> None:
+        wanted: dict[int, tuple[str, int]] = self.core.bus_links()
+        self.drain()
+        for key, link in self.links.items():
+            if wanted.get(key) != link.addr:
+                link.close()  # its task ends and frees the key; the next cron reconnects
+        for key in self._retry.keys() - wanted.keys():
+            del self._retry[key]
+        assert self._nursery is not None
+        for key, addr in wanted.items():
+            retry = self._retry.setdefault(key, _Retry())
+            if key in self.links or self._tick < retry.next_tick:
+                continue
+            retry.next_tick = self._tick + retry.delay
+            link = self.links[key] = _Peer(addr, f"bus link to {_hostport(*addr)}")
+            self._nursery.start_soon(self._run_link, key, link)
+
+    async def _run_link(self, key: int, link: _Peer) -> None:
+        core = self.core
+        failed = False
+        try:
+            with link.scope:
+                try:
+                    with trio.fail_after(self.connect_timeout):
+                        link.stream = await trio.open_tcp_stream(*link.addr, local_address=self.source)
+                except (OSError, trio.TooSlowError) as e:
+                    log.debug("Connecting %s failed: %s", link.label, str(e) or "timeout")
+                    failed = True
+                    if retry := self._retry.get(key):
+                        retry.delay = min(retry.delay * 2, MAX_BACKOFF_TICKS)
+                    return
+                if retry := self._retry.get(key):
+                    retry.delay = 1
+                self._call(core.link_connected, key)
+                await self._session(link, partial(core.handle_bus, key=key))
+        finally:
+            if self.links.get(key) is link:
+                del self.links[key]
+            if failed or link.stream is not None:
+                self._call(core.link_closed, key, failed)
+            if link.stream is not None:
+                await trio.aclose_forcefully(link.stream)
+
+    # ------------------------------------------------------------ incoming connections
+
+    async def _serve_conn(self, stream: trio.SocketStream) -> None:
+        try:
+            peer_addr, local_addr = stream.socket.getpeername(), stream.socket.getsockname()
+        except OSError:
+            return  # reset before we looked at it
+        self._next_conn += 1
+        conn = self._next_conn
+        peer = _Peer(peer_addr[:2], f"bus connection from {_hostport(*peer_addr[:2])}", stream)
+        self.conns[conn] = peer
+        deliver = partial(self.core.handle_bus, conn=conn, peer_ip=_host(peer_addr), local_ip=_host(local_addr))
+        try:
+            with peer.scope:
+                await self._session(peer, deliver)
+        finally:
+            del self.conns[conn]  # serve_listeners closes the stream
+
+    # ------------------------------------------------------------ both directions
+
+    async def _session(self, peer: _Peer, deliver: Callable[[Header, Message], None]) -> None:
+        """Read and write `peer` until either side fails; runs in `peer.scope`."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._write_loop, peer)
+            await self._read_loop(peer, deliver)
+
+    async def _read_loop(self, peer: _Peer, deliver: Callable[[Header, Message], None]) -> None:
+        assert peer.stream is not None
+        decoder = FrameDecoder(self.max_frame)
+        try:
+            while data := await peer.stream.receive_some(READ_SIZE):
+                decoder.feed(data)
+                while not peer.closed and (frame := decoder.next_frame()) is not None:
+                    self._call(deliver, *frame)
+        except FrameError as e:
+            self._warn("Closing %s: %s", peer.label, e.reason)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        peer.close()
+
+    async def _write_loop(self, peer: _Peer) -> None:
+        assert peer.stream is not None
+        try:
+            while True:
+                await peer.wake.wait()
+                peer.wake = trio.Event()
+                data = b"".join(peer.out)
+                peer.out.clear()
+                await peer.stream.send_all(data)
+                peer.queued -= len(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            peer.close()
+
+    # ------------------------------------------------------------ helpers
+
+    def _call(self, method: Callable[..., None], *args: Any) -> None:
+        method(*args)
+        self.drain()
+
+    def _warn(self, fmt: str, *args: Any) -> None:
+        """Log a link error, at most one per LOG_INTERVAL; count the others."""
+        now = trio.current_time()
+        if now < self._log_at + LOG_INTERVAL:
+            self._log_skipped += 1
+            return
+        if self._log_skipped:
+            fmt += " (%d similar messages suppressed)"
+            args += (self._log_skipped,)
+        log.warning(fmt, *args)
+        self._log_at, self._log_skipped = now, 0

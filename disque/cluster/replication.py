@@ -1,0 +1,143 @@
+"""Synchronous and asynchronous replication of new jobs (cluster.md §8.2).
+
+Theory of operation: ADDJOB with REPLICATE > 1 (or external replication,
+when this node is leaving or short of memory) hands the new job to
+`Replication.start`.  Synchronous jobs stay `wait-repl`, registered locally,
+while REPLJOB goes to `additional` random reachable nodes; each GOTJOB adds
+the sender to `nodes_confirmed`, and when REPLICATE nodes confirmed, the
+producer gets its ID and the job is queued (or, with external replication,
+ENQUEUE goes to one confirmed node and the local record is forgotten).
+Every >= 50 ms the client cron adds one more target and re-sends REPLJOB to
+the unconfirmed ones; the ADDJOB timeout, the producer leaving or this node
+turning LEAVING abort the job everywhere (DELJOB to `nodes_delivered`).
+
+A job that never reached its replication level is never written to the AOF.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from disque import errors
+from disque.cluster import messages as m
+from disque.cluster.codec import job_to_wire
+from disque.resp import Status
+from disque.store.job import REPLICATED, Job, State
+
+if TYPE_CHECKING:
+    from disque.node import Client, NodeCore
+
+REPL_STEP_MS = 50
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    client: Client
+    deadline: int  # 0 = wait forever
+    last_add: int
+
+
+class Replication:
+    def __init__(self, node: NodeCore) -> None:
+        self.node = node
+        self.pending: dict[bytes, Pending] = {}
+
+    def start(self, client: Client, job: Job, additional: int, timeout: int, is_async: bool, extrepl: bool) -> Any:
+        node = self.node
+        me = node.cluster.my_id
+        if is_async:
+            if extrepl:  # not registered here: replicas only, one of them queues it
+                self.replicate(job, additional, noreply=True)
+                targets = [n for n in job.nodes_delivered if n != me]
+                if targets:
+                    node.send(node.rng.choice(targets), m.Enqueue(job.id, job.delay))
+            else:
+                node.register(job)
+                node.queue_new_job(job)
+                self.replicate(job, additional, noreply=True)
+            return Status(job.id)
+        job.state = State.WAIT_REPL
+        job.nodes_confirmed = set() if extrepl else {me}
+        node.register(job)
+        self.replicate(job, additional, noreply=False)
+        client.repl_job = job.id
+        node.repl_waiters[job.id] = client
+        self.pending[job.id] = Pending(client, node.now + timeout if timeout else 0, node.now)
+        from disque.node import BLOCKED
+
+        return BLOCKED
+
+    def replicate(self, job: Job, count: int, noreply: bool) -> int:
+        """Add up to `count` new targets, then (re)send REPLJOB (§8.2 step 1)."""
+        node = self.node
+        delivered = job.nodes_delivered
+        candidates = [n.id for n in node.cluster.reachable() if n.link and n.id not in delivered]
+        node.rng.shuffle(candidates)
+        added = candidates[:count]
+        if added:
+            job.nodes_delivered = delivered + tuple(added)
+        wire = job_to_wire(job, node.now // 1000)
+        confirmed = job.nodes_confirmed or ()
+        for node_id in job.nodes_delivered:
+            if node_id == node.cluster.my_id:
+                continue
+            done = node_id in confirmed
+            if done and not added:
+                continue
+            node.send(node_id, m.ReplJob(wire, noreply or done))
+        return len(added)
+
+    def got_job(self, sender: str, job: Job) -> None:
+        if job.state != State.WAIT_REPL or job.nodes_confirmed is None:
+            return
+        job.nodes_confirmed.add(sender)
+        if len(job.nodes_confirmed) >= job.repl:
+            self.achieved(job)
+
+    def achieved(self, job: Job) -> bool:
+        """Replication level reached: answer the producer.  Returns False when
+        the job was handed to a replica and forgotten here (external)."""
+        node = self.node
+        self.pending.pop(job.id, None)
+        client = node.repl_waiters.pop(job.id, None)
+        job.move(REPLICATED)
+        if client is not None:
+            client.repl_job = None
+            node.reply_to(client, Status(job.id))
+        if node.cluster.my_id not in job.nodes_delivered:
+            confirmed = sorted(job.nodes_confirmed or ())
+            if confirmed:
+                node.send(node.rng.choice(confirmed), m.Enqueue(job.id, job.delay))
+            node.delete_job(job, log=False)
+            return False
+        job.nodes_confirmed = None
+        node.queue_new_job(job)
+        return True
+
+    def abort(self, job: Job, reply: Any) -> None:
+        """Give up: the producer gets `reply`, every copy is deleted."""
+        node = self.node
+        self.pending.pop(job.id, None)
+        client = node.repl_waiters.pop(job.id, None)
+        if client is not None:
+            client.repl_job = None
+            node.reply_to(client, reply)
+        node.abort_replication(job)
+
+    def forget(self, job_id: bytes) -> None:
+        self.pending.pop(job_id, None)
+
+    def cron(self) -> None:
+        node = self.node
+        now = node.now
+        for job_id, pending in list(self.pending.items()):
+            job = node.jobs.get(job_id)
+            if job is None or job.state != State.WAIT_REPL:
+                self.pending.pop(job_id, None)
+            elif pending.deadline and now >= pending.deadline:
+                self.abort(job, errors.NOREPL_TIMEOUT)
+            elif node.cluster.leaving:
+                self.abort(job, errors.LEAVING)
+            elif now - pending.last_add >= REPL_STEP_MS and self.replicate(job, 1, noreply=False):
+                pending.last_add = now

@@ -1,0 +1,284 @@
+"""The wire protocol of a real node, byte for byte (commands.md §1.1, §1.3)."""
+
+from __future__ import annotations
+
+import random
+import socket
+from collections.abc import Callable
+
+import pytest
+
+from disque.devcluster import NodeProcess
+from integration.rawsock import NIL, Raw, as_dict, pack, q, raw, reply_end, shared_node, wait_for  # noqa: F401
+
+RawFactory = Callable[..., Raw]
+KIB64 = 64 * 1024
+
+
+# ---------------------------------------------------------------- reply encodings
+
+
+@pytest.mark.parametrize(
+    ("request_", "expected"),
+    [
+        (("PING",), b"+PONG\r\n"),  # status
+        (("PING", "hi"), b"$2\r\nhi\r\n"),  # bulk
+        (("NOSUCH",), b"-ERR unknown command 'NOSUCH'\r\n"),  # error
+        (("QLEN", "nosuch-queue"), b":0\r\n"),  # integer
+        (("SHOW", "DI" + "0" * 44 + "SQ"), b"$-1\r\n"),  # nil bulk
+        (("QPEEK", "nosuch-queue", 5), b"*0\r\n"),  # empty array
+        (("QSTAT", "nosuch-queue"), b"*-1\r\n"),  # nil array
+        (("ECHO", b"\x00\xff\r\n"), b"$4\r\n\x00\xff\r\n\r\n"),  # binary safe
+    ],
+)
+def test_reply_encodings(raw: RawFactory, request_: tuple, expected: bytes) -> None:
+    assert raw().call_raw(*request_) == expected
+
+
+def test_error_text_from_user_input_has_no_line_breaks(raw: RawFactory) -> None:
+    assert raw().call_raw("NO\r\nSUCH") == b"-ERR unknown command 'NO  SUCH'\r\n"
+
+
+def test_resp3_switch_changes_nil_and_map_encodings(raw: RawFactory) -> None:
+    conn = raw()
+    unknown = "DI" + "0" * 44 + "SQ"
+    assert conn.call_raw("HELLO", 3).startswith(b"%")
+    assert conn.call_raw("SHOW", unknown) == b"_\r\n"
+    assert conn.call_raw("QSTAT", "nosuch-queue") == b"_\r\n"
+    assert conn.call_raw("CONFIG", "GET", "hz") == b"%1\r\n$2\r\nhz\r\n$2\r\n10\r\n"
+    assert conn.call_raw("HELLO").startswith(b"*3\r\n:1\r\n")  # bare HELLO keeps Disque's reply
+    assert conn.call_raw("HELLO", 2).startswith(b"*16\r\n")
+    assert conn.call_raw("SHOW", unknown) == b"$-1\r\n"
+    assert conn.call_raw("CONFIG", "GET", "hz") == b"*2\r\n$2\r\nhz\r\n$2\r\n10\r\n"
+
+
+# ---------------------------------------------------------------- pipelining
+
+
+def test_pipelined_batch_gets_every_reply_in_order(raw: RawFactory, q: bytes) -> None:
+    conn = raw()
+    conn.send(
+        b"PING\r\n"
+        + pack("ECHO", "a")
+        + pack("ADDJOB", q, "body", 0)
+        + b"QLEN " + q + b"\r\n"
+        + pack("GETJOB", "NOHANG", "FROM", q)
+        + pack("GETJOB", "NOHANG", "FROM", q)
+        + pack("nope")
+        + pack("QLEN")
+        + b"PING last\r\n"
+    )  # fmt: skip
+    replies = [conn.read_raw() for _ in range(9)]
+    job_id = replies[2][1:-2]
+    assert replies[:2] == [b"+PONG\r\n", b"$1\r\na\r\n"]
+    assert len(job_id) == 48 and replies[3] == b":1\r\n"
+    assert replies[4] == b"*1\r\n*3\r\n$%d\r\n%s\r\n$48\r\n%s\r\n$4\r\nbody\r\n" % (len(q), q, job_id)
+    assert replies[5:] == [
+        b"*-1\r\n",
+        b"-ERR unknown command 'nope'\r\n",
+        b"-ERR wrong number of arguments for 'qlen' command\r\n",
+        b"$4\r\nlast\r\n",
+    ]
+
+
+def test_large_pipeline(raw: RawFactory) -> None:
+    conn = raw()
+    n = 20_000
+    conn.send((pack("PING") + b"PING\r\n") * (n // 2))
+    received = b""
+    while len(received) < 7 * n:
+        received += conn._recv()
+    assert received == b"+PONG\r\n" * n
+
+
+def test_pipeline_resumes_after_a_blocked_getjob(raw: RawFactory, q: bytes) -> None:
+    conn = raw()
+    conn.send(pack("GETJOB", "TIMEOUT", 50, "FROM", q) + b"PING\r\n")
+    assert conn.read_raw() == b"*-1\r\n"
+    assert conn.read_raw() == b"+PONG\r\n"
+
+
+def test_request_split_into_single_bytes(raw: RawFactory) -> None:
+    conn = raw()
+    for byte in pack("ECHO", "split") + b"ECHO inline\r\n":
+        conn.send(bytes([byte]))
+    assert conn.read_raw() == b"$5\r\nsplit\r\n"
+    assert conn.read_raw() == b"$6\r\ninline\r\n"
+
+
+# ---------------------------------------------------------------- inline commands
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (b"PING\r\n", b"+PONG\r\n"),
+        (b"ping\n", b"+PONG\r\n"),  # LF alone ends a line
+        (b"  \t PING  \r\n", b"+PONG\r\n"),
+        (b'ECHO "a b"\r\n', b"$3\r\na b\r\n"),
+        (b"ECHO 'a b'\r\n", b"$3\r\na b\r\n"),
+        (b'ECHO "\\x41\\n\\t\\"\\\\"\r\n', b'$5\r\nA\n\t"\\\r\n'),
+        (b"ECHO 'it\\'s'\r\n", b"$4\r\nit's\r\n"),
+        (b'ECHO ""\r\n', b"-ERR wrong number of arguments for 'echo' command\r\n"),  # empty args dropped
+        (b"ECHO a b\r\n", b"-ERR wrong number of arguments for 'echo' command\r\n"),
+        (b"\r\n\n  \r\nPING\r\n", b"+PONG\r\n"),  # empty lines are skipped
+    ],
+)
+def test_inline_commands(raw: RawFactory, line: bytes, expected: bytes) -> None:
+    conn = raw()
+    conn.send(line)
+    assert conn.read_raw() == expected
+    assert conn.call_raw("PING") == b"+PONG\r\n"  # nothing else was pending
+
+
+def test_inline_addjob_and_getjob(raw: RawFactory, q: bytes) -> None:
+    conn = raw()
+    conn.send(b'ADDJOB %s "hello world" 0\r\n' % q)
+    job_id = conn.read_raw()[1:-2]
+    conn.send(b"GETJOB FROM %s\r\n" % q)
+    assert conn.read() == [[q, job_id, b"hello world"]]
+
+
+# ---------------------------------------------------------------- protocol errors
+
+
+@pytest.mark.parametrize(
+    ("payload", "error"),
+    [
+        (b"a" * (KIB64 + 1), "too big inline request"),
+        (b'ECHO "abc\r\n', "unbalanced quotes in request"),
+        (b"ECHO 'abc\r\n", "unbalanced quotes in request"),
+        (b'ECHO "a"b\r\n', "unbalanced quotes in request"),
+        (b"*" + b"1" * (KIB64 + 1), "too big mbulk count string"),
+        (b"*abc\r\n", "invalid multibulk length"),
+        (b"*1048577\r\n", "invalid multibulk length"),
+        (b"*1\r\n$" + b"1" * (KIB64 + 1), "too big bulk count string"),
+        (b"*1\r\nPING\r\n", "expected '$', got 'P'"),
+        (b"*2\r\n$4\r\nECHO\r\n:1\r\n", "expected '$', got ':'"),
+        (b"*1\r\n$-1\r\n", "invalid bulk length"),
+        (b"*1\r\n$abc\r\n", "invalid bulk length"),
+        (b"*1\r\n$536870913\r\n", "invalid bulk length"),
+        (b"*2\r\n$4\r\nECHO\r\n$x\r\n", "invalid bulk length"),
+    ],
+)
+def test_protocol_error_replies_then_closes(raw: RawFactory, payload: bytes, error: str) -> None:
+    conn = raw()
+    conn.send(b"PING\r\n" + payload)
+    expected = b"+PONG\r\n-ERR Protocol error: %s\r\n" % error.encode()
+    assert conn.read_until_closed() == expected
+    assert raw().call_raw("PING") == b"+PONG\r\n"
+
+
+@pytest.mark.parametrize("payload", [b"*1048576\r\n", b"*1\r\n$536870912\r\n"], ids=["max-count", "max-bulk"])
+def test_largest_legal_headers_are_accepted(raw: RawFactory, payload: bytes) -> None:
+    conn = raw()
+    conn.send(payload)
+    assert conn.silent_for(0.2)  # waiting for the rest: no error, no close
+
+
+@pytest.mark.parametrize("header", [b"*0\r\n", b"*-1\r\n", b"*-42\r\n"])
+def test_multibulk_count_not_positive_is_ignored(raw: RawFactory, header: bytes) -> None:
+    conn = raw()
+    conn.send(header + header + b"PING\r\n")
+    assert conn.read_raw() == b"+PONG\r\n"
+    assert conn.silent_for(0.05)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_binary_garbage_never_kills_the_server(raw: RawFactory, seed: int) -> None:
+    rng = random.Random(seed)
+    garbage = rng.randbytes(rng.randrange(1, 8192))
+    if seed % 2:
+        garbage = b"*%d\r\n" % rng.randrange(1, 5) + garbage  # garbage inside a multibulk
+    conn = raw()
+    conn.send(garbage + b"\r\n")
+    received = b""
+    conn.sock.settimeout(0.05)
+    try:
+        while chunk := conn.sock.recv(1 << 16):
+            received += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    pos = 0
+    while pos < len(received):  # whatever came back is well-formed RESP
+        end = reply_end(received, pos)
+        assert end is not None, received
+        pos = end
+    conn.close()
+    assert raw().call_raw("PING") == b"+PONG\r\n"
+
+
+# ---------------------------------------------------------------- QUIT, disconnects
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"QUIT\r\n", pack("quit", "extra", "args"), b"QUIT\r\nPING\r\n" + pack("ADDJOB", "after-quit", "x", 0)],
+    ids=["inline", "with-args", "pipelined"],
+)
+def test_quit_replies_ok_and_closes(raw: RawFactory, payload: bytes) -> None:
+    conn = raw()
+    conn.send(payload)
+    assert conn.read_until_closed() == b"+OK\r\n"
+    assert raw().call("QLEN", "after-quit") == 0  # nothing after QUIT ran
+
+
+@pytest.mark.parametrize("cut", [1, 12, -1, -100_000], ids=["header", "mid-length", "last-byte", "mid-bulk"])
+def test_disconnect_mid_command(raw: RawFactory, q: bytes, cut: int) -> None:
+    request = pack("ADDJOB", q, b"x" * 200_000, 0)
+    partial = raw()
+    partial.send(request[:cut])
+    other = raw()
+    assert other.call_raw("PING") == b"+PONG\r\n"  # a half request holds up nobody
+    partial.close()
+    assert other.call_raw("PING") == b"+PONG\r\n"
+    assert other.call("QLEN", q) == 0
+
+
+def test_disconnect_while_blocked_in_getjob(raw: RawFactory, q: bytes) -> None:
+    first, second, other = raw(), raw(), raw()
+    first.send(pack("GETJOB", "FROM", q))
+    wait_for(lambda: as_dict(other.call("QSTAT", q))[b"blocked"] == 1, what="first client blocked")
+    second.send(pack("GETJOB", "FROM", q))
+    wait_for(lambda: as_dict(other.call("QSTAT", q))[b"blocked"] == 2, what="second client blocked")
+    first.close()
+    wait_for(lambda: as_dict(other.call("QSTAT", q))[b"blocked"] == 1, what="first client gone")
+    job_id = other.call("ADDJOB", q, "job1", 0)
+    assert second.read() == [[q, job_id.encode(), b"job1"]]
+    second.close()
+    wait_for(lambda: as_dict(other.call("QSTAT", q))[b"blocked"] == 0, what="second client gone")
+    job_id = other.call("ADDJOB", q, "job2", 0)
+    assert other.call("QLEN", q) == 1  # not handed to a dead client
+    assert other.call("GETJOB", "NOHANG", "FROM", q) == [[q, job_id.encode(), b"job2"]]
+
+
+def test_peer_reset_while_blocked(raw: RawFactory, q: bytes) -> None:
+    conn, other = raw(), raw()
+    conn.send(pack("GETJOB", "FROM", q))
+    wait_for(lambda: as_dict(other.call("QSTAT", q))[b"blocked"] == 1, what="client blocked")
+    conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    conn.close()  # RST instead of FIN
+    wait_for(lambda: as_dict(other.call("QSTAT", q))[b"blocked"] == 0, what="client gone")
+    other.call("ADDJOB", q, "x", 0)
+    assert other.call("QLEN", q) == 1
+
+
+# ---------------------------------------------------------------- maxclients
+
+
+def test_maxclients(spawn: Callable[..., NodeProcess], raw: RawFactory) -> None:
+    node = spawn("--maxclients", "2")
+    first = raw(node)
+    wait_for(lambda: b"connected_clients:1\r\n" in first.call("INFO", "clients"), what="start-up client gone")
+    second = raw(node)
+    assert second.call_raw("PING") == b"+PONG\r\n"
+    third = raw(node)
+    assert third.read_until_closed() == b"-ERR max number of clients reached\r\n"
+    assert b"rejected_connections:1\r\n" in first.call("INFO", "stats")
+    second.close()
+    wait_for(lambda: b"connected_clients:1\r\n" in first.call("INFO", "clients"), what="second client gone")
+    fourth = raw(node)
+    assert fourth.call_raw("PING") == b"+PONG\r\n"
+    assert first.call_raw("CONFIG", "SET", "maxclients", 3) == b"+OK\r\n"
+    assert raw(node).call_raw("PING") == b"+PONG\r\n"
+    assert raw(node).read_until_closed() == b"-ERR max number of clients reached\r\n"
