@@ -519,7 +519,8 @@ def cmd_command(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
 
 
 def _command_entry(cmd: Command) -> list[Any]:
-    return [cmd.name, cmd.arity, [Status(FLAG_WORDS[f].encode()) for f in cmd.flags], 0, 0, 0]
+    # Upstream lists the flags in a fixed order, whatever the table says.
+    return [cmd.name, cmd.arity, [Status(word.encode()) for f, word in FLAG_WORDS.items() if f in cmd.flags], 0, 0, 0]
 
 
 @command("monitor", 1, "ar")

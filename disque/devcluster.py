@@ -134,6 +134,7 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the nodes on SIGTERM too
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="disque-run-"))
     nodes = [NodeProcess(args.port + i, base / str(args.port + i), host=args.host) for i in range(args.nodes)]
     try:
@@ -141,7 +142,7 @@ def main() -> None:
             node.start()
         if len(nodes) > 1:
             join(nodes)
-        print(f"{len(nodes)} node(s) on {args.host}:{args.port}-{args.port + len(nodes) - 1}, data in {base}.")
+        print(f"{len(nodes)} node(s) on {args.host}:{args.port}-{args.port + len(nodes) - 1}, data in {base}.", flush=True)
         print("Try: .venv/bin/disque -p %d ADDJOB q hello 0   (Ctrl-C stops the cluster)" % args.port, flush=True)
         while all(node.alive() for node in nodes):
             time.sleep(0.5)

@@ -68,7 +68,7 @@ _STAR, _DOLLAR = ord("*"), ord("$")
 _INT64 = re.compile(rb"-?[1-9][0-9]{0,18}|0")  # upstream's string2ll syntax
 _COUNT_LINE = re.compile(rb"\*([1-9][0-9]{0,5})\r\n")  # the usual lines, within limits
 _BULK_LINE = re.compile(rb"\$(0|[1-9][0-9]{0,7})\r\n")
-_is_bytes = bytes.__instancecheck__
+_is_bytes = bytes.__instancecheck__  # hiredis gives other types for non-bulk elements
 
 
 class ProtocolError(DisqueError):
@@ -98,6 +98,7 @@ class RequestParser:
         self._error: ProtocolError | None = None
 
     def feed(self, data: bytes) -> None:
+        """Take received bytes (dropped once the parser is dead)."""
         if self._error is None:
             self._buf += data
 
@@ -138,7 +139,7 @@ class RequestParser:
                     self._feed_more()
                 try:
                     argv = reader.gets()
-                except Exception:  # ProtocolError, or MemoryError/TypeError on absurd nesting
+                except Exception:  # ProtocolError; MemoryError, TypeError on absurd nesting
                     argv = None  # re-read below
                 if type(argv) is list and 0 < len(argv) <= MAX_MULTIBULK and all(map(_is_bytes, argv)):
                     if not reader.has_data():  # hiredis read all it got: a request boundary
@@ -369,7 +370,10 @@ NIL_ARRAY = _NilArray()  # RESP2 `*-1`; None is the nil bulk `$-1`
 
 
 def encode(value: object, proto: int = 2) -> bytes:
-    """The wire form of a reply value for protocol version `proto` (2 or 3)."""
+    """The wire form of a reply value for protocol version `proto` (2 or 3).
+
+    TypeError for anything else, bool included: that is a bug in the caller.
+    """
     kind = type(value)
     if kind is Status:
         return b"+%s\r\n" % value

@@ -23,9 +23,10 @@ from typing import Any
 import trio
 
 from disque import config as cfg
+from disque.cluster.bus import CLUSTER_PORT_INCR, Bus
 from disque.cluster.membership import Membership
 from disque.cluster.nodes_file import NodesFile
-from disque.effects import AofAppend, CloseClient, Reply, Send
+from disque.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
 from disque.errors import DisqueError, err
 from disque.node import BLOCKED, SILENT, Client, NodeCore
 from disque.resp import QUERY_BUFFER_LIMIT, ProtocolError, RequestParser, Status, encode, encode_error
@@ -93,16 +94,28 @@ class Server:
         self.nursery: trio.Nursery | None = None
         self.shutdown_requested = trio.Event()
         self.ports: list[int] = []
+        self.bus = Bus(
+            self.core,
+            lambda: self._apply_effects(None),
+            port=config.port + CLUSTER_PORT_INCR,
+            bind=config.bind,
+            backlog=config.tcp_backlog,
+        )
 
     # ------------------------------------------------------------ lifecycle
 
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        # Bind before the nursery: an OSError then reaches the caller unwrapped.
+        listeners = await self._open_listeners()
+        if self.config.port:
+            await self.bus.listen()
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
-            listeners = await self._open_listeners()
             self.ports = [ln.socket.getsockname()[1] for ln in listeners]
             for listener in listeners:
                 nursery.start_soon(trio.serve_listeners, self._handle_client, [listener])
+            if self.config.port:
+                nursery.start_soon(self.bus.run)
             nursery.start_soon(self._deadline_loop)
             nursery.start_soon(self._signals)
             log.info("Ready to accept connections on port %s", self.ports[0] if self.ports else 0)
@@ -227,7 +240,11 @@ class Server:
                         conn.closing = True
                         touched[conn] = None
                 elif kind is Send:
-                    self.send_bus(effect.node_id, effect.msg)
+                    self.bus.send(effect.key, effect.msg)
+                elif kind is Answer:
+                    self.bus.answer(effect.conn, effect.msg)
+                elif kind is DropLink:
+                    self.bus.drop_link(effect.key)
                 elif kind is AofAppend:
                     self.aof_append(effect.record)
             for conn in touched:  # an unblocked client resumes its pipeline
@@ -265,10 +282,7 @@ class Server:
                     pass
                 conn.out.clear()
 
-    # ------------------------------------------------------------ cluster and AOF hooks
-
-    def send_bus(self, node_id: str, msg: Any) -> None:
-        """Overridden by the cluster bus; a lone node has no links."""
+    # ------------------------------------------------------------ AOF hook
 
     def aof_append(self, record: bytes) -> None:
         """Overridden by the AOF writer."""

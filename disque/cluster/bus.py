@@ -50,6 +50,7 @@ CONNECT_TIMEOUT = 1.0  # seconds; a hung connect counts as a failed one
 MAX_QUEUE = 2 * MAX_FRAME
 READ_SIZE = 64 * 1024
 LOG_INTERVAL = 1.0  # seconds between two logged link errors
+WILDCARDS = ("0.0.0.0", "::")
 
 
 class _Peer:
@@ -115,7 +116,8 @@ class Bus:
         self.drain = drain
         self.port = port
         self.bind = list(bind)
-        self.source = self.bind[0] if self.bind else None  # source address of outgoing links
+        # Outgoing links leave from the first bind address, unless it is a wildcard.
+        self.source = self.bind[0] if self.bind and self.bind[0] not in WILDCARDS else None
         self.backlog = backlog
         self.connect_timeout = connect_timeout
         self.max_frame = max_frame
@@ -138,7 +140,8 @@ class Bus:
             for host in self.bind or [None]:
                 listeners += await trio.open_tcp_listeners(self.port, host=host, backlog=self.backlog)
         except OSError as e:
-            log.warning("Creating cluster bus TCP listening socket %s: %s", _hostport(host or "*", self.port), e.strerror)
+            where = _hostport(host or "*", self.port)
+            log.warning("Creating cluster bus TCP listening socket %s: %s", where, e.strerror)
             for listener in listeners:
                 await listener.aclose()
             raise
@@ -149,12 +152,10 @@ class Bus:
             self._nursery = nursery
             if self.listeners:
                 nursery.start_soon(trio.serve_listeners, self._serve_conn, self.listeners)
-            next_at = trio.current_time()
             while True:
                 self._reconcile()
                 self._tick += 1
-                next_at = max(next_at + CRON_PERIOD, trio.current_time())
-                await trio.sleep_until(next_at)
+                await trio.sleep(CRON_PERIOD)
 
     # ------------------------------------------------------------ effects
 

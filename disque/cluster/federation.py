@@ -121,6 +121,7 @@ class Federation:
             job = node.fetch(queue)
             if job is None:
                 break
+            job.add_delivered(sender)  # it may hold a copy now: GC and QUEUED must reach it
             batch.append(job_to_wire(job, now_s))
             size += len(job.body or b"")
             if job.retry == 0:

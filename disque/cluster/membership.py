@@ -227,7 +227,11 @@ class Membership:
         self.wire.send_key(node.key, msg)
 
     def gossip(self) -> tuple[GossipEntry, ...]:
-        candidates = [n for n in self.nodes.values() if not n.flags & (MYSELF | HANDSHAKE | NOADDR) and n.link]
+        # Failing nodes are gossiped even without a link (we usually have none
+        # to them): their failure reports are what the FAIL quorum counts.
+        candidates = [
+            n for n in self.nodes.values() if not n.flags & (MYSELF | HANDSHAKE | NOADDR) and (n.link or n.flags & (PFAIL | FAIL))
+        ]
         wanted = min(max(3, len(self.nodes) // 10), len(self.nodes) - 2)
         if wanted <= 0 or not candidates:
             return ()

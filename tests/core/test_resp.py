@@ -48,6 +48,12 @@ def run(chunks: list[bytes]) -> tuple[list[list[bytes]], str | None]:
     return commands, None
 
 
+def hiredis_reads(data: bytes) -> object:
+    reader = hiredis.Reader()
+    reader.feed(data)
+    return reader.gets()
+
+
 def bytewise(data: bytes) -> list[bytes]:
     return [data[i : i + 1] for i in range(len(data))]
 
@@ -77,6 +83,7 @@ def _model_int(text: bytes) -> int | None:
 
 
 def upstream(data: bytes) -> tuple[list[list[bytes]], str | None]:
+    """The requests upstream reads from `data`, then its error (None if it waits)."""
     commands: list[list[bytes]] = []
     pos, end = 0, len(data)
     while pos < end:
@@ -525,9 +532,7 @@ def test_encode_getjob_reply() -> None:
 
 def test_encode_nested() -> None:
     value = [Map([(b"jobs", [[b"a", 1, None], NIL_ARRAY]), (Status(b"s"), err("x"))]), "t", ()]
-    reader = hiredis.Reader()
-    reader.feed(encode(value))
-    top = reader.gets()
+    top = hiredis_reads(encode(value))
     assert top[0][:3] == [b"jobs", [[b"a", 1, None], None], b"s"]
     assert isinstance(top[0][3], hiredis.ReplyError)
     assert top[1:] == [b"t", []]
@@ -535,12 +540,6 @@ def test_encode_nested() -> None:
         b"*3\r\n%2\r\n$4\r\njobs\r\n*2\r\n*3\r\n$1\r\na\r\n:1\r\n_\r\n_\r\n+s\r\n-ERR x\r\n"
         b"$1\r\nt\r\n*0\r\n"
     )
-
-
-def hiredis_reads(data: bytes) -> object:
-    reader = hiredis.Reader()
-    reader.feed(data)
-    return reader.gets()
 
 
 def test_encode_int_subclass() -> None:

@@ -173,6 +173,12 @@ def wait_for(predicate: Callable[[], Any], timeout: float = TIMEOUT, what: str =
     return value
 
 
+def blocked_on(conn: Raw, queue: bytes) -> int:
+    """Clients blocked on `queue` (0 while the queue does not exist yet)."""
+    stat = conn.call("QSTAT", queue)
+    return 0 if stat is NIL else as_dict(stat)[b"blocked"]
+
+
 def as_dict(flat: list[Any]) -> dict[bytes, Any]:
     """A flat key/value array (SHOW, QSTAT, CONFIG GET) as a dict."""
     assert len(flat) % 2 == 0

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from disque.devcluster import NodeProcess
-from integration.rawsock import NIL, Raw, as_dict, pack, q, raw, reply_end, shared_node, wait_for  # noqa: F401
+from integration.rawsock import NIL, Raw, as_dict, blocked_on, pack, q, raw, reply_end, shared_node, wait_for  # noqa: F401
 
 RawFactory = Callable[..., Raw]
 KIB64 = 64 * 1024
@@ -96,6 +96,22 @@ def test_pipeline_resumes_after_a_blocked_getjob(raw: RawFactory, q: bytes) -> N
     conn.send(pack("GETJOB", "TIMEOUT", 50, "FROM", q) + b"PING\r\n")
     assert conn.read_raw() == b"*-1\r\n"
     assert conn.read_raw() == b"+PONG\r\n"
+
+
+def test_pipeline_resumes_after_being_served(raw: RawFactory, q: bytes) -> None:
+    conn, producer = raw(), raw()
+    conn.send(pack("GETJOB", "FROM", q) + b"ECHO after\r\n")
+    wait_for(lambda: blocked_on(producer, q) == 1, what="client blocked")
+    job_id = producer.call("ADDJOB", q, "x", 0)
+    assert conn.read() == [[q, job_id.encode(), b"x"]]
+    assert conn.read_raw() == b"$5\r\nafter\r\n"
+
+
+def test_binary_safe_bodies_and_names(raw: RawFactory) -> None:
+    conn = raw()
+    queue, body = b"q\x00\r\n\xff", bytes(range(256)) * 4096  # 1 MiB
+    job_id = conn.call("ADDJOB", queue, body, 0)
+    assert conn.call("GETJOB", "FROM", queue) == [[queue, job_id.encode(), body]]
 
 
 def test_request_split_into_single_bytes(raw: RawFactory) -> None:
@@ -238,15 +254,15 @@ def test_disconnect_mid_command(raw: RawFactory, q: bytes, cut: int) -> None:
 def test_disconnect_while_blocked_in_getjob(raw: RawFactory, q: bytes) -> None:
     first, second, other = raw(), raw(), raw()
     first.send(pack("GETJOB", "FROM", q))
-    wait_for(lambda: as_dict(other.call("QSTAT", q))[b"blocked"] == 1, what="first client blocked")
+    wait_for(lambda: blocked_on(other, q) == 1, what="first client blocked")
     second.send(pack("GETJOB", "FROM", q))
-    wait_for(lambda: as_dict(other.call("QSTAT", q))[b"blocked"] == 2, what="second client blocked")
+    wait_for(lambda: blocked_on(other, q) == 2, what="second client blocked")
     first.close()
-    wait_for(lambda: as_dict(other.call("QSTAT", q))[b"blocked"] == 1, what="first client gone")
+    wait_for(lambda: blocked_on(other, q) == 1, what="first client gone")
     job_id = other.call("ADDJOB", q, "job1", 0)
     assert second.read() == [[q, job_id.encode(), b"job1"]]
     second.close()
-    wait_for(lambda: as_dict(other.call("QSTAT", q))[b"blocked"] == 0, what="second client gone")
+    wait_for(lambda: blocked_on(other, q) == 0, what="second client gone")
     job_id = other.call("ADDJOB", q, "job2", 0)
     assert other.call("QLEN", q) == 1  # not handed to a dead client
     assert other.call("GETJOB", "NOHANG", "FROM", q) == [[q, job_id.encode(), b"job2"]]
@@ -255,12 +271,34 @@ def test_disconnect_while_blocked_in_getjob(raw: RawFactory, q: bytes) -> None:
 def test_peer_reset_while_blocked(raw: RawFactory, q: bytes) -> None:
     conn, other = raw(), raw()
     conn.send(pack("GETJOB", "FROM", q))
-    wait_for(lambda: as_dict(other.call("QSTAT", q))[b"blocked"] == 1, what="client blocked")
+    wait_for(lambda: blocked_on(other, q) == 1, what="client blocked")
     conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
     conn.close()  # RST instead of FIN
-    wait_for(lambda: as_dict(other.call("QSTAT", q))[b"blocked"] == 0, what="client gone")
+    wait_for(lambda: blocked_on(other, q) == 0, what="client gone")
     other.call("ADDJOB", q, "x", 0)
     assert other.call("QLEN", q) == 1
+
+
+def test_client_kill_of_a_blocked_client_loses_no_job(raw: RawFactory, q: bytes) -> None:
+    blocked, other = raw(), raw()
+    blocked_id = blocked.call("CLIENT", "ID")
+    blocked.send(pack("GETJOB", "FROM", q))
+    wait_for(lambda: blocked_on(other, q) == 1, what="client blocked")
+    assert other.call("CLIENT", "KILL", "ID", blocked_id) == 1
+    assert blocked.read_until_closed() == b""
+    assert blocked_on(other, q) == 0
+    other.call("ADDJOB", q, "x", 0)
+    assert other.call("QLEN", q) == 1
+
+
+@pytest.mark.xfail(reason="the `timeout` directive (close idle clients) is not implemented", strict=True)
+def test_idle_clients_are_closed_after_timeout(spawn: Callable[..., NodeProcess], raw: RawFactory, q: bytes) -> None:
+    node = spawn("--timeout", "1")
+    idle, blocked = raw(node), raw(node)
+    assert idle.call("PING") == "PONG"
+    blocked.send(pack("GETJOB", "FROM", q))
+    assert idle.read_until_closed(timeout=4) == b""
+    assert raw(node).call("QLEN", q) == 0 and blocked.silent_for(0.01)  # blocked clients are exempt
 
 
 # ---------------------------------------------------------------- maxclients

@@ -1,0 +1,885 @@
+"""Python client for Disque: a synchronous `Client` and a trio `AsyncClient`.
+
+Theory of operation
+-------------------
+Every decision is written once, as generators that yield three I/O
+operations (`_Open` an address, `_Send` bytes, `_Receive` bytes) and get their
+results back; the two client classes differ only in the small driver that
+carries those operations out (blocking sockets, or trio streams) and in how a
+worker runs a handler next to its WORKING heartbeats.  Under the generators
+sit plain objects with no I/O: `encode_command` builds RESP requests, one
+`hiredis.Reader` per connection decodes replies, `Hello` parses HELLO into
+nodes sorted by priority, `NodePlanner` decides which node to try next, and
+`Affinity` counts where consumed jobs were created.
+
+The Disque client protocol:
+
+* Connect to a random node among the configured ones, then ask HELLO for the
+  whole cluster and a priority per node (lower is better).
+* When the connection breaks, or the node answers -LEAVING, reconnect:
+  HELLO's nodes by priority (random among equals), then the configured
+  nodes, the failed one last.  The interrupted command is sent once more on
+  the new node: a blocked GETJOB simply waits there, and an ADDJOB may be
+  duplicated, which at-least-once queues already tolerate.
+* Affinity (opt-in): a job ID carries the first 8 characters of the creating
+  node's ID.  A consumer that receives most of its jobs from another node
+  moves there, where they are queued without a federation hop.
+
+Names (queues, IDs, nodes) are `str`; job bodies are `bytes`.  Text goes on
+the wire as UTF-8 with surrogateescape, so any byte string round-trips.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, fields, replace
+from typing import Any, TypeVar
+
+import hiredis
+import trio
+
+from disque.errors import DisqueError
+from disque.ids import node_prefix
+
+log = logging.getLogger("disque.client")
+
+Address = tuple[str, int]
+Arg = str | bytes | int | float
+T = TypeVar("T")
+
+DEFAULT_ADDRESS: Address = ("127.0.0.1", 7711)
+FIRST_HEARTBEAT = 0.5  # RETRY is at least 1 s and jittered by 250 ms: beat before 0.75 s
+
+
+class DisqueReplyError(DisqueError):
+    """An error reply: `code` is its first word (ERR, NOREPL, PAUSED, ...)."""
+
+    @classmethod
+    def from_line(cls, line: str) -> DisqueReplyError:
+        code, _, message = line.partition(" ")
+        return cls(code, message)
+
+
+class DisqueConnectionError(ConnectionError):
+    """No node could be reached, or a connection broke; the text names the address."""
+
+
+# --------------------------------------------------------------------------
+# Wire format
+
+
+def _to_bytes(arg: Arg) -> bytes:
+    if isinstance(arg, bytes):
+        return arg
+    if isinstance(arg, str):
+        return arg.encode("utf-8", "surrogateescape")
+    if isinstance(arg, int | float) and not isinstance(arg, bool):
+        return str(arg).encode()
+    raise TypeError(f"cannot send {type(arg).__name__} as a command argument")
+
+
+def encode_command(args: Sequence[Arg]) -> bytes:
+    parts = [_to_bytes(a) for a in args]
+    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+
+
+def _text(value: bytes | None) -> Any:
+    return None if value is None else value.decode("utf-8", "surrogateescape")
+
+
+def _pairs(reply: Sequence[Any]) -> dict[str, Any]:
+    """A flat key/value array as a dict with Python names (`jobs-in` -> `jobs_in`)."""
+    return {_text(reply[i]).replace("-", "_"): reply[i + 1] for i in range(0, len(reply) - 1, 2)}
+
+
+def _build(cls: type[T], reply: Sequence[Any], texts: Iterable[str] = (), text_lists: Iterable[str] = ()) -> T:
+    values = _pairs(reply)
+    for name in texts:
+        values[name] = _text(values[name])
+    for name in text_lists:
+        values[name] = [_text(v) for v in values[name]]
+    known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def parse_info(reply: bytes) -> dict[str, dict[str, str]]:
+    """INFO text as {section title: {field: value}}."""
+    sections: dict[str, dict[str, str]] = {}
+    current: dict[str, str] = {}
+    for line in _text(reply).splitlines():
+        if line.startswith("#"):
+            current = sections.setdefault(line[1:].strip(), {})
+        elif ":" in line:
+            key, _, value = line.partition(":")
+            current[key] = value
+    return sections
+
+
+# --------------------------------------------------------------------------
+# Typed results
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job as GETJOB or QPEEK returns it; the counters are None when not asked for."""
+
+    id: str
+    queue: str
+    body: bytes
+    nacks: int | None = None
+    additional_deliveries: int | None = None
+
+    @classmethod
+    def from_entry(cls, entry: Sequence[Any]) -> Job:
+        queue, job_id, body, *counters = entry
+        return cls(_text(job_id), _text(queue), body, **_pairs(counters))
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """SHOW: everything a node knows about a job (times in s, `*_within` in ms)."""
+
+    id: str
+    queue: str | None
+    state: str
+    repl: int
+    ttl: int
+    ctime: int
+    delay: int
+    retry: int
+    nacks: int
+    additional_deliveries: int
+    nodes_delivered: list[str]
+    nodes_confirmed: list[str]
+    next_requeue_within: int | None
+    next_awake_within: int | None
+    body: bytes | None
+
+    @classmethod
+    def from_reply(cls, reply: Sequence[Any]) -> JobInfo:
+        return _build(cls, reply, ("id", "queue", "state"), ("nodes_delivered", "nodes_confirmed"))
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """QSTAT."""
+
+    name: str
+    len: int
+    age: int
+    idle: int
+    blocked: int
+    import_from: list[str]
+    import_rate: int
+    jobs_in: int
+    jobs_out: int
+    pause: str
+
+    @classmethod
+    def from_reply(cls, reply: Sequence[Any]) -> QueueStats:
+        return _build(cls, reply, ("name", "pause"), ("import_from",))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    id: str
+    host: str  # empty while the node does not know its own address
+    port: int
+    priority: int  # 1 ok, 5 no link, 10 PFAIL, 100 FAIL or leaving
+
+    @property
+    def address(self) -> Address:
+        return (self.host, self.port)
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    version: int
+    node_id: str
+    nodes: list[NodeInfo]  # best priority first
+
+    @classmethod
+    def from_reply(cls, reply: Sequence[Any]) -> Hello:
+        version, node_id, *entries = reply
+        nodes = [NodeInfo(_text(i), _text(h), int(p), int(pr)) for i, h, p, pr in entries]
+        return cls(version, _text(node_id), sorted(nodes, key=lambda n: n.priority))
+
+    def by_prefix(self, prefix: str) -> NodeInfo | None:
+        return next((n for n in self.nodes if n.id.startswith(prefix)), None)
+
+
+def _jobs(reply: list[Any] | None) -> list[Job]:
+    return [Job.from_entry(entry) for entry in reply or ()]
+
+
+def _optional(build: Callable[[Any], T]) -> Callable[[Any], T | None]:
+    return lambda reply: None if reply is None else build(reply)
+
+
+def _same(reply: Any) -> Any:
+    return reply
+
+
+def _options(flags: Iterable[tuple[str, bool]] = (), **values: Arg | None) -> list[Arg]:
+    """`NAME value` for every value given, then `FLAG` for every flag set."""
+    out: list[Arg] = []
+    for name, value in values.items():
+        if value is not None:
+            out += [name.upper(), value]
+    return out + [flag for flag, on in flags if on]
+
+
+def parse_address(spec: str | Address) -> Address:
+    """`host:port`, `[v6]:port` or a (host, port) pair."""
+    if isinstance(spec, tuple):
+        return (spec[0], int(spec[1]))
+    host, _, port = spec.rpartition(":")
+    return (host.strip("[]") or DEFAULT_ADDRESS[0], int(port))
+
+
+def format_address(address: Address) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# --------------------------------------------------------------------------
+# Client-protocol decisions (no I/O)
+
+
+class NodePlanner:
+    """Which addresses to try, in order; owns the last HELLO and the randomness."""
+
+    def __init__(self, seeds: list[Address], rng: random.Random) -> None:
+        self.seeds = seeds
+        self.rng = rng
+        self.hello: Hello | None = None
+
+    def learn(self, hello: Hello, address: Address) -> Hello:
+        """Keep `hello`, filling in our node's address if it does not know it yet."""
+        nodes = [replace(n, host=address[0]) if n.id == hello.node_id and not n.host else n for n in hello.nodes]
+        self.hello = replace(hello, nodes=nodes)
+        return self.hello
+
+    def plan(self, failed: Address | None = None) -> list[Address]:
+        learned = [n for n in (self.hello.nodes if self.hello else []) if n.host]
+        self.rng.shuffle(learned)
+        learned.sort(key=lambda n: n.priority)  # stable: random among equal priorities
+        seeds = list(self.seeds)
+        self.rng.shuffle(seeds)
+        order = list(dict.fromkeys([n.address for n in learned] + seeds))
+        if failed in order:
+            order.remove(failed)
+            order.append(failed)
+        return order
+
+
+class Affinity:
+    """Counts the creating node of consumed jobs, by the node prefix in their IDs.
+
+    After each window of `window` jobs, a node that created more than half of
+    them, and is not the one we are connected to, is where to move.  Counts
+    restart with every window, so the choice follows the producers."""
+
+    def __init__(self, window: int = 100) -> None:
+        self.window = window
+        self.counts: Counter[str] = Counter()
+
+    def observe(self, job_ids: Iterable[str], current_prefix: str) -> str | None:
+        self.counts.update(node_prefix(i.encode()) for i in job_ids)
+        seen = self.counts.total()
+        if seen < self.window:
+            return None
+        prefix, count = self.counts.most_common(1)[0]
+        self.counts.clear()
+        return prefix if prefix != current_prefix and count * 2 > seen else None
+
+
+def _next_heartbeat(retry: int) -> float | None:
+    """Seconds until the next WORKING, given the RETRY it returned (0: at-most-once)."""
+    return retry / 2 if retry > 0 else None
+
+
+def _queue_list(queues: str | Iterable[str]) -> list[str]:
+    return [queues] if isinstance(queues, str) else list(queues)
+
+
+# --------------------------------------------------------------------------
+# The shared client: generators yielding I/O operations
+
+
+@dataclass(slots=True)
+class _Link:
+    address: Address
+    transport: Any
+    reader: Any
+    node_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Open:
+    address: Address
+
+
+@dataclass(frozen=True, slots=True)
+class _Send:
+    link: _Link
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class _Receive:
+    link: _Link
+
+
+Ops = Generator[Any, Any, T]
+HELLO = encode_command(["HELLO"])
+
+
+def _failure(address: Address, exc: BaseException) -> DisqueConnectionError:
+    while isinstance(exc.__cause__, BaseException):  # trio wraps the socket error
+        exc = exc.__cause__.exceptions[0] if isinstance(exc.__cause__, BaseExceptionGroup) else exc.__cause__
+    errno = getattr(exc, "errno", None)
+    reason = os.strerror(errno) if errno else str(exc) or type(exc).__name__
+    return DisqueConnectionError(f"{format_address(address)}: {reason}")
+
+
+class _Scan:
+    """One JSCAN/QSCAN iteration: the cursor, and how to read a page."""
+
+    def __init__(self, verb: str, options: list[Arg], item: Callable[[Any], Any]) -> None:
+        self.verb, self.options, self.item = verb, options, item
+        self.cursor = "0"
+        self.done = False
+
+    def request(self) -> list[Arg]:
+        return [self.verb, self.cursor, *self.options]
+
+    def page(self, reply: list[Any]) -> list[Any]:
+        cursor, items = reply
+        self.cursor = _text(cursor)
+        self.done = self.cursor == "0"
+        return [self.item(i) for i in items]
+
+
+class _Base:
+    """State and protocol logic shared by `Client` and `AsyncClient`.
+
+    Public methods return `self._run(generator)`: the value itself for
+    `Client`, an awaitable for `AsyncClient`."""
+
+    def __init__(
+        self,
+        nodes: str | Address | Iterable[str | Address] = (DEFAULT_ADDRESS,),
+        *,
+        password: str | None = None,
+        failover: bool = True,
+        affinity: bool = False,
+        affinity_window: int = 100,
+        connect_timeout: float = 5.0,
+        socket_timeout: float | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        single = isinstance(nodes, str) or (isinstance(nodes, tuple) and len(nodes) == 2 and isinstance(nodes[1], int))
+        seeds = [parse_address(nodes)] if single else [parse_address(n) for n in nodes]  # type: ignore[arg-type, union-attr]
+        if not seeds:
+            raise ValueError("no Disque node given")
+        self.password = password
+        self.failover = failover
+        self.connect_timeout = connect_timeout
+        self.socket_timeout = socket_timeout
+        self._planner = NodePlanner(seeds, rng or random.Random())
+        self._affinity = Affinity(affinity_window) if affinity else None
+        self._link: _Link | None = None
+
+    # What the drivers provide.
+    def _run(self, ops: Ops[T]) -> Any:
+        raise NotImplementedError
+
+    def _close_transport(self, transport: Any) -> None:
+        raise NotImplementedError
+
+    @property
+    def address(self) -> Address | None:
+        """The node this client is connected to, if any."""
+        return self._link.address if self._link else None
+
+    @property
+    def node_id(self) -> str | None:
+        """ID of the connected node (known once HELLO has been asked)."""
+        return self._link.node_id or None if self._link else None
+
+    @property
+    def cluster(self) -> Hello | None:
+        """The last HELLO seen."""
+        return self._planner.hello
+
+    def close(self) -> None:
+        if self._link is not None:
+            self._close_transport(self._link.transport)
+            self._link = None
+
+    # -- connection management
+
+    def _roundtrip(self, link: _Link, payload: bytes) -> Ops[Any]:
+        yield _Send(link, payload)
+        try:
+            while (reply := link.reader.gets()) is False:
+                data = yield _Receive(link)
+                if not data:
+                    raise DisqueConnectionError(f"{format_address(link.address)}: connection closed by the server")
+                link.reader.feed(data)
+        except hiredis.ProtocolError as e:
+            raise DisqueConnectionError(f"{format_address(link.address)}: protocol error ({e})") from e
+        if isinstance(reply, hiredis.ReplyError):
+            raise DisqueReplyError.from_line(str(reply))
+        return reply
+
+    def _connect(self, candidates: list[Address]) -> Ops[None]:
+        """Connect to the first candidate that answers AUTH and HELLO."""
+        failures = []
+        for address in candidates:
+            try:
+                link = _Link(address, (yield _Open(address)), hiredis.Reader())
+            except DisqueConnectionError as e:
+                failures.append(str(e))
+                continue
+            try:
+                if self.password is not None:
+                    yield from self._roundtrip(link, encode_command(["AUTH", self.password]))
+                if self.failover or self._affinity:
+                    link.node_id = self._learn(Hello.from_reply((yield from self._roundtrip(link, HELLO))), address).node_id
+            except DisqueConnectionError as e:
+                self._close_transport(link.transport)
+                failures.append(str(e))
+                continue
+            except BaseException:
+                self._close_transport(link.transport)
+                raise
+            self._link = link
+            return
+        if len(failures) == 1:
+            raise DisqueConnectionError(f"Could not connect to Disque at {failures[0]}")
+        raise DisqueConnectionError("Could not connect to any Disque node (" + "; ".join(failures) + ")")
+
+    def _learn(self, hello: Hello, address: Address) -> Hello:
+        return self._planner.learn(hello, address)
+
+    def _command(self, args: Sequence[Arg], convert: Callable[[Any], T] = _same) -> Ops[T]:
+        """Send one command, failing over once to another node if needed."""
+        payload = encode_command(args)
+        failed: Address | None = None
+        while True:
+            if self._link is None:
+                yield from self._connect(self._planner.plan(failed))
+            link = self._link
+            assert link is not None
+            try:
+                reply = yield from self._roundtrip(link, payload)
+            except DisqueReplyError as e:
+                if not (e.code == "LEAVING" and self.failover and failed is None):
+                    raise
+                self.close()
+                failed = link.address
+                continue
+            except DisqueConnectionError:
+                self.close()
+                if not self.failover or failed is not None:
+                    raise
+                failed = link.address
+                continue
+            except BaseException:
+                self.close()  # interrupted mid-request: replies would be out of step
+                raise
+            return convert(reply)
+
+    def _consume(self, args: Sequence[Arg]) -> Ops[list[Job]]:
+        """GETJOB, then move towards the producers if affinity says so."""
+        jobs = yield from self._command(args, _jobs)
+        if self._affinity is not None and jobs and self._link is not None:
+            prefix = self._affinity.observe([j.id for j in jobs], self._link.node_id[:8])
+            if prefix is not None:
+                yield from self._move(prefix)
+        return jobs
+
+    def _move(self, prefix: str) -> Ops[None]:
+        node = self._planner.hello.by_prefix(prefix) if self._planner.hello else None
+        if node is None:  # a node that joined after our last HELLO
+            hello = yield from self._command(["HELLO"], self._hello)
+            node = hello.by_prefix(prefix)
+        old = self._link
+        if node is None or not node.host or old is None:
+            return
+        try:
+            yield from self._connect([node.address])
+        except DisqueConnectionError as e:
+            log.info("staying on %s: %s", format_address(old.address), e)
+            return
+        self._close_transport(old.transport)
+
+    def _hello(self, reply: list[Any]) -> Hello:
+        assert self._link is not None
+        return self._learn(Hello.from_reply(reply), self._link.address)
+
+    # -- commands
+
+    def execute_command(self, *args: Arg) -> Any:
+        """Any command; the reply as hiredis decodes it (bytes, int, list, None)."""
+        return self._run(self._command(args))
+
+    def ping(self) -> Any:
+        return self._run(self._command(["PING"], _text))
+
+    def add_job(
+        self,
+        queue: str,
+        body: str | bytes,
+        *,
+        timeout_ms: int = 0,
+        replicate: int | None = None,
+        delay: int | None = None,
+        retry: int | None = None,
+        ttl: int | None = None,
+        maxlen: int | None = None,
+        asynchronous: bool = False,
+    ) -> Any:
+        """ADDJOB; returns the job ID.  `timeout_ms` bounds synchronous replication."""
+        options = _options([("ASYNC", asynchronous)], replicate=replicate, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen)
+        return self._run(self._command(["ADDJOB", queue, body, timeout_ms, *options], _text))
+
+    def _getjob(self, queues: Sequence[str], count: int, timeout_ms: int | None, nohang: bool) -> Ops[list[Job]]:
+        if not queues:
+            raise ValueError("GETJOB needs at least one queue")
+        options = _options([("NOHANG", nohang), ("WITHCOUNTERS", True)], timeout=timeout_ms, count=count)
+        return self._consume(["GETJOB", *options, "FROM", *queues])
+
+    def get_jobs(self, *queues: str, count: int = 1, timeout_ms: int | None = None, nohang: bool = False) -> Any:
+        """Up to `count` jobs (waiting for at least one unless `nohang` or timed out)."""
+        return self._run(self._getjob(queues, count, timeout_ms, nohang))
+
+    def get_job(self, *queues: str, timeout_ms: int | None = None, nohang: bool = False) -> Any:
+        """One job, or None on timeout / with `nohang` when nothing is queued."""
+
+        def first() -> Ops[Job | None]:
+            jobs = yield from self._getjob(queues, 1, timeout_ms, nohang)
+            return jobs[0] if jobs else None
+
+        return self._run(first())
+
+    def _ids(self, verb: str, ids: Sequence[str]) -> Any:
+        return self._run(self._command([verb, *ids]))
+
+    def ack(self, *ids: str) -> Any:
+        """ACKJOB; the number of jobs newly acknowledged."""
+        return self._ids("ACKJOB", ids)
+
+    def fast_ack(self, *ids: str) -> Any:
+        return self._ids("FASTACK", ids)
+
+    def nack(self, *ids: str) -> Any:
+        """NACK: queue again now, counting a failed delivery."""
+        return self._ids("NACK", ids)
+
+    def enqueue(self, *ids: str) -> Any:
+        return self._ids("ENQUEUE", ids)
+
+    def dequeue(self, *ids: str) -> Any:
+        return self._ids("DEQUEUE", ids)
+
+    def del_job(self, *ids: str) -> Any:
+        return self._ids("DELJOB", ids)
+
+    def working(self, job_id: str) -> Any:
+        """WORKING: postpone the next delivery; returns the job's RETRY in seconds."""
+        return self._run(self._command(["WORKING", job_id]))
+
+    def show(self, job_id: str) -> Any:
+        """SHOW as a `JobInfo`, or None for an unknown job."""
+        return self._run(self._command(["SHOW", job_id], _optional(JobInfo.from_reply)))
+
+    def qlen(self, queue: str) -> Any:
+        return self._run(self._command(["QLEN", queue]))
+
+    def qstat(self, queue: str) -> Any:
+        """QSTAT as `QueueStats`, or None for a queue that does not exist."""
+        return self._run(self._command(["QSTAT", queue], _optional(QueueStats.from_reply)))
+
+    def qpeek(self, queue: str, count: int) -> Any:
+        """The oldest `count` jobs (the newest first when negative), left queued."""
+        return self._run(self._command(["QPEEK", queue, count], _jobs))
+
+    def pause(self, queue: str, *options: str) -> Any:
+        """PAUSE queue in|out|all|none|state|bcast...; returns the resulting state."""
+        return self._run(self._command(["PAUSE", queue, *(options or ("state",))], _text))
+
+    def hello(self) -> Any:
+        return self._run(self._command(["HELLO"], self._hello))
+
+    def info(self, section: str | None = None) -> Any:
+        return self._run(self._command(["INFO", *([section] if section else [])], parse_info))
+
+    def _jscan(self, queue: str | None, states: Iterable[str], count: int | None, busyloop: bool, details: bool) -> _Scan:
+        options = _options([("BUSYLOOP", busyloop)], count=count, queue=queue)
+        options += [a for state in states for a in ("STATE", state)]
+        if details:
+            return _Scan("JSCAN", [*options, "REPLY", "all"], JobInfo.from_reply)
+        return _Scan("JSCAN", options, _text)
+
+    def _qscan(self, minlen: int | None, maxlen: int | None, import_rate: int | None, count: int | None, busyloop: bool) -> _Scan:
+        options = _options([("BUSYLOOP", busyloop)], count=count, minlen=minlen, maxlen=maxlen, importrate=import_rate)
+        return _Scan("QSCAN", options, _text)
+
+
+class Client(_Base):
+    """Blocking client; safe to share between threads (one request at a time).
+
+    >>> with Client(["127.0.0.1:7711", "127.0.0.1:7712"]) as c:
+    ...     c.add_job("q", b"hello")
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lock = threading.RLock()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, ops: Ops[T]) -> T:
+        with self._lock:
+            value: Any = None
+            error: BaseException | None = None
+            while True:
+                try:
+                    op = ops.send(value) if error is None else ops.throw(error)
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]
+                value, error = None, None
+                try:
+                    value = self._perform(op)
+                except BaseException as e:
+                    error = e
+
+    def _perform(self, op: _Open | _Send | _Receive) -> Any:
+        address = op.address if isinstance(op, _Open) else op.link.address
+        try:
+            if isinstance(op, _Open):
+                return self._open(address)
+            if isinstance(op, _Send):
+                return op.link.transport.sendall(op.data)
+            return op.link.transport.recv(1 << 16)
+        except OSError as e:
+            raise _failure(address, e) from e
+
+    def _open(self, address: Address) -> socket.socket:
+        """The one place sockets are made (TLS would wrap it here)."""
+        sock = socket.create_connection(address, timeout=self.connect_timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(self.socket_timeout)
+        return sock
+
+    def _close_transport(self, transport: socket.socket) -> None:
+        transport.close()
+
+    def connect(self) -> Client:
+        """Connect now rather than at the first command."""
+        with self._lock:
+            if self._link is None:
+                self._run(self._connect(self._planner.plan()))
+        return self
+
+    def jscan(
+        self,
+        queue: str | None = None,
+        states: Iterable[str] = (),
+        *,
+        count: int | None = None,
+        busyloop: bool = False,
+        details: bool = False,
+    ) -> Iterator[Any]:
+        """Every job ID (a `JobInfo` each with `details`), following the cursor to the end."""
+        return self._iterate(self._jscan(queue, states, count, busyloop, details))
+
+    def qscan(
+        self,
+        *,
+        minlen: int | None = None,
+        maxlen: int | None = None,
+        import_rate: int | None = None,
+        count: int | None = None,
+        busyloop: bool = False,
+    ) -> Iterator[str]:
+        """Every queue name, following the cursor to the end."""
+        return self._iterate(self._qscan(minlen, maxlen, import_rate, count, busyloop))
+
+    def _iterate(self, scan: _Scan) -> Iterator[Any]:
+        while not scan.done:
+            yield from self._run(self._command(scan.request(), scan.page))
+
+    def worker(
+        self,
+        queues: str | Iterable[str],
+        handler: Callable[[Job], object],
+        *,
+        max_jobs: int | None = None,
+        first_heartbeat: float | None = FIRST_HEARTBEAT,
+    ) -> int:
+        """Consume forever (or `max_jobs` jobs): ACK when `handler(job)` returns,
+        NACK when it raises.  While the handler runs, WORKING is sent after
+        `first_heartbeat` seconds, then every RETRY/2 (None: never)."""
+        names = _queue_list(queues)
+        done = 0
+        while max_jobs is None or done < max_jobs:
+            for job in self.get_jobs(*names):
+                stop = threading.Event()
+                beats = threading.Thread(target=self._heartbeat, args=(job.id, stop, first_heartbeat), daemon=True)
+                beats.start()
+                try:
+                    handler(job)
+                    ok = True
+                except Exception:
+                    log.exception("handler failed on job %s", job.id)
+                    ok = False
+                finally:
+                    stop.set()
+                    beats.join()
+                (self.ack if ok else self.nack)(job.id)
+                done += 1
+        return done
+
+    def _heartbeat(self, job_id: str, stop: threading.Event, delay: float | None) -> None:
+        while delay is not None and not stop.wait(delay):
+            try:
+                delay = _next_heartbeat(self.working(job_id))
+            except (DisqueReplyError, DisqueConnectionError) as e:
+                log.warning("WORKING %s: %s", job_id, e)
+                return
+
+
+class AsyncClient(_Base):
+    """The same client for trio: every command method is awaited.
+
+    >>> async with AsyncClient("127.0.0.1:7711") as c:
+    ...     await c.add_job("q", b"hello")
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lock = trio.Lock()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    async def _run(self, ops: Ops[T]) -> T:
+        async with self._lock:
+            value: Any = None
+            error: BaseException | None = None
+            while True:
+                try:
+                    op = ops.send(value) if error is None else ops.throw(error)
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]
+                value, error = None, None
+                try:
+                    value = await self._perform(op)
+                except BaseException as e:
+                    error = e
+
+    async def _perform(self, op: _Open | _Send | _Receive) -> Any:
+        address = op.address if isinstance(op, _Open) else op.link.address
+        try:
+            if isinstance(op, _Open):
+                return await self._open(address)
+            if isinstance(op, _Send):
+                return await op.link.transport.send_all(op.data)
+            with trio.fail_after(self.socket_timeout) if self.socket_timeout else nullcontext():
+                return await op.link.transport.receive_some(1 << 16)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as e:
+            raise _failure(address, e) from e
+
+    async def _open(self, address: Address) -> trio.SocketStream:
+        """The one place streams are made (TLS would wrap it here)."""
+        with trio.fail_after(self.connect_timeout):
+            return await trio.open_tcp_stream(*address)
+
+    def _close_transport(self, transport: trio.SocketStream) -> None:
+        transport.socket.close()
+
+    async def connect(self) -> AsyncClient:
+        if self._link is None:
+            await self._run(self._connect(self._planner.plan()))
+        return self
+
+    def jscan(
+        self,
+        queue: str | None = None,
+        states: Iterable[str] = (),
+        *,
+        count: int | None = None,
+        busyloop: bool = False,
+        details: bool = False,
+    ) -> AsyncIterator[Any]:
+        return self._iterate(self._jscan(queue, states, count, busyloop, details))
+
+    def qscan(
+        self,
+        *,
+        minlen: int | None = None,
+        maxlen: int | None = None,
+        import_rate: int | None = None,
+        count: int | None = None,
+        busyloop: bool = False,
+    ) -> AsyncIterator[str]:
+        return self._iterate(self._qscan(minlen, maxlen, import_rate, count, busyloop))
+
+    async def _iterate(self, scan: _Scan) -> AsyncIterator[Any]:
+        while not scan.done:
+            for item in await self._run(self._command(scan.request(), scan.page)):
+                yield item
+
+    async def worker(
+        self,
+        queues: str | Iterable[str],
+        handler: Callable[[Job], Awaitable[object]],
+        *,
+        max_jobs: int | None = None,
+        first_heartbeat: float | None = FIRST_HEARTBEAT,
+    ) -> int:
+        """`Client.worker` for an async handler."""
+        names = _queue_list(queues)
+        done = 0
+        while max_jobs is None or done < max_jobs:
+            for job in await self.get_jobs(*names):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._heartbeat, job.id, first_heartbeat)
+                    try:
+                        await handler(job)
+                        ok = True
+                    except Exception:
+                        log.exception("handler failed on job %s", job.id)
+                        ok = False
+                    nursery.cancel_scope.cancel()
+                await (self.ack if ok else self.nack)(job.id)
+                done += 1
+        return done
+
+    async def _heartbeat(self, job_id: str, delay: float | None) -> None:
+        while delay is not None:
+            await trio.sleep(delay)
+            try:
+                with trio.CancelScope(shield=True):  # never cut a request in half
+                    delay = _next_heartbeat(await self.working(job_id))
+            except (DisqueReplyError, DisqueConnectionError) as e:
+                log.warning("WORKING %s: %s", job_id, e)
+                return

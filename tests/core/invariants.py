@@ -1,0 +1,106 @@
+"""Structural invariants of a `NodeCore`, checked after every step by the
+stateful model test and the command fuzzer.
+
+`check_core` looks at the core's internals (the job table, the timer, the
+queues, the blocked clients, the memory estimate) and at what INFO reports;
+it knows nothing about how the core got there.
+"""
+
+from __future__ import annotations
+
+from disque import admin
+from disque.node import BASE_MEMORY, QUEUE_OVERHEAD, NodeCore
+from disque.store.job import DELIVERED, IN_LIST, State
+
+
+def check_core(core: NodeCore, *, settled: bool = True) -> None:
+    """Raise AssertionError on the first broken invariant.
+
+    `settled`: the shell has run `tick()` at every deadline so far, so no
+    job is overdue (true when time only moves through the `tick` helper)."""
+    jobs = {job.id: job for job in core.jobs.values()}
+    assert len(jobs) == len(core.jobs)
+    now = core.clock.now_ms()
+
+    # -- queues hold only queued jobs, in (ctime, id) order ----------------
+    listed: dict[int, object] = {}  # id(job) -> job, every deque entry
+    live_in: dict[bytes, bytes] = {}  # job id -> queue name
+    for queue in core.queues.values():
+        assert core.queues.get(queue.name) is queue
+        entries = list(queue._items)
+        for job in entries:
+            assert job.flags & IN_LIST, f"{job} in {queue.name!r} without IN_LIST"
+            assert id(job) not in listed, f"{job} listed twice"
+            listed[id(job)] = job
+        live = [job for job in entries if job.state == State.QUEUED]
+        assert len(queue) == len(live), (queue.name, len(queue), len(live))
+        keys = [job.sort_key() for job in live]
+        assert keys == sorted(set(keys)), f"queue {queue.name!r} out of order"
+        for job in live:
+            assert jobs.get(job.id) is job, f"unregistered {job} queued in {queue.name!r}"
+            assert job.queue == queue.name
+            live_in[job.id] = queue.name
+        if queue.waiters and not queue.pause & 2:  # PAUSE_OUT
+            assert not live, f"queue {queue.name!r} has both waiters and jobs"
+    assert not core.ready, "ready queues left unserved"
+
+    # -- every job: one state, consistent timers and flags -----------------
+    buckets = core.jobs._buckets
+    scheduled = sum(len(b) for b in buckets.values())
+    assert scheduled == len(jobs), f"{scheduled} timer entries for {len(jobs)} jobs"
+    assert set(buckets) <= set(core.jobs._heap)
+    for job in jobs.values():
+        assert job.state in State
+        assert (job.id in live_in) == (job.state == State.QUEUED), job
+        if not job.flags & IN_LIST:
+            assert id(job) not in listed
+        assert job in buckets.get(job.awake, ()), f"{job} has no awake time"
+        assert job.awake <= job.etime * 1000 + 1000
+        if settled:
+            assert job.awake > now, f"{job} overdue: awake {job.awake} <= now {now}"
+            assert now < job.etime * 1000 + 1000, f"{job} outlived its TTL"
+        if job.state in (State.ACTIVE, State.QUEUED):
+            assert job.queue is not None and job.body is not None
+            if job.retry == 0:
+                if job.state == State.QUEUED or job.flags & DELIVERED:
+                    assert job.qtime == 0, f"RETRY 0 {job} may be queued again"
+            else:
+                assert job.qtime != 0, f"{job} would never be requeued"
+        if core.cluster.size() == 1:
+            assert job.state != State.ACKED, f"single node kept acked {job}"
+            assert job.nodes_delivered == (core.cluster.my_id,)
+    awake = core.jobs.next_awake()
+    assert awake == (min(j.awake for j in jobs.values()) if jobs else None)
+
+    # -- blocked clients ---------------------------------------------------
+    for client_id, waiter in core.blocked.items():
+        assert waiter.client.id == client_id and waiter.client.waiter is waiter
+        assert core.clients.get(client_id) is waiter.client
+        for name in waiter.queues:
+            queue = core.queues.get(name)
+            assert queue is not None and queue.waiters.get(client_id) is waiter
+    for queue in core.queues.values():
+        for client_id, waiter in queue.waiters.items():
+            assert core.blocked.get(client_id) is waiter and queue.name in waiter.queues
+    for client in core.clients.values():
+        assert client.waiter is None or core.blocked.get(client.id) is client.waiter
+
+    # -- memory estimate and INFO ------------------------------------------
+    expected = BASE_MEMORY + sum(core.job_size(j) for j in jobs.values())
+    expected += sum(QUEUE_OVERHEAD + len(q.name) for q in core.queues.values())
+    assert core.used_memory == expected, (core.used_memory, expected)
+    assert core.peak_memory >= core.used_memory
+    info = admin.info(core, "jobs") + admin.info(core, "queues")
+    assert b"registered_jobs:%d\r\n" % len(jobs) in info
+    assert b"registered_queues:%d\r\n" % len(core.queues) in info
+
+
+def advance(core: NodeCore, clock, ms: int, on_tick=None) -> None:
+    """Move the fake clock forward by `ms`, calling `tick()` at every deadline
+    on the way as the shell does (and `on_tick()` after each one)."""
+    end = clock.ms + ms
+    while clock.ms < end:
+        clock.ms = min(end, max(clock.ms + 1, core.next_deadline()))
+        core.tick()
+        if on_tick is not None:
+            on_tick()

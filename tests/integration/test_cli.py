@@ -1,0 +1,383 @@
+"""The `disque` command-line tool against a real node: one-shot commands in
+every output mode, the helper subcommands, errors and exit codes, the console
+script itself, and the interactive prompt driven through a pseudo-terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+from client_helpers import PtyProcess, queue, shared_node  # noqa: F401  (fixtures)
+
+from disque.client import Client, QueueStats
+from disque.client_cli import QueueRates, cli
+from disque.devcluster import NodeProcess, free_port
+
+ID = r"DI[0-9a-f]{44}SQ"
+
+
+@pytest.fixture
+def client(shared_node: NodeProcess) -> Client:
+    with Client((shared_node.host, shared_node.port)) as c:
+        yield c  # type: ignore[misc]
+
+
+@pytest.fixture
+def disque(shared_node: NodeProcess) -> Callable[..., Result]:
+    """Run `disque -p <shared node> ARGS...` in-process."""
+    runner = CliRunner(env={"COLUMNS": None})
+
+    def run(*args: str, port: int = shared_node.port) -> Result:
+        return runner.invoke(cli, ["-p", str(port), *args], catch_exceptions=False)
+
+    return run
+
+
+def ok(result: Result) -> str:
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def fields(text: str) -> dict[str, str]:
+    """A key/value block as printed in pretty mode."""
+    return {k: v.strip() for k, v in (line.split(None, 1) for line in text.splitlines() if len(line.split(None, 1)) == 2)}
+
+
+# --------------------------------------------------------------------------
+# One-shot server commands
+
+
+def test_plain_replies_print_like_redis_cli(disque: Callable[..., Result], queue: str) -> None:
+    assert ok(disque("PING")) == "PONG\n"
+    assert re.fullmatch(ID + "\n", ok(disque("ADDJOB", queue, "hello world", "0")))
+    assert ok(disque("QLEN", queue)) == "(integer) 1\n"
+    assert ok(disque("GETJOB", "NOHANG", "FROM", "empty-" + queue)) == "(nil)\n"
+    listing = ok(disque("COMMAND", "INFO", "addjob", "nope"))
+    assert listing.splitlines() == [
+        "1) 1) addjob",
+        "   2) (integer) -4",
+        "   3) 1) write",
+        "      2) denyoom",
+        "      3) fast",
+        "   4) (integer) 0",
+        "   5) (integer) 0",
+        "   6) (integer) 0",
+        "2) (nil)",
+    ]
+    assert ok(disque("--raw", "QLEN", queue)) == "1\n"
+    assert ok(disque("--json", "QLEN", queue)) == "1\n"
+    assert ok(disque("--json", "GETJOB", "NOHANG", "FROM", "empty-" + queue)) == "null\n"
+
+
+def test_arguments_pass_through_untouched(disque: Callable[..., Result], client: Client, queue: str) -> None:
+    job_id = ok(disque("ADDJOB", queue, "--help", "0", "RETRY", "5")).strip()
+    assert client.show(job_id).body == b"--help"  # type: ignore[union-attr]
+    jobs = ok(disque("--json", "QPEEK", queue, "-1"))  # a negative number, not an option
+    assert [j["id"] for j in json.loads(jobs)] == [job_id]
+
+
+def test_errors_go_to_stderr_with_exit_status_1(disque: Callable[..., Result]) -> None:
+    result = disque("NOPE", "x")
+    assert (result.exit_code, result.stdout, result.stderr) == (1, "", "ERR unknown command 'NOPE'\n")
+    result = disque("--json", "SHOW", "bad-id")
+    assert (result.exit_code, result.stderr) == (1, "BADID Invalid Job ID format.\n")
+    port = free_port()
+    result = disque("PING", port=port)
+    assert (result.exit_code, result.stderr) == (1, f"Could not connect to Disque at 127.0.0.1:{port}: Connection refused\n")
+    result = disque("-h", "localhost", "PING", port=port)
+    assert result.exit_code == 1 and f"localhost:{port}" in result.stderr
+
+
+def test_password(disque: Callable[..., Result], spawn: Callable[..., NodeProcess]) -> None:
+    node = spawn()
+    with Client((node.host, node.port)) as c:
+        c.execute_command("CONFIG", "SET", "requirepass", "pw")
+    result = disque("PING", port=node.port)
+    assert (result.exit_code, result.stderr) == (1, "NOAUTH Authentication required.\n")
+    assert ok(disque("-a", "pw", "PING", port=node.port)) == "PONG\n"
+
+
+# --------------------------------------------------------------------------
+# Structured replies in the three modes
+
+
+def test_show(disque: Callable[..., Result], client: Client, queue: str) -> None:
+    job_id = client.add_job(queue, "the body", retry=9)
+    pretty = fields(ok(disque("show", job_id)))
+    assert (pretty["id"], pretty["queue"], pretty["state"], pretty["retry"], pretty["body"]) == (job_id, queue, "queued", "9", "the body")
+    assert (pretty["nodes-delivered"], pretty["nodes-confirmed"]) == (client.hello().node_id, "(empty)")
+    assert fields(ok(disque("SHOW", job_id))).keys() == pretty.keys()  # the server command gets the same view
+    data = json.loads(ok(disque("--json", "show", job_id)))
+    assert {k: data[k] for k in ("id", "queue", "state", "retry", "body", "nacks")} == {"id": job_id, "queue": queue, "state": "queued", "retry": 9, "body": "the body", "nacks": 0}
+    assert set(data) >= {"nodes_delivered", "next_requeue_within", "additional_deliveries", "ctime"}
+    raw = ok(disque("--raw", "SHOW", job_id)).splitlines()
+    assert raw[:6] == ["id", job_id, "queue", queue, "state", "queued"] and raw[-2:] == ["body", "the body"]
+    assert ok(disque("SHOW", "DI" + "0" * 44 + "SQ")) == "(nil)\n"
+    assert disque("show").exit_code == 2  # usage error: ID missing
+
+
+def test_qstat(disque: Callable[..., Result], client: Client, queue: str) -> None:
+    client.add_job(queue, "x")
+    client.add_job(queue, "y")
+    pretty = fields(ok(disque("qstat", queue)))
+    assert (pretty["name"], pretty["len"], pretty["jobs-in"], pretty["pause"], pretty["import-from"]) == (queue, "2", "2", "none", "(empty)")
+    data = json.loads(ok(disque("--json", "QSTAT", queue)))
+    assert data == {**data, "name": queue, "len": 2, "jobs_in": 2, "jobs_out": 0, "blocked": 0, "import_from": [], "pause": "none"}
+    assert ok(disque("--raw", "qstat", queue)).splitlines()[:4] == ["name", queue, "len", "2"]
+    assert ok(disque("qstat", "missing-" + queue)) == "(nil)\n"
+    assert ok(disque("--json", "qstat", "missing-" + queue)) == "null\n"
+
+
+def test_hello(disque: Callable[..., Result], client: Client, shared_node: NodeProcess) -> None:
+    my_id = client.hello().node_id
+    pretty = ok(disque("HELLO"))
+    assert f"HELLO v1, connected to {my_id}" in pretty
+    assert re.search(rf"{my_id}\s*│\s*:{shared_node.port}\s*│\s*1\s*│\s*\(this node\)", pretty)
+    assert json.loads(ok(disque("--json", "HELLO"))) == {"version": 1, "node_id": my_id, "nodes": [{"id": my_id, "host": "", "port": shared_node.port, "priority": 1}]}
+    assert ok(disque("--raw", "HELLO")).splitlines() == ["1", my_id, my_id, "", str(shared_node.port), "1"]
+
+
+def test_info(disque: Callable[..., Result], shared_node: NodeProcess) -> None:
+    pretty = ok(disque("INFO"))
+    assert "# Server" in pretty and "# Jobs" in pretty
+    assert re.search(rf"^tcp_port\s+{shared_node.port}\s*$", pretty, re.M)
+    data = json.loads(ok(disque("--json", "INFO")))
+    assert data["Server"]["tcp_port"] == str(shared_node.port) and "registered_jobs" in data["Jobs"]
+    assert json.loads(ok(disque("--json", "INFO", "queues"))).keys() == {"Queues"}
+    raw = ok(disque("--raw", "INFO", "jobs"))
+    assert raw.startswith("# Jobs") and re.search(r"^registered_jobs:\d+\r?$", raw, re.M)
+
+
+def test_cluster_nodes_and_info(disque: Callable[..., Result], client: Client, shared_node: NodeProcess) -> None:
+    my_id = client.hello().node_id
+    assert ok(disque("cluster", "nodes")) == ok(disque("CLUSTER", "NODES"))
+    assert re.search(rf"{my_id}\s*│\s*:{shared_node.port}\s*│\s*myself\s*│\s*0\s*│\s*0\s*│\s*connected", ok(disque("cluster", "nodes")))
+    assert json.loads(ok(disque("--json", "cluster", "nodes"))) == [{"id": my_id, "address": f":{shared_node.port}", "flags": ["myself"], "ping_sent": 0, "pong_received": 0, "link": "connected"}]
+    assert ok(disque("--raw", "cluster", "nodes")) == f"{my_id} :{shared_node.port} myself 0 0 connected\n\n"
+    assert fields(ok(disque("cluster", "info")))["cluster_known_nodes"] == "1"  # not a helper: sent as CLUSTER info
+    assert json.loads(ok(disque("--json", "CLUSTER", "INFO")))["cluster_state"] == "ok"
+    assert ok(disque("cluster", "myid")).strip() == my_id
+
+
+def test_getjob_and_qpeek(disque: Callable[..., Result], client: Client, queue: str) -> None:
+    first = client.add_job(queue, "one")
+    second = client.add_job(queue, b"\xff binary")
+    peek = ok(disque("QPEEK", queue, "2"))
+    assert "2 job(s)" in peek and re.search(rf"{queue}\s*│\s*{first}\s*│\s*one", peek) and "nacks" not in peek
+    pretty = ok(disque("GETJOB", "WITHCOUNTERS", "FROM", queue))
+    assert "1 job(s)" in pretty and re.search(rf"│\s*{first}\s*│\s*one\s*│\s*0\s*│\s*0\s*│", pretty)
+    assert json.loads(ok(disque("--json", "GETJOB", "FROM", queue))) == [{"id": second, "queue": queue, "body": "\\xff binary", "nacks": None, "additional_deliveries": None}]
+    client.nack(first)
+    assert ok(disque("--raw", "GETJOB", "WITHCOUNTERS", "FROM", queue)).splitlines() == [queue, first, "one", "nacks", "1", "additional-deliveries", "0"]
+
+
+def test_jscan_and_qscan_pages(disque: Callable[..., Result], client: Client, queue: str) -> None:
+    job_id = client.add_job(queue, "x")
+    page = ok(disque("JSCAN", "QUEUE", queue, "REPLY", "all"))
+    assert page.startswith("cursor: 0\n1 job(s)") and re.search(rf"{job_id}\s*│\s*{queue}\s*│\s*queued", page)
+    assert json.loads(ok(disque("--json", "JSCAN", "QUEUE", queue))) == {"cursor": "0", "jobs": [job_id]}
+    assert json.loads(ok(disque("--json", "JSCAN", "QUEUE", queue, "REPLY", "all")))["jobs"][0]["id"] == job_id
+    assert ok(disque("--raw", "JSCAN", "QUEUE", queue)) == f"0\n{job_id}\n"
+    data = json.loads(ok(disque("--json", "QSCAN", "BUSYLOOP", "MINLEN", "1")))
+    assert data["cursor"] == "0" and queue in data["queues"]
+    assert "queue(s)" in ok(disque("QSCAN", "BUSYLOOP"))
+
+
+# --------------------------------------------------------------------------
+# Helper subcommands
+
+
+def test_jscan_helper_iterates_to_the_end(disque: Callable[..., Result], client: Client, queue: str) -> None:
+    ids = {client.add_job(queue, f"job {i}") for i in range(40)}
+    taken = client.get_job(queue)
+    assert taken is not None
+    rows = json.loads(ok(disque("--json", "jscan", "--queue", queue, "--count", "3")))
+    assert {r["id"] for r in rows} == ids and all(r["queue"] == queue for r in rows)
+    assert set(ok(disque("--raw", "scanjobs", "--queue", queue, "--state", "queued", "--count", "3")).split()) == ids - {taken.id}
+    assert json.loads(ok(disque("--json", "jscan", "--queue", queue, "--state", "active", "--ids"))) == [taken.id]
+    pretty = ok(disque("jscan", "--queue", queue, "--state", "active"))
+    assert re.search(rf"{taken.id}\s*│\s*{queue}\s*│\s*active\s*│", pretty) and "1 job(s)" in pretty
+    assert "1 job(s)" in ok(disque("jscan", "--queue", queue, "--state", "active", "--ids"))
+    assert disque("jscan", "--state", "nonsense").exit_code == 2
+
+
+def test_qscan_helper_iterates_to_the_end(disque: Callable[..., Result], client: Client, queue: str) -> None:
+    names = [f"{queue}-{i:02}" for i in range(25)]
+    for n, name in enumerate(names):
+        for _ in range(n % 3):
+            client.add_job(name, "x")
+    rows = [r for r in json.loads(ok(disque("--json", "qscan", "--count", "2"))) if r["queue"].startswith(queue)]
+    assert rows == [{"queue": name, "len": n % 3} for n, name in enumerate(names) if n % 3]  # no job, no queue
+    assert set(ok(disque("--raw", "qscan", "--minlen", "2")).split()) >= {names[2], names[5]}
+    assert names[1] not in ok(disque("--raw", "qscan", "--minlen", "2"))
+    pretty = ok(disque("qscan", "--minlen", "2"))
+    assert re.search(rf"{names[2]}\s*│\s*2", pretty)
+
+
+def test_queue_rates() -> None:
+    def stats(name: str, jobs_in: int, jobs_out: int) -> QueueStats:
+        return QueueStats(name, 3, 0, 0, 1, [], 0, jobs_in, jobs_out, "none")
+
+    rates = QueueRates()
+    first = rates.update([stats("a", 10, 5)], now=100.0)
+    assert first == [{"queue": "a", "len": 3, "in_per_sec": None, "out_per_sec": None, "blocked": 1, "pause": "none"}]
+    second = rates.update([stats("a", 30, 6), stats("b", 1, 0)], now=102.0)
+    assert [(r["queue"], r["in_per_sec"], r["out_per_sec"]) for r in second] == [("a", 10.0, 0.5), ("b", None, None)]
+
+
+def test_top(disque: Callable[..., Result], client: Client, queue: str) -> None:
+    client.add_job(queue, "x")
+    client.get_job("blocked-" + queue, nohang=True)  # creates an empty queue that top lists
+    frames = [json.loads(line) for line in ok(disque("--json", "top", "-n", "2", "--interval", "0.05")).splitlines()]
+    assert len(frames) == 2
+    row = next(r for r in frames[1] if r["queue"] == queue)
+    assert row == {"queue": queue, "len": 1, "in_per_sec": 0.0, "out_per_sec": 0.0, "blocked": 0, "pause": "none"}
+    assert next(r for r in frames[0] if r["queue"] == queue)["in_per_sec"] is None
+    pretty = ok(disque("top", "-n", "2", "--interval", "0.05"))
+    assert pretty.count("queue(s)") == 2 and re.search(r"queue\s*┃\s*len\s*┃\s*in/s\s*┃\s*out/s\s*┃\s*blocked\s*┃\s*pause", pretty)
+    assert re.search(rf"{queue}\s*│\s*1\s*│\s*0\s*│\s*0\s*│\s*0\s*│\s*none", pretty)
+    assert f"{queue}\t1\t-\t-\t0\tnone" in ok(disque("--raw", "top", "-n", "1")).splitlines()
+
+
+def test_export_and_import_round_trip(disque: Callable[..., Result], client: Client, queue: str, tmp_path: Path) -> None:
+    bodies = [b"plain", "unicod\u00e9".encode(), b"\xff\x00binary"]
+    for body in bodies:
+        client.add_job(queue, body, retry=42, ttl=7200)
+    client.add_job(queue, "at most once", retry=0, replicate=1)
+    dump = tmp_path / "jobs.jsonl"
+    result = disque("export", queue, str(dump))
+    assert result.exit_code == 0 and result.stderr.endswith(f"exported 4 job(s) from {queue}\n")
+    records = [json.loads(line) for line in dump.read_text().splitlines()]
+    assert sorted(r.get("body", r.get("body_base64")) for r in records) == sorted(["plain", "unicod\u00e9", "/wBiaW5hcnk=", "at most once"])
+    assert {r["retry"] for r in records} == {42, 0} and all(r["queue"] == queue for r in records)
+    assert client.qlen(queue) == 4  # export leaves the jobs queued
+    assert ok(disque("export", queue, "-")).count("\n") == 4
+
+    result = disque("import", str(dump), "--queue", "copy-" + queue)
+    assert result.exit_code == 0 and result.stderr.endswith("imported 4 job(s)\n")
+    copies = list(client.jscan("copy-" + queue, details=True))
+    assert sorted(j.body for j in copies) == sorted([*bodies, b"at most once"])
+    assert {j.retry for j in copies} == {42, 0} and all(7100 < j.ttl <= 7200 for j in copies if j.retry)
+    assert not {j.id for j in copies} & {r["id"] for r in records}  # new jobs, new IDs
+
+    result = disque("import", str(dump))  # into the recorded queue
+    assert result.exit_code == 0 and client.qlen(queue) == 8
+
+
+def test_import_reports_the_bad_line(disque: Callable[..., Result], client: Client, queue: str, tmp_path: Path) -> None:
+    dump = tmp_path / "bad.jsonl"
+    dump.write_text(json.dumps({"queue": queue, "body": "ok", "ttl": 60, "retry": 5}) + "\n\n{not json\n")
+    result = disque("import", str(dump))
+    assert result.exit_code == 1 and result.stderr.startswith(f"{dump}:3: not a job record") and "1 job(s) imported before it" in result.stderr
+    assert client.qlen(queue) == 1
+
+
+def test_check_aof_delegates_to_the_checker(disque: Callable[..., Result], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "disque.store.aof_check", None)  # as if not installed
+    result = disque("check-aof", "--fix", "appendonly.aof")
+    assert result.exit_code == 1 and "check-aof is not available" in result.stderr
+    calls: list[list[str]] = []
+    fake = types.SimpleNamespace(main=lambda argv: calls.append(argv) or 3)
+    monkeypatch.setitem(sys.modules, "disque.store.aof_check", fake)
+    assert disque("check-aof", "--fix", "appendonly.aof").exit_code == 3
+    assert calls == [["--fix", "appendonly.aof"]]
+
+
+def test_help_lists_the_helpers_and_keeps_h_for_the_host(disque: Callable[..., Result]) -> None:
+    text = CliRunner().invoke(cli, ["--help"]).stdout
+    assert "-h, --host" in text and "--json" in text and "--raw" in text
+    for name in ("qstat", "show", "jscan", "qscan", "cluster", "top", "export", "import", "check-aof"):
+        assert re.search(rf"^  {name}\s", text, re.M), name
+    assert "meet" in CliRunner().invoke(cli, ["cluster", "--help"]).stdout
+
+
+# --------------------------------------------------------------------------
+# The console script and the prompt, as real processes
+
+
+def disque_script() -> str:
+    return str(Path(sys.executable).with_name("disque"))
+
+
+def test_console_script(shared_node: NodeProcess, queue: str) -> None:
+    done = subprocess.run([disque_script(), "-p", str(shared_node.port), "ADDJOB", queue, "from the script", "0"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and re.fullmatch(ID + "\n", done.stdout)
+    failed = subprocess.run([disque_script(), "-p", str(shared_node.port), "ACKJOB", "bad"], capture_output=True, text=True, timeout=30)
+    assert (failed.returncode, failed.stdout, failed.stderr) == (1, "", "BADID Invalid Job ID format.\n")
+
+
+@pytest.fixture
+def prompt(shared_node: NodeProcess, tmp_path: Path) -> Callable[..., PtyProcess]:
+    started: list[PtyProcess] = []
+    env = {**os.environ, "TERM": "xterm", "PROMPT_TOOLKIT_NO_CPR": "1", "DISQUE_HISTFILE": str(tmp_path / "history")}
+
+    def start(*args: str) -> PtyProcess:
+        process = PtyProcess([disque_script(), "-p", str(shared_node.port), *args], env)
+        started.append(process)
+        process.expect(rf"127\.0\.0\.1:{shared_node.port}>")
+        return process
+
+    yield start  # type: ignore[misc]
+    for process in started:
+        process.close()
+
+
+def test_prompt_runs_commands_with_completion_help_and_errors(prompt: Callable[..., PtyProcess], client: Client, queue: str) -> None:
+    p = prompt()
+    p.send(f"ADDJOB {queue} 'hello world' 0\r")
+    job_id = p.expect(f"({ID})").group(1).decode()
+    p.send("QST\t")  # Tab completes the command name
+    p.expect("QSTAT")
+    p.send(f" {queue}\r")
+    p.expect(r"len\s+1\s")
+    p.send(f"show {job_id}\r")
+    p.expect(r"body\s+hello world")
+    p.send("help getjob\r")
+    p.expect(r"GETJOB \[NOHANG\] \[TIMEOUT ms\].*FROM queue.*\n\s+Fetch jobs")
+    p.send("nope\r")
+    p.expect(r"\(error\) ERR unknown command 'nope'")
+    p.send('ping "unbalanced\r')
+    p.expect(r"Invalid argument\(s\)")
+    p.send("--json qlen " + queue + "\r")  # the prompt is not the command line: sent as is
+    p.expect(r"\(error\) ERR unknown command '--json'")
+    p.send(f"qlen {queue}\r")
+    p.expect(r"\(integer\) 1")
+    p.send("exit\r")
+    assert p.wait() == 0
+    assert client.qlen(queue) == 1
+
+
+def test_prompt_history_survives_sessions_and_ctrl_d_leaves(prompt: Callable[..., PtyProcess], client: Client, queue: str, tmp_path: Path) -> None:
+    first = prompt()
+    first.send(f"ADDJOB {queue} remembered 0\r")
+    first.expect(ID)
+    first.send("\x04")  # Ctrl-D on an empty line
+    assert first.wait() == 0
+    assert f"ADDJOB {queue} remembered 0" in (tmp_path / "history").read_text()
+    second = prompt("--json")
+    second.send("\x1b[A\r")  # Up recalls the previous session's command
+    second.expect(f'"?{ID}"?')
+    second.send("quit\r")
+    assert second.wait() == 0
+    assert client.qlen(queue) == 2
+
+
+def test_top_in_a_terminal(client: Client, queue: str, shared_node: NodeProcess) -> None:
+    client.add_job(queue, "x")
+    env = {**os.environ, "TERM": "xterm"}
+    p = PtyProcess([disque_script(), "-p", str(shared_node.port), "top", "-n", "3", "--interval", "0.1"], env)
+    try:
+        p.expect(r"queue\(s\)")
+        p.expect(rf"{re.escape(queue)}\s*│\s*1\s*│\s*0\s*│")  # rates appear from the second refresh on
+        assert p.wait() == 0
+    finally:
+        p.close()

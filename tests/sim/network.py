@@ -1,0 +1,555 @@
+"""A simulated Disque cluster: N node cores on a faulty network in one trio run.
+
+Theory of operation: `SimCluster` runs inside `trio.run(..., clock=
+MockClock(autojump_threshold=0))`, so time only moves when every task
+sleeps, and a minute of cluster life costs what its events cost.  Each
+`SimNode` is a real `NodeCore` with a clock read from `trio.current_time()`
+(`START_MS` + virtual ms), its own seeded `random.Random`, and the two tasks
+a shell runs, under the node's own cancel scope: a deadline loop that sleeps
+until `next_deadline()` and calls `tick()`, and a 100 ms link cron that
+reconciles `bus_links()` with the simulated links (connect what is wanted,
+close what is not).  After every call into a core, `SimNode.drain` carries out
+the effects exactly as the trio shell would, and saves nodes.conf when the
+membership is dirty.
+
+The network: a `Connection` is one TCP connection from an outgoing link
+(node A, link key) to an incoming connection (node B, conn id).  Each
+direction is a `Pipe`: frames are encoded with the sender's header
+(`codec.encode_frame`), then each frame is dropped, duplicated and delayed by
+the cluster's seeded rng, and a pump task delivers them in order (TCP keeps
+order) through a `FrameDecoder` on the receiving side.  A partition makes
+deliveries and new connections between groups fail silently (as a firewall
+dropping packets would: existing connections stay "up" and the cores find out
+by themselves); killing a node closes its connections (the peers see EOF).
+`restart` boots a fresh core with the same node ID and the membership of the
+nodes.conf it last saved; its jobs are gone (no AOF).
+
+Determinism: every random choice comes from the cluster seed, and trio's
+scheduler is made deterministic for the run (`deterministic_scheduling`),
+so one seed replays the same history.  `check_invariants` verifies the
+structural invariants of every core (queues hold exactly the queued jobs,
+every job has one timer) and runs every simulated second.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Iterator
+from contextlib import AsyncExitStack, contextmanager
+from typing import Any
+
+import trio
+from trio.testing import MockClock
+
+from disque.cluster.codec import FrameDecoder, encode_frame
+from disque.cluster.membership import Membership
+from disque.config import Config
+from disque.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
+from disque.node import BLOCKED, NodeCore
+from disque.store.job import DELIVERED, State
+from support import START_MS, FakeHost
+
+BUS_PORT_INCR = 10_000
+CONNECT_TIMEOUT = 1.0  # seconds: a connection into a partition fails after this
+LINK_CRON = 0.1
+INVARIANT_PERIOD = 1.0
+MAX_TICKS_PER_MS = 1000  # more ticks than this at one instant: the core spins
+
+
+class ConnectionLost:
+    """The reply of a call whose node died (or was killed) before answering."""
+
+    def __repr__(self) -> str:
+        return "ConnectionLost"
+
+
+CONNECTION_LOST = ConnectionLost()
+
+
+class Timeout:
+    """The reply of a call that gave up waiting (the client disconnected)."""
+
+    def __repr__(self) -> str:
+        return "Timeout"
+
+
+TIMEOUT = Timeout()
+
+
+def now_ms() -> int:
+    return START_MS + round(trio.current_time() * 1000)
+
+
+def trio_time(ms: int) -> float:
+    return (ms - START_MS) / 1000
+
+
+class SimClock:
+    """The injected clock of a core: unix-like ms derived from virtual time."""
+
+    def now_ms(self) -> int:
+        return now_ms()
+
+    def now_us(self) -> int:
+        return START_MS * 1000 + round(trio.current_time() * 1_000_000)
+
+    wall_us = now_us
+
+
+class SimHost(FakeHost):
+    """A FakeHost whose nodes.conf saves land in the node's `conf_text`."""
+
+    def __init__(self, node: SimNode) -> None:
+        super().__init__()
+        self.node = node
+
+    def save_cluster_config(self, fsync: bool) -> None:
+        super().save_cluster_config(fsync)
+        core = self.node.core
+        assert core is not None
+        core.cluster.dirty = False
+        self.node.conf_text = core.cluster.to_conf()
+
+
+@contextmanager
+def deterministic_scheduling(seed: int) -> Iterator[None]:
+    """Make trio pick runnable tasks in a seeded order (trio does this itself
+    when Hypothesis is loaded; we also seed its shuffler per run)."""
+    from trio._core import _run
+
+    saved = _run._ALLOW_DETERMINISTIC_SCHEDULING, _run._r.getstate()
+    _run._ALLOW_DETERMINISTIC_SCHEDULING = True
+    _run._r.seed(seed)
+    try:
+        yield
+    finally:
+        _run._ALLOW_DETERMINISTIC_SCHEDULING = saved[0]
+        _run._r.setstate(saved[1])
+
+
+class Pipe:
+    """One direction of a connection: faulty, ordered delivery of frames."""
+
+    def __init__(self, conn: Connection, src: SimNode, dst: SimNode) -> None:
+        self.conn = conn
+        self.src, self.dst = src, dst
+        self.decoder = FrameDecoder()
+        self.last_at = 0.0
+        self.tx, self.rx = trio.open_memory_channel[tuple[float, bytes]](math.inf)
+
+    def send(self, frame: bytes) -> None:
+        net = self.conn.net
+        rng = net.rng
+        if rng.random() < net.drop:
+            net.stats["dropped"] += 1
+            return
+        copies = 2 if rng.random() < net.dup else 1
+        net.stats["duplicated"] += copies - 1
+        for _ in range(copies):
+            self.last_at = max(self.last_at, trio.current_time() + net.latency())
+            self.tx.send_nowait((self.last_at, frame))
+
+    async def pump(self) -> None:
+        async for at, frame in self.rx:
+            await trio.sleep_until(at)
+            if not self.conn.open or not self.conn.net.can_talk(self.src, self.dst):
+                self.conn.net.stats["cut"] += 1
+                continue
+            self.decoder.feed(frame)
+            while (decoded := self.decoder.next_frame()) is not None:
+                self.conn.deliver(self, *decoded)
+
+
+class Connection:
+    """A bus connection from `client`'s outgoing link `key` to `server`."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, net: SimCluster, client: SimNode, key: int, server: SimNode) -> None:
+        self.net = net
+        self.id = next(self._ids)
+        self.client, self.key, self.server = client, key, server
+        self.open = True
+        self.up = Pipe(self, client, server)  # PING, MEET, job messages
+        self.down = Pipe(self, server, client)  # PONG answers
+        self.scope = trio.CancelScope()
+        net.nursery.start_soon(self._run)
+
+    async def _run(self) -> None:
+        with self.scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.up.pump)
+                nursery.start_soon(self.down.pump)
+
+    def deliver(self, pipe: Pipe, header: Any, msg: Any) -> None:
+        node = pipe.dst
+        core = node.core
+        assert core is not None  # a dead node's connections are closed
+        self.net.stats["delivered"] += 1
+        if pipe is self.up:
+            core.handle_bus(header, msg, conn=self.id, peer_ip=self.client.ip, local_ip=self.server.ip)
+        else:
+            core.handle_bus(header, msg, key=self.key)
+        node.drain()
+
+    def close(self) -> None:
+        self.open = False
+        self.scope.cancel()
+        self.server.conns.pop(self.id, None)
+
+
+class SimNode:
+    def __init__(self, net: SimCluster, index: int) -> None:
+        self.net = net
+        self.index = index
+        self.ip = f"10.0.0.{index + 1}"
+        self.port = 7711
+        self.core: NodeCore | None = None
+        self.node_id = ""  # kept while the node is down
+        self.generation = 0
+        self.conf_text = ""  # nodes.conf as last saved
+        self.links: dict[int, Connection] = {}  # outgoing, by link key
+        self.connecting: set[int] = set()
+        self.conns: dict[int, Connection] = {}  # incoming, by conn id
+        self.waiting: dict[int, list[Any]] = {}  # client id -> [event, reply]
+        self.scope = trio.CancelScope()
+        self.nursery: trio.Nursery | None = None
+        self._wakeup: trio.CancelScope | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.core is not None
+
+    @property
+    def bus_addr(self) -> tuple[str, int]:
+        return (self.ip, self.port + BUS_PORT_INCR)
+
+    def __repr__(self) -> str:
+        return f"<SimNode {self.index} {self.core.cluster.my_id[:8] if self.core else 'dead'}>"
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def boot(self, membership: Membership | None = None) -> None:
+        self.generation += 1
+        net = self.net
+        rng = random.Random(f"{net.seed}/{self.index}/{self.generation}")
+        config = Config()
+        config.port = self.port
+        config.cluster_node_timeout = net.node_timeout
+        node_id = self.node_id = membership.my_id if membership else "%040x" % rng.getrandbits(160)
+        self.core = NodeCore(config, node_id, clock=SimClock(), rng=rng, host=SimHost(self), membership=membership)
+        self.core.host.save_cluster_config(fsync=True)
+        self.scope = trio.CancelScope()
+        await net.nursery.start(self._run, rng.random() * LINK_CRON)
+
+    async def _run(self, phase: float, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        with self.scope:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                nursery.start_soon(self._deadline_loop)
+                task_status.started()
+                await trio.sleep(phase)  # desynchronise the nodes' crons
+                nursery.start_soon(self._link_cron)
+
+    def kill(self) -> None:
+        assert self.core is not None
+        self.scope.cancel()
+        self.core = None
+        self.nursery = None
+        for conn in list(self.links.values()):
+            conn.close()
+        self.links.clear()
+        self.connecting.clear()
+        for conn in list(self.conns.values()):
+            conn.close()
+            peer = conn.client
+            if peer.nursery is not None:  # the peer sees EOF after a while
+                peer.nursery.start_soon(peer.link_lost, conn)
+        for event, slot in self.waiting.values():
+            slot.append(CONNECTION_LOST)
+            event.set()
+        self.waiting.clear()
+
+    # ------------------------------------------------------------ shell tasks
+
+    async def _deadline_loop(self) -> None:
+        spins, last = 0, -1
+        while True:
+            core = self.core
+            assert core is not None
+            with trio.CancelScope(deadline=trio_time(core.next_deadline())) as self._wakeup:
+                await trio.sleep_forever()
+            self._wakeup = None
+            now = now_ms()
+            spins = spins + 1 if now == last else 0
+            last = now
+            assert spins < MAX_TICKS_PER_MS, f"{self}: next_deadline() does not move past {now}"
+            core.tick()
+            self.drain()
+
+    async def _link_cron(self) -> None:
+        while True:
+            self.reconcile_links()
+            await trio.sleep(LINK_CRON)
+
+    def reconcile_links(self) -> None:
+        core = self.core
+        assert core is not None and self.nursery is not None
+        wanted = core.bus_links()
+        for key, conn in list(self.links.items()):
+            if wanted.get(key) != conn.server.bus_addr:
+                self._close_link(key)
+        self.drain()
+        for key, addr in wanted.items():
+            if key not in self.links and key not in self.connecting:
+                self.connecting.add(key)
+                self.nursery.start_soon(self._connect, key, addr)
+
+    async def _connect(self, key: int, addr: tuple[str, int]) -> None:
+        net = self.net
+        target = net.listening_at(addr)
+        try:
+            if target is None:  # refused
+                await trio.sleep(net.latency())
+            elif not net.can_talk(self, target):  # SYNs dropped
+                await trio.sleep(CONNECT_TIMEOUT)
+            else:
+                await trio.sleep(2 * net.latency())
+                if target.alive and net.can_talk(self, target):
+                    conn = Connection(net, self, key, target)
+                    self.links[key] = conn
+                    target.conns[conn.id] = conn
+                    self._call_core("link_connected", key)
+                    return
+            self._call_core("link_closed", key, True)
+        finally:
+            self.connecting.discard(key)
+
+    async def link_lost(self, conn: Connection) -> None:
+        """Our outgoing link's peer died: EOF reaches us one latency later."""
+        await trio.sleep(self.net.latency())
+        if self.links.get(conn.key) is conn:
+            del self.links[conn.key]
+            self._call_core("link_closed", conn.key, False)
+
+    def _close_link(self, key: int) -> None:
+        conn = self.links.pop(key, None)
+        if conn is not None:
+            conn.close()
+            assert self.core is not None
+            self.core.link_closed(key, False)
+
+    def _call_core(self, method: str, *args: Any) -> None:
+        getattr(self.core, method)(*args)
+        self.drain()
+
+    # ------------------------------------------------------------ effects
+
+    def drain(self) -> None:
+        """Carry out the effects of the last core call, as the shell does."""
+        core = self.core
+        assert core is not None
+        while core.effects:
+            effects, core.effects = core.effects, []
+            for effect in effects:
+                kind = type(effect)
+                if kind is Send:
+                    conn = self.links.get(effect.key)
+                    if conn is not None and conn.open:
+                        conn.up.send(encode_frame(core.header(), effect.msg))
+                elif kind is Answer:
+                    conn = self.conns.get(effect.conn)
+                    if conn is not None and conn.open:
+                        conn.down.send(encode_frame(core.header(), effect.msg))
+                elif kind is DropLink:
+                    self._close_link(effect.key)
+                elif kind is Reply:
+                    waiter = self.waiting.pop(effect.client_id, None)
+                    if waiter is not None:
+                        waiter[1:] = [effect.value]
+                        waiter[0].set()
+                else:
+                    assert kind in (AofAppend, CloseClient), effect
+        if core.cluster.dirty:
+            core.host.save_cluster_config(fsync=False)
+        if self._wakeup is not None:
+            self._wakeup.deadline = min(self._wakeup.deadline, trio_time(core.next_deadline()))
+
+    # ------------------------------------------------------------ clients
+
+    async def call(self, args: tuple[Any, ...], timeout: float | None) -> Any:
+        core = self.core
+        if core is None:
+            return CONNECTION_LOST
+        client_id = next(self.net.client_ids)
+        client = core.connect(client_id, f"10.1.0.1:{client_id % 60000 + 1024}")
+        argv = [a if isinstance(a, bytes) else str(a).encode() for a in args]
+        reply = core.handle_command(client, argv)
+        if reply is BLOCKED:
+            waiter = self.waiting[client_id] = [trio.Event()]
+            self.drain()
+            with trio.move_on_after(math.inf if timeout is None else timeout):
+                await waiter[0].wait()
+            reply = waiter[1] if len(waiter) > 1 else TIMEOUT
+            self.waiting.pop(client_id, None)
+        if self.core is core:
+            core.disconnect(client_id)
+            self.drain()
+        return reply
+
+
+class SimCluster:
+    """`n` nodes on one simulated network; use inside `trio.run` with a
+    MockClock, as `async with SimCluster(...) as cluster:`."""
+
+    def __init__(
+        self, n: int, seed: int, *, drop: float = 0.0, dup: float = 0.0,
+        delay: tuple[float, float] = (0.1, 2.0), node_timeout: int = 1000,
+    ) -> None:  # fmt: skip
+        self.seed = seed
+        self.rng = random.Random(f"{seed}/net")
+        self.drop, self.dup = drop, dup
+        self.delay = delay  # ms
+        self.node_timeout = node_timeout
+        self.groups: dict[int, int] | None = None  # node index -> group
+        self.nodes = [SimNode(self, i) for i in range(n)]
+        self.client_ids = itertools.count(1)
+        self.stats = {"delivered": 0, "dropped": 0, "duplicated": 0, "cut": 0}
+        self._stack = AsyncExitStack()
+
+    async def __aenter__(self) -> SimCluster:
+        clock = trio.lowlevel.current_clock()
+        assert isinstance(clock, MockClock) and clock.autojump_threshold == 0, "run under an autojump MockClock"
+        self._stack.enter_context(deterministic_scheduling(self.seed))
+        self.nursery = await self._stack.enter_async_context(trio.open_nursery())
+        self._stack.callback(self.nursery.cancel_scope.cancel)  # runs before the nursery exits
+        for node in self.nodes:
+            await node.boot()
+        self.nursery.start_soon(self._invariant_loop)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        if exc[0] is None:
+            self.check_invariants()
+        return await self._stack.__aexit__(*exc)
+
+    # ------------------------------------------------------------ network
+
+    def latency(self) -> float:
+        lo, hi = self.delay
+        return self.rng.uniform(lo, hi) / 1000
+
+    def can_talk(self, a: SimNode, b: SimNode) -> bool:
+        return self.groups is None or self.groups.get(a.index) == self.groups.get(b.index)
+
+    def listening_at(self, addr: tuple[str, int]) -> SimNode | None:
+        for node in self.nodes:
+            if node.alive and node.bus_addr == addr:
+                return node
+        return None
+
+    def partition(self, groups: list[list[int]]) -> None:
+        """Cut the network into `groups` of node indexes; a node in no group
+        is isolated."""
+        self.groups = {i: g for g, members in enumerate(groups) for i in members}
+        for node in self.nodes:
+            self.groups.setdefault(node.index, -1 - node.index)
+
+    def heal(self) -> None:
+        self.groups = None
+
+    def kill(self, i: int) -> None:
+        self.nodes[i].kill()
+
+    async def restart(self, i: int) -> None:
+        node = self.nodes[i]
+        membership = Membership.from_conf(node.conf_text, node.port, rng=random.Random(f"{self.seed}/conf/{i}"), now=now_ms())
+        await node.boot(membership)
+
+    # ------------------------------------------------------------ clients
+
+    async def call(self, i: int, *args: Any, timeout: float | None = None) -> Any:
+        """Run a command on node `i`, waiting (virtual time) for a blocked
+        reply.  Returns the reply value (a DisqueError for errors),
+        CONNECTION_LOST, or TIMEOUT after `timeout` seconds."""
+        return await self.nodes[i].call(args, timeout)
+
+    def core(self, i: int) -> NodeCore:
+        core = self.nodes[i].core
+        assert core is not None, f"node {i} is down"
+        return core
+
+    def node_id(self, i: int) -> str:
+        return self.nodes[i].node_id
+
+    async def meet(self, i: int, j: int) -> None:
+        """CLUSTER MEET from node i to node j."""
+        node = self.nodes[j]
+        reply = await self.call(i, "CLUSTER", "MEET", node.ip, node.port)
+        assert reply == b"OK", reply
+
+    def meshed(self, members: list[int] | None = None) -> bool:
+        """Every listed node knows and reaches every other listed node, and
+        has a link to it."""
+        members = [n.index for n in self.nodes if n.alive] if members is None else members
+        for i in members:
+            cluster = self.core(i).cluster
+            others = {self.node_id(j) for j in members if j != i}
+            reachable = {n.id for n in cluster.reachable() if n.link}
+            if not others <= reachable or cluster.size() < len(members):
+                return False
+        return True
+
+    async def wait_for(self, predicate: Any, timeout: float, step: float = 0.1) -> float:
+        """Sleep until `predicate()` holds; returns the (virtual) seconds
+        waited.  Raises TimeoutError."""
+        start = trio.current_time()
+        with trio.move_on_after(timeout):
+            while not predicate():
+                await trio.sleep(step)
+            return trio.current_time() - start
+        raise TimeoutError(f"condition not reached within {timeout} s")
+
+    async def form(self, timeout: float = 30) -> None:
+        """MEET every node to node 0 and wait for a full mesh."""
+        for i in range(1, len(self.nodes)):
+            await self.meet(i, 0)
+        await self.wait_for(self.meshed, timeout)
+
+    # ------------------------------------------------------------ invariants
+
+    async def _invariant_loop(self) -> None:
+        while True:
+            await trio.sleep(INVARIANT_PERIOD)
+            self.check_invariants()
+
+    def check_invariants(self) -> None:
+        for node in self.nodes:
+            if node.core is not None:
+                check_core(node.core)
+
+
+def check_core(core: NodeCore) -> None:
+    """Structural invariants of one core (ARCHITECTURE habit 6)."""
+    queued: dict[bytes, set[bytes]] = {}
+    me = core.cluster.my_id
+    for job in core.jobs.values():
+        assert core.jobs.get(job.id) is job
+        if job.state != State.WAIT_REPL and not job.is_dummy_ack:
+            assert me in job.nodes_delivered, f"{job}: a holder missing from its own nodes_delivered"
+        bucket = core.jobs._buckets.get(job.awake)
+        assert bucket is not None and job in bucket, f"{job} has no timer"
+        if job.state == State.QUEUED:
+            assert job.qtime or job.retry == 0, job
+            assert not (job.retry == 0 and job.flags & DELIVERED), f"{job}: RETRY 0 queued after delivery"
+            queued.setdefault(job.queue, set()).add(job.id)  # type: ignore[arg-type]
+    for queue in core.queues.values():
+        name = queue.name
+        live = [job.id for job in queue.oldest()]
+        assert len(live) == len(queue) == len(set(live)), f"queue {name!r} miscounts"
+        for job_id in live:
+            assert core.jobs.get(job_id) is not None, f"queue {name!r} holds deleted job {job_id!r}"
+        assert set(live) == queued.pop(name, set()), f"queue {name!r} does not hold exactly its queued jobs"
+    assert not queued, f"queued jobs outside any queue: {queued}"

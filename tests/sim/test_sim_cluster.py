@@ -1,0 +1,206 @@
+"""Cluster behaviour on the simulated network (tests/sim/network.py).
+
+Every test runs a whole cluster in virtual time (pytest-trio's
+`autojump_clock`), so waiting for a node timeout or a retry costs nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from disque import errors
+from disque.cluster.messages import FAIL, PFAIL
+from disque.errors import DisqueError
+from disque.resp import NIL_ARRAY, Status
+from sim.network import SimCluster
+
+T = 1000  # node timeout (ms) of every cluster here
+
+
+def flags_of(cluster: SimCluster, observer: int, target: int) -> int:
+    return cluster.core(observer).cluster.nodes[cluster.node_id(target)].flags
+
+
+def holders(cluster: SimCluster, job_id: bytes) -> dict[int, str]:
+    """node index -> state name, for every live node holding the job."""
+    out = {}
+    for node in cluster.nodes:
+        if node.alive and (job := node.core.jobs.get(job_id)) is not None:
+            out[node.index] = job.state.name.lower()
+    return out
+
+
+async def add(cluster: SimCluster, i: int, *args, queue="q", body="b", timeout=0) -> bytes:
+    reply = await cluster.call(i, "ADDJOB", queue, body, timeout, *args)
+    assert isinstance(reply, Status), reply
+    return bytes(reply)
+
+
+@pytest.fixture
+async def c5():
+    """A formed 5-node cluster (the test must request `autojump_clock`)."""
+    async with SimCluster(5, seed=5, node_timeout=T) as cluster:
+        await cluster.form()
+        yield cluster
+
+
+# ---------------------------------------------------------------- membership
+
+
+async def test_chain_of_meets_forms_full_mesh(autojump_clock):
+    async with SimCluster(5, seed=1, node_timeout=T) as cluster:
+        for i in range(1, 5):
+            await cluster.meet(i, i - 1)
+        waited = await cluster.wait_for(cluster.meshed, timeout=10)
+        assert waited < 5
+        for i in range(5):
+            info = (await cluster.call(i, "CLUSTER", "INFO")).decode()
+            assert "cluster_reachable_nodes:4" in info and "cluster_size:5" in info
+            assert cluster.nodes[i].conf_text.count("\n") == 5  # nodes.conf saved with every member
+
+
+async def test_failure_detection_and_recovery(autojump_clock, c5):
+    cluster = c5
+    cluster.partition([[0, 1, 2, 3], [4]])
+    waited = await cluster.wait_for(lambda: all(flags_of(cluster, i, 4) & FAIL for i in range(4)), timeout=10)
+    assert waited <= 2 * T / 1000 + 1
+    assert all(len(cluster.core(i).cluster.reachable()) == 3 for i in range(4))
+    assert flags_of(cluster, 4, 0) & (PFAIL | FAIL)  # the isolated node suspects everyone
+    cluster.heal()
+    await cluster.wait_for(cluster.meshed, timeout=5)
+    assert not any(flags_of(cluster, i, j) & (PFAIL | FAIL) for i in range(5) for j in range(5) if i != j)
+
+
+async def test_restart_keeps_identity_and_rejoins(autojump_clock, c5):
+    cluster = c5
+    node_id = cluster.node_id(2)
+    cluster.kill(2)
+    await cluster.wait_for(lambda: all(flags_of(cluster, i, 2) & FAIL for i in (0, 1, 3, 4)), timeout=10)
+    await cluster.restart(2)
+    assert cluster.node_id(2) == node_id
+    await cluster.wait_for(cluster.meshed, timeout=10)
+
+
+# ---------------------------------------------------------------- replication
+
+
+async def test_addjob_replicates_to_requested_copies(autojump_clock, c5):
+    cluster = c5
+    job_id = await add(cluster, 0, "REPLICATE", 3)
+    copies = holders(cluster, job_id)
+    assert len(copies) == 3 and copies[0] == "queued"
+    assert sorted(copies.values()) == ["active", "active", "queued"]
+    show = dict(await cluster.call(0, "SHOW", job_id))
+    assert len(show[b"nodes-delivered"]) == 3
+
+
+async def test_addjob_norepl_without_enough_reachable_nodes(autojump_clock, c5):
+    cluster = c5
+    cluster.partition([[0, 1], [2, 3, 4]])
+    await cluster.wait_for(lambda: len(cluster.core(0).cluster.reachable()) == 1, timeout=10)
+    reply = await cluster.call(0, "ADDJOB", "q", "b", 0, "REPLICATE", 3)
+    assert reply is errors.NOREPL_REACH
+    job_id = await add(cluster, 0, "REPLICATE", 2)
+    assert set(holders(cluster, job_id)) == {0, 1}
+
+
+async def test_addjob_times_out_when_targets_vanish(autojump_clock, c5):
+    cluster = c5
+    cluster.partition([[0], [1, 2, 3, 4]])  # node 0 does not know yet
+    reply = await cluster.call(0, "ADDJOB", "q", "b", 500, "REPLICATE", 3)
+    assert isinstance(reply, DisqueError) and reply is errors.NOREPL_TIMEOUT
+    assert cluster.core(0).jobs.get is not None and len(cluster.core(0).jobs) == 0
+    cluster.heal()
+    await cluster.wait_for(cluster.meshed, timeout=10)
+    await trio.sleep(1)
+    assert all(len(cluster.core(i).jobs) == 0 for i in range(5))  # DELJOB or never received
+
+
+# ---------------------------------------------------------------- requeue
+
+
+async def test_requeue_when_queueing_node_is_partitioned(autojump_clock, c5):
+    cluster = c5
+    job_id = await add(cluster, 0, "REPLICATE", 3, "RETRY", 2)
+    replicas = sorted(i for i in holders(cluster, job_id) if i != 0)
+    cluster.partition([[0], [1, 2, 3, 4]])
+    await trio.sleep(5)  # two retry periods
+    states = holders(cluster, job_id)
+    assert [i for i in replicas if states[i] == "queued"] == [replicas[0]] or [
+        i for i in replicas if states[i] == "queued"
+    ] == [replicas[1]], states  # exactly one replica queued it
+    consumer = next(i for i in (1, 2, 3, 4) if i not in replicas)
+    got = await cluster.call(consumer, "GETJOB", "TIMEOUT", 10_000, "FROM", "q")
+    assert got[0][1] == job_id
+    assert (await cluster.call(consumer, "ACKJOB", job_id)) in (0, 1)
+    cluster.heal()
+    print(round(trio.current_time(),1), holders(cluster, job_id), cluster.stats)
+    for k in range(20):
+        await trio.sleep(1)
+        print(round(trio.current_time(),1), holders(cluster, job_id), cluster.stats)
+        for i in range(5):
+            j = cluster.core(i).jobs.get(job_id)
+            if j: print("   ", i, j, j.nodes_delivered, j.nodes_confirmed, j.gc_retry, j.awake-cluster.core(i).now, [n[:6] for n in j.nodes_delivered])
+    print([cluster.node_id(i)[:6] for i in range(5)])
+    await cluster.wait_for(lambda: not holders(cluster, job_id), timeout=30)
+
+
+# ---------------------------------------------------------------- acks
+
+
+async def test_ackjob_deletes_every_copy(autojump_clock, c5):
+    cluster = c5
+    job_id = await add(cluster, 1, "REPLICATE", 3)
+    got = await cluster.call(1, "GETJOB", "FROM", "q")
+    assert got[0][1] == job_id
+    assert await cluster.call(1, "ACKJOB", job_id) == 1
+    waited = await cluster.wait_for(lambda: not holders(cluster, job_id), timeout=5, step=0.01)
+    assert waited < 0.3
+
+
+async def test_ackjob_on_a_replica_deletes_every_copy(autojump_clock, c5):
+    cluster = c5
+    job_id = await add(cluster, 1, "REPLICATE", 3)
+    replica = next(i for i in holders(cluster, job_id) if i != 1)
+    assert await cluster.call(replica, "ACKJOB", job_id) == 1
+    await cluster.wait_for(lambda: not holders(cluster, job_id), timeout=5)
+
+
+async def test_dummy_ack_is_collected(autojump_clock, c5):
+    cluster = c5
+    job_id = await add(cluster, 1, "REPLICATE", 1)  # RETRY > 0: the ID's TTL field is odd
+    assert await cluster.call(1, "DELJOB", job_id) == 1
+    assert await cluster.call(3, "ACKJOB", job_id) == 0
+    waited = await cluster.wait_for(lambda: len(cluster.core(3).jobs) == 0, timeout=5, step=0.01)
+    assert waited < 0.5
+
+
+async def test_fastack_deletes_every_copy_at_once(autojump_clock, c5):
+    cluster = c5
+    job_id = await add(cluster, 2, "REPLICATE", 3)
+    assert await cluster.call(2, "FASTACK", job_id) == 1
+    await trio.sleep(0.05)
+    assert not holders(cluster, job_id)
+
+
+# ---------------------------------------------------------------- federation
+
+
+async def test_jobs_from_every_node_consumed_on_one(autojump_clock, c5):
+    cluster = c5
+    produced = {}
+    for n in range(20):
+        i = n % 5
+        job_id = await add(cluster, i, "REPLICATE", 1, "RETRY", 30, body=f"job-{n}")
+        produced[job_id] = f"job-{n}".encode()
+    consumed = {}
+    with trio.fail_after(60):
+        while len(consumed) < len(produced):
+            got = await cluster.call(0, "GETJOB", "TIMEOUT", 1000, "FROM", "q")
+            if got is NIL_ARRAY:
+                continue
+            (_, job_id, body), = got
+            consumed[job_id] = body
+            await cluster.call(0, "ACKJOB", job_id)
+    assert consumed == produced
