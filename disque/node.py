@@ -240,6 +240,15 @@ class NodeCore:
                 for name in waiter.queues:
                     self.federation.need_jobs(self._queue(name), CLIENTS_WAITING)
         self._collect_idle_queues()
+        if self.config.timeout:
+            self._close_idle_clients(self.config.timeout * 1000)
+
+    def _close_idle_clients(self, limit_ms: int) -> None:
+        """The `timeout` directive: blocked clients and monitors are exempt."""
+        for client in self.clients.values():
+            if client.waiter is None and client.repl_job is None and client.id not in self.monitors:
+                if self.now - client.last > limit_ms:
+                    self.close_client(client)
 
     # ------------------------------------------------------------ clients
 

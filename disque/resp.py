@@ -52,6 +52,7 @@ None (nil bulk), `NIL_ARRAY` (nil array) and `DisqueError` (-CODE text).
 
 from __future__ import annotations
 
+from disque.config import split_args_bytes
 import re
 
 import hiredis
@@ -236,7 +237,7 @@ class RequestParser:
         line = bytes(buf[: eol - 1 if eol and buf[eol - 1] == 13 else eol])
         del buf[: eol + 1]
         try:
-            args = _split_inline(line)
+            args = split_args_bytes(line)
         except ValueError:
             raise ProtocolError("Protocol error: unbalanced quotes in request") from None
         return [arg for arg in args if arg]
@@ -285,62 +286,6 @@ def _bulk_line(buf: bytearray, pos: int) -> tuple[int, int] | None:
     if length is None or not 0 <= length <= MAX_BULK:
         raise ProtocolError("Protocol error: invalid bulk length")
     return length, eol + 2
-
-
-# TODO(lead): use config.split_args_bytes
-_BLANK = frozenset(b" \t\n\r\v\f")  # C isspace(): skipped between arguments
-_WORD_END = frozenset(b" \t\n\r")
-_HEX = frozenset(b"0123456789abcdefABCDEF")
-_DQUOTE, _SQUOTE, _BACKSLASH = ord('"'), ord("'"), ord("\\")
-_ESCAPES = {ord("n"): 10, ord("r"): 13, ord("t"): 9, ord("b"): 8, ord("a"): 7}
-
-
-def _split_inline(line: bytes) -> list[bytes]:
-    """Split like upstream's sdssplitargs; ValueError on unbalanced quotes."""
-    line = line.split(b"\0", 1)[0]  # a C string ends at NUL
-    args = []
-    i, n = 0, len(line)
-    while True:
-        while i < n and line[i] in _BLANK:
-            i += 1
-        if i == n:
-            return args
-        arg = bytearray()
-        quote = 0
-        while True:
-            if not quote:
-                if i == n or line[i] in _WORD_END:
-                    break
-                if line[i] == _DQUOTE or line[i] == _SQUOTE:
-                    quote = line[i]
-                else:
-                    arg.append(line[i])
-                i += 1
-                continue
-            if i == n:
-                raise ValueError("unbalanced quotes")
-            c = line[i]
-            if c == quote:
-                i += 1
-                if i < n and line[i] not in _BLANK:
-                    raise ValueError("closing quote must be followed by a space")
-                break
-            nxt = line[i + 1] if i + 1 < n else -1
-            if c == _BACKSLASH and quote == _DQUOTE and nxt >= 0:
-                pair = line[i + 2 : i + 4]
-                if nxt == ord("x") and len(pair) == 2 and _HEX.issuperset(pair):
-                    arg.append(int(pair, 16))
-                    i += 4
-                else:
-                    arg.append(_ESCAPES.get(nxt, nxt))
-                    i += 2
-            elif c == _BACKSLASH and quote == _SQUOTE and nxt == _SQUOTE:
-                arg.append(_SQUOTE)
-                i += 2
-            else:
-                arg.append(c)
-                i += 1
-        args.append(bytes(arg))
 
 
 # ---------------------------------------------------------------------------

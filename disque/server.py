@@ -326,6 +326,7 @@ class Server:
             try:
                 os.chdir(self.config.dir)
             except OSError as e:
+                self.config.dir = os.getcwd()  # CONFIG GET dir reports the real cwd
                 raise err(f"Changing directory: {e.strerror}") from None
         if "appendonly" in changed and self.config.appendonly:
             raise err("Unable to turn on AOF. Check server logs.")

@@ -1,13 +1,51 @@
-"""AOF status as INFO reports it (persistence.md §11).
+"""The append-only file without I/O: INFO status, record codec, parser, replay.
 
-Theory of operation: the shell's AOF writer updates an `AofStatus`; the core
-only reads it to answer INFO and to decide whether records are logged.
+Theory of operation (persistence.md): the AOF is a concatenation of RESP
+multibulk records.  Two are written while the node runs, `LOADJOB <storage
+form>` ("this node now holds the job") and `DELJOB <id>` ("no longer").  A
+third one, `CLEANSHUTDOWN <unix ms>`, is written only as the last record of
+the snapshot a controlled shutdown (SHUTDOWN, SIGTERM) leaves behind: it
+tells the next start that the `queued` states in the file were taken while
+no client could fetch a job, so they can be trusted.  The loader strips the
+marker once it has used it, so a later crash never trusts them again.
+
+`RecordReader` is a streaming parser.  It yields complete records with their
+offsets and stops at an incomplete one; bytes that can never become a valid
+record raise `AofCorrupt` with the offset of the record and of the bad byte.
+What is left at end of input is a truncated tail (power loss in the middle
+of a write) unless `tail_is_corrupt` sees complete records after it, which
+means a damaged length field rather than a short file.  A tail of NUL bytes
+(a file extended but never written) also counts as truncated.
+
+`Replay` applies records to a `NodeCore` (persistence.md §7): every job
+comes back `active` with the timers of a received job, and `queued` jobs are
+re-queued once only when the file is trusted.  `scan` runs the parser and the
+record checks over a whole byte string, for `disque check-aof` and tests.
+
+The shell (`aof_file.py`) owns files, fsync and rewrites; `AofStatus` is what
+it reports through INFO.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
+
+from disque.cluster.codec import DecodeError, decode_storage, encode_storage
+from disque.ids import valid_id
+from disque.store.job import BCAST_WILLQUEUE, Job, State
+
+LOADJOB = b"LOADJOB"
+DELJOB = b"DELJOB"
+CLEANSHUTDOWN = b"CLEANSHUTDOWN"
+RECORD_NAMES = (LOADJOB, DELJOB, CLEANSHUTDOWN)
+
+MAX_ARGS = 64  # a record with more arguments is garbage
+MAX_LINE = 21  # digits of a count or a length, plus the sign
+
+# --------------------------------------------------------------------- status
 
 
 @dataclass(slots=True)
@@ -25,6 +63,11 @@ class AofStatus:
     rewrite_buffer_length: int = 0
     pending_bio_fsync: int = 0
     delayed_fsync: int = 0
+    # progress of a load (INFO only shows it while loading)
+    loading_start_time: int = 0
+    loading_total_bytes: int = 0
+    loading_loaded_bytes: int = 0
+    loading_elapsed: float = 0.0
 
     def info_fields(self, loading: bool) -> list[tuple[str, Any]]:
         fields: list[tuple[str, Any]] = [
@@ -48,4 +91,355 @@ class AofStatus:
                 ("aof_pending_bio_fsync", self.pending_bio_fsync),
                 ("aof_delayed_fsync", self.delayed_fsync),
             ]
+        if loading:
+            total, done = self.loading_total_bytes, self.loading_loaded_bytes
+            perc = done * 100 / total if total else 0.0
+            eta = int(self.loading_elapsed * (total - done) / done) if done else 1
+            fields += [
+                ("loading_start_time", self.loading_start_time),
+                ("loading_total_bytes", total),
+                ("loading_loaded_bytes", done),
+                ("loading_loaded_perc", f"{perc:.2f}"),
+                ("loading_eta_seconds", eta),
+            ]
         return fields
+
+
+# --------------------------------------------------------------------- codec
+
+
+def encode_record(*args: bytes) -> bytes:
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
+    return b"".join(out)
+
+
+def encode_loadjob(job: Job) -> bytes:
+    payload = encode_storage(job)
+    return b"*2\r\n$7\r\nLOADJOB\r\n$%d\r\n%s\r\n" % (len(payload), payload)
+
+
+def encode_deljob(job_id: bytes) -> bytes:
+    return b"*2\r\n$6\r\nDELJOB\r\n$%d\r\n%s\r\n" % (len(job_id), job_id)
+
+
+def encode_clean_marker(now_ms: int) -> bytes:
+    return encode_record(CLEANSHUTDOWN, b"%d" % now_ms)
+
+
+# --------------------------------------------------------------------- parser
+
+
+class AofCorrupt(Exception):
+    """Bytes that are not (a prefix of) a valid record, or a bad record."""
+
+    def __init__(self, offset: int, message: str, byte_offset: int | None = None) -> None:
+        super().__init__(offset, message)
+        self.offset = offset  # start of the bad record
+        self.byte_offset = offset if byte_offset is None else byte_offset  # first bad byte
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.message} (record at offset {self.offset}, byte {self.byte_offset})"
+
+
+_DIGITS = frozenset(b"0123456789")
+
+
+def _partial_number_ok(buf: bytes, start: int) -> bool:
+    """Could buf[start:] (which has no CRLF) still become `<digits>\\r\\n`?"""
+    rest = buf[start:]
+    if len(rest) > MAX_LINE:
+        return False
+    if rest.endswith(b"\r"):
+        rest = rest[:-1]
+    return all(c in _DIGITS for c in rest)
+
+
+class _Incomplete(Exception):
+    pass
+
+
+_INCOMPLETE = _Incomplete()
+
+
+def _number(buf: bytes, pos: int, limit: int, what: str, record: int, base: int) -> tuple[int, int]:
+    """Parse `<digits>\\r\\n` at pos; returns (value, position after CRLF)."""
+    eol = buf.find(b"\r\n", pos, pos + MAX_LINE + 2)
+    if eol < 0:
+        if _partial_number_ok(buf, pos):
+            raise _INCOMPLETE
+        raise AofCorrupt(record, f"bad {what}", base + pos)
+    text = buf[pos:eol]
+    if not text or not all(c in _DIGITS for c in text):
+        raise AofCorrupt(record, f"bad {what}", base + pos)
+    value = int(text)
+    if value > limit:
+        raise AofCorrupt(record, f"{what} out of range", base + pos)
+    return value, eol + 2
+
+
+def parse_record(buf: bytes, pos: int, base: int = 0) -> tuple[list[bytes], int] | None:
+    """The record starting at buf[pos]: (arguments, end position), or None
+    when buf ends before it does.  Raises AofCorrupt (offsets are absolute:
+    `base` is the file offset of buf[0])."""
+    n = len(buf)
+    if pos >= n:
+        return None
+    record = base + pos
+    if buf[pos] != 0x2A:  # '*'
+        raise AofCorrupt(record, "expected '*' at the start of a record")
+    try:
+        count, p = _number(buf, pos + 1, MAX_ARGS, "argument count", record, base)
+        if count == 0:
+            raise AofCorrupt(record, "empty record", base + pos + 1)
+        args: list[bytes] = []
+        for _ in range(count):
+            if p >= n:
+                return None
+            if buf[p] != 0x24:  # '$'
+                raise AofCorrupt(record, "expected '$' before an argument", base + p)
+            length, start = _number(buf, p + 1, 1 << 40, "argument length", record, base)
+            end = start + length
+            if end + 2 > n:
+                # what we have must still match the CRLF that ends the argument
+                if n > end and buf[end] != 0x0D or n > end + 1 and buf[end + 1] != 0x0A:
+                    raise AofCorrupt(record, "argument not followed by CRLF", base + end)
+                return None
+            if buf[end] != 0x0D or buf[end + 1] != 0x0A:
+                raise AofCorrupt(record, "argument not followed by CRLF", base + end)
+            args.append(buf[start:end])
+            p = end + 2
+    except _Incomplete:
+        return None
+    return args, p
+
+
+class RecordReader:
+    """Streaming parser: `feed` bytes, iterate complete records.
+
+    Iteration yields `(offset, args)` and stops at the first incomplete
+    record; `offset` is then the end of the last complete record and
+    `pending` the number of bytes after it."""
+
+    __slots__ = ("_buf", "_pos", "_base")
+
+    def __init__(self, base: int = 0) -> None:
+        self._buf = b""
+        self._pos = 0
+        self._base = base  # file offset of _buf[0]
+
+    def feed(self, data: bytes) -> None:
+        if self._pos:
+            self._buf = self._buf[self._pos :] + data
+            self._base += self._pos
+            self._pos = 0
+        else:
+            self._buf = self._buf + data if self._buf else data
+
+    @property
+    def offset(self) -> int:
+        return self._base + self._pos
+
+    @property
+    def pending(self) -> int:
+        return len(self._buf) - self._pos
+
+    def tail(self) -> bytes:
+        return self._buf[self._pos :]
+
+    def __iter__(self) -> Iterator[tuple[int, list[bytes]]]:
+        buf, base = self._buf, self._base
+        while True:
+            pos = self._pos
+            parsed = parse_record(buf, pos, base)
+            if parsed is None:
+                return
+            args, self._pos = parsed
+            yield base + pos, args
+
+
+_SIGNATURES = tuple(b"*2\r\n$%d\r\n%s\r\n" % (len(name), name) for name in RECORD_NAMES)
+
+
+def tail_is_corrupt(tail: bytes) -> bool:
+    """An unfinished last record is a truncation unless complete records
+    follow inside it: then a length field was damaged, and treating the
+    rest of the file as a torn write would silently drop good records."""
+    start = 1
+    while True:
+        found = [i for i in (tail.find(sig, start) for sig in _SIGNATURES) if i >= 0]
+        if not found:
+            return False
+        at = min(found)
+        try:
+            if parse_record(tail, at) is not None:
+                return True
+        except AofCorrupt:
+            pass
+        start = at + 1
+
+
+def all_nul(data: bytes | memoryview) -> bool:
+    return not bytes(data).strip(b"\x00")
+
+
+def check_record(offset: int, args: list[bytes], decode: bool = True) -> Job | None:
+    """Validate a record's name, arity and payload; returns the decoded job
+    of a LOADJOB (when `decode`).  Raises AofCorrupt."""
+    name = args[0].upper()
+    if name not in RECORD_NAMES:
+        shown = args[0][:64].decode("utf-8", "backslashreplace")
+        raise AofCorrupt(offset, f"Unknown command '{shown}' reading the append only file")
+    if len(args) != 2:
+        raise AofCorrupt(offset, f"wrong number of arguments for {name.decode()}")
+    if name == LOADJOB and decode:
+        try:
+            return decode_storage(args[1])
+        except DecodeError as e:
+            raise AofCorrupt(offset, f"corrupted LOADJOB data: {e}") from None
+    if name == DELJOB and not valid_id(args[1]):
+        raise AofCorrupt(offset, "corrupted DELJOB data: invalid job ID")
+    if name == CLEANSHUTDOWN and not args[1].isdigit():
+        raise AofCorrupt(offset, "corrupted CLEANSHUTDOWN data")
+    return None
+
+
+@dataclass(slots=True)
+class ScanReport:
+    """What `scan` found in a whole file."""
+
+    size: int
+    status: str = "ok"  # ok | truncated | corrupt
+    ok_up_to: int = 0  # end of the last good record before the problem
+    records: int = 0
+    error: AofCorrupt | None = None
+    clean_marker: int | None = None  # offset of a trailing CLEANSHUTDOWN
+    counts: dict[bytes, int] = field(default_factory=dict)
+
+
+def scan(data: bytes, decode: bool = True) -> ScanReport:
+    """Parse and check a whole file's bytes."""
+    report = ScanReport(len(data))
+    reader = RecordReader()
+    reader.feed(data)
+    try:
+        for offset, args in reader:
+            check_record(offset, args, decode)
+            report.records += 1
+            name = args[0].upper()
+            report.counts[name] = report.counts.get(name, 0) + 1
+            report.clean_marker = offset if name == CLEANSHUTDOWN else None
+            report.ok_up_to = reader.offset
+    except AofCorrupt as e:
+        if all_nul(data[e.byte_offset :]):
+            report.status = "truncated"
+        else:
+            report.status, report.error = "corrupt", e
+        return report
+    report.ok_up_to = reader.offset
+    if reader.pending:
+        tail = reader.tail()
+        if not all_nul(tail) and tail_is_corrupt(tail):
+            report.status = "corrupt"
+            report.error = AofCorrupt(reader.offset, "damaged record: complete records follow an unfinished one")
+        else:
+            report.status = "truncated"
+    return report
+
+
+# --------------------------------------------------------------------- replay
+
+
+class Replay:
+    """Apply records to a NodeCore (persistence.md §7 items 5-6).
+
+    Jobs stored `queued` are remembered; `finish()` re-queues them when the
+    file is trusted: `trust_queued` (aof-enqueue-jobs-once) or a
+    CLEANSHUTDOWN marker as the very last record."""
+
+    def __init__(self, core: Any, *, trust_queued: bool = False) -> None:
+        self.core = core
+        self.trust_queued = trust_queued
+        self.queued: list[Job] = []
+        self.clean_marker: int | None = None
+        self.loaded = self.deleted = self.expired = self.duplicates = 0
+        self.now_ms = core.now
+        self.known = core.cluster.nodes
+        self.solo = core.solo
+
+    def refresh_time(self) -> None:
+        self.now_ms = self.core._set_time()
+
+    def apply(self, offset: int, args: list[bytes]) -> None:
+        name = args[0].upper()
+        self.clean_marker = None
+        if name == LOADJOB:
+            job = check_record(offset, args)
+            assert job is not None
+            self._loadjob(job)
+        elif name == DELJOB:
+            check_record(offset, args)
+            job = self.core.jobs.get(args[1])
+            if job is not None:
+                self.core.delete_job(job, log=False)
+                self.deleted += 1
+        else:
+            check_record(offset, args)
+            self.clean_marker = offset
+
+    def _loadjob(self, job: Job) -> None:
+        core, now = self.core, self.now_ms
+        if job.etime * 1000 <= now:
+            self.expired += 1
+            return
+        if job.id in core.jobs:
+            self.duplicates += 1  # the first record wins
+            return
+        was_queued = job.state == State.QUEUED
+        job.state = State.ACTIVE
+        job.gc_retry = 0
+        if job.retry:
+            job.flags |= BCAST_WILLQUEUE
+            job.qtime = now + (job.delay + job.retry) * 1000 + core.jitter()
+        else:
+            job.qtime = 0
+        nodes = job.nodes_delivered
+        if nodes == self.solo:
+            job.nodes_delivered = self.solo
+        else:
+            job.nodes_delivered = tuple(n for n in nodes if n in self.known)
+        core.register(job)
+        self.loaded += 1
+        if was_queued:
+            self.queued.append(job)
+
+    @property
+    def trusted(self) -> bool:
+        return self.trust_queued or self.clean_marker is not None
+
+    def finish(self) -> int:
+        """Re-queue the jobs stored queued if the file is trusted; returns
+        how many were queued."""
+        if not self.trusted:
+            self.queued.clear()
+            return 0
+        core, count = self.core, 0
+        self.refresh_time()
+        for job in self.queued:
+            if core.jobs.get(job.id) is not job or job.state != State.ACTIVE:
+                continue
+            if not job.retry:
+                job.qtime = core.now  # queued once (upstream defect §9 fixed)
+            if core.enqueue(job):
+                count += 1
+        self.queued.clear()
+        return count
+
+
+_MARKER_RE = re.compile(rb"\*2\r\n\$13\r\nCLEANSHUTDOWN\r\n\$\d+\r\n\d+\r\n\Z")
+
+
+def ends_with_clean_marker(data: bytes) -> bool:
+    return _MARKER_RE.search(data[-64:]) is not None

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from redis.connection import Encoder, HiredisRespSerializer, PythonRespSerializer
 
 from disque import resp
+from disque.config import split_args_bytes
 from disque.errors import DisqueError, err
 from disque.resp import (
     INLINE_MAX,
@@ -93,7 +94,7 @@ def upstream(data: bytes) -> tuple[list[list[bytes]], str | None]:
                 return commands, "Protocol error: too big inline request" if end - pos > INLINE_MAX else None
             line, pos = data[pos:eol].removesuffix(b"\r"), eol + 1
             try:
-                argv = [a for a in resp._split_inline(line) if a]
+                argv = [a for a in split_args_bytes(line) if a]
             except ValueError:
                 return commands, "Protocol error: unbalanced quotes in request"
             if argv:
@@ -363,9 +364,9 @@ def test_documented_deviation_simple_string_elements() -> None:
 def test_split_inline(line: bytes, args: list[bytes] | None) -> None:
     if args is None:
         with pytest.raises(ValueError):
-            resp._split_inline(line)
+            split_args_bytes(line)
     else:
-        assert resp._split_inline(line) == args
+        assert split_args_bytes(line) == args
 
 
 # ---------------------------------------------------------------------------

@@ -315,59 +315,64 @@ def test_console_script(shared_node: NodeProcess, queue: str) -> None:
     assert (failed.returncode, failed.stdout, failed.stderr) == (1, "", "BADID Invalid Job ID format.\n")
 
 
+class Prompt:
+    """`disque` at its prompt: type a line, read up to the next prompt."""
+
+    def __init__(self, process: PtyProcess, label: str) -> None:
+        self.process, self.label = process, label
+        self.process.expect(label)
+
+    def run(self, line: str, *patterns: str) -> list[re.Match[bytes]]:
+        self.process.send(line + "\r")
+        matches = [self.process.expect(p) for p in patterns]
+        self.process.expect(self.label)  # keys typed before the prompt is up would meet a cooked terminal
+        return matches
+
+
 @pytest.fixture
-def prompt(shared_node: NodeProcess, tmp_path: Path) -> Callable[..., PtyProcess]:
+def prompt(shared_node: NodeProcess, tmp_path: Path) -> Callable[..., Prompt]:
     started: list[PtyProcess] = []
     env = {**os.environ, "TERM": "xterm", "PROMPT_TOOLKIT_NO_CPR": "1", "DISQUE_HISTFILE": str(tmp_path / "history")}
 
-    def start(*args: str) -> PtyProcess:
-        process = PtyProcess([disque_script(), "-p", str(shared_node.port), *args], env)
+    def start(*args: str) -> Prompt:
+        process = PtyProcess([sys.executable, "-m", "disque.client_cli", "-p", str(shared_node.port), *args], env)
         started.append(process)
-        process.expect(rf"127\.0\.0\.1:{shared_node.port}>")
-        return process
+        return Prompt(process, rf"127\.0\.0\.1:{shared_node.port}>")
 
     yield start  # type: ignore[misc]
     for process in started:
         process.close()
 
 
-def test_prompt_runs_commands_with_completion_help_and_errors(prompt: Callable[..., PtyProcess], client: Client, queue: str) -> None:
+def test_prompt_runs_commands_with_completion_help_and_errors(prompt: Callable[..., Prompt], client: Client, queue: str) -> None:
     p = prompt()
-    p.send(f"ADDJOB {queue} 'hello world' 0\r")
-    job_id = p.expect(f"({ID})").group(1).decode()
-    p.send("QST\t")  # Tab completes the command name
-    p.expect("QSTAT")
-    p.send(f" {queue}\r")
-    p.expect(r"len\s+1\s")
-    p.send(f"show {job_id}\r")
-    p.expect(r"body\s+hello world")
-    p.send("help getjob\r")
-    p.expect(r"GETJOB \[NOHANG\] \[TIMEOUT ms\].*FROM queue.*\n\s+Fetch jobs")
-    p.send("nope\r")
-    p.expect(r"\(error\) ERR unknown command 'nope'")
-    p.send('ping "unbalanced\r')
-    p.expect(r"Invalid argument\(s\)")
-    p.send("--json qlen " + queue + "\r")  # the prompt is not the command line: sent as is
-    p.expect(r"\(error\) ERR unknown command '--json'")
-    p.send(f"qlen {queue}\r")
-    p.expect(r"\(integer\) 1")
-    p.send("exit\r")
-    assert p.wait() == 0
+    [added] = p.run(f"ADDJOB {queue} 'hello world' 0", f"({ID})")
+    job_id = added.group(1).decode()
+    p.process.send("QST\t")  # Tab completes the command name
+    p.process.expect("QSTAT")
+    p.run(f" {queue}", rf"len\s+1\s")
+    p.run(f"show {job_id}", r"body\s+hello world")
+    p.run("help getjob", r"GETJOB \[NOHANG\] \[TIMEOUT ms\].*FROM queue.*\n\s+Fetch jobs")
+    p.run("help", r"ADDJOB queue body ms-timeout", r"SHUTDOWN \[REWRITE-AOF\]")
+    p.run("nope", r"\(error\) ERR unknown command 'nope'")
+    p.run('ping "unbalanced', r"Invalid argument\(s\)")
+    p.run(f"--json qlen {queue}", r"\(error\) ERR unknown command '--json'")  # a prompt line is a server command
+    p.run(f"qlen {queue}", r"\(integer\) 1")
+    p.process.send("exit\r")
+    assert p.process.wait() == 0
     assert client.qlen(queue) == 1
 
 
-def test_prompt_history_survives_sessions_and_ctrl_d_leaves(prompt: Callable[..., PtyProcess], client: Client, queue: str, tmp_path: Path) -> None:
+def test_prompt_history_survives_sessions_and_ctrl_d_leaves(prompt: Callable[..., Prompt], client: Client, queue: str, tmp_path: Path) -> None:
     first = prompt()
-    first.send(f"ADDJOB {queue} remembered 0\r")
-    first.expect(ID)
-    first.send("\x04")  # Ctrl-D on an empty line
-    assert first.wait() == 0
+    first.run(f"ADDJOB {queue} remembered 0", ID)
+    first.process.send("\x04")  # Ctrl-D on an empty line
+    assert first.process.wait() == 0
     assert f"ADDJOB {queue} remembered 0" in (tmp_path / "history").read_text()
     second = prompt("--json")
-    second.send("\x1b[A\r")  # Up recalls the previous session's command
-    second.expect(f'"?{ID}"?')
-    second.send("quit\r")
-    assert second.wait() == 0
+    second.run("\x1b[A", f'"{ID}"')  # Up recalls the previous session's command
+    second.process.send("quit\r")
+    assert second.process.wait() == 0
     assert client.qlen(queue) == 2
 
 

@@ -911,6 +911,9 @@ def scratch_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProce
         ("maxmemory-policy", "noeviction", "OK", "noeviction"),
         ("tcp-keepalive", "yes", "OK", "yes"),
         ("loglevel", "warning", "OK", "warning"),
+        ("dir", "/nonexistent", "ERR Changing directory: No such file or directory", None),
+        ("hz", "0", "OK", "1"),  # clamped to 1..500
+        ("hz", "1000", "OK", "500"),
         ("port", "1", "ERR Unsupported CONFIG parameter: port", None),
         ("nosuch", "1", "ERR Unsupported CONFIG parameter: nosuch", None),
     ],

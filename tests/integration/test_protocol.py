@@ -291,13 +291,12 @@ def test_client_kill_of_a_blocked_client_loses_no_job(raw: RawFactory, q: bytes)
     assert other.call("QLEN", q) == 1
 
 
-@pytest.mark.xfail(reason="the `timeout` directive (close idle clients) is not implemented", strict=True)
 def test_idle_clients_are_closed_after_timeout(spawn: Callable[..., NodeProcess], raw: RawFactory, q: bytes) -> None:
     node = spawn("--timeout", "1")
     idle, blocked = raw(node), raw(node)
     assert idle.call("PING") == "PONG"
     blocked.send(pack("GETJOB", "FROM", q))
-    assert idle.read_until_closed(timeout=4) == b""
+    assert idle.read_until_closed(timeout=2.5) == b""
     assert raw(node).call("QLEN", q) == 0 and blocked.silent_for(0.01)  # blocked clients are exempt
 
 

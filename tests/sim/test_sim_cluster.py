@@ -127,22 +127,17 @@ async def test_requeue_when_queueing_node_is_partitioned(autojump_clock, c5):
     cluster.partition([[0], [1, 2, 3, 4]])
     await trio.sleep(5)  # two retry periods
     states = holders(cluster, job_id)
-    assert [i for i in replicas if states[i] == "queued"] == [replicas[0]] or [
-        i for i in replicas if states[i] == "queued"
-    ] == [replicas[1]], states  # exactly one replica queued it
-    consumer = next(i for i in (1, 2, 3, 4) if i not in replicas)
+    assert [states[i] for i in replicas].count("queued") == 1, states  # WILLQUEUE/QUEUED: one requeue
+    consumer = next(i for i in (1, 2, 3, 4) if i not in replicas)  # gets it through federation
     got = await cluster.call(consumer, "GETJOB", "TIMEOUT", 10_000, "FROM", "q")
     assert got[0][1] == job_id
-    assert (await cluster.call(consumer, "ACKJOB", job_id)) in (0, 1)
+    assert await cluster.call(consumer, "ACKJOB", job_id) == 1
+    await trio.sleep(1)
+    # Regression: the importer once left itself out of nodes_delivered, so
+    # its GC completed without the partitioned holder and node 0 kept the
+    # job queued forever.
+    assert holders(cluster, job_id)[consumer] == "acked"
     cluster.heal()
-    print(round(trio.current_time(),1), holders(cluster, job_id), cluster.stats)
-    for k in range(20):
-        await trio.sleep(1)
-        print(round(trio.current_time(),1), holders(cluster, job_id), cluster.stats)
-        for i in range(5):
-            j = cluster.core(i).jobs.get(job_id)
-            if j: print("   ", i, j, j.nodes_delivered, j.nodes_confirmed, j.gc_retry, j.awake-cluster.core(i).now, [n[:6] for n in j.nodes_delivered])
-    print([cluster.node_id(i)[:6] for i in range(5)])
     await cluster.wait_for(lambda: not holders(cluster, job_id), timeout=30)
 
 
