@@ -11,6 +11,7 @@ becomes the error reply.  Nothing here keeps state of its own.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,8 @@ from disque.node import SILENT, Client, NodeCore
 from disque.resp import NIL_ARRAY, Map, Status
 from disque.store.job import STATE_BY_NAME, STATE_NAMES, Job, State
 from disque.store.queue import PAUSE_IN, PAUSE_NAMES, PAUSE_OUT
+
+log = logging.getLogger("disque")
 
 OK = Status(b"OK")
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -59,7 +62,12 @@ def parse_int(raw: bytes) -> int:
     digits = raw[1:] if raw[:1] in (b"-", b"+") else raw
     if raw and not digits.isdigit():
         raise ValueError(raw)
-    value = int(raw) if raw else 0
+    digits = digits.lstrip(b"0")
+    if len(digits) > 19:  # out of range; also keeps int() off huge strings
+        raise ValueError(raw)
+    value = int(digits or b"0")
+    if raw[:1] == b"-":
+        value = -value
     if not INT64_MIN <= value <= INT64_MAX:
         raise ValueError(raw)
     return value
@@ -80,12 +88,20 @@ def parse_timeout(raw: bytes) -> int:
 
 
 def parse_cursor(raw: bytes) -> int:
-    neg = raw[:1] == b"-"
-    digits = raw[1:] if neg else raw
-    if not digits.isdigit():
+    """A scan cursor as C strtoul reads it: an optional sign (`-` wraps
+    around), decimal digits, nothing before or after.  No digits at all is 0;
+    more than 64 bits is an error (ERANGE)."""
+    signed = raw[:1] in (b"-", b"+")
+    digits = raw[1:] if signed else raw
+    if (digits and not digits.isdigit()) or (signed and not digits):
         raise errors.BAD_CURSOR
-    value = int(digits) % (1 << 64)
-    return (-value) % (1 << 64) if neg else value
+    digits = digits.lstrip(b"0")
+    if len(digits) > 20:  # out of range; also keeps int() off huge strings
+        raise errors.BAD_CURSOR
+    value = int(digits or b"0")
+    if value >> 64:
+        raise errors.BAD_CURSOR
+    return (-value) % (1 << 64) if raw[:1] == b"-" else value
 
 
 def job_ids(argv: list[bytes]) -> list[bytes]:
@@ -116,7 +132,8 @@ def dispatch(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
     if not client.authenticated and cmd.name != "auth" and not (cmd.name == "hello" and len(argv) > 1):
         return errors.NOAUTH
     flags = cmd.flags
-    if node.config.maxmemory and not node.evict() and "m" in flags:
+    limit = node.config.maxmemory
+    if limit and node.used_memory > limit // 100 * 95 and not node.evict() and "m" in flags:
         return errors.OOM
     if node.aof_error is not None and ("w" in flags or cmd.name == "ping"):
         return errors.misconf(node.aof_error)
@@ -132,6 +149,9 @@ def dispatch(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
         reply = cmd.handler(node, client, argv)
     except DisqueError as e:
         reply = e
+    except Exception:  # a bug must cost one reply, not the node and every job in it
+        log.exception("Error executing %r", [a[:64] for a in argv[:8]])
+        reply = err(f"internal error executing '{cmd.name}', check the server logs")
     elapsed = node.clock.now_us() - start
     calls = stats.calls.get(cmd.name)
     if calls is None:
@@ -520,7 +540,8 @@ def cmd_command(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
 
 def _command_entry(cmd: Command) -> list[Any]:
     # Upstream lists the flags in a fixed order, whatever the table says.
-    return [cmd.name, cmd.arity, [Status(word.encode()) for f, word in FLAG_WORDS.items() if f in cmd.flags], 0, 0, 0]
+    flags = [Status(word.encode()) for f, word in FLAG_WORDS.items() if f in cmd.flags]
+    return [cmd.name, cmd.arity, flags, 0, 0, 0]
 
 
 @command("monitor", 1, "ar")

@@ -26,6 +26,7 @@ the `host` object the shell provides.
 from __future__ import annotations
 
 import random
+import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,7 +56,7 @@ from disque.store.job import (
 from disque.store.aof import AofStatus
 from disque.store.jobs import JobStore
 from disque.store.queue import PAUSE_IN, PAUSE_OUT, Queue
-from disque.store.scan import BucketedDict
+from disque.store.scan import NBUCKETS, BucketedDict
 
 # Memory estimate (cluster.md §11): the dataset size, not the process RSS.
 BASE_MEMORY = 800_000  # an idle node, as upstream reports it
@@ -158,6 +159,16 @@ class Stats:
 
 BLOCKED = object()  # handle_command result: the client waits for a later Reply
 
+_ESCAPES = {b"\\": b"\\\\", b'"': b'\\"', b"\n": b"\\n", b"\r": b"\\r", b"\t": b"\\t", b"\a": b"\\a", b"\b": b"\\b"}
+_UNPRINTABLE = re.compile(rb'[^\x20\x21\x23-\x5b\x5d-\x7e]')
+
+
+def quote_arg(arg: bytes) -> bytes:
+    """An argument as MONITOR shows it (upstream sdscatrepr): quoted, with
+    escapes for quotes, backslashes and control bytes, so that no CR or LF
+    can break the status line."""
+    return b'"%s"' % _UNPRINTABLE.sub(lambda m: _ESCAPES.get(m[0]) or b"\\x%02x" % m[0][0], arg)
+
 
 class NodeCore:
     def __init__(
@@ -198,6 +209,9 @@ class NodeCore:
         self.client_pause_until = 0
         self._last_cron = 0
         self._gc_cursor = 0
+        from disque.commands import dispatch  # circular: the commands use NodeCore
+
+        self._dispatch = dispatch
         self.federation = Federation(self)
         self.replication = Replication(self)
         self.monitors: dict[int, Client] = {}
@@ -280,10 +294,8 @@ class NodeCore:
     # ------------------------------------------------------------ commands
 
     def handle_command(self, client: Client, argv: list[bytes]) -> Any:
-        from disque.commands import dispatch  # circular: commands use NodeCore
-
         client.last = self._set_time()
-        reply = dispatch(self, client, argv)
+        reply = self._dispatch(self, client, argv)
         if self.ready:
             self._serve_ready()
         return reply
@@ -319,9 +331,10 @@ class NodeCore:
             self._collect_idle_queues(everything=True)
         else:
             fruitless = 0
-            candidates = list(self.jobs.values())
-            while fruitless < 10 and candidates and self.mem_level() >= 2:
-                job = candidates.pop(self.rng.randrange(len(candidates)))
+            # A walk from a random bucket: no O(jobs) copy on every command.
+            for job in self.jobs.values_from(self.rng.randrange(NBUCKETS)):
+                if fruitless >= 10 or self.mem_level() < 2:
+                    break
                 if job.state == State.ACKED or (job.retry == 0 and job.flags & DELIVERED):
                     self.delete_job(job)
                     fruitless = 0
@@ -373,14 +386,17 @@ class NodeCore:
         self.last_ctime = ctime
         return ctime
 
-    def register(self, job: Job) -> None:
+    def register(self, job: Job, schedule: bool = True) -> None:
+        """Add a job to the registry (and the timer, unless the caller is
+        about to queue it, which schedules it anyway)."""
         if job.queue is not None:
             queue = self.queues.get(job.queue)
             if queue is not None:
                 job.queue = queue.name  # share the name bytes between jobs
         self.jobs.add(job)
         self._account(self.job_size(job))
-        self.reschedule(job)
+        if schedule:
+            self.reschedule(job)
 
     def delete_job(self, job: Job, log: bool = True) -> None:
         """Unregister a job, whatever the cause (cluster.md §8.7)."""
@@ -573,7 +589,7 @@ class NodeCore:
         job.qtime = now + (delay or retry) * 1000
         if additional:
             return self.replication.start(client, job, additional, timeout, is_async, extrepl)
-        self.register(job)
+        self.register(job, schedule=False)
         self.queue_new_job(job)
         return Status(job_id)
 
@@ -683,8 +699,8 @@ class NodeCore:
 
     def feed_monitors(self, client: Client, argv: list[bytes]) -> None:
         now_us = self.clock.wall_us()
-        args = " ".join('"%s"' % a.decode("utf-8", "backslashreplace").replace('"', '\\"') for a in argv)
-        line = Status(b"%d.%06d [%s] %s" % (now_us // 1_000_000, now_us % 1_000_000, client.addr.encode(), args.encode()))
+        args = b" ".join(quote_arg(a) for a in argv)
+        line = Status(b"%d.%06d [%s] %s" % (now_us // 1_000_000, now_us % 1_000_000, client.addr.encode(), args))
         for monitor in self.monitors.values():
             if monitor is not client:
                 self.reply_to(monitor, line)

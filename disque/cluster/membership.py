@@ -26,8 +26,10 @@ shell saves the file (`to_conf()`) before it sleeps.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -95,6 +97,21 @@ class Wire(Protocol):
     def drop_link(self, key: int) -> None: ...
 
 
+def _mutates(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Entry points that may change the table drop the cached size and
+    reachable set before and after they run."""
+
+    @functools.wraps(method)
+    def wrapper(self: Membership, *args: Any, **kwargs: Any) -> Any:
+        self.touch()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.touch()
+
+    return wrapper
+
+
 class ConfError(Exception):
     """nodes.conf is corrupted (the node refuses to start)."""
 
@@ -112,6 +129,8 @@ class Membership:
         self.blacklist: dict[str, int] = {}
         self.dirty = False  # nodes.conf must be saved
         self._ticks = 0
+        self._size: int | None = None
+        self._reachable: list[Node] | None = None
 
     # ------------------------------------------------------------ queries
 
@@ -124,10 +143,19 @@ class Membership:
         return bool(self.myself.flags & LEAVING)
 
     def size(self) -> int:
-        return sum(1 for n in self.nodes.values() if not n.flags & HANDSHAKE)
+        if self._size is None:
+            self._size = sum(1 for n in self.nodes.values() if not n.flags & HANDSHAKE)
+        return self._size
 
     def reachable(self) -> list[Node]:
-        return [n for n in self.nodes.values() if not n.flags & (UNREACHABLE | MYSELF)]
+        if self._reachable is None:
+            self._reachable = [n for n in self.nodes.values() if not n.flags & (UNREACHABLE | MYSELF)]
+        return self._reachable
+
+    def touch(self) -> None:
+        """Forget the cached size and reachable set: called by every entry
+        point that may change the table (ADDJOB asks on every call)."""
+        self._size = self._reachable = None
 
     def has_link(self, node_id: str) -> bool:
         node = self.nodes.get(node_id)
@@ -170,6 +198,7 @@ class Membership:
     def _random_id(self) -> str:
         return "%040x" % self.rng.getrandbits(160)
 
+    @_mutates
     def meet(self, ip: str, port: int, flags: int = HANDSHAKE | MEET) -> None:
         """Start a handshake with ip:port (CLUSTER MEET, or gossip)."""
         ip = str(ipaddress.ip_address(ip))
@@ -178,12 +207,14 @@ class Membership:
                 return
         self._add(Node(self._random_id(), ip=ip, port=port, flags=flags))
 
+    @_mutates
     def forget(self, node_id: str) -> Node:
         node = self.nodes[node_id]
         self._delete(node)
         self.blacklist[node_id] = self.now + FORGET_BLACKLIST_MS
         return node
 
+    @_mutates
     def reset(self, hard: bool) -> None:
         for node in [n for n in self.nodes.values() if n is not self.myself]:
             self._delete(node)
@@ -193,6 +224,7 @@ class Membership:
             self.nodes[self.myself.id] = self.myself
         self.dirty = True
 
+    @_mutates
     def set_leaving(self, leaving: bool) -> None:
         me = self.myself
         me.flags = me.flags | LEAVING if leaving else me.flags & ~LEAVING
@@ -200,6 +232,7 @@ class Membership:
 
     # ------------------------------------------------------------ links
 
+    @_mutates
     def link_connected(self, key: int) -> None:
         node = self.by_key.get(key)
         if node is None:
@@ -213,6 +246,7 @@ class Membership:
         else:
             self._ping(node, Ping(self.gossip()))
 
+    @_mutates
     def link_closed(self, key: int, connect_failed: bool) -> None:
         node = self.by_key.get(key)
         if node is None:
@@ -247,6 +281,7 @@ class Membership:
 
     # ------------------------------------------------------------ messages
 
+    @_mutates
     def receive(self, header: Header, msg: Any, key: int | None, conn: int | None, peer_ip: str, local_ip: str) -> bool:
         """Handle a membership message.  Returns whether the sender is known
         (job messages from unknown senders are ignored by the caller)."""
@@ -369,6 +404,7 @@ class Membership:
                 if other.link and not other.flags & (MYSELF | HANDSHAKE):
                     self.wire.send_key(other.key, Fail(node.id))
 
+    @_mutates
     def cron(self) -> None:
         """The 100 ms cluster cron (cluster.md §4)."""
         now, timeout = self.now, self.timeout
@@ -392,7 +428,7 @@ class Membership:
                 and now - node.link_time > timeout
                 and node.ping_sent
                 and now - node.ping_sent > timeout / 2
-                and node.pong_received < node.ping_sent
+                and node.pong_received <= node.ping_sent  # equal after a restart (both "now")
             ):
                 self.wire.drop_link(node.key)
                 node.link = False
