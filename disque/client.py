@@ -236,6 +236,13 @@ def _options(flags: Iterable[tuple[str, bool]] = (), **values: Arg | None) -> li
     return out + [flag for flag, on in flags if on]
 
 
+def parse_addresses(nodes: str | Address | Iterable[str | Address]) -> list[Address]:
+    """One node (`"host:port"` or a pair) or several."""
+    if isinstance(nodes, str) or (isinstance(nodes, tuple) and len(nodes) == 2 and isinstance(nodes[1], int)):
+        return [parse_address(nodes)]  # type: ignore[arg-type]
+    return [parse_address(n) for n in nodes]  # type: ignore[union-attr]
+
+
 def parse_address(spec: str | Address) -> Address:
     """`host:port`, `[v6]:port` or a (host, port) pair."""
     if isinstance(spec, tuple):
@@ -386,8 +393,7 @@ class _Base:
         socket_timeout: float | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        single = isinstance(nodes, str) or (isinstance(nodes, tuple) and len(nodes) == 2 and isinstance(nodes[1], int))
-        seeds = [parse_address(nodes)] if single else [parse_address(n) for n in nodes]  # type: ignore[arg-type, union-attr]
+        seeds = parse_addresses(nodes)
         if not seeds:
             raise ValueError("no Disque node given")
         self.password = password
@@ -397,9 +403,15 @@ class _Base:
         self._planner = NodePlanner(seeds, rng or random.Random())
         self._affinity = Affinity(affinity_window) if affinity else None
         self._link: _Link | None = None
+        self._lock = self._new_lock()  # one request at a time on the connection
 
     # What the drivers provide.
+    _new_lock: Callable[[], Any]
+
     def _run(self, ops: Ops[T]) -> Any:
+        raise NotImplementedError
+
+    def _iterate(self, scan: _Scan) -> Any:
         raise NotImplementedError
 
     def _close_transport(self, transport: Any) -> None:
@@ -413,12 +425,21 @@ class _Base:
     @property
     def node_id(self) -> str | None:
         """ID of the connected node (known once HELLO has been asked)."""
-        return self._link.node_id or None if self._link else None
+        return (self._link.node_id or None) if self._link else None
 
     @property
     def cluster(self) -> Hello | None:
         """The last HELLO seen."""
         return self._planner.hello
+
+    def connect(self) -> Any:
+        """Connect now rather than at the first command."""
+
+        def ensure() -> Ops[None]:
+            if self._link is None:
+                yield from self._connect(self._planner.plan())
+
+        return self._run(ensure())
 
     def close(self) -> None:
         if self._link is not None:
@@ -454,7 +475,8 @@ class _Base:
                 if self.password is not None:
                     yield from self._roundtrip(link, encode_command(["AUTH", self.password]))
                 if self.failover or self._affinity:
-                    link.node_id = self._learn(Hello.from_reply((yield from self._roundtrip(link, HELLO))), address).node_id
+                    hello = Hello.from_reply((yield from self._roundtrip(link, HELLO)))
+                    link.node_id = self._planner.learn(hello, address).node_id
             except DisqueConnectionError as e:
                 self._close_transport(link.transport)
                 failures.append(str(e))
@@ -467,9 +489,6 @@ class _Base:
         if len(failures) == 1:
             raise DisqueConnectionError(f"Could not connect to Disque at {failures[0]}")
         raise DisqueConnectionError("Could not connect to any Disque node (" + "; ".join(failures) + ")")
-
-    def _learn(self, hello: Hello, address: Address) -> Hello:
-        return self._planner.learn(hello, address)
 
     def _command(self, args: Sequence[Arg], convert: Callable[[Any], T] = _same) -> Ops[T]:
         """Send one command, failing over once to another node if needed."""
@@ -525,7 +544,7 @@ class _Base:
 
     def _hello(self, reply: list[Any]) -> Hello:
         assert self._link is not None
-        return self._learn(Hello.from_reply(reply), self._link.address)
+        return self._planner.learn(Hello.from_reply(reply), self._link.address)
 
     # -- commands
 
@@ -624,16 +643,35 @@ class _Base:
     def info(self, section: str | None = None) -> Any:
         return self._run(self._command(["INFO", *([section] if section else [])], parse_info))
 
-    def _jscan(self, queue: str | None, states: Iterable[str], count: int | None, busyloop: bool, details: bool) -> _Scan:
+    def jscan(
+        self,
+        queue: str | None = None,
+        states: Iterable[str] = (),
+        *,
+        count: int | None = None,
+        busyloop: bool = False,
+        details: bool = False,
+    ) -> Any:
+        """Every job ID (a `JobInfo` each with `details`), following the cursor
+        to the end; an async iterator for `AsyncClient`."""
         options = _options([("BUSYLOOP", busyloop)], count=count, queue=queue)
         options += [a for state in states for a in ("STATE", state)]
         if details:
-            return _Scan("JSCAN", [*options, "REPLY", "all"], JobInfo.from_reply)
-        return _Scan("JSCAN", options, _text)
+            return self._iterate(_Scan("JSCAN", [*options, "REPLY", "all"], JobInfo.from_reply))
+        return self._iterate(_Scan("JSCAN", options, _text))
 
-    def _qscan(self, minlen: int | None, maxlen: int | None, import_rate: int | None, count: int | None, busyloop: bool) -> _Scan:
+    def qscan(
+        self,
+        *,
+        minlen: int | None = None,
+        maxlen: int | None = None,
+        import_rate: int | None = None,
+        count: int | None = None,
+        busyloop: bool = False,
+    ) -> Any:
+        """Every queue name, following the cursor to the end; an async iterator for `AsyncClient`."""
         options = _options([("BUSYLOOP", busyloop)], count=count, minlen=minlen, maxlen=maxlen, importrate=import_rate)
-        return _Scan("QSCAN", options, _text)
+        return self._iterate(_Scan("QSCAN", options, _text))
 
 
 class Client(_Base):
@@ -643,9 +681,7 @@ class Client(_Base):
     ...     c.add_job("q", b"hello")
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._lock = threading.RLock()
+    _new_lock = staticmethod(threading.Lock)
 
     def __enter__(self) -> Client:
         return self
@@ -688,37 +724,6 @@ class Client(_Base):
 
     def _close_transport(self, transport: socket.socket) -> None:
         transport.close()
-
-    def connect(self) -> Client:
-        """Connect now rather than at the first command."""
-        with self._lock:
-            if self._link is None:
-                self._run(self._connect(self._planner.plan()))
-        return self
-
-    def jscan(
-        self,
-        queue: str | None = None,
-        states: Iterable[str] = (),
-        *,
-        count: int | None = None,
-        busyloop: bool = False,
-        details: bool = False,
-    ) -> Iterator[Any]:
-        """Every job ID (a `JobInfo` each with `details`), following the cursor to the end."""
-        return self._iterate(self._jscan(queue, states, count, busyloop, details))
-
-    def qscan(
-        self,
-        *,
-        minlen: int | None = None,
-        maxlen: int | None = None,
-        import_rate: int | None = None,
-        count: int | None = None,
-        busyloop: bool = False,
-    ) -> Iterator[str]:
-        """Every queue name, following the cursor to the end."""
-        return self._iterate(self._qscan(minlen, maxlen, import_rate, count, busyloop))
 
     def _iterate(self, scan: _Scan) -> Iterator[Any]:
         while not scan.done:
@@ -771,9 +776,7 @@ class AsyncClient(_Base):
     ...     await c.add_job("q", b"hello")
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._lock = trio.Lock()
+    _new_lock = staticmethod(trio.Lock)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -815,33 +818,6 @@ class AsyncClient(_Base):
 
     def _close_transport(self, transport: trio.SocketStream) -> None:
         transport.socket.close()
-
-    async def connect(self) -> AsyncClient:
-        if self._link is None:
-            await self._run(self._connect(self._planner.plan()))
-        return self
-
-    def jscan(
-        self,
-        queue: str | None = None,
-        states: Iterable[str] = (),
-        *,
-        count: int | None = None,
-        busyloop: bool = False,
-        details: bool = False,
-    ) -> AsyncIterator[Any]:
-        return self._iterate(self._jscan(queue, states, count, busyloop, details))
-
-    def qscan(
-        self,
-        *,
-        minlen: int | None = None,
-        maxlen: int | None = None,
-        import_rate: int | None = None,
-        count: int | None = None,
-        busyloop: bool = False,
-    ) -> AsyncIterator[str]:
-        return self._iterate(self._qscan(minlen, maxlen, import_rate, count, busyloop))
 
     async def _iterate(self, scan: _Scan) -> AsyncIterator[Any]:
         while not scan.done:

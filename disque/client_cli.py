@@ -6,13 +6,13 @@ Theory of operation: click parses the global options (`-h/-p/-a`,
 word starts a server command sent as typed (`disque ADDJOB q body 0`, or
 `disque JSCAN 0 COUNT 10` for one raw page).  Without a command, a
 prompt_toolkit prompt reads lines, splits them like redis-cli
-(`config.split_args`) and sends them.
+(`config.split_args`) and sends them; lines piped in are run the same way.
 
-Every reply goes through `show_reply`: `parse_reply` picks a typed view from
-the command name (SHOW, QSTAT, HELLO, INFO, CLUSTER NODES/INFO, GETJOB, QPEEK,
-JSCAN, QSCAN), which prints as a rich table or key/value block, or as JSON
-with `--json`; any other reply prints the redis-cli way.  `--raw` prints bare
-values, one per line.  Server errors and connection failures end the command
+For every reply, `parse_reply` picks a typed view from the command name
+(SHOW, QSTAT, HELLO, INFO, CLUSTER NODES/INFO, GETJOB, QPEEK, JSCAN, QSCAN)
+and `Session.output` prints it: as a rich table or key/value block
+(`render`), as JSON with `--json`, or as bare values, one per line, with
+`--raw`; a reply with no better view prints the redis-cli way.  Server errors and connection failures end the command
 with their text on stderr and exit status 1; in the prompt they are printed
 and the prompt goes on.
 """
@@ -33,11 +33,6 @@ from pathlib import Path
 from typing import IO, Any
 
 import click
-from prompt_toolkit import PromptSession
-from prompt_toolkit.auto_suggest import AutoSuggestFromHistory
-from prompt_toolkit.completion import CompleteEvent, Completer, Completion
-from prompt_toolkit.document import Document
-from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.progress import Progress
@@ -182,8 +177,6 @@ def jsonable(value: Any) -> Any:
         return [jsonable(v) for v in value]
     if isinstance(value, dict):
         return {k: jsonable(v) for k, v in value.items()}
-    if isinstance(value, Exception):
-        return {"error": str(value)}
     return value
 
 
@@ -211,8 +204,6 @@ def plain_lines(reply: Any) -> list[str]:
         return lines
     if isinstance(reply, int):
         return [f"(integer) {reply}"]
-    if isinstance(reply, Exception):
-        return [f"(error) {reply}"]
     return _text(reply).splitlines() or [""]
 
 
@@ -230,8 +221,8 @@ def titled(title: str, table: Table) -> Group:
 def jobs_table(jobs: list[Job]) -> Group:
     counters = any(j.nacks is not None for j in jobs)
     table = Table()
-    for name in ("queue", "id", "body", *(("nacks", "additional-deliveries") if counters else ())):
-        table.add_column(name, no_wrap=name == "id", overflow="fold")
+    for name in ("queue", "id", "body", *(("nacks", "redelivered") if counters else ())):
+        table.add_column(name, no_wrap=name not in ("queue", "body"), overflow="fold")
     for j in jobs:
         extra = (str(j.nacks), str(j.additional_deliveries)) if counters else ()
         table.add_row(Text(j.queue), j.id, Text(_text(j.body)), *extra)
@@ -240,8 +231,8 @@ def jobs_table(jobs: list[Job]) -> Group:
 
 def job_infos_table(jobs: list[JobInfo]) -> Group:
     table = Table()
-    for name in ("id", "queue", "state", "ttl", "retry", "nacks", "additional-deliveries", "body"):
-        table.add_column(name, no_wrap=name == "id", overflow="fold")
+    for name in ("id", "queue", "state", "ttl", "retry", "nacks", "redelivered", "body"):
+        table.add_column(name, no_wrap=name not in ("queue", "body"), overflow="fold")
     for j in jobs:
         table.add_row(j.id, Text(_text(j.queue)), j.state, str(j.ttl), str(j.retry), str(j.nacks), str(j.additional_deliveries), Text(_text(j.body)))
     return titled(f"{len(jobs)} job(s)", table)
@@ -257,8 +248,6 @@ def names_table(title: str, rows: Iterable[Iterable[Any]], columns: Iterable[str
 
 
 def render(kind: str, value: Any) -> RenderableType:
-    if kind == "top":  # already rendered
-        return value
     if kind == "record":
         return kv_block(value)
     if kind == "hello":
@@ -273,7 +262,7 @@ def render(kind: str, value: Any) -> RenderableType:
     if kind == "nodes":
         table = Table()
         for name in ("id", "address", "flags", "ping-sent", "pong-received", "link"):
-            table.add_column(name, no_wrap=True)
+            table.add_column(name, no_wrap=name in ("id", "address"), overflow="fold")
         for n in value:
             table.add_row(n.id, n.address, ",".join(n.flags), str(n.ping_sent), str(n.pong_received), n.link)
         return titled(f"{len(value)} node(s)", table)
@@ -324,10 +313,10 @@ class Session:
             self.client().password = self.password = words[1]
         self.output(*parse_reply(words, reply), raw=reply)
 
-    def output(self, kind: str, value: Any, raw: Any = None, json_value: Any = None) -> None:
+    def output(self, kind: str, value: Any, raw: Any = None) -> None:
         """Print a view: rendered, as JSON, or bare (`raw`, by default `value`)."""
         if self.mode == "json":
-            click.echo(json.dumps(jsonable(value if json_value is None else json_value), ensure_ascii=False))
+            click.echo(json.dumps(jsonable(value), ensure_ascii=False))
         elif self.mode == "raw":
             for line in raw_lines(value if raw is None else raw):
                 click.echo(line)
@@ -380,7 +369,7 @@ HELP = "Run one Disque COMMAND and print the reply, or open a prompt when none i
 def cli(ctx: click.Context, host: str, port: int, password: str | None, mode: str | None) -> None:
     ctx.obj = Session(host, port, password, mode or "pretty")
     if ctx.invoked_subcommand is None:
-        prompt_loop(ctx.obj)
+        (prompt_loop if sys.stdin.isatty() else script_loop)(ctx.obj)
 
 
 @cli.command()
@@ -512,10 +501,12 @@ def top(session: Session, interval: float, iterations: int) -> None:
             with Live(console=console, auto_refresh=False) as live:
                 for rows in frames():
                     live.update(top_table(session.label, rows, interval), refresh=True)
-        else:
-            for rows in frames():  # a frame, one JSON array, or tab-separated lines per refresh
-                raw = ["\t".join("-" if v is None else str(v) for v in r.values()) for r in rows]
-                session.output("top", top_table(session.label, rows, interval), raw=raw, json_value=rows)
+            return
+        for rows in frames():  # piped: one table, JSON array or block of tab-separated lines per refresh
+            if session.mode == "pretty":
+                console.print(top_table(session.label, rows, interval))
+            else:
+                session.output("plain", rows, raw=["\t".join("-" if v is None else str(v) for v in r.values()) for r in rows])
     except KeyboardInterrupt:
         pass
 
@@ -578,8 +569,8 @@ def import_jobs(session: Session, file: IO[str], queue: str | None, replicate: i
                 try:
                     record = json.loads(line)
                     body = record["body"].encode() if "body" in record else base64.b64decode(record["body_base64"])
-                    retry = int(record.get("retry", 300))
-                    client.add_job(queue or record["queue"], body, ttl=max(1, int(record.get("ttl", 86400))), retry=retry,
+                    ttl, retry = record.get("ttl"), record.get("retry")  # absent: the server's defaults
+                    client.add_job(queue or record["queue"], body, ttl=None if ttl is None else max(1, int(ttl)), retry=retry,
                                    replicate=replicate or (1 if retry == 0 else None))  # fmt: skip
                 except (ValueError, KeyError, TypeError) as e:
                     raise Failure(f"{file.name}:{number}: not a job record ({e}); {count} job(s) imported before it") from e
@@ -605,21 +596,6 @@ def check_aof(args: tuple[str, ...]) -> None:
 # The interactive prompt
 
 
-class CommandCompleter(Completer):
-    """Completes the command name (the first word), showing its syntax."""
-
-    def get_completions(self, document: Document, complete_event: CompleteEvent) -> Iterator[Completion]:
-        before = document.text_before_cursor
-        if " " in before.lstrip():
-            return
-        word = before.lstrip()
-        upper = word.isupper() or not word
-        for name, (syntax, _) in {**COMMANDS, **PROMPT_WORDS}.items():
-            if name.lower().startswith(word.lower()):
-                text = name.upper() if upper and name in COMMANDS else name.lower()
-                yield Completion(text, start_position=-len(word), display_meta=syntax)
-
-
 def command_help(words: list[str]) -> str:
     if not words:
         return "\n".join(f"{name} {syntax}".rstrip() for name, (syntax, _) in COMMANDS.items())
@@ -630,18 +606,23 @@ def command_help(words: list[str]) -> str:
     return f"{name} {syntax}".rstrip() + f"\n  {summary}"
 
 
-def history() -> History:
+def prompt_loop(session: Session) -> None:
+    # Imported here: prompt_toolkit alone would double the start-up time of one-shot commands.
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.auto_suggest import AutoSuggestFromHistory
+    from prompt_toolkit.completion import WordCompleter
+    from prompt_toolkit.history import FileHistory, History, InMemoryHistory
+
     path = Path(os.environ.get("DISQUE_HISTFILE") or Path.home() / ".disque_history")
     try:
         path.touch()
+        history: History = FileHistory(str(path))
     except OSError:
-        return InMemoryHistory()
-    return FileHistory(str(path))
-
-
-def prompt_loop(session: Session) -> None:
-    prompt: PromptSession[str] = PromptSession(history=history(), completer=CommandCompleter(),
-                                               auto_suggest=AutoSuggestFromHistory(), complete_while_typing=False)  # fmt: skip
+        history = InMemoryHistory()
+    words = {**COMMANDS, **PROMPT_WORDS}
+    # sentence=True: what precedes the cursor must prefix a name, so only the first word completes.
+    completer = WordCompleter(list(words), ignore_case=True, sentence=True, meta_dict={k: v[0] for k, v in words.items()})
+    prompt: PromptSession[str] = PromptSession(history=history, completer=completer, auto_suggest=AutoSuggestFromHistory(), complete_while_typing=False)
 
     def hint() -> str:
         name = (prompt.default_buffer.text.split() or [""])[0].upper()
@@ -654,22 +635,42 @@ def prompt_loop(session: Session) -> None:
             continue
         except EOFError:
             return
-        try:
-            words = split_args(line)
-        except ValueError:
-            click.echo("Invalid argument(s)", err=True)
-            continue
-        if not words:
-            continue
-        if words[0].lower() in ("exit", "quit"):
+        if run_line(session, line) == "quit":
             return
-        if words[0].lower() == "help":
-            click.echo(command_help(words[1:]))
-            continue
-        try:
-            session.run(words)
-        except (DisqueReplyError, DisqueConnectionError) as e:
-            click.echo(f"(error) {e}", err=True)
+
+
+def script_loop(session: Session) -> None:
+    """Commands piped in, one per line: like the prompt, but exit status 1 if any failed."""
+    outcomes = set()
+    for line in sys.stdin:
+        outcome = run_line(session, line)
+        if outcome == "quit":
+            break
+        outcomes.add(outcome)
+    if "error" in outcomes:
+        click.get_current_context().exit(1)
+
+
+def run_line(session: Session, line: str) -> str:
+    """Run one typed line: "ok", "error", or "quit"."""
+    try:
+        words = split_args(line)
+    except ValueError:
+        click.echo("Invalid argument(s)", err=True)
+        return "error"
+    if not words:
+        return "ok"
+    if words[0].lower() in ("exit", "quit"):
+        return "quit"
+    if words[0].lower() == "help":
+        click.echo(command_help(words[1:]))
+        return "ok"
+    try:
+        session.run(words)
+    except (DisqueReplyError, DisqueConnectionError) as e:
+        click.echo(f"(error) {e}", err=True)
+        return "error"
+    return "ok"
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ with a deadline, and a program driven through a pseudo-terminal (stdlib
 from __future__ import annotations
 
 import os
+import random
 import re
 import secrets
 import select
@@ -14,12 +15,14 @@ import subprocess
 import termios
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from fcntl import ioctl
 from typing import TypeVar
 
 import pytest
 
-from disque.devcluster import NodeProcess, free_port
+from disque.client import Address, Client, NodePlanner
+from disque.devcluster import NodeProcess, command, free_port, join
 
 T = TypeVar("T")
 
@@ -93,6 +96,26 @@ class PtyProcess:
         os.close(self.master)
 
 
+def start_all(starters: list[Callable[[], NodeProcess]]) -> list[NodeProcess]:
+    """Start nodes side by side: most of a node's start-up is Python importing."""
+    with ThreadPoolExecutor(len(starters)) as pool:
+        return list(pool.map(lambda start: start(), starters))
+
+
+def mesh(nodes: list[NodeProcess]) -> None:
+    """MEET every pair (faster than waiting for gossip), then wait for the full mesh."""
+    for i, a in enumerate(nodes):
+        for b in nodes[i + 1 :]:
+            command(a.host, a.port, "CLUSTER", "MEET", b.host, str(b.port))
+    join(nodes)
+
+
+def rng_trying_first(seeds: list[Address], first: Address) -> random.Random:
+    """A Random with which a client given `seeds` tries `first` before the others."""
+    seed = next(s for s in range(1000) if NodePlanner(list(seeds), random.Random(s)).plan()[0] == first)
+    return random.Random(seed)
+
+
 @pytest.fixture(scope="module")
 def shared_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     """One node for a whole module; tests keep apart by using their own queues."""
@@ -107,3 +130,9 @@ def shared_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProces
 def queue(request: pytest.FixtureRequest) -> str:
     """A queue name no other test uses."""
     return f"{request.node.name}-{secrets.token_hex(3)}"
+
+
+@pytest.fixture
+def client(shared_node: NodeProcess) -> Iterator[Client]:
+    with Client((shared_node.host, shared_node.port)) as c:
+        yield c

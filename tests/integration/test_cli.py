@@ -10,13 +10,12 @@ import re
 import subprocess
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from client_helpers import PtyProcess, queue, shared_node  # noqa: F401  (fixtures)
+from client_helpers import PtyProcess, client, queue, shared_node  # noqa: F401  (fixtures)
 
 from disque.client import Client, QueueStats
 from disque.client_cli import QueueRates, cli
@@ -26,18 +25,12 @@ ID = r"DI[0-9a-f]{44}SQ"
 
 
 @pytest.fixture
-def client(shared_node: NodeProcess) -> Client:
-    with Client((shared_node.host, shared_node.port)) as c:
-        yield c  # type: ignore[misc]
-
-
-@pytest.fixture
 def disque(shared_node: NodeProcess) -> Callable[..., Result]:
     """Run `disque -p <shared node> ARGS...` in-process."""
     runner = CliRunner(env={"COLUMNS": None})
 
-    def run(*args: str, port: int = shared_node.port) -> Result:
-        return runner.invoke(cli, ["-p", str(port), *args], catch_exceptions=False)
+    def run(*args: str, port: int = shared_node.port, input: str | None = None) -> Result:
+        return runner.invoke(cli, ["-p", str(port), *args], input=input, catch_exceptions=False)
 
     return run
 
@@ -97,13 +90,24 @@ def test_errors_go_to_stderr_with_exit_status_1(disque: Callable[..., Result]) -
     assert result.exit_code == 1 and f"localhost:{port}" in result.stderr
 
 
-def test_password(disque: Callable[..., Result], spawn: Callable[..., NodeProcess]) -> None:
-    node = spawn()
-    with Client((node.host, node.port)) as c:
-        c.execute_command("CONFIG", "SET", "requirepass", "pw")
-    result = disque("PING", port=node.port)
-    assert (result.exit_code, result.stderr) == (1, "NOAUTH Authentication required.\n")
-    assert ok(disque("-a", "pw", "PING", port=node.port)) == "PONG\n"
+def test_commands_piped_in(disque: Callable[..., Result], queue: str) -> None:
+    result = disque(input=f"ADDJOB {queue} 'a b' 0\n\nQLEN {queue}\nhelp qlen\n")
+    assert result.exit_code == 0
+    assert re.fullmatch(rf"{ID}\n\(integer\) 1\nQLEN queue\n  Number of queued jobs\n", result.stdout)
+    result = disque("--raw", input=f"nope\nQLEN {queue}\nquit\nQLEN {queue}\n")
+    assert (result.exit_code, result.stdout, result.stderr) == (1, "1\n", "(error) ERR unknown command 'nope'\n")
+
+
+def test_password(disque: Callable[..., Result], client: Client) -> None:
+    client.execute_command("CONFIG", "SET", "requirepass", "pw")
+    client.password = "pw"  # to reset it, should this connection be lost
+    try:
+        result = disque("PING")
+        assert (result.exit_code, result.stderr) == (1, "NOAUTH Authentication required.\n")
+        assert ok(disque("-a", "pw", "PING")) == "PONG\n"
+        assert ok(disque("--password", "pw", "QLEN", "q")) == "(integer) 0\n"
+    finally:
+        client.execute_command("CONFIG", "SET", "requirepass", "")
 
 
 # --------------------------------------------------------------------------
@@ -311,8 +315,6 @@ def disque_script() -> str:
 def test_console_script(shared_node: NodeProcess, queue: str) -> None:
     done = subprocess.run([disque_script(), "-p", str(shared_node.port), "ADDJOB", queue, "from the script", "0"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and re.fullmatch(ID + "\n", done.stdout)
-    failed = subprocess.run([disque_script(), "-p", str(shared_node.port), "ACKJOB", "bad"], capture_output=True, text=True, timeout=30)
-    assert (failed.returncode, failed.stdout, failed.stderr) == (1, "", "BADID Invalid Job ID format.\n")
 
 
 class Prompt:
@@ -330,7 +332,7 @@ class Prompt:
 
 
 @pytest.fixture
-def prompt(shared_node: NodeProcess, tmp_path: Path) -> Callable[..., Prompt]:
+def prompt(shared_node: NodeProcess, tmp_path: Path) -> Iterator[Callable[..., Prompt]]:
     started: list[PtyProcess] = []
     env = {**os.environ, "TERM": "xterm", "PROMPT_TOOLKIT_NO_CPR": "1", "DISQUE_HISTFILE": str(tmp_path / "history")}
 
@@ -339,7 +341,7 @@ def prompt(shared_node: NodeProcess, tmp_path: Path) -> Callable[..., Prompt]:
         started.append(process)
         return Prompt(process, rf"127\.0\.0\.1:{shared_node.port}>")
 
-    yield start  # type: ignore[misc]
+    yield start
     for process in started:
         process.close()
 
