@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import time
 
+import cluster
 import common
 import single_node
 
-BENCHMARKS = {"single": single_node}
+BENCHMARKS = {"single": single_node, "cluster": cluster}
 
 
 def main() -> None:

@@ -108,10 +108,13 @@ class NodeProcess:
         return self.proc.returncode
 
     def kill(self) -> None:
+        """SIGKILL by PID (a crash: nothing is flushed)."""
         if self.alive():
             assert self.proc is not None
             self.proc.kill()
             self.proc.wait()
+        if self.proc is not None and self.proc.stderr:
+            self.proc.stderr.close()
 
 
 def join(nodes: list[NodeProcess], timeout: float = 15.0) -> None:
