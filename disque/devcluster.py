@@ -65,8 +65,10 @@ class NodeProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         conf = self.workdir / "disque.conf"
         if not conf.exists():
-            conf.write_text(DEFAULT_CONF.read_text() + f"\nport {self.port}\nbind {self.host}\nlogfile log.txt\n")
-        argv = [sys.executable, "-m", "disque", str(conf), "--dir", str(self.workdir), *self.extra]
+            # `dir` first: the log file is opened relative to it while parsing
+            extra_conf = f'\ndir "{self.workdir}"\nport {self.port}\nbind {self.host}\nlogfile log.txt\n'
+            conf.write_text(DEFAULT_CONF.read_text() + extra_conf)
+        argv = [sys.executable, "-m", "disque", str(conf), *self.extra]
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
