@@ -186,7 +186,7 @@ class NodeCore:
         self.rng = rng
         self.host = host
         self.now = clock.now_ms()
-        self.cluster = membership or Membership(node_id, config.port, rng=rng, wire=self)
+        self.cluster = membership or Membership(node_id, config.port or config.tls_port, rng=rng, wire=self)
         self.cluster.wire = self
         self.cluster.now = self.now
         self.solo = (node_id,)  # shared nodes_delivered tuple of local-only jobs
@@ -267,8 +267,7 @@ class NodeCore:
     # ------------------------------------------------------------ clients
 
     def connect(self, client_id: int, addr: str = "", laddr: str = "", fd: int = -1) -> Client:
-        client = Client(client_id, fd, addr, laddr, ctime=self.now, last=self.now)
-        client.authenticated = not self.config.requirepass
+        client = Client(client_id, fd, addr, laddr, ctime=self.now, last=self.now)  # unauthenticated
         self.clients[client_id] = client
         self.stats.connections += 1
         return client
@@ -786,7 +785,7 @@ class NodeCore:
 
     def header(self) -> m.Header:
         me = self.cluster.myself
-        return m.Header(me.id, self.config.port, me.flags)
+        return m.Header(me.id, self.config.port or self.config.tls_port, me.flags)  # TLS-only: the tls-port
 
     def bus_links(self) -> dict[int, tuple[str, int]]:
         return self.cluster.bus_links()

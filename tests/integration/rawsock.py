@@ -13,7 +13,6 @@ import itertools
 import socket
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -101,8 +100,9 @@ def _decode(buf: bytes, pos: int) -> tuple[Any, int]:
 class Raw:
     """One client connection that reads replies as raw bytes."""
 
-    def __init__(self, node: NodeProcess, timeout: float = TIMEOUT) -> None:
-        self.sock = socket.create_connection((node.host, node.port), timeout=timeout)
+    def __init__(self, node: NodeProcess | tuple[str, int], timeout: float = TIMEOUT) -> None:
+        address = node if isinstance(node, tuple) else (node.host, node.port)
+        self.sock = socket.create_connection(address, timeout=timeout)
         self.buf = b""
 
     def send(self, data: bytes) -> None:
@@ -202,7 +202,7 @@ def raw(shared_node: NodeProcess) -> Iterator[Callable[..., Raw]]:
     """`raw()` connects to the module's shared node, `raw(node)` to another."""
     conns: list[Raw] = []
 
-    def connect(node: NodeProcess | None = None, timeout: float = TIMEOUT) -> Raw:
+    def connect(node: NodeProcess | tuple[str, int] | None = None, timeout: float = TIMEOUT) -> Raw:
         conn = Raw(node or shared_node, timeout)
         conns.append(conn)
         return conn
@@ -219,7 +219,3 @@ _names = itertools.count()
 def q() -> bytes:
     """A queue name no other test uses."""
     return b"q%d" % next(_names)
-
-
-def workdir(tmp_path: Path, port: int) -> Path:
-    return tmp_path / f"node-{port}"

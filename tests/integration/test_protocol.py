@@ -9,10 +9,28 @@ from collections.abc import Callable
 import pytest
 
 from disque.devcluster import NodeProcess
-from integration.rawsock import NIL, Raw, as_dict, blocked_on, pack, q, raw, reply_end, shared_node, wait_for  # noqa: F401
+from integration.rawsock import Raw, blocked_on, pack, q, raw, reply_end, shared_node, wait_for  # noqa: F401
 
 RawFactory = Callable[..., Raw]
 KIB64 = 64 * 1024
+
+# Malformed requests and the error each gets (commands.md §1.3).
+MALFORMED = [
+    (b"a" * (KIB64 + 1), "too big inline request"),
+    (b'ECHO "abc\r\n', "unbalanced quotes in request"),
+    (b"ECHO 'abc\r\n", "unbalanced quotes in request"),
+    (b'ECHO "a"b\r\n', "unbalanced quotes in request"),
+    (b"*" + b"1" * (KIB64 + 1), "too big mbulk count string"),
+    (b"*abc\r\n", "invalid multibulk length"),
+    (b"*1048577\r\n", "invalid multibulk length"),
+    (b"*1\r\n$" + b"1" * (KIB64 + 1), "too big bulk count string"),
+    (b"*1\r\nPING\r\n", "expected '$', got 'P'"),
+    (b"*2\r\n$4\r\nECHO\r\n:1\r\n", "expected '$', got ':'"),
+    (b"*1\r\n$-1\r\n", "invalid bulk length"),
+    (b"*1\r\n$abc\r\n", "invalid bulk length"),
+    (b"*1\r\n$536870913\r\n", "invalid bulk length"),
+    (b"*2\r\n$4\r\nECHO\r\n$x\r\n", "invalid bulk length"),
+]
 
 
 # ---------------------------------------------------------------- reply encodings
@@ -122,6 +140,42 @@ def test_request_split_into_single_bytes(raw: RawFactory) -> None:
     assert conn.read_raw() == b"$6\r\ninline\r\n"
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_random_pipelines_in_random_chunks(raw: RawFactory, seed: int) -> None:
+    """Inline and multibulk requests of many sizes, ignored empty requests,
+    then maybe a malformed one, cut at random points."""
+    rng = random.Random(seed)
+    requests, replies = [], []
+    for _ in range(rng.randrange(1, 40)):
+        kind = rng.random()
+        if kind < 0.3:
+            word = bytes(rng.choices(b"abcdefgh", k=rng.randrange(1, 30)))
+            requests.append(b"ECHO " + word + rng.choice([b"\r\n", b"\n"]))
+        elif kind < 0.4:
+            requests.append(rng.choice([b"*0\r\n", b"*-1\r\n", b"\r\n"]))
+            continue
+        else:
+            word = rng.randbytes(rng.choice([0, 1, 10, 1000, 1500, 5000, 70_000]))
+            requests.append(pack("ECHO", word))
+        replies.append(b"$%d\r\n%s\r\n" % (len(word), word))
+    error = None
+    if seed % 2:
+        payload, error = rng.choice(MALFORMED)
+        requests.append(payload)
+    data = b"".join(requests)
+    conn = raw()
+    pos = 0
+    while pos < len(data):
+        step = rng.choice([1, 3, 7, 100, 1024, 4096, 65536, len(data)])
+        conn.send(data[pos : pos + step])
+        pos += step
+    assert [conn.read_raw() for _ in replies] == replies
+    if error:
+        assert conn.read_until_closed() == b"-ERR Protocol error: %s\r\n" % error.encode()
+    else:
+        assert conn.call_raw("PING") == b"+PONG\r\n"
+
+
 # ---------------------------------------------------------------- inline commands
 
 
@@ -158,25 +212,7 @@ def test_inline_addjob_and_getjob(raw: RawFactory, q: bytes) -> None:
 # ---------------------------------------------------------------- protocol errors
 
 
-@pytest.mark.parametrize(
-    ("payload", "error"),
-    [
-        (b"a" * (KIB64 + 1), "too big inline request"),
-        (b'ECHO "abc\r\n', "unbalanced quotes in request"),
-        (b"ECHO 'abc\r\n", "unbalanced quotes in request"),
-        (b'ECHO "a"b\r\n', "unbalanced quotes in request"),
-        (b"*" + b"1" * (KIB64 + 1), "too big mbulk count string"),
-        (b"*abc\r\n", "invalid multibulk length"),
-        (b"*1048577\r\n", "invalid multibulk length"),
-        (b"*1\r\n$" + b"1" * (KIB64 + 1), "too big bulk count string"),
-        (b"*1\r\nPING\r\n", "expected '$', got 'P'"),
-        (b"*2\r\n$4\r\nECHO\r\n:1\r\n", "expected '$', got ':'"),
-        (b"*1\r\n$-1\r\n", "invalid bulk length"),
-        (b"*1\r\n$abc\r\n", "invalid bulk length"),
-        (b"*1\r\n$536870913\r\n", "invalid bulk length"),
-        (b"*2\r\n$4\r\nECHO\r\n$x\r\n", "invalid bulk length"),
-    ],
-)
+@pytest.mark.parametrize(("payload", "error"), MALFORMED)
 def test_protocol_error_replies_then_closes(raw: RawFactory, payload: bytes, error: str) -> None:
     conn = raw()
     conn.send(b"PING\r\n" + payload)
@@ -228,15 +264,20 @@ def test_binary_garbage_never_kills_the_server(raw: RawFactory, seed: int) -> No
 
 
 @pytest.mark.parametrize(
-    "payload",
-    [b"QUIT\r\n", pack("quit", "extra", "args"), b"QUIT\r\nPING\r\n" + pack("ADDJOB", "after-quit", "x", 0)],
-    ids=["inline", "with-args", "pipelined"],
+    ("payload", "expected"),
+    [
+        (b"QUIT\r\n", b"+OK\r\n"),
+        (pack("quit", "extra", "args"), b"+OK\r\n"),
+        (b"QUIT\r\nPING\r\n" + pack("ADDJOB", "after-quit", "x", 0), b"+OK\r\n"),  # nothing after QUIT runs
+        (pack("GETJOB", "TIMEOUT", 50, "FROM", "after-quit") + b"QUIT\r\nPING\r\n", b"*-1\r\n+OK\r\n"),
+    ],
+    ids=["inline", "with-args", "pipelined", "after-blocking"],
 )
-def test_quit_replies_ok_and_closes(raw: RawFactory, payload: bytes) -> None:
+def test_quit_replies_ok_and_closes(raw: RawFactory, payload: bytes, expected: bytes) -> None:
     conn = raw()
     conn.send(payload)
-    assert conn.read_until_closed() == b"+OK\r\n"
-    assert raw().call("QLEN", "after-quit") == 0  # nothing after QUIT ran
+    assert conn.read_until_closed() == expected
+    assert raw().call("QLEN", "after-quit") == 0
 
 
 @pytest.mark.parametrize("cut", [1, 12, -1, -100_000], ids=["header", "mid-length", "last-byte", "mid-bulk"])
@@ -276,6 +317,39 @@ def test_peer_reset_while_blocked(raw: RawFactory, q: bytes) -> None:
     conn.close()  # RST instead of FIN
     wait_for(lambda: blocked_on(other, q) == 0, what="client gone")
     other.call("ADDJOB", q, "x", 0)
+    assert other.call("QLEN", q) == 1
+
+
+def test_many_blocked_clients_each_get_one_job(raw: RawFactory, q: bytes) -> None:
+    consumers, producer = [raw() for _ in range(20)], raw()
+    for conn in consumers:
+        conn.send(pack("GETJOB", "COUNT", 3, "FROM", q))
+    wait_for(lambda: blocked_on(producer, q) == 20, what="20 blocked clients")
+    producer.send(b"".join(pack("ADDJOB", q, f"job{i}", 0) for i in range(25)))
+    ids = {producer.read_raw()[1:-2] for _ in range(25)}
+    got = [conn.read() for conn in consumers]
+    assert all(len(reply) == 1 for reply in got)
+    served = {reply[0][1] for reply in got}
+    assert len(served) == 20 and served <= ids
+    assert producer.call("QLEN", q) == 5
+
+
+def test_a_client_that_does_not_read_holds_up_nobody(raw: RawFactory, q: bytes) -> None:
+    hog, other = raw(), raw()
+    other.call("ADDJOB", q, b"x" * 10_000, 0)
+    hog.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    hog.sock.setblocking(False)
+    request = pack("QPEEK", q, 1)
+    sent = 0
+    try:
+        for _ in range(2000):  # ~20 MB of replies that are never read
+            sent += hog.sock.send(request)
+    except BlockingIOError:
+        pass
+    assert sent > 0
+    for _ in range(3):
+        assert other.call_raw("PING") == b"+PONG\r\n"
+    hog.close()
     assert other.call("QLEN", q) == 1
 
 
