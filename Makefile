@@ -4,7 +4,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 PYTHON3 ?= python3
 
-.PHONY: run test bench venv clean
+.PHONY: run test bench venv tools clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
@@ -18,13 +18,17 @@ venv: $(STAMP)
 run: venv
 	$(PY) -m disque.devcluster --nodes 3 --port 7711
 
-test: venv
+# System tools the tests and benchmarks use (redis-cli for compatibility tests,
+# redis-benchmark/redis-server for the reference figures).
+tools:
+	@command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null && command -v redis-server >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-tools redis-server >/dev/null)
+
+test: venv tools
 	$(PY) -m pytest
 
 # Benchmarks print figures (ratios against redis-server measured in the same run).
-bench: venv
-	command -v redis-benchmark >/dev/null && command -v redis-server >/dev/null || \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-tools redis-server >/dev/null)
+bench: venv tools
 	$(PY) bench/run.py
 
 clean:
