@@ -9,7 +9,8 @@ PYTHON3 ?= python3
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	command -v java >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null)
+	$(PY) -m pip install -q -e '.[test,spark]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -12,8 +12,9 @@ import time
 import cluster
 import common
 import single_node
+import spark as spark_bench
 
-BENCHMARKS = {"single": single_node, "cluster": cluster}
+BENCHMARKS = {"single": single_node, "cluster": cluster, "spark": spark_bench}
 
 
 def main() -> None:
@@ -24,8 +25,9 @@ def main() -> None:
     common.require_tools()
     env = common.environment()
     print(
-        f"{env['cpus']} CPU(s), Python {env['python']}, redis {env['redis']}.  redis-benchmark runs on the same"
-        " machine as the server it measures: they share these cores, so compare ratios, not absolute ops/s."
+        f"{env['cpus']} CPU(s), load average {env['load_average']:.1f}, Python {env['python']}, redis {env['redis']}."
+        "  redis-benchmark runs on the same machine as the server it measures: they share these cores,"
+        " so compare ratios, not absolute ops/s."
     )
     for name in args.only or list(BENCHMARKS):
         print(f"\n=== {name}")
