@@ -40,6 +40,7 @@ def environment() -> dict[str, object]:
         "python": platform.python_version(),
         "redis": next((w[2:] for w in version if w.startswith("v=")), "?"),
         "platform": platform.platform(),
+        "load_average": os.getloadavg()[0],  # other work on the machine skews every figure
     }
 
 
@@ -85,6 +86,15 @@ class RedisProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def expect_success(port: int, *args: str | bytes) -> bytes:
+    """Run one command and return its reply; raise if it is an error (which
+    redis-benchmark would count as a completed request)."""
+    reply = command("127.0.0.1", port, *args)
+    if not reply or reply.startswith(b"-"):
+        raise RuntimeError(f"{args[0]!r} on port {port} failed: {reply[:200]!r}")
+    return reply
 
 
 def redis_benchmark(port: int, requests: int, pipeline: int, *args: str | bytes) -> float:

@@ -11,10 +11,18 @@ import time
 
 import cluster
 import common
+import persistence
+import security
 import single_node
 import spark as spark_bench
 
-BENCHMARKS = {"single": single_node, "cluster": cluster, "spark": spark_bench}
+BENCHMARKS = {
+    "single": single_node,
+    "cluster": cluster,
+    "persistence": persistence,
+    "security": security,
+    "spark": spark_bench,
+}
 
 
 def main() -> None:

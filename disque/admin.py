@@ -10,6 +10,7 @@ here keeps state.
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
@@ -26,6 +27,13 @@ OK = Status(b"OK")
 
 def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
+
+
+def _strict_int(raw: bytes) -> int:
+    """Strict int64 (commands.md §1.2); ValueError otherwise."""
+    from disque.commands import parse_int  # circular: commands imports this module
+
+    return parse_int(raw)
 
 
 # ---------------------------------------------------------------- INFO
@@ -126,13 +134,16 @@ SECTIONS = {
     "persistence": ("Persistence", _section_persistence),
     "stats": ("Stats", _section_stats),
     "cpu": ("CPU", _section_cpu),
+    # Protections and their counters (docs/security.md); filled by the shell.
+    "security": ("Security", lambda node, proc: proc.get("security", [])),
     "commandstats": ("Commandstats", _section_commandstats),
 }
 
 
 def info(node: NodeCore, section: str) -> bytes:
     if section in ("default", "all"):
-        names = [n for n in SECTIONS if section == "all" or n != "commandstats"]
+        # The default sections are upstream's; Security is shown by INFO security and INFO all.
+        names = [n for n in SECTIONS if section == "all" or n not in ("security", "commandstats")]
     elif section in SECTIONS:
         names = [section]
     else:
@@ -199,7 +210,7 @@ def _kill_filters(node: NodeCore, me: Client, args: list[bytes]) -> int:
         key = key.lower()
         if key == b"id":
             try:
-                wanted = int(value)
+                wanted = _strict_int(value)
             except ValueError:
                 raise errors.SYNTAX from None
             targets = [c for c in targets if c.id == wanted]
@@ -288,7 +299,7 @@ def hello(node: NodeCore) -> list[Any]:
 def redis_hello(node: NodeCore, client: Client, args: list[bytes]) -> Any:
     """The Redis 6+ handshake: HELLO protover [AUTH user pass] [SETNAME name]."""
     try:
-        proto = int(args[0])
+        proto = _strict_int(args[0])
     except ValueError:
         raise err("Protocol version is not an integer or out of range") from None
     if proto not in (2, 3):
@@ -306,7 +317,7 @@ def redis_hello(node: NodeCore, client: Client, args: list[bytes]) -> Any:
             i += 2
         else:
             raise err(f"Syntax error in HELLO option '{_text(args[i])}'")
-    if not client.authenticated:
+    if node.config.requirepass and not client.authenticated:
         raise errors.NOAUTH
     if name is not None:
         client_command(node, client, [b"client", b"setname", name])
@@ -328,6 +339,18 @@ def redis_hello(node: NodeCore, client: Client, args: list[bytes]) -> Any:
 # ---------------------------------------------------------------- DEBUG
 
 
+MAX_SLEEP_S = 1 << 31  # longer sleeps overflow the platform's time_t
+_STRTOD = re.compile(rb"\s*[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def _sleep_seconds(raw: bytes) -> float:
+    """DEBUG SLEEP's argument as C strtod reads it: the longest numeric
+    prefix, 0 when there is none; NaN and negative times sleep 0."""
+    match = _STRTOD.match(raw)
+    seconds = float(match[0]) if match else 0.0
+    return min(seconds, MAX_SLEEP_S) if seconds > 0 else 0.0
+
+
 def debug_command(node: NodeCore, argv: list[bytes]) -> Any:
     sub = argv[1].lower()
     args = argv[2:]
@@ -341,16 +364,14 @@ def debug_command(node: NodeCore, argv: list[bytes]) -> Any:
 
         return f"job:{Job.__basicsize__} slots:{len(Job.__slots__)}\r\n".encode()
     if sub == b"sleep" and len(args) == 1:
-        try:
-            seconds = float(args[0])
-        except ValueError:
-            seconds = 0.0
-        return node.host.debug("sleep", [str(seconds).encode()])
+        return node.host.debug("sleep", [str(_sleep_seconds(args[0])).encode()])
     if sub in (b"restart", b"crash-and-recover") and len(args) <= 1:
         if args:
             from disque.commands import int_or
 
-            int_or(args[0], errors.NOT_INTEGER)
+            # A negative delay means none; a huge one waits (almost) forever.
+            delay = min(max(0, int_or(args[0], errors.NOT_INTEGER)), MAX_SLEEP_S * 1000)
+            args = [str(delay).encode()]
         return node.host.debug(_text(sub), args)
     if sub in (b"loadaof", b"segfault", b"assert", b"oom") and not args:
         return node.host.debug(_text(sub), args)
@@ -400,7 +421,7 @@ def cluster_command(node: NodeCore, argv: list[bytes]) -> Any:
     if sub == b"meet" and len(args) == 2:
         ip, port_text = _text(args[0]), _text(args[1])
         try:
-            port = int(port_text)
+            port = _strict_int(args[1])
         except ValueError:
             raise err(f"Invalid TCP port specified: {port_text}") from None
         if not valid_address(ip, port):

@@ -68,16 +68,17 @@ def server_main(argv: list[str] | None = None) -> None:
     log = logging.getLogger("disque")
     if config.config_file is None:
         log.warning("Warning: no config file specified, using the default config. In order to specify a config file use disque-server /path/to/disque.conf")
-    if config.port > 55535:
-        log.warning("Port %d is too high: the cluster bus port (port + 10000) would overflow", config.port)
+    if (config.port or config.tls_port) > 55535:
+        log.warning("Port %d is too high: the cluster bus port (port + 10000) would overflow", config.port or config.tls_port)
         sys.exit(1)
     from disque.cluster.membership import ConfError
     from disque.cluster.nodes_file import NodesFileLocked
+    from disque.security import SecurityError
     from disque.server import Server
 
     try:
         server = Server(config)
-    except (ConfError, NodesFileLocked) as e:
+    except (ConfError, NodesFileLocked, SecurityError) as e:
         log.warning("%s", e)
         sys.exit(1)
     try:

@@ -27,6 +27,11 @@ The Disque client protocol:
 
 Names (queues, IDs, nodes) are `str`; job bodies are `bytes`.  Text goes on
 the wire as UTF-8 with surrogateescape, so any byte string round-trips.
+
+Security: `password=` sends AUTH on every new connection; `tls=True` (with
+`tls_ca_cert`, and `tls_cert`/`tls_key` for nodes that check client
+certificates) or a ready `ssl_context=` wraps every connection in TLS, in
+`_open`, checking the server's certificate and host name.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import logging
 import os
 import random
 import socket
+import ssl
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Iterator, Sequence
@@ -386,6 +392,11 @@ class _Base:
         nodes: str | Address | Iterable[str | Address] = (DEFAULT_ADDRESS,),
         *,
         password: str | None = None,
+        tls: bool = False,
+        tls_ca_cert: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
         failover: bool = True,
         affinity: bool = False,
         affinity_window: int = 100,
@@ -397,6 +408,13 @@ class _Base:
         if not seeds:
             raise ValueError("no Disque node given")
         self.password = password
+        if ssl_context is None and tls:
+            from disque.tls import client_context
+
+            ssl_context = client_context(ca=tls_ca_cert, cert=tls_cert, key=tls_key)
+        elif ssl_context is None and (tls_ca_cert or tls_cert or tls_key):
+            raise ValueError("TLS files given without tls=True")
+        self.ssl_context = ssl_context  # TLS on every connection when set (server certificate and name checked)
         self.failover = failover
         self.connect_timeout = connect_timeout
         self.socket_timeout = socket_timeout
@@ -716,9 +734,15 @@ class Client(_Base):
             raise _failure(address, e) from e
 
     def _open(self, address: Address) -> socket.socket:
-        """The one place sockets are made (TLS would wrap it here)."""
+        """The one place sockets are made, and wrapped in TLS when configured."""
         sock = socket.create_connection(address, timeout=self.connect_timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.ssl_context is not None:
+            try:
+                sock = self.ssl_context.wrap_socket(sock, server_hostname=address[0])  # handshakes now
+            except BaseException:
+                sock.close()
+                raise
         sock.settimeout(self.socket_timeout)
         return sock
 
@@ -811,13 +835,22 @@ class AsyncClient(_Base):
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as e:
             raise _failure(address, e) from e
 
-    async def _open(self, address: Address) -> trio.SocketStream:
-        """The one place streams are made (TLS would wrap it here)."""
+    async def _open(self, address: Address) -> trio.abc.Stream:
+        """The one place streams are made, and wrapped in TLS when configured."""
         with trio.fail_after(self.connect_timeout):
-            return await trio.open_tcp_stream(*address)
+            stream = await trio.open_tcp_stream(*address)
+            if self.ssl_context is None:
+                return stream
+            tls = trio.SSLStream(stream, self.ssl_context, server_hostname=address[0])
+            try:
+                await tls.do_handshake()
+            except BaseException:
+                stream.socket.close()
+                raise
+            return tls
 
-    def _close_transport(self, transport: trio.SocketStream) -> None:
-        transport.socket.close()
+    def _close_transport(self, transport: trio.abc.Stream) -> None:
+        getattr(transport, "transport_stream", transport).socket.close()
 
     async def _iterate(self, scan: _Scan) -> AsyncIterator[Any]:
         while not scan.done:

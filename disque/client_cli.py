@@ -1,7 +1,7 @@
 """`disque`: the command-line client, what redis-cli is to Redis.
 
 Theory of operation: click parses the global options (`-h/-p/-a`,
-`--json/--raw`) and dispatches on the next word.  A lowercase helper name
+`--tls/--cacert/--cert/--key`, `--json/--raw`) and dispatches on the next word.  A lowercase helper name
 (`qstat`, `show`, `jscan`, `top`, `export`, ...) runs that helper; any other
 word starts a server command sent as typed (`disque ADDJOB q body 0`, or
 `disque JSCAN 0 COUNT 10` for one raw page).  Without a command, a
@@ -291,6 +291,7 @@ class Session:
     port: int
     password: str | None
     mode: str  # pretty | json | raw
+    tls: dict[str, Any] = field(default_factory=dict)  # Client's tls, tls_ca_cert, tls_cert, tls_key
     _client: Client | None = field(default=None, repr=False)
 
     @property
@@ -299,7 +300,7 @@ class Session:
 
     def client(self) -> Client:
         if self._client is None:
-            self._client = Client((self.host, self.port), password=self.password, failover=False)
+            self._client = Client((self.host, self.port), password=self.password, failover=False, **self.tls)
         return self._client
 
     def close(self) -> None:
@@ -362,12 +363,20 @@ HELP = "Run one Disque COMMAND and print the reply, or open a prompt when none i
              context_settings={"help_option_names": ["--help"]}, subcommand_metavar="[COMMAND ARGS...]")  # fmt: skip
 @click.option("-h", "--host", default="127.0.0.1", show_default=True, help="Server host.")
 @click.option("-p", "--port", default=7711, show_default=True, type=int, help="Server port.")
-@click.option("-a", "--password", default=None, help="Password (AUTH).")
+@click.option("-a", "--password", default=None, envvar="DISQUE_AUTH", help="Password (AUTH); also read from $DISQUE_AUTH.")
+@click.option("--tls", is_flag=True, help="Connect over TLS (to the node's tls-port).")
+@click.option("--cacert", type=click.Path(exists=True, dir_okay=False), help="CA certificate that signed the server's (default: the system's).")
+@click.option("--cert", type=click.Path(exists=True, dir_okay=False), help="Client certificate, for tls-auth-clients yes/optional.")
+@click.option("--key", type=click.Path(exists=True, dir_okay=False), help="Private key of --cert.")
 @click.option("--json", "mode", flag_value="json", help="Print replies as JSON.")
 @click.option("--raw", "mode", flag_value="raw", help="Print bare reply values, one per line.")
 @click.pass_context
-def cli(ctx: click.Context, host: str, port: int, password: str | None, mode: str | None) -> None:
-    ctx.obj = Session(host, port, password, mode or "pretty")
+def cli(ctx: click.Context, host: str, port: int, password: str | None, tls: bool, cacert: str | None,
+        cert: str | None, key: str | None, mode: str | None) -> None:  # fmt: skip
+    if (cacert or cert or key) and not tls:
+        raise click.UsageError("--cacert, --cert and --key need --tls")
+    options = {"tls": True, "tls_ca_cert": cacert, "tls_cert": cert, "tls_key": key} if tls else {}
+    ctx.obj = Session(host, port, password, mode or "pretty", options)
     if ctx.invoked_subcommand is None:
         (prompt_loop if sys.stdin.isatty() else script_loop)(ctx.obj)
 
@@ -577,6 +586,24 @@ def import_jobs(session: Session, file: IO[str], queue: str | None, replicate: i
                 count += 1
             advance()
     click.echo(f"imported {count} job(s)", err=True)
+
+
+@cli.command("tls-keygen")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--host", "hosts", multiple=True, default=["localhost", "127.0.0.1", "::1"], show_default=True,
+              help="Name or IP address the node certificate is valid for (repeatable).")  # fmt: skip
+@click.option("--days", default=365, show_default=True, help="Validity of the certificates.")
+def tls_keygen(directory: str, hosts: tuple[str, ...], days: int) -> None:
+    """Create a throwaway CA and node and client certificates in DIRECTORY (development and tests only)."""
+    from disque.tls import keygen
+
+    paths = keygen(directory, hosts, days)
+    for name in sorted(paths):
+        click.echo(f"wrote {paths[name]}", err=True)
+    d = Path(directory).resolve()
+    click.echo(f"# node configuration\ntls-port 7711\nport 0\ntls-cert-file {d / 'node.crt'}\n"
+               f"tls-key-file {d / 'node.key'}\ntls-ca-cert-file {d / 'ca.crt'}\ntls-cluster yes\n"
+               f"# client\n# disque --tls --cacert {d / 'ca.crt'} --cert {d / 'client.crt'} --key {d / 'client.key'} PING")  # fmt: skip
 
 
 @cli.command("check-aof", context_settings={"ignore_unknown_options": True, "help_option_names": []})

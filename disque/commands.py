@@ -129,8 +129,9 @@ def dispatch(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
         return errors.unknown_command(text(argv[0]))
     if (cmd.arity > 0 and len(argv) != cmd.arity) or len(argv) < -cmd.arity:
         return errors.wrong_arity(cmd.name)
-    if not client.authenticated and cmd.name != "auth" and not (cmd.name == "hello" and len(argv) > 1):
-        return errors.NOAUTH
+    if node.config.requirepass and not client.authenticated:
+        if cmd.name != "auth" and not (cmd.name == "hello" and len(argv) > 1):
+            return errors.NOAUTH
     flags = cmd.flags
     limit = node.config.maxmemory
     if limit and node.used_memory > limit // 100 * 95 and not node.evict() and "m" in flags:

@@ -124,6 +124,7 @@ class Client:
     lib_name: bytes = b""
     lib_ver: bytes = b""
     reply_mode: int = 0  # REPLY_ON, REPLY_OFF or REPLY_SKIP (CLIENT REPLY)
+    mute_next: bool = False  # a silenced command blocked: drop its reply when it comes
 
     def silence(self, reply: Any) -> Any:
         """Apply CLIENT REPLY OFF/SKIP to the reply of the current command."""
@@ -132,6 +133,9 @@ class Client:
             return reply
         if self.reply_mode == REPLY_SKIP:
             self.reply_mode = REPLY_ON
+        if reply is BLOCKED:
+            self.mute_next = True
+            return reply
         return SILENT
 
 
@@ -281,10 +285,15 @@ class NodeCore:
             self._drop_waiter(client.waiter)
         if client.repl_job is not None:
             job = self.jobs.get(client.repl_job)
+            self.repl_waiters.pop(client.repl_job, None)  # gone: nobody to answer
+            client.repl_job = None
             if job is not None and job.state == State.WAIT_REPL:
                 self.replication.abort(job, None)
 
     def reply_to(self, client: Client, value: Any) -> None:
+        if client.mute_next:
+            client.mute_next = False
+            return
         self.effects.append(Reply(client.id, value))
 
     def close_client(self, client: Client) -> None:
@@ -642,7 +651,9 @@ class NodeCore:
                 job = Job(job_id, None, None, state=State.ACKED, etime=self.now // 1000 + ttl_minutes(job_id) * 60)
                 self.register(job)
         elif job.state != State.ACKED:
-            self.acknowledge(job)
+            if job.state == State.WAIT_REPL and not self.replication.achieved(job):
+                return True  # handed to a replica and forgotten here (external replication)
+            self.acknowledge(job)  # a waiting producer got its ID first, as with SETACK
             counted = True
         if job is not None:
             self.try_gc(job)

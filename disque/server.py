@@ -30,10 +30,13 @@ from disque.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
 from disque.errors import DisqueError, err
 from disque.node import BLOCKED, SILENT, Client, NodeCore
 from disque.resp import QUERY_BUFFER_LIMIT, ProtocolError, RequestParser, Status, encode, encode_error
+from disque.security import DENIED, Security, announced_port, output_limit_exceeded, protected_mode_refuses
+from disque.store.aof_file import AofFile
 
 log = logging.getLogger("disque")
 
 READ_SIZE = 64 * 1024
+TLS_HANDSHAKE_TIMEOUT = 10.0  # seconds a new TLS client has to complete its handshake
 
 
 class RealClock:
@@ -51,13 +54,15 @@ class RealClock:
 
 
 class Conn:
-    __slots__ = ("stream", "client", "parser", "out", "closing", "send_lock", "scope")
+    __slots__ = ("stream", "client", "parser", "out", "out_size", "soft_since", "closing", "send_lock", "scope")
 
-    def __init__(self, stream: trio.SocketStream, client: Client) -> None:
-        self.stream = stream
+    def __init__(self, stream: trio.abc.Stream, client: Client) -> None:
+        self.stream = stream  # a SocketStream, or an SSLStream on the tls-port
         self.client = client
         self.parser = RequestParser()
         self.out: list[bytes] = []
+        self.out_size = 0  # bytes in `out` plus those being sent (client-output-buffer-limit)
+        self.soft_since: float | None = None  # when the soft output limit was first exceeded
         self.closing = False
         self.send_lock = trio.Lock()
         self.scope = trio.CancelScope()
@@ -72,17 +77,25 @@ def _peer(stream: trio.SocketStream, local: bool = False) -> str:
     return f"[{host}]:{addr[1]}" if ":" in host else f"{host}:{addr[1]}"
 
 
+def _peer_ip(stream: trio.SocketStream) -> str:
+    try:
+        return str(stream.socket.getpeername()[0])
+    except OSError:
+        return ""
+
+
 class Server:
     def __init__(self, config: cfg.Config) -> None:
         self.config = config
         self.clock = RealClock()
         rng = random.Random()
+        self.security = Security(config)  # SecurityError: the node cannot start
         # nodes.conf is locked and loaded before anything else (cluster.md §12.1)
         self.nodes_file = NodesFile(config.cluster_config_file)
         text = self.nodes_file.read()
         membership = None
         if text.strip():
-            membership = Membership.from_conf(text, config.port, rng=rng, now=self.clock.now_ms())
+            membership = Membership.from_conf(text, announced_port(config), rng=rng, now=self.clock.now_ms())
             log.info("Node configuration loaded, I'm %s", membership.my_id)
         node_id = membership.my_id if membership else secrets.token_hex(20)
         self.core = NodeCore(config, node_id, clock=self.clock, rng=rng, host=self, membership=membership)
@@ -97,27 +110,35 @@ class Server:
         self.bus = Bus(
             self.core,
             lambda: self._apply_effects(None),
-            port=config.port + CLUSTER_PORT_INCR,
+            port=announced_port(config) + CLUSTER_PORT_INCR,
             bind=config.bind,
             backlog=config.tcp_backlog,
+            security=self.security,
         )
+        self.aof_file = AofFile(self)
 
     # ------------------------------------------------------------ lifecycle
 
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         # Bind before the nursery: an OSError then reaches the caller unwrapped.
         listeners = await self._open_listeners()
-        if self.config.port:
+        tls_listeners = await self._open_listeners(self.config.tls_port)
+        if announced_port(self.config):
             await self.bus.listen()
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             self.ports = [ln.socket.getsockname()[1] for ln in listeners]
             for listener in listeners:
                 nursery.start_soon(trio.serve_listeners, self._handle_client, [listener])
-            if self.config.port:
+            for listener in tls_listeners:
+                nursery.start_soon(trio.serve_listeners, self._handle_tls_client, [listener])
+            if tls_listeners:
+                log.info("Ready to accept TLS connections on port %s", self.config.tls_port)
+            if announced_port(self.config):
                 nursery.start_soon(self.bus.run)
             nursery.start_soon(self._deadline_loop)
             nursery.start_soon(self._signals)
+            nursery.start_soon(self.aof_file.run)  # loads the AOF, then its cron
             log.info("Ready to accept connections on port %s", self.ports[0] if self.ports else 0)
             task_status.started(self)
             await self.shutdown_requested.wait()
@@ -125,13 +146,14 @@ class Server:
             log.warning("Disque is now ready to exit, bye bye...")
             nursery.cancel_scope.cancel()
 
-    async def _open_listeners(self) -> list[trio.SocketListener]:
-        if not self.config.port:
+    async def _open_listeners(self, port: int | None = None) -> list[trio.SocketListener]:
+        port = self.config.port if port is None else port
+        if not port:
             return []
         hosts = self.config.bind or [None]
         listeners: list[trio.SocketListener] = []
         for host in hosts:
-            listeners += await trio.open_tcp_listeners(self.config.port, host=host, backlog=self.config.tcp_backlog)
+            listeners += await trio.open_tcp_listeners(port, host=host, backlog=self.config.tcp_backlog)
         return listeners
 
     async def _signals(self) -> None:
@@ -159,16 +181,40 @@ class Server:
 
     # ------------------------------------------------------------ clients
 
-    async def _handle_client(self, stream: trio.SocketStream) -> None:
+    async def _handle_tls_client(self, tcp: trio.SocketStream) -> None:
+        ctx = self.security.tls.clients
+        assert ctx is not None
+        stream = trio.SSLStream(tcp, ctx, server_side=True)
+        try:
+            with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
+                await stream.do_handshake()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as e:
+            self.security.stats.tls_client_handshake_failures += 1
+            why = e.__cause__ or e
+            self.security.log("tls", logging.INFO, "Error accepting a TLS client connection from %s: %s",
+                              _peer(tcp), getattr(why, "reason", None) or str(why) or "handshake timed out")  # fmt: skip
+            await trio.aclose_forcefully(tcp)
+            return
+        await self._handle_client(tcp, stream)
+
+    async def _handle_client(self, tcp: trio.SocketStream, tls_stream: trio.SSLStream[Any] | None = None) -> None:
         core = self.core
+        stream: trio.abc.Stream = tls_stream or tcp
         if len(self.conns) >= self.config.maxclients:
             core.stats.rejected += 1
             with trio.move_on_after(1):
                 await stream.send_all(encode_error("max number of clients reached"))
-            await stream.aclose()
+            await trio.aclose_forcefully(stream)
+            return
+        if protected_mode_refuses(self.config.protected_mode, self.config.requirepass, _peer_ip(tcp)):
+            self.security.stats.protected_mode_refused_clients += 1
+            self.security.log("protected", logging.INFO, "Protected mode: refused the client %s", _peer(tcp))
+            with trio.move_on_after(1):
+                await stream.send_all(DENIED)
+            await trio.aclose_forcefully(stream)
             return
         self.next_client_id += 1
-        client = core.connect(self.next_client_id, _peer(stream), _peer(stream, local=True), stream.socket.fileno())
+        client = core.connect(self.next_client_id, _peer(tcp), _peer(tcp, local=True), tcp.socket.fileno())
         conn = Conn(stream, client)
         self.conns[client.id] = conn
         try:
@@ -181,7 +227,8 @@ class Server:
             core.disconnect(client.id)
             self._apply_effects(None)
             with trio.CancelScope(shield=True):
-                await stream.aclose()
+                # A TLS close_notify could wait forever on a client that does not read.
+                await (trio.aclose_forcefully(stream) if tls_stream else stream.aclose())
 
     async def _client_loop(self, conn: Conn) -> None:
         stats = self.core.stats
@@ -204,12 +251,12 @@ class Server:
 
     def _run_commands(self, conn: Conn) -> None:
         """Execute buffered requests until the client blocks or none is left."""
-        core, client, out, parser = self.core, conn.client, conn.out, conn.parser
+        core, client, parser = self.core, conn.client, conn.parser
         while not conn.closing and client.waiter is None and client.repl_job is None:
             try:
                 argv = parser.next_command()
             except ProtocolError as e:
-                out.append(encode_error(e.message))
+                self._queue(conn, encode_error(e.message))
                 conn.closing = True
                 return
             if argv is None:
@@ -218,7 +265,7 @@ class Server:
             if reply is BLOCKED:
                 return
             if reply is not SILENT:
-                out.append(encode(reply, client.proto))
+                self._queue(conn, encode(reply, client.proto))
             if core.effects and CloseClient(client.id) in core.effects:
                 conn.closing = True  # QUIT, CLIENT KILL of itself: run nothing more
 
@@ -232,7 +279,7 @@ class Server:
                 if kind is Reply:
                     conn = self.conns.get(effect.client_id)
                     if conn is not None:
-                        conn.out.append(encode(effect.value, conn.client.proto))
+                        self._queue(conn, encode(effect.value, conn.client.proto))
                         touched[conn] = None
                 elif kind is CloseClient:
                     conn = self.conns.get(effect.client_id)
@@ -255,11 +302,13 @@ class Server:
             except OSError as e:
                 log.warning("Fatal: can't update cluster config file: %s", e.strerror)
                 os._exit(1)
+        self.aof_file.flush(current)  # records reach the file before any reply is sent
         for conn in touched:
             if conn is not current and self.nursery is not None:
                 self.nursery.start_soon(self._flush, conn)
 
     async def _flush(self, conn: Conn) -> None:
+        await self.aof_file.barrier(conn)
         async with conn.send_lock:
             if conn.out:
                 data = b"".join(conn.out)
@@ -269,13 +318,36 @@ class Server:
                     await conn.stream.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     conn.closing = True
+                conn.out_size -= len(data)
+                self._check_output(conn)
             if conn.closing:
                 conn.scope.cancel()
+
+    def _queue(self, conn: Conn, data: bytes) -> None:
+        conn.out.append(data)
+        conn.out_size += len(data)
+        self._check_output(conn)
+
+    def _check_output(self, conn: Conn) -> None:
+        """client-output-buffer-limit: close a client whose pending output is
+        over the limits, dropping that output (logged, counted in INFO)."""
+        limits = self.config.client_output_buffer_limit
+        if not any(limits[:2]) or conn.closing:
+            return
+        close, conn.soft_since = output_limit_exceeded(conn.out_size, limits, conn.soft_since, time.monotonic())
+        if close:
+            log.warning("Client id=%d addr=%s scheduled to be closed ASAP for overcoming of output buffer limits "
+                        "(%d bytes pending).", conn.client.id, conn.client.addr, conn.out_size)  # fmt: skip
+            self.security.stats.output_limit_closed_clients += 1
+            conn.out_size -= sum(map(len, conn.out))
+            conn.out.clear()
+            conn.closing = True
+            conn.scope.cancel()
 
     def _flush_all_nowait(self) -> None:
         """Best effort before exiting: write pending replies without waiting."""
         for conn in self.conns.values():
-            if conn.out:
+            if conn.out and isinstance(conn.stream, trio.SocketStream):
                 try:
                     conn.stream.socket.send(b"".join(conn.out))
                 except OSError:
@@ -285,7 +357,7 @@ class Server:
     # ------------------------------------------------------------ AOF hook
 
     def aof_append(self, record: bytes) -> None:
-        """Overridden by the AOF writer."""
+        self.aof_file.append(record)
 
     # ------------------------------------------------------------ Host services
 
@@ -307,6 +379,7 @@ class Server:
             "used_cpu_sys_children": times.children_system,
             "used_cpu_user_children": times.children_user,
             "longest_output": max((len(c.out) for c in self.conns.values()), default=0),
+            "security": self.security.info_fields(self.bus.auth_links()),
             "biggest_input": max((c.parser.buffered() for c in self.conns.values()), default=0),
         }
 
@@ -322,17 +395,24 @@ class Server:
         log.info("CONFIG REWRITE executed with success.")
 
     def apply_config(self, changed: list[str]) -> None:
+        self.security.apply_config(changed, self._may_change_secret)
         if "dir" in changed:
             try:
                 os.chdir(self.config.dir)
             except OSError as e:
                 self.config.dir = os.getcwd()  # CONFIG GET dir reports the real cwd
                 raise err(f"Changing directory: {e.strerror}") from None
-        if "appendonly" in changed and self.config.appendonly:
-            raise err("Unable to turn on AOF. Check server logs.")
+        self.aof_file.apply_config(changed)
+
+    def _may_change_secret(self) -> bool:
+        """CONFIG SET cluster-secret is a start-up operation: allowed while the
+        node knows no other node and has no bus connection (docs/security.md)."""
+        return len(self.core.cluster.nodes) == 1 and not self.bus.links and not self.bus.conns
 
     def shutdown(self, rewrite_aof: bool) -> bool:
         log.warning("User requested shutdown...")
+        if not self.aof_file.prepare_shutdown(rewrite_aof):  # exits itself after a snapshot
+            return False
         self.shutdown_requested.set()
         return True
 
@@ -341,12 +421,14 @@ class Server:
         self.nodes_file.save(self.core.cluster.to_conf(), fsync)
 
     def bgrewriteaof(self) -> Any:
-        return DisqueError("ERR")
+        return self.aof_file.bgrewriteaof()
 
     def debug(self, sub: str, args: list[bytes]) -> Any:
         if sub == "sleep":
             time.sleep(float(args[0]))  # blocks the whole server, by design
             return Status(b"OK")
+        if sub == "loadaof":
+            return self.aof_file.debug_loadaof()
         if sub in ("segfault", "assert", "oom"):
             log.warning("DEBUG %s: crashing the server on request", sub)
             os.abort()
@@ -355,6 +437,13 @@ class Server:
             delay = int(args[0]) if args else 0
             if sub == "restart" and self.config.config_file:
                 self.rewrite_config()
+            if sub == "restart" and self.aof_file.status.state == "on":
+                self.aof_file.flush(force=True)
+                try:
+                    self.aof_file.write_clean_snapshot()
+                except OSError as e:
+                    log.warning("Error writing the AOF snapshot before restarting: %s", e.strerror)
+                    return err("failed to restart the server. Check server logs.")
             time.sleep(delay / 1000)
             os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
         return DisqueError("ERR")

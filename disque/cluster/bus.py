@@ -24,6 +24,17 @@ a peer that sends a malformed or oversized frame (logged, rate-limited).
 After every core call the bus runs `drain()`, which applies the effects the
 call produced (the server's `_apply_effects`).  Applying effects never calls
 the core back: closing a link only cancels its task, which reports later.
+
+Security (`disque.security.Security`, optional): before a connection carries
+any frame, either way, it is secured in two layers, each only when
+configured.  With `tls-cluster yes` the TCP stream is wrapped in a mutual TLS
+`SSLStream`; with a cluster secret the `auth.AuthLink` handshake runs on top,
+and every frame is then sealed (MAC + sequence number) on send and verified
+on receipt.  A peer that fails either, or sends a frame that does not verify,
+is closed, logged (rate-limited) and counted in `security.stats`; an
+outgoing link that fails counts as a failed connection attempt (backoff, and
+`link_closed(failed=True)`), and the core never hears of the frames.  A
+connection is `ready` (frames may be queued on it) only once secured.
 """
 
 from __future__ import annotations
@@ -36,7 +47,8 @@ from typing import Any
 
 import trio
 
-from disque.cluster.codec import MAX_FRAME, FrameDecoder, FrameError, encode_frame
+from disque.cluster.auth import AuthError, AuthLink
+from disque.cluster.codec import MAX_FRAME, FrameDecoder, FrameError, decode_body, encode_body, encode_frame
 from disque.cluster.messages import Header, Message
 
 log = logging.getLogger("disque")
@@ -50,18 +62,21 @@ CONNECT_TIMEOUT = 1.0  # seconds; a hung connect counts as a failed one
 MAX_QUEUE = 2 * MAX_FRAME
 READ_SIZE = 64 * 1024
 LOG_INTERVAL = 1.0  # seconds between two logged link errors
+HANDSHAKE_TIMEOUT = 3.0  # seconds for the TLS and secret handshakes of a new connection
 WILDCARDS = ("0.0.0.0", "::")
 
 
 class _Peer:
     """One bus connection: its stream, its queue of frames, its cancel scope."""
 
-    __slots__ = ("addr", "label", "stream", "out", "queued", "wake", "scope", "closed")
+    __slots__ = ("addr", "label", "stream", "out", "queued", "wake", "scope", "closed", "ready", "auth")
 
-    def __init__(self, addr: tuple[str, int], label: str, stream: trio.SocketStream | None = None) -> None:
+    def __init__(self, addr: tuple[str, int], label: str, stream: trio.abc.Stream | None = None) -> None:
         self.addr = addr
         self.label = label
-        self.stream = stream  # None until an outgoing link is connected
+        self.stream = stream  # None until an outgoing link is connected; an SSLStream with tls-cluster
+        self.ready = False  # connected and secured: frames may be queued
+        self.auth: AuthLink | None = None  # set once the secret handshake succeeded
         self.out: list[bytes] = []
         self.queued = 0  # bytes accepted and not yet handed to the kernel
         self.wake = trio.Event()
@@ -71,6 +86,25 @@ class _Peer:
     def close(self) -> None:
         self.closed = True
         self.scope.cancel()
+
+
+class _AuthDecoder:
+    """FrameDecoder's interface over an authenticated link."""
+
+    __slots__ = ("auth",)
+
+    def __init__(self, auth: AuthLink) -> None:
+        self.auth = auth
+
+    def feed(self, data: bytes) -> None:
+        self.auth.receive_data(data)
+
+    def next_frame(self) -> tuple[Header, Message] | None:
+        while (body := self.auth.next_body()) is not None:
+            decoded = decode_body(body)
+            if decoded is not None:  # None: unknown version, skipped
+                return decoded
+        return None
 
 
 class _Retry:
@@ -111,8 +145,10 @@ class Bus:
         connect_timeout: float = CONNECT_TIMEOUT,
         max_frame: int = MAX_FRAME,
         max_queue: int = MAX_QUEUE,
+        security: Any = None,
     ) -> None:
         self.core = core
+        self.security = security  # disque.security.Security, or None: no TLS, no secret
         self.drain = drain
         self.port = port
         self.bind = list(bind)
@@ -170,10 +206,18 @@ class Bus:
         if link is not None:
             link.close()
 
+    def auth_links(self) -> tuple[int, int]:
+        """(authenticated connections open, those using the previous secret)."""
+        peers = [p for p in (*self.links.values(), *self.conns.values()) if p.auth is not None and not p.closed]
+        return len(peers), sum(1 for p in peers if p.auth and p.auth.secret and p.auth.secret.previous)
+
     def _push(self, peer: _Peer | None, msg: Message) -> None:
-        if peer is None or peer.stream is None or peer.closed:
+        if peer is None or not peer.ready or peer.closed:
             return  # no link: dropped, as every bus message is best effort
-        frame = encode_frame(self.core.header(), msg)
+        if peer.auth is not None:
+            frame = peer.auth.seal(encode_body(self.core.header(), msg))
+        else:
+            frame = encode_frame(self.core.header(), msg)
         peer.out.append(frame)
         peer.queued += len(frame)
         peer.wake.set()
@@ -214,8 +258,14 @@ class Bus:
                     if retry := self._retry.get(key):
                         retry.delay = min(retry.delay * 2, MAX_BACKOFF_TICKS)
                     return
+                if not await self._secure(link, initiator=True):
+                    failed = True
+                    if retry := self._retry.get(key):
+                        retry.delay = min(retry.delay * 2, MAX_BACKOFF_TICKS)
+                    return
                 if retry := self._retry.get(key):
                     retry.delay = 1
+                link.ready = True
                 self._call(core.link_connected, key)
                 await self._session(link, partial(core.handle_bus, key=key))
         finally:
@@ -240,11 +290,71 @@ class Bus:
         deliver = partial(self.core.handle_bus, conn=conn, peer_ip=_host(peer_addr), local_ip=_host(local_addr))
         try:
             with peer.scope:
-                await self._session(peer, deliver)
+                if await self._secure(peer, initiator=False):
+                    peer.ready = True
+                    await self._session(peer, deliver)
         finally:
             del self.conns[conn]  # serve_listeners closes the stream
 
     # ------------------------------------------------------------ both directions
+
+    async def _secure(self, peer: _Peer, initiator: bool) -> bool:
+        """TLS, then the secret handshake, as configured.  False when the peer
+        fails either (logged and counted): the caller closes the connection."""
+        sec = self.security
+        if sec is None or (sec.keyring is None and not sec.bus_tls):
+            return True
+        assert peer.stream is not None
+        stage = "TLS"
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT):
+                if sec.bus_tls:
+                    ctx = sec.tls.bus_client if initiator else sec.tls.bus_server
+                    ssl_stream = trio.SSLStream(peer.stream, ctx, server_side=not initiator)
+                    await ssl_stream.do_handshake()
+                    peer.stream = ssl_stream
+                if sec.keyring is not None:
+                    stage = "authentication"
+                    auth = AuthLink(sec.keyring, initiator=initiator, max_frame=self.max_frame)
+                    await self._authenticate(peer.stream, auth)
+                    peer.auth = auth
+                    sec.stats.cluster_auth_handshakes_ok += 1
+                    if auth.secret is not None and auth.secret.previous:
+                        log.info("%s authenticated with cluster-secret-previous", peer.label)
+            return True
+        except AuthError as e:
+            sec.count_auth_error(e.kind)
+            sec.log("bus-auth-" + e.kind, logging.WARNING, "Refusing %s: %s", peer.label, e.reason)
+        except trio.TooSlowError:
+            self._count_stage(stage)
+            sec.log("bus-auth-timeout", logging.WARNING, "Refusing %s: %s handshake timed out", peer.label, stage)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as e:
+            self._count_stage(stage)
+            why = e.__cause__ or e
+            sec.log("bus-auth-closed", logging.WARNING, "Refusing %s: %s handshake failed: %s", peer.label, stage,
+                    getattr(why, "reason", None) or str(why) or "connection closed")  # fmt: skip
+        return False
+
+    def _count_stage(self, stage: str) -> None:
+        stats = self.security.stats
+        if stage == "TLS":
+            stats.tls_cluster_handshake_failures += 1
+        else:
+            stats.cluster_auth_handshakes_failed += 1
+
+    @staticmethod
+    async def _authenticate(stream: trio.abc.Stream, auth: AuthLink) -> None:
+        """Run the secret handshake; frames that follow it stay buffered in `auth`."""
+        while True:
+            if out := auth.data_to_send():
+                await stream.send_all(out)
+            if auth.established:
+                return
+            data = await stream.receive_some(READ_SIZE)
+            if not data:
+                raise AuthError("handshake", "the peer closed the connection during the handshake")
+            auth.receive_data(data)
+            auth.handshake_step()
 
     async def _session(self, peer: _Peer, deliver: Callable[[Header, Message], None]) -> None:
         """Read and write `peer` until either side fails; runs in `peer.scope`."""
@@ -254,7 +364,7 @@ class Bus:
 
     async def _read_loop(self, peer: _Peer, deliver: Callable[[Header, Message], None]) -> None:
         assert peer.stream is not None
-        decoder = FrameDecoder(self.max_frame)
+        decoder = _AuthDecoder(peer.auth) if peer.auth is not None else FrameDecoder(self.max_frame)
         try:
             while data := await peer.stream.receive_some(READ_SIZE):
                 decoder.feed(data)
@@ -262,6 +372,9 @@ class Bus:
                     self._call(deliver, *frame)
         except FrameError as e:
             self._warn("Closing %s: %s", peer.label, e.reason)
+        except AuthError as e:
+            self.security.count_auth_error(e.kind)
+            self.security.log("bus-auth-" + e.kind, logging.WARNING, "Closing %s: %s", peer.label, e.reason)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         peer.close()

@@ -50,6 +50,9 @@ class JobStore:
         self._jobs.pop(job.id)
         self.unschedule(job)
 
+    def values_from(self, start: int) -> Iterator[Job]:
+        return self._jobs.values_from(start)
+
     def values(self) -> Iterator[Job]:
         return self._jobs.values()
 

@@ -15,6 +15,7 @@ ten times a second.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import chain
 from typing import Generic, TypeVar
 
 K = TypeVar("K")
@@ -58,6 +59,14 @@ class BucketedDict(Generic[K, V]):
             if not bucket:
                 self._used &= ~(1 << index)
         return value
+
+    def values_from(self, start: int) -> Iterator[V]:
+        """Every element once, bucket by bucket from bucket `start` round to
+        it again.  Safe against deleting the element just returned."""
+        buckets = self._buckets
+        for index in chain(range(start, NBUCKETS), range(start)):
+            if buckets[index]:
+                yield from list(buckets[index].values())
 
     def values(self) -> Iterator[V]:
         for bucket in self._buckets:

@@ -8,6 +8,8 @@ it knows nothing about how the core got there.
 
 from __future__ import annotations
 
+import pytest
+
 from disque import admin
 from disque.node import BASE_MEMORY, QUEUE_OVERHEAD, NodeCore
 from disque.store.job import DELIVERED, IN_LIST, State
@@ -104,3 +106,10 @@ def advance(core: NodeCore, clock, ms: int, on_tick=None) -> None:
         core.tick()
         if on_tick is not None:
             on_tick()
+
+
+@pytest.fixture(autouse=True)
+def slow_only_when_asked(request: pytest.FixtureRequest) -> None:
+    """Tests marked `slow` (the long hypothesis runs) run with `-m slow` only."""
+    if request.node.get_closest_marker("slow") and "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("slow: run with -m slow")

@@ -106,7 +106,8 @@ def test_password(disque: Callable[..., Result], client: Client) -> None:
         assert (result.exit_code, result.stderr) == (1, "NOAUTH Authentication required.\n")
         assert ok(disque("-a", "pw", "PING")) == "PONG\n"
         assert ok(disque("--password", "pw", "QLEN", "q")) == "(integer) 0\n"
-    finally:
+    finally:  # open connections need AUTH too once a password is set
+        client.execute_command("AUTH", "pw")
         client.execute_command("CONFIG", "SET", "requirepass", "")
 
 

@@ -4,18 +4,20 @@ Theory of operation: `run_workload(plan, seed)` builds a `SimCluster`,
 forms it, and runs producers, consumers and the nemesis concurrently.
 Producers ADDJOB unique bodies on random live nodes, mixing at-least-once
 jobs (REPLICATE 2-3, RETRY 1-3) and at-most-once jobs (REPLICATE 1,
-RETRY 0), some with a short TTL; consumers GETJOB one job at a time on
-random live nodes and ACKJOB or FASTACK it (or, now and then, crash before
-acknowledging).  The nemesis plays `plan.steps`: partitions, heals, and the
-kill and restart of one victim node (restarts lose the victim's jobs, so only
-one node may ever die: a REPLICATE 2 job keeps a copy elsewhere).
+RETRY 0), some with a short TTL or a DELAY; consumers GETJOB one job at a
+time on random live nodes and ACKJOB or FASTACK it, sometimes after a
+WORKING, or now and then NACK it or crash before acknowledging.  The
+nemesis plays `plan.steps`: partitions, heals, and the kill and restart of
+one victim node (restarts lose the victim's jobs, so only one node may ever
+die: a REPLICATE 2 job keeps a copy elsewhere).
 
 After the schedule the cluster heals, the victim comes back and the mesh
-re-forms; producers stop; consumers keep going while a drainer polls every
-node, until no job has turned up for a while.  The run then waits for ACK
-garbage collection to settle and ends with a `scan` of every node.  Every
-client operation is recorded in a `disque.checker.History`, whose records
-`run_workload` returns for `disque.checker.check`.
+re-forms; producers stop a little later; consumers keep going while a
+drainer polls every node, until no job has turned up for a while.  The run
+then waits for ACK garbage collection to settle, ends with a `scan` of every
+node, and asserts that no dummy ACK survived (the scan cannot see them).
+Every client operation is recorded in a `disque.checker.History`, whose
+records `run_workload` returns for `disque.checker.check`.
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ from sim.network import CONNECTION_LOST, SimCluster, now_ms
 
 QUEUE = "jobs"
 ADDJOB_TIMEOUT_MS = 1000
+PRODUCE_AFTER_S = 3  # producers keep going this long on the healed cluster
 QUIET_S = 10  # a drain ends after this long without a delivery
 DRAIN_LIMIT_S = 120
 GC_LIMIT_S = 400
+ACK_COMMANDS = {ACK: "ACKJOB", FASTACK: "FASTACK"}
 
 
 @dataclass
@@ -88,10 +92,11 @@ class Workload:
             else:
                 opts = {"queue": QUEUE, "replicate": self.rng.choice((2, 3)), "retry": self.rng.randint(1, 3)}
             opts["ttl"] = self.rng.choice((15, 300, 300, 300))
+            delay = self.rng.choice((0, 0, 0, 1))
             op = self.history.invoke(process, node, ENQUEUE, body=body, value=opts)
             reply = await self.cluster.call(
-                node, "ADDJOB", QUEUE, body, ADDJOB_TIMEOUT_MS,
-                "REPLICATE", opts["replicate"], "RETRY", opts["retry"], "TTL", opts["ttl"],
+                node, "ADDJOB", QUEUE, body, ADDJOB_TIMEOUT_MS, "REPLICATE", opts["replicate"],
+                "RETRY", opts["retry"], "TTL", opts["ttl"], "DELAY", delay,
             )  # fmt: skip
             if isinstance(reply, bytes):
                 self.history.complete(op, OK, job=reply.decode())
@@ -139,9 +144,14 @@ class Workload:
         roll = self.rng.random()
         if roll < 0.05:
             return  # the consumer crashed: the job comes back after its retry
-        kind = FASTACK if roll < 0.2 else ACK
+        if roll < 0.1:  # gave up on it: queued again at once (not recorded)
+            await self.cluster.call(node, "NACK", job)
+            return
+        if roll < 0.15:  # a slow worker asks for more time first
+            await self.cluster.call(node, "WORKING", job)
+        kind = FASTACK if roll < 0.3 else ACK
         op = self.history.invoke(process, node, kind, job=job)
-        reply = await self.cluster.call(node, kind.upper() + ("JOB" if kind == ACK else ""), job)
+        reply = await self.cluster.call(node, ACK_COMMANDS[kind], job)
         if isinstance(reply, int):
             self.acked.add(job)
             self.history.complete(op, OK, value=reply)
@@ -169,7 +179,7 @@ class Workload:
         cluster.heal()
         if not cluster.nodes[self.plan.victim].alive:
             await cluster.restart(self.plan.victim)
-        await cluster.wait_for(cluster.meshed, timeout=60)
+        await cluster.form()
 
     # ------------------------------------------------------------ phases
 
@@ -188,7 +198,7 @@ class Workload:
         process = self._process()
         for node in self.cluster.nodes:
             op = self.history.invoke(process, node.index, SCAN)
-            cursor, ids = await self.cluster.call(node.index, "JSCAN", 0, "BUSYLOOP")
+            _, ids = await self.cluster.call(node.index, "JSCAN", 0, "BUSYLOOP")
             self.history.complete(op, OK, value=sorted(i.decode() for i in ids))
 
     async def run(self) -> list[Record]:
@@ -201,6 +211,7 @@ class Workload:
                 clients.start_soon(self.consumer)
             await self.nemesis()
             await self.recover()
+            await trio.sleep(PRODUCE_AFTER_S)
             self.producing = False
             clients.start_soon(self.consumer, True)
             await self.wait_quiet()
@@ -210,6 +221,8 @@ class Workload:
             await trio.sleep(5)
             waited += 5
         await self.scan()
+        dummies = [job for node in cluster.nodes for job in node.core.jobs.values() if job.is_dummy_ack]  # type: ignore[union-attr]
+        assert not dummies, f"dummy ACKs outlive the GC on a whole cluster: {dummies}"
         return self.history.records
 
 

@@ -1,0 +1,194 @@
+"""`disque check-aof [--fix] FILE`: report and repair an append-only file.
+
+Theory of operation: the whole file is parsed with the loader's parser and
+record checks (aof.py).  Problems are of two kinds.  A truncated tail (an
+unfinished last record, or a NUL-filled tail after power loss) is what the
+server itself tolerates with `aof-load-truncated yes`; `--fix` cuts it off
+in place.  Corruption in the middle (bad framing, unknown command, an
+undecodable LOADJOB) makes the server refuse to start; `--fix` drops each
+damaged region up to the next point where valid records resume, writes the
+result to a new file renamed over FILE, and keeps the original as
+`FILE.bak`.  A CLEANSHUTDOWN marker is dropped from a repaired file, since
+its queued states can no longer be trusted.
+
+Exit status: 0 when the file is valid or was repaired, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from disque.store.aof import (
+    SIGNATURES,
+    CLEANSHUTDOWN,
+    AofCorrupt,
+    all_nul,
+    check_record,
+    parse_record,
+    tail_is_corrupt,
+)
+
+USAGE = "Usage: disque check-aof [--fix] <file.aof>"
+
+
+@dataclass
+class Damage:
+    offset: int
+    length: int
+    reason: str
+    truncated: bool = False  # an unfinished tail rather than corruption
+
+
+@dataclass
+class Analysis:
+    size: int
+    records: int = 0
+    keep: list[tuple[int, int]] = field(default_factory=list)  # good (start, end) spans
+    damage: list[Damage] = field(default_factory=list)
+    marker: tuple[int, int] | None = None  # span of a trailing CLEANSHUTDOWN
+
+    @property
+    def ok_up_to(self) -> int:
+        return self.damage[0].offset if self.damage else self.size
+
+
+def _valid_at(data: bytes, pos: int) -> int | None:
+    """End of a valid record starting at pos, else None."""
+    try:
+        parsed = parse_record(data, pos)
+        if parsed is None:
+            return None
+        check_record(pos, parsed[0])
+    except AofCorrupt:
+        return None
+    return parsed[1]
+
+
+def _resync(data: bytes, start: int) -> int | None:
+    """The first offset after `start` where a valid record begins."""
+    pos = start + 1
+    while True:
+        found = [i for i in (data.find(sig, pos) for sig in SIGNATURES) if i >= 0]
+        if not found:
+            return None
+        at = min(found)
+        if _valid_at(data, at) is not None:
+            return at
+        pos = at + 1
+
+
+def analyze(data: bytes) -> Analysis:
+    result = Analysis(len(data))
+    n, pos = len(data), 0
+    while pos < n:
+        try:
+            parsed = parse_record(data, pos)
+            if parsed is None:
+                tail = data[pos:]
+                if all_nul(tail) or not tail_is_corrupt(tail):
+                    result.damage.append(Damage(pos, n - pos, "unfinished last record", truncated=True))
+                    break
+                raise AofCorrupt(pos, "damaged record (complete records follow an unfinished one)")
+            args, end = parsed
+            check_record(pos, args)
+        except AofCorrupt as e:
+            if all_nul(data[e.byte_offset :]):
+                result.damage.append(Damage(pos, n - pos, "NUL bytes at the end of the file", truncated=True))
+                break
+            nxt = _resync(data, pos)
+            stop = n if nxt is None else nxt
+            result.damage.append(Damage(pos, stop - pos, f"{e.message} (byte {e.byte_offset})"))
+            if nxt is None:
+                break
+            pos = nxt
+            continue
+        result.records += 1
+        result.keep.append((pos, end))
+        result.marker = (pos, end) if args[0].upper() == CLEANSHUTDOWN else None
+        pos = end
+    return result
+
+
+def repair(data: bytes, analysis: Analysis) -> bytes:
+    spans = analysis.keep
+    if analysis.marker is not None and analysis.damage:
+        spans = [s for s in spans if s != analysis.marker]
+    return b"".join(data[a:b] for a, b in spans)
+
+
+def _write_replacing(path: str, content: bytes) -> None:
+    tmp = f"{path}.fixing-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(content)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+
+
+def run(path: str, fix: bool, out: TextIO) -> int:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        print(f"Cannot open file {path}: {e.strerror}", file=out)
+        return 1
+    result = analyze(data)
+    diff = result.size - result.ok_up_to
+    print(f"AOF analyzed: size={result.size}, ok_up_to={result.ok_up_to}, diff={diff}", file=out)
+    print(f"{result.records} valid records", file=out)
+    if not result.damage:
+        print("AOF is valid", file=out)
+        return 0
+    for d in result.damage:
+        kind = "truncated" if d.truncated else "corrupt"
+        print(f"AOF is {kind} at offset {d.offset}: {d.reason} ({d.length} bytes)", file=out)
+    if not fix:
+        print(f"This will shrink the AOF from {result.size} bytes to {len(repair(data, result))} bytes.", file=out)
+        print("Run again with --fix to repair it (make a backup first).", file=out)
+        return 1
+    corrupt = [d for d in result.damage if not d.truncated]
+    try:
+        if not corrupt:
+            cut = result.damage[0].offset
+            if result.marker is not None:  # something was appended after it
+                cut = result.marker[0]
+                print("The clean-shutdown marker was removed: queued states will not be trusted", file=out)
+            with open(path, "r+b") as f:
+                f.truncate(cut)
+                f.flush()
+                os.fsync(f.fileno())
+            print(f"Successfully truncated AOF to {cut} bytes", file=out)
+            return 0
+        backup = path + ".bak"
+        with open(backup, "wb") as f:
+            f.write(data)
+        fixed = repair(data, result)
+        _write_replacing(path, fixed)
+    except OSError as e:
+        print(f"Failed to repair {path}: {e.strerror}", file=out)
+        return 1
+    dropped = sum(d.length for d in result.damage)
+    print(f"Dropped {dropped} bytes in {len(result.damage)} damaged region(s); original kept as {backup}", file=out)
+    if result.marker is not None and result.marker in result.keep:
+        print("The clean-shutdown marker was removed: queued states will not be trusted", file=out)
+    print(f"Successfully repaired AOF: {len(fixed)} bytes", file=out)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    args = list(argv)
+    fix = False
+    if args and args[0] == "--fix":
+        fix = True
+        args = args[1:]
+    if len(args) != 1 or args[0].startswith("-"):
+        print(USAGE, file=sys.stderr)
+        return 1
+    return run(args[0], fix, sys.stdout)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
