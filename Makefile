@@ -4,7 +4,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 PYTHON3 ?= python3
 
-.PHONY: run test bench venv tools clean
+.PHONY: run test bench venv tools clean jepsen jepsen-long
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
@@ -31,6 +31,14 @@ test: venv tools
 # Benchmarks print figures (ratios against redis-server measured in the same run).
 bench: venv tools
 	$(PY) bench/run.py
+
+# Fault injection against 5 real nodes (network namespaces as root, else TCP
+# proxies); results in jepsen-lite/runs/latest/.  See jepsen-lite/README.md.
+jepsen: venv
+	$(PY) jepsen-lite/run.py --faults halves,majority,bridge,kill --duration 48 --fault-s 8 --gap-s 4 --seed 1
+
+jepsen-long: venv
+	$(PY) jepsen-lite/run.py --faults all --duration 540 --fault-s 10 --gap-s 5 --seed 1
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -40,26 +40,9 @@ def _sizes(quick: bool) -> dict[str, int]:
 
 
 def _session() -> Any:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
+    from disque.spark import local_session
 
-    from disque.spark import DisqueDataSource
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("disque-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(DisqueDataSource)
-    return spark
+    return local_session("disque-bench")
 
 
 def _write(spark: Any, address: str, queue: str, rows: int, **options: str) -> float:

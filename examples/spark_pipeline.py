@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 import tempfile
@@ -51,24 +50,9 @@ def produce(node: str, first: int, count: int, seed: int) -> None:
 
 
 def session() -> Any:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need this venv
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
+    from disque.spark import local_session
 
-    from disque.spark import DisqueDataSource
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("disque-pipeline")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(DisqueDataSource)
-    return spark
+    return local_session("disque-pipeline")
 
 
 def start_query(spark: Any, nodes: str, checkpoint: str) -> Any:

@@ -31,25 +31,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def spark() -> Iterator[Any]:
     os.environ["PYSPARK_PYTHON"] = sys.executable  # workers need the venv's packages
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
+    from disque.spark import local_session
 
-    from disque.spark import DisqueDataSource
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("disque-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.streaming.stopTimeout", "30s")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    session.dataSource.register(DisqueDataSource)
+    session = local_session("disque-tests", **{"spark.sql.streaming.stopTimeout": "30s"})
     yield session
     session.stop()
 

@@ -1,0 +1,299 @@
+"""The network under test: nodes in network namespaces, or TCP proxies.
+
+`NetnsNet` (mode "netns") builds, for one run:
+
+* a hub namespace `<tag>-hub` holding a bridge `br0`;
+* one namespace per node `<tag>-n<i>` with a veth `eth0` plugged into the
+  bridge and its own address 10.<net>.0.<11+i>/24;
+* a client namespace `<tag>-c` (10.<net>.0.2) the harness process moves its
+  own threads into (setns), so every client connection crosses the bridge.
+
+Partitions are iptables DROP rules (INPUT from and OUTPUT to the peers a node
+must not see) installed atomically with iptables-restore inside each node's
+namespace; loss and delay are a tc netem qdisc on the node's eth0.  Nothing
+is changed outside these namespaces, and `close()` deletes them all.
+
+`ProxyNet` (mode "proxy", the fallback when namespaces cannot be made) runs
+every node on its own loopback address and routes every bus link through an
+in-process TCP proxy that can cut, slow or break it (see the class).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import select
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterable
+
+CLONE_NEWNET = 0x40000000
+
+
+def sh(*argv: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, input=input, text=True, capture_output=True, check=check)
+
+
+class NetnsNet:
+    mode = "netns"
+
+    def __init__(self, n: int, tag: str | None = None) -> None:
+        self.n = n
+        self.tag = tag or f"jl{os.getpid() % 100000}"
+        self.net = 100 + os.getpid() % 100  # 10.<net>.0.0/24, unlikely to clash between runs
+        self.hub = f"{self.tag}-hub"
+        self.client_ns = f"{self.tag}-c"
+        self.namespaces: list[str] = []
+        self.hosts = [f"10.{self.net}.0.{11 + i}" for i in range(n)]
+        self.netem_on: set[int] = set()
+        self.notes: list[str] = []
+
+    def ns(self, i: int) -> str:
+        return f"{self.tag}-n{i}"
+
+    def _add_ns(self, name: str) -> None:
+        sh("ip", "netns", "add", name)
+        self.namespaces.append(name)
+        sh("ip", "-n", name, "link", "set", "lo", "up")
+
+    def _plug(self, name: str, port: str, addr: str) -> None:
+        sh("ip", "-n", self.hub, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", name)
+        sh("ip", "-n", self.hub, "link", "set", port, "master", "br0", "up")
+        sh("ip", "-n", name, "addr", "add", f"{addr}/24", "dev", "eth0")
+        sh("ip", "-n", name, "link", "set", "eth0", "up")
+
+    def setup(self) -> None:
+        try:
+            self._add_ns(self.hub)
+            sh("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge")
+            sh("ip", "-n", self.hub, "link", "set", "br0", "up")
+            for i in range(self.n):
+                self._add_ns(self.ns(i))
+                self._plug(self.ns(i), f"p{i}", self.hosts[i])
+            self._add_ns(self.client_ns)
+            self._plug(self.client_ns, "pc", f"10.{self.net}.0.2")
+            self.enter(self.client_ns)
+        except Exception:
+            self.close()
+            raise
+
+    @staticmethod
+    def enter(name: str) -> None:
+        """Move the calling thread (and the threads it starts later) into `name`."""
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+        try:
+            if libc.setns(fd, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), f"setns {name}")
+        finally:
+            os.close(fd)
+
+    def prefix(self, i: int) -> list[str]:
+        """argv prefix that starts a process inside node i's namespace."""
+        return ["ip", "netns", "exec", self.ns(i)]
+
+    def partition(self, groups: Iterable[Iterable[int]]) -> None:
+        """Node i sees node j when some group holds both."""
+        groups = [set(g) for g in groups]
+        for i in range(self.n):
+            seen = set().union(*(g for g in groups if i in g)) if any(i in g for g in groups) else {i}
+            rules = []
+            for j in range(self.n):
+                if j not in seen:
+                    rules += [f"-A INPUT -s {self.hosts[j]} -j DROP", f"-A OUTPUT -d {self.hosts[j]} -j DROP"]
+            self._filter(i, rules)
+
+    def _filter(self, i: int, rules: list[str]) -> None:
+        table = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n"
+        sh("ip", "netns", "exec", self.ns(i), "iptables-restore", input=table + "".join(r + "\n" for r in rules) + "COMMIT\n")
+
+    def netem(self, nodes: Iterable[int], loss: float, delay_ms: int, jitter_ms: int) -> None:
+        """tc netem loss and delay; where the kernel has no netem, random
+        drops with the iptables statistic match (loss only, noted)."""
+        for i in nodes:
+            done = sh("ip", "netns", "exec", self.ns(i), "tc", "qdisc", "replace", "dev", "eth0", "root", "netem",
+                      "delay", f"{delay_ms}ms", f"{jitter_ms}ms", "loss", f"{loss}%", check=False)  # fmt: skip
+            if done.returncode == 0:
+                self.netem_on.add(i)
+                continue
+            note = f"tc netem unavailable ({done.stderr.strip()}): loss by iptables random drops, no delay"
+            if note not in self.notes:
+                self.notes.append(note)
+            p = f"{loss / 100:.3f}"
+            self._filter(i, [f"-A INPUT -i eth0 -m statistic --mode random --probability {p} -j DROP",
+                             f"-A OUTPUT -o eth0 -m statistic --mode random --probability {p} -j DROP"])  # fmt: skip
+
+    def heal(self) -> None:
+        for i in range(self.n):
+            self._filter(i, [])
+        for i in sorted(self.netem_on):
+            sh("ip", "netns", "exec", self.ns(i), "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+        self.netem_on.clear()
+
+    def close(self) -> None:
+        for name in reversed(self.namespaces):
+            sh("ip", "netns", "del", name, check=False)
+        self.namespaces.clear()
+
+
+# ------------------------------------------------------------------ fallback
+
+
+class ProxyNet:
+    """Nodes on loopback addresses, every bus link through an in-process proxy.
+
+    Node i binds its real address R_i = 127.0.1.<i+1> (client and bus port)
+    and is known to its peers by its public address A_i = 127.0.2.<i+1>, where
+    a proxy listens on the bus port.  The server dials peers from its bind
+    address and learns a peer's address from where the peer's connection comes
+    from, so: the proxy of node j accepts a connection from R_i (that names
+    the source, i) and forwards it to R_j from A_i.  Every node therefore only
+    ever sees public addresses, and each ordered pair (i -> j) of bus traffic
+    crosses a proxy that can cut it (partitions), slow it or drop it (netem:
+    a lost segment on TCP shows up as a broken link).  Clients talk to R_i
+    directly.
+    """
+
+    mode = "proxy"
+
+    def __init__(self, n: int, rng: random.Random) -> None:
+        self.n = n
+        self.rng = rng
+        self.hosts = [f"127.0.1.{i + 1}" for i in range(n)]
+        self.public = [f"127.0.2.{i + 1}" for i in range(n)]
+        self.blocked: set[tuple[int, int]] = set()
+        self.slow: set[int] = set()
+        self.loss = 0.0
+        self.delay = 0.0
+        self.proxies: list[_Proxy] = []
+        self.notes: list[str] = []
+
+    def setup(self) -> None:
+        pass
+
+    def prefix(self, i: int) -> list[str]:
+        return []
+
+    def start_proxies(self, ports: list[int]) -> None:
+        for j, port in enumerate(ports):
+            p = _Proxy(self, j, (self.public[j], port + 10000), (self.hosts[j], port + 10000))
+            self.proxies.append(p)
+            p.start()
+
+    def source(self, ip: str) -> int | None:
+        return self.hosts.index(ip) if ip in self.hosts else None
+
+    def partition(self, groups: Iterable[Iterable[int]]) -> None:
+        groups = [set(g) for g in groups]
+        self.blocked = {
+            (i, j) for i in range(self.n) for j in range(self.n) if i != j and not any(i in g and j in g for g in groups)
+        }
+        for p in self.proxies:
+            p.cut(lambda src, dst: (src, dst) in self.blocked)
+
+    def netem(self, nodes: Iterable[int], loss: float, delay_ms: int, jitter_ms: int) -> None:
+        self.slow = set(nodes)
+        self.loss, self.delay = loss / 100, delay_ms / 1000
+
+    def affected(self, src: int, dst: int) -> bool:
+        return src in self.slow or dst in self.slow
+
+    def heal(self) -> None:
+        self.blocked = set()
+        self.slow = set()
+        self.loss = self.delay = 0.0
+
+    def close(self) -> None:
+        for p in self.proxies:
+            p.stop()
+
+
+class _Proxy(threading.Thread):
+    """The bus listener of node `dst` at its public address."""
+
+    def __init__(self, net: ProxyNet, dst: int, listen: tuple[str, int], target: tuple[str, int]) -> None:
+        super().__init__(daemon=True)
+        self.net, self.dst, self.target = net, dst, target
+        self.sock = socket.create_server(listen)
+        self.pairs: list[tuple[int, socket.socket, socket.socket]] = []
+        self.lock = threading.Lock()
+        self.stopping = False
+
+    def cut(self, which) -> None:  # type: ignore[no-untyped-def]
+        with self.lock:
+            keep = []
+            for src, a, b in self.pairs:
+                if which(src, self.dst):
+                    _close(a, b)
+                else:
+                    keep.append((src, a, b))
+            self.pairs = keep
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.sock.close()
+        self.cut(lambda src, dst: True)
+
+    def run(self) -> None:
+        while not self.stopping:
+            try:
+                conn, addr = self.sock.accept()
+            except OSError:
+                return
+            src = self.net.source(addr[0])
+            if src is None or (src, self.dst) in self.net.blocked:
+                conn.close()
+                continue
+            try:
+                up = socket.create_connection(self.target, timeout=2, source_address=(self.net.public[src], 0))
+                up.settimeout(None)
+            except OSError:
+                conn.close()
+                continue
+            with self.lock:
+                self.pairs.append((src, conn, up))
+            threading.Thread(target=self._pump, args=(src, conn, up), daemon=True).start()
+
+    def _pump(self, src: int, a: socket.socket, b: socket.socket) -> None:
+        net = self.net
+        try:
+            while not self.stopping:
+                r, _, _ = select.select([a, b], [], [], 0.5)
+                if (src, self.dst) in net.blocked:
+                    break
+                for s in r:
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    if net.affected(src, self.dst):
+                        if net.loss and net.rng.random() < net.loss:
+                            return  # a lost segment on TCP looks like a broken link
+                        if net.delay:
+                            time.sleep(net.delay)
+                    (b if s is a else a).sendall(data)
+        except (OSError, ValueError):
+            pass
+        finally:
+            _close(a, b)
+
+
+def _close(*socks: socket.socket) -> None:
+    for s in socks:
+        try:
+            s.close()
+        except OSError:
+            pass
+
+
+def setup_proxies(net: ProxyNet, nodes: list) -> None:  # type: ignore[type-arg]
+    """Start the proxies and introduce every node to node 0 by public address."""
+    from cluster import call_once, wait_mesh
+
+    net.start_proxies([node.port for node in nodes])
+    for node in nodes[1:]:
+        call_once(node.host, node.port, "CLUSTER", "MEET", net.public[0], nodes[0].port)
+    if not wait_mesh(nodes, 30):
+        raise RuntimeError("the cluster did not form through the proxies")

@@ -1,0 +1,470 @@
+#!/usr/bin/env python3
+"""jepsen-lite: a fault-injection run against a real Disque cluster.
+
+    .venv/bin/python jepsen-lite/run.py [--faults halves,kill] [--workload mixed]
+        [--duration 60] [--seed 1] [--nodes 5] [--mode auto|netns|proxy] ...
+
+See jepsen-lite/README.md.  Exit status 0 when the history checks valid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from hiredis import ReplyError  # noqa: E402
+
+from cluster import Conn, Node, call_once, join, wait_mesh  # noqa: E402
+from disque import checker_stats  # noqa: E402
+from disque.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, OK, SCAN, History, check  # noqa: E402
+
+ALL_FAULTS = ("halves", "majority", "bridge", "kill", "pause", "netem")
+QUEUE = "jepsen"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# ---------------------------------------------------------------- schedule
+
+
+def schedule(rng: random.Random, faults: list[str], n: int, duration: float, fault_s: float, gap_s: float) -> list[dict[str, Any]]:
+    """The fault plan, fixed by the seed: [{at, fault, hold, ...params}]."""
+    plan, t, k = [], gap_s, 0
+    order = list(faults)
+    while t + fault_s <= duration and faults:
+        if k % len(order) == 0:
+            rng.shuffle(order)
+        fault = order[k % len(order)]
+        k += 1
+        nodes = list(range(n))
+        rng.shuffle(nodes)
+        step: dict[str, Any] = {"at": round(t, 3), "fault": fault, "hold": fault_s}
+        if fault == "halves":
+            cut = n // 2
+            step["groups"] = [sorted(nodes[:cut]), sorted(nodes[cut:])]
+        elif fault == "majority":
+            step["groups"] = [[nodes[0]], sorted(nodes[1:])]
+        elif fault == "bridge":
+            half = n // 2
+            step["bridge"] = nodes[0]
+            step["groups"] = [sorted(nodes[: half + 1]), sorted([nodes[0], *nodes[half + 1 :]])]
+        elif fault in ("kill", "pause"):
+            step["node"] = nodes[0]
+        elif fault == "netem":
+            step.update(nodes=sorted(nodes[: max(2, n // 2)]), loss=10, delay_ms=50, jitter_ms=25)
+        plan.append(step)
+        t += fault_s + gap_s
+    return plan
+
+
+# ---------------------------------------------------------------- clients
+
+
+class Workload:
+    def __init__(self, args: argparse.Namespace, nodes: list[Node]) -> None:
+        self.args, self.nodes = args, nodes
+        self.history = History(now_ms)
+        self.lock = threading.Lock()
+        self.producing = threading.Event()
+        self.consuming = threading.Event()
+        self.draining = threading.Event()
+        self.last_delivery = time.monotonic()
+        self.next_process = 0
+
+    def record(self, type: str, process: Any, node: Any, op: str, **fields: Any) -> dict[str, Any]:
+        with self.lock:
+            return self.history.add(type, process, node, op, **fields)
+
+    def nemesis(self, phase: str, fault: str, **value: Any) -> None:
+        self.record(INFO, "nemesis", None, checker_stats.NEMESIS, value={"fault": fault, "phase": phase, **value})
+
+    def options(self, rng: random.Random) -> dict[str, Any]:
+        kind = self.args.workload
+        if kind == "mixed":
+            kind = "at-most-once" if rng.random() < 0.25 else "at-least-once"
+        if kind == "at-most-once":
+            opts = {"queue": QUEUE, "replicate": 1, "retry": 0}
+        else:
+            opts = {"queue": QUEUE, "replicate": rng.choice((2, 3)), "retry": rng.randint(1, 3)}
+        opts["ttl"] = rng.choice((20, 300, 300, 300))
+        return opts
+
+    def _conn(self, conns: dict[int, Conn], i: int) -> Conn:
+        if i not in conns:
+            node = self.nodes[i]
+            conns[i] = Conn(node.host, node.port, self.args.client_timeout)
+        return conns[i]
+
+    def _call(self, conns: dict[int, Conn], i: int, *args: Any) -> Any:
+        """The reply, a ReplyError, or an OSError/ConnectionError raised."""
+        try:
+            return self._conn(conns, i).call(*args)
+        except (OSError, ConnectionError):
+            c = conns.pop(i, None)
+            if c:
+                c.close()
+            raise
+
+    def producer(self, process: int) -> None:
+        rng = random.Random(f"{self.args.seed}-p{process}")
+        conns: dict[int, Conn] = {}
+        count = 0
+        while self.producing.is_set():
+            i = rng.randrange(len(self.nodes))
+            count += 1
+            body = f"{process}-{count}"
+            opts = self.options(rng)
+            self.record("invoke", process, i, ENQUEUE, body=body, value=opts)
+            try:
+                reply = self._call(conns, i, "ADDJOB", QUEUE, body, self.args.addjob_timeout_ms,
+                                   "REPLICATE", opts["replicate"], "RETRY", opts["retry"], "TTL", opts["ttl"])  # fmt: skip
+            except (OSError, ConnectionError) as e:
+                self.record(INFO, process, i, ENQUEUE, body=body, value=repr(e))
+                time.sleep(rng.uniform(0.05, 0.2))
+                continue
+            if isinstance(reply, bytes):
+                self.record(OK, process, i, ENQUEUE, job=reply.decode(), body=body)
+            elif isinstance(reply, ReplyError) and "Not enough reachable" in str(reply):
+                self.record(FAIL, process, i, ENQUEUE, body=body, value=str(reply))
+            else:  # a replication timeout leaves copies behind
+                self.record(INFO, process, i, ENQUEUE, body=body, value=str(reply))
+            time.sleep(rng.uniform(0.0, self.args.think_ms / 1000))
+
+    def consumer(self, process: int) -> None:
+        rng = random.Random(f"{self.args.seed}-c{process}")
+        conns: dict[int, Conn] = {}
+        turn = process
+        while self.consuming.is_set():
+            if self.draining.is_set():
+                turn += 1
+                i = turn % len(self.nodes)
+                options: tuple[Any, ...] = ("NOHANG",)
+            else:
+                i = rng.randrange(len(self.nodes))
+                options = ("TIMEOUT", 500)
+            self.record("invoke", process, i, DEQUEUE, value={"queues": [QUEUE]})
+            try:
+                reply = self._call(conns, i, "GETJOB", *options, "COUNT", 1, "FROM", QUEUE)
+            except (OSError, ConnectionError) as e:
+                self.record(INFO, process, i, DEQUEUE, value=repr(e))
+                time.sleep(rng.uniform(0.05, 0.2))
+                continue
+            if not isinstance(reply, list) or not reply:
+                self.record(FAIL, process, i, DEQUEUE, value=None if reply is None else str(reply))
+                if self.draining.is_set():
+                    time.sleep(0.02)
+                continue
+            _, job, body = reply[0][:3]
+            job = job.decode()
+            self.record(OK, process, i, DEQUEUE, job=job, body=body.decode())
+            self.last_delivery = time.monotonic()
+            self.acknowledge(conns, rng, process, i, job)
+
+    def acknowledge(self, conns: dict[int, Conn], rng: random.Random, process: int, i: int, job: str) -> None:
+        mode = self.args.ack
+        kind = (FASTACK if rng.random() < 0.3 else ACK) if mode == "mixed" else (FASTACK if mode == "fastack" else ACK)
+        self.record("invoke", process, i, kind, job=job)
+        try:
+            reply = self._call(conns, i, "FASTACK" if kind == FASTACK else "ACKJOB", job)
+        except (OSError, ConnectionError) as e:
+            self.record(INFO, process, i, kind, job=job, value=repr(e))
+            return
+        if isinstance(reply, int):
+            self.record(OK, process, i, kind, job=job, value=reply)
+        else:
+            self.record(INFO, process, i, kind, job=job, value=str(reply))
+
+    def acked(self) -> set[str]:
+        with self.lock:
+            return {r["job"] for r in self.history.records if r["op"] in (ACK, FASTACK) and r["type"] == OK}
+
+    def explain_uncollected(self, acked: set[str], limit: int = 10) -> list[Any]:
+        """SHOW of acknowledged jobs some node still holds (for the report)."""
+        out: list[Any] = []
+        for node in self.nodes:
+            try:
+                _, ids = call_once(node.host, node.port, "JSCAN", 0, "BUSYLOOP", "COUNT", 1000000, timeout=10)
+                for job in sorted(i.decode() for i in ids if i.decode() in acked)[:limit]:
+                    show = call_once(node.host, node.port, "SHOW", job, timeout=5)
+                    out.append({"node": node.index, "job": job, "show": _text(show)})
+            except (OSError, ConnectionError, ValueError) as e:
+                out.append({"node": node.index, "error": repr(e)})
+        return out
+
+    def scan(self, record: bool) -> set[str]:
+        """IDs held per node (JSCAN BUSYLOOP); recorded as scan ops if asked."""
+        held: set[str] = set()
+        for node in self.nodes:
+            if record:
+                self.record("invoke", "scan", node.index, SCAN)
+            try:
+                _, ids = call_once(node.host, node.port, "JSCAN", 0, "BUSYLOOP", "COUNT", 1000000, timeout=10)
+                ids = sorted(i.decode() for i in ids)
+            except (OSError, ConnectionError, ValueError) as e:
+                if record:
+                    self.record(INFO, "scan", node.index, SCAN, value=repr(e))
+                continue
+            held.update(ids)
+            if record:
+                self.record(OK, "scan", node.index, SCAN, value=ids)
+        return held
+
+
+def _text(reply: Any) -> Any:
+    if isinstance(reply, bytes):
+        return reply.decode(errors="replace")
+    if isinstance(reply, list):
+        return [_text(r) for r in reply]
+    return reply if isinstance(reply, (int, type(None))) else str(reply)
+
+
+# ---------------------------------------------------------------- the run
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def make_net(args: argparse.Namespace, rng: random.Random) -> Any:
+    from net import NetnsNet, ProxyNet
+
+    if args.mode in ("auto", "netns"):
+        net = NetnsNet(args.nodes)
+        try:
+            net.setup()
+            return net
+        except Exception as e:  # noqa: BLE001
+            if args.mode == "netns":
+                raise
+            log(f"network namespaces unavailable ({e}); falling back to proxies")
+    net = ProxyNet(args.nodes, random.Random(rng.random()))
+    net.setup()
+    return net
+
+
+def start_cluster(args: argparse.Namespace, net: Any, workdir: Path) -> list[Node]:
+    from disque.devcluster import free_port
+
+    conf = (
+        f"protected-mode no\nappendonly yes\nappendfsync everysec\ncluster-node-timeout {args.node_timeout_ms}\n"
+    )
+    nodes = []
+    for i in range(args.nodes):
+        port = args.port if net.mode == "netns" else free_port()
+        nodes.append(Node(i, net.hosts[i], port, workdir / f"n{i}", net.prefix(i), conf))
+    for node in nodes:
+        node.start()
+    if net.mode == "proxy":
+        from net import setup_proxies
+
+        setup_proxies(net, nodes)
+    else:
+        join(nodes)
+    return nodes
+
+
+def apply(step: dict[str, Any], net: Any, nodes: list[Node], on: bool) -> None:
+    fault = step["fault"]
+    if fault in ("halves", "majority", "bridge"):
+        net.partition(step["groups"]) if on else net.heal()
+    elif fault == "netem":
+        net.netem(step["nodes"], step["loss"], step["delay_ms"], step["jitter_ms"]) if on else net.heal()
+    elif fault == "kill":
+        node = nodes[step["node"]]
+        node.kill9() if on else node.start()
+    elif fault == "pause":
+        node = nodes[step["node"]]
+        node.pause() if on else node.resume()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    faults = ALL_FAULTS if args.faults == "all" else tuple(f for f in args.faults.split(",") if f and f != "none")
+    for f in faults:
+        if f not in ALL_FAULTS:
+            raise SystemExit(f"unknown fault {f!r} (choose from {', '.join(ALL_FAULTS)}, all, none)")
+    plan = schedule(rng, list(faults), args.nodes, args.duration, args.fault_s, args.gap_s)
+    runs = Path(args.runs_dir)
+    rundir = runs / f"{time.strftime('%Y%m%d-%H%M%S')}-seed{args.seed}-{os.getpid()}"
+    rundir.mkdir(parents=True)
+    latest = runs / "latest"
+    if latest.is_symlink() or latest.exists():
+        latest.unlink()
+    latest.symlink_to(rundir.name)
+    log(f"run directory {rundir}")
+    (rundir / "plan.json").write_text(json.dumps({"args": vars(args), "plan": plan}, indent=1))
+
+    net = make_net(args, rng)
+    log(f"mode: {net.mode}")
+    nodes: list[Node] = []
+    wl: Workload | None = None
+    threads: list[threading.Thread] = []
+    injected: list[dict[str, Any]] = []
+    t_start = time.monotonic()
+    notes: list[str] = []
+    diagnostics: list[Any] = []
+    try:
+        nodes = start_cluster(args, net, rundir / "nodes")
+        log(f"{len(nodes)} nodes up: {', '.join(f'{n.host}:{n.port}' for n in nodes)}")
+        wl = Workload(args, nodes)
+        wl.producing.set()
+        wl.consuming.set()
+        for p in range(args.producers):
+            threads.append(threading.Thread(target=wl.producer, args=(p,), daemon=True))
+        for c in range(args.consumers):
+            threads.append(threading.Thread(target=wl.consumer, args=(1000 + c,), daemon=True))
+        for t in threads:
+            t.start()
+        t0 = time.monotonic()
+        for step in plan:
+            time.sleep(max(0.0, t0 + step["at"] - time.monotonic()))
+            log(f"fault {step['fault']}: {json.dumps({k: v for k, v in step.items() if k not in ('at', 'fault', 'hold')})}")
+            wl.nemesis("start", step["fault"], **{k: v for k, v in step.items() if k not in ("fault",)})
+            try:
+                apply(step, net, nodes, True)
+                injected.append(step)
+            except Exception as e:  # noqa: BLE001
+                notes.append(f"could not inject {step['fault']} at {step['at']}s: {e!r}")
+            time.sleep(step["hold"])
+            try:
+                apply(step, net, nodes, False)
+            except Exception as e:  # noqa: BLE001
+                notes.append(f"could not end {step['fault']} at {step['at']}s: {e!r}")
+            wl.nemesis("stop", step["fault"])
+            log(f"healed {step['fault']}")
+        time.sleep(max(0.0, t0 + args.duration - time.monotonic()))
+        # heal everything, restart what is down, wait for the full mesh
+        net.heal()
+        for node in nodes:
+            node.resume()
+            if not node.alive():
+                notes.append(f"node {node.index} was down at the end of the faults (exit {node.proc.returncode if node.proc else None})")
+                node.start()
+        if not wait_mesh(nodes, 60):
+            notes.append("the cluster did not reconnect within 60 s after healing")
+        log("healed; producing a little longer")
+        time.sleep(args.after_s)
+        wl.producing.clear()
+        wl.draining.set()
+        log("draining every node")
+        wl.last_delivery = time.monotonic()
+        drain_start = time.monotonic()
+        while time.monotonic() - wl.last_delivery < args.quiet_s:
+            if time.monotonic() - drain_start > args.drain_limit_s:
+                notes.append("drain did not go quiet in time")
+                break
+            time.sleep(0.5)
+        wl.consuming.clear()
+        for t in threads:
+            t.join(10)
+        log("waiting for acknowledged jobs to be collected")
+        acked, gc_start = wl.acked(), time.monotonic()
+        while wl.scan(record=False) & acked and time.monotonic() - gc_start < args.gc_limit_s:
+            time.sleep(2)
+        wl.scan(record=True)
+        diagnostics = wl.explain_uncollected(acked)
+        for node in nodes:
+            if not node.alive():
+                notes.append(f"node {node.index} died (exit {node.proc.returncode if node.proc else None})")
+    finally:
+        for node in nodes:
+            node.stop()
+        net.close()
+        if wl is not None:
+            with open(rundir / "history.jsonl", "w") as out:
+                wl.history.dump(out)
+    elapsed = time.monotonic() - t_start
+    notes.extend(net.notes)
+
+    records = wl.history.records
+    verdict = check(records, ttl_grace_ms=args.ttl_grace_ms).to_json()
+    results = {
+        "valid": verdict["valid"] and not any("died" in n for n in notes),
+        "mode": net.mode,
+        "seed": args.seed,
+        "workload": args.workload,
+        "ack": args.ack,
+        "lost": verdict.get("lost", 0),
+        "unexpected": verdict.get("unexpected", 0),
+        "duplicated": verdict.get("duplicated", 0),
+        "recovered": verdict.get("recovered", 0),
+        "enqueued": verdict.get("acknowledged", 0),
+        "checker": verdict,
+        "faults": injected,
+        "fault_counts": {f: sum(1 for s in injected if s["fault"] == f) for f in sorted({s["fault"] for s in injected})},
+        "latency_ms": checker_stats.latencies(records),
+        "elapsed_s": round(elapsed, 1),
+        "notes": notes,
+        "diagnostics": diagnostics,
+        "args": vars(args),
+    }
+    ops = checker_stats.operations(records)
+    results["ops_per_s"] = round(sum(1 for o in ops if o["type"] == OK) / max(elapsed, 1), 1)
+    (rundir / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    try:
+        import report
+
+        report.write(rundir, records, results)
+    except ImportError as e:
+        log(f"no plots ({e}); install matplotlib")
+    log(
+        f"{'VALID' if results['valid'] else 'INVALID'}: enqueued {results['enqueued']}, lost {results['lost']}, "
+        f"unexpected {results['unexpected']}, duplicated {results['duplicated']}, recovered {results['recovered']}, "
+        f"late {verdict.get('late')}, uncollected {verdict.get('uncollected')}, "
+        f"at-most-once duplicated {verdict.get('at_most_once_duplicated')} ({net.mode} mode, {elapsed:.0f}s)"
+    )
+    for n in notes:
+        log(f"note: {n}")
+    return results
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Fault-injection run against a real Disque cluster.")
+    p.add_argument("--faults", default="halves,majority,bridge,kill",
+                   help=f"comma list of {', '.join(ALL_FAULTS)}; 'all' or 'none' (default: %(default)s)")  # fmt: skip
+    p.add_argument("--workload", choices=("at-least-once", "at-most-once", "mixed"), default="mixed")
+    p.add_argument("--ack", choices=("ackjob", "fastack", "mixed"), default="mixed", help="how consumers acknowledge")
+    p.add_argument("--duration", type=float, default=60, help="seconds of faults (default: %(default)s)")
+    p.add_argument("--fault-s", type=float, default=8, help="how long each fault holds")
+    p.add_argument("--gap-s", type=float, default=4, help="healthy seconds between faults")
+    p.add_argument("--seed", type=int, default=1, help="fixes the fault schedule and the workload choices")
+    p.add_argument("--nodes", type=int, default=5)
+    p.add_argument("--mode", choices=("auto", "netns", "proxy"), default="auto")
+    p.add_argument("--producers", type=int, default=5)
+    p.add_argument("--consumers", type=int, default=5)
+    p.add_argument("--think-ms", type=float, default=50, help="max pause between enqueues per producer")
+    p.add_argument("--port", type=int, default=7711, help="client port of every node in netns mode")
+    p.add_argument("--node-timeout-ms", type=int, default=1000)
+    p.add_argument("--addjob-timeout-ms", type=int, default=1000)
+    p.add_argument("--client-timeout", type=float, default=3.0, help="socket timeout, seconds")
+    p.add_argument("--after-s", type=float, default=5, help="seconds of producing after healing")
+    p.add_argument("--quiet-s", type=float, default=8, help="drain ends after this long without a delivery")
+    p.add_argument("--drain-limit-s", type=float, default=120)
+    p.add_argument("--gc-limit-s", type=float, default=60, help="max wait for acked jobs to be collected")
+    p.add_argument("--ttl-grace-ms", type=int, default=2000)
+    p.add_argument("--runs-dir", default=str(HERE / "runs"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    results = run(args)
+    return 0 if results["valid"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

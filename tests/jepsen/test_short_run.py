@@ -1,0 +1,38 @@
+"""The short jepsen-lite run (`make jepsen`): a 5-node cluster of real
+processes, random-halves, majority/minority and bridge partitions plus one
+kill -9 and restart, under a mixed at-least-once/at-most-once workload.
+
+No acknowledged job may be lost, nothing unexpected may be delivered and no
+at-most-once job may be delivered twice.  Two findings of the harness are
+still open and are reported, not asserted here: jobs delivered a few seconds
+after their TTL (the relative TTL carried by bus messages grows by up to a
+second per hop) and an acknowledged job revived from the AOF of a node that
+was killed during a partition."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SHORT = ["--faults", "halves,majority,bridge,kill", "--duration", "48", "--fault-s", "8", "--gap-s", "4", "--seed", "1"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_short_run_loses_nothing(tmp_path: Path) -> None:
+    argv = [sys.executable, str(ROOT / "jepsen-lite" / "run.py"), *SHORT, "--runs-dir", str(tmp_path)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=540)
+    output = done.stdout + done.stderr
+    results = json.loads((tmp_path / "latest" / "results.json").read_text())
+    assert results["mode"] in ("netns", "proxy"), output
+    assert sorted(f["fault"] for f in results["faults"]) == ["bridge", "halves", "kill", "majority"], output
+    assert results["enqueued"] > 100, output
+    assert results["checker"]["at_most_once_duplicated"] == 0, output
+    assert (results["lost"], results["unexpected"]) == (0, 0), output
+    for name in ("history.jsonl", "index.html", "latency.png", "throughput.png"):
+        assert (tmp_path / "latest" / name).exists(), name
