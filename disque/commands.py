@@ -59,6 +59,8 @@ def command(name: str, arity: int, flags: str) -> Callable[[Handler], Handler]:
 def parse_int(raw: bytes) -> int:
     """Strict int64 (commands.md §1.2): optional sign, digits only; the empty
     string is 0 (upstream quirk).  ValueError otherwise."""
+    if raw.isdigit() and len(raw) < 19:
+        return int(raw)
     digits = raw[1:] if raw[:1] in (b"-", b"+") else raw
     if raw and not digits.isdigit():
         raise ValueError(raw)

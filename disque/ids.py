@@ -14,12 +14,20 @@ from __future__ import annotations
 import random
 
 ID_LEN = 48
+_PREFIX: dict[str, bytes] = {}
+_SUFFIX: dict[int, bytes] = {}
 
 
 def new_job_id(node_id: str, rng: random.Random, ttl: int, retry: int) -> bytes:
     minutes = min(ttl // 60, 65535)
     minutes = minutes | 1 if retry > 0 else minutes & ~1
-    return b"DI%s%032x%04xSQ" % (node_id[:8].encode(), rng.getrandbits(128), minutes)
+    prefix = _PREFIX.get(node_id)
+    if prefix is None:
+        prefix = _PREFIX[node_id] = b"DI" + node_id[:8].encode()
+    suffix = _SUFFIX.get(minutes)
+    if suffix is None:
+        suffix = _SUFFIX[minutes] = b"%04xSQ" % minutes
+    return prefix + rng.getrandbits(128).to_bytes(16, "big").hex().encode() + suffix
 
 
 def valid_id(job_id: bytes) -> bool:

@@ -58,6 +58,9 @@ from disque.store.jobs import JobStore
 from disque.store.queue import PAUSE_IN, PAUSE_OUT, Queue
 from disque.store.scan import NBUCKETS, BucketedDict
 
+# Module-level aliases: attribute lookups on an IntEnum are slow in the hot path.
+S_WAIT_REPL, S_ACTIVE, S_QUEUED, S_ACKED = State.WAIT_REPL, State.ACTIVE, State.QUEUED, State.ACKED
+
 # Memory estimate (cluster.md §11): the dataset size, not the process RSS.
 BASE_MEMORY = 800_000  # an idle node, as upstream reports it
 JOB_OVERHEAD = 160  # per job record, on top of id + queue + body bytes
@@ -221,6 +224,7 @@ class NodeCore:
         self.monitors: dict[int, Client] = {}
         self.slowlog: deque[tuple[int, int, int, list[bytes]]] = deque()
         self.slowlog_id = 0
+        self._expiry = (0, 1000)  # (etime, its expiry awake time) of the last job scheduled
 
     # ------------------------------------------------------------------ time
 
@@ -343,7 +347,7 @@ class NodeCore:
             for job in self.jobs.values_from(self.rng.randrange(NBUCKETS)):
                 if fruitless >= 10 or self.mem_level() < 2:
                     break
-                if job.state == State.ACKED or (job.retry == 0 and job.flags & DELIVERED):
+                if job.state == S_ACKED or (job.retry == 0 and job.flags & DELIVERED):
                     self.delete_job(job)
                     fruitless = 0
                 else:
@@ -408,12 +412,12 @@ class NodeCore:
 
     def delete_job(self, job: Job, log: bool = True) -> None:
         """Unregister a job, whatever the cause (cluster.md §8.7)."""
-        if job.state == State.QUEUED:
+        if job.state == S_QUEUED:
             self._queue(job.queue).discard(job)  # type: ignore[arg-type]
             job.move(DEQUEUE)
-        if log and job.state == State.ACTIVE:
+        if log and job.state == S_ACTIVE:
             self.aof_deljob(job.id)
-        if job.state == State.WAIT_REPL:
+        if job.state == S_WAIT_REPL:
             self.replication.forget(job.id)
             client = self.repl_waiters.pop(job.id, None)
             if client is not None:
@@ -424,12 +428,17 @@ class NodeCore:
         self._account(-self.job_size(job))
 
     def reschedule(self, job: Job) -> None:
-        at = job.etime * 1000 + 1000
+        etime, at = self._expiry
+        if job.etime == etime:  # jobs created in the same second share these int objects (memory)
+            job.etime = etime
+        else:
+            at = job.etime * 1000 + 1000
+            self._expiry = (job.etime, at)
         state = job.state
-        if state == State.ACKED:
+        if state == S_ACKED:
             gc_at = self.now + min(1000 << job.gc_retry, GC_MAX_DELAY) + self.jitter()
             at = min(at, gc_at)
-        elif state != State.WAIT_REPL and job.qtime:
+        elif state != S_WAIT_REPL and job.qtime:
             at = min(at, job.qtime - (WILLQUEUE_LEAD if job.flags & BCAST_WILLQUEUE else 0))
         self.jobs.schedule(job, at)
 
@@ -440,13 +449,13 @@ class NodeCore:
             self.delete_job(job)
             return
         state = job.state
-        if state in (State.ACTIVE, State.QUEUED) and job.qtime:
+        if state in (S_ACTIVE, S_QUEUED) and job.qtime:
             if job.flags & BCAST_WILLQUEUE and job.qtime - WILLQUEUE_LEAD <= now:
-                if state == State.ACTIVE:
+                if state == S_ACTIVE:
                     self.broadcast(job.nodes_delivered, m.WillQueue(job.id))
                 job.flags &= ~BCAST_WILLQUEUE
             elif job.qtime <= now:
-                if state == State.ACTIVE:
+                if state == S_ACTIVE:
                     queue = self.queues.get(job.queue)  # type: ignore[arg-type]
                     if job.retry and queue is not None and queue.pause & PAUSE_IN:
                         job.qtime = now + job.retry * 1000 + self.jitter()
@@ -455,14 +464,14 @@ class NodeCore:
                 elif job.retry:
                     job.qtime = now + job.retry * 1000 + self.jitter()
                     job.flags |= BCAST_WILLQUEUE
-        elif state == State.ACKED:
+        elif state == S_ACKED:
             self.try_gc(job)
         if job.id in self.jobs:
             self.reschedule(job)
 
-    def enqueue(self, job: Job, nack: bool = False) -> bool:
+    def enqueue(self, job: Job, nack: bool = False, queue: Queue | None = None) -> bool:
         """Queue a job (cluster.md §8.3).  False when refused."""
-        if job.state == State.QUEUED or not job.qtime or (job.retry == 0 and job.flags & DELIVERED):
+        if job.state == S_QUEUED or not job.qtime or (job.retry == 0 and job.flags & DELIVERED):
             return False
         job.move(ENQUEUE)
         if job.retry:
@@ -478,8 +487,9 @@ class NodeCore:
                 job.deliv = min(job.deliv + 1, 0xFFFF)
         else:
             job.flags |= BCAST_QUEUED
-        queue = self._queue(job.queue)  # type: ignore[arg-type]
-        job.queue = queue.name
+        if queue is None:
+            queue = self._queue(job.queue)  # type: ignore[arg-type]
+            job.queue = queue.name
         queue.push(job)
         queue.atime = self.now
         queue.jobs_in += 1
@@ -489,7 +499,7 @@ class NodeCore:
         return True
 
     def dequeue(self, job: Job) -> bool:
-        if job.state != State.QUEUED:
+        if job.state != S_QUEUED:
             return False
         self._queue(job.queue).discard(job)  # type: ignore[arg-type]
         job.move(DEQUEUE)
@@ -507,10 +517,10 @@ class NodeCore:
         return job
 
     def acknowledge(self, job: Job) -> None:
-        if job.state == State.ACKED:
+        if job.state == S_ACKED:
             return
         self.dequeue(job)
-        was_active = job.state == State.ACTIVE
+        was_active = job.state == S_ACTIVE
         job.move(ACK)
         job.nodes_confirmed = None
         if was_active:
@@ -540,7 +550,7 @@ class NodeCore:
 
     def adopt(self, job: Job) -> Job:
         """Register a job received from a peer (cluster.md §8.1 receive rules)."""
-        job.state = State.ACTIVE
+        job.state = S_ACTIVE
         job.gc_retry = 0
         job.flags = 0
         if job.retry:
@@ -582,6 +592,7 @@ class NodeCore:
             raise errors.NOREPL_REACH
         existing = self.queues.get(queue)
         if existing is not None:
+            queue = existing.name  # share the name bytes between jobs
             if "maxlen" in opts and len(existing) >= opts["maxlen"]:
                 raise errors.MAXLEN
             if existing.pause & PAUSE_IN:
@@ -597,8 +608,13 @@ class NodeCore:
         job.qtime = now + (delay or retry) * 1000
         if additional:
             return self.replication.start(client, job, additional, timeout, is_async, extrepl)
-        self.register(job, schedule=False)
-        self.queue_new_job(job)
+        self.jobs.add(job)
+        self._account(JOB_OVERHEAD + len(job_id) + len(body) + len(queue))
+        if delay == 0:
+            self.enqueue(job, queue=existing)
+        else:
+            self.reschedule(job)
+        self.aof_loadjob(job)
         return Status(job_id)
 
     def queue_new_job(self, job: Job) -> None:

@@ -25,6 +25,8 @@ from typing import Any
 
 from disque.store.job import IN_LIST, Job, State
 
+S_WAIT_REPL, S_ACTIVE, S_QUEUED, S_ACKED = State.WAIT_REPL, State.ACTIVE, State.QUEUED, State.ACKED
+
 PAUSE_IN = 1
 PAUSE_OUT = 2
 PAUSE_NAMES = {0: "none", PAUSE_IN: "in", PAUSE_OUT: "out", PAUSE_IN | PAUSE_OUT: "all"}
@@ -64,7 +66,8 @@ class Queue:
             return  # its tombstone is revived in place
         job.flags |= IN_LIST
         items = self._items
-        if not items or _key(items[-1]) < _key(job):
+        last = items[-1] if items else None
+        if last is None or last.ctime < job.ctime or (last.ctime == job.ctime and last.id < job.id):
             items.append(job)
         else:
             items.insert(bisect_right(items, _key(job), key=_key), job)
@@ -75,7 +78,7 @@ class Queue:
         while items:
             job = items.popleft()
             job.flags &= ~IN_LIST
-            if job.state == State.QUEUED:
+            if job.state == S_QUEUED:
                 self._live -= 1
                 return job
         return None
@@ -89,17 +92,17 @@ class Queue:
     def _compact(self) -> None:
         kept: deque[Job] = deque()
         for job in self._items:
-            if job.state == State.QUEUED:
+            if job.state == S_QUEUED:
                 kept.append(job)
             else:
                 job.flags &= ~IN_LIST
         self._items = kept
 
     def oldest(self) -> Iterator[Job]:
-        return (j for j in self._items if j.state == State.QUEUED)
+        return (j for j in self._items if j.state == S_QUEUED)
 
     def newest(self) -> Iterator[Job]:
-        return (j for j in reversed(self._items) if j.state == State.QUEUED)
+        return (j for j in reversed(self._items) if j.state == S_QUEUED)
 
     def drain(self) -> list[Job]:
         """Remove every entry; returns the live jobs (for flushes)."""
