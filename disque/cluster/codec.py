@@ -282,21 +282,25 @@ def _job_fields(job: Job, flag_mask: int) -> dict[str, Any]:
     return d
 
 
-def job_to_wire(job: Job, now_s: int) -> WireJob:
-    """Bus form: relative TTL, DELIVERED (and local flags) cleared."""
+def job_to_wire(job: Job, now_ms: int) -> WireJob:
+    """Bus form: the remaining TTL in milliseconds, DELIVERED (and local flags)
+    cleared.  Relative, so clocks need not agree; in milliseconds, so a job
+    moved between nodes many times gains no rounding and never outlives its
+    TTL (upstream rounds up to the next second at every hop)."""
     d = _job_fields(job, WIRE_FLAGS & ~DELIVERED)
-    d["ttl"] = max(1, job.etime - now_s + 1)
+    d["ttl"] = max(1, job.etime * 1000 - now_ms)
     return d
 
 
-def job_from_wire(d: WireJob, now_s: int) -> Job:
-    """A received job with `etime = now_s + ttl` and every other field as sent.
+def job_from_wire(d: WireJob, now_ms: int) -> Job:
+    """A received job with `etime = (now_ms + ttl) // 1000` and every other
+    field as sent.
 
     The caller applies the receive rules (state active, qtime, known nodes).
     Raises DecodeError if `d` is malformed.
     """
     fields = _load(_WIRE_JOB, d, named=True)
-    fields["etime"] = now_s + fields.pop("ttl")
+    fields["etime"] = (now_ms + fields.pop("ttl")) // 1000
     return Job(**fields)
 
 

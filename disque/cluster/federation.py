@@ -115,14 +115,13 @@ class Federation:
         if len(queue) < 2 * n:
             n = len(queue) // 2
         n = max(n, 1)
-        now_s = node.now // 1000
         batch, size = [], 0
         for _ in range(n):
             job = node.fetch(queue)
             if job is None:
                 break
             job.add_delivered(sender)  # it may hold a copy now: GC and QUEUED must reach it
-            batch.append(job_to_wire(job, now_s))
+            batch.append(job_to_wire(job, node.now))
             size += len(job.body or b"")
             if job.retry == 0:
                 node.delete_job(job)
@@ -139,7 +138,7 @@ class Federation:
         now = node.now
         for wire in msg.jobs:
             try:
-                received = job_from_wire(wire, now // 1000)
+                received = job_from_wire(wire, now)
             except DecodeError:
                 return
             job = node.jobs.get(received.id)

@@ -41,7 +41,7 @@ def repl_job(node: NodeCore, sender: str, msg: m.ReplJob) -> None:
     if node.mem_level() > 0 or node.cluster.leaving:
         return
     try:
-        received = job_from_wire(msg.job, node.now // 1000)
+        received = job_from_wire(msg.job, node.now)
     except DecodeError:
         return
     queue = node.queues.get(received.queue)  # type: ignore[arg-type]

@@ -11,9 +11,9 @@ messages they belong to (`ReplJob.noreply`, `Queued.incr_nacks`,
 `Queued.incr_deliv`).
 
 Jobs travel in their bus form, a `WireJob`: the plain dict made by
-`codec.job_to_wire(job, now_s)`, with a relative `ttl` instead of an absolute
+`codec.job_to_wire(job, now_ms)`, with a relative `ttl` (ms) instead of an absolute
 `etime`.  The receiver turns it into its own `Job` with
-`codec.job_from_wire(d, now_s)` and then applies the receive rules of
+`codec.job_from_wire(d, now_ms)` and then applies the receive rules of
 cluster.md §8.1.  Messages never hold a live `Job`: the sender keeps mutating
 its record after the message is built, and a simulated network may deliver
 the same message twice.  Treat a `WireJob` as read-only.

@@ -77,7 +77,7 @@ class Replication:
         added = candidates[:count]
         if added:
             job.nodes_delivered = delivered + tuple(added)
-        wire = job_to_wire(job, node.now // 1000)
+        wire = job_to_wire(job, node.now)
         confirmed = job.nodes_confirmed or ()
         for node_id in job.nodes_delivered:
             if node_id == node.cluster.my_id:

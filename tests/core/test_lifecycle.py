@@ -1011,7 +1011,7 @@ def test_replica_received_from_peer(duo, retry):
 
     origin = Job(b"DI" + PEER[:8].encode() + b"1" * 32 + b"05a1SQ", b"q", b"x", etime=duo.clock.ms // 1000 + 60,
                  ctime=duo.clock.ms * 1_000_000, retry=retry, nodes_delivered=(PEER, NODE_ID, "c" * 40))  # fmt: skip
-    from_peer(duo, m.ReplJob(job_to_wire(origin, duo.clock.ms // 1000)))
+    from_peer(duo, m.ReplJob(job_to_wire(origin, duo.clock.ms)))
     assert duo.sent() == [m.GotJob(origin.id)]
     shown = duo.show(origin.id)
     assert shown["state"] == "active" and shown["nodes-delivered"] == [PEER, NODE_ID]

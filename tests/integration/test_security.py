@@ -193,7 +193,7 @@ def test_a_cluster_with_a_secret_refuses_outsiders(nodes: Nodes) -> None:
     # public) without knowing the secret.
     header = Header(b_id, b.port, 0)
     forged = forged_job(b_id)
-    plain_frames = encode_frame(header, DelJob(job)) + encode_frame(header, ReplJob(job_to_wire(forged, int(time.time()))))
+    plain_frames = encode_frame(header, DelJob(job)) + encode_frame(header, ReplJob(job_to_wire(forged, int(time.time() * 1000))))
     assert bus_exchange(a.port + BUS, plain_frames) == b""
     bus_exchange(a.port + BUS, plain_frames, AuthLink(Keyring(WRONG), initiator=True))
     sniffed = Keyring(WRONG)
