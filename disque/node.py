@@ -25,6 +25,7 @@ the `host` object the shell provides.
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 from collections import deque
@@ -57,6 +58,8 @@ from disque.store.aof import AofStatus
 from disque.store.jobs import JobStore
 from disque.store.queue import PAUSE_IN, PAUSE_OUT, Queue
 from disque.store.scan import NBUCKETS, BucketedDict
+
+log = logging.getLogger("disque")
 
 # Module-level aliases: attribute lookups on an IntEnum are slow in the hot path.
 S_WAIT_REPL, S_ACTIVE, S_QUEUED, S_ACKED = State.WAIT_REPL, State.ACTIVE, State.QUEUED, State.ACKED
@@ -836,7 +839,10 @@ class NodeCore:
         known = self.cluster.receive(header, msg, key, conn, peer_ip, local_ip)
         handler = HANDLERS.get(type(msg))
         if handler is not None and known and not self.loading:
-            handler(self, header.sender, msg)
+            try:
+                handler(self, header.sender, msg)
+            except Exception:  # a bug must cost one message, not the node and its jobs
+                log.exception("Error handling %s from %s", type(msg).__name__, header.sender)
         if self.ready:
             self._serve_ready()
 
