@@ -270,7 +270,7 @@ _JOB_COMMON: _Fields = (
     _Field("body", "b", _opt_bytes),
     _Field("nodes_delivered", "nd", _nodes_delivered),
 )
-_WIRE_JOB: _Fields = _JOB_COMMON + (_Field("ttl", "tl", _int_in(1, _U64)),)
+_WIRE_JOB: _Fields = _JOB_COMMON + (_Field("ttl", "tl", _int_in(1, _U64)), _Field("etime", "et", _UINT))
 _STORED_JOB: _Fields = _JOB_COMMON + (_Field("etime", "et", _UINT),)
 _wire_job = _record(_WIRE_JOB, dict)  # checks the job of REPLJOB / YOURJOBS
 _dump_wire_job = _dump_items(_WIRE_JOB)
@@ -283,24 +283,30 @@ def _job_fields(job: Job, flag_mask: int) -> dict[str, Any]:
 
 
 def job_to_wire(job: Job, now_ms: int) -> WireJob:
-    """Bus form: the remaining TTL in milliseconds, DELIVERED (and local flags)
-    cleared.  Relative, so clocks need not agree; in milliseconds, so a job
-    moved between nodes many times gains no rounding and never outlives its
-    TTL (upstream rounds up to the next second at every hop)."""
+    """Bus form: DELIVERED (and local flags) cleared, the expiry both as the
+    remaining TTL in milliseconds and as the sender's absolute `etime`.
+
+    The receiver keeps the earlier of the two: the relative form protects a
+    receiver whose clock is behind, the absolute one caps the TTL of a frame
+    that waited in a stalled TCP connection during a partition (with only a
+    relative TTL such a job outlives its TTL by the time it waited).  The
+    milliseconds keep a job moved between nodes many times from gaining a
+    rounding second at every hop."""
     d = _job_fields(job, WIRE_FLAGS & ~DELIVERED)
     d["ttl"] = max(1, job.etime * 1000 - now_ms)
+    d["etime"] = job.etime
     return d
 
 
 def job_from_wire(d: WireJob, now_ms: int) -> Job:
-    """A received job with `etime = (now_ms + ttl) // 1000` and every other
-    field as sent.
+    """A received job expiring at the earlier of `(now_ms + ttl) // 1000` and
+    the sender's `etime`, every other field as sent.
 
     The caller applies the receive rules (state active, qtime, known nodes).
     Raises DecodeError if `d` is malformed.
     """
     fields = _load(_WIRE_JOB, d, named=True)
-    fields["etime"] = (now_ms + fields.pop("ttl")) // 1000
+    fields["etime"] = min((now_ms + fields.pop("ttl")) // 1000, fields["etime"])
     return Job(**fields)
 
 

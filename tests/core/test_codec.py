@@ -388,10 +388,10 @@ def test_job_bus_form(job: Job, sent_at: int, received_at: int) -> None:
     d = job_to_wire(job, sent_at)
     assert d["ttl"] == max(1, job.etime * 1000 - sent_at)
     assert d["flags"] == job.flags & (BCAST_QUEUED | BCAST_WILLQUEUE)  # DELIVERED, IN_LIST cleared
-    assert "etime" not in d and "gc_retry" not in d
+    assert d["etime"] == job.etime and "gc_retry" not in d
     [(_, msg)] = decode_stream(encode_frame(HEADER, ReplJob(d)))
     copy = job_from_wire(msg.job, received_at)
-    assert copy.etime == (received_at + d["ttl"]) // 1000
+    assert copy.etime == min((received_at + d["ttl"]) // 1000, job.etime)
     assert job_fields(copy) == job_fields(job) | {"flags": d["flags"], "etime": copy.etime}
     assert (copy.gc_retry, copy.qtime, copy.awake, copy.nodes_confirmed) == (0, 0, 0, None)
 
@@ -479,3 +479,11 @@ def test_a_job_moved_between_nodes_many_times_keeps_its_expiry() -> None:
         now += 7  # transit and processing time of one hop
         job = job_from_wire(job_to_wire(job, now), now)
     assert job.etime == NOW + 20
+
+
+def test_a_job_that_waited_in_a_stalled_link_keeps_its_expiry() -> None:
+    # Regression (jepsen-lite): a REPLJOB held 8 s in a TCP connection stalled
+    # by a partition arrived with its whole remaining TTL.
+    job = Job(GOOD_ID, b"q", b"b", nodes_delivered=(HEADER.sender,), etime=NOW + 20)
+    copy = job_from_wire(job_to_wire(job, NOW_MS), NOW_MS + 8_000)
+    assert copy.etime == NOW + 20
