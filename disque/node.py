@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import random
 import re
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -70,6 +70,8 @@ JOB_OVERHEAD = 160  # per job record, on top of id + queue + body bytes
 QUEUE_OVERHEAD = 400  # per queue object, on top of its name
 
 WILLQUEUE_LEAD = 500
+COLLECTED_MEMORY_MS = 300_000  # how long a collected job's ID is remembered
+COLLECTED_MEMORY_MAX = 100_000  # ... and how many of them, at most
 GC_MAX_DELAY = 180_000
 QUEUE_IDLE_MS = (300_000, 10_000, 2_000)  # by memory level 0, 1, >= 2
 BLOCKED_CRON_MS = 100
@@ -224,6 +226,9 @@ class NodeCore:
         self._dispatch = dispatch
         self.federation = Federation(self)
         self.replication = Replication(self)
+        # IDs of jobs collected after an ACK (or deleted by a peer's DELJOB),
+        # so that a REPLJOB delayed in a stalled link cannot bring them back.
+        self.collected: OrderedDict[bytes, int] = OrderedDict()
         self.monitors: dict[int, Client] = {}
         self.slowlog: deque[tuple[int, int, int, list[bytes]]] = deque()
         self.slowlog_id = 0
@@ -265,6 +270,7 @@ class NodeCore:
                 for name in waiter.queues:
                     self.federation.need_jobs(self._queue(name), CLIENTS_WAITING)
         self._collect_idle_queues()
+        self._forget_collected()
         if self.config.timeout:
             self._close_idle_clients(self.config.timeout * 1000)
 
@@ -427,8 +433,22 @@ class NodeCore:
                 client.repl_job = None
                 self.reply_to(client, errors.NOREPL_REMOVED)
             self.broadcast(job.nodes_delivered, m.DelJob(job.id))
+        if job.state == S_ACKED:
+            self.remember_collected(job.id)
         self.jobs.remove(job)
         self._account(-self.job_size(job))
+
+    def remember_collected(self, job_id: bytes) -> None:
+        collected = self.collected
+        collected[job_id] = self.now + COLLECTED_MEMORY_MS
+        collected.move_to_end(job_id)
+        if len(collected) > COLLECTED_MEMORY_MAX:
+            collected.popitem(last=False)
+
+    def _forget_collected(self) -> None:
+        collected, now = self.collected, self.now
+        while collected and next(iter(collected.values())) <= now:
+            collected.popitem(last=False)
 
     def reschedule(self, job: Job) -> None:
         etime, at = self._expiry

@@ -44,6 +44,8 @@ def repl_job(node: NodeCore, sender: str, msg: m.ReplJob) -> None:
         received = job_from_wire(msg.job, node.now)
     except DecodeError:
         return
+    if received.id in node.collected:
+        return  # acknowledged and collected already: a late, stale copy
     queue = node.queues.get(received.queue)  # type: ignore[arg-type]
     if queue is not None and queue.pause & PAUSE_IN:
         return
@@ -174,6 +176,7 @@ def del_job(node: NodeCore, sender: str, msg: m.DelJob) -> None:
     job = node.jobs.get(msg.id)
     if job is not None:
         node.delete_job(job)
+    node.remember_collected(msg.id)
 
 
 @handles(m.NeedJobs)

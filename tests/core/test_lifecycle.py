@@ -1065,3 +1065,21 @@ def test_silenced_blocking_command_stays_silent_when_served(env, mode):
     producer("CLIENT", "REPLY", "OFF")
     producer("ADDJOB", "q", "y", 0)
     assert producer.client.mute_next is False  # it did not block: nothing to drop later
+
+
+def test_late_repljob_does_not_revive_a_collected_job(duo):
+    """Regression (jepsen-lite): a REPLJOB delayed in a stalled link arrived
+    after the job was acknowledged and collected, and re-created it here."""
+    from disque.cluster.codec import job_to_wire
+
+    origin = Job(b"DI" + PEER[:8].encode() + b"2" * 32 + b"05a1SQ", b"q", b"x", etime=duo.clock.ms // 1000 + 60,
+                 ctime=duo.clock.ms * 1_000_000, retry=2, nodes_delivered=(PEER, NODE_ID))  # fmt: skip
+    late = m.ReplJob(job_to_wire(origin, duo.clock.ms))
+    from_peer(duo, late)
+    from_peer(duo, m.DelJob(origin.id))  # the owner collected it after an ACK
+    assert duo.show(origin.id) is None
+    duo.sent()
+    from_peer(duo, late)
+    assert duo.show(origin.id) is None and duo.sent() == []
+    duo.wait(301_000)  # remembered for five minutes, then forgotten
+    assert origin.id not in duo.core.collected
