@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from disque.client import encode_command
 from disque.devcluster import NodeProcess, command, free_port
 
 RESULTS_DIR = Path(__file__).with_name("results")
@@ -109,14 +110,16 @@ def redis_benchmark(port: int, requests: int, pipeline: int, *args: str | bytes)
         raise RuntimeError(f"unexpected redis-benchmark output: {done.stdout!r} {done.stderr!r}") from None
 
 
-def send_pipelined(port: int, argv: list[bytes], count: int, batch: int = 1000) -> None:
+def send_pipelined(port: int, argv: list[str | bytes], count: int, batch: int = 1000, timeout: float = 30) -> list[bytes]:
     """Send one command `count` times over one connection, `batch` requests
     per write, reading all replies of a batch before the next.  The replies
-    must be single lines (status, integer); an error reply raises."""
-    request = b"*%d\r\n" % len(argv) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in argv)
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        while count > 0:
-            n = min(batch, count)
+    must be single lines (status, integer); an error reply raises.  Returns
+    the reply lines without their type byte (job IDs for ADDJOB)."""
+    request = encode_command(argv)
+    out: list[bytes] = []
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        while len(out) < count:
+            n = min(batch, count - len(out))
             s.sendall(request * n)
             replies = bytearray()
             while replies.count(b"\r\n") < n:
@@ -124,9 +127,11 @@ def send_pipelined(port: int, argv: list[bytes], count: int, batch: int = 1000) 
                 if not chunk:
                     raise RuntimeError("connection closed during a pipelined run")
                 replies += chunk
-            if b"\n-" in b"\n" + replies:
-                raise RuntimeError(f"error reply: {bytes(replies[:200])!r}")
-            count -= n
+            lines = bytes(replies).split(b"\r\n")[:n]
+            if any(line.startswith(b"-") for line in lines):
+                raise RuntimeError(f"error reply: {lines[:3]!r}")
+            out.extend(line[1:] for line in lines)
+    return out
 
 
 def rss_bytes(pid: int) -> int:

@@ -25,8 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import BODY, print_table, redis_benchmark
+from common import BODY, print_table, redis_benchmark, send_pipelined
 
+from disque.client import encode_command
 from disque.devcluster import NodeProcess, command, free_port
 
 PIPELINE = 16
@@ -41,37 +42,11 @@ def _sizes(quick: bool) -> dict[str, int]:
     return {"unpipelined": 60_000 // scale, "pipelined": 200_000 // scale, "restart_jobs": 1_000_000 // scale}
 
 
-def _resp(*args: str | bytes) -> bytes:
-    parts = [a if isinstance(a, bytes) else a.encode() for a in args]
-    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
-
-
-def _pipelined_ids(port: int, count: int, batch: int = 2000) -> list[bytes]:
-    """ADDJOB `count` times over one connection; returns the job IDs."""
-    request = _resp(*ADDJOB)
-    ids: list[bytes] = []
-    with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
-        while len(ids) < count:
-            n = min(batch, count - len(ids))
-            s.sendall(request * n)
-            data = bytearray()
-            while data.count(b"\r\n") < n:
-                chunk = s.recv(1 << 20)
-                if not chunk:
-                    raise RuntimeError("connection closed")
-                data += chunk
-            lines = bytes(data).split(b"\r\n")[:n]
-            if any(not line.startswith(b"+") for line in lines):
-                raise RuntimeError(f"unexpected reply {lines[:3]!r}")
-            ids.extend(line[1:] for line in lines)
-    return ids
-
-
 def _ack(port: int, ids: list[bytes], per_command: int = 1000) -> None:
     with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
         for start in range(0, len(ids), per_command * 20):
             chunk = ids[start : start + per_command * 20]
-            commands = [_resp("ACKJOB", *chunk[i : i + per_command]) for i in range(0, len(chunk), per_command)]
+            commands = [encode_command(["ACKJOB", *chunk[i : i + per_command]]) for i in range(0, len(chunk), per_command)]
             s.sendall(b"".join(commands))
             data = bytearray()
             while data.count(b"\r\n") < len(commands):
@@ -135,7 +110,7 @@ def restart_and_rewrite(base: Path, jobs: int) -> dict[str, Any]:
     figures: dict[str, Any] = {"restart_jobs": jobs}
     try:
         started = time.monotonic()
-        ids = _pipelined_ids(node.port, jobs)
+        ids = send_pipelined(node.port, ADDJOB, jobs, batch=2000, timeout=120)
         figures["fill_seconds"] = time.monotonic() - started
         figures["aof_bytes_after_adds"] = int(_info(node.port)["aof_current_size"])
 
