@@ -20,6 +20,8 @@ frames and a writer task, so a slow peer only ever delays itself.  Frames are
 encoded when the effect is applied, with the core's current header.  A peer
 whose queue grows past `max_queue` bytes is not reading and is dropped, as is
 a peer that sends a malformed or oversized frame (logged, rate-limited).
+Every close resets the connection, so frames still in the kernel are dropped
+rather than delivered after a partition heals (`_reset_on_close`).
 
 After every core call the bus runs `drain()`, which applies the effects the
 call produced (the server's `_apply_effects`).  Applying effects never calls
@@ -41,6 +43,8 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import socket
+import struct
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -64,6 +68,7 @@ READ_SIZE = 64 * 1024
 LOG_INTERVAL = 1.0  # seconds between two logged link errors
 HANDSHAKE_TIMEOUT = 3.0  # seconds for the TLS and secret handshakes of a new connection
 WILDCARDS = ("0.0.0.0", "::")
+ABORT_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets
 
 
 class _Peer:
@@ -113,6 +118,22 @@ class _Retry:
     def __init__(self) -> None:
         self.next_tick = 0  # earliest cron tick of the next connection attempt
         self.delay = 1  # ticks between attempts
+
+
+def _reset_on_close(stream: trio.abc.Stream) -> None:
+    """Make closing `stream` discard what the kernel has not sent yet.
+
+    A plain close leaves an orphaned socket that retransmits its backlog for
+    minutes: a link dropped during a partition would deliver its frames after
+    the heal, describing a past state (a REPLJOB of a job acknowledged since,
+    whose DELJOB went nowhere).  Bus messages are best effort, so losing them
+    is safe; delivering them late is not."""
+    sock = getattr(stream, "socket", None) or getattr(getattr(stream, "transport_stream", None), "socket", None)
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, ABORT_ON_CLOSE)
+        except OSError:
+            pass  # already closed or reset: nothing is pending
 
 
 def _host(addr: tuple[Any, ...]) -> str:
@@ -274,6 +295,7 @@ class Bus:
             if failed or link.stream is not None:
                 self._call(core.link_closed, key, failed)
             if link.stream is not None:
+                _reset_on_close(link.stream)
                 await trio.aclose_forcefully(link.stream)
 
     # ------------------------------------------------------------ incoming connections
@@ -294,7 +316,8 @@ class Bus:
                     peer.ready = True
                     await self._session(peer, deliver)
         finally:
-            del self.conns[conn]  # serve_listeners closes the stream
+            del self.conns[conn]
+            _reset_on_close(stream)  # serve_listeners closes it
 
     # ------------------------------------------------------------ both directions
 

@@ -275,6 +275,40 @@ async def test_peer_that_never_reads_blocks_nobody(nursery: trio.Nursery, caplog
         assert any("the peer is not reading" in r.getMessage() for r in caplog.records)
 
 
+async def test_a_dropped_link_never_delivers_its_backlog_later(nursery: trio.Nursery) -> None:
+    """Frames still queued in the kernel when a link is dropped are discarded
+    (the socket is reset), not retransmitted for minutes by an orphaned socket:
+    after a partition heals they would describe a past state (a REPLJOB of a
+    job acknowledged since)."""
+    with socket.socket() as slow:
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        slow.bind((HOST, 0))
+        slow.listen(1)
+        a = await Node("a").start(nursery)
+        a.core.wanted[2] = slow.getsockname()
+        await a.core.wait_for(lambda: a.core.seen("up", 2))
+        accepted, _ = slow.accept()
+        with accepted:
+            chunk = Pause(b"x" * (256 << 10), 0)
+            a.apply(*(Send(2, chunk) for _ in range(8)))  # 2 MiB: far more than the socket buffers hold
+            a.apply(DropLink(2))
+            await a.core.wait_for(lambda: a.core.seen("down", 2))
+
+            def read_all() -> tuple[int, BaseException | None]:
+                accepted.settimeout(10)
+                total = 0
+                try:
+                    while data := accepted.recv(1 << 16):
+                        total += len(data)
+                except OSError as e:
+                    return total, e
+                return total, None
+
+            received, error = await trio.to_thread.run_sync(read_all)
+        assert isinstance(error, ConnectionResetError)
+        assert received < 1 << 20
+
+
 async def test_listen_failure_raises() -> None:
     with socket.socket() as taken:
         taken.bind((HOST, 0))
