@@ -10,8 +10,11 @@
 
 Partitions are iptables DROP rules (INPUT from and OUTPUT to the peers a node
 must not see) installed atomically with iptables-restore inside each node's
-namespace; loss and delay are a tc netem qdisc on the node's eth0.  Nothing
-is changed outside these namespaces, and `close()` deletes them all.
+namespace; loss and delay are a tc netem qdisc on the node's eth0.  Where the
+kernel has no netem, loss is iptables random drops and delay is a userspace
+delayer (delayer.py) run inside the node's namespace, fed by an NFQUEUE rule
+on the node's egress.  Nothing is changed outside these namespaces, and
+`close()` deletes them all.
 
 `ProxyNet` (mode "proxy", the fallback when namespaces cannot be made) runs
 every node on its own loopback address and routes every bus link through an
@@ -21,16 +24,21 @@ in-process TCP proxy that can cut, slow or break it (see the class).
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import random
 import select
+import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 CLONE_NEWNET = 0x40000000
+DELAYER = Path(__file__).resolve().parent / "delayer.py"
 
 
 def sh(*argv: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -50,6 +58,10 @@ class NetnsNet:
         self.hosts = [f"10.{self.net}.0.{11 + i}" for i in range(n)]
         self.netem_on: set[int] = set()
         self.notes: list[str] = []
+        self.use_netem = True  # False: always the iptables / NFQUEUE fallback
+        self.delayers: dict[int, subprocess.Popen[str]] = {}
+        self.delayer_runs: list[dict[str, float]] = []
+        self.netem_calls = 0
 
     def ns(self, i: int) -> str:
         return f"{self.tag}-n{i}"
@@ -111,29 +123,101 @@ class NetnsNet:
         sh("ip", "netns", "exec", self.ns(i), "iptables-restore", input=table + "".join(r + "\n" for r in rules) + "COMMIT\n")
 
     def netem(self, nodes: Iterable[int], loss: float, delay_ms: int, jitter_ms: int) -> None:
-        """tc netem loss and delay; where the kernel has no netem, random
-        drops with the iptables statistic match (loss only, noted)."""
+        """tc netem loss and delay on each node's eth0.  Where the kernel has no
+        netem: loss by iptables random drops (INPUT and OUTPUT), delay by a
+        delayer process that holds the node's outgoing packets (an NFQUEUE
+        rule on OUTPUT -o eth0, like netem on the egress of eth0)."""
+        self.netem_calls += 1
         for i in nodes:
-            done = sh("ip", "netns", "exec", self.ns(i), "tc", "qdisc", "replace", "dev", "eth0", "root", "netem",
-                      "delay", f"{delay_ms}ms", f"{jitter_ms}ms", "loss", f"{loss}%", check=False)  # fmt: skip
-            if done.returncode == 0:
-                self.netem_on.add(i)
-                continue
-            note = f"tc netem unavailable ({done.stderr.strip()}): loss by iptables random drops, no delay"
+            if self.use_netem:
+                done = sh("ip", "netns", "exec", self.ns(i), "tc", "qdisc", "replace", "dev", "eth0", "root", "netem",
+                          "delay", f"{delay_ms}ms", f"{jitter_ms}ms", "loss", f"{loss}%", check=False)  # fmt: skip
+                if done.returncode == 0:
+                    self.netem_on.add(i)
+                    continue
+                why = f"tc netem unavailable ({done.stderr.strip()})"
+            else:
+                why = "tc netem not used"
+            rules = []
+            if loss > 0:
+                p = f"{loss / 100:.3f}"
+                rules += [f"-A INPUT -i eth0 -m statistic --mode random --probability {p} -j DROP",
+                          f"-A OUTPUT -o eth0 -m statistic --mode random --probability {p} -j DROP"]  # fmt: skip
+            delay = "no delay"
+            if delay_ms > 0 or jitter_ms > 0:
+                failed = self._start_delayer(i, delay_ms, jitter_ms, seed=self.netem_calls * 1000 + i)
+                if failed:
+                    self.notes.append(f"no delay on node {i}: {failed}")
+                else:
+                    rules.append(f"-A OUTPUT -o eth0 -j NFQUEUE --queue-num {i} --queue-bypass")
+                    delay = "delay by an NFQUEUE delayer (egress)"
+            self._filter(i, rules)
+            note = f"{why}: {delay}, {'loss by iptables random drops' if loss > 0 else 'no loss'}"
             if note not in self.notes:
                 self.notes.append(note)
-            p = f"{loss / 100:.3f}"
-            self._filter(i, [f"-A INPUT -i eth0 -m statistic --mode random --probability {p} -j DROP",
-                             f"-A OUTPUT -o eth0 -m statistic --mode random --probability {p} -j DROP"])  # fmt: skip
+
+    def _start_delayer(self, i: int, delay_ms: float, jitter_ms: float, seed: int, timeout: float = 10.0) -> str | None:
+        """Start delayer.py in node i's namespace on queue i and wait until it
+        has bound the queue (it prints "ready").  None, or why it failed."""
+        self._stop_delayer(i)
+        argv = [*self.prefix(i), sys.executable, str(DELAYER), "--queue", str(i),
+                "--delay-ms", str(delay_ms), "--jitter-ms", str(jitter_ms), "--seed", str(seed)]  # fmt: skip
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        line = proc.stdout.readline() if ready else ""
+        if line.strip() == "ready":
+            self.delayers[i] = proc
+            return None
+        proc.kill()
+        _, err = proc.communicate()
+        return f"the delayer did not start ({line.strip() or 'no output'}; {err.strip()[-300:]})"
+
+    def _stop_delayer(self, i: int) -> None:
+        """SIGTERM by PID (it lets go of what it holds and prints a summary);
+        SIGKILL if it does not exit in time."""
+        proc = self.delayers.pop(i, None)
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        lines = [x for x in out.splitlines() if x.startswith("{")]
+        if proc.returncode == 0 and lines:
+            self.delayer_runs.append({"node": i, **json.loads(lines[-1])})
+        else:
+            self.notes.append(f"the delayer of node {i} exited with {proc.returncode}: {err.strip()[-300:]}")
+
+    def delayer_summary(self) -> str | None:
+        """One line over every delayer run: packets held and the hold times."""
+        runs = [r for r in self.delayer_runs if r.get("packets")]
+        if not runs:
+            return None
+        n = sum(r["packets"] for r in runs)
+        mean = sum(r["mean_ms"] * r["packets"] for r in runs) / n
+        return (f"NFQUEUE delayer: {n} packets held in {len(runs)} node windows, hold min "
+                f"{min(r['min_ms'] for r in runs):.1f} / mean {mean:.1f} / max {max(r['max_ms'] for r in runs):.1f} ms, "
+                f"{sum(r.get('flushed', 0) for r in runs)} let go early at the ends of the windows")  # fmt: skip
 
     def heal(self) -> None:
         for i in range(self.n):
             self._filter(i, [])
+        for i in sorted(self.delayers):  # after the NFQUEUE rules are gone
+            self._stop_delayer(i)
         for i in sorted(self.netem_on):
             sh("ip", "netns", "exec", self.ns(i), "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
         self.netem_on.clear()
 
     def close(self) -> None:
+        for i in sorted(self.delayers):
+            self._stop_delayer(i)
+        summary = self.delayer_summary()
+        if summary and summary not in self.notes:
+            self.notes.append(summary)
         for name in reversed(self.namespaces):
             sh("ip", "netns", "del", name, check=False)
         self.namespaces.clear()
