@@ -199,7 +199,10 @@ class Workload:
                 _, ids = call_once(node.host, node.port, "JSCAN", 0, "BUSYLOOP", "COUNT", 1000000, timeout=10)
                 for job in sorted(i.decode() for i in ids if i.decode() in acked)[:limit]:
                     show = call_once(node.host, node.port, "SHOW", job, timeout=5)
-                    out.append({"node": node.index, "job": job, "show": _text(show)})
+                    qlen = call_once(node.host, node.port, "QLEN", QUEUE, timeout=5)
+                    peek = call_once(node.host, node.port, "QPEEK", QUEUE, 100, timeout=5)
+                    out.append({"node": node.index, "job": job, "show": _text(show), "qlen": qlen,
+                                "qpeek": [_text(p[1]) for p in peek]})
             except (OSError, ConnectionError, ValueError) as e:
                 out.append({"node": node.index, "error": repr(e)})
         return out
