@@ -22,7 +22,7 @@ whose queue grows past `max_queue` bytes is not reading and is dropped, as is
 a peer that sends a malformed or oversized frame (logged, rate-limited).
 
 After every core call the bus runs `drain()`, which applies the effects the
-call produced (the server's `_apply_effects`).  Applying effects never calls
+call produced (the server's `apply_effects`).  Applying effects never calls
 the core back: closing a link only cancels its task, which reports later.
 
 Security (`disque.security.Security`, optional): before a connection carries
