@@ -133,6 +133,7 @@ class Client:
     lib_ver: bytes = b""
     reply_mode: int = 0  # REPLY_ON, REPLY_OFF or REPLY_SKIP (CLIENT REPLY)
     mute_next: bool = False  # a silenced command blocked: drop its reply when it comes
+    closing: bool = False  # QUIT, CLIENT KILL, timeout: the shell closes it after its output
 
     def silence(self, reply: Any) -> Any:
         """Apply CLIENT REPLY OFF/SKIP to the reply of the current command."""
@@ -310,6 +311,7 @@ class NodeCore:
         self.effects.append(Reply(client.id, value))
 
     def close_client(self, client: Client) -> None:
+        client.closing = True
         self.effects.append(CloseClient(client.id))
 
     # ------------------------------------------------------------ commands

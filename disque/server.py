@@ -1,11 +1,15 @@
 """The trio shell of a node: listeners, client connections, the deadline loop.
 
-This module performs the I/O the core asks for and nothing else.  One task per
-client reads a chunk, feeds every complete request of it to the core, and
-writes all the replies with one send (pipelining).  Replies the core produces
-for *other* clients (a blocked GETJOB served by someone's ADDJOB) are appended
-to those clients' output and flushed by a short task.  A single loop sleeps
-until `NodeCore.next_deadline()` and calls `tick()`.  `Host` services (process
+This module performs the I/O the core asks for and nothing else.  Plain TCP
+clients are served by one task over an epoll set (tcp_clients.py); a TLS
+client has a task of its own.  Either way a chunk read from a client is fed
+to its parser, every complete request of it runs (`run_commands`), the
+effects are carried out (`apply_effects`), and all the replies go out with
+one send (pipelining), once the AOF records they depend on are safe.
+Replies the core produces for *other* clients (a blocked GETJOB served by
+someone's ADDJOB) are appended to those clients' output and sent by their
+transport (`Conn.kick`).  A single loop sleeps until
+`NodeCore.next_deadline()` and calls `tick()`.  `Host` services (process
 statistics, config rewrite, shutdown) are methods of `Server`.
 """
 
@@ -16,6 +20,7 @@ import os
 import random
 import secrets
 import signal
+import socket
 import sys
 import time
 from typing import Any
@@ -28,14 +33,15 @@ from disque.cluster.membership import Membership
 from disque.cluster.nodes_file import NodesFile
 from disque.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
 from disque.errors import DisqueError, err
+from disque.connection import Conn
 from disque.node import BLOCKED, SILENT, Client, NodeCore
-from disque.resp import QUERY_BUFFER_LIMIT, ProtocolError, RequestParser, Status, encode, encode_error
+from disque.resp import QUERY_BUFFER_LIMIT, ProtocolError, Status, encode, encode_error
 from disque.security import DENIED, Security, announced_port, output_limit_exceeded, protected_mode_refuses
 from disque.store.aof_file import AofFile
+from disque.tcp_clients import READ_SIZE, TcpClients, format_addr
 
 log = logging.getLogger("disque")
 
-READ_SIZE = 64 * 1024
 TLS_HANDSHAKE_TIMEOUT = 10.0  # seconds a new TLS client has to complete its handshake
 
 
@@ -53,35 +59,31 @@ class RealClock:
         return time.time_ns() // 1000
 
 
-class Conn:
-    __slots__ = ("stream", "client", "parser", "out", "out_size", "soft_since", "closing", "send_lock", "scope")
+class TlsConn(Conn):
+    """A tls-port client: a trio stream and a task of its own."""
 
-    def __init__(self, stream: trio.abc.Stream, client: Client) -> None:
-        self.stream = stream  # a SocketStream, or an SSLStream on the tls-port
-        self.client = client
-        self.parser = RequestParser()
-        self.out: list[bytes] = []
-        self.out_size = 0  # bytes in `out` plus those being sent (client-output-buffer-limit)
-        self.soft_since: float | None = None  # when the soft output limit was first exceeded
-        self.closing = False
+    __slots__ = ("stream", "send_lock", "scope", "server")
+
+    def __init__(self, client: Client, stream: trio.abc.Stream, server: Server) -> None:
+        super().__init__(client)
+        self.stream = stream
         self.send_lock = trio.Lock()
         self.scope = trio.CancelScope()
+        self.server = server
+
+    def kick(self) -> None:
+        if self.server.nursery is not None:
+            self.server.nursery.start_soon(self.server.flush_tls, self)
+
+    def abort(self) -> None:
+        self.scope.cancel()
 
 
 def _peer(stream: trio.SocketStream, local: bool = False) -> str:
     try:
-        addr = stream.socket.getsockname() if local else stream.socket.getpeername()
+        return format_addr(stream.socket.getsockname() if local else stream.socket.getpeername())
     except OSError:
         return ":0"
-    host = addr[0]
-    return f"[{host}]:{addr[1]}" if ":" in host else f"{host}:{addr[1]}"
-
-
-def _peer_ip(stream: trio.SocketStream) -> str:
-    try:
-        return str(stream.socket.getpeername()[0])
-    except OSError:
-        return ""
 
 
 class Server:
@@ -109,13 +111,14 @@ class Server:
         self.ports: list[int] = []
         self.bus = Bus(
             self.core,
-            lambda: self._apply_effects(None),
+            lambda: self.apply_effects(None),
             port=announced_port(config) + CLUSTER_PORT_INCR,
             bind=config.bind,
             backlog=config.tcp_backlog,
             security=self.security,
         )
         self.aof_file = AofFile(self)
+        self.tcp = TcpClients(self)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -129,7 +132,8 @@ class Server:
             self.nursery = nursery
             self.ports = [ln.socket.getsockname()[1] for ln in listeners]
             for listener in listeners:
-                nursery.start_soon(trio.serve_listeners, self._handle_client, [listener])
+                self.tcp.listen(socket.socket(fileno=listener.socket.detach()))
+            nursery.start_soon(self.tcp.run)
             for listener in tls_listeners:
                 nursery.start_soon(trio.serve_listeners, self._handle_tls_client, [listener])
             if tls_listeners:
@@ -142,7 +146,7 @@ class Server:
             log.info("Ready to accept connections on port %s", self.ports[0] if self.ports else 0)
             task_status.started(self)
             await self.shutdown_requested.wait()
-            self._flush_all_nowait()
+            self.flush_all_nowait()
             log.warning("Disque is now ready to exit, bye bye...")
             nursery.cancel_scope.cancel()
 
@@ -177,7 +181,7 @@ class Server:
             if wait_until > 0:
                 await trio.sleep(wait_until / 1000)
             core.tick()
-            self._apply_effects(None)
+            self.apply_effects(None)
 
     # ------------------------------------------------------------ clients
 
@@ -195,42 +199,29 @@ class Server:
                               _peer(tcp), getattr(why, "reason", None) or str(why) or "handshake timed out")  # fmt: skip
             await trio.aclose_forcefully(tcp)
             return
-        await self._handle_client(tcp, stream)
-
-    async def _handle_client(self, tcp: trio.SocketStream, tls_stream: trio.SSLStream[Any] | None = None) -> None:
-        core = self.core
-        stream: trio.abc.Stream = tls_stream or tcp
-        if len(self.conns) >= self.config.maxclients:
-            core.stats.rejected += 1
+        try:
+            peer_ip = str(tcp.socket.getpeername()[0])
+        except OSError:
+            peer_ip = ""
+        refusal = self.refusal(peer_ip, _peer(tcp))
+        if refusal is not None:
             with trio.move_on_after(1):
-                await stream.send_all(encode_error("max number of clients reached"))
+                await stream.send_all(refusal)
             await trio.aclose_forcefully(stream)
             return
-        if protected_mode_refuses(self.config.protected_mode, self.config.requirepass, _peer_ip(tcp)):
-            self.security.stats.protected_mode_refused_clients += 1
-            self.security.log("protected", logging.INFO, "Protected mode: refused the client %s", _peer(tcp))
-            with trio.move_on_after(1):
-                await stream.send_all(DENIED)
-            await trio.aclose_forcefully(stream)
-            return
-        self.next_client_id += 1
-        client = core.connect(self.next_client_id, _peer(tcp), _peer(tcp, local=True), tcp.socket.fileno())
-        conn = Conn(stream, client)
-        self.conns[client.id] = conn
+        conn = TlsConn(self.new_client(_peer(tcp), _peer(tcp, local=True), tcp.socket.fileno()), stream, self)
+        self.conns[conn.client.id] = conn
         try:
             with conn.scope:
-                await self._client_loop(conn)
+                await self._tls_client_loop(conn)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
-            del self.conns[client.id]
-            core.disconnect(client.id)
-            self._apply_effects(None)
+            self.client_gone(conn)
             with trio.CancelScope(shield=True):
-                # A TLS close_notify could wait forever on a client that does not read.
-                await (trio.aclose_forcefully(stream) if tls_stream else stream.aclose())
+                await trio.aclose_forcefully(stream)  # a close_notify could wait forever on a client that does not read
 
-    async def _client_loop(self, conn: Conn) -> None:
+    async def _tls_client_loop(self, conn: TlsConn) -> None:
         stats = self.core.stats
         stream = conn.stream
         while not conn.closing:
@@ -245,11 +236,50 @@ class Server:
             pause = self.core.client_pause_until - self.clock.now_ms()
             if pause > 0:
                 await trio.sleep(pause / 1000)
-            self._run_commands(conn)
-            self._apply_effects(conn)
-            await self._flush(conn)
+            self.run_commands(conn)
+            self.apply_effects(conn)
+            await self.flush_tls(conn)
 
-    def _run_commands(self, conn: Conn) -> None:
+    async def flush_tls(self, conn: TlsConn) -> None:
+        await self.aof_file.barrier(conn)
+        async with conn.send_lock:
+            if conn.out:
+                data = b"".join(conn.out)
+                conn.out.clear()
+                self.core.stats.net_out += len(data)
+                try:
+                    await conn.stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    conn.closing = True
+                conn.out_size -= len(data)
+                self.check_output(conn)
+            if conn.closing:
+                conn.scope.cancel()
+
+    # ------------------------------------------------------------ clients (both transports)
+
+    def refusal(self, peer_ip: str, peer: str) -> bytes | None:
+        """What to tell a new client before closing it, if it is refused:
+        maxclients, protected mode."""
+        if len(self.conns) >= self.config.maxclients:
+            self.core.stats.rejected += 1
+            return encode_error("max number of clients reached")
+        if protected_mode_refuses(self.config.protected_mode, self.config.requirepass, peer_ip):
+            self.security.stats.protected_mode_refused_clients += 1
+            self.security.log("protected", logging.INFO, "Protected mode: refused the client %s", peer)
+            return DENIED
+        return None
+
+    def new_client(self, addr: str, laddr: str, fd: int) -> Client:
+        self.next_client_id += 1
+        return self.core.connect(self.next_client_id, addr, laddr, fd)
+
+    def client_gone(self, conn: Conn) -> None:
+        del self.conns[conn.client.id]
+        self.core.disconnect(conn.client.id)
+        self.apply_effects(None)
+
+    def run_commands(self, conn: Conn) -> None:
         """Execute buffered requests until the client blocks or none is left."""
         core, client, parser = self.core, conn.client, conn.parser
         while not conn.closing and client.waiter is None and client.repl_job is None:
@@ -266,10 +296,12 @@ class Server:
                 return
             if reply is not SILENT:
                 self._queue(conn, encode(reply, client.proto))
-            if core.effects and CloseClient(client.id) in core.effects:
+            if client.closing:
                 conn.closing = True  # QUIT, CLIENT KILL of itself: run nothing more
 
-    def _apply_effects(self, current: Conn | None) -> None:
+    def apply_effects(self, current: Conn | None) -> None:
+        """Carry out the effects of the last entry point; `current` is the
+        connection whose commands ran, which the caller answers itself."""
         core = self.core
         touched: dict[Conn, None] = {}
         while core.effects:
@@ -295,7 +327,7 @@ class Server:
                 elif kind is AofAppend:
                     self.aof_append(effect.record)
             for conn in touched:  # an unblocked client resumes its pipeline
-                self._run_commands(conn)
+                self.run_commands(conn)
         if core.cluster.dirty:
             try:
                 self.save_cluster_config(fsync=False)
@@ -304,31 +336,17 @@ class Server:
                 os._exit(1)
         self.aof_file.flush(current)  # records reach the file before any reply is sent
         for conn in touched:
-            if conn is not current and self.nursery is not None:
-                self.nursery.start_soon(self._flush, conn)
-
-    async def _flush(self, conn: Conn) -> None:
-        await self.aof_file.barrier(conn)
-        async with conn.send_lock:
-            if conn.out:
-                data = b"".join(conn.out)
-                conn.out.clear()
-                self.core.stats.net_out += len(data)
-                try:
-                    await conn.stream.send_all(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    conn.closing = True
-                conn.out_size -= len(data)
-                self._check_output(conn)
-            if conn.closing:
-                conn.scope.cancel()
+            if conn is not current:
+                conn.kick()
 
     def _queue(self, conn: Conn, data: bytes) -> None:
         conn.out.append(data)
         conn.out_size += len(data)
-        self._check_output(conn)
+        hard, soft, _ = self.config.client_output_buffer_limit
+        if hard or soft:
+            self.check_output(conn)
 
-    def _check_output(self, conn: Conn) -> None:
+    def check_output(self, conn: Conn) -> None:
         """client-output-buffer-limit: close a client whose pending output is
         over the limits, dropping that output (logged, counted in INFO)."""
         limits = self.config.client_output_buffer_limit
@@ -342,17 +360,12 @@ class Server:
             conn.out_size -= sum(map(len, conn.out))
             conn.out.clear()
             conn.closing = True
-            conn.scope.cancel()
+            conn.abort()
 
-    def _flush_all_nowait(self) -> None:
-        """Best effort before exiting: write pending replies without waiting."""
-        for conn in self.conns.values():
-            if conn.out and isinstance(conn.stream, trio.SocketStream):
-                try:
-                    conn.stream.socket.send(b"".join(conn.out))
-                except OSError:
-                    pass
-                conn.out.clear()
+    def flush_all_nowait(self) -> None:
+        """Best effort before exiting: write pending replies without waiting
+        (plain TCP clients only: a TLS write may need to wait)."""
+        self.tcp.flush_all_nowait()
 
     # ------------------------------------------------------------ AOF hook
 

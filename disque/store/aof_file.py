@@ -5,8 +5,9 @@ Theory of operation (persistence.md §5-§9).  The core emits records as
 the in-memory buffer (and to the rewrite buffer while a rewrite runs).  At
 the end of every batch of effects the server calls `flush`, which writes the
 buffer with one `write()`.  Before the server sends any reply bytes it
-awaits `barrier()`: it returns at once when every record appended so far is
-in the file (`always`: and fsynced), otherwise it waits for that.  A client
+asks `hold()` for the offset those replies depend on: 0 when every record
+they follow is in the file (`always`: and fsynced); otherwise it sends them
+once `when_safe()` calls back (`barrier()` is the awaitable form).  A client
 that got a reply can therefore count on its records being at least in the
 OS page cache, and with `always` on the disk.
 
@@ -43,7 +44,7 @@ import os
 import signal
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import trio
@@ -176,7 +177,7 @@ class AofFile:
         self.appended = 0
         self.written = 0
         self.synced = 0
-        self.waiters: deque[tuple[int, trio.Event]] = deque()
+        self.waiters: deque[tuple[int, Callable[[], None]]] = deque()
         self.targets: dict[Any, int] = {}  # connection -> offset its next reply waits for
         self.mark = 0  # `appended` at the end of the previous flush
         self.rewrite: _Rewrite | None = None
@@ -224,18 +225,31 @@ class AofFile:
             return self.synced
         return self.written
 
-    async def barrier(self, conn: Any = None) -> None:
-        """Wait until the records a reply depends on are safe: those of the
-        connection's last commands (`flush(conn)`), or else every record
-        appended so far."""
+    def hold(self, conn: Any = None) -> int:
+        """The offset the replies queued for a connection must wait for,
+        or 0 when they may be sent now: the records of the connection's last
+        commands (`flush(conn)`), or else every record appended so far."""
         target = self.targets.pop(conn, None) if conn is not None else None
+        if self.fd is None:
+            return 0
         if target is None:
             target = self.appended
-        if target <= self._level():
-            return
-        event = trio.Event()
-        self.waiters.append((target, event))
-        await event.wait()
+        return 0 if target <= self._level() else target
+
+    def safe(self, target: int) -> bool:
+        return target <= self._level()
+
+    def when_safe(self, target: int, callback: Callable[[], None]) -> None:
+        """Call `callback` (on the event loop) once `target` is safe."""
+        self.waiters.append((target, callback))
+
+    async def barrier(self, conn: Any = None) -> None:
+        """Wait until the replies queued for `conn` may be sent (`hold`)."""
+        target = self.hold(conn)
+        if target:
+            event = trio.Event()
+            self.when_safe(target, event.set)
+            await event.wait()
 
     def _wake(self) -> None:
         waiters = self.waiters
@@ -243,7 +257,7 @@ class AofFile:
             return
         level = self._level()
         while waiters and waiters[0][0] <= level:
-            waiters.popleft()[1].set()
+            waiters.popleft()[1]()
 
     def flush(self, current: Any = None, force: bool = False) -> None:
         """Write the buffer (end of every batch of effects, and cron).
@@ -428,7 +442,7 @@ class AofFile:
                 self._fatal(str(e))
             finally:
                 core.loading = False
-            self.server._apply_effects(None)  # QUEUED broadcasts of re-queued jobs
+            self.server.apply_effects(None)  # QUEUED broadcasts of re-queued jobs
             if config.aof_enqueue_jobs_once:
                 config.aof_enqueue_jobs_once = False
                 if config.config_file:
@@ -767,7 +781,7 @@ class AofFile:
         self._update_error()
         self.written = self.synced = self.appended  # offsets only grow
         while self.waiters:  # nothing more will be written for them
-            self.waiters.popleft()[1].set()
+            self.waiters.popleft()[1]()
 
     def debug_loadaof(self) -> Any:
         """DEBUG LOADAOF: flush, empty the dataset, reload the file.  The
@@ -841,7 +855,7 @@ class AofFile:
 
     def _exit_now(self) -> None:
         server = self.server
-        server._flush_all_nowait()
+        server.flush_all_nowait()
         if self.core.cluster.dirty:
             try:
                 server.save_cluster_config(fsync=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import socket
+import time
 from collections.abc import Callable
 
 import pytest
@@ -393,3 +394,65 @@ def test_maxclients(spawn: Callable[..., NodeProcess], raw: RawFactory) -> None:
     assert first.call_raw("CONFIG", "SET", "maxclients", 3) == b"+OK\r\n"
     assert raw(node).call_raw("PING") == b"+PONG\r\n"
     assert raw(node).read_until_closed() == b"-ERR max number of clients reached\r\n"
+
+
+# ---------------------------------------------------------------- output the kernel does not take at once
+
+
+def test_large_replies_to_a_slow_reader_arrive_whole_and_in_order(raw: RawFactory, q: bytes) -> None:
+    other = raw()
+    bodies = [b"%02d" % i * 50_000 for i in range(20)]  # 2 MB per QPEEK reply
+    other.send(b"".join(pack("ADDJOB", q, body, 0) for body in bodies))
+    ids = [other.read() for _ in bodies]
+    reader = raw()
+    reader.send(pack("QPEEK", q, 20) * 5 + pack("PING", "after"))
+    # 10 MB is more than the socket buffers hold while the reader does not
+    # read: the node sends what the kernel takes and serves the others meanwhile.
+    assert other.call_raw("PING") == b"+PONG\r\n"
+    assert other.call("QLEN", q) == 20
+    wait_for(lambda: b"client_longest_output_list:1\r\n" in other.call("INFO", "clients"), what="output pending")
+    for _ in range(5):
+        assert reader.read() == [[q, job_id.encode(), body] for job_id, body in zip(ids, bodies)]
+    assert reader.read() == b"after"
+    assert reader.call_raw("PING") == b"+PONG\r\n"  # back to reading requests
+
+
+def test_client_that_closes_with_unsent_output_is_forgotten(raw: RawFactory, q: bytes) -> None:
+    other = raw()
+    other.call("ADDJOB", q, b"x" * 500_000, 0)
+    clients = lambda: int(other.call("INFO", "clients").split(b"connected_clients:")[1].split(b"\r\n")[0])  # noqa: E731
+    baseline = clients()
+    for reset in (False, True):
+        hog = raw()
+        hog.send(pack("QPEEK", q, 1) * 40)  # 20 MB of replies that are never read
+        wait_for(lambda: clients() == baseline + 1, what="the hog to connect")
+        if reset:
+            hog.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        hog.close()
+        wait_for(lambda: clients() == baseline, what="the hog to be forgotten")
+    assert other.call("QLEN", q) == 1
+
+
+def test_many_clients_at_once(raw: RawFactory, q: bytes) -> None:
+    conns = [raw() for _ in range(300)]
+    for i, conn in enumerate(conns):
+        conn.send(pack("ADDJOB", q, b"job%d" % i, 0) + pack("PING", b"c%d" % i))
+    ids = set()
+    for i, conn in enumerate(conns):
+        ids.add(conn.read())
+        assert conn.read() == b"c%d" % i
+    assert len(ids) == 300
+    for conn in conns:
+        conn.send(pack("GETJOB", "NOHANG", "FROM", q))
+    bodies = {conn.read()[0][2] for conn in conns}
+    assert bodies == {b"job%d" % i for i in range(300)}
+
+
+def test_client_pause_holds_other_clients_commands(raw: RawFactory, q: bytes) -> None:
+    admin, other = raw(), raw()
+    assert admin.call_raw("CLIENT", "PAUSE", 300) == b"+OK\r\n"
+    started = time.monotonic()
+    other.send(pack("ADDJOB", q, "paused", 0) + pack("QLEN", q))
+    assert other.read_raw().startswith(b"+DI")
+    assert other.read() == 1
+    assert time.monotonic() - started >= 0.25

@@ -1,0 +1,321 @@
+"""Plain TCP clients: one task serves them all through a private epoll set.
+
+Theory of operation
+-------------------
+A trio task per client pays a task switch and a wait registration for every
+read, which costs more than running a small command.  Instead the listening
+sockets and every plain TCP client socket sit in one `select.epoll` set, and
+one task (`TcpClients.run`) waits for that set with
+`trio.lowlevel.wait_readable`, so it lives inside the trio run like any other
+task.  When it wakes it accepts, reads, runs and answers every ready socket
+with non-blocking `accept`/`recv`/`send` calls, then waits again.
+
+A read hands the chunk to the connection's parser, the server runs every
+complete request of it (`Server.run_commands`), carries out the effects, and
+the replies go out with one `send`.  Each connection is in one of three
+modes, which decide its epoll mask:
+
+* reading (EPOLLIN): no output pending.
+* writing (EPOLLOUT): the kernel took only part of the output; the rest goes
+  when the socket becomes writable.  The client is not read meanwhile: one
+  that does not read its replies must not make the node run (and buffer)
+  more of its requests.
+* parked (no events): the replies follow AOF records that are not safe yet
+  (`AofFile.hold`); `AofFile.when_safe` calls back and the output is sent.
+
+Replies for other clients (a blocked GETJOB served, MONITOR lines) are sent
+at once by `kick`.  A connection is closed by this task only, when it handles
+an event of that socket, so that nothing is closed under a caller's feet:
+code elsewhere (CLIENT KILL, `timeout`, output limits) marks it `closing`,
+and once its output is written (or dropped) adds it to `doomed` and wakes the
+task through an eventfd in the epoll set.  The core forgets a client before
+its socket is closed, as with a TLS client.  A batch of events may hold one that is
+stale by the time it is handled (the socket changed mode meanwhile): the
+handler goes by the mode, and a recv or send that finds nothing to do is
+harmless.
+
+TLS clients (tls-port) keep a trio stream and a task each (server.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import select
+import socket
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from disque.connection import Conn
+from disque.node import Client
+from disque.resp import QUERY_BUFFER_LIMIT
+
+if TYPE_CHECKING:
+    from disque.server import Server
+
+log = logging.getLogger("disque")
+
+READ_SIZE = 64 * 1024
+MAX_EVENTS = 512
+ACCEPT_BATCH = 64  # connections accepted per wake-up, so that clients already in get served
+ACCEPT_PAUSE = 0.1  # seconds without accepting after running out of file descriptors
+_OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+EPOLLIN, EPOLLOUT, EPOLLERR, EPOLLHUP = select.EPOLLIN, select.EPOLLOUT, select.EPOLLERR, select.EPOLLHUP
+
+
+def format_addr(addr: Any) -> str:
+    host = addr[0]
+    return f"[{host}]:{addr[1]}" if ":" in host else f"{host}:{addr[1]}"
+
+
+class TcpConn(Conn):
+    __slots__ = ("sock", "fd", "tcp", "mask", "hold", "parked", "gone")
+
+    def __init__(self, client: Client, sock: socket.socket, tcp: TcpClients) -> None:
+        super().__init__(client)
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.tcp = tcp
+        self.mask = EPOLLIN
+        self.hold = 0  # the AOF offset the output waits for while parked
+        self.parked = False
+        self.gone = False
+
+    def kick(self) -> None:
+        self.tcp.kick(self)
+
+    def abort(self) -> None:
+        self.tcp.shut(self)
+
+
+class TcpClients:
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.core = server.core
+        self.aof = server.aof_file
+        self.epoll = select.epoll()
+        self.conns: dict[int, TcpConn] = {}  # by fd
+        self.listeners: dict[int, socket.socket] = {}  # by fd
+        self.paused: list[TcpConn] = []  # read during CLIENT PAUSE, to run after it
+        self.doomed: list[TcpConn] = []  # to close, asked for outside this task
+        self.wakeup = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # readable when `doomed` is not empty
+        self.epoll.register(self.wakeup, EPOLLIN)
+
+    def listen(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self.listeners[sock.fileno()] = sock
+        self.epoll.register(sock.fileno(), EPOLLIN)
+
+    async def run(self) -> None:
+        epoll, conns = self.epoll, self.conns
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(epoll)
+                for fd, events in epoll.poll(0, MAX_EVENTS):
+                    conn = conns.get(fd)
+                    if conn is None:
+                        if fd == self.wakeup:
+                            self._close_doomed()
+                        else:
+                            await self._accept(self.listeners[fd])
+                    elif conn.mask & EPOLLIN:
+                        self._read(conn)
+                    elif conn.parked:
+                        if events & (EPOLLERR | EPOLLHUP):  # the output cannot go anywhere
+                            self._close(conn)
+                    else:
+                        self._send(conn)
+                        if conn.closing and not conn.out:
+                            self._close(conn)
+                if self.paused:
+                    await self._run_paused()
+        finally:
+            for conn in list(conns.values()):
+                conn.sock.close()
+            for sock in self.listeners.values():
+                sock.close()
+            epoll.close()
+            os.close(self.wakeup)
+
+    # ------------------------------------------------------------ accepting
+
+    async def _accept(self, listener: socket.socket) -> None:
+        server = self.server
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, addr = listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as e:
+                if e.errno not in _OUT_OF_RESOURCES:
+                    continue  # the peer gave up while queued (ECONNABORTED, ...)
+                log.warning("Accepting a client connection: %s", e.strerror)
+                self.epoll.unregister(listener.fileno())
+                await trio.sleep(ACCEPT_PAUSE)  # nothing is served meanwhile, as nothing can be
+                self.epoll.register(listener.fileno(), EPOLLIN)
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            peer = format_addr(addr)
+            refusal = server.refusal(str(addr[0]), peer)
+            if refusal is not None:
+                try:
+                    sock.send(refusal)
+                except OSError:
+                    pass
+                sock.close()
+                continue
+            try:
+                local = format_addr(sock.getsockname())
+            except OSError:
+                local = ":0"
+            conn = TcpConn(server.new_client(peer, local, sock.fileno()), sock, self)
+            server.conns[conn.client.id] = conn
+            self.conns[conn.fd] = conn
+            self.epoll.register(conn.fd, EPOLLIN)
+
+    # ------------------------------------------------------------ reading
+
+    def _read(self, conn: TcpConn) -> None:
+        try:
+            data = conn.sock.recv(READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(conn)
+            return
+        self.core.stats.net_in += len(data)
+        parser = conn.parser
+        parser.feed(data)
+        if parser.buffered() > QUERY_BUFFER_LIMIT:
+            log.warning("Closing client that reached max query buffer length")
+            self._close(conn)
+            return
+        pause = self.core.client_pause_until
+        if pause and pause > self.server.clock.now_ms():
+            self.paused.append(conn)
+            return
+        self._run(conn)
+
+    def _run(self, conn: TcpConn) -> None:
+        server = self.server
+        server.run_commands(conn)
+        server.apply_effects(conn)
+        hold = self.aof.hold(conn)
+        if hold:
+            self._park(conn, hold)
+        elif conn.out:
+            self._send(conn)
+        if conn.closing and not conn.out and not conn.parked:
+            self._close(conn)
+
+    async def _run_paused(self) -> None:
+        """CLIENT PAUSE: clients read meanwhile run their requests after it
+        (this task sleeps: no client of it runs anything until then)."""
+        clock = self.server.clock
+        while (wait_ms := self.core.client_pause_until - clock.now_ms()) > 0:
+            await trio.sleep(wait_ms / 1000)
+        paused, self.paused = self.paused, []
+        for conn in paused:
+            if not conn.gone:
+                self._run(conn)
+
+    # ------------------------------------------------------------ writing
+
+    def set_mask(self, conn: TcpConn, mask: int) -> None:
+        if conn.mask != mask and not conn.gone:
+            conn.mask = mask
+            self.epoll.modify(conn.fd, mask)
+
+    def _send(self, conn: TcpConn) -> None:
+        """Write what the kernel takes of the output, then pick the mode."""
+        out = conn.out
+        if out:
+            data = out[0] if len(out) == 1 else b"".join(out)
+            try:
+                sent = conn.sock.send(data)
+            except BlockingIOError:
+                sent = 0
+            except OSError:  # the peer is gone: its output with it
+                out.clear()
+                conn.out_size = 0
+                conn.closing = True
+                sent = -1
+            if sent >= 0:
+                self.core.stats.net_out += sent
+                conn.out_size -= sent
+                if sent == len(data):
+                    out.clear()
+                else:
+                    out[:] = (memoryview(data)[sent:],)
+                self.server.check_output(conn)
+        if out:
+            self.set_mask(conn, EPOLLOUT)
+        elif conn.closing:
+            self.shut(conn)
+        else:
+            self.set_mask(conn, EPOLLIN)
+
+    def shut(self, conn: TcpConn) -> None:
+        """Have the task close `conn` (its output is written or dropped)."""
+        if not self.doomed:
+            os.eventfd_write(self.wakeup, 1)
+        self.doomed.append(conn)
+
+    def _close_doomed(self) -> None:
+        os.eventfd_read(self.wakeup)
+        doomed, self.doomed = self.doomed, []
+        for conn in doomed:
+            if not conn.gone:
+                self._close(conn)
+
+    def kick(self, conn: TcpConn) -> None:
+        """Send what other clients' commands queued for `conn`."""
+        if conn.gone:
+            return
+        hold = self.aof.hold()
+        if hold or conn.parked:
+            self._park(conn, hold)
+        else:
+            self._send(conn)
+
+    def _park(self, conn: TcpConn, hold: int) -> None:
+        if hold > conn.hold:
+            conn.hold = hold
+        if not conn.parked:
+            conn.parked = True
+            self.set_mask(conn, 0)
+            self.aof.when_safe(conn.hold, lambda: self._unpark(conn))
+
+    def _unpark(self, conn: TcpConn) -> None:
+        if conn.gone:
+            return
+        if not self.aof.safe(conn.hold):  # more output queued meanwhile, behind later records
+            self.aof.when_safe(conn.hold, lambda: self._unpark(conn))
+            return
+        conn.parked = False
+        conn.hold = 0
+        self._send(conn)
+
+    # ------------------------------------------------------------ closing
+
+    def _close(self, conn: TcpConn) -> None:
+        conn.gone = True
+        del self.conns[conn.fd]
+        self.epoll.unregister(conn.fd)
+        conn.sock.close()
+        self.server.client_gone(conn)
+
+    def flush_all_nowait(self) -> None:
+        """Best effort before exiting: write pending replies without waiting."""
+        for conn in self.conns.values():
+            if conn.out:
+                try:
+                    conn.sock.send(b"".join(conn.out))
+                except OSError:
+                    pass
+                conn.out.clear()
