@@ -83,7 +83,10 @@ def int_or(raw: bytes, error: DisqueError) -> int:
 
 
 def parse_timeout(raw: bytes) -> int:
-    value = int_or(raw, errors.TIMEOUT_NOT_INT)
+    try:
+        value = parse_int(raw)
+    except ValueError:
+        raise errors.TIMEOUT_NOT_INT from None
     if value < 0:
         raise errors.TIMEOUT_NEGATIVE
     return value
@@ -171,32 +174,33 @@ def dispatch(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
 # ---------------------------------------------------------------- jobs
 
 
-ADDJOB_OPTS: dict[bytes, tuple[str, Callable[[int], bool], DisqueError]] = {
-    b"replicate": ("repl", lambda v: 1 <= v <= 65535, err("REPLICATE must be between 1 and 65535")),
-    b"ttl": ("ttl", lambda v: v > 0, err("TTL must be a number > 0")),
-    b"retry": ("retry", lambda v: v >= 0, err("RETRY time must be a non negative number")),
-    b"delay": ("delay", lambda v: v >= 0, err("DELAY time must be a non negative number")),
-    b"maxlen": ("maxlen", lambda v: v > 0, err("MAXLEN must be a positive number")),
+# option -> (position in cmd_addjob's values, lowest and highest valid value, error)
+ADDJOB_OPTS: dict[bytes, tuple[int, int, int, DisqueError]] = {
+    b"replicate": (0, 1, 65535, err("REPLICATE must be between 1 and 65535")),
+    b"ttl": (1, 1, INT64_MAX, err("TTL must be a number > 0")),
+    b"retry": (2, 0, INT64_MAX, err("RETRY time must be a non negative number")),
+    b"delay": (3, 0, INT64_MAX, err("DELAY time must be a non negative number")),
+    b"maxlen": (4, 1, INT64_MAX, err("MAXLEN must be a positive number")),
 }
 
 
 @command("addjob", -4, "wmF")
 def cmd_addjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
-    opts: dict[str, int] = {}
+    values: list[int | None] = [None, None, None, None, None]  # None: not given
     is_async = False
     i, n = 4, len(argv)
     while i < n:
         opt = argv[i].lower()
         spec = ADDJOB_OPTS.get(opt)
         if spec is not None and i + 1 < n:
-            key, ok, error = spec
+            index, low, high, error = spec
             try:
                 value = parse_int(argv[i + 1])
             except ValueError:
                 raise error from None
-            if not ok(value):
+            if not low <= value <= high:
                 raise error
-            opts[key] = value
+            values[index] = value
             i += 2
         elif opt == b"async":
             is_async = True
@@ -204,7 +208,7 @@ def cmd_addjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
         else:
             raise errors.SYNTAX
     timeout = parse_timeout(argv[3])
-    return node.add_job(client, argv[1], argv[2], timeout, opts, is_async)
+    return node.add_job(client, argv[1], argv[2], timeout, *values, is_async)
 
 
 @command("getjob", -2, "wF")

@@ -317,7 +317,7 @@ class NodeCore:
     # ------------------------------------------------------------ commands
 
     def handle_command(self, client: Client, argv: list[bytes]) -> Any:
-        client.last = self._set_time()
+        client.last = self.now = self.cluster.now = self.clock.now_ms()  # _set_time, one call less
         reply = self._dispatch(self, client, argv)
         if self.ready:
             self._serve_ready()
@@ -591,14 +591,19 @@ class NodeCore:
     # ------------------------------------------------------------ client operations
 
     def add_job(
-        self, client: Client, queue: bytes, body: bytes, timeout: int, opts: dict[str, int], is_async: bool
-    ) -> Any:
-        """ADDJOB after option parsing (commands.md §4.1 steps 3-8, creation)."""
-        size = self.cluster.size()
-        repl = opts.get("repl", min(3, size))
-        ttl = opts.get("ttl", 86400)
-        delay = opts.get("delay", 0)
-        if repl > 1 and opts.get("retry") == 0:
+        self, client: Client, queue: bytes, body: bytes, timeout: int, repl: int | None, ttl: int | None,
+        retry: int | None, delay: int | None, maxlen: int | None, is_async: bool,
+    ) -> Any:  # fmt: skip
+        """ADDJOB after option parsing (commands.md §4.1 steps 3-8, creation);
+        None stands for an option not given."""
+        cluster = self.cluster
+        if repl is None:
+            repl = min(3, cluster.size())
+        if ttl is None:
+            ttl = 86400
+        if delay is None:
+            delay = 0
+        if repl > 1 and retry == 0:
             raise errors.err(
                 "With RETRY set to 0 please explicitly set  REPLICATE to 1 (at-most-once delivery)"
             )
@@ -606,34 +611,35 @@ class NodeCore:
             raise errors.err(
                 "The specified DELAY is greater than TTL. Job refused since would never be delivered"
             )
-        retry = opts.get("retry", min(ttl // 10, 300) or 1)
-        leaving = self.cluster.leaving
+        if retry is None:
+            retry = min(ttl // 10, 300) or 1
+        leaving = cluster.leaving
         extrepl = leaving or self.mem_level() >= 1
         additional = repl if extrepl else repl - 1
-        reachable = len(self.cluster.reachable())
-        if additional > reachable:
+        if additional and additional > (reachable := len(cluster.reachable())):  # none: no peer to count
             if extrepl and additional - 1 == reachable:
                 raise errors.noreply_reason("I'm leaving the cluster" if leaving else "I'm out of memory")
             raise errors.NOREPL_REACH
         existing = self.queues.get(queue)
         if existing is not None:
             queue = existing.name  # share the name bytes between jobs
-            if "maxlen" in opts and len(existing) >= opts["maxlen"]:
+            if maxlen is not None and len(existing) >= maxlen:
                 raise errors.MAXLEN
             if existing.pause & PAUSE_IN:
                 raise errors.PAUSED
-        job_id = new_job_id(self.cluster.my_id, self.rng, ttl, retry)
-        if job_id in self.jobs:
+        job_id = new_job_id(cluster.my_id, self.rng, ttl, retry)
+        jobs = self.jobs
+        if job_id in jobs:
             raise errors.err("Internal error creating the job, check server logs")
         now = self.now
-        job = Job(
-            job_id, queue, body, repl=repl, etime=now // 1000 + ttl, ctime=self.new_ctime(),
-            delay=delay, retry=retry, nodes_delivered=() if extrepl else self.solo,
+        job = Job(  # positional, cheaper than keywords: state, flags, repl, etime, ctime, delay, retry, nacks, deliv
+            job_id, queue, body, S_ACTIVE, 0, repl, now // 1000 + ttl, self.new_ctime(), delay, retry, 0, 0,
+            () if extrepl else self.solo,
         )  # fmt: skip
         job.qtime = now + (delay or retry) * 1000
         if additional:
             return self.replication.start(client, job, additional, timeout, is_async, extrepl)
-        self.jobs.add(job)
+        jobs.add(job)
         self._account(JOB_OVERHEAD + len(job_id) + len(body) + len(queue))
         if delay == 0:
             self.enqueue(job, queue=existing)

@@ -64,7 +64,6 @@ class Job:
         id: bytes,
         queue: bytes | None,
         body: bytes | None,
-        *,
         state: State = State.ACTIVE,
         flags: int = 0,
         repl: int = 1,

@@ -531,6 +531,15 @@ def test_encode_getjob_reply() -> None:
     assert hiredis_reads(encode(jobs)) == jobs
 
 
+def test_encode_lengths_past_the_cached_length_lines() -> None:
+    big = b"x" * 5000
+    assert encode([big, [big]]) == b"*2\r\n$5000\r\n" + big + b"\r\n*1\r\n$5000\r\n" + big + b"\r\n"
+    many = [b"a"] * 3000
+    assert encode([many]) == b"*1\r\n*3000\r\n" + b"$1\r\na\r\n" * 3000
+    assert hiredis_reads(encode([many, big])) == [many, big]
+    assert encode(Map([(big, 1)])) == b"*2\r\n$5000\r\n" + big + b"\r\n:1\r\n"
+
+
 def test_encode_nested() -> None:
     value = [Map([(b"jobs", [[b"a", 1, None], NIL_ARRAY]), (Status(b"s"), err("x"))]), "t", ()]
     top = hiredis_reads(encode(value))
