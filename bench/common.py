@@ -143,6 +143,14 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds a process has used (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()  # the command name may hold spaces
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def print_table(title: str, header: list[str], rows: list[list[object]]) -> None:
     """A plain aligned table; numbers right-aligned, floats with 2 decimals."""
     cells = [[_cell(v) for v in row] for row in [header, *rows]]

@@ -7,6 +7,11 @@ GETJOBs as ADDJOBs, so every GETJOB takes a job) against a fresh node, and
 figures is divided by the Redis one (ADDJOB by LPUSH, GETJOB by RPOP) of the
 same pipelining mode.
 
+CPU per request: the user and system CPU time each server process used
+during a run (/proc/PID/stat), divided by the requests of the run.  System
+time is mostly the loopback recv/send work, which costs both servers about
+the same; user time is where a Python node and Redis differ.
+
 Memory: a fresh node gets N (200,000) ADDJOBs of 100-byte bodies over one
 pipelined connection; the RSS growth measured once INFO has answered (the
 node has processed everything), divided by N, is the memory per queued job.
@@ -24,6 +29,7 @@ from common import (
     BODY,
     CLIENTS,
     RedisProcess,
+    cpu_seconds,
     expect_success,
     print_table,
     redis_benchmark,
@@ -61,19 +67,27 @@ def _sizes(quick: bool) -> dict[str, int]:
     }
 
 
-def _throughput(node_port: int, redis_port: int, sizes: dict[str, int]) -> dict[str, dict[str, float]]:
-    """ops/s by "<command>_<mode>".  Both servers run side by side and each of
-    our runs follows the Redis run it is compared with, so that a change in the
-    machine's load during the benchmark affects both sides of a ratio alike."""
-    for port, push, pop in ((node_port, ADDJOB, GETJOB), (redis_port, LPUSH, RPOP)):
+def _throughput(node: Any, redis: RedisProcess, sizes: dict[str, int]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """ops/s and CPU µs per request (user, system) by "<command>_<mode>".
+    Both servers run side by side and each of our runs follows the Redis run
+    it is compared with, so that a change in the machine's load during the
+    benchmark affects both sides of a ratio alike."""
+    for port, push, pop in ((node.port, ADDJOB, GETJOB), (redis.port, LPUSH, RPOP)):
         expect_success(port, *push)
         expect_success(port, *pop)
-    ours, theirs = {}, {}
+    ops: dict[str, Any] = {"disque": {}, "redis": {}}
+    cpu: dict[str, Any] = {"disque": {}, "redis": {}}
     for name, argv, redis_name, redis_argv in COMMANDS:
         for pipeline, mode in MODES:
-            theirs[f"{redis_name}_{mode}"] = redis_benchmark(redis_port, sizes["redis_" + mode], pipeline, *redis_argv)
-            ours[f"{name}_{mode}"] = redis_benchmark(node_port, sizes["node_" + mode], pipeline, *argv)
-    return {"disque": ours, "redis": theirs}
+            for side, server, key, args, requests in (
+                ("redis", redis, f"{redis_name}_{mode}", redis_argv, sizes["redis_" + mode]),
+                ("disque", node, f"{name}_{mode}", argv, sizes["node_" + mode]),
+            ):
+                user, system = cpu_seconds(server.pid)
+                ops[side][key] = redis_benchmark(server.port, requests, pipeline, *args)
+                user2, system2 = cpu_seconds(server.pid)
+                cpu[side][key] = ((user2 - user) / requests * 1e6, (system2 - system) / requests * 1e6)
+    return ops, cpu
 
 
 def _growth_per_item(pid: int, port: int, argv: list[Any], count: int) -> float:
@@ -93,7 +107,7 @@ def run(quick: bool) -> dict[str, Any]:
         try:
             redis = RedisProcess(base / "redis").start()
             try:
-                ops = _throughput(node.port, redis.port, sizes)
+                ops, cpu = _throughput(node, redis, sizes)
             finally:
                 redis.stop()
         finally:
@@ -121,6 +135,12 @@ def run(quick: bool) -> dict[str, Any]:
         rows,
     )
     print_table(
+        "Server CPU per request, µs (user / system; from /proc, tick-grained)",
+        ["command", "pipeline", "user", "system", "redis", "user", "system"],
+        [[name, f"-P {pipeline}", *cpu["disque"][f"{name}_{mode}"], redis_name, *cpu["redis"][f"{redis_name}_{mode}"]]
+         for pipeline, mode in MODES for name, _, redis_name, _ in COMMANDS],
+    )  # fmt: skip
+    print_table(
         f"Memory, RSS growth over {sizes['memory_jobs']:,} queued 100-byte items",
         ["server", "bytes per item"],
         [["disque ADDJOB", job_bytes], ["redis LPUSH (reference)", element_bytes]],
@@ -136,6 +156,7 @@ def run(quick: bool) -> dict[str, Any]:
     return {
         "sizes": sizes,
         "ops_per_sec": ops,
+        "cpu_us_per_request": cpu,
         "ratios": ratios,
         "memory": {"disque_bytes_per_job": job_bytes, "redis_bytes_per_element": element_bytes},
         "targets": TARGETS,
