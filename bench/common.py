@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from disque.client import encode_command
@@ -50,29 +51,29 @@ def start_node(workdir: Path, *extra: str) -> NodeProcess:
     return NodeProcess(free_port(), workdir, *extra).start()
 
 
-class RedisProcess:
-    """A redis-server without persistence, in its own directory, on a free port."""
+class ServerProcess:
+    """A reference server (redis-server, or any command line taking a port)
+    in its own directory, on a free port; ready once it answers PING."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, make_argv: Callable[[int, Path], list[str]] | None = None) -> None:
         self.workdir = workdir
         self.port = free_port()
+        self.argv = (make_argv or _redis_argv)(self.port, workdir)
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, wait: float = 10.0) -> RedisProcess:
+    def start(self, wait: float = 10.0) -> ServerProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", str(self.workdir), "--logfile", "redis.log"]  # fmt: skip
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=self.workdir)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode}, see {self.workdir}/redis.log")
+                raise RuntimeError(f"{self.argv[0]} exited with {self.proc.returncode}, see {self.workdir}")
             try:
-                if command("127.0.0.1", self.port, "PING", timeout=1).startswith(b"+PONG"):
+                if command("127.0.0.1", self.port, "PING", timeout=1).startswith(b"+"):
                     return self
             except OSError:
                 time.sleep(0.02)
-        raise RuntimeError("redis-server did not answer in time")
+        raise RuntimeError(f"{self.argv[0]} did not answer in time")
 
     @property
     def pid(self) -> int:
@@ -87,6 +88,17 @@ class RedisProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def _redis_argv(port: int, workdir: Path) -> list[str]:
+    """redis-server without persistence."""
+    return ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--dir", str(workdir), "--logfile", "redis.log"]  # fmt: skip
+
+
+def bare_server_argv(port: int, workdir: Path) -> list[str]:
+    """bench/bare_server.py: epoll + hiredis + a fixed reply, no command logic."""
+    return [sys.executable, str(Path(__file__).with_name("bare_server.py")), str(port)]
 
 
 def expect_success(port: int, *args: str | bytes) -> bytes:

@@ -7,6 +7,12 @@ GETJOBs as ADDJOBs, so every GETJOB takes a job) against a fresh node, and
 figures is divided by the Redis one (ADDJOB by LPUSH, GETJOB by RPOP) of the
 same pipelining mode.
 
+Reference for Python itself: bench/bare_server.py, an epoll loop that
+parses requests with hiredis and answers each with a fixed 48-byte status
+(no command logic), gets the ADDJOB runs too.  Its ratio is about the
+most any Python server could reach on this machine; the distance between
+it and ours is the cost of the command path.
+
 CPU per request: the user and system CPU time each server process used
 during a run (/proc/PID/stat), divided by the requests of the run.  System
 time is mostly the loopback recv/send work, which costs both servers about
@@ -28,7 +34,8 @@ from typing import Any
 from common import (
     BODY,
     CLIENTS,
-    RedisProcess,
+    ServerProcess,
+    bare_server_argv,
     cpu_seconds,
     expect_success,
     print_table,
@@ -67,22 +74,26 @@ def _sizes(quick: bool) -> dict[str, int]:
     }
 
 
-def _throughput(node: Any, redis: RedisProcess, sizes: dict[str, int]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """ops/s and CPU µs per request (user, system) by "<command>_<mode>".
-    Both servers run side by side and each of our runs follows the Redis run
-    it is compared with, so that a change in the machine's load during the
-    benchmark affects both sides of a ratio alike."""
+def _throughput(servers: dict[str, Any], sizes: dict[str, int]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """ops/s and CPU µs per request (user, system) by server and
+    "<command>_<mode>".  The servers run side by side and each of our runs
+    follows the runs it is compared with, so that a change in the machine's
+    load during the benchmark affects both sides of a ratio alike."""
+    node, redis, bare = servers["disque"], servers["redis"], servers["bare"]
     for port, push, pop in ((node.port, ADDJOB, GETJOB), (redis.port, LPUSH, RPOP)):
         expect_success(port, *push)
         expect_success(port, *pop)
-    ops: dict[str, Any] = {"disque": {}, "redis": {}}
-    cpu: dict[str, Any] = {"disque": {}, "redis": {}}
+    ops: dict[str, Any] = {side: {} for side in servers}
+    cpu: dict[str, Any] = {side: {} for side in servers}
     for name, argv, redis_name, redis_argv in COMMANDS:
         for pipeline, mode in MODES:
-            for side, server, key, args, requests in (
+            runs = [
                 ("redis", redis, f"{redis_name}_{mode}", redis_argv, sizes["redis_" + mode]),
                 ("disque", node, f"{name}_{mode}", argv, sizes["node_" + mode]),
-            ):
+            ]
+            if name == "ADDJOB":
+                runs.insert(1, ("bare", bare, f"{name}_{mode}", argv, sizes["redis_" + mode]))
+            for side, server, key, args, requests in runs:
                 user, system = cpu_seconds(server.pid)
                 ops[side][key] = redis_benchmark(server.port, requests, pipeline, *args)
                 user2, system2 = cpu_seconds(server.pid)
@@ -103,21 +114,24 @@ def run(quick: bool) -> dict[str, Any]:
     sizes = _sizes(quick)
     with tempfile.TemporaryDirectory(prefix="disque-bench-") as tmp:
         base = Path(tmp)
-        node = start_node(base / "node")
+        servers = {
+            "disque": start_node(base / "node"),
+            "redis": ServerProcess(base / "redis"),
+            "bare": ServerProcess(base / "bare", bare_server_argv),
+        }
         try:
-            redis = RedisProcess(base / "redis").start()
-            try:
-                ops, cpu = _throughput(node, redis, sizes)
-            finally:
-                redis.stop()
+            servers["redis"].start()
+            servers["bare"].start()
+            ops, cpu = _throughput(servers, sizes)
         finally:
-            node.stop()
+            for server in servers.values():
+                server.stop()
         node = start_node(base / "node-mem")
         try:
             job_bytes = _growth_per_item(node.pid, node.port, ADDJOB, sizes["memory_jobs"])
         finally:
             node.stop()
-        redis = RedisProcess(base / "redis-mem").start()
+        redis = ServerProcess(base / "redis-mem").start()
         try:
             element_bytes = _growth_per_item(redis.pid, redis.port, LPUSH, sizes["memory_jobs"])
         finally:
@@ -134,6 +148,12 @@ def run(quick: bool) -> dict[str, Any]:
         ["command", "pipeline", "ops/s", "redis", "redis ops/s", "ratio"],
         rows,
     )
+    print_table(
+        "Reference: a bare Python RESP loop (bench/bare_server.py: epoll, hiredis, fixed reply, no commands)",
+        ["command", "pipeline", "bare ops/s", "ratio to LPUSH", "user µs", "system µs"],
+        [["ADDJOB", f"-P {pipeline}", ops["bare"][f"ADDJOB_{mode}"], ops["bare"][f"ADDJOB_{mode}"] / ops["redis"][f"LPUSH_{mode}"],
+          *cpu["bare"][f"ADDJOB_{mode}"]] for pipeline, mode in MODES],
+    )  # fmt: skip
     print_table(
         "Server CPU per request, µs (user / system; from /proc, tick-grained)",
         ["command", "pipeline", "user", "system", "redis", "user", "system"],
