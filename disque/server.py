@@ -33,6 +33,7 @@ from disque.cluster.membership import Membership
 from disque.cluster.nodes_file import NodesFile
 from disque.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
 from disque.errors import DisqueError, err
+from disque.gc_freeze import GcFreezer
 from disque.connection import Conn
 from disque.node import BLOCKED, SILENT, Client, NodeCore
 from disque.resp import QUERY_BUFFER_LIMIT, ProtocolError, Status, encode, encode_error
@@ -143,6 +144,7 @@ class Server:
             nursery.start_soon(self._deadline_loop)
             nursery.start_soon(self._signals)
             nursery.start_soon(self.aof_file.run)  # loads the AOF, then its cron
+            nursery.start_soon(GcFreezer.run)
             log.info("Ready to accept connections on port %s", self.ports[0] if self.ports else 0)
             task_status.started(self)
             await self.shutdown_requested.wait()
