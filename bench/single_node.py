@@ -18,6 +18,9 @@ during a run (/proc/PID/stat), divided by the requests of the run.  System
 time is mostly the loopback recv/send work, which costs both servers about
 the same; user time is where a Python node and Redis differ.
 
+Stalls: PING round trips from a second connection while a fresh node takes
+1,000,000 pipelined ADDJOBs; the longest is the longest stop of the node.
+
 Memory: a fresh node gets N (200,000) ADDJOBs of 100-byte bodies over one
 pipelined connection; the RSS growth measured once INFO has answered (the
 node has processed everything), divided by N, is the memory per queued job.
@@ -26,7 +29,9 @@ The same figure for LPUSH on a fresh redis-server is printed as a reference.
 
 from __future__ import annotations
 
+import socket
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -71,6 +76,7 @@ def _sizes(quick: bool) -> dict[str, int]:
         "redis_unpipelined": 200_000 // scale,
         "redis_pipelined": 1_000_000 // scale,
         "memory_jobs": 200_000 // (4 if quick else 1),
+        "stall_jobs": 1_000_000 // (5 if quick else 1),
     }
 
 
@@ -110,6 +116,34 @@ def _growth_per_item(pid: int, port: int, argv: list[Any], count: int) -> float:
     return (rss_bytes(pid) - before) / count
 
 
+def _stalls(port: int, count: int) -> dict[str, float]:
+    """PING round trips (ms) from a second connection, one every 2 ms, while
+    one pipelined connection adds `count` jobs: the longest shows how long
+    the node stopped (garbage-collection passes over the growing backlog)."""
+    rtts: list[float] = []
+    done = threading.Event()
+
+    def ping() -> None:
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            while not done.is_set():
+                started = time.perf_counter()
+                s.sendall(b"PING\r\n")
+                if not s.recv(64):
+                    return
+                rtts.append((time.perf_counter() - started) * 1000)
+                time.sleep(0.002)
+
+    pinger = threading.Thread(target=ping)
+    pinger.start()
+    try:
+        send_pipelined(port, [a if isinstance(a, bytes) else a.encode() for a in ADDJOB], count)
+    finally:
+        done.set()
+        pinger.join()
+    rtts.sort()
+    return {"pings": len(rtts), "p99_ms": rtts[int(len(rtts) * 0.99)], "max_ms": rtts[-1]}
+
+
 def run(quick: bool) -> dict[str, Any]:
     sizes = _sizes(quick)
     with tempfile.TemporaryDirectory(prefix="disque-bench-") as tmp:
@@ -129,6 +163,11 @@ def run(quick: bool) -> dict[str, Any]:
         node = start_node(base / "node-mem")
         try:
             job_bytes = _growth_per_item(node.pid, node.port, ADDJOB, sizes["memory_jobs"])
+        finally:
+            node.stop()
+        node = start_node(base / "node-stall")
+        try:
+            stalls = _stalls(node.port, sizes["stall_jobs"])
         finally:
             node.stop()
         redis = ServerProcess(base / "redis-mem").start()
@@ -165,6 +204,11 @@ def run(quick: bool) -> dict[str, Any]:
         ["server", "bytes per item"],
         [["disque ADDJOB", job_bytes], ["redis LPUSH (reference)", element_bytes]],
     )
+    print_table(
+        f"Stalls: PING round trips while one pipelined client adds {sizes['stall_jobs']:,} jobs to a fresh node",
+        ["pings", "p99 ms", "longest ms"],
+        [[stalls["pings"], stalls["p99_ms"], stalls["max_ms"]]],
+    )
     measured = {**ratios, "bytes_per_job": job_bytes}
     met = {key: measured[key] <= goal if key == "bytes_per_job" else measured[key] >= goal for key, goal in TARGETS.items()}
     print_table(
@@ -177,6 +221,7 @@ def run(quick: bool) -> dict[str, Any]:
         "sizes": sizes,
         "ops_per_sec": ops,
         "cpu_us_per_request": cpu,
+        "stalls": stalls,
         "ratios": ratios,
         "memory": {"disque_bytes_per_job": job_bytes, "redis_bytes_per_element": element_bytes},
         "targets": TARGETS,
