@@ -468,6 +468,10 @@ class _Base:
 
     def _roundtrip(self, link: _Link, payload: bytes) -> Ops[Any]:
         yield _Send(link, payload)
+        return (yield from self._reply(link))
+
+    def _reply(self, link: _Link) -> Ops[Any]:
+        """The next reply on the link, read as far as it takes."""
         try:
             while (reply := link.reader.gets()) is False:
                 data = yield _Receive(link)
@@ -753,6 +757,19 @@ class Client(_Base):
         while not scan.done:
             yield from self._run(self._command(scan.request(), scan.page))
 
+    def monitor(self) -> Iterator[str]:
+        """MONITOR.  Returns once the node has answered (every command it
+        runs from then on is seen), an iterator of one line per command.  The
+        connection stays a monitor: close the client to stop."""
+        self._run(self._command(["MONITOR"]))
+        return self._monitor_lines()
+
+    def _monitor_lines(self) -> Iterator[str]:
+        link = self._link
+        assert link is not None  # MONITOR was just answered on it
+        while True:
+            yield _text(self._run(self._reply(link)))
+
     def worker(
         self,
         queues: str | Iterable[str],
@@ -856,6 +873,17 @@ class AsyncClient(_Base):
         while not scan.done:
             for item in await self._run(self._command(scan.request(), scan.page)):
                 yield item
+
+    async def monitor(self) -> AsyncIterator[str]:
+        """MONITOR, as `Client.monitor`: an async iterator once answered."""
+        await self._run(self._command(["MONITOR"]))
+        return self._monitor_lines()
+
+    async def _monitor_lines(self) -> AsyncIterator[str]:
+        link = self._link
+        assert link is not None  # MONITOR was just answered on it
+        while True:
+            yield _text(await self._run(self._reply(link)))
 
     async def worker(
         self,

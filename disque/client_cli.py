@@ -81,7 +81,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "BGREWRITEAOF": ("", "Rewrite the append only file in the background"),
     "SLOWLOG": ("GET [n] | LEN | RESET", "Slow command log"),
     "LATENCY": ("LATEST | DOCTOR | HISTORY event | GRAPH event | RESET [event ...]", "Latency monitor"),
-    "MONITOR": ("", "Stream every command the server processes"),
+    "MONITOR": ("", "Stream every command the server processes (Ctrl-C stops)"),
     "TIME": ("", "Server time"),
     "LOADJOB": ("serialized-job", "AOF-only record (refused from clients)"),
     "SHUTDOWN": ("[REWRITE-AOF]", "Stop the server"),
@@ -309,10 +309,26 @@ class Session:
 
     def run(self, words: list[str]) -> None:
         """Send one server command and print its reply."""
+        if [w.upper() for w in words] == ["MONITOR"]:
+            self.monitor()
+            return
         reply = self.client().execute_command(*words)
         if words[0].upper() == "AUTH":  # a reconnection authenticates the same way
             self.client().password = self.password = words[1]
         self.output(*parse_reply(words, reply), raw=reply)
+
+    def monitor(self) -> None:
+        """Print the node's MONITOR lines as they come, until Ctrl-C; the
+        connection, a monitor's from then on, is closed afterwards."""
+        try:
+            lines = self.client().monitor()
+            click.echo(json.dumps("OK") if self.mode == "json" else "OK")  # as redis-cli: watching from here on
+            for line in lines:
+                click.echo(json.dumps(line, ensure_ascii=False) if self.mode == "json" else line)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.close()
 
     def output(self, kind: str, value: Any, raw: Any = None) -> None:
         """Print a view: rendered, as JSON, or bare (`raw`, by default `value`)."""

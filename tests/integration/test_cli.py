@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import types
@@ -389,3 +390,28 @@ def test_top_in_a_terminal(client: Client, queue: str, shared_node: NodeProcess)
         assert p.wait() == 0
     finally:
         p.close()
+
+
+def test_monitor_streams_until_ctrl_c(client: Client, queue: str, shared_node: NodeProcess) -> None:
+    client.connect()  # its HELLO before the watch starts
+    p = PtyProcess([disque_script(), "-p", str(shared_node.port), "monitor"], {**os.environ, "TERM": "xterm"})
+    try:
+        p.expect(r"^OK\n")  # printed once the node answered MONITOR
+        client.qlen(queue)
+        p.expect(rf'\d+\.\d{{6}} \[127\.0\.0\.1:\d+\] "QLEN" "{re.escape(queue)}"\n')
+        os.kill(p.proc.pid, signal.SIGINT)
+        assert p.wait() == 0
+    finally:
+        p.close()
+
+
+def test_monitor_at_the_prompt_gives_the_prompt_back_on_ctrl_c(prompt: Callable[..., Prompt], client: Client, queue: str) -> None:
+    client.connect()
+    p = prompt()
+    p.process.send("monitor\r")
+    p.process.expect(r"\nOK\n")
+    client.add_job(queue, "seen")
+    p.process.expect(rf'"ADDJOB" "{re.escape(queue)}" "seen" "0"')
+    os.kill(p.process.proc.pid, signal.SIGINT)  # Ctrl-C (the test's pty is not a controlling terminal)
+    p.process.expect(p.label)  # back at the prompt, on a fresh connection
+    p.run(f"qlen {queue}", r"\(integer\) 1")

@@ -8,6 +8,7 @@ import random
 import re
 import threading
 from collections.abc import Callable
+from contextlib import aclosing
 
 import pytest
 import trio
@@ -336,6 +337,18 @@ def test_worker_heartbeat_keeps_a_long_job(client: Client, queue: str, heartbeat
     assert client.show(job_id) is None
 
 
+def test_monitor_streams_what_the_node_runs(shared_node: NodeProcess, client: Client, queue: str) -> None:
+    client.connect()  # its HELLO before the watch starts
+    with Client((shared_node.host, shared_node.port), failover=False) as watcher:
+        lines = watcher.monitor()  # returns once MONITOR is answered: nothing after is missed
+        job_id = client.add_job(queue, "watched")
+        client.ack(job_id)
+        first, second = next(lines), next(lines)
+    assert re.fullmatch(rf'\d+\.\d{{6}} \[127\.0\.0\.1:\d+\] "ADDJOB" "{queue}" "watched" "0"', first)
+    assert second.endswith(f'"ACKJOB" "{job_id}"')
+    assert client.ping() == "PONG"  # the other connection is untouched
+
+
 # --------------------------------------------------------------------------
 # AsyncClient
 
@@ -369,6 +382,14 @@ async def test_async_client_methods(shared_node: NodeProcess, queue: str) -> Non
             await c.execute_command("NOPE")
     with pytest.raises(DisqueConnectionError, match=r"127\.0\.0\.1:\d+: Connection refused"):
         await AsyncClient(("127.0.0.1", free_port())).ping()
+
+
+async def test_async_monitor(shared_node: NodeProcess, queue: str) -> None:
+    async with AsyncClient((shared_node.host, shared_node.port)) as watcher, AsyncClient((shared_node.host, shared_node.port)) as c:
+        await c.connect()  # its HELLO before the watch starts
+        async with aclosing(await watcher.monitor()) as lines:
+            await c.qlen(queue)
+            assert (await anext(lines)).endswith(f'"QLEN" "{queue}"')
 
 
 async def test_async_worker_and_heartbeat(shared_node: NodeProcess, queue: str) -> None:
