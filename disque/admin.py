@@ -180,6 +180,7 @@ def config_command(node: NodeCore, argv: list[bytes]) -> Any:
         stats = node.stats
         stats.connections = stats.commands = stats.net_in = stats.net_out = stats.rejected = 0
         stats.calls.clear()
+        node.host.reset_stats()
         return OK
     if not node.config.config_file:
         raise err("The server is running without a config file")

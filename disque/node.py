@@ -106,6 +106,9 @@ class Host(Protocol):
     def save_cluster_config(self, fsync: bool) -> None:
         """Write nodes.conf now; raises OSError."""
 
+    def reset_stats(self) -> None:
+        """CONFIG RESETSTAT: zero the shell's own counters (INFO security)."""
+
     def bgrewriteaof(self) -> Any: ...
 
     def debug(self, sub: str, args: list[bytes]) -> Any: ...

@@ -431,6 +431,9 @@ class Server:
         self.shutdown_requested.set()
         return True
 
+    def reset_stats(self) -> None:
+        self.security.stats.reset()
+
     def save_cluster_config(self, fsync: bool) -> None:
         self.core.cluster.dirty = False
         self.nodes_file.save(self.core.cluster.to_conf(), fsync)

@@ -53,6 +53,9 @@ class FakeHost:
     def save_cluster_config(self, fsync: bool) -> None:
         self.calls.append(("save_cluster_config", fsync))
 
+    def reset_stats(self) -> None:
+        self.calls.append(("reset_stats",))
+
     def bgrewriteaof(self) -> Any:
         self.calls.append(("bgrewriteaof",))
         return Status(b"Background append only file rewriting started")

@@ -971,6 +971,14 @@ def test_shutdown_failure_is_reported(env):
     assert env.s("SHUTDOWN").message == "Errors trying to SHUTDOWN. Check logs."
 
 
+def test_resetstat_zeroes_the_core_counters_and_the_shells(env):
+    env.s("PING")
+    assert env.core.stats.commands == 1
+    assert env.s("CONFIG", "RESETSTAT") == Status(b"OK")
+    assert env.core.stats.commands == 0 and list(env.core.stats.calls) == ["config"]  # RESETSTAT itself
+    assert ("reset_stats",) in env.host.calls
+
+
 def test_a_failing_handler_costs_one_reply(env, monkeypatch):
     from disque import commands
 

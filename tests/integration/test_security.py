@@ -449,6 +449,8 @@ def test_tls_clients(nodes: Nodes, certs: dict[str, str]) -> None:
     with pytest.raises(OSError):
         plain_ping(tls_port)
     wait_for(lambda: counter(node, "tls_client_handshake_failures") >= 2, what="the failures to be counted")
+    assert call(node, "CONFIG", "RESETSTAT") == b"OK"
+    assert counter(node, "tls_client_handshake_failures") == 0
 
     # The client library, sync and trio, and the CLI.
     with Client((HOST, tls_port), tls=True, tls_ca_cert=ca, tls_cert=cert, tls_key=key, failover=False) as client:
