@@ -763,11 +763,8 @@ class AofFile:
     def _stop_aof(self) -> None:
         if self.status.state == "on" and self.buf:
             self.flush(force=True)
+        self._datasync_quietly()
         if self.fd is not None:
-            try:
-                os.fdatasync(self.fd)
-            except OSError:
-                pass
             self._close_fd(self.fd)
         self.fd = None
         self._cancel_rewrite()
@@ -783,16 +780,21 @@ class AofFile:
         while self.waiters:  # nothing more will be written for them
             self.waiters.popleft()[1]()
 
+    def _datasync_quietly(self) -> None:
+        """fdatasync the open file, if any; a failure is not reported (the
+        caller is leaving or reloading the file, not acknowledging writes)."""
+        if self.fd is not None:
+            try:
+                os.fdatasync(self.fd)
+            except OSError:
+                pass
+
     def debug_loadaof(self) -> Any:
         """DEBUG LOADAOF: flush, empty the dataset, reload the file.  The
         flush does not log DELJOB records (upstream defect §12.5 fixed)."""
         if self.status.state == "on":
             self.flush(force=True)
-            if self.fd is not None:
-                try:
-                    os.fdatasync(self.fd)
-                except OSError:
-                    pass
+            self._datasync_quietly()
         saved, self.status.state = self.status.state, "off"
         core = self.core
         try:
