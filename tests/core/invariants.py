@@ -9,6 +9,8 @@ it knows nothing about how the core got there.
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine
 
 from disque import admin
 from disque.node import BASE_MEMORY, QUEUE_OVERHEAD, NodeCore
@@ -113,3 +115,18 @@ def slow_only_when_asked(request: pytest.FixtureRequest) -> None:
     """Tests marked `slow` (the long hypothesis runs) run with `-m slow` only."""
     if request.node.get_closest_marker("slow") and "slow" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("slow: run with -m slow")
+
+
+def quick_and_slow(machine: type[RuleBasedStateMachine], quick: tuple[int, int], slow: tuple[int, int]) -> tuple[type, type]:
+    """Test cases for a stateful machine: one run by default and a longer one
+    marked slow, each with its (examples, steps per example)."""
+
+    def case(cls: type[RuleBasedStateMachine], examples: int, steps: int) -> type:
+        test_case = cls.TestCase
+        test_case.settings = settings(
+            max_examples=examples, stateful_step_count=steps, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+        )
+        return test_case
+
+    longer = type(f"{machine.__name__}Long", (machine,), {})
+    return case(machine, *quick), pytest.mark.timeout(3600)(pytest.mark.slow(case(longer, *slow)))

@@ -9,7 +9,6 @@ fine, an internal error is not), and the core must stay consistent
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -18,7 +17,7 @@ from disque.effects import CloseClient, Reply
 from disque.errors import DisqueError
 from disque.node import BLOCKED, SILENT
 from disque.resp import Map, Status, encode
-from invariants import advance, check_core, slow_only_when_asked  # noqa: F401 (autouse fixture)
+from invariants import advance, check_core, quick_and_slow, slow_only_when_asked  # noqa: F401 (autouse fixture)
 from support import NODE_ID, Session, make_core
 
 KEYWORDS = [
@@ -161,17 +160,4 @@ class CommandFuzz(RuleBasedStateMachine):
         check_core(self.core)
 
 
-CommandFuzz.TestCase.settings = settings(
-    max_examples=100, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-TestCommandFuzz = CommandFuzz.TestCase
-
-
-class CommandFuzzLong(CommandFuzz):
-    pass
-
-
-CommandFuzzLong.TestCase.settings = settings(
-    max_examples=1000, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-TestCommandFuzzLong = pytest.mark.timeout(3600)(pytest.mark.slow(CommandFuzzLong.TestCase))
+TestCommandFuzz, TestCommandFuzzLong = quick_and_slow(CommandFuzz, quick=(100, 30), slow=(1000, 60))

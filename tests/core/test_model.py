@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from itertools import permutations
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -27,7 +26,7 @@ from disque.errors import DisqueError
 from disque.node import BLOCKED
 from disque.resp import NIL_ARRAY, Status
 from disque.store.job import State
-from invariants import advance, check_core, slow_only_when_asked  # noqa: F401 (autouse fixture)
+from invariants import advance, check_core, quick_and_slow, slow_only_when_asked  # noqa: F401 (autouse fixture)
 from support import NODE_ID, Session, make_core
 
 QUEUES = (b"q1", b"q2", b"q3")
@@ -501,17 +500,4 @@ class CoreModel(RuleBasedStateMachine):
         assert not self.core.effects
 
 
-CoreModel.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=35, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-TestCoreModel = CoreModel.TestCase
-
-
-class CoreModelLong(CoreModel):
-    pass
-
-
-CoreModelLong.TestCase.settings = settings(
-    max_examples=600, stateful_step_count=80, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-TestCoreModelLong = pytest.mark.timeout(3600)(pytest.mark.slow(CoreModelLong.TestCase))
+TestCoreModel, TestCoreModelLong = quick_and_slow(CoreModel, quick=(60, 35), slow=(600, 80))
