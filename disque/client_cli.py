@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import IO, Any
 
@@ -322,8 +323,7 @@ class Session:
         connection, a monitor's from then on, is closed afterwards."""
         try:
             lines = self.client().monitor()
-            click.echo(json.dumps("OK") if self.mode == "json" else "OK")  # as redis-cli: watching from here on
-            for line in lines:
+            for line in chain(["OK"], lines):  # OK as redis-cli prints it: watching from here on
                 click.echo(json.dumps(line, ensure_ascii=False) if self.mode == "json" else line)
         except KeyboardInterrupt:
             pass
