@@ -107,10 +107,14 @@ def _throughput(servers: dict[str, Any], sizes: dict[str, int]) -> tuple[dict[st
     return ops, cpu
 
 
+def _wire(argv: list[Any]) -> list[bytes]:
+    return [a if isinstance(a, bytes) else a.encode() for a in argv]
+
+
 def _growth_per_item(pid: int, port: int, argv: list[Any], count: int) -> float:
     """RSS growth of a server over `count` pipelined `argv`, per request."""
     before = rss_bytes(pid)
-    send_pipelined(port, [a if isinstance(a, bytes) else a.encode() for a in argv], count)
+    send_pipelined(port, _wire(argv), count)
     command("127.0.0.1", port, "INFO")  # answered after everything before it
     time.sleep(0.5)
     return (rss_bytes(pid) - before) / count
@@ -136,7 +140,7 @@ def _stalls(port: int, count: int) -> dict[str, float]:
     pinger = threading.Thread(target=ping)
     pinger.start()
     try:
-        send_pipelined(port, [a if isinstance(a, bytes) else a.encode() for a in ADDJOB], count)
+        send_pipelined(port, _wire(ADDJOB), count)
     finally:
         done.set()
         pinger.join()
