@@ -101,6 +101,11 @@ def bare_server_argv(port: int, workdir: Path) -> list[str]:
     return [sys.executable, str(Path(__file__).with_name("bare_server.py")), str(port)]
 
 
+def jobs_server_argv(port: int, workdir: Path) -> list[str]:
+    """bench/bare_server.py --jobs: the same loop keeping each ADDJOB's job, no checks."""
+    return [*bare_server_argv(port, workdir), "--jobs"]
+
+
 def expect_success(port: int, *args: str | bytes) -> bytes:
     """Run one command and return its reply; raise if it is an error (which
     redis-benchmark would count as a completed request)."""

@@ -7,11 +7,13 @@ GETJOBs as ADDJOBs, so every GETJOB takes a job) against a fresh node, and
 figures is divided by the Redis one (ADDJOB by LPUSH, GETJOB by RPOP) of the
 same pipelining mode.
 
-Reference for Python itself: bench/bare_server.py, an epoll loop that
-parses requests with hiredis and answers each with a fixed 48-byte status
-(no command logic), gets the ADDJOB runs too.  Its ratio is about the
-most any Python server could reach on this machine; the distance between
-it and ours is the cost of the command path.
+References for Python itself, both bench/bare_server.py, get the ADDJOB runs
+too.  The bare loop parses requests with hiredis and answers each with a
+fixed 48-byte status (no command logic): its ratio is about the most any
+Python server could reach on this machine.  The job-keeping loop (--jobs)
+also stores each job as the node does (ID, record, index, queue, timer) with
+no checks: the distance from it to ours is what a complete ADDJOB costs on
+top of keeping the job.
 
 CPU per request: the user and system CPU time each server process used
 during a run (/proc/PID/stat), divided by the requests of the run.  System
@@ -43,6 +45,7 @@ from common import (
     bare_server_argv,
     cpu_seconds,
     expect_success,
+    jobs_server_argv,
     print_table,
     redis_benchmark,
     rss_bytes,
@@ -85,7 +88,7 @@ def _throughput(servers: dict[str, Any], sizes: dict[str, int]) -> tuple[dict[st
     "<command>_<mode>".  The servers run side by side and each of our runs
     follows the runs it is compared with, so that a change in the machine's
     load during the benchmark affects both sides of a ratio alike."""
-    node, redis, bare = servers["disque"], servers["redis"], servers["bare"]
+    node, redis = servers["disque"], servers["redis"]
     for port, push, pop in ((node.port, ADDJOB, GETJOB), (redis.port, LPUSH, RPOP)):
         expect_success(port, *push)
         expect_success(port, *pop)
@@ -98,7 +101,10 @@ def _throughput(servers: dict[str, Any], sizes: dict[str, int]) -> tuple[dict[st
                 ("disque", node, f"{name}_{mode}", argv, sizes["node_" + mode]),
             ]
             if name == "ADDJOB":
-                runs.insert(1, ("bare", bare, f"{name}_{mode}", argv, sizes["redis_" + mode]))
+                runs[1:1] = [
+                    ("bare", servers["bare"], f"{name}_{mode}", argv, sizes["redis_" + mode]),
+                    ("jobs", servers["jobs"], f"{name}_{mode}", argv, sizes["node_" + mode]),
+                ]
             for side, server, key, args, requests in runs:
                 user, system = cpu_seconds(server.pid)
                 ops[side][key] = redis_benchmark(server.port, requests, pipeline, *args)
@@ -156,10 +162,11 @@ def run(quick: bool) -> dict[str, Any]:
             "disque": start_node(base / "node"),
             "redis": ServerProcess(base / "redis"),
             "bare": ServerProcess(base / "bare", bare_server_argv),
+            "jobs": ServerProcess(base / "jobs", jobs_server_argv),
         }
         try:
-            servers["redis"].start()
-            servers["bare"].start()
+            for side in ("redis", "bare", "jobs"):
+                servers[side].start()
             ops, cpu = _throughput(servers, sizes)
         finally:
             for server in servers.values():
@@ -191,11 +198,12 @@ def run(quick: bool) -> dict[str, Any]:
         ["command", "pipeline", "ops/s", "redis", "redis ops/s", "ratio"],
         rows,
     )
+    references = (("bare", "bare loop, fixed reply"), ("jobs", "job-keeping loop, no checks"))
     print_table(
-        "Reference: a bare Python RESP loop (bench/bare_server.py: epoll, hiredis, fixed reply, no commands)",
-        ["command", "pipeline", "bare ops/s", "ratio to LPUSH", "user µs", "system µs"],
-        [["ADDJOB", f"-P {pipeline}", ops["bare"][f"ADDJOB_{mode}"], ops["bare"][f"ADDJOB_{mode}"] / ops["redis"][f"LPUSH_{mode}"],
-          *cpu["bare"][f"ADDJOB_{mode}"]] for pipeline, mode in MODES],
+        "References: Python RESP loops taking the ADDJOB runs (bench/bare_server.py: epoll, hiredis)",
+        ["server", "pipeline", "ops/s", "ratio to LPUSH", "user µs", "system µs"],
+        [[label, f"-P {pipeline}", ops[side][f"ADDJOB_{mode}"], ops[side][f"ADDJOB_{mode}"] / ops["redis"][f"LPUSH_{mode}"],
+          *cpu[side][f"ADDJOB_{mode}"]] for side, label in references for pipeline, mode in MODES],
     )  # fmt: skip
     print_table(
         "Server CPU per request, µs (user / system; from /proc, tick-grained)",
