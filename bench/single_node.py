@@ -13,7 +13,9 @@ fixed 48-byte status (no command logic): its ratio is about the most any
 Python server could reach on this machine.  The job-keeping loop (--jobs)
 also stores each job as the node does (ID, record, index, queue, timer) with
 no checks: the distance from it to ours is what a complete ADDJOB costs on
-top of keeping the job.
+top of keeping the job.  Our node also gets PING runs: a request with no
+command work, so its ratio is the most our request path (parser, dispatch
+checks, statistics, reply queueing) allows any command.
 
 CPU per request: the user and system CPU time each server process used
 during a run (/proc/PID/stat), divided by the requests of the run.  System
@@ -104,6 +106,7 @@ def _throughput(servers: dict[str, Any], sizes: dict[str, int]) -> tuple[dict[st
                 runs[1:1] = [
                     ("bare", servers["bare"], f"{name}_{mode}", argv, sizes["redis_" + mode]),
                     ("jobs", servers["jobs"], f"{name}_{mode}", argv, sizes["node_" + mode]),
+                    ("disque", node, f"PING_{mode}", ["PING"], sizes["redis_" + mode]),
                 ]
             for side, server, key, args, requests in runs:
                 user, system = cpu_seconds(server.pid)
@@ -198,12 +201,16 @@ def run(quick: bool) -> dict[str, Any]:
         ["command", "pipeline", "ops/s", "redis", "redis ops/s", "ratio"],
         rows,
     )
-    references = (("bare", "bare loop, fixed reply"), ("jobs", "job-keeping loop, no checks"))
+    references = (
+        ("bare", "ADDJOB", "bare Python loop, fixed reply"),
+        ("jobs", "ADDJOB", "job-keeping Python loop, no checks"),
+        ("disque", "PING", "our node, PING"),
+    )
     print_table(
-        "References: Python RESP loops taking the ADDJOB runs (bench/bare_server.py: epoll, hiredis)",
-        ["server", "pipeline", "ops/s", "ratio to LPUSH", "user µs", "system µs"],
-        [[label, f"-P {pipeline}", ops[side][f"ADDJOB_{mode}"], ops[side][f"ADDJOB_{mode}"] / ops["redis"][f"LPUSH_{mode}"],
-          *cpu[side][f"ADDJOB_{mode}"]] for side, label in references for pipeline, mode in MODES],
+        "References (bench/bare_server.py: epoll, hiredis; PING: our request path with no command work)",
+        ["server", "command", "pipeline", "ops/s", "ratio to LPUSH", "user µs", "system µs"],
+        [[label, name, f"-P {pipeline}", ops[side][f"{name}_{mode}"], ops[side][f"{name}_{mode}"] / ops["redis"][f"LPUSH_{mode}"],
+          *cpu[side][f"{name}_{mode}"]] for side, name, label in references for pipeline, mode in MODES],
     )  # fmt: skip
     print_table(
         "Server CPU per request, µs (user / system; from /proc, tick-grained)",
