@@ -432,7 +432,8 @@ def test_loading_replies_loading_and_sigterm_exits_at_once(tmp_path: Path) -> No
     conf = workdir / "disque.conf"
     conf.write_text(DEFAULT_CONF.read_text() + f"\nport {port}\nbind 127.0.0.1\nlogfile log.txt\nappendonly yes\n")
     argv = [sys.executable, "-m", "disque", str(conf), "--dir", str(workdir)]
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=workdir)  # the logfile directive is checked where the node starts, before --dir
     try:
         seen: list[bytes] = []
 

@@ -556,7 +556,8 @@ def test_protected_mode_refuses_a_client_from_another_network_namespace(tmp_path
         conf = tmp_path / "disque.conf"
         conf.write_text(DEFAULT_CONF.read_text() + f"\nport {port}\nlogfile log.txt\n")  # no bind: every address
         proc = subprocess.Popen(["ip", "netns", "exec", srv_ns, sys.executable, "-m", "disque", str(conf), "--dir", str(tmp_path)],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                cwd=tmp_path)  # fmt: skip
 
         def ask(ns: str, host: str, *args: str) -> bytes:
             done = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", ASK, host, str(port), *args],
