@@ -82,7 +82,7 @@ def enqueue(node: NodeCore, sender: str, msg: m.Enqueue) -> None:
         job.qtime = node.now  # upstream defect fixed: RETRY 0 jobs get their one enqueue
     if msg.delay == 0:
         node.enqueue(job)
-    elif job.qtime:
+    elif job.qtime:  # pragma: no branch - always set here: RETRY 0 jobs got one just above
         job.qtime = node.now + msg.delay * 1000
         node.reschedule(job)
 
@@ -99,7 +99,7 @@ def _postpone(node: NodeCore, sender: str, msg: Any, working: bool) -> None:
         node.dequeue(job)
     if job.retry:
         job.flags |= BCAST_WILLQUEUE
-        if job.qtime:
+        if job.qtime:  # pragma: no branch - a job with RETRY > 0 always has a qtime
             job.qtime = node.now + job.retry * 1000 + node.jitter()
     if not working:
         if msg.incr_nacks:

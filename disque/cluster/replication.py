@@ -102,7 +102,7 @@ class Replication:
         self.pending.pop(job.id, None)
         client = node.repl_waiters.pop(job.id, None)
         job.move(REPLICATED)
-        if client is not None:
+        if client is not None:  # pragma: no branch - a producer that leaves aborts its wait-repl job
             client.repl_job = None
             node.reply_to(client, Status(job.id))
         if node.cluster.my_id not in job.nodes_delivered:
