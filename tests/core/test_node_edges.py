@@ -1,0 +1,204 @@
+"""Edge cases of NodeCore that the model, the fuzzer and the cluster
+simulation reach rarely or never: the bounded memory of collected job IDs,
+ACKJOB on a job still being replicated elsewhere, a duplicated YOURJOBS for a
+job already queued, blocked consumers and a queue paused between the loader
+and the next command, and a failing bus handler."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+from disque import node as node_module
+from disque.cluster import messages as m
+from disque.cluster.codec import job_to_wire
+from disque.cluster.handlers import HANDLERS
+from disque.cluster.membership import Membership
+from disque.config import Config
+from disque.effects import Send
+from disque.ids import mixed, new_job_id
+from disque.node import BLOCKED, NodeCore
+from disque.resp import Status
+from disque.store.aof import RecordReader, Replay, encode_clean_marker, encode_loadjob
+from disque.store.job import BCAST_QUEUED, Job, State
+from invariants import advance, check_core
+from support import NODE_ID, START_MS, FakeClock, FakeHost, Session, make_core
+
+PEER = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0"
+
+
+def duo(**overrides) -> tuple[NodeCore, FakeClock]:
+    """A node that knows one linked peer (PEER); what it sends is in effects."""
+    clock, host, rng = FakeClock(), FakeHost(), random.Random(7)
+    config = Config()
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    conf = f"{NODE_ID} 127.0.0.1:7711 myself 0 0 connected\n{PEER} 127.0.0.1:7712 noflags 0 0 connected\n"
+    members = Membership.from_conf(conf, 7711, rng=rng, now=clock.ms)
+    core = NodeCore(config, NODE_ID, clock=clock, rng=rng, host=host, membership=members)
+    core.link_connected(members.nodes[PEER].key)
+    core.effects.clear()
+    return core, clock
+
+
+def from_peer(core: NodeCore, msg) -> None:
+    core.handle_bus(m.Header(PEER, 7712, 0), msg, key=core.cluster.nodes[PEER].key)
+
+
+def sent(core: NodeCore) -> list:
+    """Bus messages sent since the last call."""
+    out = [e.msg for e in core.effects if isinstance(e, Send)]
+    core.effects[:] = [e for e in core.effects if not isinstance(e, Send)]
+    return out
+
+
+def show(s: Session, job_id: bytes) -> dict | None:
+    reply = s("SHOW", job_id)
+    return None if reply is None else {k.decode(): v for k, v in reply}
+
+
+# ---------------------------------------------------------------- collected IDs
+
+
+def test_collected_ids_are_bounded_oldest_forgotten_first(monkeypatch):
+    """Collected IDs block a stale REPLJOB; past the cap the oldest is
+    forgotten, and a late copy of that job is accepted again."""
+    monkeypatch.setattr(node_module, "COLLECTED_MEMORY_MAX", 2)
+    core, _ = duo()
+    s = Session(core)
+    ids = [bytes(s("ADDJOB", "q", f"j{i}", 0, "REPLICATE", 1)) for i in range(3)]
+    wires = [job_to_wire(core.jobs.get(job_id), core.now) for job_id in ids]
+    for job_id in ids:
+        assert s("ACKJOB", job_id) == 1
+        assert show(s, job_id) is None  # single copy: collected at once
+    assert list(core.collected) == ids[1:]
+    sent(core)
+
+    from_peer(core, m.ReplJob(wires[2]))
+    assert show(s, ids[2]) is None and sent(core) == []  # remembered: ignored, no GOTJOB
+    from_peer(core, m.ReplJob(wires[0]))
+    assert show(s, ids[0])["state"] == "active"  # forgotten: a new copy
+    assert sent(core) == [m.GotJob(ids[0])]
+    check_core(core)
+
+
+# ---------------------------------------------------------------- ACKJOB
+
+
+def test_ackjob_of_an_externally_replicated_job_answers_the_producer():
+    """Above 75 % of maxmemory ADDJOB replicates externally: the job waits
+    here in wait-repl without a local copy.  An ACKJOB for it counts, gives
+    the producer its ID (as SETACK would) and forgets the record."""
+    core, _ = duo(maxmemory=1_000_000)
+    assert core.mem_level() == 1
+    producer, consumer = Session(core), Session(core)
+    assert producer("ADDJOB", "q", "x", 0, "REPLICATE", 1) is BLOCKED
+    [job_id] = list(core.repl_waiters)
+    assert show(consumer, job_id)["state"] == "wait-repl"
+    [repl] = sent(core)
+    assert isinstance(repl, m.ReplJob) and repl.job["id"] == job_id and not repl.noreply
+
+    assert consumer("ACKJOB", job_id) == 1
+    assert producer.pending() == [Status(job_id)]
+    assert show(consumer, job_id) is None and not core.repl_waiters and producer.client.repl_job is None
+    assert sent(core) == []  # nobody confirmed: no ENQUEUE to send
+    assert consumer("ACKJOB", job_id) == 0  # gone; an even TTL field (RETRY > 0) makes no dummy ACK
+    check_core(core)
+
+
+# ---------------------------------------------------------------- federation
+
+
+def test_duplicated_yourjobs_for_a_queued_retry0_job_queues_it_once():
+    """A second YOURJOBS for an at-most-once job already queued here sets its
+    qtime (so the one allowed enqueue can happen) but the enqueue is refused;
+    scheduler visits then leave the queued job alone, and once it is
+    delivered it is never queued again."""
+    core, clock = duo()
+    s = Session(core)
+    rng = random.Random(3)
+    while True:  # an ID for which this node wins the QUEUED tie-break: the job stays queued
+        job_id = new_job_id(PEER, rng, 3600, 0)
+        if mixed(PEER, job_id) <= mixed(NODE_ID, job_id):
+            break
+    job = Job(job_id, b"q", b"once", etime=START_MS // 1000 + 3600, ctime=START_MS * 1_000_000,
+              nodes_delivered=(PEER, NODE_ID))  # fmt: skip
+    wire = job_to_wire(job, core.now)
+
+    from_peer(core, m.YourJobs((wire,)))
+    assert show(s, job_id)["state"] == "queued" and show(s, job_id)["next-requeue-within"] is None
+    sent(core)
+    from_peer(core, m.YourJobs((wire,)))  # the same batch again
+    assert s("QLEN", "q") == 1 and dict(s("QSTAT", "q"))[b"jobs-in"] == 1
+    assert sent(core) == []  # refused: no QUEUED broadcast
+    from_peer(core, m.Queued(job_id))  # the peer announces it: we keep it queued, it is rescheduled
+    assert show(s, job_id)["state"] == "queued"
+
+    for _ in range(3):
+        clock.advance(1)
+        core.tick()
+        assert s("QLEN", "q") == 1 and show(s, job_id)["additional-deliveries"] == 0
+    assert s("GETJOB", "NOHANG", "FROM", "q") == [[b"q", job_id, b"once"]]
+    clock.advance(1)
+    core.tick()
+    assert show(s, job_id)["state"] == "active" and s("QLEN", "q") == 0
+    assert dict(s("QSTAT", "q"))[b"jobs-in"] == 1
+
+
+# ---------------------------------------------------------------- blocking
+
+
+def test_queue_paused_before_the_next_event_keeps_loaded_jobs_from_consumers():
+    """A job the AOF loader queues is handed to blocked consumers by the next
+    event.  If that event pauses the queue for output, nobody is served until
+    the pause is lifted."""
+    core, _, _ = make_core()
+    consumer, admin = Session(core), Session(core)
+    assert consumer("GETJOB", "FROM", "q") is BLOCKED
+    job_id = new_job_id(NODE_ID, core.rng, 3600, 5)
+    job = Job(job_id, b"q", b"loaded", state=State.QUEUED, flags=BCAST_QUEUED, etime=core.now // 1000 + 3600,
+              retry=5, ctime=core.new_ctime(), nodes_delivered=(NODE_ID,))  # fmt: skip
+    replay = Replay(core)
+    reader = RecordReader()
+    reader.feed(encode_loadjob(job) + encode_clean_marker(START_MS))
+    for offset, args in reader:
+        replay.apply(offset, args)
+    assert replay.finish() == 1 and core.ready  # queued outside any command: served by the next event
+
+    assert admin("PAUSE", "q", "out") == Status(b"out")
+    assert consumer.pending() == [] and admin("QLEN", "q") == 1
+    assert show(admin, job_id)["state"] == "queued"
+    assert admin("PAUSE", "q", "none") == Status(b"none")
+    assert consumer.pending() == [[[b"q", job_id, b"loaded"]]]
+    assert show(admin, job_id)["state"] == "active" and consumer.client.waiter is None
+    check_core(core)
+
+
+# ---------------------------------------------------------------- bus
+
+
+def test_a_failing_bus_handler_costs_one_message_not_the_node(monkeypatch, caplog):
+    """An exception in a job-message handler is logged; the node keeps its
+    jobs and handles the following messages."""
+    core, clock = duo()
+    s = Session(core)
+    job_id = bytes(s("ADDJOB", "q", "x", 0, "REPLICATE", 1, "RETRY", 10))
+    assert s("GETJOB", "FROM", "q")[0][1] == job_id
+
+    def broken(node, sender, msg):
+        raise RuntimeError("handler bug")
+
+    monkeypatch.setitem(HANDLERS, m.WillQueue, broken)
+    received = core.stats.bus_received
+    with caplog.at_level(logging.ERROR, logger="disque"):
+        from_peer(core, m.WillQueue(job_id))
+    [record] = [r for r in caplog.records if r.getMessage() == f"Error handling WillQueue from {PEER}"]
+    assert record.exc_info is not None and str(record.exc_info[1]) == "handler bug"
+    assert core.stats.bus_received == received + 1
+    assert show(s, job_id)["nodes-delivered"] == [NODE_ID]  # the message had no effect
+
+    from_peer(core, m.Queued(job_id, incr_deliv=True))  # the next message is handled as usual
+    assert show(s, job_id)["additional-deliveries"] == 1
+    advance(core, clock, 11_000)
+    assert show(s, job_id)["state"] == "queued"
+    check_core(core)
