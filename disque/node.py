@@ -487,7 +487,7 @@ class NodeCore:
                         job.qtime = now + job.retry * 1000 + self.jitter()
                     else:
                         self.enqueue(job)
-                elif job.retry:
+                elif job.retry:  # pragma: no branch - a queued RETRY 0 job has no qtime (enqueue clears it)
                     job.qtime = now + job.retry * 1000 + self.jitter()
                     job.flags |= BCAST_WILLQUEUE
         elif state == S_ACKED:
@@ -498,6 +498,10 @@ class NodeCore:
     def enqueue(self, job: Job, nack: bool = False, queue: Queue | None = None) -> bool:
         """Queue a job (cluster.md §8.3).  False when refused."""
         if job.state == S_QUEUED or not job.qtime or (job.retry == 0 and job.flags & DELIVERED):
+            if job.retry == 0:
+                # Callers set qtime for the one enqueue of an at-most-once job; once
+                # refused it would stay in the past, due at every tick, forever.
+                job.qtime = 0
             return False
         job.move(ENQUEUE)
         if job.retry:

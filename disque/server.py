@@ -179,6 +179,8 @@ class Server:
             wait_ms = core.next_deadline() - clock.now_ms()
             if wait_ms > 0:
                 await trio.sleep(wait_ms / 1000)
+            else:  # due already: still let the other tasks run between ticks
+                await trio.lowlevel.checkpoint()
             wait_until = core.client_pause_until - clock.now_ms()
             if wait_until > 0:
                 await trio.sleep(wait_until / 1000)

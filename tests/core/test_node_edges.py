@@ -20,7 +20,7 @@ from disque.ids import mixed, new_job_id
 from disque.node import BLOCKED, NodeCore
 from disque.resp import Status
 from disque.store.aof import RecordReader, Replay, encode_clean_marker, encode_loadjob
-from disque.store.job import BCAST_QUEUED, Job, State
+from disque.store.job import BCAST_QUEUED, DELIVERED, Job, State
 from invariants import advance, check_core
 from support import NODE_ID, START_MS, FakeClock, FakeHost, Session, make_core
 
@@ -133,16 +133,42 @@ def test_duplicated_yourjobs_for_a_queued_retry0_job_queues_it_once():
     assert sent(core) == []  # refused: no QUEUED broadcast
     from_peer(core, m.Queued(job_id))  # the peer announces it: we keep it queued, it is rescheduled
     assert show(s, job_id)["state"] == "queued"
+    assert show(s, job_id)["next-requeue-within"] is None  # the refused enqueue left no requeue time
 
     for _ in range(3):
         clock.advance(1)
         core.tick()
         assert s("QLEN", "q") == 1 and show(s, job_id)["additional-deliveries"] == 0
+        assert core.next_deadline() > clock.ms  # not due at every tick
     assert s("GETJOB", "NOHANG", "FROM", "q") == [[b"q", job_id, b"once"]]
     clock.advance(1)
     core.tick()
     assert show(s, job_id)["state"] == "active" and s("QLEN", "q") == 0
     assert dict(s("QSTAT", "q"))[b"jobs-in"] == 1
+
+
+def test_replayed_delivered_retry0_job_is_never_due_again():
+    """An at-most-once job logged as queued but already delivered comes back
+    active; WORKING then reschedules it, and it must not be due at every
+    tick (which would keep the node's deadline in the past)."""
+    core, clock, _ = make_core()
+    job_id = new_job_id(NODE_ID, core.rng, 3600, 0)
+    job = Job(job_id, b"q", b"once", state=State.QUEUED, flags=BCAST_QUEUED | DELIVERED,
+              etime=core.now // 1000 + 3600, ctime=core.new_ctime(), nodes_delivered=(NODE_ID,))  # fmt: skip
+    replay = Replay(core)
+    reader = RecordReader()
+    reader.feed(encode_loadjob(job) + encode_clean_marker(START_MS))
+    for offset, args in reader:
+        replay.apply(offset, args)
+    assert replay.finish() == 0
+    s = Session(core)
+    assert show(s, job_id)["state"] == "active" and show(s, job_id)["next-requeue-within"] is None
+    assert s("WORKING", job_id) == 0  # RETRY 0: nothing to postpone
+    for _ in range(3):
+        clock.advance(1)
+        core.tick()
+        assert core.next_deadline() > clock.ms
+    assert s("QLEN", "q") == 0 and show(s, job_id)["state"] == "active"
 
 
 # ---------------------------------------------------------------- blocking
