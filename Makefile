@@ -25,8 +25,9 @@ tools:
 	@command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null && command -v redis-server >/dev/null || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-tools redis-server >/dev/null)
 
+# The whole suite; the sans-IO core must stay fully covered (pyproject.toml).
 test: venv tools
-	$(PY) -m pytest
+	$(PY) -m pytest --cov --cov-report=term-missing
 
 # Benchmarks print figures (ratios against redis-server measured in the same run).
 bench: venv tools
