@@ -53,7 +53,7 @@ class NodeProcess:
     def __init__(self, port: int, workdir: Path, *extra: str, host: str = "127.0.0.1") -> None:
         self.port = port
         self.host = host
-        self.workdir = workdir
+        self.workdir = workdir.absolute()  # the node runs in it
         self.extra = list(extra)
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -69,7 +69,10 @@ class NodeProcess:
             extra_conf = f'\ndir "{self.workdir}"\nport {self.port}\nbind {self.host}\nlogfile log.txt\n'
             conf.write_text(DEFAULT_CONF.read_text() + extra_conf)
         argv = [sys.executable, "-m", "disque", str(conf), *self.extra]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # In its directory: a rewritten config may name the log file before `dir`
+        self.proc = subprocess.Popen(
+            argv, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
