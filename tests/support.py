@@ -1,10 +1,15 @@
-"""Test doubles shared by the suites: a fake clock and a recording host."""
+"""Test doubles shared by the suites: a fake clock, a recording host, cores
+built on them (alone or knowing peers from a nodes.conf text) and client
+sessions."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
+from disque.cluster.membership import Membership
 from disque.config import Config
 from disque.node import NodeCore
 from disque.resp import Status
@@ -68,12 +73,30 @@ class FakeHost:
 NODE_ID = "c0a3e3babc92560eea6b873cbf463cf54921aa2d"
 
 
-def make_core(seed: int = 1, node_id: str = NODE_ID, **overrides: Any) -> tuple[NodeCore, FakeClock, FakeHost]:
+def make_config(**overrides: Any) -> Config:
     config = Config()
     for key, value in overrides.items():
         setattr(config, key, value)
+    return config
+
+
+def make_core(seed: int = 1, node_id: str = NODE_ID, **overrides: Any) -> tuple[NodeCore, FakeClock, FakeHost]:
     clock, host = FakeClock(), FakeHost()
-    core = NodeCore(config, node_id, clock=clock, rng=random.Random(seed), host=host)
+    core = NodeCore(make_config(**overrides), node_id, clock=clock, rng=random.Random(seed), host=host)
+    return core, clock, host
+
+
+def linked_core(
+    nodes_conf: str, linked: Iterable[str] = (), seed: int = 7, **overrides: Any
+) -> tuple[NodeCore, FakeClock, FakeHost]:
+    """A core (NODE_ID, port 7711) that loaded `nodes_conf` and has its
+    outgoing links to the `linked` node IDs up; no effects are pending."""
+    clock, host, rng = FakeClock(), FakeHost(), random.Random(seed)
+    members = Membership.from_conf(nodes_conf, 7711, rng=rng, now=clock.ms)
+    core = NodeCore(make_config(**overrides), NODE_ID, clock=clock, rng=rng, host=host, membership=members)
+    for node_id in linked:
+        core.link_connected(members.nodes[node_id].key)
+    core.effects.clear()
     return core, clock, host
 
 
@@ -104,3 +127,17 @@ class Session:
         mine = [e.value for e in self.core.effects if isinstance(e, Reply) and e.client_id == self.client.id]
         self.core.effects[:] = [e for e in self.core.effects if not (isinstance(e, Reply) and e.client_id == self.client.id)]
         return mine
+
+
+@dataclass
+class Env:
+    """A core, its clock and host, and one client session on it."""
+
+    core: NodeCore
+    clock: FakeClock
+    host: FakeHost
+    s: Session
+
+    @classmethod
+    def of(cls, core: NodeCore, clock: FakeClock, host: FakeHost) -> Any:
+        return cls(core, clock, host, Session(core))

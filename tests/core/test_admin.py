@@ -6,21 +6,19 @@ from __future__ import annotations
 
 import errno
 import itertools
-import random
 import re
 from dataclasses import dataclass
 
 import pytest
 
 from disque import __version__, admin
-from disque.cluster.membership import FORGET_BLACKLIST_MS, Membership
-from disque.config import Config
+from disque.cluster.membership import FORGET_BLACKLIST_MS
 from disque.effects import CloseClient, DropLink
 from disque.errors import DisqueError
 from disque.node import BLOCKED, REPLY_OFF, REPLY_ON, REPLY_SKIP, SILENT, NodeCore
 from disque.resp import Map, Status
 from disque.store.job import Job
-from support import NODE_ID, START_MS, FakeClock, FakeHost, Session, make_core
+from support import NODE_ID, START_MS, Env, Session, linked_core, make_core
 
 OK = Status(b"OK")
 
@@ -39,14 +37,6 @@ MESH_CONF = (
 )
 
 
-@dataclass
-class Env:
-    core: NodeCore
-    clock: FakeClock
-    host: FakeHost
-    s: Session
-
-
 def error(reply: object) -> str:
     """The error line a client would read (without '-' and CRLF)."""
     assert isinstance(reply, DisqueError), reply
@@ -60,21 +50,14 @@ def closed(core: NodeCore) -> list[int]:
 
 @pytest.fixture
 def env() -> Env:
-    core, clock, host = make_core()
-    return Env(core, clock, host, Session(core))
+    return Env.of(*make_core())
 
 
 @pytest.fixture
 def mesh() -> Env:
     """A node that knows five peers in every reachability state; PEER and
     GONE have an outgoing link."""
-    clock, host, rng = FakeClock(), FakeHost(), random.Random(3)
-    members = Membership.from_conf(MESH_CONF, 7711, rng=rng, now=clock.ms)
-    core = NodeCore(Config(), NODE_ID, clock=clock, rng=rng, host=host, membership=members)
-    for node_id in (PEER, GONE):
-        core.link_connected(members.nodes[node_id].key)
-    core.effects.clear()
-    return Env(core, clock, host, Session(core))
+    return Env.of(*linked_core(MESH_CONF, (PEER, GONE), seed=3))
 
 
 # ---------------------------------------------------------------- INFO

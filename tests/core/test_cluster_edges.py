@@ -24,14 +24,13 @@ from disque.cluster.codec import job_to_wire
 from disque.cluster.federation import YOURJOBS_MAX_BYTES
 from disque.cluster.membership import ConfError, Membership
 from disque.cluster.messages import FAIL, HANDSHAKE, LEAVING, NOADDR, PFAIL, GossipEntry
-from disque.config import Config
 from disque.effects import Answer, DropLink, Send
-from disque.node import BLOCKED, NodeCore
+from disque.node import BLOCKED
 from disque.resp import Status
 from disque.store.job import BCAST_WILLQUEUE, Job
 from invariants import advance, check_core
 from sim.network import SimCluster
-from support import NODE_ID, FakeClock, FakeHost, Session
+from support import NODE_ID, Session, linked_core
 
 PEER = "b0" * 20
 PEER2 = "c1" * 20
@@ -53,21 +52,12 @@ class Node:
     def __init__(self, peers: Any = (PEER,), *, unlinked: tuple[str, ...] = (), **config: Any) -> None:
         if not isinstance(peers, dict):
             peers = {p: "noflags" for p in peers}
-        self.clock, self.host = FakeClock(), FakeHost()
-        cfg = Config()
-        for name, value in config.items():
-            setattr(cfg, name, value)
         lines = [f"{NODE_ID} 127.0.0.1:7711 myself 0 0 connected\n"]
         for peer, flags in peers.items():
             addr = ":0" if "noaddr" in flags else f"127.0.0.1:{PORTS[peer]}"
             lines.append(f"{peer} {addr} {flags} 0 0 disconnected\n")
-        rng = random.Random(7)
-        members = Membership.from_conf("".join(lines), 7711, rng=rng, now=self.clock.ms)
-        self.core = NodeCore(cfg, NODE_ID, clock=self.clock, rng=rng, host=self.host, membership=members)
-        for peer in peers:
-            if peer not in unlinked and "noaddr" not in peers[peer]:
-                self.core.link_connected(members.nodes[peer].key)
-        self.core.effects.clear()
+        linked = [peer for peer, flags in peers.items() if peer not in unlinked and "noaddr" not in flags]
+        self.core, self.clock, self.host = linked_core("".join(lines), linked, **config)
         self.s = Session(self.core)
 
     @property

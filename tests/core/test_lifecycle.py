@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import random
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings
@@ -15,30 +14,25 @@ from hypothesis import strategies as st
 from disque import errors, ids
 from disque.cluster import messages as m
 from disque.commands import COMMANDS
-from disque.cluster.membership import Membership
-from disque.config import Config
 from disque.effects import AofAppend, Send
 from disque.errors import DisqueError
-from disque.node import BASE_MEMORY, BLOCKED, SILENT, NodeCore
+from disque.node import BASE_MEMORY, BLOCKED, SILENT
 from disque.resp import NIL_ARRAY, Status
 from disque.store.job import ABORT, ACK, DEQUEUE, ENQUEUE, FETCH, IN_LIST, REPLICATED, TRANSITIONS, Job, State
 from disque.store.jobs import MAX_JOBS_PER_PASS, JobStore
 from disque.store.queue import Queue
 from disque.store.scan import NBUCKETS, BucketedDict
 from invariants import advance, check_core
-from support import NODE_ID, START_MS, FakeClock, FakeHost, Session, make_core
+from support import Env as CoreEnv
+from support import NODE_ID, START_MS, Session, linked_core, make_core
 
 PEER = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0"
 ODD_ID = b"DI" + b"f" * 40 + b"05a1SQ"  # unknown, at-least-once TTL field
 EVEN_ID = b"DI" + b"f" * 40 + b"05a0SQ"
 
 
-@dataclass
-class Env:
-    core: NodeCore
-    clock: FakeClock
-    host: FakeHost
-    s: Session
+class Env(CoreEnv):
+    """The shared Env with the job helpers these tests use."""
 
     def add(self, queue="q", body="b", *opts) -> bytes:
         reply = self.s("ADDJOB", queue, body, 0, *opts)
@@ -67,8 +61,7 @@ class Env:
 
 
 def make_env(**config) -> Env:
-    core, clock, host = make_core(**config)
-    return Env(core, clock, host, Session(core))
+    return Env.of(*make_core(**config))
 
 
 @pytest.fixture
@@ -79,13 +72,8 @@ def env() -> Env:
 @pytest.fixture
 def duo() -> Env:
     """A node that knows one linked peer (PEER): what it sends is in effects."""
-    clock, host, rng = FakeClock(), FakeHost(), random.Random(7)
     conf = f"{NODE_ID} 127.0.0.1:7711 myself 0 0 connected\n{PEER} 127.0.0.1:7712 noflags 0 0 connected\n"
-    members = Membership.from_conf(conf, 7711, rng=rng, now=clock.ms)
-    core = NodeCore(Config(), NODE_ID, clock=clock, rng=rng, host=host, membership=members)
-    core.link_connected(members.nodes[PEER].key)
-    core.effects.clear()
-    return Env(core, clock, host, Session(core))
+    return Env.of(*linked_core(conf, (PEER,)))
 
 
 def from_peer(env: Env, msg) -> None:

@@ -13,8 +13,6 @@ from disque import node as node_module
 from disque.cluster import messages as m
 from disque.cluster.codec import job_to_wire
 from disque.cluster.handlers import HANDLERS
-from disque.cluster.membership import Membership
-from disque.config import Config
 from disque.effects import Send
 from disque.ids import mixed, new_job_id
 from disque.node import BLOCKED, NodeCore
@@ -22,22 +20,15 @@ from disque.resp import Status
 from disque.store.aof import RecordReader, Replay, encode_clean_marker, encode_loadjob
 from disque.store.job import BCAST_QUEUED, DELIVERED, Job, State
 from invariants import advance, check_core
-from support import NODE_ID, START_MS, FakeClock, FakeHost, Session, make_core
+from support import NODE_ID, START_MS, FakeClock, Session, linked_core, make_core
 
 PEER = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0"
 
 
 def duo(**overrides) -> tuple[NodeCore, FakeClock]:
     """A node that knows one linked peer (PEER); what it sends is in effects."""
-    clock, host, rng = FakeClock(), FakeHost(), random.Random(7)
-    config = Config()
-    for key, value in overrides.items():
-        setattr(config, key, value)
     conf = f"{NODE_ID} 127.0.0.1:7711 myself 0 0 connected\n{PEER} 127.0.0.1:7712 noflags 0 0 connected\n"
-    members = Membership.from_conf(conf, 7711, rng=rng, now=clock.ms)
-    core = NodeCore(config, NODE_ID, clock=clock, rng=rng, host=host, membership=members)
-    core.link_connected(members.nodes[PEER].key)
-    core.effects.clear()
+    core, clock, _ = linked_core(conf, (PEER,), **overrides)
     return core, clock
 
 
