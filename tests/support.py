@@ -120,6 +120,11 @@ class Session:
 
         return encode(self(*args), self.client.proto)
 
+    def show(self, job_id: bytes) -> dict[str, Any] | None:
+        """SHOW as a dict keyed by field name, None for an unknown job."""
+        reply = self(b"SHOW", job_id)
+        return None if reply is None else {k.decode(): v for k, v in reply}
+
     def pending(self) -> list[Any]:
         """Replies the core produced for this client since the last call."""
         from disque.effects import Reply
@@ -141,3 +146,12 @@ class Env:
     @classmethod
     def of(cls, core: NodeCore, clock: FakeClock, host: FakeHost) -> Any:
         return cls(core, clock, host, Session(core))
+
+
+def bus_sent(core: NodeCore) -> list[Any]:
+    """The bus messages the core sent since the last call (taken out of its effects)."""
+    from disque.effects import Send
+
+    out = [e.msg for e in core.effects if isinstance(e, Send)]
+    core.effects[:] = [e for e in core.effects if not isinstance(e, Send)]
+    return out

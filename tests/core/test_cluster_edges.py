@@ -103,8 +103,7 @@ class Node:
         return bytes(reply)
 
     def show(self, job_id: bytes) -> dict[str, Any] | None:
-        reply = self.s("SHOW", job_id)
-        return None if reply is None else {k.decode(): v for k, v in reply}
+        return self.s.show(job_id)
 
     def state(self, job_id: bytes) -> str | None:
         shown = self.show(job_id)

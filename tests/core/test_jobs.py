@@ -23,11 +23,6 @@ def tick(core, clock, ms):
         core.tick()
 
 
-def show(s, job_id):
-    reply = s("SHOW", job_id)
-    return None if reply is None else {k.decode(): v for k, v in reply}
-
-
 def add(s, queue="q", body="b", *opts):
     reply = s("ADDJOB", queue, body, 0, *opts)
     assert isinstance(reply, Status), reply
@@ -40,7 +35,7 @@ def test_addjob_returns_status_id_and_queues(env):
     assert len(job_id) == 48 and job_id.startswith(b"DI" + NODE_ID[:8].encode()) and job_id.endswith(b"SQ")
     assert job_id[42:46] == b"05a1"  # default TTL 1440 min, forced odd (retry > 0)
     assert s("QLEN", "q") == 1
-    info = show(s, job_id)
+    info = s.show(job_id)
     assert info["state"] == "queued" and info["repl"] == 1 and info["retry"] == 300 and info["ttl"] == 86400
     assert info["nodes-delivered"] == [NODE_ID] and info["nodes-confirmed"] == []
     assert info["body"] == b"hello" and info["queue"] == b"q"
@@ -53,7 +48,7 @@ def test_retry0_id_is_even_and_never_requeued(env):
     assert s("GETJOB", "FROM", "q") == [[b"q", job_id, b"x"]]
     tick(core, clock, 60_000)
     assert s("QLEN", "q") == 0
-    assert show(s, job_id)["next-requeue-within"] is None
+    assert s.show(job_id)["next-requeue-within"] is None
     assert s("ENQUEUE", job_id) == 0  # at-most-once: never queued again
 
 
@@ -88,16 +83,16 @@ def test_ttl_expiry_window(env):
     core, clock, s = env
     job_id = add(s, "q", "x", "TTL", 5, "RETRY", 1)
     tick(core, clock, 3_999)
-    assert show(s, job_id) is not None
+    assert s.show(job_id) is not None
     tick(core, clock, 3_000)
-    assert show(s, job_id) is None
+    assert s.show(job_id) is None
     assert s("QLEN", "q") == 0
 
 
 def test_delay_queues_later(env):
     core, clock, s = env
     job_id = add(s, "q", "x", "DELAY", 2)
-    assert s("QLEN", "q") == 0 and show(s, job_id)["state"] == "active"
+    assert s("QLEN", "q") == 0 and s.show(job_id)["state"] == "active"
     tick(core, clock, 2_100)
     assert s("QLEN", "q") == 1
 
@@ -106,7 +101,7 @@ def test_ack_deletes_single_copy(env):
     core, clock, s = env
     job_id = add(s)
     assert s("ACKJOB", job_id) == 1
-    assert show(s, job_id) is None
+    assert s.show(job_id) is None
     assert s("ACKJOB", job_id) == 0  # unknown, single node: no dummy ack
     assert s("ACKJOB", job_id, "bad").code == "BADID"
     assert s("ACKJOB") == 0
@@ -118,7 +113,7 @@ def test_nack_counts_and_requeues(env):
     s("GETJOB", "FROM", "q")
     assert s("NACK", job_id) == 1
     assert s("NACK", job_id) == 0  # already queued
-    assert show(s, job_id)["nacks"] == 1
+    assert s.show(job_id)["nacks"] == 1
     assert s("QLEN", "q") == 1
 
 
@@ -127,7 +122,7 @@ def test_enqueue_dequeue_deljob_fastack(env):
     a, b = add(s), add(s)
     assert s("DEQUEUE", a, b) == 2 and s("QLEN", "q") == 0
     assert s("ENQUEUE", a) == 1 and s("QLEN", "q") == 1
-    assert show(s, a)["additional-deliveries"] == 1  # queued before: counted
+    assert s.show(a)["additional-deliveries"] == 1  # queued before: counted
     assert s("DELJOB", a) == 1 and s("FASTACK", b) == 1
     assert s("INFO", "jobs") == b"# Jobs\r\nregistered_jobs:0\r\n"
 
@@ -182,7 +177,7 @@ def test_blocked_timeout_and_disconnect(env):
     assert c1.pending() == [NIL_ARRAY]
     job_id = add(s)
     assert s("QLEN", "q") == 1  # nobody left waiting: the job stays queued
-    assert show(s, job_id)["state"] == "queued"
+    assert s.show(job_id)["state"] == "queued"
 
 
 def test_idle_queue_collected(env):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from disque import errors, ids
 from disque.cluster import messages as m
 from disque.commands import COMMANDS
-from disque.effects import AofAppend, Send
+from disque.effects import AofAppend
 from disque.errors import DisqueError
 from disque.node import BASE_MEMORY, BLOCKED, SILENT
 from disque.resp import NIL_ARRAY, Status
@@ -24,7 +24,7 @@ from disque.store.queue import Queue
 from disque.store.scan import NBUCKETS, BucketedDict
 from invariants import advance, check_core
 from support import Env as CoreEnv
-from support import NODE_ID, START_MS, Session, linked_core, make_core
+from support import NODE_ID, START_MS, Session, bus_sent, linked_core, make_core
 
 PEER = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0"
 ODD_ID = b"DI" + b"f" * 40 + b"05a1SQ"  # unknown, at-least-once TTL field
@@ -40,8 +40,7 @@ class Env(CoreEnv):
         return bytes(reply)
 
     def show(self, job_id: bytes) -> dict | None:
-        reply = self.s("SHOW", job_id)
-        return None if reply is None else {k.decode(): v for k, v in reply}
+        return self.s.show(job_id)
 
     def state(self, job_id: bytes) -> str | None:
         shown = self.show(job_id)
@@ -51,10 +50,7 @@ class Env(CoreEnv):
         advance(self.core, self.clock, ms)
 
     def sent(self) -> list:
-        """Bus messages sent since the last call."""
-        out = [e.msg for e in self.core.effects if isinstance(e, Send)]
-        self.core.effects[:] = [e for e in self.core.effects if not isinstance(e, Send)]
-        return out
+        return bus_sent(self.core)
 
     def check(self) -> None:
         check_core(self.core)

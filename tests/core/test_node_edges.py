@@ -13,14 +13,13 @@ from disque import node as node_module
 from disque.cluster import messages as m
 from disque.cluster.codec import job_to_wire
 from disque.cluster.handlers import HANDLERS
-from disque.effects import Send
 from disque.ids import mixed, new_job_id
 from disque.node import BLOCKED, NodeCore
 from disque.resp import Status
 from disque.store.aof import RecordReader, Replay, encode_clean_marker, encode_loadjob
 from disque.store.job import BCAST_QUEUED, DELIVERED, Job, State
 from invariants import advance, check_core
-from support import NODE_ID, START_MS, FakeClock, Session, linked_core, make_core
+from support import NODE_ID, START_MS, FakeClock, Session, bus_sent, linked_core, make_core
 
 PEER = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0"
 
@@ -36,18 +35,6 @@ def from_peer(core: NodeCore, msg) -> None:
     core.handle_bus(m.Header(PEER, 7712, 0), msg, key=core.cluster.nodes[PEER].key)
 
 
-def sent(core: NodeCore) -> list:
-    """Bus messages sent since the last call."""
-    out = [e.msg for e in core.effects if isinstance(e, Send)]
-    core.effects[:] = [e for e in core.effects if not isinstance(e, Send)]
-    return out
-
-
-def show(s: Session, job_id: bytes) -> dict | None:
-    reply = s("SHOW", job_id)
-    return None if reply is None else {k.decode(): v for k, v in reply}
-
-
 # ---------------------------------------------------------------- collected IDs
 
 
@@ -61,15 +48,15 @@ def test_collected_ids_are_bounded_oldest_forgotten_first(monkeypatch):
     wires = [job_to_wire(core.jobs.get(job_id), core.now) for job_id in ids]
     for job_id in ids:
         assert s("ACKJOB", job_id) == 1
-        assert show(s, job_id) is None  # single copy: collected at once
+        assert s.show(job_id) is None  # single copy: collected at once
     assert list(core.collected) == ids[1:]
-    sent(core)
+    bus_sent(core)
 
     from_peer(core, m.ReplJob(wires[2]))
-    assert show(s, ids[2]) is None and sent(core) == []  # remembered: ignored, no GOTJOB
+    assert s.show(ids[2]) is None and bus_sent(core) == []  # remembered: ignored, no GOTJOB
     from_peer(core, m.ReplJob(wires[0]))
-    assert show(s, ids[0])["state"] == "active"  # forgotten: a new copy
-    assert sent(core) == [m.GotJob(ids[0])]
+    assert s.show(ids[0])["state"] == "active"  # forgotten: a new copy
+    assert bus_sent(core) == [m.GotJob(ids[0])]
     check_core(core)
 
 
@@ -85,14 +72,14 @@ def test_ackjob_of_an_externally_replicated_job_answers_the_producer():
     producer, consumer = Session(core), Session(core)
     assert producer("ADDJOB", "q", "x", 0, "REPLICATE", 1) is BLOCKED
     [job_id] = list(core.repl_waiters)
-    assert show(consumer, job_id)["state"] == "wait-repl"
-    [repl] = sent(core)
+    assert consumer.show(job_id)["state"] == "wait-repl"
+    [repl] = bus_sent(core)
     assert isinstance(repl, m.ReplJob) and repl.job["id"] == job_id and not repl.noreply
 
     assert consumer("ACKJOB", job_id) == 1
     assert producer.pending() == [Status(job_id)]
-    assert show(consumer, job_id) is None and not core.repl_waiters and producer.client.repl_job is None
-    assert sent(core) == []  # nobody confirmed: no ENQUEUE to send
+    assert consumer.show(job_id) is None and not core.repl_waiters and producer.client.repl_job is None
+    assert bus_sent(core) == []  # nobody confirmed: no ENQUEUE to send
     assert consumer("ACKJOB", job_id) == 0  # gone; an even TTL field (RETRY > 0) makes no dummy ACK
     check_core(core)
 
@@ -117,24 +104,24 @@ def test_duplicated_yourjobs_for_a_queued_retry0_job_queues_it_once():
     wire = job_to_wire(job, core.now)
 
     from_peer(core, m.YourJobs((wire,)))
-    assert show(s, job_id)["state"] == "queued" and show(s, job_id)["next-requeue-within"] is None
-    sent(core)
+    assert s.show(job_id)["state"] == "queued" and s.show(job_id)["next-requeue-within"] is None
+    bus_sent(core)
     from_peer(core, m.YourJobs((wire,)))  # the same batch again
     assert s("QLEN", "q") == 1 and dict(s("QSTAT", "q"))[b"jobs-in"] == 1
-    assert sent(core) == []  # refused: no QUEUED broadcast
+    assert bus_sent(core) == []  # refused: no QUEUED broadcast
     from_peer(core, m.Queued(job_id))  # the peer announces it: we keep it queued, it is rescheduled
-    assert show(s, job_id)["state"] == "queued"
-    assert show(s, job_id)["next-requeue-within"] is None  # the refused enqueue left no requeue time
+    assert s.show(job_id)["state"] == "queued"
+    assert s.show(job_id)["next-requeue-within"] is None  # the refused enqueue left no requeue time
 
     for _ in range(3):
         clock.advance(1)
         core.tick()
-        assert s("QLEN", "q") == 1 and show(s, job_id)["additional-deliveries"] == 0
+        assert s("QLEN", "q") == 1 and s.show(job_id)["additional-deliveries"] == 0
         assert core.next_deadline() > clock.ms  # not due at every tick
     assert s("GETJOB", "NOHANG", "FROM", "q") == [[b"q", job_id, b"once"]]
     clock.advance(1)
     core.tick()
-    assert show(s, job_id)["state"] == "active" and s("QLEN", "q") == 0
+    assert s.show(job_id)["state"] == "active" and s("QLEN", "q") == 0
     assert dict(s("QSTAT", "q"))[b"jobs-in"] == 1
 
 
@@ -153,13 +140,13 @@ def test_replayed_delivered_retry0_job_is_never_due_again():
         replay.apply(offset, args)
     assert replay.finish() == 0
     s = Session(core)
-    assert show(s, job_id)["state"] == "active" and show(s, job_id)["next-requeue-within"] is None
+    assert s.show(job_id)["state"] == "active" and s.show(job_id)["next-requeue-within"] is None
     assert s("WORKING", job_id) == 0  # RETRY 0: nothing to postpone
     for _ in range(3):
         clock.advance(1)
         core.tick()
         assert core.next_deadline() > clock.ms
-    assert s("QLEN", "q") == 0 and show(s, job_id)["state"] == "active"
+    assert s("QLEN", "q") == 0 and s.show(job_id)["state"] == "active"
 
 
 # ---------------------------------------------------------------- blocking
@@ -184,10 +171,10 @@ def test_queue_paused_before_the_next_event_keeps_loaded_jobs_from_consumers():
 
     assert admin("PAUSE", "q", "out") == Status(b"out")
     assert consumer.pending() == [] and admin("QLEN", "q") == 1
-    assert show(admin, job_id)["state"] == "queued"
+    assert admin.show(job_id)["state"] == "queued"
     assert admin("PAUSE", "q", "none") == Status(b"none")
     assert consumer.pending() == [[[b"q", job_id, b"loaded"]]]
-    assert show(admin, job_id)["state"] == "active" and consumer.client.waiter is None
+    assert admin.show(job_id)["state"] == "active" and consumer.client.waiter is None
     check_core(core)
 
 
@@ -212,10 +199,10 @@ def test_a_failing_bus_handler_costs_one_message_not_the_node(monkeypatch, caplo
     [record] = [r for r in caplog.records if r.getMessage() == f"Error handling WillQueue from {PEER}"]
     assert record.exc_info is not None and str(record.exc_info[1]) == "handler bug"
     assert core.stats.bus_received == received + 1
-    assert show(s, job_id)["nodes-delivered"] == [NODE_ID]  # the message had no effect
+    assert s.show(job_id)["nodes-delivered"] == [NODE_ID]  # the message had no effect
 
     from_peer(core, m.Queued(job_id, incr_deliv=True))  # the next message is handled as usual
-    assert show(s, job_id)["additional-deliveries"] == 1
+    assert s.show(job_id)["additional-deliveries"] == 1
     advance(core, clock, 11_000)
-    assert show(s, job_id)["state"] == "queued"
+    assert s.show(job_id)["state"] == "queued"
     check_core(core)
