@@ -16,6 +16,11 @@ delayer (delayer.py) run inside the node's namespace, fed by an NFQUEUE rule
 on the node's egress.  Nothing is changed outside these namespaces, and
 `close()` deletes them all.
 
+`NetnsNet.setup()` checks what the mode needs before the run starts (root,
+`ip` from iproute2, `iptables-restore` from iptables, and that iptables works
+inside a namespace) and raises `Unavailable` with one line saying why; tc is
+optional (see `netem`).
+
 `ProxyNet` (mode "proxy", the fallback when namespaces cannot be made) runs
 every node on its own loopback address and routes every bus link through an
 in-process TCP proxy that can cut, slow or break it (see the class).
@@ -28,6 +33,7 @@ import json
 import os
 import random
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,8 +47,22 @@ CLONE_NEWNET = 0x40000000
 DELAYER = Path(__file__).resolve().parent / "delayer.py"
 
 
+NEEDS = {"ip": "iproute2", "iptables-restore": "iptables"}  # command: Debian package (`make jepsen` installs them)
+
+
+class Unavailable(Exception):
+    """The netns mode cannot run on this machine; the message says why in one line."""
+
+
 def sh(*argv: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, input=input, text=True, capture_output=True, check=check)
+
+
+def _why(e: OSError | subprocess.CalledProcessError) -> str:
+    if isinstance(e, subprocess.CalledProcessError):
+        said = (e.stderr or "").strip().splitlines()
+        return f"`{' '.join(e.cmd)}` failed: {said[-1] if said else f'exit status {e.returncode}'}"
+    return str(e)
 
 
 class NetnsNet:
@@ -78,6 +98,12 @@ class NetnsNet:
         sh("ip", "-n", name, "link", "set", "eth0", "up")
 
     def setup(self) -> None:
+        """Build the namespaces, or raise Unavailable and leave nothing behind."""
+        if os.geteuid() != 0:
+            raise Unavailable("network namespaces need root")
+        missing = [f"{cmd} (Debian package {pkg})" for cmd, pkg in NEEDS.items() if shutil.which(cmd) is None]
+        if missing:
+            raise Unavailable(f"not installed: {', '.join(missing)}")
         try:
             self._add_ns(self.hub)
             sh("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge")
@@ -87,8 +113,12 @@ class NetnsNet:
                 self._plug(self.ns(i), f"p{i}", self.hosts[i])
             self._add_ns(self.client_ns)
             self._plug(self.client_ns, "pc", f"10.{self.net}.0.2")
+            self._filter(0, [])  # partitions need iptables inside a namespace: fail now, not mid-run
             self.enter(self.client_ns)
-        except Exception:
+        except (OSError, subprocess.CalledProcessError) as e:
+            self.close()
+            raise Unavailable(_why(e)) from None
+        except BaseException:
             self.close()
             raise
 

@@ -242,20 +242,25 @@ def log(msg: str) -> None:
 
 
 def make_net(args: argparse.Namespace, rng: random.Random) -> Any:
-    from net import NetnsNet, ProxyNet
+    """The netns network if it can be built (mode auto or netns), else proxies."""
+    from net import NetnsNet, ProxyNet, Unavailable
 
+    why = None
     if args.mode in ("auto", "netns"):
         net = NetnsNet(args.nodes)
         try:
             net.setup()
             return net
-        except Exception as e:  # noqa: BLE001
+        except Unavailable as e:
             if args.mode == "netns":
-                raise
-            log(f"network namespaces unavailable ({e}); falling back to proxies")
-    net = ProxyNet(args.nodes, random.Random(rng.random()))
-    net.setup()
-    return net
+                raise SystemExit(f"netns mode unavailable: {e}") from None
+            why = f"netns mode unavailable ({e}): falling back to proxy mode"
+            log(why)
+    proxies = ProxyNet(args.nodes, random.Random(rng.random()))
+    proxies.setup()
+    if why:
+        proxies.notes.append(why)
+    return proxies
 
 
 def start_cluster(args: argparse.Namespace, net: Any, workdir: Path) -> list[Node]:
