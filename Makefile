@@ -1,44 +1,80 @@
 # Two commands do everything on a fresh machine: `make run` and `make test`.
-VENV    := .venv
-PY      := $(VENV)/bin/python
-STAMP   := $(VENV)/.installed
-PYTHON3 ?= python3
+# Each target installs what it runs and nothing more, into one .venv (a stamp
+# file per level) and, for system tools, with apt-get (Debian packages; apt-get
+# update only when a command is missing):
+#   run            the package alone: enough to run nodes
+#   jepsen(-long)  + the test extra (its plots) + iproute2, iptables (netns mode)
+#   test, venv     + the spark extra; test also a JDK (Spark), redis-tools,
+#                  redis-server, iproute2, iptables (`tools`)
+#   bench          the venv of test + a JDK, redis-tools, redis-server
+VENV       := .venv
+PY         := $(VENV)/bin/python
+PYTHON3    ?= python3
+RUN_STAMP  := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
+STAMP      := $(VENV)/.installed
 
-.PHONY: run test bench venv tools clean jepsen jepsen-long
+.PHONY: run test bench venv tools tools-redis tools-java tools-net clean jepsen jepsen-long
 
-$(STAMP): pyproject.toml
+$(RUN_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	command -v java >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null)
-	$(PY) -m pip install -q -e '.[test,spark]'
-	touch $(STAMP)
+	$(PY) -m pip install -q -e .
+	touch $@
 
+$(TEST_STAMP): $(RUN_STAMP)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+$(STAMP): $(TEST_STAMP)
+	$(PY) -m pip install -q -e '.[test,spark]'
+	touch $@
+
+# Everything the test suite imports.
 venv: $(STAMP)
 
+# `$(call apt,command:package ...)`: apt-get install the packages of the
+# commands that are missing, quietly and without questions.
+apt = missing=; $(foreach need,$(1),command -v $(word 1,$(subst :, ,$(need))) >/dev/null || missing="$$missing $(word 2,$(subst :, ,$(need)))";) \
+	[ -z "$$missing" ] || { echo "apt-get install$$missing"; apt-get update -qq && \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; }
+
+# redis-cli for the compatibility tests; redis-server and redis-benchmark (in
+# redis-tools) for the reference figures of the benchmarks.
+tools-redis:
+	@$(call apt,redis-cli:redis-tools redis-server:redis-server)
+
+# The JVM Spark runs on (tests/spark, bench/spark.py).
+tools-java:
+	@$(call apt,java:openjdk-17-jre-headless)
+
+# jepsen-lite's netns mode (ip and tc of iproute2; iptables-restore).  Without
+# them it runs in its proxy mode, so a failed install only warns.
+tools-net:
+	@$(call apt,ip:iproute2 iptables-restore:iptables) || \
+		echo "could not install iproute2 and iptables: jepsen-lite will use its proxy mode"
+
+# Every system tool the test suite runs.
+tools: tools-redis tools-java tools-net
+
 # A local cluster on 127.0.0.1:7711-7713 with the embedded default config; Ctrl-C stops it.
-run: venv
+run: $(RUN_STAMP)
 	$(PY) -m disque.devcluster --nodes 3 --port 7711
 
-# System tools the tests and benchmarks use (redis-cli for compatibility tests,
-# redis-benchmark/redis-server for the reference figures).
-tools:
-	@command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null && command -v redis-server >/dev/null || \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-tools redis-server >/dev/null)
-
 # The whole suite; the sans-IO core must stay fully covered (pyproject.toml).
-test: venv tools
+test: $(STAMP) tools
 	$(PY) -m pytest --cov --cov-report=term-missing
 
 # Benchmarks print figures (ratios against redis-server measured in the same run).
-bench: venv tools
+bench: $(STAMP) tools-redis tools-java
 	$(PY) bench/run.py
 
 # Fault injection against 5 real nodes (network namespaces as root, else TCP
 # proxies); results in jepsen-lite/runs/latest/.  See jepsen-lite/README.md.
-jepsen: venv
+jepsen: $(TEST_STAMP) tools-net
 	$(PY) jepsen-lite/run.py --faults halves,majority,bridge,kill --duration 48 --fault-s 8 --gap-s 4 --seed 1
 
-jepsen-long: venv
+jepsen-long: $(TEST_STAMP) tools-net
 	$(PY) jepsen-lite/run.py --faults all --duration 540 --fault-s 10 --gap-s 5 --seed 1
 
 clean:
