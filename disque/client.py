@@ -1,12 +1,14 @@
-"""Python client for Disque: a synchronous `Client` and a trio `AsyncClient`.
+"""Python client for Disque: a synchronous `Client` and an `AsyncClient` on
+anyio, so it runs under asyncio and trio alike.
 
 Theory of operation
 -------------------
-Every decision is written once, as generators that yield three I/O
-operations (`_Open` an address, `_Send` bytes, `_Receive` bytes) and get their
-results back; the two client classes differ only in the small driver that
-carries those operations out (blocking sockets, or trio streams) and in how a
-worker runs a handler next to its WORKING heartbeats.  Under the generators
+Every decision is written once, as generators that yield four I/O
+operations (`_Open` an address, `_Send` bytes, `_Receive` bytes, `_Close` a
+connection) and get their results back; the two client classes differ only in
+the small driver that carries those operations out (blocking sockets, or anyio
+streams) and in how a worker runs a handler next to its WORKING heartbeats.
+`disque.worker` builds the deployable worker on `AsyncClient`.  Under the generators
 sit plain objects with no I/O: `encode_command` builds RESP requests, one
 `hiredis.Reader` per connection decodes replies, `Hello` parses HELLO into
 nodes sorted by priority, `NodePlanner` decides which node to try next, and
@@ -44,12 +46,11 @@ import ssl
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Iterator, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
 
+import anyio
 import hiredis
-import trio
 
 from disque.errors import DisqueError
 from disque.ids import node_prefix
@@ -141,6 +142,13 @@ class Job:
     body: bytes
     nacks: int | None = None
     additional_deliveries: int | None = None
+
+    @property
+    def deliveries(self) -> int | None:
+        """Deliveries so far, this one included, as Disque counts them (None without counters)."""
+        if self.nacks is None or self.additional_deliveries is None:
+            return None
+        return self.nacks + self.additional_deliveries + 1
 
     @classmethod
     def from_entry(cls, entry: Sequence[Any]) -> Job:
@@ -351,12 +359,17 @@ class _Receive:
     link: _Link
 
 
+@dataclass(frozen=True, slots=True)
+class _Close:
+    transport: Any
+
+
 Ops = Generator[Any, Any, T]
 HELLO = encode_command(["HELLO"])
 
 
 def _failure(address: Address, exc: BaseException) -> DisqueConnectionError:
-    while isinstance(exc.__cause__, BaseException):  # trio wraps the socket error
+    while isinstance(exc.__cause__, BaseException):  # anyio and trio wrap the socket error
         exc = exc.__cause__.exceptions[0] if isinstance(exc.__cause__, BaseExceptionGroup) else exc.__cause__
     errno = getattr(exc, "errno", None)
     reason = os.strerror(errno) if errno else str(exc) or type(exc).__name__
@@ -384,8 +397,9 @@ class _Scan:
 class _Base:
     """State and protocol logic shared by `Client` and `AsyncClient`.
 
-    Public methods return `self._run(generator)`: the value itself for
-    `Client`, an awaitable for `AsyncClient`."""
+    Public methods return `self._run(generator)` (`_drive` for `close`, which
+    must not wait behind a blocked request): the value itself for `Client`,
+    an awaitable for `AsyncClient`."""
 
     def __init__(
         self,
@@ -429,10 +443,10 @@ class _Base:
     def _run(self, ops: Ops[T]) -> Any:
         raise NotImplementedError
 
-    def _iterate(self, scan: _Scan) -> Any:
+    def _drive(self, ops: Ops[T]) -> Any:
         raise NotImplementedError
 
-    def _close_transport(self, transport: Any) -> None:
+    def _iterate(self, scan: _Scan) -> Any:
         raise NotImplementedError
 
     @property
@@ -459,10 +473,14 @@ class _Base:
 
         return self._run(ensure())
 
-    def close(self) -> None:
-        if self._link is not None:
-            self._close_transport(self._link.transport)
-            self._link = None
+    def close(self) -> Any:
+        """Close the connection (awaited for `AsyncClient`); the next command connects again."""
+        return self._drive(self._disconnect())
+
+    def _disconnect(self) -> Ops[None]:
+        link, self._link = self._link, None
+        if link is not None:
+            yield _Close(link.transport)
 
     # -- connection management
 
@@ -500,11 +518,11 @@ class _Base:
                     hello = Hello.from_reply((yield from self._roundtrip(link, HELLO)))
                     link.node_id = self._planner.learn(hello, address).node_id
             except DisqueConnectionError as e:
-                self._close_transport(link.transport)
+                yield _Close(link.transport)
                 failures.append(str(e))
                 continue
             except BaseException:
-                self._close_transport(link.transport)
+                yield _Close(link.transport)
                 raise
             self._link = link
             return
@@ -526,17 +544,17 @@ class _Base:
             except DisqueReplyError as e:
                 if not (e.code == "LEAVING" and self.failover and failed is None):
                     raise
-                self.close()
+                yield from self._disconnect()
                 failed = link.address
                 continue
             except DisqueConnectionError:
-                self.close()
+                yield from self._disconnect()
                 if not self.failover or failed is not None:
                     raise
                 failed = link.address
                 continue
             except BaseException:
-                self.close()  # interrupted mid-request: replies would be out of step
+                yield from self._disconnect()  # interrupted mid-request: replies would be out of step
                 raise
             return convert(reply)
 
@@ -562,7 +580,7 @@ class _Base:
         except DisqueConnectionError as e:
             log.info("staying on %s: %s", format_address(old.address), e)
             return
-        self._close_transport(old.transport)
+        yield _Close(old.transport)
 
     def _hello(self, reply: list[Any]) -> Hello:
         assert self._link is not None
@@ -588,10 +606,18 @@ class _Base:
         retry: int | None = None,
         ttl: int | None = None,
         maxlen: int | None = None,
+        max_attempts: int | None = None,
+        dead_letter: str | None = None,
         asynchronous: bool = False,
     ) -> Any:
-        """ADDJOB; returns the job ID.  `timeout_ms` bounds synchronous replication."""
-        options = _options([("ASYNC", asynchronous)], replicate=replicate, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen)
+        """ADDJOB; returns the job ID.  `timeout_ms` bounds synchronous
+        replication; after `max_attempts` failed deliveries the job moves to
+        the `dead_letter` queue (the server's default one if None)."""
+        options = _options(
+            [("ASYNC", asynchronous)],
+            replicate=replicate, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
+            maxattempts=max_attempts, deadletter=dead_letter,
+        )  # fmt: skip
         return self._run(self._command(["ADDJOB", queue, body, timeout_ms, *options], _text))
 
     def _getjob(self, queues: Sequence[str], count: int, timeout_ms: int | None, nohang: bool) -> Ops[list[Job]]:
@@ -623,9 +649,15 @@ class _Base:
     def fast_ack(self, *ids: str) -> Any:
         return self._ids("FASTACK", ids)
 
-    def nack(self, *ids: str) -> Any:
-        """NACK: queue again now, counting a failed delivery."""
-        return self._ids("NACK", ids)
+    def nack(self, *ids: str, delay: int | None = None) -> Any:
+        """NACK: queue again, counting a failed delivery; with `delay`, not
+        handed out again before that many seconds."""
+        return self._run(self._command(["NACK", *ids, *_options(delay=delay)]))
+
+    def wait_job(self, *ids: str, timeout_ms: int | None = None) -> Any:
+        """WAITJOB: block until every job is acknowledged, or `timeout_ms`
+        passes; the number acknowledged."""
+        return self._run(self._command(["WAITJOB", *ids, *_options(timeout=timeout_ms)]))
 
     def enqueue(self, *ids: str) -> Any:
         return self._ids("ENQUEUE", ids)
@@ -713,20 +745,25 @@ class Client(_Base):
 
     def _run(self, ops: Ops[T]) -> T:
         with self._lock:
-            value: Any = None
-            error: BaseException | None = None
-            while True:
-                try:
-                    op = ops.send(value) if error is None else ops.throw(error)
-                except StopIteration as stop:
-                    return stop.value  # type: ignore[no-any-return]
-                value, error = None, None
-                try:
-                    value = self._perform(op)
-                except BaseException as e:
-                    error = e
+            return self._drive(ops)
 
-    def _perform(self, op: _Open | _Send | _Receive) -> Any:
+    def _drive(self, ops: Ops[T]) -> T:
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                op = ops.send(value) if error is None else ops.throw(error)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            value, error = None, None
+            try:
+                value = self._perform(op)
+            except BaseException as e:
+                error = e
+
+    def _perform(self, op: _Open | _Send | _Receive | _Close) -> Any:
+        if isinstance(op, _Close):
+            return op.transport.close()
         address = op.address if isinstance(op, _Open) else op.link.address
         try:
             if isinstance(op, _Open):
@@ -749,9 +786,6 @@ class Client(_Base):
                 raise
         sock.settimeout(self.socket_timeout)
         return sock
-
-    def _close_transport(self, transport: socket.socket) -> None:
-        transport.close()
 
     def _iterate(self, scan: _Scan) -> Iterator[Any]:
         while not scan.done:
@@ -811,63 +845,61 @@ class Client(_Base):
 
 
 class AsyncClient(_Base):
-    """The same client for trio: every command method is awaited.
+    """The same client for asyncio or trio (through anyio): every command
+    method, and `close`, is awaited.  Safe to share between tasks of one
+    event loop (one request at a time).
 
     >>> async with AsyncClient("127.0.0.1:7711") as c:
     ...     await c.add_job("q", b"hello")
     """
 
-    _new_lock = staticmethod(trio.Lock)
+    _new_lock = staticmethod(anyio.Lock)
 
     async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self.close()
+        await self.close()
 
     async def _run(self, ops: Ops[T]) -> T:
         async with self._lock:
-            value: Any = None
-            error: BaseException | None = None
-            while True:
-                try:
-                    op = ops.send(value) if error is None else ops.throw(error)
-                except StopIteration as stop:
-                    return stop.value  # type: ignore[no-any-return]
-                value, error = None, None
-                try:
-                    value = await self._perform(op)
-                except BaseException as e:
-                    error = e
+            return await self._drive(ops)
 
-    async def _perform(self, op: _Open | _Send | _Receive) -> Any:
+    async def _drive(self, ops: Ops[T]) -> T:
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                op = ops.send(value) if error is None else ops.throw(error)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            value, error = None, None
+            try:
+                value = await self._perform(op)
+            except BaseException as e:
+                error = e
+
+    async def _perform(self, op: _Open | _Send | _Receive | _Close) -> Any:
+        if isinstance(op, _Close):
+            return await anyio.aclose_forcefully(op.transport)
         address = op.address if isinstance(op, _Open) else op.link.address
         try:
             if isinstance(op, _Open):
                 return await self._open(address)
             if isinstance(op, _Send):
-                return await op.link.transport.send_all(op.data)
-            with trio.fail_after(self.socket_timeout) if self.socket_timeout else nullcontext():
-                return await op.link.transport.receive_some(1 << 16)
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as e:
+                return await op.link.transport.send(op.data)
+            with anyio.fail_after(self.socket_timeout):
+                return await op.link.transport.receive(1 << 16)
+        except anyio.EndOfStream:
+            return b""
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as e:  # TimeoutError is an OSError
             raise _failure(address, e) from e
 
-    async def _open(self, address: Address) -> trio.abc.Stream:
+    async def _open(self, address: Address) -> anyio.abc.ByteStream:
         """The one place streams are made, and wrapped in TLS when configured."""
-        with trio.fail_after(self.connect_timeout):
-            stream = await trio.open_tcp_stream(*address)
-            if self.ssl_context is None:
-                return stream
-            tls = trio.SSLStream(stream, self.ssl_context, server_hostname=address[0])
-            try:
-                await tls.do_handshake()
-            except BaseException:
-                stream.socket.close()
-                raise
-            return tls
-
-    def _close_transport(self, transport: trio.abc.Stream) -> None:
-        getattr(transport, "transport_stream", transport).socket.close()
+        with anyio.fail_after(self.connect_timeout):
+            # not standard_compatible: closing does not wait for the server's close_notify
+            return await anyio.connect_tcp(*address, ssl_context=self.ssl_context, tls_standard_compatible=False)
 
     async def _iterate(self, scan: _Scan) -> AsyncIterator[Any]:
         while not scan.done:
@@ -898,24 +930,27 @@ class AsyncClient(_Base):
         done = 0
         while max_jobs is None or done < max_jobs:
             for job in await self.get_jobs(*names):
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._heartbeat, job.id, first_heartbeat)
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(self.heartbeat, job.id, first_heartbeat)
                     try:
                         await handler(job)
                         ok = True
                     except Exception:
                         log.exception("handler failed on job %s", job.id)
                         ok = False
-                    nursery.cancel_scope.cancel()
+                    tasks.cancel_scope.cancel()
                 await (self.ack if ok else self.nack)(job.id)
                 done += 1
         return done
 
-    async def _heartbeat(self, job_id: str, delay: float | None) -> None:
+    async def heartbeat(self, job_id: str, delay: float | None = FIRST_HEARTBEAT) -> None:
+        """Send WORKING for `job_id` after `delay` seconds, then every RETRY/2,
+        until cancelled (None: never).  Gives up, with a warning, once the
+        node cannot be reached or no longer knows the job."""
         while delay is not None:
-            await trio.sleep(delay)
+            await anyio.sleep(delay)
             try:
-                with trio.CancelScope(shield=True):  # never cut a request in half
+                with anyio.CancelScope(shield=True):  # never cut a request in half
                     delay = _next_heartbeat(await self.working(job_id))
             except (DisqueReplyError, DisqueConnectionError) as e:
                 log.warning("WORKING %s: %s", job_id, e)
