@@ -443,8 +443,7 @@ def cluster_command(node: NodeCore, argv: list[bytes]) -> Any:
         mode = args[0].lower() if args else b"soft"
         if mode not in (b"soft", b"hard"):
             raise errors.SYNTAX
-        node.flush_all()
-        node.cluster.reset(hard=mode == b"hard")
+        node.reset(hard=mode == b"hard")
         _save_conf(node)
         return OK
     if sub == b"saveconfig" and not args:

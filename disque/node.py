@@ -15,7 +15,10 @@ Invariants kept here:
 * a RETRY 0 job is queued at most once per node (`enqueue` refuses it once
   delivered, and `qtime = 0` afterwards);
 * clients blocked in GETJOB are served after every command, one job each, in
-  arrival order (`_serve_ready`).
+  arrival order (`_serve_ready`);
+* the node's identity is `cluster.myself` alone: the core reads
+  `cluster.my_id` / `cluster.solo` when it needs them and keeps no copy, so
+  a CLUSTER RESET HARD (`reset`) is followed by every structure at once.
 
 Command parsing and validation live in `commands.py`; this module offers the
 operations they need.  Anything that needs the outside world synchronously
@@ -205,7 +208,6 @@ class NodeCore:
         self.cluster = membership or Membership(node_id, config.port or config.tls_port, rng=rng, wire=self)
         self.cluster.wire = self
         self.cluster.now = self.now
-        self.solo = (node_id,)  # shared nodes_delivered tuple of local-only jobs
         self.jobs = JobStore()
         self.queues: BucketedDict[bytes, Queue] = BucketedDict()
         self.clients: dict[int, Client] = {}
@@ -639,7 +641,7 @@ class NodeCore:
         now = self.now
         job = Job(  # positional, cheaper than keywords: state, flags, repl, etime, ctime, delay, retry, nacks, deliv
             job_id, queue, body, S_ACTIVE, 0, repl, now // 1000 + ttl, self.new_ctime(), delay, retry, 0, 0,
-            () if extrepl else self.solo,
+            () if extrepl else cluster.solo,
         )  # fmt: skip
         job.qtime = now + (delay or retry) * 1000
         if additional:
@@ -900,3 +902,12 @@ class NodeCore:
         self.unblock_all(NIL_ARRAY)
         for queue in list(self.queues.values()):
             self.destroy_queue(queue)
+
+    def reset(self, hard: bool) -> None:
+        """CLUSTER RESET: no job, queue, peer or collected-ID memory is left,
+        so nothing keyed by the old membership (or, HARD, the old ID) can act
+        later.  Replication and federation state lives in the jobs and queues
+        and goes with them."""
+        self.flush_all()
+        self.collected.clear()
+        self.cluster.reset(hard)

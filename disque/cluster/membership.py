@@ -20,6 +20,11 @@ MEETs ends in a full mesh.  Failure detection (§4): an unanswered PING older
 than the node timeout flags PFAIL; PFAIL plus reports from a majority makes
 FAIL, broadcast to all; any PONG clears both.
 
+Identity: `myself` is the one record of who this node is.  Everything else
+(job IDs, replication targets, owner lists, the bus header) reads `my_id` or
+`solo` when it needs them and keeps no copy, so `reset(hard=True)`, the only
+place that changes the ID, is followed everywhere at once.
+
 Whenever something that nodes.conf records changes, `dirty` is set and the
 shell saves the file (`to_conf()`) before it sleeps.
 """
@@ -126,6 +131,7 @@ class Membership:
         self.by_key: dict[int, Node] = {}
         self._next_key = 0
         self.myself = self._add(Node(myself_id, port=port, flags=MYSELF, link=True))
+        self.solo = (myself_id,)  # nodes_delivered of a job only this node holds, shared by all of them
         self.blacklist: dict[str, int] = {}
         self.dirty = False  # nodes.conf must be saved
         self._ticks = 0
@@ -216,12 +222,19 @@ class Membership:
 
     @_mutates
     def reset(self, hard: bool) -> None:
+        """CLUSTER RESET: forget every other node and the FORGET blacklist.
+        HARD also makes this node a new one, as on a first start: a new ID,
+        no learned IP, not leaving."""
         for node in [n for n in self.nodes.values() if n is not self.myself]:
             self._delete(node)
+        self.blacklist.clear()
         if hard:
-            del self.nodes[self.myself.id]
-            self.myself.id = self._random_id()
-            self.nodes[self.myself.id] = self.myself
+            me = self.myself
+            del self.nodes[me.id]
+            me.id = self._random_id()
+            me.ip, me.flags = "", MYSELF
+            self.nodes[me.id] = me
+            self.solo = (me.id,)
         self.dirty = True
 
     @_mutates

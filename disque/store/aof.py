@@ -390,7 +390,7 @@ class Replay:
         self.loaded = self.deleted = self.expired = self.duplicates = 0
         self.now_ms = core.now
         self.known = core.cluster.nodes
-        self.solo = core.solo
+        self.solo = core.cluster.solo
 
     def refresh_time(self) -> None:
         self.now_ms = self.core._set_time()

@@ -598,9 +598,13 @@ def test_link_up_to_a_node_forgotten_meanwhile_is_dropped():
 
 @pytest.mark.parametrize("mode", ["soft", "hard"])
 def test_cluster_reset_forgets_every_other_node(mode):
-    node = Node(peers=(PEER, PEER2), unlinked=(PEER2,))
+    node = Node(peers=(PEER, PEER2, PEER3), unlinked=(PEER2, PEER3))
     job_id = node.add("REPLICATE", 1)
     key = node.key(PEER)
+    assert node.s("CLUSTER", "FORGET", PEER3) == OK and node.cluster.blacklist
+    assert node.s("CLUSTER", "LEAVING", "yes") == OK
+    node.from_(PEER, m.DelJob(ODD_ID))  # remembered as collected
+    assert ODD_ID in node.core.collected
     assert node.s("CLUSTER", "RESET", mode) == OK
     assert node.drops() == [key]  # PEER2 had no link to close
     my_id = node.s("CLUSTER", "MYID").decode()
@@ -608,6 +612,18 @@ def test_cluster_reset_forgets_every_other_node(mode):
     assert list(node.cluster.nodes) == [my_id] and node.core.bus_links() == {}
     assert node.show(job_id) is None and ("save_cluster_config", True) in node.host.calls
     assert "cluster_size:1\r\n" in node.s("CLUSTER", "INFO").decode()
+    # Neither mode keeps the blacklist or the collected IDs; HARD is a new
+    # node (no learned IP, not leaving), SOFT keeps both with its ID.
+    assert node.cluster.blacklist == {} and not node.core.collected
+    soft = mode == "soft"
+    assert node.s("CLUSTER", "NODES").decode() == (
+        f"{my_id} 127.0.0.1:7711 myself,leaving 0 0 connected\n" if soft else f"{my_id} :7711 myself 0 0 connected\n"
+    )
+    # New jobs are owned by the node's current ID, whatever it became.
+    assert node.s("CLUSTER", "LEAVING", "no") == OK
+    new_id = node.add("REPLICATE", 1)
+    assert new_id[2:10] == my_id[:8].encode() and node.show(new_id)["nodes-delivered"] == [my_id]
+    assert node.core.jobs.get(new_id).nodes_delivered is node.cluster.solo == (my_id,)
 
 
 def test_meet_refuses_an_invalid_address():
