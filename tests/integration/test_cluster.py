@@ -205,6 +205,59 @@ def test_nodes_killed_just_before_addjob(c5: Cluster) -> None:
     assert len(c5.holders(job)) == 5
 
 
+@pytest.mark.parametrize("mode", ["HARD", "SOFT"])
+def test_replicated_jobs_after_cluster_reset_and_a_new_meet(new_cluster: Callable[..., Cluster], mode: str) -> None:
+    """Every node reset, then joined again: replicated jobs stay queued on the
+    node that created them, as in a fresh cluster (a node reset HARD used to
+    drop its own copy, keyed by its old ID)."""
+    c = new_cluster(3)
+    old = list(c.ids)
+    for i in c.indexes:
+        assert c.call(i, "CLUSTER", "RESET", mode) == b"OK"
+    c.ids = [c.call(i, "CLUSTER", "MYID").decode() for i in c.indexes]
+    assert all((new == was) == (mode == "SOFT") for new, was in zip(c.ids, old))
+    for i in (1, 2):
+        assert c.call(i, "CLUSTER", "MEET", c.nodes[0].host, c.nodes[0].port) == b"OK"
+    c.wait_healthy()
+    jobs = []
+    for origin, opts in ((0, ("REPLICATE", 3)), (1, ())):  # explicit and default replication
+        job = c.addjob(origin, "resetq", "body", 5000, *opts)
+        assert job[2:10] == c.ids[origin][:8]
+        assert c.holders(job) == {i: "queued" if i == origin else "active" for i in c.indexes}
+        assert sorted(n.decode() for n in c.show(origin, job)["nodes-delivered"]) == sorted(c.ids)
+        jobs.append(job)
+    assert ids_of(c.call(0, "GETJOB", "NOHANG", "FROM", "resetq")) == [jobs[0]]
+
+
+def test_synchronous_replication_waits_for_a_node_that_comes_back(new_cluster: Callable[..., Cluster]) -> None:
+    """kill -9 a node, ADDJOB REPLICATE 3 at once, restart the node after the
+    others flagged it: the producer gets its ID once the node is back (REPLJOB
+    is sent again until the ADDJOB timeout), not NOREPL."""
+    c = new_cluster(3)
+    c.kill(1)
+    result: list[str] = []
+    producer = redis.Redis(host="127.0.0.1", port=c.nodes[0].port, protocol=2, socket_timeout=40)
+
+    def produce() -> None:
+        try:
+            result.append(producer.execute_command("ADDJOB", "backq", "b", 30000, "REPLICATE", 3).decode())
+        except redis.ResponseError as e:
+            result.append(str(e))
+
+    thread = threading.Thread(target=produce, daemon=True)
+    thread.start()
+    try:
+        c.wait(lambda: c.call(0, "INFO", "clients")["blocked_clients"] == 1, 5, "the ADDJOB waiting")
+        c.wait(lambda: "fail" in c.flags(0, 1), 10, "node1 flagged failing")
+        assert not result
+        c.restart(1)
+        thread.join(15)
+    finally:
+        producer.close()
+    assert len(result) == 1 and result[0].startswith("DI"), result
+    assert c.holders(result[0]) == {0: "queued", 1: "active", 2: "active"}
+
+
 # ---------------------------------------------------------------- requeue and durability
 
 
