@@ -7,9 +7,19 @@ while REPLJOB goes to `additional` random reachable nodes; each GOTJOB adds
 the sender to `nodes_confirmed`, and when REPLICATE nodes confirmed, the
 producer gets its ID and the job is queued (or, with external replication,
 ENQUEUE goes to one confirmed node and the local record is forgotten).
-Every >= 50 ms the client cron adds one more target and re-sends REPLJOB to
-the unconfirmed ones; the ADDJOB timeout, the producer leaving or this node
-turning LEAVING abort the job everywhere (DELJOB to `nodes_delivered`).
+
+The retry rule (cluster.md §8.2 step 3, as upstream): until the level is
+reached, on every cron visit at least 50 ms after a target was last added,
+`replicate(job, 1)` adds one more reachable node with a link, if any, and
+re-sends REPLJOB to every target that has not confirmed.  A target stays a
+target whatever happens to it, so one that dies and comes back (same ID)
+gets the job again as soon as it has a link, flagged failing or not.  Short
+of the level, the wait ends only with the ADDJOB timeout (`NOREPL Timeout
+reached`), the job's removal (TTL, DELJOB, flush), the producer leaving or
+this node turning LEAVING; each deletes the job everywhere (DELJOB to
+`nodes_delivered`).  The up-front `NOREPL Not enough reachable nodes` is
+ADDJOB's (node.py): it counts the nodes reachable at that moment, failing
+ones excluded, as upstream does.
 
 A job that never reached its replication level is never written to the AOF.
 """
