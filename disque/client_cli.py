@@ -51,6 +51,7 @@ from disque.client import (
     parse_info,
 )
 from disque.config import split_args
+from disque.worker import worker_command
 
 # name: (arguments, summary), for `help`, completion and the prompt's hint line.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -714,6 +715,9 @@ def run_line(session: Session, line: str) -> str:
         click.echo(f"(error) {e}", err=True)
         return "error"
     return "ok"
+
+
+cli.add_command(worker_command)  # `disque worker module:app`: disque/worker.py
 
 
 def main() -> None:

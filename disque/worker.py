@@ -1,0 +1,475 @@
+"""Workers that survive real failures: handlers declared on an `App`, run
+`concurrency` jobs at a time by `run_worker` (`disque worker module:app`).
+
+Theory of operation
+-------------------
+`App.job(queue, ...)` registers a `Handler`: the function (sync or async), its
+queue, a per-job `timeout`, and what a failure leads to.  Producers send
+through the handler (`handler.send(body)`), so MAXATTEMPTS and DEADLETTER
+travel with every job and the server enforces them, even for deliveries that
+no worker lived to count (`retries=n` is `max_attempts=n + 1`).
+
+`Worker.run` (anyio: asyncio or trio) runs `concurrency` slots.  Each slot owns
+one `AsyncClient`, so the GETJOB, WORKING and ACKJOB/NACK of a job all go to
+the node that handed it out, and a blocked GETJOB never holds up another slot:
+
+    GETJOB (GETJOB NOHANG in burst mode)
+    -> the handler (async: awaited in the slot; sync: in a daemon thread of
+       its own), WORKING heartbeats beside it, `timeout` seconds at most
+    -> ACKJOB when it returns; when it raises (or times out), the failure is
+       logged with its traceback and the job NACKed with a DELAY growing
+       exponentially with its delivery count, jittered (`Backoff`).  The
+       last allowed delivery is NACKed without delay: the server moves it to
+       the dead-letter queue.
+
+A slot that reaches no node sleeps (`RECONNECT` backoff) and tries again,
+forever.  SIGTERM or SIGINT stops the fetching; running jobs get `grace`
+seconds to finish, then are cancelled (a sync handler's thread is abandoned,
+and dies with the process) and NACKed; a second signal ends the grace period
+at once.  In burst mode a slot stops when GETJOB NOHANG finds nothing (its
+node's queues are empty), and the worker when every slot has.
+
+Logs are records of the `disque.worker` logger whose fields (`job`, `queue`,
+`attempt`, `retry_in`, ...) are record attributes; `LogFormatter` writes them
+as `key=value` text or as one JSON object per line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import logging
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import click
+
+from disque.client import (
+    FIRST_HEARTBEAT,
+    Address,
+    AsyncClient,
+    Client,
+    DisqueConnectionError,
+    DisqueReplyError,
+    Job,
+    format_address,
+)
+
+log = logging.getLogger("disque.worker")
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Delay before retry n (n = 1 after the first failure): `base *
+    factor**(n-1)`, at most `cap`, less a random part of up to `jitter` of
+    it, so jobs that failed together do not all come back together."""
+
+    base: float = 1.0
+    factor: float = 2.0
+    cap: float = 300.0
+    jitter: float = 0.25
+
+    def delay(self, n: int, rng: random.Random) -> float:
+        exact = min(self.cap, self.base * self.factor ** min(n - 1, 64))
+        return exact * (1 - self.jitter * rng.random())
+
+
+RECONNECT = Backoff(base=0.1, cap=5.0, jitter=0.5)
+
+
+@dataclass(frozen=True)
+class Handler:
+    """A function registered by `App.job`; calling it calls the function."""
+
+    app: App
+    queue: str
+    fn: Callable[[Job], Any]
+    max_attempts: int | None
+    dead_letter: str | None
+    timeout: float | None
+    backoff: Backoff
+
+    def __call__(self, job: Job) -> Any:
+        return self.fn(job)
+
+    @property
+    def job_options(self) -> dict[str, Any]:
+        """The ADDJOB options every job of this handler carries."""
+        return {"max_attempts": self.max_attempts, "dead_letter": self.dead_letter}
+
+    def send(self, body: str | bytes, **options: Any) -> str:
+        """ADDJOB to the handler's queue, with its options, through the app's
+        client; `options` are `Client.add_job`'s.  Returns the job ID."""
+        return self.app.client.add_job(self.queue, body, **self.job_options, **options)  # type: ignore[no-any-return]
+
+    def retry_delay(self, job: Job, rng: random.Random) -> int | None:
+        """Whole seconds before the failed `job` is delivered again; None when
+        this was its last allowed delivery (the server dead-letters it)."""
+        n = job.deliveries or 1
+        if self.max_attempts is not None and n >= self.max_attempts:
+            return None
+        return max(1, round(self.backoff.delay(n, rng)))
+
+
+class App:
+    """Handlers and the nodes they consume from.
+
+    `nodes` defaults to `$DISQUE_NODES` (comma-separated `host:port`) or
+    127.0.0.1:7711, `password` to `$DISQUE_AUTH`; the other keyword
+    arguments are `Client`'s (tls=..., affinity=...)."""
+
+    def __init__(self, nodes: str | Address | list[str | Address] | None = None, **client_options: Any) -> None:
+        self.nodes = nodes if nodes is not None else os.environ.get("DISQUE_NODES", "127.0.0.1:7711").split(",")
+        client_options.setdefault("password", os.environ.get("DISQUE_AUTH"))
+        self.client_options = client_options
+        self.handlers: dict[str, Handler] = {}
+        self._client: Client | None = None
+
+    def job(
+        self,
+        queue: str,
+        *,
+        retries: int | None = None,
+        max_attempts: int | None = None,
+        dead_letter: str | None = None,
+        timeout: float | None = None,
+        backoff: Backoff = Backoff(),
+    ) -> Callable[[Callable[[Job], Any]], Handler]:
+        """Decorator: the function handles the jobs of `queue`.  A job is
+        delivered at most `max_attempts` times (`retries` + 1), then moved to
+        `dead_letter` (the server's default dead-letter queue if None); each
+        run may take `timeout` seconds."""
+        if retries is not None:
+            if max_attempts is not None:
+                raise ValueError("give retries or max_attempts, not both")
+            max_attempts = retries + 1
+        if dead_letter is not None and max_attempts is None:
+            raise ValueError("dead_letter needs retries or max_attempts")
+        if queue in self.handlers:
+            raise ValueError(f"queue {queue!r} already has a handler")
+
+        def register(fn: Callable[[Job], Any]) -> Handler:
+            handler = Handler(self, queue, fn, max_attempts, dead_letter, timeout, backoff)
+            self.handlers[queue] = handler
+            return handler
+
+        return register
+
+    @property
+    def client(self) -> Client:
+        """A synchronous client shared by the producers of this process."""
+        if self._client is None:
+            self._client = Client(self.nodes, **self.client_options)
+        return self._client
+
+    def async_client(self) -> AsyncClient:
+        """A new asynchronous client (one connection) to the app's nodes."""
+        return AsyncClient(self.nodes, **self.client_options)
+
+    def close(self) -> None:
+        """Close the producers' client, if it was opened."""
+        if self._client is not None:
+            self._client.close()
+
+
+# --------------------------------------------------------------------------
+# Running handlers
+
+
+async def _in_thread(fn: Callable[[Job], Any], job: Job) -> None:
+    """`fn(job)` in a daemon thread of its own: one that never returns can be
+    abandoned, and cannot keep the process alive."""
+    done = anyio.Event()
+    token = anyio.lowlevel.current_token()
+    outcome: list[BaseException | None] = []
+
+    def target() -> None:
+        try:
+            fn(job)
+            outcome.append(None)
+        except BaseException as e:
+            outcome.append(e)
+        try:
+            anyio.from_thread.run_sync(done.set, token=token)
+        except anyio.RunFinishedError:
+            pass  # abandoned: the worker has stopped
+
+    threading.Thread(target=target, name=f"job {job.id}", daemon=True).start()
+    await done.wait()
+    if outcome[0] is not None:
+        raise outcome[0]
+
+
+class JobTimeout(TimeoutError):
+    """A handler ran longer than its `timeout`."""
+
+
+def _fields(job: Job, **more: Any) -> dict[str, Any]:
+    return {"job": job.id, "queue": job.queue, "attempt": job.deliveries, **more}
+
+
+class _CancelGroup:
+    """Cancel scopes cancelled together, those entered afterwards included."""
+
+    def __init__(self) -> None:
+        self.scopes: set[anyio.CancelScope] = set()
+        self.cancelled = False
+
+    @contextmanager
+    def scope(self) -> Iterator[anyio.CancelScope]:
+        with anyio.CancelScope() as scope:
+            if self.cancelled:
+                scope.cancel()
+            self.scopes.add(scope)
+            try:
+                yield scope
+            finally:
+                self.scopes.discard(scope)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        for scope in self.scopes:
+            scope.cancel()
+
+
+@dataclass
+class Worker:
+    """Runs an app's handlers (those of `queues`, all by default); see the module docstring."""
+
+    app: App
+    concurrency: int = 1
+    burst: bool = False
+    grace: float = 30.0
+    queues: tuple[str, ...] = ()
+    first_heartbeat: float | None = FIRST_HEARTBEAT
+    rng: random.Random = field(default_factory=random.Random)
+    processed: int = 0  # jobs acknowledged
+    failed: int = 0  # failed runs, each NACKed or left to the job's RETRY
+    _handlers: dict[str, Handler] = field(init=False)
+    _fetching: _CancelGroup = field(default_factory=_CancelGroup, init=False)  # cancelled by `stop`
+    _running: _CancelGroup = field(default_factory=_CancelGroup, init=False)  # cancelled when the grace ends
+    _tasks: anyio.abc.TaskGroup | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.queues) - set(self.app.handlers)
+        if unknown:
+            raise ValueError(f"no handler for queue(s) {', '.join(sorted(unknown))}")
+        self._handlers = {q: h for q, h in self.app.handlers.items() if not self.queues or q in self.queues}
+        if not self._handlers:
+            raise ValueError("the app has no handler")
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+
+    async def run(self, *, signals: bool = True) -> None:
+        """Work until stopped (`stop`, or SIGTERM/SIGINT when `signals`), or
+        in burst mode until the queues are empty."""
+        log.info("worker started", extra={"queues": ",".join(self._handlers), "concurrency": self.concurrency})
+        async with anyio.create_task_group() as self._tasks:
+            if signals:
+                self._tasks.start_soon(self._watch_signals)
+            async with anyio.create_task_group() as slots:
+                for _ in range(self.concurrency):
+                    slots.start_soon(self._slot)
+            self._tasks.cancel_scope.cancel()  # the signal watcher and grace timer
+        log.info("worker stopped", extra={"processed": self.processed, "failed": self.failed})
+
+    def stop(self) -> None:
+        """Stop fetching and let running jobs finish for `grace` seconds; a
+        second call cancels them now.  Call it from the worker's event loop."""
+        if self._fetching.cancelled:
+            self._running.cancel()
+            return
+        self._fetching.cancel()
+        assert self._tasks is not None, "stop() before run()"
+        self._tasks.start_soon(self._grace_timer)
+
+    async def _grace_timer(self) -> None:
+        await anyio.sleep(self.grace)
+        self._running.cancel()
+
+    async def _watch_signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+            async for signum in received:
+                again = "cancelling the running jobs" if self._fetching.cancelled else f"finishing the running jobs (grace {self.grace:g} s)"
+                log.warning("%s: %s", signal.Signals(signum).name, again)
+                self.stop()
+
+    async def _slot(self) -> None:
+        client = self.app.async_client()
+        queues = list(self._handlers)
+        outage = 0  # failed tries in a row
+        try:
+            while not self._fetching.cancelled:
+                jobs: list[Job] = []
+                with self._fetching.scope():
+                    try:
+                        if outage:
+                            await client.connect()
+                            log.info("connected again", extra={"node": format_address(client.address), "tries": outage})  # type: ignore[arg-type]
+                            outage = 0
+                        jobs = await client.get_jobs(*queues, nohang=self.burst)
+                    except (DisqueConnectionError, DisqueReplyError) as e:
+                        outage += 1
+                        delay = RECONNECT.delay(outage, self.rng)
+                        log.warning("cannot fetch jobs: %s", e, extra={"retry_in": round(delay, 2), "tries": outage})
+                        await anyio.sleep(delay)
+                        continue
+                if not jobs and self.burst:
+                    return
+                for job in jobs:
+                    await self._process(client, job)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await client.close()
+
+    async def _process(self, client: AsyncClient, job: Job) -> None:
+        handler = self._handlers[job.queue]
+        started = time.monotonic()
+        with self._running.scope() as scope:
+            error = await self._attempt(client, handler, job)
+        if scope.cancelled_caught:
+            log.warning("job interrupted by the stop, NACKed", extra=_fields(job))
+            await self._settle(client.nack(job.id), job)
+        elif error is None:
+            self.processed += 1
+            log.debug("job done", extra=_fields(job, seconds=round(time.monotonic() - started, 3)))
+            await self._settle(client.ack(job.id), job)
+        else:
+            self.failed += 1
+            delay = handler.retry_delay(job, self.rng)
+            outcome = {"retry_in": delay} if delay is not None else {"dead_letter": handler.dead_letter or "(default)"}
+            log.error("job failed", exc_info=error, extra=_fields(job, error=repr(error), **outcome))
+            await self._settle(client.nack(job.id, delay=delay), job)
+
+    async def _attempt(self, client: AsyncClient, handler: Handler, job: Job) -> Exception | None:
+        """Run the handler with heartbeats beside it; the exception it raised, if any."""
+        async with anyio.create_task_group() as beats:
+            beats.start_soon(client.heartbeat, job.id, self.first_heartbeat)
+            error: Exception | None = None
+            try:
+                with anyio.fail_after(handler.timeout) as deadline:
+                    if inspect.iscoroutinefunction(handler.fn):
+                        await handler.fn(job)
+                    else:
+                        await _in_thread(handler.fn, job)
+            except Exception as e:
+                error = e
+            if deadline.cancelled_caught:
+                timeout = JobTimeout(f"still running after {handler.timeout:g} s")
+                timeout.__cause__ = error  # anyio's TimeoutError: its context shows where the handler was
+                error = timeout
+            beats.cancel_scope.cancel()
+        return error
+
+    async def _settle(self, request: Any, job: Job) -> None:
+        """ACKJOB or NACK; when it fails the job comes back after its RETRY."""
+        try:
+            await request
+        except (DisqueConnectionError, DisqueReplyError) as e:
+            log.warning("could not settle the job, it will be delivered again: %s", e, extra=_fields(job))
+
+
+# --------------------------------------------------------------------------
+# The command
+
+
+_RECORD_KEYS = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+
+class LogFormatter(logging.Formatter):
+    """A record's message, its extra fields and the traceback: as
+    `time level logger: message key=value ...` lines, or one JSON object."""
+
+    def __init__(self, json_lines: bool = False) -> None:
+        super().__init__()
+        self.json_lines = json_lines
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = {k: v for k, v in vars(record).items() if k not in _RECORD_KEYS}
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(record.created)) + f".{int(record.msecs):03d}"
+        trace = "".join(traceback.format_exception(*record.exc_info)) if record.exc_info else None
+        if self.json_lines:
+            entry = {"time": stamp, "level": record.levelname, "logger": record.name, "message": record.getMessage(), **fields}
+            return json.dumps({**entry, "traceback": trace} if trace else entry, default=str)
+        pairs = "".join(f" {k}={json.dumps(v, default=str) if isinstance(v, str) and ' ' in v else v}" for k, v in fields.items())
+        text = f"{stamp} {record.levelname} {record.name}: {record.getMessage()}{pairs}"
+        return text + "\n" + trace.rstrip() if trace else text
+
+
+def load_app(path: str) -> App:
+    """`module:attribute` (`module` alone: its `app`), the current directory importable."""
+    module_name, _, attribute = path.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    value: Any = importlib.import_module(module_name)
+    for name in (attribute or "app").split("."):
+        value = getattr(value, name)
+    if not isinstance(value, App):
+        raise TypeError(f"{path} is a {type(value).__name__}, not a disque.worker.App")
+    return value
+
+
+def run_worker(
+    app_path: str,
+    concurrency: int = 1,
+    burst: bool = False,
+    *,
+    grace: float = 30.0,
+    queues: tuple[str, ...] = (),
+    nodes: list[str] | None = None,
+    backend: str = "asyncio",
+    json_logs: bool = False,
+    level: int = logging.INFO,
+) -> Worker:
+    """Load the app, log to stderr, and work until stopped (see `Worker`).
+    A missing module or app, or a bad option, is a `click.UsageError`."""
+    try:
+        app = load_app(app_path)
+        if nodes:
+            app.nodes = nodes
+        worker = Worker(app, concurrency=concurrency, burst=burst, grace=grace, queues=queues)
+    except (ModuleNotFoundError, AttributeError, TypeError, ValueError) as e:
+        raise click.UsageError(str(e)) from e
+    handler = logging.StreamHandler()
+    handler.setFormatter(LogFormatter(json_logs))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    anyio.run(worker.run, backend=backend)
+    return worker
+
+
+@click.command("worker")
+@click.argument("app_path", metavar="MODULE:APP")
+@click.option("-c", "--concurrency", default=1, show_default=True, type=click.IntRange(min=1), help="Jobs run at once.")
+@click.option("--burst", is_flag=True, help="Exit once the queues are empty.")
+@click.option("--grace", default=30.0, show_default=True, help="Seconds running jobs get to finish after SIGTERM/SIGINT.")
+@click.option("-q", "--queue", "queues", multiple=True, help="Only this queue's handler (repeatable).")
+@click.option("--node", "nodes", multiple=True, metavar="HOST:PORT", help="Node to connect to, instead of the app's (repeatable).")
+@click.option("--backend", type=click.Choice(["asyncio", "trio"]), default="asyncio", show_default=True, help="Event loop for the handlers.")
+@click.option("--json-logs", is_flag=True, help="One JSON object per log line.")
+@click.option("-v", "--verbose", is_flag=True, help="Log every job done too.")
+def worker_command(
+    app_path: str, concurrency: int, burst: bool, grace: float, queues: tuple[str, ...], nodes: tuple[str, ...],
+    backend: str, json_logs: bool, verbose: bool,
+) -> None:  # fmt: skip
+    """Run the handlers of MODULE:APP (a disque.worker.App), CONCURRENCY jobs
+    at a time, until SIGTERM or SIGINT.  The nodes are the app's (or --node),
+    not -h/-p."""
+    run_worker(app_path, concurrency, burst, grace=grace, queues=queues, nodes=list(nodes) or None,
+               backend=backend, json_logs=json_logs, level=logging.DEBUG if verbose else logging.INFO)  # fmt: skip
+
+
+if __name__ == "__main__":
+    worker_command()
