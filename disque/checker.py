@@ -9,7 +9,7 @@ only reads the records, so the same code judges both harnesses.
 A record is a flat JSON-friendly dict (one line of a JSON-lines file):
 
     {"time": unix ms, "process": client id, "node": where it ran,
-     "op": "enqueue" | "dequeue" | "ack" | "fastack" | "scan",
+     "op": "enqueue" | "dequeue" | "ack" | "fastack" | "scan" | "wipe",
      "type": "invoke" | "ok" | "fail" | "info",
      "job": job ID (str) or None, "body": job body (str) or None,
      "value": op-specific}
@@ -24,6 +24,12 @@ A record is a flat JSON-friendly dict (one line of a JSON-lines file):
 * `ack`, `fastack`: the invoke names `job`; `ok` means the command returned.
 * `scan`: after the run, the IDs of every job a node still holds (`value`, a
   list).  Only the last scan of each node counts.
+* `wipe`: a harness destroyed on purpose every job of `node` (DEBUG FLUSHALL,
+  CLUSTER RESET SOFT or HARD, a restart without the AOF).  One record, no
+  invoke: `ok` when it happened, `info` when it may have; `value` is
+  `{"action": what was done, "held": IDs of every job the node held at that
+  instant}`.  `node` names the machine, not its node ID: a node reset HARD
+  several times is still one node.
 
 Bodies identify values: every enqueue uses a body no other enqueue uses.
 
@@ -35,7 +41,14 @@ The counts (jepsen.md, "total-queue"):
 * `recovered`: indeterminate enqueues that were dequeued.
 Also reported: `lost_best_effort` (the same as lost for RETRY 0 or
 REPLICATE 1 jobs, which a crash or a lost message may legitimately lose),
-`expired` (acknowledged, never dequeued, TTL may have passed),
+`expired` (acknowledged, never dequeued, TTL may have passed), `wiped`
+(acknowledged, never dequeued, TTL not passed, and wiped on purpose: the
+wipe records list its ID on at least REPLICATE distinct nodes, 3 when the
+enqueue did not say, so every copy the ADDJOB made may have been destroyed;
+a job listed on fewer nodes had a copy no wipe touched, and is lost or
+lost_best_effort as usual.  The rule does not follow copies that federation
+adds later, so a job wiped on REPLICATE nodes is excused even if such a copy
+existed),
 `at_most_once_duplicated` (RETRY 0 values dequeued twice), `late`
 (deliveries after the job's TTL, plus `ttl_grace_ms`: every node-to-node
 transfer may extend a job's life by up to a second, cluster.md §8.1) and
@@ -54,7 +67,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 INVOKE, OK, FAIL, INFO = "invoke", "ok", "fail", "info"
-ENQUEUE, DEQUEUE, ACK, FASTACK, SCAN = "enqueue", "dequeue", "ack", "fastack", "scan"
+ENQUEUE, DEQUEUE, ACK, FASTACK, SCAN, WIPE = "enqueue", "dequeue", "ack", "fastack", "scan", "wipe"
 
 Record = dict[str, Any]
 
@@ -116,6 +129,12 @@ class _Enqueue:
         return self.opts.get("retry") == 0
 
     @property
+    def copies(self) -> int:
+        """Nodes a successful ADDJOB put the job on (the default's maximum
+        when the option was not given)."""
+        return self.opts.get("replicate", 3)
+
+    @property
     def protected(self) -> bool:
         """At-least-once: survives a node crash and message loss."""
         return self.opts.get("retry", 1) > 0 and self.opts.get("replicate", 2) >= 2
@@ -157,6 +176,7 @@ def check(history: Iterable[Record], *, ttl_grace_ms: int = 2000) -> Result:
     deliveries: list[Record] = []
     acked: set[str] = set()
     scans: dict[Any, Record] = {}
+    wiped_on: dict[str, set[Any]] = {}  # job ID -> nodes wiped while holding it
     end = 0
     for r in history:
         end = max(end, r["time"])
@@ -172,6 +192,9 @@ def check(history: Iterable[Record], *, ttl_grace_ms: int = 2000) -> Result:
             acked.add(r["job"])
         elif op == SCAN and kind == OK:
             scans[r["node"]] = r
+        elif op == WIPE and kind in (OK, INFO):
+            for job in r["value"]["held"]:
+                wiped_on.setdefault(job, set()).add(r["node"])
 
     result = Result()
     times = Counter(d["body"] for d in deliveries)
@@ -181,7 +204,10 @@ def check(history: Iterable[Record], *, ttl_grace_ms: int = 2000) -> Result:
     result.counts["dequeued"] = len(times)
     undelivered = [(body, e) for body, e in ok if body not in times]
     result._note("expired", [b for b, e in undelivered if e.may_have_expired(end)])
-    alive = [(b, e) for b, e in undelivered if not e.may_have_expired(end)]
+    unexpired = [(b, e) for b, e in undelivered if not e.may_have_expired(end)]
+    wiped = {b for b, e in unexpired if len(wiped_on.get(e.job or "", ())) >= e.copies}
+    result._note("wiped", [b for b, e in unexpired if b in wiped])
+    alive = [(b, e) for b, e in unexpired if b not in wiped]
     result._note("lost", [b for b, e in alive if e.protected])
     result._note("lost_best_effort", [b for b, e in alive if not e.protected])
     result._note("unexpected", [b for b in times if b not in enqueues or enqueues[b].outcome == FAIL])

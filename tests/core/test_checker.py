@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from disque.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, OK, SCAN, History, check, load
+from disque.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, OK, SCAN, WIPE, History, check, load
 
 AT_LEAST_ONCE = {"queue": "q", "replicate": 3, "retry": 2, "ttl": 60}
 AT_MOST_ONCE = {"queue": "q", "replicate": 1, "retry": 0, "ttl": 60}
@@ -43,6 +43,9 @@ class Script:
         op = self.history.invoke(9, node, SCAN)
         self.history.complete(op, OK, value=jobs)
 
+    def wipe(self, node: str, held: list[str], outcome: str = OK) -> None:
+        self.history.add(outcome, "nemesis", node, WIPE, value={"action": "flushall", "held": held})
+
     def check(self, **kw):
         return check(self.history.records, **kw)
 
@@ -61,7 +64,7 @@ def test_valid_history():
     result = s.check()
     assert result.valid
     assert result.counts == {
-        "attempted": 2, "acknowledged": 2, "dequeued": 2, "expired": 0, "lost": 0, "lost_best_effort": 0,
+        "attempted": 2, "acknowledged": 2, "dequeued": 2, "expired": 0, "wiped": 0, "lost": 0, "lost_best_effort": 0,
         "unexpected": 0, "duplicated": 0, "at_most_once_duplicated": 0, "recovered": 0, "late": 0, "uncollected": 0,
     }  # fmt: skip
     assert result.to_json()["valid"] is True and result.to_json()["problems"] == {}
@@ -88,6 +91,26 @@ def test_undelivered_job_past_its_ttl_is_expired_not_lost():
     s.at(4_000).dequeue(None)  # a may be gone from TTL - 1 s on
     result = s.check()
     assert result.problems["expired"] == ["a"] and result.problems["lost"] == ["b"]
+
+
+def test_a_job_wiped_on_as_many_nodes_as_its_copies_is_excused():
+    s = Script()
+    three = s.enqueue("three")  # REPLICATE 3
+    two = s.enqueue("two", opts={**AT_LEAST_ONCE, "replicate": 2})
+    once = s.enqueue("once", opts=AT_MOST_ONCE)
+    one_node = s.enqueue("one-node", opts={**AT_LEAST_ONCE, "replicate": 2})
+    short = s.enqueue("short")  # REPLICATE 3, wiped on two nodes only
+    default = s.enqueue("default", opts={"queue": "q", "retry": 1})  # no REPLICATE: 3 copies assumed
+    refused = s.enqueue("refused", opts={**AT_LEAST_ONCE, "replicate": 2})
+    s.wipe("n1", [three, two, once, one_node, short, default, refused])
+    s.wipe("n2", [three, short, default, "D-unknown"], outcome=INFO)  # may have happened: counts
+    s.wipe("n3", [three, two])
+    s.wipe("n1", [one_node])  # the same node again (a second RESET HARD): still one copy
+    s.wipe("n4", [default, refused], outcome=FAIL)  # did not happen
+    result = s.check()
+    assert result.problems["wiped"] == ["three", "two", "once"]
+    assert result.problems["lost"] == ["one-node", "short", "default", "refused"]
+    assert not result.valid
 
 
 def test_duplicates_allowed_for_at_least_once_only():

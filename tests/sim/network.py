@@ -24,8 +24,12 @@ two groups) makes deliveries and new connections between groups fail
 silently, as a firewall dropping packets would: existing connections stay
 "up" and the cores find out by themselves.  Killing a node closes its
 connections (the peers see EOF); `restart` boots a fresh core with the same
-node ID and the membership of the nodes.conf it last saved, and no jobs (no
-AOF yet).
+node ID and the membership of the nodes.conf it last saved, and either no jobs
+(the AOF is gone) or the jobs of its AOF.  Every core logs to an in-memory
+AOF: the shell writes the records of a batch of effects before it sends
+anything, and a killed process loses nothing it wrote (only a power loss
+would), so the log holds every AofAppend the node ever produced; a restart
+with AOF replays it with `disque.store.aof.Replay`, as the trio shell does.
 
 Determinism: every random choice comes from the cluster seed, and trio's
 scheduler is made deterministic for the run (`deterministic_scheduling`),
@@ -53,6 +57,7 @@ from disque.cluster.messages import YourJobs
 from disque.config import Config
 from disque.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
 from disque.node import BLOCKED, NodeCore
+from disque.store.aof import RecordReader, Replay, encode_loadjob
 from disque.store.job import State
 from core.invariants import check_core
 from support import START_MS, FakeHost
@@ -218,9 +223,11 @@ class SimNode:
         self.ip = f"10.0.0.{index + 1}"
         self.port = 7711
         self.core: NodeCore | None = None
-        self.node_id = ""  # kept while the node is down
+        self.last_id = ""  # the node ID, kept while the node is down
         self.generation = 0
         self.conf_text = ""  # nodes.conf as last saved
+        self.aof = bytearray()  # the append-only file
+        self.held_at_death: list[str] = []  # IDs of the jobs the node held when killed
         self.links: dict[int, Connection] = {}  # outgoing, by link key
         self.connecting: set[int] = set()
         self.conns: dict[int, Connection] = {}  # incoming, by conn id
@@ -237,13 +244,24 @@ class SimNode:
     def bus_addr(self) -> tuple[str, int]:
         return (self.ip, self.port + BUS_PORT_INCR)
 
+    @property
+    def node_id(self) -> str:
+        """The current ID (CLUSTER RESET HARD changes it), or the last one."""
+        return self.core.cluster.my_id if self.core is not None else self.last_id
+
+    def held(self) -> list[str]:
+        """IDs of every job the node holds now, in any state."""
+        assert self.core is not None
+        return sorted(job.id.decode() for job in self.core.jobs.values())
+
     def __repr__(self) -> str:
         return f"<SimNode {self.index} {self.core.cluster.my_id[:8] if self.core else 'dead'}>"
 
     # ------------------------------------------------------------ lifecycle
 
-    async def boot(self, conf_text: str = "") -> None:
-        """Start a core: a new node, or the one nodes.conf `conf_text` describes."""
+    async def boot(self, conf_text: str = "", aof: bool = False) -> None:
+        """Start a core: a new node, or the one nodes.conf `conf_text`
+        describes, with the jobs of its AOF if `aof` (else the file is gone)."""
         self.generation += 1
         net = self.net
         rng = random.Random(f"{net.seed}/{self.index}/{self.generation}")
@@ -251,9 +269,21 @@ class SimNode:
         config = Config()
         config.port = self.port
         config.cluster_node_timeout = net.node_timeout
-        node_id = self.node_id = membership.my_id if membership else "%040x" % rng.getrandbits(160)
-        self.core = NodeCore(config, node_id, clock=SimClock(), rng=rng, host=SimHost(self), membership=membership)
-        self.core.host.save_cluster_config(fsync=True)
+        node_id = self.last_id = membership.my_id if membership else "%040x" % rng.getrandbits(160)
+        core = NodeCore(config, node_id, clock=SimClock(), rng=rng, host=SimHost(self), membership=membership)
+        self.core = core
+        if aof:
+            replay = Replay(core)
+            reader = RecordReader()
+            reader.feed(bytes(self.aof))
+            for offset, args in reader:
+                replay.apply(offset, args)
+            assert not reader.pending, "a torn AOF record"
+            replay.finish()
+        else:
+            self.aof.clear()
+        core.aof.state, core.aof_encoder = "on", encode_loadjob
+        core.host.save_cluster_config(fsync=True)
         self.scope = trio.CancelScope()
         await net.nursery.start(self._run, rng.random() * LINK_CRON)
 
@@ -268,6 +298,8 @@ class SimNode:
 
     def kill(self) -> None:
         assert self.core is not None
+        self.held_at_death = self.held()
+        self.last_id = self.core.cluster.my_id
         self.scope.cancel()
         self.core = None
         self.nursery = None
@@ -381,8 +413,10 @@ class SimNode:
                     call = self.waiting.pop(effect.client_id, None)
                     if call is not None:
                         call.done(effect.value)
+                elif kind is AofAppend:
+                    self.aof += effect.record
                 else:
-                    assert kind in (AofAppend, CloseClient), effect
+                    assert kind is CloseClient, effect
         if core.cluster.dirty:
             core.host.save_cluster_config(fsync=False)
         if self._wakeup is not None:
@@ -491,10 +525,12 @@ class SimCluster:
     def kill(self, i: int) -> None:
         self.nodes[i].kill()
 
-    async def restart(self, i: int) -> None:
+    async def restart(self, i: int, aof: bool = False) -> None:
+        """Boot killed node `i` again: same ID and nodes.conf, and the jobs
+        of its AOF if `aof`, else none."""
         node = self.nodes[i]
         assert not node.alive
-        await node.boot(node.conf_text)
+        await node.boot(node.conf_text, aof)
 
     # ------------------------------------------------------------ clients
 
@@ -584,4 +620,4 @@ def check_cluster_core(core: NodeCore) -> None:
     me = core.cluster.my_id
     for job in core.jobs.values():
         if job.state != State.WAIT_REPL and not job.is_dummy_ack:
-            assert me in job.nodes_delivered, f"{job}: a holder missing from its own nodes_delivered"
+            assert me in job.nodes_delivered, f"{job}: holder {me} not in its nodes_delivered {job.nodes_delivered}"

@@ -277,41 +277,179 @@ async def test_a_job_moved_between_nodes_many_times_expires_on_time(autojump_clo
     assert not holders(cluster, job_id)
 
 
+async def test_sync_replication_waits_for_a_replica_that_comes_back(autojump_clock):
+    """A replica killed just before ADDJOB and restarted (with its AOF)
+    before the ADDJOB timeout gets REPLJOB again: the client gets the ID."""
+    async with SimCluster(3, seed=3, node_timeout=T) as cluster:
+        await cluster.form()
+        cluster.kill(2)
+        replies = []
+
+        async def producer():
+            replies.append(await cluster.call(0, "ADDJOB", "q", "b", 30_000, "REPLICATE", 3))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(producer)
+            await trio.sleep(2 * T / 1000)  # node 2 is FAIL by now
+            assert not replies and flags_of(cluster, 0, 2) & FAIL
+            await cluster.restart(2, aof=True)
+        (job_id,) = replies
+        assert isinstance(job_id, Status), job_id
+        assert sorted(holders(cluster, bytes(job_id)).values()) == ["active", "active", "queued"]
+
+
+# ---------------------------------------------------------------- administration
+
+
+def known_everywhere(cluster: SimCluster, node_id: str) -> list[int]:
+    """Indexes of the live nodes whose table still has `node_id`."""
+    return [n.index for n in cluster.nodes if n.alive and node_id in n.core.cluster.nodes]
+
+
+async def test_reset_hard_and_meet_make_a_fresh_node(autojump_clock, c5):
+    cluster = c5
+    old = cluster.node_id(1)
+    await add(cluster, 1, "REPLICATE", 3)
+    assert await cluster.call(1, "CLUSTER", "RESET", "HARD") == b"OK"
+    new = cluster.node_id(1)
+    assert new != old and not cluster.core(1).jobs and known_everywhere(cluster, new) == [1]
+    for i in (0, 2, 3, 4):
+        assert await cluster.call(i, "CLUSTER", "FORGET", old) == b"OK"
+    await cluster.meet(1, 0)
+    await cluster.wait_for(cluster.meshed, timeout=10)
+    assert known_everywhere(cluster, old) == [] and f"{new} 10.0.0.2:7711" in cluster.nodes[3].conf_text
+    single = await add(cluster, 1, "REPLICATE", 1)
+    assert single.decode()[2:10] == new[:8]  # the ID prefix names the node
+    assert cluster.core(1).jobs.get(single).nodes_delivered == (new,)
+    replicated = await add(cluster, 1, "REPLICATE", 3)
+    copies = holders(cluster, replicated)
+    assert copies.get(1) == "queued" and sorted(copies.values()) == ["active", "active", "queued"]
+    assert new in cluster.core(1).jobs.get(replicated).nodes_delivered
+
+
+async def test_reset_soft_keeps_the_id_drops_jobs_and_peers_until_a_meet(autojump_clock, c5):
+    cluster = c5
+    node_id = cluster.node_id(1)
+    job_id = await add(cluster, 0, "REPLICATE", 5)
+    assert await cluster.call(1, "CLUSTER", "RESET", "SOFT") == b"OK"
+    assert cluster.node_id(1) == node_id and not cluster.core(1).jobs
+    assert list(cluster.core(1).cluster.nodes) == [node_id]
+    assert cluster.nodes[1].conf_text.count("\n") == 1  # saved at once
+    await trio.sleep(3 * T / 1000)
+    assert not cluster.meshed()  # the others' PINGs do not make it accept them
+    await cluster.meet(1, 4)
+    await cluster.wait_for(cluster.meshed, timeout=10)
+    assert set(holders(cluster, job_id)) == {0, 2, 3, 4}
+
+
+async def test_restart_with_aof_brings_the_jobs_back_and_requeues_them(autojump_clock, c5):
+    cluster = c5
+    job_id = await add(cluster, 0, "REPLICATE", 1, "RETRY", 2)
+    cluster.kill(0)
+    await cluster.restart(0, aof=True)
+    assert holders(cluster, job_id) == {0: "active"}  # held, not trusted to be queued
+    await trio.sleep(2.5)
+    assert holders(cluster, job_id) == {0: "queued"}
+    assert (await cluster.call(0, "GETJOB", "NOHANG", "FROM", "q"))[0][1] == job_id
+
+
+async def test_restart_without_aof_or_after_a_flushall_has_no_jobs(autojump_clock, c5):
+    cluster = c5
+    lost = await add(cluster, 0, "REPLICATE", 1)
+    cluster.kill(0)
+    await cluster.restart(0, aof=False)
+    assert not cluster.core(0).jobs and not cluster.nodes[0].aof
+    flushed = await add(cluster, 0, "REPLICATE", 1)
+    assert await cluster.call(0, "DEBUG", "FLUSHALL") == b"OK"
+    cluster.kill(0)
+    await cluster.restart(0, aof=True)  # the flush logged DELJOB
+    assert not holders(cluster, lost) and not holders(cluster, flushed)
+    assert b"DELJOB" in cluster.nodes[0].aof
+
+
+async def test_config_set_node_timeout_paces_failure_detection(autojump_clock, c5):
+    cluster = c5
+    for i in range(5):
+        assert await cluster.call(i, "CONFIG", "SET", "cluster-node-timeout", 5000) == b"OK"
+    cluster.partition([[0, 1, 2, 3], [4]])
+    waited = await cluster.wait_for(lambda: all(flags_of(cluster, i, 4) & FAIL for i in range(4)), timeout=20)
+    assert 5 <= waited <= 2 * 5 + 1
+
+
+async def test_leaving_no_makes_the_node_a_replica_again(autojump_clock, c5):
+    cluster = c5
+    assert await cluster.call(2, "CLUSTER", "LEAVING", "yes") == b"OK"
+    await cluster.wait_for(lambda: all(flags_of(cluster, i, 2) & LEAVING for i in (0, 1, 3, 4)), timeout=5)
+    assert await cluster.call(2, "GETJOB", "FROM", "q") is errors.LEAVING
+    assert await cluster.call(2, "CLUSTER", "LEAVING", "no") == b"OK"
+    await cluster.wait_for(lambda: not any(flags_of(cluster, i, 2) & LEAVING for i in (0, 1, 3, 4)), timeout=5)
+    job_id = await add(cluster, 0, "REPLICATE", 5)
+    assert holders(cluster, job_id)[2] == "active"
+
+
+async def test_a_forgotten_peer_comes_back_through_gossip_after_the_blacklist(autojump_clock, c5):
+    cluster = c5
+    forgotten = cluster.node_id(1)
+    assert await cluster.call(0, "CLUSTER", "FORGET", forgotten) == b"OK"
+    assert known_everywhere(cluster, forgotten) == [1, 2, 3, 4]
+    job_id = await add(cluster, 0, "REPLICATE", 4)
+    assert 1 not in holders(cluster, job_id)
+    waited = await cluster.wait_for(lambda: 0 in known_everywhere(cluster, forgotten), timeout=120)
+    assert 60 - 1 <= waited <= 60 + 10  # the 60 s blacklist, then the next gossip
+    await cluster.wait_for(cluster.meshed, timeout=10)
+
+
 # ---------------------------------------------------------------- random faults
 #
 # Hypothesis draws a cluster size, a fault mix (drop, duplication, delay) and
-# a schedule of partitions (some with a bridge node), heals and kill/restarts
-# of one victim, plus a seed for every random choice of the run.  After each
-# run the checker requires: no acknowledged at-least-once job lost after the
-# network healed (unless its TTL passed), nothing unexpected, no RETRY 0 job
-# delivered twice, nothing delivered after its TTL, every acknowledged job
-# collected everywhere; the simulation itself asserts the structural
-# invariants of every core each simulated second (queues hold exactly the
-# queued jobs, ...) and that no dummy ACK survives.
+# a schedule of network faults (partitions, some with a bridge node, heals),
+# crashes (kill, restart with or without the AOF) and administration
+# (DEBUG FLUSHALL, CLUSTER RESET SOFT|HARD with re-MEET, CLUSTER FORGET,
+# CLUSTER LEAVING, CONFIG SET cluster-node-timeout), plus a seed for every
+# random choice of the run.  After each run the checker requires: no
+# acknowledged at-least-once job lost after the network healed (unless its
+# TTL passed, or it was wiped on purpose on as many nodes as it had copies),
+# nothing unexpected, no RETRY 0 job delivered twice, nothing delivered after
+# its TTL, every acknowledged job collected everywhere; the simulation itself
+# asserts the structural invariants of every core each simulated second
+# (queues hold exactly the queued jobs, ...) and that no dummy ACK survives.
+
+NETWORK_FAULTS = ("partition", "heal", "kill", "restart")
+ADMIN_FAULTS = ("flushall", "reset", "forget", "leaving", "timeout", "kill", "restart")
 
 
 @st.composite
-def fault_plans(draw, max_steps=6):
+def fault_plans(draw, max_steps=6, kinds=NETWORK_FAULTS + ADMIN_FAULTS):
     n = draw(st.integers(3, 5))
+    node = st.integers(0, n - 1)
     order = st.permutations(range(n))
 
     def partition():
         nodes = draw(order)
         cut = draw(st.integers(1, n - 1))
         bridge = draw(st.booleans()) and n > 2  # the first node sees both sides
-        return ("partition", [nodes[:cut], nodes[cut:] + nodes[:1] if bridge else nodes[cut:]])
+        return [nodes[:cut], nodes[cut:] + nodes[:1] if bridge else nodes[cut:]]
 
+    params = {
+        "partition": lambda: (partition(),),
+        "heal": lambda: (),
+        "kill": lambda: (draw(node),),
+        "restart": lambda: (draw(st.booleans()),),  # with the AOF?
+        "flushall": lambda: (draw(node),),
+        "reset": lambda: (draw(node), draw(st.sampled_from(("soft", "hard")))),
+        "forget": lambda: (draw(node), draw(node)),
+        "leaving": lambda: (draw(node), draw(st.sampled_from(("yes", "no")))),
+        "timeout": lambda: (draw(node), draw(st.sampled_from((200, 500, 3000, 10_000)))),
+    }
     steps = []
     for _ in range(draw(st.integers(0, max_steps))):
-        kind = draw(st.sampled_from(("partition", "heal", "kill", "restart")))
-        action = partition() if kind == "partition" else (kind,)
-        steps.append((*action, draw(st.integers(500, 8000))))
+        kind = draw(st.sampled_from(kinds))
+        steps.append((kind, *params[kind](), draw(st.integers(500, 8000))))
     return FaultPlan(
         nodes=n,
         drop=draw(st.sampled_from((0.0, 0.01, 0.05))),
         dup=draw(st.sampled_from((0.0, 0.02, 0.1))),
         delay=draw(st.sampled_from(((0.1, 2.0), (1.0, 30.0), (5.0, 200.0)))),
-        victim=draw(st.integers(0, n - 1)),
         steps=steps,
     )
 
@@ -325,8 +463,15 @@ def judge(plan: FaultPlan, seed: int) -> None:
 
 @pytest.mark.timeout(300)
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(plan=fault_plans(), seed=st.integers(0, 2**32 - 1))
+@given(plan=fault_plans(kinds=NETWORK_FAULTS), seed=st.integers(0, 2**32 - 1))
 def test_random_faults_keep_queue_guarantees(plan, seed):
+    judge(plan, seed)
+
+
+@pytest.mark.timeout(300)
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plan=fault_plans(kinds=ADMIN_FAULTS), seed=st.integers(0, 2**32 - 1))
+def test_administration_keeps_queue_guarantees(plan, seed):
     judge(plan, seed)
 
 
@@ -340,8 +485,11 @@ def test_random_faults_keep_queue_guarantees_long(plan, seed):
 
 def test_a_seed_replays_the_same_history():
     plan = FaultPlan(
-        nodes=3, drop=0.05, dup=0.05, delay=(1.0, 30.0), victim=1,
-        steps=[("partition", [[0], [1, 2]], 2000), ("kill", 1000), ("heal", 500), ("restart", 1000)],
+        nodes=3, drop=0.05, dup=0.05, delay=(1.0, 30.0),
+        steps=[
+            ("partition", [[0], [1, 2]], 2000), ("kill", 1, 1000), ("heal", 500), ("restart", False, 1000),
+            ("reset", 2, "soft", 1000), ("flushall", 0, 500), ("kill", 0, 500), ("restart", True, 500),
+        ],
     )  # fmt: skip
     first, second = (trio.run(run_workload, plan, 42, clock=MockClock(autojump_threshold=0)) for _ in range(2))
     assert first == second and len(first) > 100

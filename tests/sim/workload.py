@@ -7,17 +7,29 @@ jobs (REPLICATE 2-3, RETRY 1-3) and at-most-once jobs (REPLICATE 1,
 RETRY 0), some with a short TTL or a DELAY; consumers GETJOB one job at a
 time on random live nodes and ACKJOB or FASTACK it, sometimes after a
 WORKING, or now and then NACK it or crash before acknowledging.  The
-nemesis plays `plan.steps`: partitions, heals, and the kill and restart of
-one victim node (restarts lose the victim's jobs, so only one node may ever
-die: a REPLICATE 2 job keeps a copy elsewhere).
+nemesis plays `plan.steps` (see `FaultPlan`): network faults (partitions,
+heals), crashes (kill -9, restart with or without the AOF), and
+administration, sent as commands to the node like any client would:
+DEBUG FLUSHALL, CLUSTER RESET SOFT|HARD followed by the operator's re-MEET
+(and, for HARD, CLUSTER FORGET of the old ID on every other live node),
+CLUSTER FORGET of a live peer, CLUSTER LEAVING yes|no and CONFIG SET
+cluster-node-timeout.
 
-After the schedule the cluster heals, the victim comes back and the mesh
-re-forms; producers stop a little later; consumers keep going while a
-drainer polls every node, until no job has turned up for a while.  The run
-then waits for ACK garbage collection to settle, ends with a `scan` of every
-node, and asserts that no dummy ACK survived (the scan cannot see them).
-Every client operation is recorded in a `disque.checker.History`, whose
-records `run_workload` returns for `disque.checker.check`.
+What the nemesis destroys on purpose is recorded as `wipe` records: the IDs
+the node held at the instant of a FLUSHALL or RESET (read in the same
+scheduler step as the command, so nothing can arrive in between), or at
+its death for a restart without the AOF.  The checker excuses a job wiped
+on as many nodes as it had copies (disque/checker.py); any other job the
+cluster loses is a loss.
+
+After the schedule the cluster heals, every dead node comes back with its
+AOF, LEAVING and the node timeout are undone, and the mesh re-forms;
+producers stop a little later; consumers keep going while a drainer polls
+every node, until no job has turned up for a while.  The run then waits for
+ACK garbage collection to settle, ends with a `scan` of every node, and
+asserts that no dummy ACK survived (the scan cannot see them).  Every client
+operation is recorded in a `disque.checker.History`, whose records
+`run_workload` returns for `disque.checker.check`.
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ from typing import Any
 import trio
 
 from disque import errors
-from disque.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, OK, SCAN, History, Record
+from disque.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, OK, SCAN, WIPE, History, Record
 from disque.errors import DisqueError
 from disque.resp import NIL_ARRAY
 from sim.network import CONNECTION_LOST, SimCluster, now_ms
@@ -45,12 +57,25 @@ ACK_COMMANDS = {ACK: "ACKJOB", FASTACK: "FASTACK"}
 
 @dataclass
 class FaultPlan:
+    """`steps`: (action, *params, wait ms), the action one of
+
+    ("partition", groups)  node indexes talk when they share a group
+    ("heal",)
+    ("kill", i)            kill -9 (no-op if dead)
+    ("restart", aof)       the node killed first comes back, with its AOF or without
+    ("flushall", i)        DEBUG FLUSHALL
+    ("reset", i, mode)     CLUSTER RESET soft|hard, then re-MEET
+    ("forget", i, j)       CLUSTER FORGET on i of j's ID
+    ("leaving", i, flag)   CLUSTER LEAVING yes|no
+    ("timeout", i, ms)     CONFIG SET cluster-node-timeout
+
+    Commands to a dead node (or i == j) are skipped."""
+
     nodes: int = 5
     drop: float = 0.0
     dup: float = 0.0
     delay: tuple[float, float] = (0.1, 2.0)  # ms
-    victim: int = 0  # the one node the plan may kill
-    steps: list[tuple[Any, ...]] = field(default_factory=list)  # (action, *args, wait ms)
+    steps: list[tuple[Any, ...]] = field(default_factory=list)
     producers: int = 3
     consumers: int = 2
     node_timeout: int = 1000
@@ -65,6 +90,7 @@ class Workload:
         self.producing = True
         self.last_delivery = 0.0
         self.acked: set[str] = set()
+        self.dead: list[int] = []  # killed nodes, in order of death
         self._bodies = 0
         self._processes = 0
 
@@ -161,24 +187,87 @@ class Workload:
     # ------------------------------------------------------------ nemesis
 
     async def nemesis(self) -> None:
-        cluster, victim = self.cluster, self.plan.victim
         for action, *args in self.plan.steps:
             *params, wait_ms = args
-            if action == "partition":
-                cluster.partition(params[0])
-            elif action == "heal":
-                cluster.heal()
-            elif action == "kill" and cluster.nodes[victim].alive:
-                cluster.kill(victim)
-            elif action == "restart" and not cluster.nodes[victim].alive:
-                await cluster.restart(victim)
+            await getattr(self, f"_{action}")(*params)
             await trio.sleep(wait_ms / 1000)
 
+    async def _partition(self, groups: list[list[int]]) -> None:
+        self.cluster.partition(groups)
+
+    async def _heal(self) -> None:
+        self.cluster.heal()
+
+    async def _kill(self, i: int) -> None:
+        if self.cluster.nodes[i].alive:
+            self.cluster.kill(i)
+            self.dead.append(i)
+
+    async def _restart(self, aof: bool) -> None:
+        if self.dead:
+            i = self.dead.pop(0)
+            if not aof:
+                self._wiped(i, "restart without AOF", self.cluster.nodes[i].held_at_death)
+            await self.cluster.restart(i, aof)
+
+    async def _flushall(self, i: int) -> None:
+        if self.cluster.nodes[i].alive:
+            await self._wipe(i, "flushall", "DEBUG", "FLUSHALL")
+
+    async def _reset(self, i: int, mode: str) -> None:
+        """CLUSTER RESET as an operator does it: the old ID forgotten
+        everywhere after a HARD reset, then a MEET to rejoin."""
+        cluster = self.cluster
+        if not cluster.nodes[i].alive:
+            return
+        old_id = cluster.node_id(i)
+        await self._wipe(i, f"reset {mode}", "CLUSTER", "RESET", mode)
+        others = [n.index for n in cluster.nodes if n.alive and n.index != i]
+        if mode == "hard":
+            for j in others:
+                if old_id in cluster.core(j).cluster.nodes:
+                    await self._admin(j, "CLUSTER", "FORGET", old_id)
+        if others:
+            await cluster.meet(i, self.rng.choice(others))
+
+    async def _forget(self, i: int, j: int) -> None:
+        cluster = self.cluster
+        if i != j and cluster.nodes[i].alive and cluster.node_id(j) in cluster.core(i).cluster.nodes:
+            await self._admin(i, "CLUSTER", "FORGET", cluster.node_id(j))
+
+    async def _leaving(self, i: int, flag: str) -> None:
+        if self.cluster.nodes[i].alive:
+            await self._admin(i, "CLUSTER", "LEAVING", flag)
+
+    async def _timeout(self, i: int, ms: int) -> None:
+        if self.cluster.nodes[i].alive:
+            await self._admin(i, "CONFIG", "SET", "cluster-node-timeout", ms)
+
+    async def _admin(self, i: int, *command: Any) -> None:
+        reply = await self.cluster.call(i, *command)
+        assert reply == b"OK", (i, command, reply)
+
+    async def _wipe(self, i: int, action: str, *command: Any) -> None:
+        """Run a command that drops every job of node i, and record what it
+        held: read in the same scheduler step as the command runs (`call`
+        enters the core before it awaits anything)."""
+        held = self.cluster.nodes[i].held()
+        await self._admin(i, *command)
+        self._wiped(i, action, held)
+
+    def _wiped(self, i: int, action: str, held: list[str]) -> None:
+        self.history.add(OK, "nemesis", i, WIPE, value={"action": action, "held": held})
+
     async def recover(self) -> None:
+        """Undo every fault: heal, restart the dead with their AOF, clear
+        LEAVING and the timeouts set by CONFIG SET, re-form the mesh."""
         cluster = self.cluster
         cluster.heal()
-        if not cluster.nodes[self.plan.victim].alive:
-            await cluster.restart(self.plan.victim)
+        while self.dead:
+            await self._restart(aof=True)
+        for node in cluster.nodes:
+            await self._admin(node.index, "CLUSTER", "LEAVING", "no")
+            await self._admin(node.index, "CONFIG", "SET", "cluster-node-timeout", self.plan.node_timeout)
         await cluster.form()
 
     # ------------------------------------------------------------ phases
