@@ -18,9 +18,10 @@ the node that handed it out, and a blocked GETJOB never holds up another slot:
        its own), WORKING heartbeats beside it, `timeout` seconds at most
     -> ACKJOB when it returns; when it raises (or times out), the failure is
        logged with its traceback and the job NACKed with a DELAY growing
-       exponentially with its delivery count, jittered (`Backoff`).  The
-       last allowed delivery is NACKed without delay: the server moves it to
-       the dead-letter queue.
+       exponentially with its delivery count, jittered (`Backoff`).  On the
+       last allowed delivery the server moves the job to the dead-letter
+       queue instead (the DELAY still holds back a job sent without the
+       handler's MAXATTEMPTS).
 
 A slot that reaches no node sleeps (`RECONNECT` backoff) and tries again,
 forever.  SIGTERM or SIGINT stops the fetching; running jobs get `grace`
@@ -115,13 +116,13 @@ class Handler:
         client; `options` are `Client.add_job`'s.  Returns the job ID."""
         return self.app.client.add_job(self.queue, body, **self.job_options, **options)  # type: ignore[no-any-return]
 
-    def retry_delay(self, job: Job, rng: random.Random) -> int | None:
-        """Whole seconds before the failed `job` is delivered again; None when
-        this was its last allowed delivery (the server dead-letters it)."""
-        n = job.deliveries or 1
-        if self.max_attempts is not None and n >= self.max_attempts:
-            return None
-        return max(1, round(self.backoff.delay(n, rng)))
+    def retry_delay(self, job: Job, rng: random.Random) -> int:
+        """Whole seconds (NACK DELAY) before the failed `job` may be delivered again."""
+        return max(1, round(self.backoff.delay(job.deliveries or 1, rng)))
+
+    def exhausted(self, job: Job) -> bool:
+        """Whether this delivery of `job` was its last allowed one."""
+        return self.max_attempts is not None and (job.deliveries or 1) >= self.max_attempts
 
 
 class App:
@@ -350,7 +351,7 @@ class Worker:
         else:
             self.failed += 1
             delay = handler.retry_delay(job, self.rng)
-            outcome = {"retry_in": delay} if delay is not None else {"dead_letter": handler.dead_letter or "(default)"}
+            outcome = {"dead_letter": handler.dead_letter or "(default)"} if handler.exhausted(job) else {"retry_in": delay}
             log.error("job failed", exc_info=error, extra=_fields(job, error=repr(error), **outcome))
             await self._settle(client.nack(job.id, delay=delay), job)
 

@@ -53,13 +53,15 @@ def test_backoff_grows_exponentially_up_to_the_cap_less_the_jitter() -> None:
     assert all(4 <= d <= 8 for d in delays) and max(delays) - min(delays) > 3  # spread over the jitter
 
 
-def test_retry_delay_in_whole_seconds_until_the_last_attempt() -> None:
+def test_retry_delay_in_whole_seconds_and_the_last_attempt() -> None:
     app = App("127.0.0.1:7711")
     limited = app.job("limited", retries=3, backoff=Backoff(base=2, jitter=0))(lambda job: None)
     assert limited.max_attempts == 4
     rng = random.Random(0)
-    assert [limited.retry_delay(delivered(n), rng) for n in range(1, 6)] == [2, 4, 8, None, None]  # then dead-lettered
+    assert [limited.retry_delay(delivered(n), rng) for n in range(1, 6)] == [2, 4, 8, 16, 32]
+    assert [limited.exhausted(delivered(n)) for n in range(1, 6)] == [False, False, False, True, True]
     unlimited = app.job("unlimited", backoff=Backoff(base=0.1, cap=1000, jitter=0))(lambda job: None)
+    assert not unlimited.exhausted(delivered(1000))
     assert unlimited.retry_delay(delivered(1), rng) == 1  # at least a second
     assert unlimited.retry_delay(delivered(40), rng) == 1000
     assert unlimited.retry_delay(Job(NO_JOB, "unlimited", b""), rng) == 1  # no counters: the first delivery
