@@ -1,3 +1,3 @@
-from disque.cli import server_main
+from disque.cli.server import server_main
 
 server_main()

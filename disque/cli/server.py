@@ -1,4 +1,8 @@
-"""`disque-server`: start a node from a config file and command-line directives."""
+"""`disque-server`: start a node from a config file and command-line directives.
+
+Thin on purpose: it parses the configuration, sets up logging and hands the
+node to `disque.server.Server`; trio and the server are imported only then,
+so `--version` and `--help` answer at once."""
 
 from __future__ import annotations
 
@@ -7,10 +11,8 @@ import os
 import sys
 import time
 
-import trio
-
-from disque import __version__
 from disque import config as cfg
+from disque.version import server_line
 
 USAGE = """Usage: disque-server [/path/to/disque.conf] [options]
        disque-server - (read config from stdin)
@@ -51,7 +53,7 @@ def server_main(argv: list[str] | None = None) -> None:
     try:
         config = cfg.build_config(argv)
     except cfg.ShowVersion:
-        print(f"Disque server v={__version__} sha=00000000:0 malloc=pymalloc bits=64 build=0")
+        print(server_line())
         sys.exit(0)
     except cfg.ShowHelp:
         print(USAGE, file=sys.stderr)
@@ -71,6 +73,8 @@ def server_main(argv: list[str] | None = None) -> None:
     if (config.port or config.tls_port) > 55535:
         log.warning("Port %d is too high: the cluster bus port (port + 10000) would overflow", config.port or config.tls_port)
         sys.exit(1)
+    import trio
+
     from disque.cluster.membership import ConfError
     from disque.cluster.nodes_file import NodesFileLocked
     from disque.security import SecurityError
