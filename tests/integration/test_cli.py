@@ -19,7 +19,8 @@ from click.testing import CliRunner, Result
 from client_helpers import PtyProcess, client, queue, shared_node  # noqa: F401  (fixtures)
 
 from disque.client import Client, QueueStats
-from disque.client_cli import QueueRates, cli
+from disque.cli.cluster import QueueRates
+from disque.cli.main import cli
 from disque.devcluster import NodeProcess, free_port
 
 ID = r"DI[0-9a-f]{44}SQ"
@@ -36,6 +37,12 @@ def disque(shared_node: NodeProcess) -> Callable[..., Result]:
     return run
 
 
+@pytest.fixture
+def pretty(disque: Callable[..., Result]) -> Callable[..., Result]:
+    """`disque --no-raw ...`: tables, as on a terminal."""
+    return lambda *args, **kwargs: disque("--no-raw", *args, **kwargs)
+
+
 def ok(result: Result) -> str:
     assert result.exit_code == 0, result.output
     return result.stdout
@@ -50,12 +57,12 @@ def fields(text: str) -> dict[str, str]:
 # One-shot server commands
 
 
-def test_plain_replies_print_like_redis_cli(disque: Callable[..., Result], queue: str) -> None:
-    assert ok(disque("PING")) == "PONG\n"
-    assert re.fullmatch(ID + "\n", ok(disque("ADDJOB", queue, "hello world", "0")))
-    assert ok(disque("QLEN", queue)) == "(integer) 1\n"
-    assert ok(disque("GETJOB", "NOHANG", "FROM", "empty-" + queue)) == "(nil)\n"
-    listing = ok(disque("COMMAND", "INFO", "addjob", "nope"))
+def test_plain_replies_print_like_redis_cli(disque: Callable[..., Result], pretty: Callable[..., Result], queue: str) -> None:
+    assert ok(pretty("PING")) == "PONG\n"
+    assert re.fullmatch(ID + "\n", ok(pretty("ADDJOB", queue, "hello world", "0")))
+    assert ok(pretty("QLEN", queue)) == "(integer) 1\n"
+    assert ok(pretty("GETJOB", "NOHANG", "FROM", "empty-" + queue)) == "(nil)\n"
+    listing = ok(pretty("COMMAND", "INFO", "addjob", "nope"))
     assert listing.splitlines() == [
         "1) 1) addjob",
         "   2) (integer) -4",
@@ -67,7 +74,7 @@ def test_plain_replies_print_like_redis_cli(disque: Callable[..., Result], queue
         "   6) (integer) 0",
         "2) (nil)",
     ]
-    assert ok(disque("--raw", "QLEN", queue)) == "1\n"
+    assert ok(disque("--raw", "QLEN", queue)) == ok(disque("QLEN", queue)) == "1\n"  # piped: bare values by default
     assert ok(disque("--json", "QLEN", queue)) == "1\n"
     assert ok(disque("--json", "GETJOB", "NOHANG", "FROM", "empty-" + queue)) == "null\n"
 
@@ -94,7 +101,7 @@ def test_errors_go_to_stderr_with_exit_status_1(disque: Callable[..., Result]) -
 def test_commands_piped_in(disque: Callable[..., Result], queue: str) -> None:
     result = disque(input=f"ADDJOB {queue} 'a b' 0\n\nQLEN {queue}\nhelp qlen\n")
     assert result.exit_code == 0
-    assert re.fullmatch(rf"{ID}\n\(integer\) 1\nQLEN queue\n  Number of queued jobs\n", result.stdout)
+    assert re.fullmatch(rf"{ID}\n1\nQLEN queue\n  Number of queued jobs\n", result.stdout)
     result = disque("--raw", input=f"nope\nQLEN {queue}\nquit\nQLEN {queue}\n")
     assert (result.exit_code, result.stdout, result.stderr) == (1, "1\n", "(error) ERR unknown command 'nope'\n")
 
@@ -106,7 +113,7 @@ def test_password(disque: Callable[..., Result], client: Client) -> None:
         result = disque("PING")
         assert (result.exit_code, result.stderr) == (1, "NOAUTH Authentication required.\n")
         assert ok(disque("-a", "pw", "PING")) == "PONG\n"
-        assert ok(disque("--password", "pw", "QLEN", "q")) == "(integer) 0\n"
+        assert ok(disque("--password", "pw", "QLEN", "q")) == "0\n"
     finally:  # open connections need AUTH too once a password is set
         client.execute_command("AUTH", "pw")
         client.execute_command("CONFIG", "SET", "requirepass", "")
@@ -116,46 +123,46 @@ def test_password(disque: Callable[..., Result], client: Client) -> None:
 # Structured replies in the three modes
 
 
-def test_show(disque: Callable[..., Result], client: Client, queue: str) -> None:
+def test_show(disque: Callable[..., Result], pretty: Callable[..., Result], client: Client, queue: str) -> None:
     job_id = client.add_job(queue, "the body", retry=9)
-    pretty = fields(ok(disque("show", job_id)))
-    assert (pretty["id"], pretty["queue"], pretty["state"], pretty["retry"], pretty["body"]) == (job_id, queue, "queued", "9", "the body")
-    assert (pretty["nodes-delivered"], pretty["nodes-confirmed"]) == (client.hello().node_id, "(empty)")
-    assert fields(ok(disque("SHOW", job_id))).keys() == pretty.keys()  # the server command gets the same view
+    shown = fields(ok(pretty("show", job_id)))
+    assert (shown["id"], shown["queue"], shown["state"], shown["retry"], shown["body"]) == (job_id, queue, "queued", "9", "the body")
+    assert (shown["nodes-delivered"], shown["nodes-confirmed"]) == (client.hello().node_id, "(empty)")
+    assert fields(ok(pretty("SHOW", job_id))).keys() == shown.keys()  # the server command gets the same view
     data = json.loads(ok(disque("--json", "show", job_id)))
     assert {k: data[k] for k in ("id", "queue", "state", "retry", "body", "nacks")} == {"id": job_id, "queue": queue, "state": "queued", "retry": 9, "body": "the body", "nacks": 0}
     assert set(data) >= {"nodes_delivered", "next_requeue_within", "additional_deliveries", "ctime"}
     raw = ok(disque("--raw", "SHOW", job_id)).splitlines()
     assert raw[:6] == ["id", job_id, "queue", queue, "state", "queued"] and raw[-2:] == ["body", "the body"]
-    assert ok(disque("SHOW", "DI" + "0" * 44 + "SQ")) == "(nil)\n"
+    assert ok(pretty("SHOW", "DI" + "0" * 44 + "SQ")) == "(nil)\n"
     assert disque("show").exit_code == 2  # usage error: ID missing
 
 
-def test_qstat(disque: Callable[..., Result], client: Client, queue: str) -> None:
+def test_qstat(disque: Callable[..., Result], pretty: Callable[..., Result], client: Client, queue: str) -> None:
     client.add_job(queue, "x")
     client.add_job(queue, "y")
-    pretty = fields(ok(disque("qstat", queue)))
-    assert (pretty["name"], pretty["len"], pretty["jobs-in"], pretty["pause"], pretty["import-from"]) == (queue, "2", "2", "none", "(empty)")
+    shown = fields(ok(pretty("qstat", queue)))
+    assert (shown["name"], shown["len"], shown["jobs-in"], shown["pause"], shown["import-from"]) == (queue, "2", "2", "none", "(empty)")
     data = json.loads(ok(disque("--json", "QSTAT", queue)))
     assert data == {**data, "name": queue, "len": 2, "jobs_in": 2, "jobs_out": 0, "blocked": 0, "import_from": [], "pause": "none"}
     assert ok(disque("--raw", "qstat", queue)).splitlines()[:4] == ["name", queue, "len", "2"]
-    assert ok(disque("qstat", "missing-" + queue)) == "(nil)\n"
+    assert ok(pretty("qstat", "missing-" + queue)) == "(nil)\n"
     assert ok(disque("--json", "qstat", "missing-" + queue)) == "null\n"
 
 
-def test_hello(disque: Callable[..., Result], client: Client, shared_node: NodeProcess) -> None:
+def test_hello(disque: Callable[..., Result], pretty: Callable[..., Result], client: Client, shared_node: NodeProcess) -> None:
     my_id = client.hello().node_id
-    pretty = ok(disque("HELLO"))
-    assert f"HELLO v1, connected to {my_id}" in pretty
-    assert re.search(rf"{my_id}\s*│\s*:{shared_node.port}\s*│\s*1\s*│\s*\(this node\)", pretty)
+    shown = ok(pretty("HELLO"))
+    assert f"HELLO v1, connected to {my_id}" in shown
+    assert re.search(rf"{my_id}\s*│\s*:{shared_node.port}\s*│\s*1\s*│\s*\(this node\)", shown)
     assert json.loads(ok(disque("--json", "HELLO"))) == {"version": 1, "node_id": my_id, "nodes": [{"id": my_id, "host": "", "port": shared_node.port, "priority": 1}]}
     assert ok(disque("--raw", "HELLO")).splitlines() == ["1", my_id, my_id, "", str(shared_node.port), "1"]
 
 
-def test_info(disque: Callable[..., Result], shared_node: NodeProcess) -> None:
-    pretty = ok(disque("INFO"))
-    assert "# Server" in pretty and "# Jobs" in pretty
-    assert re.search(rf"^tcp_port\s+{shared_node.port}\s*$", pretty, re.M)
+def test_info(disque: Callable[..., Result], pretty: Callable[..., Result], shared_node: NodeProcess) -> None:
+    shown = ok(pretty("INFO"))
+    assert "# Server" in shown and "# Jobs" in shown
+    assert re.search(rf"^tcp_port\s+{shared_node.port}\s*$", shown, re.M)
     data = json.loads(ok(disque("--json", "INFO")))
     assert data["Server"]["tcp_port"] == str(shared_node.port) and "registered_jobs" in data["Jobs"]
     assert json.loads(ok(disque("--json", "INFO", "queues"))).keys() == {"Queues"}
@@ -163,46 +170,46 @@ def test_info(disque: Callable[..., Result], shared_node: NodeProcess) -> None:
     assert raw.startswith("# Jobs") and re.search(r"^registered_jobs:\d+\r?$", raw, re.M)
 
 
-def test_cluster_nodes_and_info(disque: Callable[..., Result], client: Client, shared_node: NodeProcess) -> None:
+def test_cluster_nodes_and_info(disque: Callable[..., Result], pretty: Callable[..., Result], client: Client, shared_node: NodeProcess) -> None:
     my_id = client.hello().node_id
-    assert ok(disque("cluster", "nodes")) == ok(disque("CLUSTER", "NODES"))
-    assert re.search(rf"{my_id}\s*│\s*:{shared_node.port}\s*│\s*myself\s*│\s*0\s*│\s*0\s*│\s*connected", ok(disque("cluster", "nodes")))
+    assert ok(pretty("cluster", "nodes")) == ok(pretty("CLUSTER", "NODES"))
+    assert re.search(rf"{my_id}\s*│\s*:{shared_node.port}\s*│\s*myself\s*│\s*0\s*│\s*0\s*│\s*connected", ok(pretty("cluster", "nodes")))
     assert json.loads(ok(disque("--json", "cluster", "nodes"))) == [{"id": my_id, "address": f":{shared_node.port}", "flags": ["myself"], "ping_sent": 0, "pong_received": 0, "link": "connected"}]
     assert ok(disque("--raw", "cluster", "nodes")) == f"{my_id} :{shared_node.port} myself 0 0 connected\n\n"
-    assert fields(ok(disque("cluster", "info")))["cluster_known_nodes"] == "1"  # not a helper: sent as CLUSTER info
+    assert fields(ok(pretty("cluster", "info")))["cluster_known_nodes"] == "1"  # not a helper: sent as CLUSTER info
     assert json.loads(ok(disque("--json", "CLUSTER", "INFO")))["cluster_state"] == "ok"
     assert ok(disque("cluster", "myid")).strip() == my_id
 
 
-def test_getjob_and_qpeek(disque: Callable[..., Result], client: Client, queue: str) -> None:
+def test_getjob_and_qpeek(disque: Callable[..., Result], pretty: Callable[..., Result], client: Client, queue: str) -> None:
     first = client.add_job(queue, "one")
     second = client.add_job(queue, b"\xff binary")
-    peek = ok(disque("QPEEK", queue, "2"))
+    peek = ok(pretty("QPEEK", queue, "2"))
     assert "2 job(s)" in peek and re.search(rf"{queue}\s*│\s*{first}\s*│\s*one", peek) and "nacks" not in peek
-    pretty = ok(disque("GETJOB", "WITHCOUNTERS", "FROM", queue))
-    assert "1 job(s)" in pretty and re.search(rf"│\s*{first}\s*│\s*one\s*│\s*0\s*│\s*0\s*│", pretty)
+    shown = ok(pretty("GETJOB", "WITHCOUNTERS", "FROM", queue))
+    assert "1 job(s)" in shown and re.search(rf"│\s*{first}\s*│\s*one\s*│\s*0\s*│\s*0\s*│", shown)
     assert json.loads(ok(disque("--json", "GETJOB", "FROM", queue))) == [{"id": second, "queue": queue, "body": "\\xff binary", "nacks": None, "additional_deliveries": None}]
     client.nack(first)
     assert ok(disque("--raw", "GETJOB", "WITHCOUNTERS", "FROM", queue)).splitlines() == [queue, first, "one", "nacks", "1", "additional-deliveries", "0"]
 
 
-def test_jscan_and_qscan_pages(disque: Callable[..., Result], client: Client, queue: str) -> None:
+def test_jscan_and_qscan_pages(disque: Callable[..., Result], pretty: Callable[..., Result], client: Client, queue: str) -> None:
     job_id = client.add_job(queue, "x")
-    page = ok(disque("JSCAN", "QUEUE", queue, "REPLY", "all"))
+    page = ok(pretty("JSCAN", "QUEUE", queue, "REPLY", "all"))
     assert page.startswith("cursor: 0\n1 job(s)") and re.search(rf"{job_id}\s*│\s*{queue}\s*│\s*queued", page)
     assert json.loads(ok(disque("--json", "JSCAN", "QUEUE", queue))) == {"cursor": "0", "jobs": [job_id]}
     assert json.loads(ok(disque("--json", "JSCAN", "QUEUE", queue, "REPLY", "all")))["jobs"][0]["id"] == job_id
     assert ok(disque("--raw", "JSCAN", "QUEUE", queue)) == f"0\n{job_id}\n"
     data = json.loads(ok(disque("--json", "QSCAN", "BUSYLOOP", "MINLEN", "1")))
     assert data["cursor"] == "0" and queue in data["queues"]
-    assert "queue(s)" in ok(disque("QSCAN", "BUSYLOOP"))
+    assert "queue(s)" in ok(pretty("QSCAN", "BUSYLOOP"))
 
 
 # --------------------------------------------------------------------------
 # Helper subcommands
 
 
-def test_jscan_helper_iterates_to_the_end(disque: Callable[..., Result], client: Client, queue: str) -> None:
+def test_jscan_helper_iterates_to_the_end(disque: Callable[..., Result], pretty: Callable[..., Result], client: Client, queue: str) -> None:
     ids = {client.add_job(queue, f"job {i}") for i in range(40)}
     taken = client.get_job(queue)
     assert taken is not None
@@ -210,13 +217,13 @@ def test_jscan_helper_iterates_to_the_end(disque: Callable[..., Result], client:
     assert {r["id"] for r in rows} == ids and all(r["queue"] == queue for r in rows)
     assert set(ok(disque("--raw", "scanjobs", "--queue", queue, "--state", "queued", "--count", "3")).split()) == ids - {taken.id}
     assert json.loads(ok(disque("--json", "jscan", "--queue", queue, "--state", "active", "--ids"))) == [taken.id]
-    pretty = ok(disque("jscan", "--queue", queue, "--state", "active"))
-    assert re.search(rf"{taken.id}\s*│\s*{queue}\s*│\s*active\s*│", pretty) and "1 job(s)" in pretty
-    assert "1 job(s)" in ok(disque("jscan", "--queue", queue, "--state", "active", "--ids"))
+    shown = ok(pretty("jscan", "--queue", queue, "--state", "active"))
+    assert re.search(rf"{taken.id}\s*│\s*{queue}\s*│\s*active\s*│", shown) and "1 job(s)" in shown
+    assert "1 job(s)" in ok(pretty("jscan", "--queue", queue, "--state", "active", "--ids"))
     assert disque("jscan", "--state", "nonsense").exit_code == 2
 
 
-def test_qscan_helper_iterates_to_the_end(disque: Callable[..., Result], client: Client, queue: str) -> None:
+def test_qscan_helper_iterates_to_the_end(disque: Callable[..., Result], pretty: Callable[..., Result], client: Client, queue: str) -> None:
     names = [f"{queue}-{i:02}" for i in range(25)]
     for n, name in enumerate(names):
         for _ in range(n % 3):
@@ -225,8 +232,8 @@ def test_qscan_helper_iterates_to_the_end(disque: Callable[..., Result], client:
     assert rows == [{"queue": name, "len": n % 3} for n, name in enumerate(names) if n % 3]  # no job, no queue
     assert set(ok(disque("--raw", "qscan", "--minlen", "2")).split()) >= {names[2], names[5]}
     assert names[1] not in ok(disque("--raw", "qscan", "--minlen", "2"))
-    pretty = ok(disque("qscan", "--minlen", "2"))
-    assert re.search(rf"{names[2]}\s*│\s*2", pretty)
+    shown = ok(pretty("qscan", "--minlen", "2"))
+    assert re.search(rf"{names[2]}\s*│\s*2", shown)
 
 
 def test_queue_rates() -> None:
@@ -240,7 +247,7 @@ def test_queue_rates() -> None:
     assert [(r["queue"], r["in_per_sec"], r["out_per_sec"]) for r in second] == [("a", 10.0, 0.5), ("b", None, None)]
 
 
-def test_top(disque: Callable[..., Result], client: Client, queue: str) -> None:
+def test_top(disque: Callable[..., Result], pretty: Callable[..., Result], client: Client, queue: str) -> None:
     client.add_job(queue, "x")
     client.get_job("blocked-" + queue, nohang=True)  # creates an empty queue that top lists
     frames = [json.loads(line) for line in ok(disque("--json", "top", "-n", "2", "--interval", "0.05")).splitlines()]
@@ -248,9 +255,9 @@ def test_top(disque: Callable[..., Result], client: Client, queue: str) -> None:
     row = next(r for r in frames[1] if r["queue"] == queue)
     assert row == {"queue": queue, "len": 1, "in_per_sec": 0.0, "out_per_sec": 0.0, "blocked": 0, "pause": "none"}
     assert next(r for r in frames[0] if r["queue"] == queue)["in_per_sec"] is None
-    pretty = ok(disque("top", "-n", "2", "--interval", "0.05"))
-    assert pretty.count("queue(s)") == 2 and re.search(r"queue\s*┃\s*len\s*┃\s*in/s\s*┃\s*out/s\s*┃\s*blocked\s*┃\s*pause", pretty)
-    assert re.search(rf"{queue}\s*│\s*1\s*│\s*0\s*│\s*0\s*│\s*0\s*│\s*none", pretty)
+    shown = ok(pretty("top", "-n", "2", "--interval", "0.05"))
+    assert shown.count("queue(s)") == 2 and re.search(r"queue\s*┃\s*len\s*┃\s*in/s\s*┃\s*out/s\s*┃\s*blocked\s*┃\s*pause", shown)
+    assert re.search(rf"{queue}\s*│\s*1\s*│\s*0\s*│\s*0\s*│\s*0\s*│\s*none", shown)
     assert f"{queue}\t1\t-\t-\t0\tnone" in ok(disque("--raw", "top", "-n", "1")).splitlines()
 
 
@@ -339,7 +346,7 @@ def prompt(shared_node: NodeProcess, tmp_path: Path) -> Iterator[Callable[..., P
     env = {**os.environ, "TERM": "xterm", "PROMPT_TOOLKIT_NO_CPR": "1", "DISQUE_HISTFILE": str(tmp_path / "history")}
 
     def start(*args: str) -> Prompt:
-        process = PtyProcess([sys.executable, "-m", "disque.client_cli", "-p", str(shared_node.port), *args], env)
+        process = PtyProcess([sys.executable, "-m", "disque.cli", "-p", str(shared_node.port), *args], env)
         started.append(process)
         return Prompt(process, rf"127\.0\.0\.1:{shared_node.port}>")
 
@@ -352,8 +359,8 @@ def test_prompt_runs_commands_with_completion_help_and_errors(prompt: Callable[.
     p = prompt()
     [added] = p.run(f"ADDJOB {queue} 'hello world' 0", f"({ID})")
     job_id = added.group(1).decode()
-    p.process.send("QST\t")  # Tab completes the command name
-    p.process.expect("QSTAT")
+    p.process.send("QST\t")  # Tab completes the command name: the subcommand qstat, which sends QSTAT
+    p.process.expect("qstat")
     p.run(f" {queue}", rf"len\s+1\s")
     p.run(f"show {job_id}", r"body\s+hello world")
     p.run("help getjob", r"GETJOB \[NOHANG\] \[TIMEOUT ms\].*FROM queue.*\n\s+Fetch jobs")

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from client_helpers import mesh, start_all, wait_for
 
 from disque.client import Client, DisqueReplyError, Job
-from disque.client_cli import cli
+from disque.cli.main import cli
 from disque.devcluster import NodeProcess, command, free_port
 
 
@@ -108,7 +108,7 @@ def test_cli_cluster_meet(spawn: Callable[..., NodeProcess], cluster: list[NodeP
     nodes = json.loads(runner.invoke(cli, ["-p", str(a.port), "--json", "cluster", "nodes"]).stdout)
     assert sorted((n["address"].split(":")[1], n["flags"]) for n in nodes) == sorted([(str(a.port), ["myself"]), (str(b.port), ["noflags"])])
     assert {n["address"] for n in nodes} >= {f"{b.host}:{b.port}"}  # b's address comes from the meeting
-    pretty = runner.invoke(cli, ["-p", str(a.port), "cluster", "nodes"]).stdout
+    pretty = runner.invoke(cli, ["-p", str(a.port), "--no-raw", "cluster", "nodes"]).stdout
     assert "2 node(s)" in pretty and f"{b.host}:{b.port}" in pretty
     bad = runner.invoke(cli, ["-p", str(a.port), "cluster", "meet", "not-an-ip", "7711"])
     assert (bad.exit_code, bad.stderr) == (1, "ERR Invalid node address specified: not-an-ip:7711\n")

@@ -89,7 +89,7 @@ def nodes(tmp_path: Path) -> Iterator[Nodes]:
 def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A throwaway CA and certificates, made by `disque tls-keygen`."""
     directory = tmp_path_factory.mktemp("certs")
-    done = subprocess.run([sys.executable, "-m", "disque.client_cli", "tls-keygen", str(directory)],
+    done = subprocess.run([sys.executable, "-m", "disque.cli", "tls-keygen", str(directory)],
                           capture_output=True, text=True, check=True)  # fmt: skip
     assert "tls-cert-file" in done.stdout
     return {name: str(directory / name) for name in ("ca.crt", "node.crt", "node.key", "client.crt", "client.key")}
@@ -459,7 +459,7 @@ def test_tls_clients(nodes: Nodes, certs: dict[str, str]) -> None:
             return await c.add_job("q", b"from trio")
 
     assert trio.run(async_round).startswith("DI") and call(node, "QLEN", "q") == 1
-    done = subprocess.run([sys.executable, "-m", "disque.client_cli", "-p", str(tls_port), "--tls", "--cacert", ca,
+    done = subprocess.run([sys.executable, "-m", "disque.cli", "-p", str(tls_port), "--tls", "--cacert", ca,
                            "--cert", cert, "--key", key, "--raw", "QLEN", "q"], capture_output=True, text=True)  # fmt: skip
     assert (done.returncode, done.stdout.strip()) == (0, "1"), done.stderr
     with Client((HOST, tls_port), tls=True, tls_ca_cert=ca, failover=False, connect_timeout=5, socket_timeout=5) as c:

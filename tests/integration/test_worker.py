@@ -278,7 +278,7 @@ class WorkerProcess:
         self.out.mkdir()
         self.log_path = workdir / "worker.log"
         env = {**os.environ, "DISQUE_NODES": ",".join(map(address, nodes)), "WORKER_OUT": str(self.out), "WORKER_QUEUE": queue}
-        argv = [sys.executable, "-m", "disque.client_cli", "worker", "tasks:app", *options]
+        argv = [sys.executable, "-m", "disque.cli", "worker", "tasks:app", *options]
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
 

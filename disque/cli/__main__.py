@@ -1,0 +1,3 @@
+from disque.cli.main import main
+
+main()

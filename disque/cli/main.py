@@ -1,0 +1,534 @@
+"""`disque`: the command-line client, what redis-cli is to Redis.
+
+Theory of operation: one click group, `cli`, is the command table of both
+the one-shot commands and the prompt.  Its global options (`-h/-p/-a`, TLS,
+the output mode) make a `Session`; the next word picks a subcommand by its
+exact lowercase name (`qstat`, `show`, `jscan`, `top`, `export`, `help`,
+...), and any other word is a server command sent as typed (`disque ADDJOB q
+body 0`, or `disque JSCAN 0 COUNT 10` for one raw page).  Without a command,
+a prompt (`prompt.py`) reads lines, splits them like redis-cli and runs each
+through `dispatch`, the same lookup: what works as `disque <line>` works at
+the prompt, and `help <name>` shows the same help as `disque <name> --help`.
+
+Output follows redis-cli: pretty (tables) on a terminal, bare values one per
+line (`--raw`) when stdout is not one; `--no-raw` and `--json` choose.  Server
+errors and connection failures end a command with their text on stderr and
+exit status 1; at the prompt they are printed and the prompt goes on.
+
+Start-up is kept short by importing late: the client library when a command
+runs, rich only to print tables, prompt_toolkit only for the prompt, and a
+`lazy` subcommand (`worker`) only when it is called.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import click
+
+from disque.cli.session import Failure, Session
+
+# name: (arguments, summary), for `help`, completion and the prompt's hint line.
+SERVER_COMMANDS: dict[str, tuple[str, str]] = {
+    "ADDJOB": ("queue body ms-timeout [REPLICATE n] [DELAY sec] [RETRY sec] [TTL sec] [MAXLEN n] [ASYNC]", "Add a job to a queue"),
+    "GETJOB": ("[NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] FROM queue [queue ...]", "Fetch jobs, blocking until one is available"),
+    "ACKJOB": ("id [id ...]", "Acknowledge jobs as processed"),
+    "FASTACK": ("id [id ...]", "Acknowledge and delete jobs everywhere at once"),
+    "NACK": ("id [id ...]", "Put jobs back in the queue, counting a failed delivery"),
+    "WORKING": ("id", "Postpone the next delivery of a job still being processed"),
+    "ENQUEUE": ("id [id ...]", "Queue active jobs again"),
+    "DEQUEUE": ("id [id ...]", "Take queued jobs out of their queue"),
+    "DELJOB": ("id [id ...]", "Delete jobs from this node only"),
+    "SHOW": ("id", "Everything this node knows about a job"),
+    "JSCAN": ("[cursor] [COUNT n] [BUSYLOOP] [QUEUE q] [STATE s ...] [REPLY id|all]", "Iterate over jobs"),
+    "QLEN": ("queue", "Number of queued jobs"),
+    "QPEEK": ("queue count", "Look at the oldest (count > 0) or newest jobs without taking them"),
+    "QSTAT": ("queue", "Queue statistics"),
+    "QSCAN": ("[cursor] [COUNT n] [BUSYLOOP] [MINLEN n] [MAXLEN n] [IMPORTRATE r]", "Iterate over queues"),
+    "PAUSE": ("queue in|out|all|none|state|bcast ...", "Pause a queue for input and/or output"),
+    "HELLO": ("", "This node and the cluster's nodes, with priorities"),
+    "INFO": ("[section]", "Server information and statistics"),
+    "PING": ("[message]", "Check the connection"),
+    "AUTH": ("password", "Authenticate the connection"),
+    "CLUSTER": ("MEET ip port | NODES | MYID | INFO | SAVECONFIG | FORGET id | RESET [SOFT|HARD] | LEAVING [yes|no]", "Cluster management"),
+    "CONFIG": ("GET pattern | SET name value | RESETSTAT | REWRITE", "Read or change the configuration"),
+    "CLIENT": ("LIST | KILL ... | GETNAME | SETNAME name | PAUSE ms | REPLY ON|OFF|SKIP", "Client connections"),
+    "COMMAND": ("[INFO name ... | COUNT]", "The command table"),
+    "DEBUG": ("FLUSHALL | LOADAOF | SLEEP sec | ERROR text | RESTART | ...", "Debugging helpers"),
+    "BGREWRITEAOF": ("", "Rewrite the append only file in the background"),
+    "SLOWLOG": ("GET [n] | LEN | RESET", "Slow command log"),
+    "LATENCY": ("LATEST | DOCTOR | HISTORY event | GRAPH event | RESET [event ...]", "Latency monitor"),
+    "MONITOR": ("", "Stream every command the server processes (Ctrl-C stops)"),
+    "TIME": ("", "Server time"),
+    "LOADJOB": ("serialized-job", "AOF-only record (refused from clients)"),
+    "SHUTDOWN": ("[REWRITE-AOF]", "Stop the server"),
+    "QUIT": ("", "Close the connection"),
+}
+PROMPT_ONLY = {"exit": "Leave the prompt (also quit, Ctrl-D)"}
+
+
+class CommandGroup(click.Group):
+    """Subcommands by their exact lowercase name or an alias; `lazy` ones
+    (name: ("module:attribute", summary)) are imported when used; any other
+    word is a server command, sent after `prefix`."""
+
+    def __init__(self, *args: Any, prefix: tuple[str, ...] = (), aliases: dict[str, str] | None = None,
+                 lazy: dict[str, tuple[str, str]] | None = None, **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(*args, **kwargs)
+        self.prefix = prefix
+        self.aliases = aliases or {}
+        self.lazy = lazy or {}
+
+    def subcommand(self, ctx: click.Context, name: str) -> click.Command | None:
+        """The subcommand `name` names, or None for a server command."""
+        name = self.aliases.get(name, name)
+        if name in self.lazy and name not in self.commands:
+            module, _, attribute = self.lazy[name][0].partition(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), name)
+        return super().get_command(ctx, name)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return self.subcommand(ctx, cmd_name) or server_command([*self.prefix, cmd_name])
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self.lazy})
+
+    def summaries(self, limit: int = 60) -> list[tuple[str, str]]:
+        """(name, one-line help) of every subcommand, importing no lazy one."""
+        stand_ins = {name: click.Command(name, help=summary) for name, (_, summary) in self.lazy.items() if name not in self.commands}
+        return [(name, cmd.get_short_help_str(limit)) for name, cmd in sorted({**self.commands, **stand_ins}.items())]
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        names = self.list_commands(ctx)
+        with formatter.section("Commands"):
+            formatter.write_dl(self.summaries(formatter.width - 6 - max(map(len, names), default=0)))
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from disque.client import DisqueConnectionError, DisqueReplyError
+
+        try:
+            return super().invoke(ctx)
+        except (DisqueReplyError, DisqueConnectionError) as e:
+            raise Failure(str(e)) from e
+        finally:
+            if ctx.parent is None and isinstance(ctx.obj, Session):
+                ctx.obj.close()
+
+
+def server_command(words: list[str]) -> click.Command:
+    @click.command(name=words[-1], context_settings={"ignore_unknown_options": True, "help_option_names": []})
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    @click.pass_obj
+    def send(session: Session, args: tuple[str, ...]) -> None:
+        session.run([*words, *args])
+
+    return send
+
+
+def print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        from disque.version import describe
+
+        click.echo(describe("disque"))
+        ctx.exit()
+
+
+HELP = """Run one Disque COMMAND and print the reply, or open a prompt when none is given.
+
+COMMAND is one of the subcommands below (lowercase) or any server command,
+sent as typed: `disque ADDJOB q body 0`.  The prompt takes the same lines
+(`help` lists them, `help NAME` explains one).
+
+Output is drawn as tables on a terminal and bare, one value per line, when
+piped (as redis-cli does); --raw, --no-raw and --json choose.
+
+\b
+--cluster (qstat, qscan, jscan, export, top) asks the node for HELLO, runs on
+every node listed and merges: queue lengths and counters add up, a job held
+by several nodes is listed once (the record of the node that has it furthest
+along: acked, queued, active, wait-repl); nodes that cannot be reached are
+named on stderr and the exit status is 1."""
+
+
+@click.group(cls=CommandGroup, aliases={"scanjobs": "jscan"}, invoke_without_command=True, help=HELP,
+             lazy={"worker": ("disque.worker:worker_command", "Run the handlers of MODULE:APP (a disque.worker.App), CONCURRENCY jobs at a time, until SIGTERM or SIGINT.")},
+             context_settings={"help_option_names": ["--help"]}, subcommand_metavar="[COMMAND ARGS...]")  # fmt: skip
+@click.option("-h", "--host", default="127.0.0.1", show_default=True, help="Server host.")
+@click.option("-p", "--port", default=7711, show_default=True, type=int, help="Server port.")
+@click.option("-a", "--password", default=None, envvar="DISQUE_AUTH", help="Password (AUTH); also read from $DISQUE_AUTH.")
+@click.option("--tls", is_flag=True, help="Connect over TLS (to the node's tls-port).")
+@click.option("--cacert", type=click.Path(exists=True, dir_okay=False), help="CA certificate that signed the server's (default: the system's).")
+@click.option("--cert", type=click.Path(exists=True, dir_okay=False), help="Client certificate, for tls-auth-clients yes/optional.")
+@click.option("--key", type=click.Path(exists=True, dir_okay=False), help="Private key of --cert.")
+@click.option("--json", "mode", flag_value="json", help="Print replies as JSON.")
+@click.option("--raw", "mode", flag_value="raw", help="Print bare reply values, one per line (the default when stdout is not a terminal).")
+@click.option("--no-raw", "mode", flag_value="pretty", help="Print tables even when stdout is not a terminal.")
+@click.option("-v", "--version", is_flag=True, expose_value=False, is_eager=True, callback=print_version, help="Print the version and the git revision.")
+@click.pass_context
+def cli(ctx: click.Context, host: str, port: int, password: str | None, tls: bool, cacert: str | None,
+        cert: str | None, key: str | None, mode: str | None) -> None:  # fmt: skip
+    if (cacert or cert or key) and not tls:
+        raise click.UsageError("--cacert, --cert and --key need --tls")
+    options = {"tls": True, "tls_ca_cert": cacert, "tls_cert": cert, "tls_key": key} if tls else {}
+    ctx.obj = Session(host, port, password, mode or ("pretty" if sys.stdout.isatty() else "raw"), options)
+    if ctx.invoked_subcommand is None:
+        from disque.cli.prompt import prompt_loop, script_loop
+
+        (prompt_loop if sys.stdin.isatty() else script_loop)(ctx)
+
+
+def cluster_option(merge: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option("--cluster", is_flag=True, help=f"Every node HELLO lists, merged: {merge}.")
+
+
+@cli.command()
+@click.argument("queue")
+@cluster_option("lengths and counters add up, one row per node follows")
+@click.pass_obj
+def qstat(session: Session, queue: str, cluster: bool) -> None:
+    """Statistics of a queue."""
+    if not cluster:
+        session.run(["QSTAT", queue])
+        return
+    from disque.cli.cluster import merge_stats
+    from disque.cli.views import jsonable, record_fields
+    from disque.client import format_address
+
+    found = [(node.id, format_address(node.address), stats) for node, stats in session.each_node(lambda c: c.qstat(queue)) if stats is not None]
+    total = merge_stats([stats for _, _, stats in found]) if found else None
+    if total is None or session.mode == "json":
+        session.output("plain", total and {**jsonable(total), "nodes": [{"node": n, "address": a, **jsonable(s)} for n, a, s in found]})
+    else:  # --raw: the merged record, as QSTAT prints it
+        session.output("queue-by-node", {"total": total, "nodes": found}, raw=[v for item in record_fields(total).items() for v in item])
+    session.check_nodes()
+
+
+@cli.command()
+@click.argument("job_id", metavar="ID")
+@click.pass_obj
+def show(session: Session, job_id: str) -> None:
+    """Everything the node knows about a job."""
+    session.run(["SHOW", job_id])
+
+
+@cli.command()
+@click.option("--queue", help="Only jobs of this queue.")
+@click.option("--state", "states", multiple=True, type=click.Choice(["wait-repl", "active", "queued", "acked"]), help="Only jobs in this state (repeatable).")
+@click.option("--count", type=int, help="Jobs per round trip (a hint).")
+@click.option("--busyloop", is_flag=True, help="Scan everything in one call.")
+@click.option("--ids", is_flag=True, help="Only the job IDs.")
+@cluster_option("each job once, --state filtering on each node's own state")
+@click.pass_obj
+def jscan(session: Session, queue: str | None, states: tuple[str, ...], count: int | None, busyloop: bool, ids: bool, cluster: bool) -> None:
+    """Every job (alias: scanjobs), following the cursor to the end."""
+
+    def scan(client: Any) -> list[Any]:
+        return list(client.jscan(queue, states, count=count, busyloop=busyloop, details=not ids))
+
+    jobs = cluster_jobs(session, scan) if cluster else scan(session.client())
+    session.output("job-infos", jobs, raw=jobs if ids else [j.id for j in jobs])
+    session.check_nodes()
+
+
+def cluster_jobs(session: Session, scan: Callable[[Any], list[Any]]) -> list[Any]:
+    from disque.cli.cluster import merge_jobs
+
+    return merge_jobs(jobs for _, jobs in session.each_node(scan))
+
+
+@cli.command()
+@click.option("--minlen", type=int, help="Only queues at least this long.")
+@click.option("--maxlen", type=int, help="Only queues at most this long.")
+@click.option("--import-rate", type=int, help="Only queues importing at least this many jobs/s.")
+@click.option("--count", type=int, help="Queues per round trip (a hint).")
+@click.option("--busyloop", is_flag=True, help="Scan everything in one call.")
+@cluster_option("the lengths of a queue add up, and --minlen/--maxlen apply to the sum")
+@click.pass_obj
+def qscan(session: Session, minlen: int | None, maxlen: int | None, import_rate: int | None, count: int | None, busyloop: bool, cluster: bool) -> None:
+    """Every queue with its length, following the cursor to the end."""
+    if cluster:
+        from disque.cli.cluster import merge_lengths
+
+        def lengths(client: Any) -> dict[str, int]:
+            return {name: client.qlen(name) for name in set(client.qscan(import_rate=import_rate, count=count, busyloop=busyloop))}
+
+        total = merge_lengths(found for _, found in session.each_node(lengths))
+        rows = [{"queue": name, "len": n} for name, n in total.items() if (minlen is None or n >= minlen) and (maxlen is None or n <= maxlen)]
+    else:
+        client = session.client()
+        names = sorted(set(client.qscan(minlen=minlen, maxlen=maxlen, import_rate=import_rate, count=count, busyloop=busyloop)))
+        rows = [{"queue": name, "len": None if session.mode == "raw" else client.qlen(name)} for name in names]
+    session.output("queues", rows, raw=[r["queue"] for r in rows])
+    session.check_nodes()
+
+
+@cli.group(cls=CommandGroup, prefix=("CLUSTER",))
+def cluster() -> None:
+    """Cluster commands (any other subcommand is sent as CLUSTER <it>)."""
+
+
+@cluster.command()
+@click.argument("host")
+@click.argument("port", type=int)
+@click.pass_obj
+def meet(session: Session, host: str, port: int) -> None:
+    """Join the node at HOST PORT into this node's cluster."""
+    session.run(["CLUSTER", "MEET", host, str(port)])
+
+
+@cluster.command()
+@click.pass_obj
+def nodes(session: Session) -> None:
+    """The nodes this node knows, with their flags and link state."""
+    session.run(["CLUSTER", "NODES"])
+
+
+# --------------------------------------------------------------------------
+# top
+
+
+def queue_stats(client: Any) -> list[Any]:
+    """QSTAT of every queue of a node."""
+    return [s for s in map(client.qstat, sorted(set(client.qscan(busyloop=True)))) if s is not None]
+
+
+@cli.command()
+@click.option("--interval", default=1.0, show_default=True, help="Seconds between refreshes.")
+@click.option("-n", "--iterations", default=0, help="Stop after N refreshes (0: until Ctrl-C).")
+@cluster_option("a queue's lengths, counters and rates add up")
+@click.pass_obj
+def top(session: Session, interval: float, iterations: int, cluster: bool) -> None:
+    """Live view of the queues: length, jobs in/out per second, blocked clients."""
+    from disque.cli.cluster import QueueRates, merge_queues
+
+    rates = QueueRates()
+
+    def sample() -> list[dict[str, Any]]:
+        if cluster:
+            stats = merge_queues(s for _, node_stats in session.each_node(queue_stats) for s in node_stats)
+        else:
+            stats = queue_stats(session.client())
+        return rates.update(stats, time.monotonic())
+
+    def frames() -> Iterator[list[dict[str, Any]]]:
+        n = 0
+        while True:
+            started = time.monotonic()
+            yield sample()
+            n += 1
+            if n == iterations:
+                return
+            time.sleep(max(0.0, started + interval - time.monotonic()))
+
+    label = f"cluster via {session.label}" if cluster else session.label
+    try:
+        if session.mode == "pretty":
+            from disque.cli.pretty import top_screen
+
+            top_screen(label, frames(), interval)
+        else:  # one JSON array or block of tab-separated lines per refresh
+            for rows in frames():
+                session.output("plain", rows, raw=["\t".join("-" if v is None else str(v) for v in r.values()) for r in rows])
+    except KeyboardInterrupt:
+        pass
+    session.check_nodes()
+
+
+# --------------------------------------------------------------------------
+# export / import
+
+
+@contextmanager
+def progress(label: str, total: int | None) -> Iterator[Callable[[], None]]:
+    """A progress bar on stderr when it is a terminal."""
+    if not sys.stderr.isatty():
+        yield lambda: None
+        return
+    from disque.cli.pretty import progress_bar
+
+    with progress_bar(label, total) as advance:
+        yield advance
+
+
+def export_record(job: Any) -> dict[str, Any]:
+    record: dict[str, Any] = {"id": job.id, "queue": job.queue}
+    body = job.body or b""
+    try:
+        record["body"] = body.decode("utf-8")
+    except UnicodeDecodeError:
+        record["body_base64"] = base64.b64encode(body).decode("ascii")
+    record.update(ttl=job.ttl, retry=job.retry, repl=job.repl, nacks=job.nacks, additional_deliveries=job.additional_deliveries)
+    return record
+
+
+@cli.command("export")
+@click.argument("queue")
+@click.argument("file", type=click.File("w", encoding="utf-8"))
+@click.option("--state", "states", multiple=True, default=["queued"], show_default=True,
+              type=click.Choice(["wait-repl", "active", "queued", "acked"]), help="Job states to export (repeatable).")  # fmt: skip
+@cluster_option("each job once")
+@click.pass_obj
+def export_jobs(session: Session, queue: str, file: IO[str], states: tuple[str, ...], cluster: bool) -> None:
+    """Write the jobs of QUEUE to FILE as JSON lines (`-` for stdout); the jobs stay queued."""
+    jobs: Any
+    if cluster:
+        jobs = cluster_jobs(session, lambda c: list(c.jscan(queue, states, details=True)))
+        total = len(jobs)
+    else:
+        client = session.client()
+        total = client.qlen(queue) if set(states) == {"queued"} else None
+        jobs = client.jscan(queue, states, details=True)
+    count = 0
+    with progress(f"exporting {queue}", total) as advance:
+        for job in jobs:
+            file.write(json.dumps(export_record(job), ensure_ascii=False) + "\n")
+            count += 1
+            advance()
+    click.echo(f"exported {count} job(s) from {queue}", err=True)
+    session.check_nodes()
+
+
+@cli.command("import")
+@click.argument("file", type=click.File("r", encoding="utf-8"))
+@click.option("--queue", help="Add every job to this queue instead of its recorded one.")
+@click.option("--replicate", type=int, help="Replication factor (default: the server's, 1 for RETRY 0 jobs).")
+@click.pass_obj
+def import_jobs(session: Session, file: IO[str], queue: str | None, replicate: int | None) -> None:
+    """Add the jobs of FILE (JSON lines, as written by export) with new IDs."""
+    client = session.client()
+    lines = file.readlines()
+    count = 0
+    with progress("importing", len(lines)) as advance:
+        for number, line in enumerate(lines, 1):
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                    body = record["body"].encode() if "body" in record else base64.b64decode(record["body_base64"])
+                    ttl, retry = record.get("ttl"), record.get("retry")  # absent: the server's defaults
+                    client.add_job(queue or record["queue"], body, ttl=None if ttl is None else max(1, int(ttl)), retry=retry,
+                                   replicate=replicate or (1 if retry == 0 else None))  # fmt: skip
+                except (ValueError, KeyError, TypeError) as e:
+                    raise Failure(f"{file.name}:{number}: not a job record ({e}); {count} job(s) imported before it") from e
+                count += 1
+            advance()
+    click.echo(f"imported {count} job(s)", err=True)
+
+
+@cli.command("tls-keygen")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--host", "hosts", multiple=True, default=["localhost", "127.0.0.1", "::1"], show_default=True,
+              help="Name or IP address the node certificate is valid for (repeatable).")  # fmt: skip
+@click.option("--days", default=365, show_default=True, help="Validity of the certificates.")
+def tls_keygen(directory: str, hosts: tuple[str, ...], days: int) -> None:
+    """Create a throwaway CA and node and client certificates in DIRECTORY (development and tests only)."""
+    from disque.tls import keygen
+
+    paths = keygen(directory, hosts, days)
+    for name in sorted(paths):
+        click.echo(f"wrote {paths[name]}", err=True)
+    d = Path(directory).resolve()
+    click.echo(f"# node configuration\ntls-port 7711\nport 0\ntls-cert-file {d / 'node.crt'}\n"
+               f"tls-key-file {d / 'node.key'}\ntls-ca-cert-file {d / 'ca.crt'}\ntls-cluster yes\n"
+               f"# client\n# disque --tls --cacert {d / 'ca.crt'} --cert {d / 'client.crt'} --key {d / 'client.key'} PING")  # fmt: skip
+
+
+@cli.command("check-aof", context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def check_aof(args: tuple[str, ...]) -> None:
+    """Check (and optionally fix) an append only file; options as disque-check-aof."""
+    try:
+        checker = importlib.import_module("disque.store.aof_check")
+    except ModuleNotFoundError as e:
+        if e.name != "disque.store.aof_check":
+            raise
+        raise Failure("check-aof is not available: this installation has no AOF checker (disque.store.aof_check)") from e
+    click.get_current_context().exit(checker.main(list(args)))
+
+
+# --------------------------------------------------------------------------
+# help, clear, and running a line of the prompt
+
+
+@cli.command("help")
+@click.argument("words", nargs=-1)
+@click.pass_context
+def help_command(ctx: click.Context, words: tuple[str, ...]) -> None:
+    """The syntax of a subcommand or server command, or a list of them all."""
+    click.echo(help_text(ctx.find_root(), list(words)))
+
+
+@cli.command()
+def clear() -> None:
+    """Clear the screen."""
+    click.clear()
+
+
+def help_text(root: click.Context, words: list[str]) -> str:
+    if not words:
+        lines = ["Subcommands (help NAME for their options):"]
+        lines += [f"  {name:<12} {summary}" for name, summary in cli.summaries()]
+        lines += ["", "Server commands (sent as typed):"]
+        lines += [f"  {name} {syntax}".rstrip() for name, (syntax, _) in SERVER_COMMANDS.items()]
+        return "\n".join(lines)
+    parts = []
+    command = subcommand_path(root, words)
+    if command is not None:
+        parts.append(command.get_help(click.Context(command, info_name=" ".join(words), parent=root)))
+    name = words[0].upper()
+    if name in SERVER_COMMANDS:
+        syntax, summary = SERVER_COMMANDS[name]
+        parts.append(f"{name} {syntax}".rstrip() + f"\n  {summary}")
+    return "\n\n".join(parts) or f"No help for '{' '.join(words)}'"
+
+
+def subcommand_path(root: click.Context, words: list[str]) -> click.Command | None:
+    """The subcommand that `words` (`cluster meet`) name, if they all name one."""
+    command: click.Command | None = cli
+    for word in words:
+        command = command.subcommand(root, word.lower()) if isinstance(command, CommandGroup) else None
+    return command
+
+
+def synopsis(root: click.Context, name: str) -> str | None:
+    """One line on what `name` takes, for the prompt's hint line."""
+    command = cli.subcommand(root, name)
+    if command is not None:
+        pieces = []
+        for param in command.params:
+            if isinstance(param, click.Argument):
+                pieces.append(param.human_readable_name + ("..." if param.nargs == -1 else ""))
+            elif param.name != "help" and (record := param.get_help_record(root)) is not None:
+                pieces.append(f"[{record[0].split(', ')[-1]}]")
+        return f"{name} {' '.join(pieces)}".rstrip()
+    if name.upper() in SERVER_COMMANDS:
+        return f"{name.upper()} {SERVER_COMMANDS[name.upper()][0]}".rstrip()
+    return None
+
+
+def completions() -> dict[str, str]:
+    """Every word a prompt line can start with, and what it is; a subcommand
+    (`qstat`) stands for the server command of the same name (QSTAT)."""
+    subcommands = dict(cli.summaries())
+    server = {name: syntax for name, (syntax, _) in SERVER_COMMANDS.items() if name.lower() not in subcommands}
+    return {**server, **subcommands, **PROMPT_ONLY}
+
+
+def dispatch(root: click.Context, words: list[str]) -> None:
+    """Run one command line (already split) as `disque` would, in the prompt's session."""
+    name, *args = words
+    command = cli.get_command(root, name)
+    assert command is not None  # any word names a subcommand or a server command
+    with command.make_context(name, args, parent=root) as ctx:
+        command.invoke(ctx)
+
+
+def main() -> None:
+    cli(prog_name="disque")

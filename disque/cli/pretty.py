@@ -1,0 +1,141 @@
+"""The pretty output mode: views drawn with rich as tables and key/value
+blocks, `top`'s live screen and the progress bars of export and import.
+
+Imported only when something is printed this way (a terminal, or
+`--no-raw`): rich takes longer to load than a one-shot command to run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.progress import Progress
+from rich.table import Table
+from rich.text import Text
+
+from disque.cli.views import plain_lines, record_fields, text
+from disque.client import Job, JobInfo
+
+
+def console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    # Piped output is not cut at 80 columns: job IDs alone take 48.
+    width = None if stream.isatty() or "COLUMNS" in os.environ else 200
+    return Console(file=stream, width=width, highlight=False, stderr=stderr)
+
+
+def kv_block(values: Any) -> Group:
+    values = record_fields(values)
+    width = max(map(len, values), default=0)
+    return Group(*(Text.assemble((key.ljust(width), "bold cyan"), "  ", text(value)) for key, value in values.items()))
+
+
+def titled(title: str, table: Table) -> Group:
+    return Group(Text(title, style="bold"), table)
+
+
+def jobs_table(jobs: list[Job]) -> Group:
+    counters = any(j.nacks is not None for j in jobs)
+    table = Table()
+    for name in ("queue", "id", "body", *(("nacks", "redelivered") if counters else ())):
+        table.add_column(name, no_wrap=name not in ("queue", "body"), overflow="fold")
+    for j in jobs:
+        extra = (str(j.nacks), str(j.additional_deliveries)) if counters else ()
+        table.add_row(Text(j.queue), j.id, Text(text(j.body)), *extra)
+    return titled(f"{len(jobs)} job(s)", table)
+
+
+def job_infos_table(jobs: list[JobInfo]) -> Group:
+    table = Table()
+    for name in ("id", "queue", "state", "ttl", "retry", "nacks", "redelivered", "body"):
+        table.add_column(name, no_wrap=name not in ("queue", "body"), overflow="fold")
+    for j in jobs:
+        table.add_row(j.id, Text(text(j.queue)), j.state, str(j.ttl), str(j.retry), str(j.nacks), str(j.additional_deliveries), Text(text(j.body)))
+    return titled(f"{len(jobs)} job(s)", table)
+
+
+def names_table(title: str, rows: Iterable[Iterable[Any]], columns: Iterable[str]) -> Group:
+    table = Table()
+    for name in columns:
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        table.add_row(*(Text(text(v)) for v in row))
+    return titled(title, table)
+
+
+def render(kind: str, value: Any) -> RenderableType:
+    if kind == "record":
+        return kv_block(value)
+    if kind == "queue-by-node":  # qstat --cluster: {"total": QueueStats, "nodes": [(node ID, address, QueueStats)]}
+        rows = [[node, address, *list(record_fields(stats).values())[1:]] for node, address, stats in value["nodes"]]  # [1:]: not the name
+        columns = ["node", "address", *list(record_fields(value["total"]))[1:]]
+        return Group(kv_block(value["total"]), Text(""), names_table(f"on {len(rows)} node(s)", rows, columns))
+    if kind == "hello":
+        table = Table()
+        for name in ("node", "address", "priority", ""):
+            table.add_column(name, no_wrap=True)
+        for n in value.nodes:
+            table.add_row(n.id, f"{n.host}:{n.port}", str(n.priority), "(this node)" if n.id == value.node_id else "")
+        return titled(f"HELLO v{value.version}, connected to {value.node_id}", table)
+    if kind == "info":
+        return Group(*(part for title, fields in value.items() for part in (Text(f"# {title}", style="bold"), kv_block(fields), Text(""))))
+    if kind == "nodes":
+        table = Table()
+        for name in ("id", "address", "flags", "ping-sent", "pong-received", "link"):
+            table.add_column(name, no_wrap=name in ("id", "address"), overflow="fold")
+        for n in value:
+            table.add_row(n.id, n.address, ",".join(n.flags), str(n.ping_sent), str(n.pong_received), n.link)
+        return titled(f"{len(value)} node(s)", table)
+    if kind == "jobs":
+        return jobs_table(value)
+    if kind == "job-infos":  # JobInfo records, or bare IDs
+        if value and isinstance(value[0], JobInfo):
+            return job_infos_table(value)
+        return names_table(f"{len(value)} job(s)", ([i] for i in value), ["id"])
+    if kind == "queues":  # names, or {"queue": name, "len": n} rows
+        rows = [q if isinstance(q, dict) else {"queue": q} for q in value]
+        return names_table(f"{len(rows)} queue(s)", (r.values() for r in rows), list(rows[0]) if rows else ["queue"])
+    if kind == "scan":
+        items = value.get("queues", value.get("jobs"))
+        return Group(Text(f"cursor: {value['cursor']}"), render("queues" if "queues" in value else "job-infos", items))
+    return Text("\n".join(plain_lines(value)))
+
+
+def show(kind: str, value: Any) -> None:
+    console().print(render(kind, value))
+
+
+def top_table(label: str, rows: list[dict[str, Any]], interval: float) -> Group:
+    table = Table()
+    for name in ("queue", "len", "in/s", "out/s", "blocked", "pause"):
+        table.add_column(name, justify="left" if name in ("queue", "pause") else "right")
+    for r in rows:
+        rates = ["-" if r[k] is None else f"{r[k]:g}" for k in ("in_per_sec", "out_per_sec")]
+        table.add_row(Text(r["queue"]), str(r["len"]), *rates, str(r["blocked"]), r["pause"])
+    return titled(f"{label}  {len(rows)} queue(s)  {time.strftime('%H:%M:%S')}  every {interval:g}s", table)
+
+
+def top_screen(label: str, frames: Iterable[list[dict[str, Any]]], interval: float) -> None:
+    """`top` in a terminal: one screen, redrawn with every frame; elsewhere one table per frame."""
+    out = console()
+    if not out.is_terminal:
+        for rows in frames:
+            out.print(top_table(label, rows, interval))
+        return
+    with Live(console=out, auto_refresh=False) as live:
+        for rows in frames:
+            live.update(top_table(label, rows, interval), refresh=True)
+
+
+@contextmanager
+def progress_bar(label: str, total: int | None) -> Iterator[Callable[[], None]]:
+    with Progress(console=console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda: bar.advance(task)
