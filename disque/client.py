@@ -42,18 +42,20 @@ import logging
 import os
 import random
 import socket
-import ssl
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import hiredis
 
 from disque.errors import DisqueError
 from disque.ids import node_prefix
+
+if TYPE_CHECKING:  # only annotations: disque.tls makes the contexts, and importing ssl is slow
+    import ssl
 
 log = logging.getLogger("disque.client")
 
@@ -853,7 +855,9 @@ class AsyncClient(_Base):
     ...     await c.add_job("q", b"hello")
     """
 
-    _new_lock = staticmethod(anyio.Lock)
+    @staticmethod
+    def _new_lock() -> anyio.Lock:
+        return anyio.Lock()  # not anyio.Lock itself: naming it loads half of anyio, slowing every import of this module
 
     async def __aenter__(self) -> AsyncClient:
         return self
