@@ -22,14 +22,11 @@ runs, rich only to print tables, prompt_toolkit only for the prompt, and a
 
 from __future__ import annotations
 
-import base64
 import importlib
-import json
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import IO, Any
 
 import click
@@ -158,7 +155,7 @@ along: acked, queued, active, wait-repl); nodes that cannot be reached are
 named on stderr and the exit status is 1."""
 
 
-@click.group(cls=CommandGroup, aliases={"scanjobs": "jscan"}, invoke_without_command=True, help=HELP,
+@click.group("disque", cls=CommandGroup, aliases={"scanjobs": "jscan"}, invoke_without_command=True, help=HELP,
              lazy={"worker": ("disque.worker:worker_command", "Run the handlers of MODULE:APP (a disque.worker.App), CONCURRENCY jobs at a time, until SIGTERM or SIGINT.")},
              context_settings={"help_option_names": ["--help"]}, subcommand_metavar="[COMMAND ARGS...]")  # fmt: skip
 @click.option("-h", "--host", default="127.0.0.1", show_default=True, help="Server host.")
@@ -359,6 +356,8 @@ def progress(label: str, total: int | None) -> Iterator[Callable[[], None]]:
 
 
 def export_record(job: Any) -> dict[str, Any]:
+    import base64
+
     record: dict[str, Any] = {"id": job.id, "queue": job.queue}
     body = job.body or b""
     try:
@@ -378,6 +377,8 @@ def export_record(job: Any) -> dict[str, Any]:
 @click.pass_obj
 def export_jobs(session: Session, queue: str, file: IO[str], states: tuple[str, ...], cluster: bool) -> None:
     """Write the jobs of QUEUE to FILE as JSON lines (`-` for stdout); the jobs stay queued."""
+    import json
+
     jobs: Any
     if cluster:
         jobs = cluster_jobs(session, lambda c: list(c.jscan(queue, states, details=True)))
@@ -403,6 +404,9 @@ def export_jobs(session: Session, queue: str, file: IO[str], states: tuple[str, 
 @click.pass_obj
 def import_jobs(session: Session, file: IO[str], queue: str | None, replicate: int | None) -> None:
     """Add the jobs of FILE (JSON lines, as written by export) with new IDs."""
+    import base64
+    import json
+
     client = session.client()
     lines = file.readlines()
     count = 0
@@ -429,6 +433,8 @@ def import_jobs(session: Session, file: IO[str], queue: str | None, replicate: i
 @click.option("--days", default=365, show_default=True, help="Validity of the certificates.")
 def tls_keygen(directory: str, hosts: tuple[str, ...], days: int) -> None:
     """Create a throwaway CA and node and client certificates in DIRECTORY (development and tests only)."""
+    from pathlib import Path
+
     from disque.tls import keygen
 
     paths = keygen(directory, hosts, days)

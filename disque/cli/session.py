@@ -12,7 +12,6 @@ merged view is printed.  `output` prints a view in the session's mode.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
@@ -97,6 +96,8 @@ class Session:
     def monitor(self) -> None:
         """Print the node's MONITOR lines as they come, until Ctrl-C; the
         connection, a monitor's from then on, is closed afterwards."""
+        import json
+
         try:
             lines = self.client().monitor()
             for line in chain(["OK"], lines):  # OK as redis-cli prints it: watching from here on
@@ -109,6 +110,8 @@ class Session:
     def output(self, kind: str, value: Any, raw: Any = None) -> None:
         """Print a view: rendered, as JSON, or bare (`raw`, by default `value`)."""
         if self.mode == "json":
+            import json
+
             click.echo(json.dumps(jsonable(value), ensure_ascii=False))
         elif self.mode == "raw":
             for line in raw_lines(value if raw is None else raw):

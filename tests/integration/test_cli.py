@@ -313,6 +313,35 @@ def test_help_lists_the_helpers_and_keeps_h_for_the_host(disque: Callable[..., R
     assert "meet" in CliRunner().invoke(cli, ["cluster", "--help"]).stdout
 
 
+def test_help_and_clear_are_commands_of_the_table(disque: Callable[..., Result]) -> None:
+    listing = ok(disque("help"))
+    assert re.search(r"^  jscan +Every job", listing, re.M) and re.search(r"^  ADDJOB queue body ms-timeout", listing, re.M)
+    top = ok(disque("help", "top"))
+    assert top.startswith("Usage: disque top [OPTIONS]") and "--interval" in top and "--cluster" in top
+    both = ok(disque("help", "jscan"))  # a subcommand and a server command of the same name: both
+    assert "--queue TEXT" in both and "JSCAN [cursor] [COUNT n]" in both
+    assert "Usage: disque cluster meet [OPTIONS] HOST PORT" in ok(disque("help", "cluster", "meet"))
+    assert ok(disque("help", "nope")) == "No help for 'nope'\n"
+    assert ok(disque("clear")) == ""  # not a terminal: nothing to clear
+
+
+def test_the_lazy_worker_subcommand_is_summed_up_as_its_own_help() -> None:
+    from disque.worker import worker_command
+
+    stand_in = dict(cli.summaries(limit=1000))["worker"]
+    assert stand_in == worker_command.get_short_help_str(limit=1000)
+
+
+def test_version(disque: Callable[..., Result]) -> None:
+    from disque import __version__
+
+    head = subprocess.run(["git", "rev-parse", "--short=8", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True).stdout.strip()
+    for flag in ("--version", "-v"):
+        assert re.fullmatch(rf"disque {re.escape(__version__)} \(git {head}(, modified)?\)\n", ok(disque(flag)))
+    server = subprocess.run([sys.executable, "-m", "disque", "--version"], capture_output=True, text=True, timeout=30).stdout
+    assert re.fullmatch(rf"Disque server v={re.escape(__version__)} sha={head}:[01] malloc=pymalloc bits=64 build=0\n", server)
+
+
 # --------------------------------------------------------------------------
 # The console script and the prompt, as real processes
 
@@ -324,6 +353,45 @@ def disque_script() -> str:
 def test_console_script(shared_node: NodeProcess, queue: str) -> None:
     done = subprocess.run([disque_script(), "-p", str(shared_node.port), "ADDJOB", queue, "from the script", "0"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and re.fullmatch(ID + "\n", done.stdout)
+
+
+def test_piped_output_is_bare_and_a_terminal_gets_tables(shared_node: NodeProcess, client: Client, queue: str) -> None:
+    """OUT=$(disque GETJOB FROM q) captures the values, as with redis-cli."""
+    job_id = client.add_job(queue, "first")
+    client.add_job(queue, "second")
+    argv = [disque_script(), "-p", str(shared_node.port), "GETJOB", "FROM", queue]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout) == (0, f"{queue}\n{job_id}\nfirst\n")
+    p = PtyProcess(argv, {**os.environ, "TERM": "xterm"})
+    try:
+        p.expect(r"1 job\(s\)")
+        p.expect(rf"│\s*{re.escape(queue)}\s*│\s*{ID}\s*│\s*second\s*│")
+        assert p.wait() == 0
+    finally:
+        p.close()
+
+
+def test_one_shot_commands_load_neither_trio_rich_nor_prompt_toolkit(shared_node: NodeProcess) -> None:
+    probe = """if True:
+        import sys
+        from disque.cli.main import main
+        sys.argv = ["disque", *sys.argv[1:]]
+        try:
+            main()
+        except SystemExit:
+            pass
+        heavy = ("trio", "rich", "prompt_toolkit", "disque.client", "disque.config", "disque.worker")
+        print(sorted(m for m in sys.modules if m in heavy), file=sys.stderr)
+    """
+
+    def loaded(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return done.stderr.strip()
+
+    assert loaded("--help") == loaded("--version") == "[]"  # not even the client library
+    assert loaded("-p", str(shared_node.port), "PING") == loaded("-p", str(shared_node.port), "qstat", "q") == "['disque.client']"
+    assert "rich" in loaded("-p", str(shared_node.port), "--no-raw", "qstat", "q")  # tables: rich, and only then
 
 
 class Prompt:
@@ -372,6 +440,28 @@ def test_prompt_runs_commands_with_completion_help_and_errors(prompt: Callable[.
     p.process.send("exit\r")
     assert p.process.wait() == 0
     assert client.qlen(queue) == 1
+
+
+def test_the_prompt_runs_the_subcommands_as_disque_does(prompt: Callable[..., Prompt], client: Client, queue: str, tmp_path: Path) -> None:
+    ids = sorted(client.add_job(queue, f"job {i}") for i in range(3))
+    p = prompt()
+    [listed] = p.run(f"jscan --queue {queue}", r"3 job\(s\)((?:.|\n)*?)└")  # every job, not one JSCAN page
+    assert sorted(re.findall(ID.encode(), listed.group(1))) == [i.encode() for i in ids]
+    assert listed.group(1).count(b"queued") == 3
+    p.run(f"qstat --cluster {queue}", r"on 1 node\(s\)")
+    p.run("top -n 1", rf"{re.escape(queue)}\s*│\s*3\s*│")
+    dump = tmp_path / "dump.jsonl"
+    p.run(f"export {queue} {dump}", rf"exported 3 job\(s\) from {re.escape(queue)}")
+    assert len(dump.read_text().splitlines()) == 3
+    p.run("help top", r"Usage: disque top \[OPTIONS\]", r"--interval")
+    p.run("jscan --help", r"Usage: disque jscan \[OPTIONS\]")
+    p.run("help", r"Subcommands", r"export", r"Server commands")
+    p.run("qstat", r"Error: Missing argument 'QUEUE'")  # a usage error, and the prompt goes on
+    p.run("clear")
+    p.run(f"qlen {queue}", r"\(integer\) 3")
+    assert b"unknown command" not in p.process.output
+    p.process.send("exit\r")
+    assert p.process.wait() == 0
 
 
 def test_prompt_history_survives_sessions_and_ctrl_d_leaves(prompt: Callable[..., Prompt], client: Client, queue: str, tmp_path: Path) -> None:

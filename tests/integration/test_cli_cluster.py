@@ -1,0 +1,145 @@
+"""`--cluster` on `disque qstat/qscan/jscan/export/top` against three real
+nodes: what every node holds, merged; and a node HELLO lists that cannot be
+reached, named on stderr with exit status 1.  The merge rules themselves are
+checked without nodes at the end."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from client_helpers import mesh, start_all
+
+from disque.cli.cluster import merge_jobs, merge_lengths, merge_queues, merge_stats
+from disque.cli.main import cli
+from disque.client import Client, JobInfo, QueueStats
+from disque.devcluster import NodeProcess, free_port
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[NodeProcess]]:
+    started = [NodeProcess(free_port(), tmp_path_factory.mktemp("cli-cluster")) for _ in range(3)]
+    try:
+        start_all([node.start for node in started])
+        mesh(started)
+        yield started
+    finally:
+        for node in started:
+            node.stop()
+
+
+@pytest.fixture
+def queue() -> str:
+    return "cq-" + secrets.token_hex(3)
+
+
+@pytest.fixture
+def clients(nodes: list[NodeProcess]) -> Iterator[list[Client]]:
+    opened = [Client((n.host, n.port), failover=False) for n in nodes]
+    yield opened
+    for c in opened:
+        c.close()
+
+
+@pytest.fixture
+def disque(nodes: list[NodeProcess]) -> Callable[..., Result]:
+    """`disque -p <first node> ARGS...`, in-process, stdout not a terminal."""
+    runner = CliRunner(env={"COLUMNS": None})
+    return lambda *args: runner.invoke(cli, ["-p", str(nodes[0].port), *args], catch_exceptions=False)
+
+
+def ok(result: Result) -> str:
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_qstat_adds_up_every_node(disque: Callable[..., Result], clients: list[Client], queue: str) -> None:
+    for n, c in enumerate(clients):  # one job queued on each node (RETRY 0: no replica queued anywhere else)
+        for _ in range(n + 1):
+            c.add_job(queue, f"on node {n}", retry=0, replicate=1)
+    assert json.loads(ok(disque("--json", "qstat", queue)))["len"] == 1  # the connected node alone
+    merged = json.loads(ok(disque("--json", "qstat", "--cluster", queue)))
+    assert (merged["name"], merged["len"], merged["jobs_in"], merged["pause"]) == (queue, 6, 6, "none")
+    ids = {c.hello().node_id: n for n, c in enumerate(clients)}
+    assert sorted((ids[row["node"]], row["len"]) for row in merged["nodes"]) == [(0, 1), (1, 2), (2, 3)]
+    raw = ok(disque("qstat", "--cluster", queue)).splitlines()  # piped: the merged record, as QSTAT prints it
+    assert raw[:4] == ["name", queue, "len", "6"]
+    shown = ok(disque("--no-raw", "qstat", "--cluster", queue))
+    assert "on 3 node(s)" in shown and all(node_id in shown for node_id in ids)
+    assert ok(disque("--json", "qstat", "--cluster", "missing-" + queue)) == "null\n"
+
+
+def test_qscan_sums_lengths_and_filters_on_the_sum(disque: Callable[..., Result], clients: list[Client], queue: str) -> None:
+    clients[1].add_job(queue, "a", retry=0, replicate=1)
+    clients[2].add_job(queue, "b", retry=0, replicate=1)
+    clients[2].add_job(queue + "-other", "c", retry=0, replicate=1)
+    rows = [r for r in json.loads(ok(disque("--json", "qscan", "--cluster"))) if r["queue"].startswith(queue)]
+    assert rows == [{"queue": queue, "len": 2}, {"queue": queue + "-other", "len": 1}]
+    assert [r["queue"] for r in json.loads(ok(disque("--json", "qscan"))) if r["queue"].startswith(queue)] == []  # not on the first node
+    long_ones = ok(disque("qscan", "--cluster", "--minlen", "2")).split()
+    assert queue in long_ones and queue + "-other" not in long_ones  # 1 + 1 on two nodes passes --minlen 2
+
+
+def test_jscan_and_export_list_each_job_once(disque: Callable[..., Result], clients: list[Client], queue: str, tmp_path: Path) -> None:
+    replicated = clients[0].add_job(queue, "on all three", replicate=3, retry=60)
+    alone = clients[2].add_job(queue, "on the third", replicate=1, retry=0)
+    jobs = json.loads(ok(disque("--json", "jscan", "--cluster", "--queue", queue)))
+    assert sorted((j["id"], j["state"]) for j in jobs) == sorted([(replicated, "queued"), (alone, "queued")])
+    assert sorted(ok(disque("jscan", "--cluster", "--queue", queue, "--ids")).split()) == sorted([replicated, alone])
+    assert [j["id"] for j in json.loads(ok(disque("--json", "jscan", "--queue", queue)))] == [replicated]  # one node's view
+    dump = tmp_path / "jobs.jsonl"
+    result = disque("export", "--cluster", queue, str(dump))
+    assert result.exit_code == 0 and result.stderr.endswith(f"exported 2 job(s) from {queue}\n")
+    assert sorted(json.loads(line)["body"] for line in dump.read_text().splitlines()) == ["on all three", "on the third"]
+
+
+def test_top_merges_the_queues_of_every_node(disque: Callable[..., Result], clients: list[Client], queue: str) -> None:
+    clients[1].add_job(queue, "x", retry=0, replicate=1)
+    clients[2].add_job(queue, "y", retry=0, replicate=1)
+    frames = [json.loads(line) for line in ok(disque("--json", "top", "--cluster", "-n", "2", "--interval", "0.05")).splitlines()]
+    assert len(frames) == 2
+    row = next(r for r in frames[1] if r["queue"] == queue)
+    assert (row["len"], row["in_per_sec"], row["blocked"]) == (2, 0.0, 0)
+    assert "cluster via" in ok(disque("--no-raw", "top", "--cluster", "-n", "1"))
+
+
+def test_a_node_that_cannot_be_reached_is_named_and_fails_the_command(spawn: Callable[..., NodeProcess], queue: str) -> None:
+    a, b = start_all([spawn, spawn])
+    mesh([a, b])
+    with Client((b.host, b.port), failover=False) as c:
+        c.add_job(queue, "on b", retry=0, replicate=1)
+        b_id = c.hello().node_id
+    b.stop()
+    result = CliRunner().invoke(cli, ["-p", str(a.port), "--json", "qscan", "--cluster"])
+    assert result.exit_code == 1
+    assert f"node {b_id} at {b.host}:{b.port}: " in result.stderr and "1 node(s) left out of the view" in result.stderr
+    assert json.loads(result.stdout) == []  # what the reachable node holds
+
+
+# --------------------------------------------------------------------------
+# The merge rules
+
+
+def stats(name: str, length: int, age: int, idle: int, pause: str = "none", imports: list[str] | None = None) -> QueueStats:
+    return QueueStats(name, length, age, idle, 1, imports or [], 2, length * 10, length, pause)
+
+
+def test_merge_stats() -> None:
+    merged = merge_stats([stats("q", 3, 10, 5, imports=["n1"]), stats("q", 4, 20, 2, imports=["n1", "n2"])])
+    assert merged == QueueStats("q", 7, 20, 2, 2, ["n1", "n2"], 4, 70, 7, "none")
+    assert merge_stats([stats("q", 1, 0, 0, "in"), stats("q", 1, 0, 0, "out")]).pause == "mixed"
+    assert [(s.name, s.len) for s in merge_queues([stats("b", 1, 0, 0), stats("a", 2, 0, 0), stats("b", 3, 0, 0)])] == [("a", 2), ("b", 4)]
+    assert merge_lengths([{"b": 1, "a": 2}, {"b": 3}]) == {"a": 2, "b": 4}
+
+
+def test_merge_jobs_keeps_the_record_furthest_along() -> None:
+    def info(job_id: str, state: str) -> JobInfo:
+        return JobInfo(job_id, "q", state, 1, 60, 0, 0, 30, 0, 0, [], [], None, None, state.encode())
+
+    merged = merge_jobs([[info("A", "active"), info("B", "wait-repl")], [info("B", "queued"), info("A", "acked")], [info("C", "active")]])
+    assert [(j.id, j.state) for j in merged] == [("A", "acked"), ("B", "queued"), ("C", "active")]
+    assert merge_jobs([["A", "B"], ["B", "C"]]) == ["A", "B", "C"]

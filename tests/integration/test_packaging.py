@@ -1,0 +1,118 @@
+"""The package as a user gets it: an sdist and a wheel built from this
+checkout (`python -m build`, which builds the wheel from the sdist), the
+wheel installed in a fresh venv (pip may fetch the dependencies), and a node
+started from that venv answering the client installed with it."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from client_helpers import wait_for
+
+from disque import __version__
+from disque.devcluster import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def git_head() -> str | None:
+    """This checkout's HEAD as `--version` shows it, or None outside a git work tree."""
+    if not (ROOT / ".git").exists() or shutil.which("git") is None:
+        return None
+    return subprocess.run(["git", "rev-parse", "--short=8", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    done = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv (no system site-packages) with the wheel installed."""
+    bin_dir = tmp_path_factory.mktemp("venv") / "bin"
+    subprocess.run([sys.executable, "-m", "venv", str(bin_dir.parent)], check=True, timeout=120)
+    [wheel] = dist.glob("*.whl")
+    done = subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q", str(wheel)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return bin_dir
+
+
+def test_sdist_and_wheel_are_named_and_record_the_revision(dist: Path) -> None:
+    [sdist] = dist.glob("*.tar.gz")
+    [wheel] = dist.glob("*.whl")
+    assert sdist.name == f"disque_server-{__version__}.tar.gz"
+    assert wheel.name == f"disque_server-{__version__}-py3-none-any.whl"
+    with tarfile.open(sdist) as tar:
+        sdist_record = tar.extractfile(f"disque_server-{__version__}/disque/REVISION").read().decode()  # type: ignore[union-attr]
+    with zipfile.ZipFile(wheel) as whl:
+        names = whl.namelist()
+        wheel_record = whl.read("disque/REVISION").decode()
+        entry_points = whl.read(f"disque_server-{__version__}.dist-info/entry_points.txt").decode()
+    assert wheel_record == sdist_record  # the wheel is built from the sdist and keeps its record
+    head = git_head()
+    if head is not None:
+        assert re.fullmatch(rf"{head} [01]\n", wheel_record)
+    assert {"disque/default.conf", "disque/cli/main.py", "disque/cli/server.py"} <= set(names)
+    assert not [n for n in names if n.startswith("tests/")]
+    assert "disque = disque.cli.main:main" in entry_points and "disque-server = disque.cli.server:server_main" in entry_points
+
+
+def test_the_installed_wheel_runs_a_node(venv: Path, tmp_path: Path) -> None:
+    # Run away from the checkout, so nothing can be imported from it.
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+    location = run(str(venv / "python"), "-c", "import disque; print(disque.__file__)").stdout
+    assert location.startswith(str(venv.parent)), location
+    head = git_head() or "[0-9a-f]{8}"
+    assert re.fullmatch(rf"disque {re.escape(__version__)} \(git {head}(, modified)?\)\n", run(str(venv / "disque"), "--version").stdout)
+    assert re.fullmatch(rf"Disque server v={re.escape(__version__)} sha={head}:[01] .*\n", run(str(venv / "disque-server"), "--version").stdout)
+
+    port = free_port()
+    node_dir = tmp_path / "node"
+    node_dir.mkdir()
+    node = subprocess.Popen([str(venv / "disque-server"), "--port", str(port), "--dir", str(node_dir), "--logfile", "log.txt"],
+                            cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+
+        def ping() -> str | None:
+            assert node.poll() is None, node.stderr.read() if node.stderr else ""
+            done = run(str(venv / "disque"), "-p", str(port), "PING")
+            return done.stdout if done.returncode == 0 else None
+
+        assert wait_for(ping, timeout=30, what="the node to answer") == "PONG\n"
+        job = run(str(venv / "disque"), "-p", str(port), "ADDJOB", "q", "from the wheel", "0").stdout.strip()
+        assert run(str(venv / "disque"), "-p", str(port), "--json", "show", job).stdout.count('"body": "from the wheel"') == 1
+    finally:
+        node.terminate()
+        node.wait(timeout=30)
+        if node.stderr:
+            node.stderr.close()
+
+
+
+def test_revision_record_and_git(tmp_path: Path) -> None:
+    from disque.version import Revision, from_git, recorded
+
+    assert from_git(tmp_path) is None  # not the top of a work tree: no revision, whatever encloses it
+    assert recorded(tmp_path) is None
+    (tmp_path / "REVISION").write_text(Revision("0123abcd", True).record())
+    assert recorded(tmp_path) == Revision("0123abcd", True)
+    assert str(recorded(tmp_path)) == "git 0123abcd, modified" and str(Revision("0123abcd", False)) == "git 0123abcd"
+    (tmp_path / "REVISION").write_text("garbage\n")
+    assert recorded(tmp_path) is None
+    head = git_head()
+    if head is not None:
+        assert from_git(ROOT) is not None and from_git(ROOT).sha == head  # type: ignore[union-attr]
