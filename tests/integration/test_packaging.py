@@ -116,3 +116,15 @@ def test_revision_record_and_git(tmp_path: Path) -> None:
     head = git_head()
     if head is not None:
         assert from_git(ROOT) is not None and from_git(ROOT).sha == head  # type: ignore[union-attr]
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed (no systemd here)")
+def test_the_systemd_unit_verifies(tmp_path: Path) -> None:
+    """examples/disque@.service, as instance 7711, with ExecStart pointing at this venv's disque-server."""
+    unit = (ROOT / "examples" / "disque@.service").read_text()
+    assert "ExecStart=/opt/disque/bin/disque-server " in unit
+    instance = tmp_path / "disque@7711.service"
+    instance.write_text(unit.replace("/opt/disque/bin/", f"{Path(sys.executable).parent}/"))
+    done = subprocess.run(["systemd-analyze", "verify", str(instance)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert instance.name not in done.stderr  # no warning about the unit (unknown keys only warn)
