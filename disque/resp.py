@@ -100,7 +100,7 @@ class RequestParser:
         self._skip = 0
         self._left = 0
         self._returned = 0
-        self._error: ProtocolError | None = None
+        self._error: str | None = None  # set: the parser is dead, and this is why
 
     def feed(self, data: bytes) -> None:
         """Take received bytes (dropped once the parser is dead)."""
@@ -117,7 +117,7 @@ class RequestParser:
     def next_command(self) -> list[bytes] | None:
         """The next request, or None until more data is fed."""
         if self._error is not None:
-            raise self._error
+            raise ProtocolError(self._error)  # a new one: a raised error keeps the frames it crossed
         buf = self._buf
         try:
             while True:
@@ -168,7 +168,7 @@ class RequestParser:
                 elif not self._resync(failed=False):
                     return None
         except ProtocolError as exc:
-            self._error = exc
+            self._error = exc.message
             self._buf = bytearray()
             self._reader = None
             raise

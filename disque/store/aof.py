@@ -166,10 +166,8 @@ def _first_non_digit(buf: bytes, pos: int) -> int:
 
 
 class _Incomplete(Exception):
-    pass
-
-
-_INCOMPLETE = _Incomplete()
+    """The buffer ends inside a number (raised fresh each time: a shared
+    instance would keep, in its traceback, every buffer it was raised over)."""
 
 
 def _number(buf: bytes, pos: int, limit: int, what: str, record: int, base: int) -> tuple[int, int]:
@@ -177,7 +175,7 @@ def _number(buf: bytes, pos: int, limit: int, what: str, record: int, base: int)
     eol = buf.find(b"\r\n", pos, pos + MAX_LINE + 2)
     if eol < 0:
         if _partial_number_ok(buf, pos):
-            raise _INCOMPLETE
+            raise _Incomplete()
         raise AofCorrupt(record, f"bad {what}", base + _first_non_digit(buf, pos))
     text = buf[pos:eol]
     if not text.isdigit():  # bytes.isdigit: ASCII digits only
