@@ -190,9 +190,6 @@ def config_command(node: NodeCore, argv: list[bytes]) -> Any:
 
 # ---------------------------------------------------------------- CLIENT
 
-CLIENT_SYNTAX = err("Syntax error, try CLIENT (LIST | KILL ip:port | GETNAME | SETNAME connection-name)")
-
-
 def client_line(node: NodeCore, c: Client) -> str:
     now = node.now
     return (
@@ -204,7 +201,7 @@ def client_line(node: NodeCore, c: Client) -> str:
 
 def _kill_filters(node: NodeCore, me: Client, args: list[bytes]) -> int:
     if len(args) % 2:
-        raise errors.SYNTAX
+        raise errors.syntax()
     targets = list(node.clients.values())
     skipme = True
     for key, value in zip(args[::2], args[1::2]):
@@ -213,7 +210,7 @@ def _kill_filters(node: NodeCore, me: Client, args: list[bytes]) -> int:
             try:
                 wanted = _strict_int(value)
             except ValueError:
-                raise errors.SYNTAX from None
+                raise errors.syntax() from None
             targets = [c for c in targets if c.id == wanted]
         elif key == b"type":
             if value.lower() != b"normal":
@@ -223,7 +220,7 @@ def _kill_filters(node: NodeCore, me: Client, args: list[bytes]) -> int:
         elif key == b"skipme" and value.lower() in (b"yes", b"no"):
             skipme = value.lower() == b"yes"
         else:
-            raise errors.SYNTAX
+            raise errors.syntax()
     killed = 0
     for c in targets:
         if c is not me or not skipme:
@@ -273,7 +270,7 @@ def client_command(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
         if mode in (b"off", b"skip"):
             client.reply_mode = REPLY_OFF if mode == b"off" else REPLY_SKIP_NEXT
             return SILENT
-    raise CLIENT_SYNTAX
+    raise err("Syntax error, try CLIENT (LIST | KILL ip:port | GETNAME | SETNAME connection-name)")
 
 
 # ---------------------------------------------------------------- HELLO
@@ -319,7 +316,7 @@ def redis_hello(node: NodeCore, client: Client, args: list[bytes]) -> Any:
         else:
             raise err(f"Syntax error in HELLO option '{_text(args[i])}'")
     if node.config.requirepass and not client.authenticated:
-        raise errors.NOAUTH
+        raise errors.noauth()
     if name is not None:
         client_command(node, client, [b"client", b"setname", name])
     client.proto = proto
@@ -371,7 +368,7 @@ def debug_command(node: NodeCore, argv: list[bytes]) -> Any:
             from disque.commands import int_or
 
             # A negative delay means none; a huge one waits (almost) forever.
-            delay = min(max(0, int_or(args[0], errors.NOT_INTEGER)), MAX_SLEEP_S * 1000)
+            delay = min(max(0, int_or(args[0], errors.not_integer)), MAX_SLEEP_S * 1000)
             args = [str(delay).encode()]
         return node.host.debug(_text(sub), args)
     if sub in (b"loadaof", b"segfault", b"assert", b"oom") and not args:
@@ -380,9 +377,6 @@ def debug_command(node: NodeCore, argv: list[bytes]) -> Any:
 
 
 # ---------------------------------------------------------------- CLUSTER
-
-WRONG_CLUSTER = err("Wrong CLUSTER subcommand or number of arguments")
-
 
 def node_line(node: NodeCore, n: Any) -> str:
     link = "connected" if n.link or n.flags & MYSELF else "disconnected"
@@ -442,14 +436,14 @@ def cluster_command(node: NodeCore, argv: list[bytes]) -> Any:
     if sub == b"reset" and len(args) <= 1:
         mode = args[0].lower() if args else b"soft"
         if mode not in (b"soft", b"hard"):
-            raise errors.SYNTAX
+            raise errors.syntax()
         node.reset(hard=mode == b"hard")
         _save_conf(node)
         return OK
     if sub == b"saveconfig" and not args:
         _save_conf(node)
         return OK
-    raise WRONG_CLUSTER
+    raise err("Wrong CLUSTER subcommand or number of arguments")
 
 
 def _save_conf(node: NodeCore) -> None:

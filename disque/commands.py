@@ -75,20 +75,20 @@ def parse_int(raw: bytes) -> int:
     return value
 
 
-def int_or(raw: bytes, error: DisqueError) -> int:
+def int_or(raw: bytes, error: Callable[[], DisqueError]) -> int:
     try:
         return parse_int(raw)
     except ValueError:
-        raise error from None
+        raise error() from None
 
 
 def parse_timeout(raw: bytes) -> int:
     try:
         value = parse_int(raw)
     except ValueError:
-        raise errors.TIMEOUT_NOT_INT from None
+        raise errors.timeout_not_int() from None
     if value < 0:
-        raise errors.TIMEOUT_NEGATIVE
+        raise errors.timeout_negative()
     return value
 
 
@@ -99,13 +99,13 @@ def parse_cursor(raw: bytes) -> int:
     signed = raw[:1] in (b"-", b"+")
     digits = raw[1:] if signed else raw
     if (digits and not digits.isdigit()) or (signed and not digits):
-        raise errors.BAD_CURSOR
+        raise errors.bad_cursor()
     digits = digits.lstrip(b"0")
     if len(digits) > 20:  # out of range; also keeps int() off huge strings
-        raise errors.BAD_CURSOR
+        raise errors.bad_cursor()
     value = int(digits or b"0")
     if value >> 64:
-        raise errors.BAD_CURSOR
+        raise errors.bad_cursor()
     return (-value) % (1 << 64) if raw[:1] == b"-" else value
 
 
@@ -113,7 +113,7 @@ def job_ids(argv: list[bytes]) -> list[bytes]:
     """Validate every ID before acting on any (commands.md §2.3)."""
     for job_id in argv:
         if not ids.valid_id(job_id):
-            raise errors.BADID
+            raise errors.badid()
     return argv
 
 
@@ -136,15 +136,15 @@ def dispatch(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
         return errors.wrong_arity(cmd.name)
     if node.config.requirepass and not client.authenticated:
         if cmd.name != "auth" and not (cmd.name == "hello" and len(argv) > 1):
-            return errors.NOAUTH
+            return errors.noauth()
     flags = cmd.flags
     limit = node.config.maxmemory
     if limit and node.used_memory > limit // 100 * 95 and not node.evict() and "m" in flags:
-        return errors.OOM
+        return errors.oom()
     if node.aof_error is not None and ("w" in flags or cmd.name == "ping"):
         return errors.misconf(node.aof_error)
     if node.loading and "l" not in flags:
-        return errors.LOADING
+        return errors.loading()
     client.last_cmd = cmd.name
     stats = node.stats
     stats.commands += 1
@@ -154,7 +154,7 @@ def dispatch(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
     try:
         reply = cmd.handler(node, client, argv)
     except DisqueError as e:
-        reply = e
+        reply = e.detach()
     except Exception:  # a bug must cost one reply, not the node and every job in it
         log.exception("Error executing %r", [a[:64] for a in argv[:8]])
         reply = err(f"internal error executing '{cmd.name}', check the server logs")
@@ -174,13 +174,13 @@ def dispatch(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
 # ---------------------------------------------------------------- jobs
 
 
-# option -> (position in cmd_addjob's values, lowest and highest valid value, error)
-ADDJOB_OPTS: dict[bytes, tuple[int, int, int, DisqueError]] = {
-    b"replicate": (0, 1, 65535, err("REPLICATE must be between 1 and 65535")),
-    b"ttl": (1, 1, INT64_MAX, err("TTL must be a number > 0")),
-    b"retry": (2, 0, INT64_MAX, err("RETRY time must be a non negative number")),
-    b"delay": (3, 0, INT64_MAX, err("DELAY time must be a non negative number")),
-    b"maxlen": (4, 1, INT64_MAX, err("MAXLEN must be a positive number")),
+# option -> (position in cmd_addjob's values, lowest and highest valid value, error text)
+ADDJOB_OPTS: dict[bytes, tuple[int, int, int, str]] = {
+    b"replicate": (0, 1, 65535, "REPLICATE must be between 1 and 65535"),
+    b"ttl": (1, 1, INT64_MAX, "TTL must be a number > 0"),
+    b"retry": (2, 0, INT64_MAX, "RETRY time must be a non negative number"),
+    b"delay": (3, 0, INT64_MAX, "DELAY time must be a non negative number"),
+    b"maxlen": (4, 1, INT64_MAX, "MAXLEN must be a positive number"),
 }
 
 
@@ -197,16 +197,16 @@ def cmd_addjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
             try:
                 value = parse_int(argv[i + 1])
             except ValueError:
-                raise error from None
+                raise err(error) from None
             if not low <= value <= high:
-                raise error
+                raise err(error)
             values[index] = value
             i += 2
         elif opt == b"async":
             is_async = True
             i += 1
         else:
-            raise errors.SYNTAX
+            raise errors.syntax()
     timeout = parse_timeout(argv[3])
     return node.add_job(client, argv[1], argv[2], timeout, *values, is_async)
 
@@ -229,15 +229,18 @@ def cmd_getjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
             timeout = parse_timeout(argv[i])
         elif opt == b"count" and i + 1 < n:
             i += 1
-            count = int_or(argv[i], err("COUNT must be a number greater than zero"))
+            try:
+                count = parse_int(argv[i])
+            except ValueError:
+                count = 0
             if count <= 0:
                 raise err("COUNT must be a number greater than zero")
         else:
-            raise errors.SYNTAX
+            raise errors.syntax()
         i += 1
     queues = argv[i + 1 :]
     if i >= n or not queues:
-        raise errors.SYNTAX
+        raise errors.syntax()
     return node.get_jobs(client, queues, count, nohang, withcounters, timeout)
 
 
@@ -289,7 +292,7 @@ def cmd_working(node: NodeCore, client: Client, argv: list[bytes]) -> int:
     (job_id,) = job_ids(argv[1:])
     job = node.jobs.get(job_id)
     if job is None:
-        raise errors.NOJOB
+        raise errors.nojob()
     return node.working(job)
 
 
@@ -344,13 +347,13 @@ def parse_scan(argv: list[bytes], numeric: tuple[bytes, ...], extra: dict[bytes,
             opts[tok] = True
         elif has_value and (tok in numeric or tok == b"count"):
             i += 1
-            opts[tok] = int_or(argv[i], errors.NOT_INTEGER)
+            opts[tok] = int_or(argv[i], errors.not_integer)
         elif has_value and tok in extra:
             i += 1
             opts.setdefault(tok, []).append(extra[tok](argv[i]))
         else:
             if cursor is not None:
-                raise errors.SYNTAX
+                raise errors.syntax()
             cursor = parse_cursor(argv[i])
         i += 1
     return cursor or 0, opts
@@ -421,7 +424,7 @@ def cmd_qlen(node: NodeCore, client: Client, argv: list[bytes]) -> int:
 
 @command("qpeek", 3, "r")
 def cmd_qpeek(node: NodeCore, client: Client, argv: list[bytes]) -> list[Any]:
-    count = int_or(argv[2], errors.NOT_INTEGER)
+    count = int_or(argv[2], errors.not_integer)
     queue = node.queues.get(argv[1])
     if queue is None or count == 0:
         return []
@@ -472,7 +475,7 @@ def cmd_pause(node: NodeCore, client: Client, argv: list[bytes]) -> Status:
         elif opt == b"bcast":
             bcast = True
         elif opt != b"state":
-            raise errors.SYNTAX
+            raise errors.syntax()
     name = argv[1]
     if change:
         node.set_pause(name, flags)
@@ -563,7 +566,7 @@ def cmd_monitor(node: NodeCore, client: Client, argv: list[bytes]) -> Status:
 @command("info", -1, "rl")
 def cmd_info(node: NodeCore, client: Client, argv: list[bytes]) -> bytes:
     if len(argv) > 2:
-        raise errors.SYNTAX
+        raise errors.syntax()
     return admin.info(node, text(argv[1]).lower() if len(argv) == 2 else "default")
 
 
@@ -575,7 +578,7 @@ def cmd_config(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
 @command("shutdown", -1, "arl")
 def cmd_shutdown(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
     if len(argv) > 2 or (len(argv) == 2 and argv[1].lower() != b"rewrite-aof"):
-        raise errors.SYNTAX
+        raise errors.syntax()
     if not node.host.shutdown(len(argv) == 2):
         raise err("Errors trying to SHUTDOWN. Check logs.")
     return SILENT
@@ -600,7 +603,7 @@ def cmd_slowlog(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
         node.slowlog.clear()
         return OK
     if sub == b"get" and len(argv) <= 3:
-        count = int_or(argv[2], errors.NOT_INTEGER) if len(argv) == 3 else 10
+        count = int_or(argv[2], errors.not_integer) if len(argv) == 3 else 10
         return [list(entry) for entry in list(node.slowlog)[:count]]
     raise err("Unknown SLOWLOG subcommand or wrong # of args. Try GET, RESET, LEN.")
 
@@ -618,7 +621,7 @@ def cmd_latency(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
         raise err(f"No samples available for event '{text(argv[2])}'")
     if sub == b"reset":
         return 0
-    raise errors.SYNTAX
+    raise errors.syntax()
 
 
 @command("cluster", -2, "ar")

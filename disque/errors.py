@@ -5,9 +5,18 @@ its RESP prefix (`ERR`, `NOREPL`, `BADID`, ...) and the message text of the
 spec's error catalogue (commands.md §10).  Command handlers raise them; the
 dispatcher turns them into `-PREFIX message` replies.  The catalogue below holds
 the fixed texts so that every module quotes them identically.
+
+Errors are values: each entry of the catalogue is a factory, and every raise
+creates a fresh error.  A raised exception keeps its traceback, and with it
+every frame and argument of the request that failed; one shared instance
+raised again and again would chain them all and never let go.  Two errors
+are equal when they read the same on the wire.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
 
 
 class DisqueError(Exception):
@@ -23,42 +32,54 @@ class DisqueError(Exception):
     def __str__(self) -> str:
         return f"{self.code} {self.message}" if self.message else self.code
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DisqueError):
+            return NotImplemented
+        return (self.code, self.message) == (other.code, other.message)
+
+    def __hash__(self) -> int:
+        return hash((self.code, self.message))
+
     def wire(self) -> bytes:
         """The error line without the leading '-' and trailing CRLF."""
         text = str(self).replace("\r", " ").replace("\n", " ")
         return text.encode("utf-8", "surrogateescape")
+
+    def detach(self) -> DisqueError:
+        """This error as a reply value: without what raising attached to it
+        (traceback, cause, context), it keeps no request alive."""
+        self.__traceback__ = self.__cause__ = self.__context__ = None
+        return self
 
 
 def err(message: str) -> DisqueError:
     return DisqueError("ERR", message)
 
 
-# Fixed texts from the catalogue, shared by every module that raises them.
-SYNTAX = err("syntax error")
-NOT_INTEGER = err("value is not an integer or out of range")
-OUT_OF_RANGE = err("value is out of range")
-TIMEOUT_NOT_INT = err("timeout is not an integer or out of range")
-TIMEOUT_NEGATIVE = err("timeout is negative")
-BAD_CURSOR = err("invalid cursor or option name")
-BADID = DisqueError("BADID", "Invalid Job ID format.")
-NOJOB = DisqueError("NOJOB", "Job not known in the context of this node.")
-TOOLATE = DisqueError(
-    "TOOLATE",
-    "Half of job TTL already elapsed, you are no longer allowed to postpone the next delivery.",
+def _fixed(code: str, message: str) -> Callable[[], DisqueError]:
+    return partial(DisqueError, code, message)
+
+
+# The catalogue's fixed texts: `raise errors.syntax()`.
+syntax = _fixed("ERR", "syntax error")
+not_integer = _fixed("ERR", "value is not an integer or out of range")
+timeout_not_int = _fixed("ERR", "timeout is not an integer or out of range")
+timeout_negative = _fixed("ERR", "timeout is negative")
+bad_cursor = _fixed("ERR", "invalid cursor or option name")
+badid = _fixed("BADID", "Invalid Job ID format.")
+nojob = _fixed("NOJOB", "Job not known in the context of this node.")
+toolate = _fixed(
+    "TOOLATE", "Half of job TTL already elapsed, you are no longer allowed to postpone the next delivery."
 )
-NOAUTH = DisqueError("NOAUTH", "Authentication required.")
-OOM = DisqueError("OOM", "command not allowed when used memory > 'maxmemory'.")
-LOADING = DisqueError("LOADING", "Disque is loading the dataset in memory")
-LEAVING = DisqueError("LEAVING", "This node is leaving the cluster, please connect to a different one")
-PAUSED = DisqueError("PAUSED", "Queue paused in input, try later")
-MAXLEN = DisqueError("MAXLEN", "Queue is already longer than the specified MAXLEN count")
-NOREPL_REACH = DisqueError("NOREPL", "Not enough reachable nodes for the requested replication level")
-NOREPL_TIMEOUT = DisqueError(
-    "NOREPL", "Timeout reached before replicating to the requested number of nodes"
-)
-NOREPL_REMOVED = DisqueError(
-    "NOREPL", "job removed (expired?) before the requested replication level was achieved"
-)
+noauth = _fixed("NOAUTH", "Authentication required.")
+oom = _fixed("OOM", "command not allowed when used memory > 'maxmemory'.")
+loading = _fixed("LOADING", "Disque is loading the dataset in memory")
+leaving = _fixed("LEAVING", "This node is leaving the cluster, please connect to a different one")
+paused = _fixed("PAUSED", "Queue paused in input, try later")
+maxlen = _fixed("MAXLEN", "Queue is already longer than the specified MAXLEN count")
+norepl_reach = _fixed("NOREPL", "Not enough reachable nodes for the requested replication level")
+norepl_timeout = _fixed("NOREPL", "Timeout reached before replicating to the requested number of nodes")
+norepl_removed = _fixed("NOREPL", "job removed (expired?) before the requested replication level was achieved")
 
 
 def noreply_reason(reason: str) -> DisqueError:

@@ -271,7 +271,7 @@ class NodeCore:
             if waiter.deadline and waiter.deadline <= now:
                 self._unblock(waiter.client, NIL_ARRAY)
             elif self.cluster.leaving:
-                self._unblock(waiter.client, errors.LEAVING)
+                self._unblock(waiter.client, errors.leaving())
             else:
                 for name in waiter.queues:
                     self.federation.need_jobs(self._queue(name), CLIENTS_WAITING)
@@ -436,7 +436,7 @@ class NodeCore:
             client = self.repl_waiters.pop(job.id, None)
             if client is not None:  # pragma: no branch - a wait-repl job always has its producer waiting
                 client.repl_job = None
-                self.reply_to(client, errors.NOREPL_REMOVED)
+                self.reply_to(client, errors.norepl_removed())
             self.broadcast(job.nodes_delivered, m.DelJob(job.id))
         if job.state == S_ACKED:
             self.remember_collected(job.id)
@@ -626,14 +626,14 @@ class NodeCore:
         if additional and additional > (reachable := len(cluster.reachable())):  # none: no peer to count
             if extrepl and additional - 1 == reachable:
                 raise errors.noreply_reason("I'm leaving the cluster" if leaving else "I'm out of memory")
-            raise errors.NOREPL_REACH
+            raise errors.norepl_reach()
         existing = self.queues.get(queue)
         if existing is not None:
             queue = existing.name  # share the name bytes between jobs
             if maxlen is not None and len(existing) >= maxlen:
-                raise errors.MAXLEN
+                raise errors.maxlen()
             if existing.pause & PAUSE_IN:
-                raise errors.PAUSED
+                raise errors.paused()
         job_id = new_job_id(cluster.my_id, self.rng, ttl, retry)
         jobs = self.jobs
         if job_id in jobs:
@@ -692,7 +692,7 @@ class NodeCore:
         if nohang:
             return NIL_ARRAY
         if self.cluster.leaving:
-            raise errors.LEAVING
+            raise errors.leaving()
         self.block(client, tuple(dict.fromkeys(names)), withcounters, timeout)
         return BLOCKED
 
@@ -728,7 +728,7 @@ class NodeCore:
         created_ms = job.ctime // 1_000_000
         ttl_ms = job.etime * 1000 - created_ms
         if ttl_ms > 0 and self.now - created_ms > ttl_ms / 2:
-            raise errors.TOOLATE
+            raise errors.toolate()
         self.dequeue(job)
         job.flags |= BCAST_WILLQUEUE
         if job.retry and job.qtime:

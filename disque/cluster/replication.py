@@ -146,8 +146,8 @@ class Replication:
             if job is None or job.state != State.WAIT_REPL:
                 self.pending.pop(job_id, None)
             elif pending.deadline and now >= pending.deadline:
-                self.abort(job, errors.NOREPL_TIMEOUT)
+                self.abort(job, errors.norepl_timeout())
             elif node.cluster.leaving:
-                self.abort(job, errors.LEAVING)
+                self.abort(job, errors.leaving())
             elif now - pending.last_add >= REPL_STEP_MS and self.replicate(job, 1, noreply=False):
                 pending.last_add = now

@@ -355,7 +355,7 @@ def test_turning_leaving_aborts_synchronous_replication():
     assert [msg for _, msg in node.sent() if isinstance(msg, m.ReplJob)]  # still trying
     assert node.s("CLUSTER", "LEAVING", "yes") == OK
     node.wait(100)
-    assert producer.pending() == [errors.LEAVING]
+    assert producer.pending() == [errors.leaving()]
     assert node.sent() == [(PEER, m.DelJob(job_id))] and node.show(job_id) is None
     check_core(node.core)
 

@@ -394,7 +394,7 @@ def test_level1_adds_need_external_replication(env):
     assert env.core.mem_level() == 1
     reply = env.s("ADDJOB", "q", "x", 0)
     assert reply.code == "NOREPL" and reply.message.endswith("reason: I'm out of memory")
-    assert env.s("ADDJOB", "q", "x", 0, "REPLICATE", 3).message == errors.NOREPL_REACH.message
+    assert env.s("ADDJOB", "q", "x", 0, "REPLICATE", 3).message == errors.norepl_reach().message
 
 
 def test_eviction_drops_delivered_retry0_jobs_only(env):
@@ -453,7 +453,7 @@ def test_maxmemory_zero_never_answers_oom(env):
     env.core.config.maxmemory = 0
     assert env.core.mem_level() == 2 and env.core.evict()
     assert env.s("ADDJOB", "q", "x", 0).message.endswith("reason: I'm out of memory")
-    assert env.s("ADDJOB", "q", "x", 0, "REPLICATE", 2).message == errors.NOREPL_REACH.message
+    assert env.s("ADDJOB", "q", "x", 0, "REPLICATE", 2).message == errors.norepl_reach().message
 
 
 def test_acked_jobs_are_evicted(duo):
@@ -599,10 +599,10 @@ def test_producer_waiting_for_replication(duo, how):
     else:
         if how == "timeout":
             duo.wait(1_100)
-            expected = errors.NOREPL_TIMEOUT
+            expected = errors.norepl_timeout()
         else:
             duo.s(*{"deljob": ("DELJOB", job_id), "flushall": ("DEBUG", "FLUSHALL")}[how])
-            expected = errors.NOREPL_REMOVED
+            expected = errors.norepl_removed()
         assert producer.pending() == [expected] and m.DelJob(job_id) in duo.sent()
         assert duo.show(job_id) is None
     duo.check()
@@ -755,7 +755,7 @@ ERR = errors.err
         (("TIME",), [b"%d" % (START_MS // 1000), b"0"]),
         (("LOADJOB", "x"), ERR("LOADJOB is a special command only processed from AOF")),
         (("AUTH", "x"), ERR("Client sent AUTH, but no password is set")),
-        (("INFO", "a", "b"), errors.SYNTAX),
+        (("INFO", "a", "b"), errors.syntax()),
         (("INFO", "nope"), b""),
         (("INFO", "JOBS"), b"# Jobs\r\nregistered_jobs:0\r\n"),
         (("COMMAND", "INFO", "addjob", "nope"),
@@ -764,16 +764,16 @@ ERR = errors.err
         (("SLOWLOG", "LEN"), 0),
         (("SLOWLOG", "RESET"), OK),
         (("SLOWLOG", "GET"), []),
-        (("SLOWLOG", "GET", "x"), errors.NOT_INTEGER),
+        (("SLOWLOG", "GET", "x"), errors.not_integer()),
         (("SLOWLOG", "nope"), ERR("Unknown SLOWLOG subcommand or wrong # of args. Try GET, RESET, LEN.")),
         (("LATENCY", "LATEST"), []),
         (("LATENCY", "DOCTOR"), b"No latency spikes were observed (latency monitoring is not sampling events)."),
         (("LATENCY", "HISTORY", "e"), []),
         (("LATENCY", "GRAPH", "e"), ERR("No samples available for event 'e'")),
         (("LATENCY", "RESET", "e"), 0),
-        (("LATENCY", "nope"), errors.SYNTAX),
-        (("SHUTDOWN", "nosave"), errors.SYNTAX),
-        (("SHUTDOWN", "a", "b"), errors.SYNTAX),
+        (("LATENCY", "nope"), errors.syntax()),
+        (("SHUTDOWN", "nosave"), errors.syntax()),
+        (("SHUTDOWN", "a", "b"), errors.syntax()),
         (("SHUTDOWN", "REWRITE-AOF"), SILENT),
         (("BGREWRITEAOF",), Status(b"Background append only file rewriting started")),
         (("CLUSTER", "MYID"), NODE_ID.encode()),
@@ -782,46 +782,46 @@ ERR = errors.err
         (("CLUSTER", "LEAVING", "maybe"), ERR("Wrong argument for CLUSTER LEAVING. Use 'yes' or 'no'")),
         (("ADDJOB", "q", "b", "0", "TTL", "0"), ERR("TTL must be a number > 0")),
         (("ADDJOB", "q", "b", "x", "TTL", "0"), ERR("TTL must be a number > 0")),
-        (("ADDJOB", "q", "b", "x"), errors.TIMEOUT_NOT_INT),
-        (("ADDJOB", "q", "b", "-1"), errors.TIMEOUT_NEGATIVE),
+        (("ADDJOB", "q", "b", "x"), errors.timeout_not_int()),
+        (("ADDJOB", "q", "b", "-1"), errors.timeout_negative()),
         (("ADDJOB", "q", "b", "0", "REPLICATE", "0"), ERR("REPLICATE must be between 1 and 65535")),
         (("ADDJOB", "q", "b", "0", "REPLICATE", "65536"), ERR("REPLICATE must be between 1 and 65535")),
         (("ADDJOB", "q", "b", "0", "RETRY", "-1"), ERR("RETRY time must be a non negative number")),
         (("ADDJOB", "q", "b", "0", "DELAY", "1x"), ERR("DELAY time must be a non negative number")),
         (("ADDJOB", "q", "b", "0", "MAXLEN", "0"), ERR("MAXLEN must be a positive number")),
-        (("ADDJOB", "q", "b", "0", "TTL"), errors.SYNTAX),
+        (("ADDJOB", "q", "b", "0", "TTL"), errors.syntax()),
         (("ADDJOB", "q", "b", "0", "TTL", "9223372036854775808"), ERR("TTL must be a number > 0")),
         (("ADDJOB", "q", "b", "0", "TTL", "1" * 25), ERR("TTL must be a number > 0")),
         (("ADDJOB", "q", "b", "0", "REPLICATE", "-" + "0" * 25 + "1"), ERR("REPLICATE must be between 1 and 65535")),
-        (("ADDJOB", "q", "b", "0", "NOPE", "1"), errors.SYNTAX),
+        (("ADDJOB", "q", "b", "0", "NOPE", "1"), errors.syntax()),
         (("ADDJOB", "q", "b", "0", "REPLICATE", "2", "RETRY", "0"),
          ERR("With RETRY set to 0 please explicitly set  REPLICATE to 1 (at-most-once delivery)")),
-        (("ADDJOB", "q", "b", "0", "REPLICATE", "2"), errors.NOREPL_REACH),
+        (("ADDJOB", "q", "b", "0", "REPLICATE", "2"), errors.norepl_reach()),
         (("ADDJOB", "q", "b", "0", "DELAY", "10", "TTL", "10"),
          ERR("The specified DELAY is greater than TTL. Job refused since would never be delivered")),
-        (("GETJOB", "NOHANG", "q"), errors.SYNTAX),
-        (("GETJOB", "NOHANG"), errors.SYNTAX),
-        (("GETJOB", "FROM"), errors.SYNTAX),
+        (("GETJOB", "NOHANG", "q"), errors.syntax()),
+        (("GETJOB", "NOHANG"), errors.syntax()),
+        (("GETJOB", "FROM"), errors.syntax()),
         (("GETJOB", "COUNT", "0", "FROM", "q"), ERR("COUNT must be a number greater than zero")),
         (("GETJOB", "COUNT", "x", "FROM", "q"), ERR("COUNT must be a number greater than zero")),
-        (("GETJOB", "TIMEOUT", "-5", "FROM", "q"), errors.TIMEOUT_NEGATIVE),
+        (("GETJOB", "TIMEOUT", "-5", "FROM", "q"), errors.timeout_negative()),
         (("GETJOB", "TIMEOUT", "10", "NOHANG", "FROM", "q"), NIL_ARRAY),
         (("ACKJOB",), 0),
-        (("DELJOB", "bad"), errors.BADID),
-        (("DEQUEUE", ODD_ID, "bad"), errors.BADID),
-        (("WORKING", ODD_ID), errors.NOJOB),
+        (("DELJOB", "bad"), errors.badid()),
+        (("DEQUEUE", ODD_ID, "bad"), errors.badid()),
+        (("WORKING", ODD_ID), errors.nojob()),
         (("SHOW", ODD_ID), None),
-        (("SHOW", "bad"), errors.BADID),
+        (("SHOW", "bad"), errors.badid()),
         (("QPEEK", "q", "1"), []),
         (("QSTAT", "q"), NIL_ARRAY),
-        (("QSCAN", "x"), errors.BAD_CURSOR),
-        (("QSCAN", "MINLEN", "x"), errors.NOT_INTEGER),
-        (("QSCAN", "1", "2"), errors.SYNTAX),
+        (("QSCAN", "x"), errors.bad_cursor()),
+        (("QSCAN", "MINLEN", "x"), errors.not_integer()),
+        (("QSCAN", "1", "2"), errors.syntax()),
         (("QSCAN", "-1"), [b"0", []]),
         (("QSCAN", "+1"), [b"0", []]),
-        (("QSCAN", "18446744073709551616"), errors.BAD_CURSOR),
-        (("JSCAN", "STATE"), errors.BAD_CURSOR),
-        (("PAUSE", "q", "bogus"), errors.SYNTAX),
+        (("QSCAN", "18446744073709551616"), errors.bad_cursor()),
+        (("JSCAN", "STATE"), errors.bad_cursor()),
+        (("PAUSE", "q", "bogus"), errors.syntax()),
         (("PAUSE", "q", "in", "none"), Status(b"none")),
     ],
 )  # fmt: skip
@@ -835,7 +835,7 @@ def test_command_replies(env, argv, expected):
 
 def test_huge_cursor_is_an_invalid_cursor(env):
     reply = env.s("QSCAN", "9" * 5000)
-    assert (reply.code, reply.message) == ("ERR", errors.BAD_CURSOR.message)
+    assert (reply.code, reply.message) == ("ERR", errors.bad_cursor().message)
 
 
 def test_command_count_counts_the_table(env):

@@ -119,7 +119,7 @@ async def test_leaving_flag_propagates_and_stops_replicas(autojump_clock, c5):
     for _ in range(10):
         job_id = await add(cluster, 0, "REPLICATE", 4)
         assert 2 not in holders(cluster, job_id)
-    assert await cluster.call(0, "ADDJOB", "q", "b", 0, "REPLICATE", 5) is errors.NOREPL_REACH
+    assert await cluster.call(0, "ADDJOB", "q", "b", 0, "REPLICATE", 5) == errors.norepl_reach()
 
 
 async def test_pause_bcast_reaches_every_node(autojump_clock, c5):
@@ -127,7 +127,7 @@ async def test_pause_bcast_reaches_every_node(autojump_clock, c5):
     assert await cluster.call(0, "PAUSE", "pq", "in", "bcast") == b"in"
     await trio.sleep(0.1)
     assert [await cluster.call(i, "PAUSE", "pq", "state") for i in range(5)] == [b"in"] * 5
-    assert await cluster.call(3, "ADDJOB", "pq", "b", 0) is errors.PAUSED
+    assert await cluster.call(3, "ADDJOB", "pq", "b", 0) == errors.paused()
 
 
 # ---------------------------------------------------------------- replication
@@ -148,7 +148,7 @@ async def test_addjob_norepl_without_enough_reachable_nodes(autojump_clock, c5):
     cluster.partition([[0, 1], [2, 3, 4]])
     await cluster.wait_for(lambda: len(cluster.core(0).cluster.reachable()) == 1, timeout=10)
     reply = await cluster.call(0, "ADDJOB", "q", "b", 0, "REPLICATE", 3)
-    assert reply is errors.NOREPL_REACH
+    assert reply == errors.norepl_reach()
     job_id = await add(cluster, 0, "REPLICATE", 2)
     assert set(holders(cluster, job_id)) == {0, 1}
 
@@ -164,7 +164,7 @@ async def test_addjob_times_out_when_targets_vanish(autojump_clock, c5):
         nursery.start_soon(producer)
         await trio.sleep(0)  # the ADDJOB is waiting for its GOTJOBs
         cluster.partition([[0], [1, 2, 3, 4]])
-    assert replies == [errors.NOREPL_TIMEOUT]
+    assert replies == [errors.norepl_timeout()]
     assert len(cluster.core(0).jobs) == 0
     cluster.heal()
     await cluster.wait_for(cluster.meshed, timeout=10)
@@ -380,7 +380,7 @@ async def test_leaving_no_makes_the_node_a_replica_again(autojump_clock, c5):
     cluster = c5
     assert await cluster.call(2, "CLUSTER", "LEAVING", "yes") == b"OK"
     await cluster.wait_for(lambda: all(flags_of(cluster, i, 2) & LEAVING for i in (0, 1, 3, 4)), timeout=5)
-    assert await cluster.call(2, "GETJOB", "FROM", "q") is errors.LEAVING
+    assert await cluster.call(2, "GETJOB", "FROM", "q") == errors.leaving()
     assert await cluster.call(2, "CLUSTER", "LEAVING", "no") == b"OK"
     await cluster.wait_for(lambda: not any(flags_of(cluster, i, 2) & LEAVING for i in (0, 1, 3, 4)), timeout=5)
     job_id = await add(cluster, 0, "REPLICATE", 5)

@@ -126,7 +126,7 @@ class Workload:
             )  # fmt: skip
             if isinstance(reply, bytes):
                 self.history.complete(op, OK, job=reply.decode())
-            elif reply is errors.NOREPL_REACH:  # refused before the job existed
+            elif reply == errors.norepl_reach():  # refused before the job existed
                 self.history.complete(op, FAIL, value=str(reply))
             else:  # a replication timeout leaves copies behind, a dead node tells nothing
                 self.history.complete(op, INFO, value=str(reply))
