@@ -173,6 +173,12 @@ def wait_for(predicate: Callable[[], Any], timeout: float = TIMEOUT, what: str =
     return value
 
 
+def rss(pid: int) -> int:
+    """The resident memory of a process, in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
 def blocked_on(conn: Raw, queue: bytes) -> int:
     """Clients blocked on `queue` (0 while the queue does not exist yet)."""
     stat = conn.call("QSTAT", queue)

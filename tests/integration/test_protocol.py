@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from disque.devcluster import NodeProcess
-from integration.rawsock import Raw, blocked_on, pack, q, raw, reply_end, shared_node, wait_for  # noqa: F401
+from integration.rawsock import Raw, blocked_on, pack, q, raw, reply_end, rss, shared_node, wait_for  # noqa: F401
 
 RawFactory = Callable[..., Raw]
 KIB64 = 64 * 1024
@@ -259,6 +259,29 @@ def test_binary_garbage_never_kills_the_server(raw: RawFactory, seed: int) -> No
         pos = end
     conn.close()
     assert raw().call_raw("PING") == b"+PONG\r\n"
+
+
+# ---------------------------------------------------------------- refused requests
+
+
+def test_refused_requests_leave_memory_flat(spawn: Callable[..., NodeProcess], raw: RawFactory) -> None:
+    """1,000 refused 1 MB requests leave the node's memory where it was: an
+    error must not keep the request it refused alive."""
+    node = spawn()
+    conn = raw(node)
+    request = pack("ADDJOB", "q", b"x" * (1 << 20), 0, "BOGUSOPTION")
+    refused = b"-ERR syntax error\r\n"
+    for _ in range(20):  # the allocator settles on its working set
+        conn.send(request)
+        assert conn.read_raw() == refused
+    before = rss(node.pid)
+    for i in range(1, 1001):
+        conn.send(request)
+        assert conn.read_raw() == refused
+        if i % 50 == 0:  # fail early rather than grow by a gigabyte
+            grown = rss(node.pid) - before
+            assert grown < 30 << 20, f"RSS grew by {grown >> 20} MB after {i} refused requests"
+    assert conn.call("QLEN", "q") == 0
 
 
 # ---------------------------------------------------------------- QUIT, disconnects

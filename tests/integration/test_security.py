@@ -41,6 +41,7 @@ from disque.cluster.codec import encode_body, encode_frame, job_to_wire
 from disque.cluster.messages import DelJob, Header, Ping, ReplJob
 from disque.devcluster import DEFAULT_CONF, NodeProcess, command, free_port, join
 from disque.store.job import Job, State
+from integration.rawsock import rss
 
 HOST = "127.0.0.1"
 SECRET = "the cluster secret of the security tests"
@@ -607,11 +608,6 @@ def drain_until_closed(sock: socket.socket, timeout: float = 10.0) -> int:
     except (ConnectionResetError, BrokenPipeError):
         pass
     return total
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
 
 
 def test_consumers_that_stop_reading_hit_the_output_limit(nodes: Nodes) -> None:
