@@ -67,6 +67,7 @@ CONNECT_TIMEOUT = 1.0  # seconds: a connection into a partition fails after this
 LINK_CRON = 0.1
 INVARIANT_PERIOD = 1.0
 MAX_TICKS_PER_MS = 1000  # more ticks than this at one instant: the core spins
+MAX_CALLS_PER_INSTANT = 10_000  # more client calls than this: a client spins
 # Frames the network never duplicates.  A replayed YOURJOBS re-creates an
 # at-most-once job that its importer already delivered and deleted, and
 # nothing in the protocol can tell the replay from a new import: the real bus
@@ -465,6 +466,7 @@ class SimCluster:
         self.client_ids = itertools.count(1)
         self.conn_ids = itertools.count(1)
         self.stats = {"delivered": 0, "dropped": 0, "duplicated": 0, "cut": 0}
+        self._instant = (-1.0, 0)  # (virtual time, client calls made at it)
         self._stack = AsyncExitStack()
 
     async def __aenter__(self) -> SimCluster:
@@ -537,7 +539,16 @@ class SimCluster:
     async def call(self, i: int, *args: Any) -> Any:
         """Run a command on node `i`, waiting (virtual time) for a blocked
         reply.  Returns the reply value (a DisqueError for errors), or
-        CONNECTION_LOST if the node is or goes down first."""
+        CONNECTION_LOST if the node is or goes down first.
+
+        A call answered at once does not let virtual time pass: a client
+        that loops on such replies without sleeping would spin forever, so
+        that fails here."""
+        now = trio.current_time()
+        at, calls = self._instant
+        calls = calls + 1 if now == at else 1
+        self._instant = (now, calls)
+        assert calls <= MAX_CALLS_PER_INSTANT, f"{calls} client calls at {now} s: a client spins without sleeping"
         return await self.nodes[i].call(args)
 
     def core(self, i: int) -> NodeCore:

@@ -155,7 +155,7 @@ class Workload:
                 self.history.complete(op, INFO, value="connection lost")
             elif reply is NIL_ARRAY or isinstance(reply, DisqueError):
                 self.history.complete(op, FAIL, value=str(reply))
-                if nohang:
+                if nohang or reply is not NIL_ARRAY:  # answered at once (-LEAVING, ...): no spinning
                     await trio.sleep(0.05)
                 continue
             else:
