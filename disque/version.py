@@ -5,20 +5,19 @@ so it is never stale; an installed copy reads `REVISION`, which setup.py
 writes into the sdist and the wheel when it builds them from a checkout.
 With neither, the revision is unknown and shows as Redis shows it,
 `00000000`.  Only `--version` and the server's INFO ask, so git runs at most
-once per process.
+once per process.  (No pathlib, and subprocess only when asking git:
+`disque --version` should answer as fast as `disque --help`.)
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 from disque import __version__
 
-PACKAGE = Path(__file__).parent
+PACKAGE = os.path.dirname(os.path.abspath(__file__))
 RECORD = "REVISION"  # in the package directory of a built copy: "<sha> <dirty 0|1>"
 
 
@@ -39,12 +38,14 @@ class Revision:
         return cls(sha, dirty == "1")
 
 
-def from_git(checkout: Path) -> Revision | None:
+def from_git(checkout: str | os.PathLike[str]) -> Revision | None:
     """HEAD of the work tree whose top is `checkout`; None if it is not one
     (an unpacked sdist inside some other repository must not take its HEAD)
     or git is missing."""
-    if not (checkout / ".git").exists():
+    if not os.path.exists(os.path.join(checkout, ".git")):
         return None
+    import subprocess
+
     # No optional locks: `git status` must not take the index lock from someone committing.
     env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
     try:
@@ -55,16 +56,17 @@ def from_git(checkout: Path) -> Revision | None:
     return Revision(sha, bool(status.stdout.strip()))
 
 
-def recorded(package: Path = PACKAGE) -> Revision | None:
+def recorded(package: str | os.PathLike[str] = PACKAGE) -> Revision | None:
     try:
-        return Revision.parse((package / RECORD).read_text())
+        with open(os.path.join(package, RECORD), encoding="ascii") as f:
+            return Revision.parse(f.read())
     except (OSError, ValueError):
         return None
 
 
 @cache
 def revision() -> Revision | None:
-    return from_git(PACKAGE.parent) or recorded()
+    return from_git(os.path.dirname(PACKAGE)) or recorded()
 
 
 def describe(program: str) -> str:

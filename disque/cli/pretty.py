@@ -74,9 +74,12 @@ def render(kind: str, value: Any) -> RenderableType:
     if kind == "record":
         return kv_block(value)
     if kind == "queue-by-node":  # qstat --cluster: {"total": QueueStats, "nodes": [(node ID, address, QueueStats)]}
-        rows = [[node, address, *list(record_fields(stats).values())[1:]] for node, address, stats in value["nodes"]]  # [1:]: not the name
-        columns = ["node", "address", *list(record_fields(value["total"]))[1:]]
-        return Group(kv_block(value["total"]), Text(""), names_table(f"on {len(rows)} node(s)", rows, columns))
+        table = Table()
+        for name in ("node", "address", "len", "age", "idle", "blocked", "jobs-in", "jobs-out", "pause"):
+            table.add_column(name, no_wrap=True, justify="left" if name in ("node", "address", "pause") else "right")
+        for node, address, s in value["nodes"]:
+            table.add_row(node, address, *map(str, (s.len, s.age, s.idle, s.blocked, s.jobs_in, s.jobs_out)), s.pause)
+        return Group(kv_block(value["total"]), Text(""), titled(f"on {len(value['nodes'])} node(s)", table))
     if kind == "hello":
         table = Table()
         for name in ("node", "address", "priority", ""):
