@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from client_helpers import PtyProcess, client, queue, shared_node  # noqa: F401  (fixtures)
+from client_helpers import PtyProcess, client, queue, shared_node, wait_for  # noqa: F401  (fixtures)
 
 from disque.client import Client, QueueStats
 from disque.cli.cluster import QueueRates
@@ -512,3 +512,15 @@ def test_monitor_at_the_prompt_gives_the_prompt_back_on_ctrl_c(prompt: Callable[
     os.kill(p.process.proc.pid, signal.SIGINT)  # Ctrl-C (the test's pty is not a controlling terminal)
     p.process.expect(p.label)  # back at the prompt, on a fresh connection
     p.run(f"qlen {queue}", r"\(integer\) 1")
+
+
+def test_ctrl_c_ends_a_blocked_command_not_the_prompt(prompt: Callable[..., Prompt], client: Client, queue: str) -> None:
+    p = prompt()
+    p.process.send(f"GETJOB FROM {queue}\r")  # blocks: the queue is empty
+    p.process.expect(f"GETJOB FROM {re.escape(queue)}")
+    wait_for(lambda: client.qstat(queue) and client.qstat(queue).blocked == 1, what="GETJOB to block")  # type: ignore[union-attr]
+    os.kill(p.process.proc.pid, signal.SIGINT)
+    p.process.expect(p.label)
+    wait_for(lambda: (s := client.qstat(queue)) is None or s.blocked == 0, what="the interrupted GETJOB's connection to close")
+    client.add_job(queue, "after the interrupt")
+    p.run(f"qlen {queue}", r"\(integer\) 1")  # a new connection answers
