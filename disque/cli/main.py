@@ -7,8 +7,9 @@ exact lowercase name (`qstat`, `show`, `jscan`, `top`, `export`, `help`,
 ...), and any other word is a server command sent as typed (`disque ADDJOB q
 body 0`, or `disque JSCAN 0 COUNT 10` for one raw page).  Without a command,
 a prompt (`prompt.py`) reads lines, splits them like redis-cli and runs each
-through `dispatch`, the same lookup: what works as `disque <line>` works at
-the prompt, and `help <name>` shows the same help as `disque <name> --help`.
+through `dispatch`, the same lookup: what works as `disque [options] <line>`
+works at the prompt (the options are the prompt's own), and `help <name>`
+shows the same help as `disque <name> --help`.
 
 Output follows redis-cli: pretty (tables) on a terminal, bare values one per
 line (`--raw`) when stdout is not one; `--no-raw` and `--json` choose.  Server

@@ -2,8 +2,8 @@
 
 Theory of operation: each line is split like redis-cli splits it
 (`config.split_args`) and run by `main.dispatch`, the lookup the one-shot
-commands use, so a line is exactly what would follow `disque` on the command
-line.  The prompt (prompt_toolkit, imported only here) completes the first
+commands use, so a line is what would follow `disque` and its options on the
+command line.  The prompt (prompt_toolkit, imported only here) completes the first
 word, keeps a history file, shows the syntax of the command being typed, and
 turns Ctrl-C into the end of the running command, not of the prompt.
 Errors are printed as `(error) ...` and the next line runs; piped lines end
