@@ -25,12 +25,14 @@ sys.path.insert(0, str(HERE))
 
 from hiredis import ReplyError  # noqa: E402
 
+import admin  # noqa: E402
 from cluster import Conn, Node, call_once, join, wait_mesh  # noqa: E402
 from disque import checker_stats  # noqa: E402
 from disque.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, OK, SCAN, History, check  # noqa: E402
 
-ALL_FAULTS = ("halves", "majority", "bridge", "kill", "pause", "netem")
+ALL_FAULTS = ("halves", "majority", "bridge", "kill", "pause", "netem", "admin")
 QUEUE = "jepsen"
+TTLS = (20, 300, 300, 300)  # seconds, drawn per job
 
 
 def now_ms() -> int:
@@ -65,6 +67,8 @@ def schedule(rng: random.Random, faults: list[str], n: int, duration: float, fau
             step["node"] = nodes[0]
         elif fault == "netem":
             step.update(nodes=sorted(nodes[: max(2, n // 2)]), loss=10, delay_ms=50, jitter_ms=25)
+        elif fault == "admin":
+            step.update(admin.plan(rng, nodes, sum(1 for s in plan if s["fault"] == "admin")))
         plan.append(step)
         t += fault_s + gap_s
     return plan
@@ -99,7 +103,7 @@ class Workload:
             opts = {"queue": QUEUE, "replicate": 1, "retry": 0}
         else:
             opts = {"queue": QUEUE, "replicate": rng.choice((2, 3)), "retry": rng.randint(1, 3)}
-        opts["ttl"] = rng.choice((20, 300, 300, 300))
+        opts["ttl"] = rng.choice(TTLS)
         return opts
 
     def _conn(self, conns: dict[int, Conn], i: int) -> Conn:
@@ -284,7 +288,7 @@ def start_cluster(args: argparse.Namespace, net: Any, workdir: Path) -> list[Nod
     return nodes
 
 
-def apply(step: dict[str, Any], net: Any, nodes: list[Node], on: bool) -> None:
+def apply(step: dict[str, Any], net: Any, nodes: list[Node], on: bool, wl: Workload) -> None:
     fault = step["fault"]
     if fault in ("halves", "majority", "bridge"):
         net.partition(step["groups"]) if on else net.heal()
@@ -296,6 +300,8 @@ def apply(step: dict[str, Any], net: Any, nodes: list[Node], on: bool) -> None:
     elif fault == "pause":
         node = nodes[step["node"]]
         node.pause() if on else node.resume()
+    elif fault == "admin":
+        admin.Admin(net, nodes, wl, wl.args.node_timeout_ms).apply(step, on)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -342,13 +348,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             log(f"fault {step['fault']}: {json.dumps({k: v for k, v in step.items() if k not in ('at', 'fault', 'hold')})}")
             wl.nemesis("start", step["fault"], **{k: v for k, v in step.items() if k not in ("fault",)})
             try:
-                apply(step, net, nodes, True)
+                apply(step, net, nodes, True, wl)
                 injected.append(step)
             except Exception as e:  # noqa: BLE001
                 notes.append(f"could not inject {step['fault']} at {step['at']}s: {e!r}")
             time.sleep(step["hold"])
             try:
-                apply(step, net, nodes, False)
+                apply(step, net, nodes, False, wl)
             except Exception as e:  # noqa: BLE001
                 notes.append(f"could not end {step['fault']} at {step['at']}s: {e!r}")
             wl.nemesis("stop", step["fault"])
@@ -380,7 +386,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             t.join(10)
         log("waiting for acknowledged jobs to be collected")
         acked, gc_start = wl.acked(), time.monotonic()
-        while wl.scan(record=False) & acked and time.monotonic() - gc_start < args.gc_limit_s:
+        gc_limit = args.gc_limit_s
+        hard = [s for s in injected if s.get("op") == "reset-hard"]
+        if hard:  # acked jobs that listed the old ID wait for their TTL (admin.py)
+            gc_limit = max(gc_limit, t0 + hard[-1]["at"] + max(TTLS) + 2 - gc_start)
+            log(f"a node was reset HARD: waiting up to {gc_limit:.0f} s, until the TTL of the jobs it held")
+        while wl.scan(record=False) & acked and time.monotonic() - gc_start < gc_limit:
             time.sleep(2)
         wl.scan(record=True)
         diagnostics = wl.explain_uncollected(acked)
@@ -431,7 +442,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     log(
         f"{'VALID' if results['valid'] else 'INVALID'}: enqueued {results['enqueued']}, lost {results['lost']}, "
         f"unexpected {results['unexpected']}, duplicated {results['duplicated']}, recovered {results['recovered']}, "
-        f"late {verdict.get('late')}, uncollected {verdict.get('uncollected')}, "
+        f"late {verdict.get('late')}, uncollected {verdict.get('uncollected')}, wiped {verdict.get('wiped')}, "
         f"at-most-once duplicated {verdict.get('at_most_once_duplicated')} ({net.mode} mode, {elapsed:.0f}s)"
     )
     for n in notes:
