@@ -69,9 +69,16 @@ class NodeProcess:
             extra_conf = f'\ndir "{self.workdir}"\nport {self.port}\nbind {self.host}\nlogfile log.txt\n'
             conf.write_text(DEFAULT_CONF.read_text() + extra_conf)
         argv = [sys.executable, "-m", "disque", str(conf), *self.extra]
-        # In its directory: a rewritten config may name the log file before `dir`
+        # In its directory: a rewritten config may name the log file before `dir`.
+        # In its own session: a Ctrl-C at the terminal reaches only the parent,
+        # which stops the nodes by PID in order instead of racing their exits.
         self.proc = subprocess.Popen(
-            argv, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            argv,
+            cwd=self.workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
