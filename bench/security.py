@@ -13,7 +13,7 @@ authentication and with the bus over TLS, as ratios to plain in the same run.
   interleaved rounds so that load drift affects them alike.  Ratios: p50 and
   mean of each to the plain cluster's.
 
-Certificates come from `disque.tls.keygen` in a temporary directory.
+Certificates come from `disque.shell.tls.keygen` in a temporary directory.
 Everything shares the machine's cores: the ratios are the figures to watch.
 """
 
@@ -30,7 +30,7 @@ from typing import Any
 from common import BODY, print_table, redis_benchmark
 
 from disque.devcluster import NodeProcess, free_port, join
-from disque.tls import keygen
+from disque.shell.tls import keygen
 
 HOST = "127.0.0.1"
 PIPELINE = 16

@@ -54,7 +54,7 @@ import hiredis
 from disque.errors import DisqueError
 from disque.ids import node_prefix
 
-if TYPE_CHECKING:  # only annotations: disque.tls makes the contexts, and importing ssl is slow
+if TYPE_CHECKING:  # only annotations: disque.shell.tls makes the contexts, and importing ssl is slow
     import ssl
 
 log = logging.getLogger("disque.client")
@@ -425,7 +425,7 @@ class _Base:
             raise ValueError("no Disque node given")
         self.password = password
         if ssl_context is None and tls:
-            from disque.tls import client_context
+            from disque.shell.tls import client_context
 
             ssl_context = client_context(ca=tls_ca_cert, cert=tls_cert, key=tls_key)
         elif ssl_context is None and (tls_ca_cert or tls_cert or tls_key):

@@ -436,7 +436,7 @@ def tls_keygen(directory: str, hosts: tuple[str, ...], days: int) -> None:
     """Create a throwaway CA and node and client certificates in DIRECTORY (development and tests only)."""
     from pathlib import Path
 
-    from disque.tls import keygen
+    from disque.shell.tls import keygen
 
     paths = keygen(directory, hosts, days)
     for name in sorted(paths):

@@ -1,7 +1,7 @@
 """`disque-server`: start a node from a config file and command-line directives.
 
 Thin on purpose: it parses the configuration, sets up logging and hands the
-node to `disque.server.Server`; trio and the server are imported only then,
+node to `disque.shell.server.Server`; trio and the server are imported only then,
 so `--version` and `--help` answer at once."""
 
 from __future__ import annotations
@@ -76,9 +76,9 @@ def server_main(argv: list[str] | None = None) -> None:
     import trio
 
     from disque.cluster.membership import ConfError
-    from disque.cluster.nodes_file import NodesFileLocked
-    from disque.security import SecurityError
-    from disque.server import Server
+    from disque.shell.nodes_file import NodesFileLocked
+    from disque.shell.security import SecurityError
+    from disque.shell.server import Server
 
     try:
         server = Server(config)

@@ -22,7 +22,7 @@ comes back `active` with the timers of a received job, and `queued` jobs are
 re-queued once only when the file is trusted.  `scan` runs the parser and the
 record checks over a whole byte string, for `disque check-aof` and tests.
 
-The shell (`aof_file.py`) owns files, fsync and rewrites; `AofStatus` is what
+The shell (`disque/shell/aof_file.py`) owns files, fsync and rewrites; `AofStatus` is what
 it reports through INFO.
 """
 

@@ -1,5 +1,5 @@
 """Cluster bus authentication without sockets (disque.cluster.auth), and the
-per-connection security decisions of disque.security.
+per-connection security decisions of disque.shell.security.
 
 Hypothesis drives the authenticated frame decoder with arbitrary chunking,
 bit flips, truncations, reorderings, duplicates and garbage: it must hand out
@@ -29,7 +29,7 @@ from disque.cluster.auth import (
 from disque.cluster.codec import encode_frame
 from disque.cluster.messages import Header, Ping
 from disque.config import Config
-from disque.security import (
+from disque.shell.security import (
     SecurityError,
     announced_port,
     is_loopback,
@@ -369,7 +369,7 @@ def test_fuzz_a_tampered_handshake_never_completes(junk: bytes, which: int, keep
 
 
 # --------------------------------------------------------------------------
-# Security decisions (disque.security)
+# Security decisions (disque.shell.security)
 
 
 @pytest.mark.parametrize(

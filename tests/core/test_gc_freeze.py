@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import trio
 
-from disque.gc_freeze import FREEZE_EVERY_MS, FULL_PASS_EVERY_MS, GcFreezer
+from disque.shell.gc_freeze import FREEZE_EVERY_MS, FULL_PASS_EVERY_MS, GcFreezer
 
 
 class FakeCollector:

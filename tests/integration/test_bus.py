@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import trio
 
-from disque.cluster.bus import Bus
+from disque.shell.bus import Bus
 from disque.cluster.messages import Header, Message, Pause, Ping, Pong
 from disque.devcluster import free_port
 from disque.effects import Answer, DropLink, Send

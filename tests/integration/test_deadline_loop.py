@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 
 from disque.config import Config
-from disque.server import Server
+from disque.shell.server import Server
 
 MAX_TICKS = 100
 

@@ -48,12 +48,12 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from disque.connection import Conn
+from disque.shell.session import Conn
 from disque.node import Client
 from disque.resp import QUERY_BUFFER_LIMIT
 
 if TYPE_CHECKING:
-    from disque.server import Server
+    from disque.shell.server import Server
 
 log = logging.getLogger("disque")
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from disque import tls
+from disque.shell import tls
 from disque.cluster.auth import Keyring
 from disque.errors import err
 

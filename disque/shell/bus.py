@@ -27,7 +27,7 @@ After every core call the bus runs `drain()`, which applies the effects the
 call produced (the server's `apply_effects`).  Applying effects never calls
 the core back: closing a link only cancels its task, which reports later.
 
-Security (`disque.security.Security`, optional): before a connection carries
+Security (`disque.shell.security.Security`, optional): before a connection carries
 any frame, either way, it is secured in two layers, each only when
 configured.  With `tls-cluster yes` the TCP stream is wrapped in a mutual TLS
 `SSLStream`; with a cluster secret the `auth.AuthLink` handshake runs on top,
@@ -169,7 +169,7 @@ class Bus:
         security: Any = None,
     ) -> None:
         self.core = core
-        self.security = security  # disque.security.Security, or None: no TLS, no secret
+        self.security = security  # disque.shell.security.Security, or None: no TLS, no secret
         self.drain = drain
         self.port = port
         self.bind = list(bind)
