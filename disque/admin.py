@@ -14,13 +14,14 @@ import re
 import sys
 from typing import Any
 
-from disque import __version__, errors
+from disque import __version__
+from disque.core import errors
 from disque.cluster.membership import flags_text, valid_address
 from disque.cluster.messages import FAIL, LEAVING, MYSELF, PFAIL
-from disque.config import ConfigError, config_get, config_set
-from disque.errors import DisqueError, err
-from disque.node import REPLY_OFF, REPLY_ON, REPLY_SKIP_NEXT, SILENT, Client, NodeCore
-from disque.resp import Map, Status
+from disque.core.config import ConfigError, config_get, config_set
+from disque.core.errors import DisqueError, err
+from disque.core.types import REPLY_OFF, REPLY_ON, REPLY_SKIP_NEXT, SILENT, Client, Map, Status
+from disque.core.node import NodeCore
 
 OK = Status(b"OK")
 

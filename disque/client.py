@@ -51,8 +51,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import hiredis
 
-from disque.errors import DisqueError
-from disque.ids import node_prefix
+from disque.core.errors import DisqueError
+from disque.core.ids import node_prefix
 
 if TYPE_CHECKING:  # only annotations: disque.shell.tls makes the contexts, and importing ssl is slow
     import ssl

@@ -16,11 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from disque import admin, errors, ids
+from disque import admin
+from disque.core import errors, ids
 from disque.cluster import messages as m
-from disque.errors import DisqueError, err
-from disque.node import SILENT, Client, NodeCore
-from disque.resp import NIL_ARRAY, Map, Status
+from disque.core.errors import DisqueError, err
+from disque.core.types import NIL_ARRAY, SILENT, Client, Map, Status
+from disque.core.node import NodeCore
 from disque.store.job import STATE_BY_NAME, STATE_NAMES, Job, State
 from disque.store.queue import PAUSE_IN, PAUSE_NAMES, PAUSE_OUT
 

@@ -55,12 +55,13 @@ None (nil bulk), `NIL_ARRAY` (nil array) and `DisqueError` (-CODE text).
 
 from __future__ import annotations
 
-from disque.config import split_args_bytes
+from disque.core.config import split_args_bytes
 import re
 
 import hiredis
 
-from disque.errors import DisqueError, err
+from disque.core.errors import DisqueError, err
+from disque.core.types import NIL_ARRAY, Map, Status
 
 QUERY_BUFFER_LIMIT = 1 << 30  # the server closes a client holding more, with no reply
 INLINE_MAX = 64 * 1024  # longest inline request, count line or length line
@@ -304,26 +305,6 @@ def _bulk_line(buf: bytearray, pos: int) -> tuple[int, int] | None:
 # Replies
 
 
-class Status(bytes):
-    """A status reply, `+text`; the text must hold no CR or LF."""
-
-    __slots__ = ()
-
-
-class Map(list):
-    """A map reply: (key, value) pairs.  RESP2 sends a flat array k, v, k, v."""
-
-    __slots__ = ()
-
-
-class _NilArray:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "NIL_ARRAY"
-
-
-NIL_ARRAY = _NilArray()  # RESP2 `*-1`; None is the nil bulk `$-1`
 
 # Length lines of the usual sizes, formatted once: a lookup costs a fifth of a `%`.
 _CACHED = 1024

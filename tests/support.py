@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from disque.cluster.membership import Membership
-from disque.config import Config
-from disque.node import NodeCore
-from disque.resp import Status
+from disque.core.config import Config
+from disque.core.node import NodeCore
+from disque.core.types import Status
 
 START_MS = 1_790_000_000_000  # a fixed, realistic unix time
 
@@ -127,7 +127,7 @@ class Session:
 
     def pending(self) -> list[Any]:
         """Replies the core produced for this client since the last call."""
-        from disque.effects import Reply
+        from disque.core.effects import Reply
 
         mine = [e.value for e in self.core.effects if isinstance(e, Reply) and e.client_id == self.client.id]
         self.core.effects[:] = [e for e in self.core.effects if not (isinstance(e, Reply) and e.client_id == self.client.id)]
@@ -150,7 +150,7 @@ class Env:
 
 def bus_sent(core: NodeCore) -> list[Any]:
     """The bus messages the core sent since the last call (taken out of its effects)."""
-    from disque.effects import Send
+    from disque.core.effects import Send
 
     out = [e.msg for e in core.effects if isinstance(e, Send)]
     core.effects[:] = [e for e in core.effects if not isinstance(e, Send)]

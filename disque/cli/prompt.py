@@ -21,7 +21,7 @@ import click
 from disque.cli.main import completions, dispatch, synopsis
 from disque.cli.session import Session
 from disque.client import DisqueConnectionError, DisqueReplyError
-from disque.config import split_args
+from disque.core.config import split_args
 
 
 def prompt_loop(root: click.Context) -> None:

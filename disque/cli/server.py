@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from disque import config as cfg
+from disque.core import config as cfg
 from disque.version import server_line
 
 USAGE = """Usage: disque-server [/path/to/disque.conf] [options]

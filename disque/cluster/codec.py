@@ -51,7 +51,7 @@ from disque.cluster.messages import (
     NeedJobs, Pause, Ping, Pong, Queued, ReplJob, SetAck, WillQueue, WireJob,
     Working, YourJobs,
 )  # fmt: skip
-from disque.ids import valid_id
+from disque.core.ids import valid_id
 from disque.store.job import DELIVERED, WIRE_FLAGS, Job, State
 
 VERSION = 1  # frame body version ("v")

@@ -26,7 +26,7 @@ from disque.store.job import BCAST_QUEUED, State
 from disque.store.queue import PAUSE_OUT, Queue
 
 if TYPE_CHECKING:
-    from disque.node import NodeCore
+    from disque.core.node import NodeCore
 
 RESPONDER_TTL_S = 5
 YOURJOBS_MAX_BYTES = 32 << 20  # keep frames well under the codec's limit

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from disque.cluster import messages as m
 from disque.cluster.codec import DecodeError, job_from_wire
-from disque.ids import mixed
+from disque.core.ids import mixed
 from disque.store.job import BCAST_QUEUED, BCAST_WILLQUEUE, State
 from disque.store.queue import PAUSE_IN, PAUSE_OUT
 
 if TYPE_CHECKING:
-    from disque.node import NodeCore
+    from disque.core.node import NodeCore
 
 Handler = Callable[["NodeCore", str, Any], None]
 HANDLERS: dict[type, Handler] = {}

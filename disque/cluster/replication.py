@@ -29,14 +29,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from disque import errors
+from disque.core import errors
 from disque.cluster import messages as m
 from disque.cluster.codec import job_to_wire
-from disque.resp import Status
+from disque.core.types import Status
 from disque.store.job import REPLICATED, Job, State
 
 if TYPE_CHECKING:
-    from disque.node import Client, NodeCore
+    from disque.core.types import Client
+    from disque.core.node import NodeCore
 
 REPL_STEP_MS = 50
 
@@ -74,7 +75,7 @@ class Replication:
         client.repl_job = job.id
         node.repl_waiters[job.id] = client
         self.pending[job.id] = Pending(client, node.now + timeout if timeout else 0, node.now)
-        from disque.node import BLOCKED
+        from disque.core.types import BLOCKED
 
         return BLOCKED
 

@@ -49,8 +49,8 @@ from typing import Any
 
 import trio
 
-from disque.errors import DisqueError, err
-from disque.resp import Status
+from disque.core.errors import DisqueError, err
+from disque.core.types import Status
 from disque.store.aof import (
     AofCorrupt,
     RecordReader,

@@ -30,7 +30,7 @@ from typing import Any
 
 from disque.shell import tls
 from disque.cluster.auth import Keyring
-from disque.errors import err
+from disque.core.errors import err
 
 log = logging.getLogger("disque")
 

@@ -27,16 +27,17 @@ from typing import Any
 
 import trio
 
-from disque import config as cfg
+from disque.core import config as cfg
 from disque.shell.bus import CLUSTER_PORT_INCR, Bus
 from disque.cluster.membership import Membership
 from disque.shell.nodes_file import NodesFile
-from disque.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
-from disque.errors import DisqueError, err
+from disque.core.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
+from disque.core.errors import DisqueError, err
 from disque.shell.gc_freeze import GcFreezer
 from disque.shell.session import Conn
-from disque.node import BLOCKED, SILENT, Client, NodeCore
-from disque.resp import QUERY_BUFFER_LIMIT, ProtocolError, Status, encode, encode_error
+from disque.core.types import BLOCKED, SILENT, Client, Status
+from disque.core.node import NodeCore
+from disque.resp import QUERY_BUFFER_LIMIT, ProtocolError, encode, encode_error
 from disque.shell.security import DENIED, Security, announced_port, output_limit_exceeded, protected_mode_refuses
 from disque.shell.aof_file import AofFile
 from disque.shell.tcp import READ_SIZE, TcpClients, format_addr

@@ -12,7 +12,7 @@ output was dropped: close as soon as possible).
 
 from __future__ import annotations
 
-from disque.node import Client
+from disque.core.types import Client
 from disque.resp import RequestParser
 
 

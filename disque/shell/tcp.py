@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from disque.shell.session import Conn
-from disque.node import Client
+from disque.core.types import Client
 from disque.resp import QUERY_BUFFER_LIMIT
 
 if TYPE_CHECKING:

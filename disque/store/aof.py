@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from disque.cluster.codec import DecodeError, decode_storage, encode_storage
-from disque.ids import valid_id
+from disque.core.ids import valid_id
 from disque.store.job import BCAST_WILLQUEUE, Job, State
 
 LOADJOB = b"LOADJOB"

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine
 
 from disque import admin
-from disque.node import BASE_MEMORY, QUEUE_OVERHEAD, NodeCore
+from disque.core.node import BASE_MEMORY, QUEUE_OVERHEAD, NodeCore
 from disque.store.job import DELIVERED, IN_LIST, State
 
 

@@ -21,8 +21,9 @@ from typing import Any
 
 from disque.cluster.codec import FrameDecoder, encode_frame
 from disque.cluster.membership import Membership
-from disque.effects import Answer, DropLink, Reply, Send
-from disque.node import BLOCKED, NodeCore
+from disque.core.effects import Answer, DropLink, Reply, Send
+from disque.core.types import BLOCKED
+from disque.core.node import NodeCore
 from support import FakeClock, FakeHost, make_config
 
 IP = "127.0.0.1"

@@ -13,10 +13,10 @@ import pytest
 
 from disque import __version__, admin
 from disque.cluster.membership import FORGET_BLACKLIST_MS
-from disque.effects import CloseClient, DropLink
-from disque.errors import DisqueError
-from disque.node import BLOCKED, REPLY_OFF, REPLY_ON, REPLY_SKIP, SILENT, NodeCore
-from disque.resp import Map, Status
+from disque.core.effects import CloseClient, DropLink
+from disque.core.errors import DisqueError
+from disque.core.types import BLOCKED, REPLY_OFF, REPLY_ON, REPLY_SKIP, SILENT, Map, Status
+from disque.core.node import NodeCore
 from disque.store.job import Job
 from support import NODE_ID, START_MS, Env, Session, linked_core, make_core
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from disque.ids import new_job_id
+from disque.core.ids import new_job_id
 from disque.store.aof import (
     CLEANSHUTDOWN,
     DELJOB,

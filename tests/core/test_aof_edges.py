@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from disque.ids import new_job_id
+from disque.core.ids import new_job_id
 from disque.store import aof_check
 from disque.store.aof import (
     CLEANSHUTDOWN,

@@ -28,7 +28,7 @@ from disque.cluster.auth import (
 )
 from disque.cluster.codec import encode_frame
 from disque.cluster.messages import Header, Ping
-from disque.config import Config
+from disque.core.config import Config
 from disque.shell.security import (
     SecurityError,
     announced_port,

@@ -17,16 +17,15 @@ from typing import Any
 
 import pytest
 
-from disque import errors
+from disque.core import errors
 from disque.cluster import messages as m
 from disque.cluster.auth import PREFIX, AuthError, AuthLink, Keyring
 from disque.cluster.codec import job_to_wire
 from disque.cluster.federation import YOURJOBS_MAX_BYTES
 from disque.cluster.membership import ConfError, Membership
 from disque.cluster.messages import FAIL, HANDSHAKE, LEAVING, NOADDR, PFAIL, GossipEntry
-from disque.effects import Answer, DropLink, Send
-from disque.node import BLOCKED
-from disque.resp import Status
+from disque.core.effects import Answer, DropLink, Send
+from disque.core.types import BLOCKED, Status
 from disque.store.job import BCAST_WILLQUEUE, Job
 from invariants import advance, check_core
 from sim.network import SimCluster

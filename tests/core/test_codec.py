@@ -22,7 +22,7 @@ from disque.cluster.messages import (
     NeedJobs, Pause, Ping, Pong, Queued, ReplJob, SetAck, WillQueue, Working,
     YourJobs,
 )  # fmt: skip
-from disque.ids import new_job_id
+from disque.core.ids import new_job_id
 from disque.store.job import BCAST_QUEUED, BCAST_WILLQUEUE, DELIVERED, IN_LIST, WIRE_FLAGS, Job, State
 
 NOW = 1_700_000_000

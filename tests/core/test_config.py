@@ -1,4 +1,4 @@
-"""Tests for disque.config: parsing, CONFIG GET/SET/REWRITE, the shipped file."""
+"""Tests for disque.core.config: parsing, CONFIG GET/SET/REWRITE, the shipped file."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from disque.config import (
+from disque.core.config import (
     DIRECTIVES,
     GET_ORDER,
     REWRITE_MARKER,

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 import disque
-from disque import errors
-from disque.errors import DisqueError
+from disque.core import errors
+from disque.core.errors import DisqueError
 from disque.store.aof import parse_record
 from support import Session, make_core
 

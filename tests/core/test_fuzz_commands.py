@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from disque.commands import COMMANDS
-from disque.effects import CloseClient, Reply
-from disque.errors import DisqueError
-from disque.node import BLOCKED, SILENT
-from disque.resp import Map, Status, encode
+from disque.core.effects import CloseClient, Reply
+from disque.core.errors import DisqueError
+from disque.core.types import BLOCKED, SILENT, Map, Status
+from disque.resp import encode
 from invariants import advance, check_core, quick_and_slow, slow_only_when_asked  # noqa: F401 (autouse fixture)
 from support import NODE_ID, Session, make_core
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from disque.node import BLOCKED
-from disque.resp import NIL_ARRAY, Map, Status
+from disque.core.types import BLOCKED, NIL_ARRAY, Map, Status
 from support import NODE_ID, Session, make_core
 
 

@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from disque import errors, ids
+from disque.core import errors, ids
 from disque.cluster import messages as m
 from disque.commands import COMMANDS
-from disque.effects import AofAppend
-from disque.errors import DisqueError
-from disque.node import BASE_MEMORY, BLOCKED, SILENT
-from disque.resp import NIL_ARRAY, Status
+from disque.core.effects import AofAppend
+from disque.core.errors import DisqueError
+from disque.core.types import BLOCKED, NIL_ARRAY, SILENT, Status
+from disque.core.node import BASE_MEMORY
 from disque.store.job import ABORT, ACK, DEQUEUE, ENQUEUE, FETCH, IN_LIST, REPLICATED, TRANSITIONS, Job, State
 from disque.store.jobs import MAX_JOBS_PER_PASS, JobStore
 from disque.store.queue import Queue

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from disque.cluster import messages as m
-from disque.resp import Status
+from disque.core.types import Status
 from invariants import check_core
 from mesh import Mesh
 

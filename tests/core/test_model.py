@@ -21,10 +21,9 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from disque.effects import Reply
-from disque.errors import DisqueError
-from disque.node import BLOCKED
-from disque.resp import NIL_ARRAY, Status
+from disque.core.effects import Reply
+from disque.core.errors import DisqueError
+from disque.core.types import BLOCKED, NIL_ARRAY, Status
 from disque.store.job import State
 from invariants import advance, check_core, quick_and_slow, slow_only_when_asked  # noqa: F401 (autouse fixture)
 from support import NODE_ID, Session, make_core

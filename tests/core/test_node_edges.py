@@ -9,13 +9,13 @@ from __future__ import annotations
 import logging
 import random
 
-from disque import node as node_module
+from disque.core import node as node_module
 from disque.cluster import messages as m
 from disque.cluster.codec import job_to_wire
 from disque.cluster.handlers import HANDLERS
-from disque.ids import mixed, new_job_id
-from disque.node import BLOCKED, NodeCore
-from disque.resp import Status
+from disque.core.ids import mixed, new_job_id
+from disque.core.types import BLOCKED, Status
+from disque.core.node import NodeCore
 from disque.store.aof import RecordReader, Replay, encode_clean_marker, encode_loadjob
 from disque.store.job import BCAST_QUEUED, DELIVERED, Job, State
 from invariants import advance, check_core

@@ -11,21 +11,10 @@ from hypothesis import strategies as st
 from redis.connection import Encoder, HiredisRespSerializer, PythonRespSerializer
 
 from disque import resp
-from disque.config import split_args_bytes
-from disque.errors import DisqueError, err
-from disque.resp import (
-    INLINE_MAX,
-    MAX_BULK,
-    MAX_MULTIBULK,
-    NIL_ARRAY,
-    QUERY_BUFFER_LIMIT,
-    Map,
-    ProtocolError,
-    RequestParser,
-    Status,
-    encode,
-    encode_error,
-)
+from disque.core.config import split_args_bytes
+from disque.core.errors import DisqueError, err
+from disque.core.types import NIL_ARRAY, Map, Status
+from disque.resp import INLINE_MAX, MAX_BULK, MAX_MULTIBULK, QUERY_BUFFER_LIMIT, ProtocolError, RequestParser, encode, encode_error
 
 
 def pack(*args: bytes) -> bytes:

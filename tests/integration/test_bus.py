@@ -22,7 +22,7 @@ import trio
 from disque.shell.bus import Bus
 from disque.cluster.messages import Header, Message, Pause, Ping, Pong
 from disque.devcluster import free_port
-from disque.effects import Answer, DropLink, Send
+from disque.core.effects import Answer, DropLink, Send
 
 HOST = "127.0.0.1"
 

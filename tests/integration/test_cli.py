@@ -380,7 +380,7 @@ def test_one_shot_commands_load_neither_trio_rich_nor_prompt_toolkit(shared_node
             main()
         except SystemExit:
             pass
-        heavy = ("trio", "rich", "prompt_toolkit", "disque.client", "disque.config", "disque.worker")
+        heavy = ("trio", "rich", "prompt_toolkit", "disque.client", "disque.core.config", "disque.worker")
         print(sorted(m for m in sys.modules if m in heavy), file=sys.stderr)
     """
 

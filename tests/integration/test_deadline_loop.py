@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import trio
 
-from disque.config import Config
+from disque.core.config import Config
 from disque.shell.server import Server
 
 MAX_TICKS = 100

@@ -54,9 +54,10 @@ from trio.testing import MockClock
 from disque.cluster.codec import FrameDecoder, encode_frame
 from disque.cluster.membership import Membership
 from disque.cluster.messages import YourJobs
-from disque.config import Config
-from disque.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
-from disque.node import BLOCKED, NodeCore
+from disque.core.config import Config
+from disque.core.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
+from disque.core.types import BLOCKED
+from disque.core.node import NodeCore
 from disque.store.aof import RecordReader, Replay, encode_loadjob
 from disque.store.job import State
 from core.invariants import check_core

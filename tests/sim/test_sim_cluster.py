@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from trio.testing import MockClock
 
-from disque import errors
+from disque.core import errors
 from disque.checker import check
 from disque.cluster.messages import FAIL, LEAVING, PFAIL, Ping
-from disque.resp import NIL_ARRAY, Status
+from disque.core.types import NIL_ARRAY, Status
 from core.invariants import slow_only_when_asked  # noqa: F401 (autouse fixture)
 from sim.network import SimCluster
 from sim.workload import FaultPlan, run_workload

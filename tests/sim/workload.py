@@ -40,10 +40,10 @@ from typing import Any
 
 import trio
 
-from disque import errors
+from disque.core import errors
 from disque.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, OK, SCAN, WIPE, History, Record
-from disque.errors import DisqueError
-from disque.resp import NIL_ARRAY
+from disque.core.errors import DisqueError
+from disque.core.types import NIL_ARRAY
 from sim.network import CONNECTION_LOST, SimCluster, now_ms
 
 QUEUE = "jobs"

@@ -33,18 +33,17 @@ import random
 import re
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from disque import errors
+from disque.core import errors
 from disque.cluster import messages as m
 from disque.cluster.federation import CLIENTS_WAITING, REACHED_ZERO, Federation
 from disque.cluster.handlers import HANDLERS
 from disque.cluster.membership import Membership
 from disque.cluster.replication import Replication
-from disque.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
-from disque.ids import new_job_id, ttl_minutes
-from disque.resp import NIL_ARRAY, Status
+from disque.core.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
+from disque.core.ids import new_job_id, ttl_minutes
+from disque.core.types import BLOCKED, NIL_ARRAY, Clock, Client, Host, Stats, Status, Waiter
 from disque.store.job import (
     ABORT,
     ACK,
@@ -81,102 +80,6 @@ BLOCKED_CRON_MS = 100
 
 
 
-class Clock(Protocol):
-    def now_ms(self) -> int:
-        """Unix time in ms (jobs' ctime, etime and timers)."""
-
-    def now_us(self) -> int:
-        """A monotonic µs counter (command durations)."""
-
-    def wall_us(self) -> int:
-        """Unix time in µs (TIME, MONITOR)."""
-
-
-class Host(Protocol):
-    """Synchronous services of the shell (I/O the core must not do itself)."""
-
-    def process_info(self) -> dict[str, Any]: ...
-
-    def rewrite_config(self) -> None: ...
-
-    def change_dir(self, path: str) -> None: ...
-
-    def shutdown(self, rewrite_aof: bool) -> bool: ...
-
-    def apply_config(self, changed: list[str]) -> None:
-        """React to CONFIG SET (chdir, AOF on/off, ...); raises DisqueError."""
-
-    def save_cluster_config(self, fsync: bool) -> None:
-        """Write nodes.conf now; raises OSError."""
-
-    def reset_stats(self) -> None:
-        """CONFIG RESETSTAT: zero the shell's own counters (INFO security)."""
-
-    def bgrewriteaof(self) -> Any: ...
-
-    def debug(self, sub: str, args: list[bytes]) -> Any: ...
-
-
-REPLY_ON, REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT = 0, 1, 2, 3
-SILENT = object()  # handle_command result: write nothing
-
-
-@dataclass(slots=True, eq=False)
-class Client:
-    id: int
-    fd: int = -1
-    addr: str = ""
-    laddr: str = ""
-    name: bytes = b""
-    authenticated: bool = False
-    proto: int = 2
-    ctime: int = 0
-    last: int = 0
-    last_cmd: str = "NULL"
-    waiter: "Waiter | None" = None
-    repl_job: bytes | None = None  # ADDJOB waiting for replication
-    lib_name: bytes = b""
-    lib_ver: bytes = b""
-    reply_mode: int = 0  # REPLY_ON, REPLY_OFF or REPLY_SKIP (CLIENT REPLY)
-    mute_next: bool = False  # a silenced command blocked: drop its reply when it comes
-    closing: bool = False  # QUIT, CLIENT KILL, timeout: the shell closes it after its output
-
-    def silence(self, reply: Any) -> Any:
-        """Apply CLIENT REPLY OFF/SKIP to the reply of the current command."""
-        if self.reply_mode == REPLY_SKIP_NEXT:
-            self.reply_mode = REPLY_SKIP
-            return reply
-        if self.reply_mode == REPLY_SKIP:
-            self.reply_mode = REPLY_ON
-        if reply is BLOCKED:
-            self.mute_next = True
-            return reply
-        return SILENT
-
-
-@dataclass(slots=True, eq=False)
-class Waiter:
-    """A client blocked in GETJOB."""
-
-    client: Client
-    queues: tuple[bytes, ...]
-    withcounters: bool
-    deadline: int  # 0 = forever
-
-
-@dataclass(slots=True)
-class Stats:
-    connections: int = 0
-    commands: int = 0
-    net_in: int = 0
-    net_out: int = 0
-    rejected: int = 0
-    bus_sent: int = 0
-    bus_received: int = 0
-    calls: dict[str, list[int]] = field(default_factory=dict)  # name -> [calls, usec]
-
-
-BLOCKED = object()  # handle_command result: the client waits for a later Reply
 
 _ESCAPES = {b"\\": b"\\\\", b'"': b'\\"', b"\n": b"\\n", b"\r": b"\\r", b"\t": b"\\t", b"\a": b"\\a", b"\b": b"\\b"}
 _UNPRINTABLE = re.compile(rb'[^\x20\x21\x23-\x5b\x5d-\x7e]')
