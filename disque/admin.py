@@ -11,7 +11,6 @@ here keeps state.
 from __future__ import annotations
 
 import re
-import sys
 from typing import Any
 
 from disque import __version__
@@ -52,11 +51,11 @@ def _section_server(node: NodeCore, proc: dict[str, Any]) -> list[tuple[str, Any
     uptime = (node.now - node.start_ms) // 1000
     return [
         ("disque_version", __version__),
-        ("disque_git_sha1", "00000000"),
-        ("disque_git_dirty", 0),
+        ("disque_git_sha1", proc["git_sha1"]),
+        ("disque_git_dirty", proc["git_dirty"]),
         ("disque_build_id", "0"),
         ("os", proc["os"]),
-        ("arch_bits", 64 if sys.maxsize > 2**32 else 32),
+        ("arch_bits", proc["arch_bits"]),
         ("multiplexing_api", "trio"),
         ("gcc_version", "0.0.0"),
         ("process_id", proc["pid"]),

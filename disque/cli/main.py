@@ -452,11 +452,11 @@ def tls_keygen(directory: str, hosts: tuple[str, ...], days: int) -> None:
 def check_aof(args: tuple[str, ...]) -> None:
     """Check (and optionally fix) an append only file; options as disque-check-aof."""
     try:
-        checker = importlib.import_module("disque.store.aof_check")
+        checker = importlib.import_module("disque.cli.check_aof")
     except ModuleNotFoundError as e:
-        if e.name != "disque.store.aof_check":
+        if e.name != "disque.cli.check_aof":
             raise
-        raise Failure("check-aof is not available: this installation has no AOF checker (disque.store.aof_check)") from e
+        raise Failure("check-aof is not available: this installation has no AOF checker (disque.cli.check_aof)") from e
     click.get_current_context().exit(checker.main(list(args)))
 
 

@@ -12,6 +12,7 @@ import sys
 import time
 
 from disque.core import config as cfg
+from disque.shell.config_file import build_config
 from disque.version import server_line
 
 USAGE = """Usage: disque-server [/path/to/disque.conf] [options]
@@ -51,7 +52,7 @@ def setup_logging(config: cfg.Config) -> None:
 def server_main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        config = cfg.build_config(argv)
+        config = build_config(argv)
     except cfg.ShowVersion:
         print(server_line())
         sys.exit(0)

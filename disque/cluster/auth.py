@@ -49,7 +49,6 @@ be resynchronised and must be closed.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from hmac import compare_digest
@@ -172,7 +171,7 @@ class AuthLink:
         *,
         initiator: bool,
         max_frame: int = MAX_FRAME,
-        random: Callable[[int], bytes] = os.urandom,
+        random: Callable[[int], bytes],
     ) -> None:
         self.keyring = keyring
         self.initiator = initiator
@@ -343,9 +342,9 @@ class AuthLink:
         self.established = True
 
 
-def handshake_pair(keyring_i: Keyring, keyring_a: Keyring) -> tuple[AuthLink, AuthLink]:
+def handshake_pair(keyring_i: Keyring, keyring_a: Keyring, random: Callable[[int], bytes]) -> tuple[AuthLink, AuthLink]:
     """Run a whole handshake in memory (tests, benchmarks); raises AuthError."""
-    i, a = AuthLink(keyring_i, initiator=True), AuthLink(keyring_a, initiator=False)
+    i, a = AuthLink(keyring_i, initiator=True, random=random), AuthLink(keyring_a, initiator=False, random=random)
     for _ in range(4):
         for src, dst in ((i, a), (a, i)):
             if data := src.data_to_send():

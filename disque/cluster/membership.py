@@ -33,10 +33,9 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from disque.cluster.messages import (
     FAIL,
@@ -53,6 +52,9 @@ from disque.cluster.messages import (
     Ping,
     Pong,
 )
+
+if TYPE_CHECKING:  # annotations only: the core draws from the injected rng
+    import random
 
 FORGET_BLACKLIST_MS = 60_000
 CRON_MS = 100

@@ -32,12 +32,11 @@ Text is ``str``; bytes that are not UTF-8 survive as surrogate escapes, and
 from __future__ import annotations
 
 import copy
-import os
+import posixpath
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, TextIO
+from typing import Any
 
 MAX_BIND_ADDRESSES = 16
 AUTHPASS_MAX_LEN = 512
@@ -151,23 +150,23 @@ def split_args_bytes(line: bytes) -> list[bytes]:
         args.append(bytes(arg))
 
 
-def _encode(text: str) -> bytes:
+def encode_text(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
-def _decode(data: bytes) -> str:
+def decode_text(data: bytes) -> str:
     return data.decode("utf-8", "surrogateescape")
 
 
 def split_args(line: str) -> list[str]:
     """``split_args_bytes`` for text."""
-    return [_decode(arg) for arg in split_args_bytes(_encode(line))]
+    return [decode_text(arg) for arg in split_args_bytes(encode_text(line))]
 
 
 def quote_arg(text: str) -> str:
     """Quote ``text`` so that ``split_args`` reads it back (``sdscatrepr``)."""
     out = bytearray(b'"')
-    for b in _encode(text):
+    for b in encode_text(text):
         out += _REPR.get(b) or (bytes([b]) if 0x20 <= b < 0x7F else b"\\x%02x" % b)
     out += b'"'
     return out.decode("ascii")
@@ -376,7 +375,7 @@ def _check_basename(text: str) -> None:
 
 
 def _check_password(text: str) -> None:
-    if len(_encode(text)) > AUTHPASS_MAX_LEN:
+    if len(encode_text(text)) > AUTHPASS_MAX_LEN:
         raise ValueError("Password is longer than CONFIG_AUTHPASS_MAX_LEN")
 
 
@@ -394,7 +393,7 @@ def _load_socket_perm(text: str) -> int:
 
 
 def _resolve_dir(path: str, config: Config) -> str:
-    return os.path.normpath(os.path.join(config.dir, path))
+    return posixpath.normpath(posixpath.join(config.dir, path))
 
 
 def _load_output_limit(args: list[str], config: Config) -> tuple[int, int, int]:
@@ -577,10 +576,10 @@ class Config:
 
     __slots__ = (*(d.attr for d in DIRECTIVES.values()), "renamed_commands", "config_file")
 
-    def __init__(self, cwd: str | None = None) -> None:
+    def __init__(self, cwd: str = "/") -> None:
         for d in DIRECTIVES.values():
             setattr(self, d.attr, copy.copy(d.default))
-        self.dir: str = os.getcwd() if cwd is None else cwd
+        self.dir: str = cwd  # the shell passes its start-up directory
         self.renamed_commands: dict[str, str] = {}
         self.config_file: str | None = None
 
@@ -589,23 +588,28 @@ class Config:
 # Config file text
 
 Check = Callable[[Config, str, list[str]], None]
+Read = Callable[[str, str], str]
+"""Reads an ``include``d file: ``read(path, base_dir)`` returns its text or
+raises ``ConfigError`` (the shell's file half provides it)."""
 """Hook run before a file directive applies: ``check(config, name, args)``
 with the lower-case name; raising ``ValueError(message)`` makes the line
 fatal with that message."""
 
 
-def _assign(directive: Directive) -> Callable[[Config, list[str], Check | None], None]:
-    def apply(config: Config, args: list[str], check: Check | None) -> None:
+def _assign(directive: Directive) -> Callable[[Config, list[str], Check | None, Read | None], None]:
+    def apply(config: Config, args: list[str], check: Check | None, read: Read | None) -> None:
         setattr(config, directive.attr, directive.load(args, config))
 
     return apply
 
 
-def _include(config: Config, args: list[str], check: Check | None) -> None:
-    parse_config_text(_read_config(args[0], config.dir), config, check=check)
+def _include(config: Config, args: list[str], check: Check | None, read: Read | None) -> None:
+    if read is None:
+        raise ConfigError(f"Fatal error, can't open config file '{args[0]}'")
+    parse_config_text(read(args[0], config.dir), config, check=check, read=read)
 
 
-def _rename_command(config: Config, args: list[str], check: Check | None) -> None:
+def _rename_command(config: Config, args: list[str], check: Check | None, read: Read | None) -> None:
     config.renamed_commands[args[0].lower()] = args[1].lower()
 
 
@@ -616,7 +620,7 @@ _FILE_DIRECTIVES = {d.name: (d.arity, _assign(d)) for d in DIRECTIVES.values() i
 }
 
 
-def parse_config_text(text: str, config: Config, *, check: Check | None = None) -> None:
+def parse_config_text(text: str, config: Config, *, check: Check | None = None, read: Read | None = None) -> None:
     """Apply the directives of ``text`` to ``config`` in order.
 
     Raises ``ConfigFileError`` for a bad line (its ``str()`` is the message
@@ -641,7 +645,7 @@ def parse_config_text(text: str, config: Config, *, check: Check | None = None) 
                 raise ValueError(_BAD_DIRECTIVE)
             if check:
                 check(config, name, args[1:])
-            apply(config, args[1:], check)
+            apply(config, args[1:], check, read)
         except ValueError as exc:
             raise ConfigFileError(line_no, line, str(exc)) from None
 
@@ -772,102 +776,3 @@ def rewrite_config_text(old_text: str, config: Config) -> str:
 
     kept = [line for i, line in enumerate(lines) if line or i == 0 or lines[i - 1]]
     return "".join(line + "\n" for line in kept)
-
-
-# --------------------------------------------------------------------------
-# File system helpers
-
-
-def _read_text(path: str) -> str:
-    with open(path, "rb") as f:
-        return _decode(f.read())
-
-
-def _read_config(path: str, base: str) -> str:
-    try:
-        return _read_text(os.path.join(base, path))
-    except OSError:
-        raise ConfigError(f"Fatal error, can't open config file '{path}'") from None
-
-
-def _check_logfile(config: Config, name: str, args: list[str]) -> None:
-    """Upstream opens the log file for append while parsing, to fail early."""
-    if name == "logfile" and args[0]:
-        try:
-            with open(os.path.join(config.dir, args[0]), "a"):
-                pass
-        except OSError as exc:
-            raise ValueError(f"Can't open the log file: {exc.strerror}") from None
-
-
-def build_config(argv: list[str], *, check: Check | None = None, stdin: TextIO | None = None) -> Config:
-    """The configuration for ``disque-server <argv...>`` (program name excluded).
-
-    ``argv[0]``, unless it starts with ``--``, is the config file (``-``
-    reads ``stdin``, defaulting to ``sys.stdin``, and leaves ``config_file``
-    None since there is nothing to rewrite).  Each later ``--name`` starts a
-    line, other arguments are quoted values; these lines are parsed after
-    the file's, so they win.  The log file is test-opened as upstream does;
-    ``check`` adds the caller's own checks (e.g. rename-command targets).
-
-    Raises ``ShowVersion`` / ``ShowHelp`` for ``-v|--version`` /
-    ``-h|--help`` as the first argument, and ``ConfigError`` /
-    ``ConfigFileError`` for an unreadable or bad configuration.
-    """
-    if argv[:1] in (["-v"], ["--version"]):
-        raise ShowVersion
-    if argv[:1] in (["-h"], ["--help"]):
-        raise ShowHelp
-    config = Config()
-    text, options = "", argv
-    if argv and not argv[0].startswith("--"):
-        path, options = argv[0], argv[1:]
-        if path == "-":
-            text = (stdin or sys.stdin).read()
-        else:
-            config.config_file = os.path.abspath(path)
-            text = _read_config(path, config.dir)
-    lines = ""
-    for arg in options:
-        if arg.startswith("--"):
-            lines += ("\n" if lines else "") + arg[2:] + " "
-        else:
-            lines += quote_arg(arg) + " "
-
-    def hooks(cfg: Config, name: str, args: list[str]) -> None:
-        _check_logfile(cfg, name, args)
-        if check:
-            check(cfg, name, args)
-
-    parse_config_text(text + "\n" + lines, config, check=hooks)
-    return config
-
-
-def write_config_file(path: str, text: str) -> None:
-    """Replace the file's content without it ever being seen empty: pad the
-    new content with ``\\n###...`` to the old size, write it at once, then
-    truncate.  Raises ``OSError``."""
-    content = _encode(text)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        padding = os.fstat(fd).st_size - len(content)
-        padded = content + (b"\n" + b"#" * (padding - 1) if padding > 0 else b"")
-        view = memoryview(padded)
-        while view:
-            view = view[os.write(fd, view) :]
-        if padding > 0:
-            os.ftruncate(fd, len(content))
-    finally:
-        os.close(fd)
-
-
-def rewrite_config_file(config: Config) -> None:
-    """CONFIG REWRITE end to end.  Raises ``ConfigError`` when the server runs
-    without a config file and ``OSError`` on I/O failure."""
-    if config.config_file is None:
-        raise ConfigError("The server is running without a config file")
-    try:
-        old_text = _read_text(config.config_file)
-    except FileNotFoundError:
-        old_text = ""
-    write_config_file(config.config_file, rewrite_config_text(old_text, config))

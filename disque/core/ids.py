@@ -12,9 +12,12 @@ leave as bytes in replies.
 
 from __future__ import annotations
 
-import random
 from binascii import hexlify
 from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the caller passes its rng
+    import random
 
 ID_LEN = 48
 

@@ -29,11 +29,10 @@ the `host` object the shell provides.
 from __future__ import annotations
 
 import logging
-import random
 import re
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disque.core import errors
 from disque.cluster import messages as m
@@ -60,6 +59,9 @@ from disque.store.aof import AofStatus
 from disque.store.jobs import JobStore
 from disque.store.queue import PAUSE_IN, PAUSE_OUT, Queue
 from disque.store.scan import NBUCKETS, BucketedDict
+
+if TYPE_CHECKING:  # annotations only: the core draws from the injected rng
+    import random
 
 log = logging.getLogger("disque")
 

@@ -41,6 +41,8 @@ connection is `ready` (frames may be queued on it) only once secured.
 
 from __future__ import annotations
 
+import os
+
 import ipaddress
 import logging
 import socket
@@ -338,7 +340,7 @@ class Bus:
                     peer.stream = ssl_stream
                 if sec.keyring is not None:
                     stage = "authentication"
-                    auth = AuthLink(sec.keyring, initiator=initiator, max_frame=self.max_frame)
+                    auth = AuthLink(sec.keyring, initiator=initiator, random=os.urandom, max_frame=self.max_frame)
                     await self._authenticate(peer.stream, auth)
                     peer.auth = auth
                     sec.stats.cluster_auth_handshakes_ok += 1

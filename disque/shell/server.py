@@ -28,6 +28,7 @@ from typing import Any
 import trio
 
 from disque.core import config as cfg
+from disque.shell.config_file import write_config_file
 from disque.shell.bus import CLUSTER_PORT_INCR, Bus
 from disque.cluster.membership import Membership
 from disque.shell.nodes_file import NodesFile
@@ -40,6 +41,7 @@ from disque.core.node import NodeCore
 from disque.resp import QUERY_BUFFER_LIMIT, ProtocolError, encode, encode_error
 from disque.shell.security import DENIED, Security, announced_port, output_limit_exceeded, protected_mode_refuses
 from disque.shell.aof_file import AofFile
+from disque.version import Revision, revision
 from disque.shell.tcp import READ_SIZE, TcpClients, format_addr
 
 log = logging.getLogger("disque")
@@ -387,8 +389,12 @@ class Server:
         except OSError:
             rss = 0
         uname = os.uname()
+        rev = revision() or Revision("00000000", False)
         return {
             "pid": os.getpid(),
+            "git_sha1": rev.sha,
+            "git_dirty": int(rev.dirty),
+            "arch_bits": 64 if sys.maxsize > 2**32 else 32,
             "rss": rss,
             "os": f"{uname.sysname} {uname.release} {uname.machine}",
             "executable": os.path.abspath(sys.argv[0]),
@@ -407,7 +413,7 @@ class Server:
         try:
             with open(path, encoding="utf-8") as f:
                 old = f.read()
-            cfg.write_config_file(path, cfg.rewrite_config_text(old, self.config))
+            write_config_file(path, cfg.rewrite_config_text(old, self.config))
         except OSError as e:
             raise err(f"Rewriting config file: {e.strerror}") from None
         log.info("CONFIG REWRITE executed with success.")

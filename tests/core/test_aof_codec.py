@@ -324,31 +324,31 @@ def test_marker_record_shape() -> None:
 
 
 def test_check_aof_reports_and_truncates(tmp_path, capsys) -> None:
-    from disque.store import aof_check
+    from disque.cli import check_aof
 
     blob, offsets = sample_file(5)
     path = tmp_path / "disque.aof"
     path.write_bytes(blob + blob[:30])
-    assert aof_check.main([str(path)]) == 1
+    assert check_aof.main([str(path)]) == 1
     out = capsys.readouterr().out
     assert f"ok_up_to={len(blob)}" in out and f"truncated at offset {len(blob)}" in out
     assert path.stat().st_size == len(blob) + 30  # untouched without --fix
-    assert aof_check.main(["--fix", str(path)]) == 0
+    assert check_aof.main(["--fix", str(path)]) == 0
     assert path.read_bytes() == blob
-    assert aof_check.main([str(path)]) == 0
+    assert check_aof.main([str(path)]) == 0
     assert "AOF is valid" in capsys.readouterr().out
 
 
 def test_check_aof_fix_drops_only_the_damaged_record(tmp_path, capsys) -> None:
-    from disque.store import aof_check
+    from disque.cli import check_aof
 
     blob, offsets = sample_file(6)
     bad = blob[: offsets[2] + 9] + b"#" + blob[offsets[2] + 10 :] + encode_clean_marker(START_MS)
     path = tmp_path / "disque.aof"
     path.write_bytes(bad)
-    assert aof_check.main([str(path)]) == 1
+    assert check_aof.main([str(path)]) == 1
     assert f"corrupt at offset {offsets[2]}" in capsys.readouterr().out
-    assert aof_check.main(["--fix", str(path)]) == 0
+    assert check_aof.main(["--fix", str(path)]) == 0
     fixed = path.read_bytes()
     assert fixed == blob[: offsets[2]] + blob[offsets[3] :]  # record 2 and the marker are gone
     assert (tmp_path / "disque.aof.bak").read_bytes() == bad
@@ -356,11 +356,11 @@ def test_check_aof_fix_drops_only_the_damaged_record(tmp_path, capsys) -> None:
 
 
 def test_check_aof_usage(capsys) -> None:
-    from disque.store import aof_check
+    from disque.cli import check_aof
 
-    assert aof_check.main([]) == 1
-    assert aof_check.main(["--fix"]) == 1
-    assert aof_check.main(["/nonexistent/x.aof"]) == 1
+    assert check_aof.main([]) == 1
+    assert check_aof.main(["--fix"]) == 1
+    assert check_aof.main(["/nonexistent/x.aof"]) == 1
 
 
 def test_info_fields_by_state() -> None:

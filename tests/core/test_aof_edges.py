@@ -14,7 +14,8 @@ import sys
 import pytest
 
 from disque.core.ids import new_job_id
-from disque.store import aof_check
+from disque.cli import check_aof
+from disque.store import aof_repair
 from disque.store.aof import (
     CLEANSHUTDOWN,
     DELJOB,
@@ -192,7 +193,7 @@ def test_analyze_resync_skips_invalid_candidates_to_the_end(tmp_path, capsys) ->
     bad_again = encode_record(DELJOB, b"still-not-an-id")  # a signature, invalid record
     torn = good[0][:-7]  # a signature, unfinished record
     data = head + bad_id + bad_again + torn
-    analysis = aof_check.analyze(data)
+    analysis = aof_repair.analyze(data)
     assert analysis.records == 3 and analysis.keep[-1] == (len(head) - len(good[2]), len(head))
     [damage] = analysis.damage
     assert (damage.offset, damage.length, damage.truncated) == (len(head), len(data) - len(head), False)
@@ -200,7 +201,7 @@ def test_analyze_resync_skips_invalid_candidates_to_the_end(tmp_path, capsys) ->
 
     path = tmp_path / "appendonly.aof"
     path.write_bytes(data)
-    assert aof_check.main(["--fix", str(path)]) == 0
+    assert check_aof.main(["--fix", str(path)]) == 0
     out = capsys.readouterr().out
     assert f"AOF is corrupt at offset {len(head)}" in out and "clean-shutdown marker" not in out
     assert f"Dropped {len(data) - len(head)} bytes in 1 damaged region(s)" in out
@@ -215,28 +216,28 @@ def test_analyze_inflated_length_drops_only_that_record() -> None:
     assert good[2].startswith(header)
     inflated = header + b"9" + good[2][len(header) + 1 :]  # $1xx -> $9xx: runs past the end
     data = good[0] + good[1] + inflated + good[3]
-    analysis = aof_check.analyze(data)
+    analysis = aof_repair.analyze(data)
     start = len(good[0]) + len(good[1])
     [damage] = analysis.damage
     assert (damage.offset, damage.length, damage.truncated) == (start, len(inflated), False)
     assert damage.reason.startswith("damaged record (complete records follow an unfinished one)")
     assert analysis.records == 3 and analysis.ok_up_to == start
-    assert aof_check.repair(data, analysis) == good[0] + good[1] + good[3]
+    assert aof_repair.repair(data, analysis) == good[0] + good[1] + good[3]
 
 
 @pytest.mark.parametrize("torn", [b"", b"*2\r\n$6\r\nDEL"], ids=["nul-only", "torn-then-nul"])
 def test_nul_tail_is_a_truncation_the_fix_cuts(tmp_path, capsys, torn: bytes) -> None:
     head = b"".join(records(2))
     data = head + torn + b"\x00" * 64
-    analysis = aof_check.analyze(data)
+    analysis = aof_repair.analyze(data)
     [damage] = analysis.damage
     assert damage.truncated and damage.offset == len(head) and damage.length == len(data) - len(head)
     assert damage.reason == "NUL bytes at the end of the file"
     path = tmp_path / "appendonly.aof"
     path.write_bytes(data)
-    assert aof_check.main([str(path)]) == 1
+    assert check_aof.main([str(path)]) == 1
     assert f"AOF is truncated at offset {len(head)}: NUL bytes" in capsys.readouterr().out
-    assert aof_check.main(["--fix", str(path)]) == 0
+    assert check_aof.main(["--fix", str(path)]) == 0
     assert path.read_bytes() == head
     assert f"Successfully truncated AOF to {len(head)} bytes" in capsys.readouterr().out
 
@@ -247,12 +248,12 @@ def test_fix_of_a_torn_record_after_the_clean_marker_drops_the_marker(tmp_path, 
     good = records(3)
     head = b"".join(good)
     data = head + encode_clean_marker(START_MS) + good[0][:25]
-    analysis = aof_check.analyze(data)
+    analysis = aof_repair.analyze(data)
     assert analysis.marker == (len(head), len(head) + len(encode_clean_marker(START_MS)))
     assert [d.truncated for d in analysis.damage] == [True]
     path = tmp_path / "appendonly.aof"
     path.write_bytes(data)
-    assert aof_check.main(["--fix", str(path)]) == 0
+    assert check_aof.main(["--fix", str(path)]) == 0
     out = capsys.readouterr().out
     assert "The clean-shutdown marker was removed: queued states will not be trusted" in out
     assert f"Successfully truncated AOF to {len(head)} bytes" in out
@@ -265,7 +266,7 @@ def test_failed_repair_reports_and_leaves_the_file(tmp_path, capsys) -> None:
     path = tmp_path / "appendonly.aof"
     path.write_bytes(data)
     (tmp_path / "appendonly.aof.bak").mkdir()  # the backup cannot be written
-    assert aof_check.main(["--fix", str(path)]) == 1
+    assert check_aof.main(["--fix", str(path)]) == 1
     assert f"Failed to repair {path}: Is a directory" in capsys.readouterr().out
     assert path.read_bytes() == data
 
@@ -275,11 +276,11 @@ def test_script_entry_point_exits_with_the_verdict(tmp_path, monkeypatch, capsys
     path.write_bytes(b"".join(records(2)))
     monkeypatch.setattr(sys, "argv", ["check-aof", str(path)])
     with pytest.raises(SystemExit) as done:
-        runpy.run_path(aof_check.__file__, run_name="__main__")
+        runpy.run_path(check_aof.__file__, run_name="__main__")
     assert done.value.code == 0
     out = capsys.readouterr().out
     assert "2 valid records" in out and "AOF is valid" in out
     path.write_bytes(b"".join(records(2))[:-3])
     with pytest.raises(SystemExit) as done:
-        runpy.run_path(aof_check.__file__, run_name="__main__")
+        runpy.run_path(check_aof.__file__, run_name="__main__")
     assert done.value.code == 1 and "AOF is truncated" in capsys.readouterr().out

@@ -9,6 +9,8 @@ anything else.
 
 from __future__ import annotations
 
+import os
+
 import itertools
 from pathlib import Path
 
@@ -56,7 +58,7 @@ def drain(link: AuthLink) -> list[bytes]:
 
 def sealed_stream(bodies: list[bytes]) -> tuple[bytes, AuthLink, list[bytes]]:
     """A fresh link pair; the initiator's frames for `bodies` and the acceptor."""
-    i, a = handshake_pair(Keyring(S1), Keyring(S1))
+    i, a = handshake_pair(Keyring(S1), Keyring(S1), os.urandom)
     frames = [i.seal(b) for b in bodies]
     return b"".join(frames), a, frames
 
@@ -79,7 +81,7 @@ def feed(link: AuthLink, data: bytes, chunks: list[int] | None = None) -> list[b
 
 
 def test_same_secret_links_both_ways() -> None:
-    i, a = handshake_pair(Keyring(S1), Keyring(S1))
+    i, a = handshake_pair(Keyring(S1), Keyring(S1), os.urandom)
     assert i.established and a.established
     assert i.secret is not None and a.secret is not None and i.secret.key_id == a.secret.key_id
     a.receive_data(i.seal(b"to acceptor") + i.seal(b""))
@@ -89,7 +91,7 @@ def test_same_secret_links_both_ways() -> None:
 
 
 def test_handshake_messages_are_small_and_framed() -> None:
-    i = AuthLink(Keyring(S1, S2), initiator=True)
+    i = AuthLink(Keyring(S1, S2), initiator=True, random=os.urandom)
     hello = i.data_to_send()
     assert int.from_bytes(hello[:PREFIX], "big") == len(hello) - PREFIX <= MAX_HANDSHAKE
     assert hello[PREFIX:].startswith(b"DQA1H")
@@ -98,12 +100,12 @@ def test_handshake_messages_are_small_and_framed() -> None:
 
 def test_wrong_secret_is_refused_by_the_acceptor() -> None:
     with pytest.raises(AuthError) as e:
-        handshake_pair(Keyring(S1), Keyring(S2))
+        handshake_pair(Keyring(S1), Keyring(S2), os.urandom)
     assert e.value.kind == "handshake" and "no common cluster secret" in e.value.reason
 
 
 def test_no_secret_peer_is_refused_as_plaintext() -> None:
-    a = AuthLink(Keyring(S1), initiator=False)
+    a = AuthLink(Keyring(S1), initiator=False, random=os.urandom)
     a.receive_data(encode_frame(Header("a" * 40, 7711, 0), Ping()))
     with pytest.raises(AuthError) as e:
         a.next_body()
@@ -111,7 +113,7 @@ def test_no_secret_peer_is_refused_as_plaintext() -> None:
 
 
 def test_large_plain_frame_is_refused_once_its_first_bytes_are_seen() -> None:
-    a = AuthLink(Keyring(S1), initiator=False)
+    a = AuthLink(Keyring(S1), initiator=False, random=os.urandom)
     frame = (5000).to_bytes(4, "big") + b"\x85" + b"x" * 100
     a.receive_data(frame[:4])
     assert a.next_body() is None  # not enough to tell yet
@@ -131,12 +133,12 @@ def forged(ring: Keyring) -> Keyring:
 
 def test_forged_initiator_proof_is_refused() -> None:
     with pytest.raises(AuthError) as e:
-        handshake_pair(forged(Keyring(S1)), Keyring(S1))
+        handshake_pair(forged(Keyring(S1)), Keyring(S1), os.urandom)
     assert e.value.kind == "handshake" and "bad proof" in e.value.reason
 
 
 def test_impostor_acceptor_is_detected_by_the_initiator() -> None:
-    i, a = AuthLink(Keyring(S1), initiator=True), AuthLink(forged(Keyring(S1)), initiator=False)
+    i, a = AuthLink(Keyring(S1), initiator=True, random=os.urandom), AuthLink(forged(Keyring(S1)), initiator=False, random=os.urandom)
     pump(i, a)  # hello -> challenge
     pump(a, i)  # challenge -> initiator proof
     a._on_proof_i = lambda body, data: a._emit(b"A" + b"\0" * 32)  # type: ignore[method-assign]
@@ -147,7 +149,7 @@ def test_impostor_acceptor_is_detected_by_the_initiator() -> None:
 
 
 def test_a_recorded_handshake_cannot_be_replayed() -> None:
-    i, a = AuthLink(Keyring(S1), initiator=True), AuthLink(Keyring(S1), initiator=False)
+    i, a = AuthLink(Keyring(S1), initiator=True, random=os.urandom), AuthLink(Keyring(S1), initiator=False, random=os.urandom)
     recorded = [i.data_to_send()]
     a.receive_data(recorded[0])
     drain(a)
@@ -157,7 +159,7 @@ def test_a_recorded_handshake_cannot_be_replayed() -> None:
     a.receive_data(recorded[1])
     drain(a)
     assert a.established
-    fresh = AuthLink(Keyring(S1), initiator=False)
+    fresh = AuthLink(Keyring(S1), initiator=False, random=os.urandom)
     fresh.receive_data(recorded[0])
     drain(fresh)
     fresh.receive_data(recorded[1])
@@ -167,7 +169,7 @@ def test_a_recorded_handshake_cannot_be_replayed() -> None:
 
 
 def test_frames_before_the_end_of_the_handshake_stay_buffered() -> None:
-    i, a = AuthLink(Keyring(S1), initiator=True), AuthLink(Keyring(S1), initiator=False)
+    i, a = AuthLink(Keyring(S1), initiator=True, random=os.urandom), AuthLink(Keyring(S1), initiator=False, random=os.urandom)
     pump(i, a)
     pump(a, i)
     pump(i, a)  # acceptor established, its proof pending
@@ -180,7 +182,7 @@ def test_frames_before_the_end_of_the_handshake_stay_buffered() -> None:
 
 def test_malformed_handshake_messages() -> None:
     for body in (b"DQA1H" + b"\0" * 32 + b"\x00", b"DQA1H" + b"\0" * 32 + b"\x05" + b"\0" * 40, b"DQA1P" + b"\0" * 32, b"DQA1H"):
-        a = AuthLink(Keyring(S1), initiator=False)
+        a = AuthLink(Keyring(S1), initiator=False, random=os.urandom)
         a.receive_data(len(body).to_bytes(4, "big") + body)
         with pytest.raises(AuthError) as e:
             a.next_body()
@@ -189,7 +191,7 @@ def test_malformed_handshake_messages() -> None:
 
 def test_seal_before_the_handshake_is_an_error() -> None:
     with pytest.raises(RuntimeError):
-        AuthLink(Keyring(S1), initiator=True).seal(b"x")
+        AuthLink(Keyring(S1), initiator=True, random=os.urandom).seal(b"x")
 
 
 # --------------------------------------------------------------------------
@@ -198,16 +200,16 @@ def test_seal_before_the_handshake_is_an_error() -> None:
 
 def test_rotation_pairs() -> None:
     rolled, old, new = Keyring(S2, S1), Keyring(S1), Keyring(S2)
-    i, a = handshake_pair(rolled, old)
+    i, a = handshake_pair(rolled, old, os.urandom)
     assert i.secret is not None and i.secret.previous and a.secret is not None and not a.secret.previous
-    i, a = handshake_pair(old, rolled)
+    i, a = handshake_pair(old, rolled, os.urandom)
     assert a.secret is not None and a.secret.previous
-    i, a = handshake_pair(rolled, rolled)  # both know both: the current one wins
+    i, a = handshake_pair(rolled, rolled, os.urandom)  # both know both: the current one wins
     assert i.secret is not None and not i.secret.previous
-    i, a = handshake_pair(rolled, new)
+    i, a = handshake_pair(rolled, new, os.urandom)
     assert i.secret is not None and not i.secret.previous
     with pytest.raises(AuthError):
-        handshake_pair(new, old)
+        handshake_pair(new, old, os.urandom)
 
 
 def test_key_ids_are_stable_and_distinct() -> None:
@@ -239,7 +241,7 @@ def test_frames_of_another_session_do_not_verify() -> None:
 
 
 def test_a_frame_reflected_to_its_sender_does_not_verify() -> None:
-    i, _ = handshake_pair(Keyring(S1), Keyring(S1))
+    i, _ = handshake_pair(Keyring(S1), Keyring(S1), os.urandom)
     with pytest.raises(AuthError) as e:
         feed(i, i.seal(b"echo"))
     assert e.value.kind == "mac"
@@ -253,7 +255,7 @@ def test_reordered_frames_are_rejected() -> None:
 
 
 def test_oversized_and_undersized_frames() -> None:
-    i, a = handshake_pair(Keyring(S1), Keyring(S1))
+    i, a = handshake_pair(Keyring(S1), Keyring(S1), os.urandom)
     a.max_frame = 10
     with pytest.raises(AuthError) as e:
         feed(a, i.seal(b"x" * 11))
@@ -344,7 +346,7 @@ def test_fuzz_garbage_only_raises_auth_errors(garbage: bytes, chunks: list[int],
     if established:
         _, link, _ = sealed_stream([])
     else:
-        link = AuthLink(Keyring(S1), initiator=False)
+        link = AuthLink(Keyring(S1), initiator=False, random=os.urandom)
     out, error = outcome(link, garbage, chunks)
     assert out == [] and (error is None or isinstance(error, AuthError))
 
@@ -354,7 +356,7 @@ def test_fuzz_garbage_only_raises_auth_errors(garbage: bytes, chunks: list[int],
 def test_fuzz_a_tampered_handshake_never_completes(junk: bytes, which: int, keep_type: bool) -> None:
     """Replace one of the four handshake messages (whole body, or all but its
     magic and type) by junk: the handshake fails or stalls, never succeeds."""
-    i, a = AuthLink(Keyring(S1), initiator=True), AuthLink(Keyring(S1), initiator=False)
+    i, a = AuthLink(Keyring(S1), initiator=True, random=os.urandom), AuthLink(Keyring(S1), initiator=False, random=os.urandom)
     try:
         for step, (src, dst) in enumerate([(i, a), (a, i), (i, a), (a, i)]):
             message = src.data_to_send()

@@ -11,6 +11,8 @@ network of tests/sim/network.py.
 
 from __future__ import annotations
 
+import os
+
 import logging
 import random
 from typing import Any
@@ -674,7 +676,7 @@ def test_corrupted_nodes_conf_is_refused(text, message):
 
 
 def test_initiator_refuses_a_challenge_for_a_secret_it_did_not_offer():
-    initiator = AuthLink(Keyring("current secret"), initiator=True)
+    initiator = AuthLink(Keyring("current secret"), initiator=True, random=os.urandom)
     assert initiator.data_to_send()  # the hello, offering one key ID
     body = b"DQA1C" + b"\x07" * 32 + Keyring("another secret").key_ids()[0]
     initiator.receive_data(len(body).to_bytes(PREFIX, "big") + body)

@@ -18,9 +18,9 @@ from disque.core.config import (
     Config,
     ConfigError,
     ConfigFileError,
+    Read,
     ShowHelp,
     ShowVersion,
-    build_config,
     compile_glob,
     config_get,
     config_set,
@@ -28,19 +28,18 @@ from disque.core.config import (
     parse_config_text,
     parse_memory,
     quote_arg,
-    rewrite_config_file,
     rewrite_config_text,
     split_args,
     split_args_bytes,
-    write_config_file,
 )
+from disque.shell.config_file import build_config, read_config, rewrite_config_file, write_config_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def parsed(text: str, cwd: str = "/srv") -> Config:
+def parsed(text: str, cwd: str = "/srv", read: Read | None = None) -> Config:
     config = Config(cwd=cwd)
-    parse_config_text(text, config)
+    parse_config_text(text, config, read=read)
     return config
 
 
@@ -399,19 +398,26 @@ def test_check_hook_makes_lines_fatal():
 def test_include(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "extra.conf").write_text("port 2\nhz 20\n")
-    config = parsed("port 1\ndir sub\ninclude extra.conf\nhz 30", cwd=str(tmp_path))
+    config = parsed("port 1\ndir sub\ninclude extra.conf\nhz 30", cwd=str(tmp_path), read=read_config)
     assert (config.port, config.hz) == (2, 30)
+
+
+def test_include_needs_the_shells_reader():
+    """The pure parser opens no file: without a reader an include is unreadable."""
+    with pytest.raises(ConfigError) as info:
+        parsed("include extra.conf")
+    assert str(info.value) == "Fatal error, can't open config file 'extra.conf'"
 
 
 def test_include_errors(tmp_path):
     with pytest.raises(ConfigError) as info:
-        parsed("include missing.conf", cwd=str(tmp_path))
+        parsed("include missing.conf", cwd=str(tmp_path), read=read_config)
     assert not isinstance(info.value, ConfigFileError)
     assert str(info.value) == "Fatal error, can't open config file 'missing.conf'"
 
     (tmp_path / "bad.conf").write_text("\n\nhz 1\nport -5\n")
     with pytest.raises(ConfigFileError) as info:
-        parsed("\ninclude bad.conf", cwd=str(tmp_path))
+        parsed("\ninclude bad.conf", cwd=str(tmp_path), read=read_config)
     assert (info.value.line_no, info.value.line, info.value.message) == (4, "port -5", "Invalid port")
 
 

@@ -295,12 +295,12 @@ def test_import_reports_the_bad_line(disque: Callable[..., Result], client: Clie
 
 
 def test_check_aof_delegates_to_the_checker(disque: Callable[..., Result], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "disque.store.aof_check", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "disque.cli.check_aof", None)  # as if not installed
     result = disque("check-aof", "--fix", "appendonly.aof")
     assert result.exit_code == 1 and "check-aof is not available" in result.stderr
     calls: list[list[str]] = []
     fake = types.SimpleNamespace(main=lambda argv: calls.append(argv) or 3)
-    monkeypatch.setitem(sys.modules, "disque.store.aof_check", fake)
+    monkeypatch.setitem(sys.modules, "disque.cli.check_aof", fake)
     assert disque("check-aof", "--fix", "appendonly.aof").exit_code == 3
     assert calls == [["--fix", "appendonly.aof"]]
 

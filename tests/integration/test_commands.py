@@ -1213,6 +1213,15 @@ def test_version(argv: list[str]) -> None:
     assert re.fullmatch(rb"Disque server v=\S+ sha=[0-9a-f]+:\d malloc=\S+ bits=(32|64) build=[0-9a-f]+\n", result.stdout)
 
 
+def test_info_shows_the_revision_of_disque_server_version(raw: RawFactory) -> None:
+    """INFO's disque_git_sha1/dirty are the revision `--version` prints."""
+    version = run_cli("--version").stdout
+    sha, dirty = re.search(rb"sha=([0-9a-f]+):(\d)", version).groups()  # type: ignore[union-attr]
+    server = parse_info(raw().call("INFO", "server"))["Server"]
+    assert (server["disque_git_sha1"], server["disque_git_dirty"]) == (sha.decode(), dirty.decode())
+    assert server["arch_bits"] == "64"
+
+
 def test_help_exits_1() -> None:
     result = run_cli("--help")
     assert result.returncode == 1 and b"Usage: disque-server" in result.stderr

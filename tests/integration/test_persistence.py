@@ -339,7 +339,7 @@ def test_corruption_in_the_middle_refuses_to_start_then_check_aof_fixes(spawn: S
     closed(node)
     text = node.log_path.read_text()
     assert "Bad file format" in text and f"at offset {at}" in text
-    cli = [sys.executable, "-m", "disque.store.aof_check"]
+    cli = [sys.executable, "-m", "disque.cli.check_aof"]
     check = subprocess.run([*cli, str(path)], capture_output=True, text=True)
     assert check.returncode == 1 and f"corrupt at offset {at}" in check.stdout
     assert subprocess.run([*cli, "--fix", str(path)], capture_output=True).returncode == 0

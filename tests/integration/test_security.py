@@ -196,10 +196,10 @@ def test_a_cluster_with_a_secret_refuses_outsiders(nodes: Nodes) -> None:
     forged = forged_job(b_id)
     plain_frames = encode_frame(header, DelJob(job)) + encode_frame(header, ReplJob(job_to_wire(forged, int(time.time() * 1000))))
     assert bus_exchange(a.port + BUS, plain_frames) == b""
-    bus_exchange(a.port + BUS, plain_frames, AuthLink(Keyring(WRONG), initiator=True))
+    bus_exchange(a.port + BUS, plain_frames, AuthLink(Keyring(WRONG), initiator=True, random=os.urandom))
     sniffed = Keyring(WRONG)
     sniffed.secrets = (Secret(b"guess", Secret.derive(SECRET).key_id, b"\0" * 32),)
-    bus_exchange(a.port + BUS, plain_frames, AuthLink(sniffed, initiator=True))
+    bus_exchange(a.port + BUS, plain_frames, AuthLink(sniffed, initiator=True, random=os.urandom))
 
     # Each rogue has been refused by a and b, and retries with backoff.
     for target in (a, b):
@@ -291,7 +291,7 @@ class RecordingProxy:
 
 def open_session(port: int, secret: str = SECRET) -> tuple[socket.socket, AuthLink]:
     """An authenticated bus connection made by the test itself, as a node would."""
-    auth = AuthLink(Keyring(secret), initiator=True)
+    auth = AuthLink(Keyring(secret), initiator=True, random=os.urandom)
     s = socket.create_connection((HOST, port), timeout=5)
     s.sendall(auth.data_to_send())
     while not auth.established:
