@@ -1,0 +1,188 @@
+"""The core's boundary and its import graph, read from the sources.
+
+The core is every module under `disque/core`, `disque/store`,
+`disque/cluster` and `disque/protocols`, plus the RESP front end's three
+modules still at the top of the package (`resp`, `commands`, `admin`).  It
+must not reach the outside world (no trio, sockets, files, clocks, random
+sources or processes: the shell injects those), must not import the shell
+or the tools built on it, and must not import in a loop.  Imports inside
+functions count, and so do `if TYPE_CHECKING:` ones for cycles: a type-only
+back reference is still a loop a reader has to hold in their head.
+
+`python tests/core/test_import_graph.py` prints the graph, one module and
+what it imports per line.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "disque"
+CORE_FOLDERS = ("core", "store", "cluster", "protocols")
+CORE_TOP = ("resp", "commands", "admin")  # the RESP front end, until it has its own folder
+
+FORBIDDEN = {
+    "trio", "anyio", "socket", "os", "sys", "time", "random", "select", "selectors", "ssl", "signal",
+    "fcntl", "subprocess", "threading", "asyncio", "pathlib", "shutil", "tempfile", "io",
+}  # fmt: skip
+OUTSIDE = ("disque.shell", "disque.cli", "disque.client", "disque.version", "disque.worker", "disque.devcluster")
+
+# Modules that still import each other in a loop.  A ratchet: the test fails
+# when a loop forms outside this set, and when a module listed here no longer
+# sits in any loop (remove it then), so the list can only shrink.
+KNOWN_CYCLE = {
+    "disque.core.node",
+    "disque.commands",
+    "disque.admin",
+    "disque.cluster.handlers",
+    "disque.cluster.replication",
+    "disque.cluster.federation",
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def core_files() -> dict[str, Path]:
+    files = [p for folder in CORE_FOLDERS for p in (PACKAGE / folder).rglob("*.py")]
+    files += [PACKAGE / f"{name}.py" for name in CORE_TOP]
+    return {module_name(p): p for p in sorted(files)}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports(name: str, path: Path) -> list[tuple[str, bool]]:
+    """(imported module, only for type checking) for every import in the file."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, typing_only: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                for stmt in child.body:
+                    visit_stmt(stmt, True)
+                for stmt in child.orelse:
+                    visit_stmt(stmt, typing_only)
+            else:
+                visit_stmt(child, typing_only)
+
+    def visit_stmt(node: ast.AST, typing_only: bool) -> None:
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, typing_only) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            found.append((target, typing_only))
+            # `from disque.core import errors` imports the module disque.core.errors
+            found.extend((f"{target}.{alias.name}", typing_only) for alias in node.names)
+        visit(node, typing_only)
+
+    visit(tree, False)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    files = core_files()
+    return {
+        name: {target for target, _ in imports(name, path) if target in files and target != name}
+        for name, path in files.items()
+    }
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            connect(v)
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(core_files()))
+def test_the_core_does_no_io_and_stays_inside(name: str) -> None:
+    bad = sorted(
+        target
+        for target, typing_only in imports(name, core_files()[name])
+        if (target.split(".")[0] in FORBIDDEN and not typing_only) or target.startswith(OUTSIDE)
+    )
+    assert not bad, f"{name} imports {bad}"
+
+
+@pytest.mark.parametrize("name", sorted(core_files()))
+def test_every_core_module_imports(name: str) -> None:
+    """Importing each one also lets the coverage gate see a module no test uses."""
+    assert importlib.import_module(name).__name__ == name
+
+
+def test_no_new_import_loops_and_the_known_ones_only_shrink() -> None:
+    found = cycles(graph())
+    in_loops = {m for component in found for m in component}
+    assert in_loops <= KNOWN_CYCLE, f"new import loop: {[c for c in found if not set(c) <= KNOWN_CYCLE]}"
+    assert KNOWN_CYCLE <= in_loops, f"no longer in a loop, remove from KNOWN_CYCLE: {sorted(KNOWN_CYCLE - in_loops)}"
+
+
+def test_the_cycle_finder_sees_a_loop_and_a_dag() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_imports_are_resolved_and_type_checking_is_told_apart(tmp_path: Path) -> None:
+    source = (
+        "from typing import TYPE_CHECKING\nimport os\nfrom . import sibling\nfrom ..up import thing\n"
+        "if TYPE_CHECKING:\n    import random\n\ndef f():\n    from disque.shell import server\n"
+    )
+    path = tmp_path / "mod.py"
+    path.write_text(source)
+    found = set(imports("disque.core.mod", path))
+    assert ("os", False) in found and ("random", True) in found
+    assert ("disque.core.sibling", False) in found and ("disque.up.thing", False) in found
+    assert ("disque.shell.server", False) in found
+
+
+if __name__ == "__main__":
+    for module, targets in graph().items():
+        print(f"{module} -> {', '.join(sorted(targets)) or '(nothing)'}")
+    loops = cycles(graph())
+    print("loops:", "; ".join(" -> ".join(c + c[:1]) for c in loops) if loops else "none", file=sys.stderr)
