@@ -33,7 +33,7 @@ from disque.core import errors
 from disque.cluster import messages as m
 from disque.cluster.codec import job_to_wire
 from disque.core.types import Status
-from disque.store.job import REPLICATED, Job, State
+from disque.store.job import AWAIT_REPL, REPLICATED, Job, State
 
 if TYPE_CHECKING:
     from disque.core.types import Client
@@ -68,7 +68,7 @@ class Replication:
                 node.queue_new_job(job)
                 self.replicate(job, additional, noreply=True)
             return Status(job.id)
-        job.state = State.WAIT_REPL
+        job.move(AWAIT_REPL)
         job.nodes_confirmed = set() if extrepl else {me}
         node.register(job)
         self.replicate(job, additional, noreply=False)

@@ -46,6 +46,7 @@ from disque.core.types import BLOCKED, NIL_ARRAY, Clock, Client, Host, Stats, St
 from disque.store.job import (
     ABORT,
     ACK,
+    ADOPT,
     BCAST_QUEUED,
     BCAST_WILLQUEUE,
     DELIVERED,
@@ -487,7 +488,7 @@ class NodeCore:
 
     def adopt(self, job: Job) -> Job:
         """Register a job received from a peer (cluster.md §8.1 receive rules)."""
-        job.state = S_ACTIVE
+        job.move(ADOPT)
         job.gc_retry = 0
         job.flags = 0
         if job.retry:

@@ -34,7 +34,7 @@ from typing import Any
 
 from disque.cluster.codec import DecodeError, decode_storage, encode_storage
 from disque.core.ids import valid_id
-from disque.store.job import BCAST_WILLQUEUE, Job, State
+from disque.store.job import ADOPT, BCAST_WILLQUEUE, Job, State
 
 LOADJOB = b"LOADJOB"
 DELJOB = b"DELJOB"
@@ -419,7 +419,7 @@ class Replay:
             self.duplicates += 1  # the first record wins
             return
         was_queued = job.state == State.QUEUED
-        job.state = State.ACTIVE
+        job.move(ADOPT)
         job.gc_retry = 0
         if job.retry:
             job.flags |= BCAST_WILLQUEUE

@@ -42,13 +42,18 @@ FETCH = "fetch"  # GETJOB, or handed to another node through YOURJOBS
 DEQUEUE = "dequeue"  # DEQUEUE, QUEUED/WORKING messages, WORKING command
 ACK = "ack"
 ABORT = "abort"  # sync replication gave up: the job is deleted right after
+AWAIT_REPL = "await-repl"  # ADDJOB: a new job waits for its synchronous replicas
+# A copy received from a peer (REPLJOB, YOURJOBS) or replayed from the AOF
+# becomes this node's active copy.  The record arrives carrying the state its
+# sender (or the file) had, which says nothing about this node: any state adopts.
+ADOPT = "adopt"
 
 W, A, Q, K = State.WAIT_REPL, State.ACTIVE, State.QUEUED, State.ACKED
 TRANSITIONS: dict[State, dict[str, State]] = {
-    W: {REPLICATED: A, ENQUEUE: Q, ACK: K, ABORT: A},
-    A: {ENQUEUE: Q, ACK: K},
-    Q: {FETCH: A, DEQUEUE: A, ACK: K},
-    K: {},
+    W: {REPLICATED: A, ENQUEUE: Q, ACK: K, ABORT: A, ADOPT: A},
+    A: {ENQUEUE: Q, ACK: K, AWAIT_REPL: W, ADOPT: A},
+    Q: {FETCH: A, DEQUEUE: A, ACK: K, ADOPT: A},
+    K: {ADOPT: A},
 }
 
 

@@ -163,6 +163,31 @@ def test_no_new_import_loops_and_the_known_ones_only_shrink() -> None:
     assert KNOWN_CYCLE <= in_loops, f"no longer in a loop, remove from KNOWN_CYCLE: {sorted(KNOWN_CYCLE - in_loops)}"
 
 
+def state_assignments(path: Path) -> list[int]:
+    """Lines that store to an attribute named `state`."""
+    tree = ast.parse(path.read_text(), str(path))
+    lines = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            for t in ast.walk(target):
+                if isinstance(t, ast.Attribute) and t.attr == "state" and isinstance(t.ctx, ast.Store):
+                    lines.append(t.lineno)
+    return lines
+
+
+@pytest.mark.parametrize("name", sorted(set(core_files()) - {"disque.store.job"}))
+def test_a_job_changes_state_only_through_move(name: str) -> None:
+    """`Job.move` in store/job.py is the one place a job's state changes."""
+    assert state_assignments(core_files()[name]) == []
+
+
+def test_state_assignments_are_found(tmp_path: Path) -> None:
+    path = tmp_path / "mod.py"
+    path.write_text("job.state = 1\nx.y.state += 1\na, b.state = 1, 2\nstate = 3\nread = job.state\n")
+    assert state_assignments(path) == [1, 2, 3]
+
+
 def test_the_cycle_finder_sees_a_loop_and_a_dag() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []

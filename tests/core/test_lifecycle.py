@@ -18,7 +18,7 @@ from disque.core.effects import AofAppend
 from disque.core.errors import DisqueError
 from disque.core.types import BLOCKED, NIL_ARRAY, SILENT, Status
 from disque.core.node import BASE_MEMORY
-from disque.store.job import ABORT, ACK, DEQUEUE, ENQUEUE, FETCH, IN_LIST, REPLICATED, TRANSITIONS, Job, State
+from disque.store.job import ABORT, ACK, ADOPT, AWAIT_REPL, DEQUEUE, ENQUEUE, FETCH, IN_LIST, REPLICATED, TRANSITIONS, Job, State
 from disque.store.jobs import MAX_JOBS_PER_PASS, JobStore
 from disque.store.queue import Queue
 from disque.store.scan import NBUCKETS, BucketedDict
@@ -612,7 +612,7 @@ def test_producer_waiting_for_replication(duo, how):
 
 
 def test_transition_table_is_complete():
-    events = (ENQUEUE, FETCH, DEQUEUE, ACK, ABORT, REPLICATED)
+    events = (ENQUEUE, FETCH, DEQUEUE, ACK, ABORT, REPLICATED, AWAIT_REPL, ADOPT)
     for state, event in itertools.product(State, events):
         job = Job(b"x" * 48, b"q", b"", state=state)
         if event in TRANSITIONS[state]:
