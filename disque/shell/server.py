@@ -1,7 +1,7 @@
 """The trio shell of a node: listeners, client connections, the deadline loop.
 
 This module performs the I/O the core asks for and nothing else.  Plain TCP
-clients are served by one task over an epoll set (tcp_clients.py); a TLS
+clients are served by one task over an epoll set (tcp.py); a TLS
 client has a task of its own.  Either way a chunk read from a client is fed
 to its parser, every complete request of it runs (`run_commands`), the
 effects are carried out (`apply_effects`), and all the replies go out with

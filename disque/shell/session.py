@@ -4,7 +4,7 @@ Theory of operation: the server feeds what a connection receives to its
 `parser`, runs the complete requests, and queues the encoded replies in
 `out`; `out_size` counts the bytes queued and not yet written (checked
 against client-output-buffer-limit).  How the bytes reach the socket is up to
-the transport: `TcpConn` (tcp_clients.py) for plain TCP, `TlsConn`
+the transport: `TcpConn` (tcp.py) for plain TCP, `TlsConn`
 (server.py) for the tls-port.  Each implements `kick` (replies were queued by
 someone else's command: send them once the AOF allows) and `abort` (the
 output was dropped: close as soon as possible).
