@@ -13,6 +13,7 @@ from disque.cluster.membership import Membership
 from disque.core.config import Config
 from disque.core.node import NodeCore
 from disque.core.types import Status
+from disque.protocols.resp.front import RESP
 
 START_MS = 1_790_000_000_000  # a fixed, realistic unix time
 
@@ -114,10 +115,10 @@ class Session:
 
     def __call__(self, *args: Any) -> Any:
         argv = [a if isinstance(a, bytes) else str(a).encode() for a in args]
-        return self.core.handle_command(self.client, argv)
+        return self.core.handle_command(self.client, argv, RESP.run)
 
     def raw(self, *args: Any) -> bytes:
-        from disque.resp import encode
+        from disque.protocols.resp.encoder import encode
 
         return encode(self(*args), self.client.proto)
 

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from disque.core import errors
+from disque.core.errors import DisqueError
 from disque.cluster import messages as m
 from disque.cluster.federation import CLIENTS_WAITING, REACHED_ZERO, Federation
 from disque.cluster.handlers import HANDLERS
@@ -42,7 +43,7 @@ from disque.cluster.membership import Membership
 from disque.cluster.replication import Replication
 from disque.core.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
 from disque.core.ids import new_job_id, ttl_minutes
-from disque.core.types import BLOCKED, NIL_ARRAY, Clock, Client, Host, Stats, Status, Waiter
+from disque.core.types import BLOCKED, NIL_ARRAY, Clock, Client, Command, Host, Stats, Status, Waiter
 from disque.store.job import (
     ABORT,
     ACK,
@@ -133,9 +134,6 @@ class NodeCore:
         self.client_pause_until = 0
         self._last_cron = 0
         self._gc_cursor = 0
-        from disque.commands import dispatch  # circular: the commands use NodeCore
-
-        self._dispatch = dispatch
         self.federation = Federation(self)
         self.replication = Replication(self)
         # IDs of jobs collected after an ACK (or deleted by a peer's DELJOB),
@@ -227,11 +225,54 @@ class NodeCore:
 
     # ------------------------------------------------------------ commands
 
-    def handle_command(self, client: Client, argv: list[bytes]) -> Any:
+    def handle_command(self, client: Client, request: Any, run: Callable[[NodeCore, Client, Any], Any]) -> Any:
+        """One request from a client of the front end whose command table is
+        `run` (request -> `execute` or an early answer); returns its result."""
         client.last = self._set_time()
-        reply = self._dispatch(self, client, argv)
+        reply = run(self, client, request)
         if self.ready:
             self._serve_ready()
+        return reply
+
+    def execute(self, client: Client, cmd: Command, argv: list[bytes]) -> Any:
+        """The checks of commands.md §1.3 every front end shares (AUTH, memory,
+        MISCONF, LOADING), then the handler, with statistics, MONITOR and the
+        slow log.  A `DisqueError` becomes the result; any other exception is
+        logged and costs this one request, not the node."""
+        if self.config.requirepass and not client.authenticated:
+            if cmd.name != "auth" and not (cmd.name == "hello" and len(argv) > 1):
+                return errors.noauth()
+        flags = cmd.flags
+        limit = self.config.maxmemory
+        if limit and self.used_memory > limit // 100 * 95 and not self.evict() and "m" in flags:
+            return errors.oom()
+        if self.aof_error is not None and ("w" in flags or cmd.name == "ping"):
+            return errors.misconf(self.aof_error)
+        if self.loading and "l" not in flags:
+            return errors.loading()
+        client.last_cmd = cmd.name
+        stats = self.stats
+        stats.commands += 1
+        if self.monitors:
+            self.feed_monitors(client, argv)
+        start = self.clock.now_us()
+        try:
+            reply = cmd.handler(self, client, argv)
+        except DisqueError as e:
+            reply = e.detach()
+        except Exception:  # a bug must cost one reply, not the node and every job in it
+            log.exception("Error executing %r", [a[:64] for a in argv[:8]])
+            reply = errors.err(f"internal error executing '{cmd.name}', check the server logs")
+        elapsed = self.clock.now_us() - start
+        calls = stats.calls.get(cmd.name)
+        if calls is None:
+            calls = stats.calls[cmd.name] = [0, 0]
+        calls[0] += 1
+        calls[1] += elapsed
+        if elapsed > self.config.slowlog_log_slower_than >= 0:
+            self.slowlog_add(argv, elapsed)
+        if client.reply_mode:
+            return client.silence(reply)
         return reply
 
     # ------------------------------------------------------------ memory

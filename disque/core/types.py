@@ -8,6 +8,7 @@ encode the protocol-neutral results: `Status` (a short text answer), `Map`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -130,3 +131,13 @@ class _NilArray:
 
 
 NIL_ARRAY = _NilArray()  # RESP2 `*-1`; None is the nil bulk `$-1`
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One entry of a front end's command table, as the core runs it."""
+
+    name: str
+    arity: int  # RESP's: n exactly, -n at least n (name included)
+    flags: str  # w r m a l F (commands.md §3)
+    handler: Callable[[Any, Client, list[bytes]], Any]  # (NodeCore, client, argv) -> result

@@ -38,7 +38,10 @@ from disque.shell.gc_freeze import GcFreezer
 from disque.shell.session import Conn
 from disque.core.types import BLOCKED, SILENT, Client, Status
 from disque.core.node import NodeCore
-from disque.resp import QUERY_BUFFER_LIMIT, ProtocolError, encode, encode_error
+from disque.protocols.resp.front import RESP
+from disque.protocols.base import ProtocolError
+from disque.protocols.resp.parser import QUERY_BUFFER_LIMIT
+from disque.protocols.resp.encoder import encode_error
 from disque.shell.security import DENIED, Security, announced_port, output_limit_exceeded, protected_mode_refuses
 from disque.shell.aof_file import AofFile
 from disque.version import Revision, revision
@@ -69,7 +72,7 @@ class TlsConn(Conn):
     __slots__ = ("stream", "send_lock", "scope", "server")
 
     def __init__(self, client: Client, stream: trio.abc.Stream, server: Server) -> None:
-        super().__init__(client)
+        super().__init__(client, RESP)
         self.stream = stream
         self.send_lock = trio.Lock()
         self.scope = trio.CancelScope()
@@ -288,17 +291,18 @@ class Server:
 
     def run_commands(self, conn: Conn) -> None:
         """Execute buffered requests until the client blocks or none is left."""
-        core, client, parser = self.core, conn.client, conn.parser
+        core, client, parser, front = self.core, conn.client, conn.parser, conn.front
+        run, encode = front.run, front.encode
         while not conn.closing and client.waiter is None and client.repl_job is None:
             try:
-                argv = parser.next_command()
+                request = parser.next_command()
             except ProtocolError as e:
-                self._queue(conn, encode_error(e.message))
+                self._queue(conn, front.encode_error(e.message))
                 conn.closing = True
                 return
-            if argv is None:
+            if request is None:
                 return
-            reply = core.handle_command(client, argv)
+            reply = core.handle_command(client, request, run)
             if reply is BLOCKED:
                 return
             if reply is not SILENT:
@@ -318,7 +322,7 @@ class Server:
                 if kind is Reply:
                     conn = self.conns.get(effect.client_id)
                     if conn is not None:
-                        self._queue(conn, encode(effect.value, conn.client.proto))
+                        self._queue(conn, conn.front.encode(effect.value, conn.client.proto))
                         touched[conn] = None
                 elif kind is CloseClient:
                     conn = self.conns.get(effect.client_id)

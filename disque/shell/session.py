@@ -13,15 +13,16 @@ output was dropped: close as soon as possible).
 from __future__ import annotations
 
 from disque.core.types import Client
-from disque.resp import RequestParser
+from disque.protocols.base import FrontEnd
 
 
 class Conn:
-    __slots__ = ("client", "parser", "out", "out_size", "soft_since", "closing")
+    __slots__ = ("client", "front", "parser", "out", "out_size", "soft_since", "closing")
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, front: FrontEnd) -> None:
         self.client = client
-        self.parser = RequestParser()
+        self.front = front  # the protocol this connection speaks
+        self.parser = front.new_parser()
         self.out: list[bytes | memoryview] = []
         self.out_size = 0  # bytes in `out` plus those being sent
         self.soft_since: float | None = None  # when the soft output limit was first exceeded

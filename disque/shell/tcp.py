@@ -50,7 +50,8 @@ import trio
 
 from disque.shell.session import Conn
 from disque.core.types import Client
-from disque.resp import QUERY_BUFFER_LIMIT
+from disque.protocols.resp.front import RESP
+from disque.protocols.resp.parser import QUERY_BUFFER_LIMIT
 
 if TYPE_CHECKING:
     from disque.shell.server import Server
@@ -74,7 +75,7 @@ class TcpConn(Conn):
     __slots__ = ("sock", "fd", "tcp", "mask", "hold", "parked", "gone")
 
     def __init__(self, client: Client, sock: socket.socket, tcp: TcpClients) -> None:
-        super().__init__(client)
+        super().__init__(client, RESP)
         self.sock = sock
         self.fd = sock.fileno()
         self.tcp = tcp

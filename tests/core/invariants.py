@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine
 
-from disque import admin
+from disque.protocols.resp import admin
 from disque.core.node import BASE_MEMORY, QUEUE_OVERHEAD, NodeCore
 from disque.store.job import DELIVERED, IN_LIST, State
 

@@ -24,6 +24,7 @@ from disque.cluster.membership import Membership
 from disque.core.effects import Answer, DropLink, Reply, Send
 from disque.core.types import BLOCKED
 from disque.core.node import NodeCore
+from disque.protocols.resp.front import RESP
 from support import FakeClock, FakeHost, make_config
 
 IP = "127.0.0.1"
@@ -106,7 +107,7 @@ class Mesh:
         self._ids += 1
         core = self.core(i)
         client = core.connect(self._ids, f"{IP}:{40000 + self._ids}")
-        reply = core.handle_command(client, [a if isinstance(a, bytes) else str(a).encode() for a in args])
+        reply = core.handle_command(client, [a if isinstance(a, bytes) else str(a).encode() for a in args], RESP.run)
         self.flush()
         return self._ids if reply is BLOCKED else reply
 

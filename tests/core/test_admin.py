@@ -1,4 +1,4 @@
-"""Tests for disque.admin: the INFO sections, CONFIG, CLIENT, both HELLO
+"""Tests for disque.protocols.resp.admin: the INFO sections, CONFIG, CLIENT, both HELLO
 forms, DEBUG and CLUSTER, driven through the command layer of one core
 with the exact replies and errors of commands.md §7-9 and config.md §3-4."""
 
@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from disque import __version__, admin
+from disque import __version__
+from disque.protocols.resp import admin
 from disque.cluster.membership import FORGET_BLACKLIST_MS
 from disque.core.effects import CloseClient, DropLink
 from disque.core.errors import DisqueError

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from disque.commands import COMMANDS
+from disque.protocols.resp.table import COMMANDS
 from disque.core.effects import CloseClient, Reply
 from disque.core.errors import DisqueError
 from disque.core.types import BLOCKED, SILENT, Map, Status
-from disque.resp import encode
+from disque.protocols.resp.encoder import encode
 from invariants import advance, check_core, quick_and_slow, slow_only_when_asked  # noqa: F401 (autouse fixture)
 from support import NODE_ID, Session, make_core
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from disque.core import errors, ids
 from disque.cluster import messages as m
-from disque.commands import COMMANDS
+from disque.protocols.resp.table import COMMANDS
 from disque.core.effects import AofAppend
 from disque.core.errors import DisqueError
 from disque.core.types import BLOCKED, NIL_ARRAY, SILENT, Status
@@ -22,6 +22,7 @@ from disque.store.job import ABORT, ACK, ADOPT, AWAIT_REPL, DEQUEUE, ENQUEUE, FE
 from disque.store.jobs import MAX_JOBS_PER_PASS, JobStore
 from disque.store.queue import Queue
 from disque.store.scan import NBUCKETS, BucketedDict
+from disque.protocols.resp.front import RESP
 from invariants import advance, check_core
 from support import Env as CoreEnv
 from support import NODE_ID, START_MS, Session, bus_sent, linked_core, make_core
@@ -181,7 +182,7 @@ def test_more_due_jobs_than_one_pass_takes():
 
 def test_scheduler_pass_is_bounded(env):
     for i in range(MAX_JOBS_PER_PASS + 5):
-        env.core.handle_command(env.s.client, [b"ADDJOB", b"q", b"x", b"0", b"TTL", b"1", b"RETRY", b"0"])
+        env.core.handle_command(env.s.client, [b"ADDJOB", b"q", b"x", b"0", b"TTL", b"1", b"RETRY", b"0"], RESP.run)
     expiry = env.core.jobs.next_awake()
     env.clock.ms = expiry
     env.core.tick()
@@ -964,7 +965,7 @@ def test_resetstat_zeroes_the_core_counters_and_the_shells(env):
 
 
 def test_a_failing_handler_costs_one_reply(env, monkeypatch):
-    from disque import commands
+    from disque.protocols.resp import commands
 
     def broken(node, client, argv):
         raise RuntimeError("bug")

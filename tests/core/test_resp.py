@@ -1,4 +1,4 @@
-"""Tests for disque.resp: request parsing and reply encoding."""
+"""Tests for the RESP front end's parser and encoder."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.connection import Encoder, HiredisRespSerializer, PythonRespSerializer
 
-from disque import resp
 from disque.core.config import split_args_bytes
 from disque.core.errors import DisqueError, err
 from disque.core.types import NIL_ARRAY, Map, Status
-from disque.resp import INLINE_MAX, MAX_BULK, MAX_MULTIBULK, QUERY_BUFFER_LIMIT, ProtocolError, RequestParser, encode, encode_error
+from disque.protocols.resp.parser import INLINE_MAX, MAX_BULK, MAX_MULTIBULK, QUERY_BUFFER_LIMIT, ProtocolError, RequestParser
+from disque.protocols.resp.encoder import encode, encode_error
 
 
 def pack(*args: bytes) -> bytes:

@@ -60,6 +60,7 @@ from disque.core.types import BLOCKED
 from disque.core.node import NodeCore
 from disque.store.aof import RecordReader, Replay, encode_loadjob
 from disque.store.job import State
+from disque.protocols.resp.front import RESP
 from core.invariants import check_core
 from support import START_MS, FakeHost
 
@@ -434,7 +435,7 @@ class SimNode:
         client = core.connect(client_id, f"10.1.0.1:{client_id % 60000 + 1024}")
         argv = [a if isinstance(a, bytes) else str(a).encode() for a in args]
         try:
-            reply = core.handle_command(client, argv)
+            reply = core.handle_command(client, argv, RESP.run)
             if reply is BLOCKED:
                 call = self.waiting[client_id] = _Call()
                 self.drain()

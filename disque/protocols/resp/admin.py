@@ -21,6 +21,7 @@ from disque.core.config import ConfigError, config_get, config_set
 from disque.core.errors import DisqueError, err
 from disque.core.types import REPLY_OFF, REPLY_ON, REPLY_SKIP_NEXT, SILENT, Client, Map, Status
 from disque.core.node import NodeCore
+from disque.protocols.resp.table import COMMANDS, int_or, parse_int, parse_timeout
 
 OK = Status(b"OK")
 
@@ -31,8 +32,6 @@ def _text(raw: bytes) -> str:
 
 def _strict_int(raw: bytes) -> int:
     """Strict int64 (commands.md §1.2); ValueError otherwise."""
-    from disque.commands import parse_int  # circular: commands imports this module
-
     return parse_int(raw)
 
 
@@ -115,8 +114,6 @@ def _section_cpu(node: NodeCore, proc: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 def _section_commandstats(node: NodeCore, proc: dict[str, Any]) -> list[tuple[str, Any]]:
-    from disque.commands import COMMANDS
-
     out = []
     for cmd in COMMANDS.values():
         calls = node.stats.calls.get(cmd.name)
@@ -258,7 +255,6 @@ def client_command(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
     if sub == b"kill" and args:
         return _kill_filters(node, client, args)
     if sub == b"pause" and len(args) == 1:
-        from disque.commands import parse_timeout
 
         node.client_pause_until = node.now + parse_timeout(args[0])
         return OK
@@ -365,7 +361,6 @@ def debug_command(node: NodeCore, argv: list[bytes]) -> Any:
         return node.host.debug("sleep", [str(_sleep_seconds(args[0])).encode()])
     if sub in (b"restart", b"crash-and-recover") and len(args) <= 1:
         if args:
-            from disque.commands import int_or
 
             # A negative delay means none; a huge one waits (almost) forever.
             delay = min(max(0, int_or(args[0], errors.not_integer)), MAX_SLEEP_S * 1000)

@@ -1,4 +1,4 @@
-"""RESP for clients: request parsing and reply encoding.
+"""RESP for clients: the request parser (the encoder is encoder.py).
 
 Theory of operation
 -------------------
@@ -48,9 +48,6 @@ Where replies differ from upstream Disque (its Redis 3 request reader):
   the LF with strchr, so a line holding a NUL never ends, and after a bare LF
   it drops the first byte of the next request.
 
-`encode(value, proto)` turns a reply value into RESP2 or RESP3 bytes:
-`Status` (+text), int, bytes or str (bulk), list or tuple (array), `Map`,
-None (nil bulk), `NIL_ARRAY` (nil array) and `DisqueError` (-CODE text).
 """
 
 from __future__ import annotations
@@ -60,8 +57,7 @@ import re
 
 import hiredis
 
-from disque.core.errors import DisqueError, err
-from disque.core.types import NIL_ARRAY, Map, Status
+from disque.protocols.base import ProtocolError
 
 QUERY_BUFFER_LIMIT = 1 << 30  # the server closes a client holding more, with no reply
 INLINE_MAX = 64 * 1024  # longest inline request, count line or length line
@@ -74,13 +70,6 @@ _INT64 = re.compile(rb"-?[1-9][0-9]{0,18}|0")  # upstream's string2ll syntax
 _COUNT_LINE = re.compile(rb"\*([1-9][0-9]{0,5})\r\n")  # the usual lines, within limits
 _BULK_LINE = re.compile(rb"\$(0|[1-9][0-9]{0,7})\r\n")
 _is_bytes = bytes.__instancecheck__  # hiredis gives other types for non-bulk elements
-
-
-class ProtocolError(DisqueError):
-    """A malformed request; `message` is the reply text after `-ERR `."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__("ERR", message)
 
 
 class RequestParser:
@@ -299,73 +288,3 @@ def _bulk_line(buf: bytearray, pos: int) -> tuple[int, int] | None:
     if length is None or not 0 <= length <= MAX_BULK:
         raise ProtocolError("Protocol error: invalid bulk length")
     return length, eol + 2
-
-
-# ---------------------------------------------------------------------------
-# Replies
-
-
-
-# Length lines of the usual sizes, formatted once: a lookup costs a fifth of a `%`.
-_CACHED = 1024
-_BULK = [b"$%d\r\n" % n for n in range(_CACHED)]
-_ARRAY = [b"*%d\r\n" % n for n in range(_CACHED)]
-
-
-def encode(value: object, proto: int = 2) -> bytes:
-    """The wire form of a reply value for protocol version `proto` (2 or 3).
-
-    TypeError for anything else, bool included: that is a bug in the caller.
-    """
-    kind = type(value)
-    if kind is Status:
-        return b"+%s\r\n" % value
-    if kind is int:
-        return b":%d\r\n" % value
-    if kind is bytes:
-        return b"$%d\r\n%s\r\n" % (len(value), value)
-    out: list[bytes] = []
-    _encode_into(out, value, proto == 3)
-    return b"".join(out)
-
-
-def encode_error(text: str) -> bytes:
-    """`-ERR <text>` (CR and LF turned into spaces)."""
-    return b"-%s\r\n" % err(text).wire()
-
-
-def _encode_into(out: list[bytes], value: object, resp3: bool) -> None:
-    kind = type(value)
-    if kind is list or kind is tuple:
-        n = len(value)
-        out.append(_ARRAY[n] if n < _CACHED else b"*%d\r\n" % n)
-        for item in value:
-            if type(item) is bytes:  # the common element: skip a call
-                n = len(item)
-                out += (_BULK[n] if n < _CACHED else b"$%d\r\n" % n, item, b"\r\n")
-            else:
-                _encode_into(out, item, resp3)
-    elif kind is bytes:
-        n = len(value)
-        out += (_BULK[n] if n < _CACHED else b"$%d\r\n" % n, value, b"\r\n")
-    elif kind is str:
-        data = value.encode("utf-8", "surrogateescape")
-        out += (b"$%d\r\n" % len(data), data, b"\r\n")
-    elif kind is Status:
-        out += (b"+", value, b"\r\n")
-    elif value is None:
-        out.append(b"_\r\n" if resp3 else b"$-1\r\n")
-    elif value is NIL_ARRAY:
-        out.append(b"_\r\n" if resp3 else b"*-1\r\n")
-    elif kind is Map:
-        pairs = len(value)
-        out.append(b"%%%d\r\n" % pairs if resp3 else b"*%d\r\n" % (2 * pairs))
-        for key, item in value:
-            _encode_into(out, key, resp3)
-            _encode_into(out, item, resp3)
-    elif isinstance(value, DisqueError):
-        out.append(b"-%s\r\n" % value.wire())
-    elif isinstance(value, int) and not isinstance(value, bool):
-        out.append(b":%d\r\n" % value)
-    else:
-        raise TypeError(f"no RESP encoding for {kind.__name__}")

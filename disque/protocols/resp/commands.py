@@ -1,8 +1,8 @@
 """The client command table: arity, flags, argument validation, replies.
 
-Theory of operation: `dispatch` runs the checks of commands.md §1.3 in their
-order (QUIT, lookup, arity, AUTH, memory, MISCONF, LOADING) and calls the
-handler.  Handlers parse and validate their arguments exactly as the spec
+Theory of operation: `run` answers QUIT, looks the command up and checks its
+arity, then `NodeCore.execute` runs the rest of commands.md §1.3 in order
+(AUTH, memory, MISCONF, LOADING) and calls the handler.  Handlers parse and validate their arguments exactly as the spec
 says (the first failing option decides the error), call the operations of
 `NodeCore`, and return a reply value of `resp.py` (or `BLOCKED`, or
 `SILENT` when nothing must be written).  A `DisqueError` raised anywhere
@@ -13,119 +13,38 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from disque import admin
-from disque.core import errors, ids
+from disque.protocols.resp import admin
+from disque.protocols.resp.table import (
+    COMMANDS,
+    FLAG_WORDS,
+    INT64_MAX,
+    OK,
+    command,
+    int_or,
+    job_ids,
+    parse_cursor,
+    parse_int,
+    parse_timeout,
+    text,
+)
+from disque.core import errors
 from disque.cluster import messages as m
-from disque.core.errors import DisqueError, err
-from disque.core.types import NIL_ARRAY, SILENT, Client, Map, Status
+from disque.core.errors import err
+from disque.core.types import NIL_ARRAY, SILENT, Client, Command, Map, Status
 from disque.core.node import NodeCore
 from disque.store.job import STATE_BY_NAME, STATE_NAMES, Job, State
 from disque.store.queue import PAUSE_IN, PAUSE_NAMES, PAUSE_OUT
 
 log = logging.getLogger("disque")
 
-OK = Status(b"OK")
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-
-Handler = Callable[[NodeCore, Client, list[bytes]], Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Command:
-    name: str
-    arity: int
-    flags: str  # w r m a l F (commands.md §3)
-    handler: Handler
-
-
-COMMANDS: dict[bytes, Command] = {}
-
-FLAG_WORDS = {"w": "write", "r": "readonly", "m": "denyoom", "a": "admin", "l": "loading", "F": "fast"}
-
-
-def command(name: str, arity: int, flags: str) -> Callable[[Handler], Handler]:
-    def register(fn: Handler) -> Handler:
-        COMMANDS[name.encode()] = Command(name, arity, flags, fn)
-        return fn
-
-    return register
-
-
-# ---------------------------------------------------------------- parsing
-
-
-def parse_int(raw: bytes) -> int:
-    """Strict int64 (commands.md §1.2): optional sign, digits only; the empty
-    string is 0 (upstream quirk).  ValueError otherwise."""
-    if raw.isdigit() and len(raw) < 19:
-        return int(raw)
-    digits = raw[1:] if raw[:1] in (b"-", b"+") else raw
-    if raw and not digits.isdigit():
-        raise ValueError(raw)
-    digits = digits.lstrip(b"0")
-    if len(digits) > 19:  # out of range; also keeps int() off huge strings
-        raise ValueError(raw)
-    value = int(digits or b"0")
-    if raw[:1] == b"-":
-        value = -value
-    if not INT64_MIN <= value <= INT64_MAX:
-        raise ValueError(raw)
-    return value
-
-
-def int_or(raw: bytes, error: Callable[[], DisqueError]) -> int:
-    try:
-        return parse_int(raw)
-    except ValueError:
-        raise error() from None
-
-
-def parse_timeout(raw: bytes) -> int:
-    try:
-        value = parse_int(raw)
-    except ValueError:
-        raise errors.timeout_not_int() from None
-    if value < 0:
-        raise errors.timeout_negative()
-    return value
-
-
-def parse_cursor(raw: bytes) -> int:
-    """A scan cursor as C strtoul reads it: an optional sign (`-` wraps
-    around), decimal digits, nothing before or after.  No digits at all is 0;
-    more than 64 bits is an error (ERANGE)."""
-    signed = raw[:1] in (b"-", b"+")
-    digits = raw[1:] if signed else raw
-    if (digits and not digits.isdigit()) or (signed and not digits):
-        raise errors.bad_cursor()
-    digits = digits.lstrip(b"0")
-    if len(digits) > 20:  # out of range; also keeps int() off huge strings
-        raise errors.bad_cursor()
-    value = int(digits or b"0")
-    if value >> 64:
-        raise errors.bad_cursor()
-    return (-value) % (1 << 64) if raw[:1] == b"-" else value
-
-
-def job_ids(argv: list[bytes]) -> list[bytes]:
-    """Validate every ID before acting on any (commands.md §2.3)."""
-    for job_id in argv:
-        if not ids.valid_id(job_id):
-            raise errors.badid()
-    return argv
-
-
-def text(raw: bytes) -> str:
-    return raw.decode("utf-8", "replace")
-
-
 # ---------------------------------------------------------------- dispatch
 
 
-def dispatch(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def run(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    """RESP's part of commands.md §1.3: QUIT, lookup and arity, before
+    `NodeCore.execute` applies the checks every front end shares."""
     name = argv[0].lower()
     if name == b"quit":
         node.close_client(client)
@@ -135,41 +54,7 @@ def dispatch(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
         return errors.unknown_command(text(argv[0]))
     if (cmd.arity > 0 and len(argv) != cmd.arity) or len(argv) < -cmd.arity:
         return errors.wrong_arity(cmd.name)
-    if node.config.requirepass and not client.authenticated:
-        if cmd.name != "auth" and not (cmd.name == "hello" and len(argv) > 1):
-            return errors.noauth()
-    flags = cmd.flags
-    limit = node.config.maxmemory
-    if limit and node.used_memory > limit // 100 * 95 and not node.evict() and "m" in flags:
-        return errors.oom()
-    if node.aof_error is not None and ("w" in flags or cmd.name == "ping"):
-        return errors.misconf(node.aof_error)
-    if node.loading and "l" not in flags:
-        return errors.loading()
-    client.last_cmd = cmd.name
-    stats = node.stats
-    stats.commands += 1
-    if node.monitors:
-        node.feed_monitors(client, argv)
-    start = node.clock.now_us()
-    try:
-        reply = cmd.handler(node, client, argv)
-    except DisqueError as e:
-        reply = e.detach()
-    except Exception:  # a bug must cost one reply, not the node and every job in it
-        log.exception("Error executing %r", [a[:64] for a in argv[:8]])
-        reply = err(f"internal error executing '{cmd.name}', check the server logs")
-    elapsed = node.clock.now_us() - start
-    calls = stats.calls.get(cmd.name)
-    if calls is None:
-        calls = stats.calls[cmd.name] = [0, 0]
-    calls[0] += 1
-    calls[1] += elapsed
-    if elapsed > node.config.slowlog_log_slower_than >= 0:
-        node.slowlog_add(argv, elapsed)
-    if client.reply_mode:
-        return client.silence(reply)
-    return reply
+    return node.execute(client, cmd, argv)
 
 
 # ---------------------------------------------------------------- jobs
