@@ -275,6 +275,30 @@ class NodeCore:
             return client.silence(reply)
         return reply
 
+    # ------------------------------------------------------------ shell entry points
+
+    def take_effects(self) -> list[Any]:
+        """The effects of the entry points called since the last take, in order."""
+        effects, self.effects = self.effects, []
+        return effects
+
+    def pause_left(self, now_ms: int) -> int:
+        """How many ms of CLIENT PAUSE remain at `now_ms` (0: clients run)."""
+        return max(0, self.client_pause_until - now_ms)
+
+    def set_aof_error(self, strerror: str | None) -> None:
+        """The AOF's last write or fsync failed (MISCONF for writes), or works again."""
+        self.aof_error = strerror
+
+    def conf_dirty(self) -> bool:
+        """Whether nodes.conf no longer matches the cluster state."""
+        return self.cluster.dirty
+
+    def cluster_conf(self) -> str:
+        """nodes.conf's text; the shell saves it, so it is no longer dirty."""
+        self.cluster.dirty = False
+        return self.cluster.to_conf()
+
     # ------------------------------------------------------------ memory
 
     def mem_level(self) -> int:

@@ -346,7 +346,7 @@ class AofFile:
 
     def _update_error(self) -> None:
         error = self.write_error or self.fsync_error
-        self.core.aof_error = error
+        self.core.set_aof_error(error)
         self.status.last_write_ok = error is None
 
     # ------------------------------------------------------------ fsync
@@ -858,7 +858,7 @@ class AofFile:
     def _exit_now(self) -> None:
         server = self.server
         server.flush_all_nowait()
-        if self.core.cluster.dirty:
+        if self.core.conf_dirty():
             try:
                 server.save_cluster_config(fsync=True)
             except OSError:

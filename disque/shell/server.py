@@ -187,8 +187,8 @@ class Server:
                 await trio.sleep(wait_ms / 1000)
             else:  # due already: still let the other tasks run between ticks
                 await trio.lowlevel.checkpoint()
-            wait_until = core.client_pause_until - clock.now_ms()
-            if wait_until > 0:
+            wait_until = core.pause_left(clock.now_ms())
+            if wait_until:
                 await trio.sleep(wait_until / 1000)
             core.tick()
             self.apply_effects(None)
@@ -243,8 +243,8 @@ class Server:
             if conn.parser.buffered() > QUERY_BUFFER_LIMIT:
                 log.warning("Closing client that reached max query buffer length")
                 return
-            pause = self.core.client_pause_until - self.clock.now_ms()
-            if pause > 0:
+            pause = self.core.pause_left(self.clock.now_ms())
+            if pause:
                 await trio.sleep(pause / 1000)
             self.run_commands(conn)
             self.apply_effects(conn)
@@ -315,8 +315,7 @@ class Server:
         connection whose commands ran, which the caller answers itself."""
         core = self.core
         touched: dict[Conn, None] = {}
-        while core.effects:
-            effects, core.effects = core.effects, []
+        while effects := core.take_effects():
             for effect in effects:
                 kind = type(effect)
                 if kind is Reply:
@@ -339,7 +338,7 @@ class Server:
                     self.aof_append(effect.record)
             for conn in touched:  # an unblocked client resumes its pipeline
                 self.run_commands(conn)
-        if core.cluster.dirty:
+        if core.conf_dirty():
             try:
                 self.save_cluster_config(fsync=False)
             except OSError as e:
@@ -448,8 +447,7 @@ class Server:
         self.security.stats.reset()
 
     def save_cluster_config(self, fsync: bool) -> None:
-        self.core.cluster.dirty = False
-        self.nodes_file.save(self.core.cluster.to_conf(), fsync)
+        self.nodes_file.save(self.core.cluster_conf(), fsync)
 
     def bgrewriteaof(self) -> Any:
         return self.aof_file.bgrewriteaof()

@@ -196,8 +196,7 @@ class TcpClients:
             log.warning("Closing client that reached max query buffer length")
             self._close(conn)
             return
-        pause = self.core.client_pause_until
-        if pause and pause > self.server.clock.now_ms():
+        if self.core.pause_left(self.server.clock.now_ms()):
             self.paused.append(conn)
             return
         self._run(conn)
@@ -218,7 +217,7 @@ class TcpClients:
         """CLIENT PAUSE: clients read meanwhile run their requests after it
         (this task sleeps: no client of it runs anything until then)."""
         clock = self.server.clock
-        while (wait_ms := self.core.client_pause_until - clock.now_ms()) > 0:
+        while wait_ms := self.core.pause_left(clock.now_ms()):
             await trio.sleep(wait_ms / 1000)
         paused, self.paused = self.paused, []
         for conn in paused:

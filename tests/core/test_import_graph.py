@@ -183,6 +183,55 @@ def test_state_assignments_are_found(tmp_path: Path) -> None:
     assert state_assignments(path) == [1, 2, 3]
 
 
+# What the shell still writes into the core instead of calling an entry point
+# (AOF loading, the restart path, and the network counters INFO shows, which
+# belong with the shell's own).  A ratchet, like KNOWN_CYCLE.
+KNOWN_POKES = {
+    "core.aof_encoder",
+    "core.loading",
+    "core.now",
+    "core.stats.net_in",
+    "core.stats.net_out",
+    "core.stats.rejected",
+}
+
+
+def _chain(node: ast.expr) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def core_pokes(path: Path) -> set[str]:
+    """`core.<attr>` chains the file assigns to (through `self.` or not)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            for t in ast.walk(target):
+                if isinstance(t, ast.Attribute) and isinstance(t.ctx, ast.Store):
+                    chain = _chain(t).removeprefix("self.")
+                    if chain.startswith("core."):
+                        found.add(chain)
+    return found
+
+
+def test_the_shell_calls_the_core_instead_of_writing_into_it() -> None:
+    pokes = {chain for path in (PACKAGE / "shell").glob("*.py") for chain in core_pokes(path)}
+    assert pokes <= KNOWN_POKES, f"the shell writes {sorted(pokes - KNOWN_POKES)} into the core: add an entry point"
+    assert KNOWN_POKES <= pokes, f"no longer written, remove from KNOWN_POKES: {sorted(KNOWN_POKES - pokes)}"
+
+
+def test_core_pokes_are_found(tmp_path: Path) -> None:
+    path = tmp_path / "mod.py"
+    path.write_text("self.core.loading = True\ncore.stats.x += 1\nself.core_ish = 1\ncore = 2\n")
+    assert core_pokes(path) == {"core.loading", "core.stats.x"}
+
+
 def test_the_cycle_finder_sees_a_loop_and_a_dag() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []

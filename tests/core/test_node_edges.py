@@ -206,3 +206,28 @@ def test_a_failing_bus_handler_costs_one_message_not_the_node(monkeypatch, caplo
     advance(core, clock, 11_000)
     assert s.show(job_id)["state"] == "queued"
     check_core(core)
+
+
+# ---------------------------------------------------------------- shell entry points
+
+
+def test_shell_entry_points() -> None:
+    core, clock, _ = make_core()
+    s = Session(core)
+    assert core.pause_left(clock.ms) == 0
+    assert s("CLIENT", "PAUSE", "500") == Status(b"OK")
+    assert core.pause_left(clock.ms) == 500 and core.pause_left(clock.ms + 499) == 1
+    assert core.pause_left(clock.ms + 500) == 0 and core.pause_left(clock.ms + 10_000) == 0
+    core.set_aof_error("No space left on device")
+    assert s("ADDJOB", "q", "b", "0").code == "MISCONF"
+    core.set_aof_error(None)
+    assert s("ADDJOB", "q", "b", "0").startswith(b"DI")
+    waiting = Session(core)
+    assert waiting("GETJOB", "FROM", "q2") is BLOCKED
+    s("ADDJOB", "q2", "b", "0")
+    taken = core.take_effects()
+    assert [type(e).__name__ for e in taken] == ["Reply"] and taken[0].client_id == waiting.client.id
+    assert core.take_effects() == []
+    core.cluster.dirty = True
+    assert core.conf_dirty()
+    assert core.cluster_conf() == core.cluster.to_conf() and not core.conf_dirty()

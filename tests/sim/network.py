@@ -129,8 +129,7 @@ class SimHost(FakeHost):
     def save_cluster_config(self, fsync: bool) -> None:
         core = self.node.core
         assert core is not None
-        core.cluster.dirty = False
-        self.node.conf_text = core.cluster.to_conf()
+        self.node.conf_text = core.cluster_conf()
 
 
 @contextmanager
@@ -398,8 +397,7 @@ class SimNode:
         """Carry out the effects of the last core call, as the shell does."""
         core = self.core
         assert core is not None
-        while core.effects:
-            effects, core.effects = core.effects, []
+        while effects := core.take_effects():
             for effect in effects:
                 kind = type(effect)
                 if kind is Send:
@@ -420,7 +418,7 @@ class SimNode:
                     self.aof += effect.record
                 else:
                     assert kind is CloseClient, effect
-        if core.cluster.dirty:
+        if core.conf_dirty():
             core.host.save_cluster_config(fsync=False)
         if self._wakeup is not None:
             self._wakeup.deadline = min(self._wakeup.deadline, trio_time(core.next_deadline()))
