@@ -57,7 +57,7 @@ from disque.store.job import (
     Job,
     State,
 )
-from disque.store.aof import AofStatus
+from disque.store.aof import AofStatus, encode_deljob, encode_loadjob
 from disque.store.jobs import JobStore
 from disque.store.queue import PAUSE_IN, PAUSE_OUT, Queue
 from disque.store.scan import NBUCKETS, BucketedDict
@@ -854,15 +854,13 @@ class NodeCore:
 
     # ------------------------------------------------------------ AOF hooks
 
-    aof_encoder: Callable[[Job], bytes] | None = None
-
     def aof_loadjob(self, job: Job) -> None:
-        if self.aof.state != "off" and self.aof_encoder is not None:
-            self.effects.append(AofAppend(self.aof_encoder(job)))
+        if self.aof.state != "off":
+            self.effects.append(AofAppend(encode_loadjob(job)))
 
     def aof_deljob(self, job_id: bytes) -> None:
         if self.aof.state != "off":
-            self.effects.append(AofAppend(b"*2\r\n$6\r\nDELJOB\r\n$%d\r\n%s\r\n" % (len(job_id), job_id)))
+            self.effects.append(AofAppend(encode_deljob(job_id)))
 
     # ------------------------------------------------------------ flushing
 

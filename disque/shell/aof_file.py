@@ -168,7 +168,6 @@ class AofFile:
         self.core = core = server.core
         self.config = server.config
         self.status = core.aof
-        core.aof_encoder = encode_loadjob
         self.fd: int | None = None
         self.file_size = 0
         self.buf: list[bytes] = []

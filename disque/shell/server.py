@@ -462,7 +462,6 @@ class Server:
             log.warning("DEBUG %s: crashing the server on request", sub)
             os.abort()
         if sub in ("restart", "crash-and-recover"):
-            self.core.now = self.clock.now_ms()
             delay = int(args[0]) if args else 0
             if sub == "restart" and self.config.config_file:
                 self.rewrite_config()

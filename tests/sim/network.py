@@ -58,7 +58,7 @@ from disque.core.config import Config
 from disque.core.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
 from disque.core.types import BLOCKED
 from disque.core.node import NodeCore
-from disque.store.aof import RecordReader, Replay, encode_loadjob
+from disque.store.aof import RecordReader, Replay
 from disque.store.job import State
 from disque.protocols.resp.front import RESP
 from core.invariants import check_core
@@ -284,7 +284,7 @@ class SimNode:
             replay.finish()
         else:
             self.aof.clear()
-        core.aof.state, core.aof_encoder = "on", encode_loadjob
+        core.aof.state = "on"
         core.host.save_cluster_config(fsync=True)
         self.scope = trio.CancelScope()
         await net.nursery.start(self._run, rng.random() * LINK_CRON)
