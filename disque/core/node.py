@@ -706,6 +706,8 @@ class NodeCore:
             job.qtime = self.now + job.retry * 1000 + self.jitter()
         self.broadcast(job.nodes_delivered, m.Working(job.id))
         self.reschedule(job)
+        if job.awake <= self.now:  # a delayed job whose WILLQUEUE is due now: send it now, as a tick would
+            self._process_job(job)
         return job.retry
 
     def set_pause(self, name: bytes, flags: int) -> None:

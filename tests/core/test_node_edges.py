@@ -231,3 +231,25 @@ def test_shell_entry_points() -> None:
     core.cluster.dirty = True
     assert core.conf_dirty()
     assert core.cluster_conf() == core.cluster.to_conf() and not core.conf_dirty()
+
+
+# ---------------------------------------------------------------- WORKING
+
+
+def test_working_on_a_delayed_retry_0_job_due_for_willqueue_is_not_left_overdue() -> None:
+    """WORKING sets the WILLQUEUE flag, due 500 ms before qtime: on a delayed
+    RETRY 0 job (qtime = the end of its delay, kept) that is already in the
+    past, so WILLQUEUE goes out at once and the job waits for its delay."""
+    core, clock = duo()
+    s = Session(core)
+    job_id = s("ADDJOB", "q", "b", 0, "REPLICATE", 1, "RETRY", 0, "DELAY", 1)
+    job = core.jobs.get(job_id)
+    job.nodes_delivered = (NODE_ID, PEER)  # as if a copy were on the peer
+    advance(core, clock, 600)
+    core.take_effects()
+    assert s("WORKING", job_id) == 0
+    check_core(core)  # nothing overdue
+    assert [type(e.msg) for e in core.take_effects()] == [m.Working, m.WillQueue]
+    assert job.awake == START_MS + 1000 and job.state == State.ACTIVE
+    advance(core, clock, 400)
+    assert job.state == State.QUEUED and s("QLEN", "q") == 1
