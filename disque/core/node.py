@@ -57,7 +57,7 @@ from disque.store.job import (
     Job,
     State,
 )
-from disque.store.aof import AofStatus, encode_deljob, encode_loadjob
+from disque.store.aof import AofStatus, Replay, encode_deljob, encode_loadjob
 from disque.store.jobs import JobStore
 from disque.store.queue import PAUSE_IN, PAUSE_OUT, Queue
 from disque.store.scan import NBUCKETS, BucketedDict
@@ -153,12 +153,24 @@ class NodeCore:
         awake = self.jobs.next_awake()
         return at if awake is None else min(at, awake)
 
-    def _set_time(self) -> int:
+    def read_clock(self) -> int:
+        """Take the time of this step from the clock (tick, every command,
+        bus message and AOF replay batch)."""
         self.now = self.cluster.now = now = self.clock.now_ms()
         return now
 
+    def begin_load(self, trust_queued: bool = False) -> Replay:
+        """The shell starts replaying the AOF into this node: until
+        `end_load`, commands without the `l` flag answer -LOADING."""
+        self.loading = True
+        self.read_clock()
+        return Replay(self, trust_queued=trust_queued)
+
+    def end_load(self) -> None:
+        self.loading = False
+
     def tick(self) -> None:
-        now = self._set_time()
+        now = self.read_clock()
         for job in self.jobs.due(now):
             self._process_job(job)
         if now - self._last_cron >= BLOCKED_CRON_MS:
@@ -228,7 +240,7 @@ class NodeCore:
     def handle_command(self, client: Client, request: Any, run: Callable[[NodeCore, Client, Any], Any]) -> Any:
         """One request from a client of the front end whose command table is
         `run` (request -> `execute` or an early answer); returns its result."""
-        client.last = self._set_time()
+        client.last = self.read_clock()
         reply = run(self, client, request)
         if self.ready:
             self._serve_ready()
@@ -829,11 +841,11 @@ class NodeCore:
         return self.cluster.bus_links()
 
     def link_connected(self, key: int) -> None:
-        self._set_time()
+        self.read_clock()
         self.cluster.link_connected(key)
 
     def link_closed(self, key: int, connect_failed: bool) -> None:
-        self._set_time()
+        self.read_clock()
         self.cluster.link_closed(key, connect_failed)
 
     def handle_bus(
@@ -842,7 +854,7 @@ class NodeCore:
     ) -> None:  # fmt: skip
         """A frame from a peer: membership first, then job messages from
         known senders only (cluster.md §1)."""
-        self._set_time()
+        self.read_clock()
         self.stats.bus_received += 1
         known = self.cluster.receive(header, msg, key, conn, peer_ip, local_ip)
         handler = HANDLERS.get(type(msg))

@@ -100,9 +100,6 @@ class Waiter:
 class Stats:
     connections: int = 0
     commands: int = 0
-    net_in: int = 0
-    net_out: int = 0
-    rejected: int = 0
     bus_sent: int = 0
     bus_received: int = 0
     calls: dict[str, list[int]] = field(default_factory=dict)  # name -> [calls, usec]

@@ -37,3 +37,4 @@ class FrontEnd:
     run: Callable[[Any, Any, Any], Any]  # (NodeCore, Client, request) -> result
     encode: Callable[[Any, int], bytes]  # (result, protocol version) -> bytes
     encode_error: Callable[[str], bytes]  # a protocol error's last words
+    query_buffer_limit: int  # the session closes a client whose unparsed input is larger

@@ -433,15 +433,12 @@ class AofFile:
             except OSError as e:
                 self._fatal(f"Can't open the append-only file: {e.strerror}")
         if config.appendonly or config.aof_enqueue_jobs_once:
-            core.loading = True
             try:
                 for _ in self._load_steps(self.path):
                     await trio.sleep(0)
             except AofLoadError as e:
                 self._fatal(str(e))
-            finally:
-                core.loading = False
-            self.server.apply_effects(None)  # QUEUED broadcasts of re-queued jobs
+            self.server.sessions.apply_effects(None)  # QUEUED broadcasts of re-queued jobs
             if config.aof_enqueue_jobs_once:
                 config.aof_enqueue_jobs_once = False
                 if config.config_file:
@@ -499,7 +496,14 @@ class AofFile:
     def _load_steps(self, path: str) -> Iterator[None]:
         """Replay the file into the core; yields every LOAD_YIELD_EVERY
         records so the event loop can answer -LOADING.  Raises AofLoadError."""
-        core, config, status = self.core, self.config, self.status
+        replay = self.core.begin_load(trust_queued=self.config.aof_enqueue_jobs_once)
+        try:
+            yield from self._replay_file(path, replay)
+        finally:
+            self.core.end_load()
+
+    def _replay_file(self, path: str, replay: Replay) -> Iterator[None]:
+        config, status = self.config, self.status
         started = time.monotonic()
         try:
             f = open(path, "rb")  # noqa: SIM115 (closed below)
@@ -511,8 +515,6 @@ class AofFile:
             status.loading_total_bytes = size
             status.loading_loaded_bytes = 0
             status.loading_elapsed = 0.0
-            core._set_time()
-            replay = Replay(core, trust_queued=config.aof_enqueue_jobs_once)
             reader = RecordReader()
             truncated_at: int | None = None
             count = 0
@@ -798,14 +800,12 @@ class AofFile:
         core = self.core
         try:
             core.flush_all()
-            core.loading = True
             for _ in self._load_steps(self.path):
                 pass
         except AofLoadError as e:
             log.warning("%s", e)
             return DisqueError("ERR")
         finally:
-            core.loading = False
             self.status.state = saved
         return Status(b"OK")
 

@@ -24,7 +24,7 @@ Every close resets the connection, so frames still in the kernel are dropped
 rather than delivered after a partition heals (`_reset_on_close`).
 
 After every core call the bus runs `drain()`, which applies the effects the
-call produced (the server's `apply_effects`).  Applying effects never calls
+call produced (the session runner's `apply_effects`).  Applying effects never calls
 the core back: closing a link only cancels its task, which reports later.
 
 Security (`disque.shell.security.Security`, optional): before a connection carries

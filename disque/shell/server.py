@@ -2,13 +2,10 @@
 
 This module performs the I/O the core asks for and nothing else.  Plain TCP
 clients are served by one task over an epoll set (tcp.py); a TLS
-client has a task of its own.  Either way a chunk read from a client is fed
-to its parser, every complete request of it runs (`run_commands`), the
-effects are carried out (`apply_effects`), and all the replies go out with
-one send (pipelining), once the AOF records they depend on are safe.
-Replies the core produces for *other* clients (a blocked GETJOB served by
-someone's ADDJOB) are appended to those clients' output and sent by their
-transport (`Conn.kick`).  A single loop sleeps until
+client has a task of its own.  Either way a chunk read from a client goes to
+the session runner (session.py), which runs its requests and carries out
+the effects; all the replies go out with one send (pipelining), once the
+AOF records they depend on are safe.  A single loop sleeps until
 `NodeCore.next_deadline()` and calls `tick()`.  `Host` services (process
 statistics, config rewrite, shutdown) are methods of `Server`.
 """
@@ -32,17 +29,14 @@ from disque.shell.config_file import write_config_file
 from disque.shell.bus import CLUSTER_PORT_INCR, Bus
 from disque.cluster.membership import Membership
 from disque.shell.nodes_file import NodesFile
-from disque.core.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
 from disque.core.errors import DisqueError, err
 from disque.shell.gc_freeze import GcFreezer
-from disque.shell.session import Conn
-from disque.core.types import BLOCKED, SILENT, Client, Status
+from disque.shell.session import Conn, Sessions
+from disque.core.types import Client, Status
 from disque.core.node import NodeCore
 from disque.protocols.resp.front import RESP
-from disque.protocols.base import ProtocolError
-from disque.protocols.resp.parser import QUERY_BUFFER_LIMIT
 from disque.protocols.resp.encoder import encode_error
-from disque.shell.security import DENIED, Security, announced_port, output_limit_exceeded, protected_mode_refuses
+from disque.shell.security import DENIED, Security, announced_port, protected_mode_refuses
 from disque.shell.aof_file import AofFile
 from disque.version import Revision, revision
 from disque.shell.tcp import READ_SIZE, TcpClients, format_addr
@@ -111,21 +105,22 @@ class Server:
         if membership is None:
             self.save_cluster_config(fsync=True)
             log.info("No cluster configuration found, I'm %s", node_id)
-        self.conns: dict[int, Conn] = {}
-        self.next_client_id = 0
         self.nursery: trio.Nursery | None = None
         self.shutdown_requested = trio.Event()
         self.ports: list[int] = []
         self.bus = Bus(
             self.core,
-            lambda: self.apply_effects(None),
+            lambda: self.sessions.apply_effects(None),
             port=announced_port(config) + CLUSTER_PORT_INCR,
             bind=config.bind,
             backlog=config.tcp_backlog,
             security=self.security,
         )
         self.aof_file = AofFile(self)
-        self.tcp = TcpClients(self)
+        self.sessions = Sessions(
+            self.core, config, self.bus, self.aof_file, self._conf_changed, self._output_limit_closed
+        )
+        self.tcp = TcpClients(self.sessions, self.aof_file, self.clock, self.refusal)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -191,7 +186,7 @@ class Server:
             if wait_until:
                 await trio.sleep(wait_until / 1000)
             core.tick()
-            self.apply_effects(None)
+            self.sessions.apply_effects(None)
 
     # ------------------------------------------------------------ clients
 
@@ -219,35 +214,30 @@ class Server:
                 await stream.send_all(refusal)
             await trio.aclose_forcefully(stream)
             return
-        conn = TlsConn(self.new_client(_peer(tcp), _peer(tcp, local=True), tcp.socket.fileno()), stream, self)
-        self.conns[conn.client.id] = conn
+        sessions = self.sessions
+        conn = TlsConn(sessions.new_client(_peer(tcp), _peer(tcp, local=True), tcp.socket.fileno()), stream, self)
+        sessions.opened(conn)
         try:
             with conn.scope:
                 await self._tls_client_loop(conn)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
-            self.client_gone(conn)
+            sessions.gone(conn)
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)  # a close_notify could wait forever on a client that does not read
 
     async def _tls_client_loop(self, conn: TlsConn) -> None:
-        stats = self.core.stats
+        sessions = self.sessions
         stream = conn.stream
         while not conn.closing:
             data = await stream.receive_some(READ_SIZE)
-            if not data:
-                return
-            stats.net_in += len(data)
-            conn.parser.feed(data)
-            if conn.parser.buffered() > QUERY_BUFFER_LIMIT:
-                log.warning("Closing client that reached max query buffer length")
+            if not data or not sessions.received(conn, data):
                 return
             pause = self.core.pause_left(self.clock.now_ms())
             if pause:
                 await trio.sleep(pause / 1000)
-            self.run_commands(conn)
-            self.apply_effects(conn)
+            sessions.run(conn)
             await self.flush_tls(conn)
 
     async def flush_tls(self, conn: TlsConn) -> None:
@@ -256,13 +246,11 @@ class Server:
             if conn.out:
                 data = b"".join(conn.out)
                 conn.out.clear()
-                self.core.stats.net_out += len(data)
                 try:
                     await conn.stream.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     conn.closing = True
-                conn.out_size -= len(data)
-                self.check_output(conn)
+                self.sessions.sent(conn, len(data))
             if conn.closing:
                 conn.scope.cancel()
 
@@ -271,8 +259,8 @@ class Server:
     def refusal(self, peer_ip: str, peer: str) -> bytes | None:
         """What to tell a new client before closing it, if it is refused:
         maxclients, protected mode."""
-        if len(self.conns) >= self.config.maxclients:
-            self.core.stats.rejected += 1
+        if len(self.sessions.conns) >= self.config.maxclients:
+            self.sessions.rejected += 1
             return encode_error("max number of clients reached")
         if protected_mode_refuses(self.config.protected_mode, self.config.requirepass, peer_ip):
             self.security.stats.protected_mode_refused_clients += 1
@@ -280,107 +268,20 @@ class Server:
             return DENIED
         return None
 
-    def new_client(self, addr: str, laddr: str, fd: int) -> Client:
-        self.next_client_id += 1
-        return self.core.connect(self.next_client_id, addr, laddr, fd)
+    def _conf_changed(self) -> None:
+        try:
+            self.save_cluster_config(fsync=False)
+        except OSError as e:
+            log.warning("Fatal: can't update cluster config file: %s", e.strerror)
+            os._exit(1)
 
-    def client_gone(self, conn: Conn) -> None:
-        del self.conns[conn.client.id]
-        self.core.disconnect(conn.client.id)
-        self.apply_effects(None)
-
-    def run_commands(self, conn: Conn) -> None:
-        """Execute buffered requests until the client blocks or none is left."""
-        core, client, parser, front = self.core, conn.client, conn.parser, conn.front
-        run, encode = front.run, front.encode
-        while not conn.closing and client.waiter is None and client.repl_job is None:
-            try:
-                request = parser.next_command()
-            except ProtocolError as e:
-                self._queue(conn, front.encode_error(e.message))
-                conn.closing = True
-                return
-            if request is None:
-                return
-            reply = core.handle_command(client, request, run)
-            if reply is BLOCKED:
-                return
-            if reply is not SILENT:
-                self._queue(conn, encode(reply, client.proto))
-            if client.closing:
-                conn.closing = True  # QUIT, CLIENT KILL of itself: run nothing more
-
-    def apply_effects(self, current: Conn | None) -> None:
-        """Carry out the effects of the last entry point; `current` is the
-        connection whose commands ran, which the caller answers itself."""
-        core = self.core
-        touched: dict[Conn, None] = {}
-        while effects := core.take_effects():
-            for effect in effects:
-                kind = type(effect)
-                if kind is Reply:
-                    conn = self.conns.get(effect.client_id)
-                    if conn is not None:
-                        self._queue(conn, conn.front.encode(effect.value, conn.client.proto))
-                        touched[conn] = None
-                elif kind is CloseClient:
-                    conn = self.conns.get(effect.client_id)
-                    if conn is not None:
-                        conn.closing = True
-                        touched[conn] = None
-                elif kind is Send:
-                    self.bus.send(effect.key, effect.msg)
-                elif kind is Answer:
-                    self.bus.answer(effect.conn, effect.msg)
-                elif kind is DropLink:
-                    self.bus.drop_link(effect.key)
-                elif kind is AofAppend:
-                    self.aof_append(effect.record)
-            for conn in touched:  # an unblocked client resumes its pipeline
-                self.run_commands(conn)
-        if core.conf_dirty():
-            try:
-                self.save_cluster_config(fsync=False)
-            except OSError as e:
-                log.warning("Fatal: can't update cluster config file: %s", e.strerror)
-                os._exit(1)
-        self.aof_file.flush(current)  # records reach the file before any reply is sent
-        for conn in touched:
-            if conn is not current:
-                conn.kick()
-
-    def _queue(self, conn: Conn, data: bytes) -> None:
-        conn.out.append(data)
-        conn.out_size += len(data)
-        hard, soft, _ = self.config.client_output_buffer_limit
-        if hard or soft:
-            self.check_output(conn)
-
-    def check_output(self, conn: Conn) -> None:
-        """client-output-buffer-limit: close a client whose pending output is
-        over the limits, dropping that output (logged, counted in INFO)."""
-        limits = self.config.client_output_buffer_limit
-        if not any(limits[:2]) or conn.closing:
-            return
-        close, conn.soft_since = output_limit_exceeded(conn.out_size, limits, conn.soft_since, time.monotonic())
-        if close:
-            log.warning("Client id=%d addr=%s scheduled to be closed ASAP for overcoming of output buffer limits "
-                        "(%d bytes pending).", conn.client.id, conn.client.addr, conn.out_size)  # fmt: skip
-            self.security.stats.output_limit_closed_clients += 1
-            conn.out_size -= sum(map(len, conn.out))
-            conn.out.clear()
-            conn.closing = True
-            conn.abort()
+    def _output_limit_closed(self) -> None:
+        self.security.stats.output_limit_closed_clients += 1
 
     def flush_all_nowait(self) -> None:
         """Best effort before exiting: write pending replies without waiting
         (plain TCP clients only: a TLS write may need to wait)."""
         self.tcp.flush_all_nowait()
-
-    # ------------------------------------------------------------ AOF hook
-
-    def aof_append(self, record: bytes) -> None:
-        self.aof_file.append(record)
 
     # ------------------------------------------------------------ Host services
 
@@ -405,9 +306,8 @@ class Server:
             "used_cpu_user": times.user,
             "used_cpu_sys_children": times.children_system,
             "used_cpu_user_children": times.children_user,
-            "longest_output": max((len(c.out) for c in self.conns.values()), default=0),
             "security": self.security.info_fields(self.bus.auth_links()),
-            "biggest_input": max((c.parser.buffered() for c in self.conns.values()), default=0),
+            **self.sessions.info_fields(),
         }
 
     def rewrite_config(self) -> None:
@@ -445,6 +345,7 @@ class Server:
 
     def reset_stats(self) -> None:
         self.security.stats.reset()
+        self.sessions.reset_stats()
 
     def save_cluster_config(self, fsync: bool) -> None:
         self.nodes_file.save(self.core.cluster_conf(), fsync)

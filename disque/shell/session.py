@@ -1,22 +1,54 @@
-"""A client connection as the shell sees it: what both transports share.
+"""Client sessions: the one runner every transport shares.
 
-Theory of operation: the server feeds what a connection receives to its
-`parser`, runs the complete requests, and queues the encoded replies in
-`out`; `out_size` counts the bytes queued and not yet written (checked
-against client-output-buffer-limit).  How the bytes reach the socket is up to
-the transport: `TcpConn` (tcp.py) for plain TCP, `TlsConn`
-(server.py) for the tls-port.  Each implements `kick` (replies were queued by
-someone else's command: send them once the AOF allows) and `abort` (the
-output was dropped: close as soon as possible).
+Theory of operation: a transport (tcp.py's epoll loop, the TLS tasks of
+server.py, the simulation's in-memory clients) owns sockets and nothing
+else.  It hands what a connection receives to `Sessions.received`, asks
+`Sessions.run` to execute the complete requests, and writes what `run`
+queued in `Conn.out`, reporting what it wrote with `Sessions.sent`.  The
+runner does the rest, once for all of them:
+
+* read: the connection's front end parses (`Conn.parser`), with the query
+  buffer limit;
+* run: each complete request goes through `NodeCore.handle_command` with
+  the front end's command table, until the client blocks or the input is
+  used up; the reply is encoded by the same front end;
+* apply effects: replies for other clients (a blocked GETJOB served by
+  someone's ADDJOB) are queued on their connections, which then resume
+  their own pipelines and are `kick`ed; bus messages go to `bus`, AOF
+  records to `aof`, whose `flush` runs before any reply can be sent;
+* output limits: `client-output-buffer-limit` closes a client whose
+  pending output is over it;
+* AOF hold: not here but in the transport, which asks `AofFile.hold` before
+  writing (a reply may only leave once the records it follows are safe).
+
+The network counters of INFO (bytes in and out, refused connections) are
+the runner's: they are the shell's business, not the core's.
 """
 
 from __future__ import annotations
 
-from disque.core.types import Client
-from disque.protocols.base import FrontEnd
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from disque.core.config import Config
+from disque.core.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
+from disque.core.node import NodeCore
+from disque.core.types import BLOCKED, SILENT, Client
+from disque.protocols.base import FrontEnd, ProtocolError
+from disque.shell.security import output_limit_exceeded
+
+log = logging.getLogger("disque")
 
 
 class Conn:
+    """A client connection as the runner sees it.  `out` holds encoded
+    replies not yet written; `out_size` counts their bytes (and those being
+    sent).  A transport implements `kick` (replies were queued by someone
+    else's command: send them once the AOF allows) and `abort` (the output
+    was dropped: close as soon as possible)."""
+
     __slots__ = ("client", "front", "parser", "out", "out_size", "soft_since", "closing")
 
     def __init__(self, client: Client, front: FrontEnd) -> None:
@@ -33,3 +65,168 @@ class Conn:
 
     def abort(self) -> None:
         raise NotImplementedError
+
+
+class BusPort(Protocol):
+    def send(self, key: int, msg: Any) -> None: ...
+    def answer(self, conn: int, msg: Any) -> None: ...
+    def drop_link(self, key: int) -> None: ...
+
+
+class AofPort(Protocol):
+    def append(self, record: bytes) -> None: ...
+    def flush(self, current: Any = None) -> None: ...
+
+
+class Sessions:
+    """Every client connection of a node, and what runs their requests."""
+
+    def __init__(
+        self,
+        core: NodeCore,
+        config: Config,
+        bus: BusPort,
+        aof: AofPort,
+        save_conf: Callable[[], None],
+        on_output_limit: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.core = core
+        self.config = config
+        self.bus = bus
+        self.aof = aof
+        self.save_conf = save_conf  # nodes.conf changed: write it (it exits the node if it cannot)
+        self.on_output_limit = on_output_limit  # a client was closed by its output limit (INFO counts it)
+        self.conns: dict[int, Conn] = {}  # by client id
+        self.next_client_id = 0
+        self.net_in = 0
+        self.net_out = 0
+        self.rejected = 0
+
+    def new_client(self, addr: str, laddr: str = "", fd: int = -1) -> Client:
+        self.next_client_id += 1
+        return self.core.connect(self.next_client_id, addr, laddr, fd)
+
+    def opened(self, conn: Conn) -> None:
+        self.conns[conn.client.id] = conn
+
+    def gone(self, conn: Conn) -> None:
+        """The transport closed `conn`: the core forgets its client."""
+        del self.conns[conn.client.id]
+        self.core.disconnect(conn.client.id)
+        self.apply_effects(None)
+
+    def received(self, conn: Conn, data: bytes) -> bool:
+        """Buffer what `conn` sent; False if it must be closed (its query
+        buffer is over the limit)."""
+        self.net_in += len(data)
+        parser = conn.parser
+        parser.feed(data)
+        if parser.buffered() > conn.front.query_buffer_limit:
+            log.warning("Closing client that reached max query buffer length")
+            return False
+        return True
+
+    def run(self, conn: Conn) -> None:
+        """Run what `conn` has buffered and carry out the effects; the caller
+        writes `conn.out` (once the AOF allows)."""
+        self.run_commands(conn)
+        self.apply_effects(conn)
+
+    def run_commands(self, conn: Conn) -> None:
+        """Execute buffered requests until the client blocks or none is left."""
+        core, client, parser, front = self.core, conn.client, conn.parser, conn.front
+        run, encode = front.run, front.encode
+        while not conn.closing and client.waiter is None and client.repl_job is None:
+            try:
+                request = parser.next_command()
+            except ProtocolError as e:
+                self.queue(conn, front.encode_error(e.message))
+                conn.closing = True
+                return
+            if request is None:
+                return
+            reply = core.handle_command(client, request, run)
+            if reply is BLOCKED:
+                return
+            if reply is not SILENT:
+                self.queue(conn, encode(reply, client.proto))
+            if client.closing:
+                conn.closing = True  # QUIT, CLIENT KILL of itself: run nothing more
+
+    def apply_effects(self, current: Conn | None) -> None:
+        """Carry out the effects of the last core entry point; `current` is
+        the connection whose commands ran, which the caller answers itself."""
+        core, conns, bus = self.core, self.conns, self.bus
+        touched: dict[Conn, None] = {}
+        while effects := core.take_effects():
+            for effect in effects:
+                kind = type(effect)
+                if kind is Reply:
+                    conn = conns.get(effect.client_id)
+                    if conn is not None:
+                        self.queue(conn, conn.front.encode(effect.value, conn.client.proto))
+                        touched[conn] = None
+                elif kind is CloseClient:
+                    conn = conns.get(effect.client_id)
+                    if conn is not None:
+                        conn.closing = True
+                        touched[conn] = None
+                elif kind is Send:
+                    bus.send(effect.key, effect.msg)
+                elif kind is Answer:
+                    bus.answer(effect.conn, effect.msg)
+                elif kind is DropLink:
+                    bus.drop_link(effect.key)
+                elif kind is AofAppend:
+                    self.aof.append(effect.record)
+            for conn in touched:  # an unblocked client resumes its pipeline
+                self.run_commands(conn)
+        if core.conf_dirty():
+            self.save_conf()
+        self.aof.flush(current)  # records reach the file before any reply is sent
+        for conn in touched:
+            if conn is not current:
+                conn.kick()
+
+    def queue(self, conn: Conn, data: bytes) -> None:
+        conn.out.append(data)
+        conn.out_size += len(data)
+        hard, soft, _ = self.config.client_output_buffer_limit
+        if hard or soft:
+            self.check_output(conn)
+
+    def sent(self, conn: Conn, n: int) -> None:
+        """The transport wrote `n` bytes of `conn.out`."""
+        self.net_out += n
+        conn.out_size -= n
+        self.check_output(conn)
+
+    def check_output(self, conn: Conn) -> None:
+        """client-output-buffer-limit: close a client whose pending output is
+        over the limits, dropping that output (logged, counted in INFO)."""
+        limits = self.config.client_output_buffer_limit
+        if not any(limits[:2]) or conn.closing:
+            return
+        close, conn.soft_since = output_limit_exceeded(conn.out_size, limits, conn.soft_since, time.monotonic())
+        if close:
+            log.warning("Client id=%d addr=%s scheduled to be closed ASAP for overcoming of output buffer limits "
+                        "(%d bytes pending).", conn.client.id, conn.client.addr, conn.out_size)  # fmt: skip
+            self.on_output_limit()
+            conn.out_size -= sum(map(len, conn.out))
+            conn.out.clear()
+            conn.closing = True
+            conn.abort()
+
+    def info_fields(self) -> dict[str, Any]:
+        """What INFO needs from the sessions (Host.process_info)."""
+        conns = self.conns.values()
+        return {
+            "net_in": self.net_in,
+            "net_out": self.net_out,
+            "rejected": self.rejected,
+            "longest_output": max((len(c.out) for c in conns), default=0),
+            "biggest_input": max((c.parser.buffered() for c in conns), default=0),
+        }
+
+    def reset_stats(self) -> None:
+        self.net_in = self.net_out = self.rejected = 0

@@ -10,9 +10,9 @@ one task (`TcpClients.run`) waits for that set with
 task.  When it wakes it accepts, reads, runs and answers every ready socket
 with non-blocking `accept`/`recv`/`send` calls, then waits again.
 
-A read hands the chunk to the connection's parser, the server runs every
-complete request of it (`Server.run_commands`), carries out the effects, and
-the replies go out with one `send`.  Each connection is in one of three
+A read hands the chunk to the session runner (session.py), which parses it,
+runs every complete request and carries out the effects; the replies go out
+with one `send`.  Each connection is in one of three
 modes, which decide its epoll mask:
 
 * reading (EPOLLIN): no output pending.
@@ -44,17 +44,17 @@ import logging
 import os
 import select
 import socket
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from disque.shell.session import Conn
-from disque.core.types import Client
+from disque.core.types import Client, Clock
 from disque.protocols.resp.front import RESP
-from disque.protocols.resp.parser import QUERY_BUFFER_LIMIT
+from disque.shell.session import Conn, Sessions
 
 if TYPE_CHECKING:
-    from disque.shell.server import Server
+    from disque.shell.aof_file import AofFile
 
 log = logging.getLogger("disque")
 
@@ -92,10 +92,14 @@ class TcpConn(Conn):
 
 
 class TcpClients:
-    def __init__(self, server: Server) -> None:
-        self.server = server
-        self.core = server.core
-        self.aof = server.aof_file
+    def __init__(
+        self, sessions: Sessions, aof: AofFile, clock: Clock, refusal: Callable[[str, str], bytes | None]
+    ) -> None:
+        self.sessions = sessions
+        self.core = sessions.core
+        self.aof = aof
+        self.clock = clock
+        self.refusal = refusal  # what to tell a client refused at accept (maxclients, protected mode)
         self.epoll = select.epoll()
         self.conns: dict[int, TcpConn] = {}  # by fd
         self.listeners: dict[int, socket.socket] = {}  # by fd
@@ -143,7 +147,7 @@ class TcpClients:
     # ------------------------------------------------------------ accepting
 
     async def _accept(self, listener: socket.socket) -> None:
-        server = self.server
+        sessions = self.sessions
         for _ in range(ACCEPT_BATCH):
             try:
                 sock, addr = listener.accept()
@@ -160,7 +164,7 @@ class TcpClients:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             peer = format_addr(addr)
-            refusal = server.refusal(str(addr[0]), peer)
+            refusal = self.refusal(str(addr[0]), peer)
             if refusal is not None:
                 try:
                     sock.send(refusal)
@@ -172,8 +176,8 @@ class TcpClients:
                 local = format_addr(sock.getsockname())
             except OSError:
                 local = ":0"
-            conn = TcpConn(server.new_client(peer, local, sock.fileno()), sock, self)
-            server.conns[conn.client.id] = conn
+            conn = TcpConn(sessions.new_client(peer, local, sock.fileno()), sock, self)
+            sessions.opened(conn)
             self.conns[conn.fd] = conn
             self.epoll.register(conn.fd, EPOLLIN)
 
@@ -186,25 +190,16 @@ class TcpClients:
             return
         except OSError:
             data = b""
-        if not data:
+        if not data or not self.sessions.received(conn, data):
             self._close(conn)
             return
-        self.core.stats.net_in += len(data)
-        parser = conn.parser
-        parser.feed(data)
-        if parser.buffered() > QUERY_BUFFER_LIMIT:
-            log.warning("Closing client that reached max query buffer length")
-            self._close(conn)
-            return
-        if self.core.pause_left(self.server.clock.now_ms()):
+        if self.core.pause_left(self.clock.now_ms()):
             self.paused.append(conn)
             return
         self._run(conn)
 
     def _run(self, conn: TcpConn) -> None:
-        server = self.server
-        server.run_commands(conn)
-        server.apply_effects(conn)
+        self.sessions.run(conn)
         hold = self.aof.hold(conn)
         if hold:
             self._park(conn, hold)
@@ -216,7 +211,7 @@ class TcpClients:
     async def _run_paused(self) -> None:
         """CLIENT PAUSE: clients read meanwhile run their requests after it
         (this task sleeps: no client of it runs anything until then)."""
-        clock = self.server.clock
+        clock = self.clock
         while wait_ms := self.core.pause_left(clock.now_ms()):
             await trio.sleep(wait_ms / 1000)
         paused, self.paused = self.paused, []
@@ -246,13 +241,11 @@ class TcpClients:
                 conn.closing = True
                 sent = -1
             if sent >= 0:
-                self.core.stats.net_out += sent
-                conn.out_size -= sent
                 if sent == len(data):
                     out.clear()
                 else:
                     out[:] = (memoryview(data)[sent:],)
-                self.server.check_output(conn)
+                self.sessions.sent(conn, sent)
         if out:
             self.set_mask(conn, EPOLLOUT)
         elif conn.closing:
@@ -308,7 +301,7 @@ class TcpClients:
         del self.conns[conn.fd]
         self.epoll.unregister(conn.fd)
         conn.sock.close()
-        self.server.client_gone(conn)
+        self.sessions.gone(conn)
 
     def flush_all_nowait(self) -> None:
         """Best effort before exiting: write pending replies without waiting."""

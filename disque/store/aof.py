@@ -391,7 +391,7 @@ class Replay:
         self.solo = core.cluster.solo
 
     def refresh_time(self) -> None:
-        self.now_ms = self.core._set_time()
+        self.now_ms = self.core.read_clock()
 
     def apply(self, offset: int, args: list[bytes]) -> None:
         name = args[0].upper()

@@ -270,7 +270,7 @@ def test_deljob_expiry_duplicates_and_unknown_nodes() -> None:
     a, b, c = stored(src), stored(src, ttl=1), stored(src, nodes=(NODE_ID, "f" * 40))
     core, clock, _ = make_core(seed=2)
     clock.advance(5_000)
-    core._set_time()
+    core.read_clock()
     blob = encode_loadjob(a) + encode_loadjob(a) + encode_loadjob(b) + encode_loadjob(c) + encode_deljob(a.id)
     rep = replay(core, blob)
     assert rep.duplicates == 1 and rep.expired == 1 and rep.deleted == 1

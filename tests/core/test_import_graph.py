@@ -183,17 +183,6 @@ def test_state_assignments_are_found(tmp_path: Path) -> None:
     assert state_assignments(path) == [1, 2, 3]
 
 
-# What the shell still writes into the core instead of calling an entry point
-# (AOF loading, and the network counters INFO shows, which
-# belong with the shell's own).  A ratchet, like KNOWN_CYCLE.
-KNOWN_POKES = {
-    "core.loading",
-    "core.stats.net_in",
-    "core.stats.net_out",
-    "core.stats.rejected",
-}
-
-
 def _chain(node: ast.expr) -> str:
     parts = []
     while isinstance(node, ast.Attribute):
@@ -220,8 +209,7 @@ def core_pokes(path: Path) -> set[str]:
 
 def test_the_shell_calls_the_core_instead_of_writing_into_it() -> None:
     pokes = {chain for path in (PACKAGE / "shell").glob("*.py") for chain in core_pokes(path)}
-    assert pokes <= KNOWN_POKES, f"the shell writes {sorted(pokes - KNOWN_POKES)} into the core: add an entry point"
-    assert KNOWN_POKES <= pokes, f"no longer written, remove from KNOWN_POKES: {sorted(KNOWN_POKES - pokes)}"
+    assert not pokes, f"the shell writes {sorted(pokes)} into the core: add an entry point"
 
 
 def test_core_pokes_are_found(tmp_path: Path) -> None:

@@ -876,7 +876,7 @@ def test_dispatch_checks(env, setup, argv, code):
         elif setup == "misconf":
             core.aof_error = "No space left on device"
         else:
-            core.loading = True
+            core.begin_load()
     assert s(*argv).code == code
     assert s("AUTH", "secret") == OK if setup == "requirepass" else s("INFO", "jobs").startswith(b"# Jobs")
 

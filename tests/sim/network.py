@@ -9,8 +9,10 @@ a shell runs, under the node's own cancel scope: a deadline loop that sleeps
 until `next_deadline()` and calls `tick()`, and a 100 ms link cron that
 reconciles `bus_links()` with the simulated links (connect what is wanted,
 close what is not).  After every call into a core, `SimNode.drain` carries out
-the effects exactly as the trio shell would, and saves nodes.conf when the
-membership is dirty.
+the effects and saves nodes.conf when the membership is dirty.  Clients speak RESP to the node through the shell's own
+session runner (`disque.shell.session.Sessions`): it runs their requests and
+carries out every effect (bus messages, AOF records, replies to blocked
+clients) exactly as for a real connection; only the transport is a stand-in.
 
 The network: a `Connection` is one TCP connection from an outgoing link
 (node A, link key) to an incoming connection (node B, conn id).  Each
@@ -55,12 +57,14 @@ from disque.cluster.codec import FrameDecoder, encode_frame
 from disque.cluster.membership import Membership
 from disque.cluster.messages import YourJobs
 from disque.core.config import Config
-from disque.core.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
-from disque.core.types import BLOCKED
+from disque.client import encode_command
+from disque.core.errors import DisqueError
+from disque.core.types import NIL_ARRAY, Status
 from disque.core.node import NodeCore
-from disque.store.aof import RecordReader, Replay
+from disque.store.aof import RecordReader
 from disque.store.job import State
 from disque.protocols.resp.front import RESP
+from disque.shell.session import Conn, Sessions
 from core.invariants import check_core
 from support import START_MS, FakeHost
 
@@ -95,16 +99,51 @@ def trio_time(ms: int) -> float:
     return (ms - START_MS) / 1000
 
 
-class _Call:
-    """A client blocked on a node, waiting for its reply."""
+class SimConn(Conn):
+    """A client connection without a socket: `call` writes the request and
+    waits for `kick` (a reply queued by another client's command, or the
+    node's death)."""
 
-    def __init__(self) -> None:
-        self.event = trio.Event()
-        self.reply: Any = None
+    __slots__ = ("kicked",)
 
-    def done(self, reply: Any) -> None:
-        self.reply = reply
-        self.event.set()
+    def __init__(self, client: Any) -> None:
+        super().__init__(client, RESP)
+        self.kicked = trio.Event()
+
+    def kick(self) -> None:
+        self.kicked.set()
+
+    abort = kick
+
+
+def decode_reply(data: bytes) -> Any:
+    """One RESP2 reply as the core's values: Status, DisqueError, NIL_ARRAY."""
+    value, end = _decode(data, 0)
+    assert end == len(data), "one request, one reply"
+    return value
+
+
+def _decode(data: bytes, pos: int) -> tuple[Any, int]:
+    end = data.index(b"\r\n", pos)
+    kind, line, pos = data[pos : pos + 1], data[pos + 1 : end], end + 2
+    if kind == b"+":
+        return Status(line), pos
+    if kind == b"-":
+        code, _, message = line.decode().partition(" ")
+        return DisqueError(code, message), pos
+    if kind == b":":
+        return int(line), pos
+    n = int(line)
+    if kind == b"$":
+        return (None, pos) if n < 0 else (data[pos : pos + n], pos + n + 2)
+    assert kind == b"*", kind
+    if n < 0:
+        return NIL_ARRAY, pos
+    items = []
+    for _ in range(n):
+        item, pos = _decode(data, pos)
+        items.append(item)
+    return items, pos
 
 
 class SimClock:
@@ -233,7 +272,7 @@ class SimNode:
         self.links: dict[int, Connection] = {}  # outgoing, by link key
         self.connecting: set[int] = set()
         self.conns: dict[int, Connection] = {}  # incoming, by conn id
-        self.waiting: dict[int, _Call] = {}  # blocked clients, by id
+        self.sessions: Sessions | None = None  # the clients of the running core
         self.scope = trio.CancelScope()
         self.nursery: trio.Nursery | None = None
         self._wakeup: trio.CancelScope | None = None
@@ -274,14 +313,16 @@ class SimNode:
         node_id = self.last_id = membership.my_id if membership else "%040x" % rng.getrandbits(160)
         core = NodeCore(config, node_id, clock=SimClock(), rng=rng, host=SimHost(self), membership=membership)
         self.core = core
+        self.sessions = Sessions(core, config, self, self, lambda: core.host.save_cluster_config(fsync=False))
         if aof:
-            replay = Replay(core)
+            replay = core.begin_load()
             reader = RecordReader()
             reader.feed(bytes(self.aof))
             for offset, args in reader:
                 replay.apply(offset, args)
             assert not reader.pending, "a torn AOF record"
             replay.finish()
+            core.end_load()
         else:
             self.aof.clear()
         core.aof.state = "on"
@@ -299,11 +340,12 @@ class SimNode:
                 nursery.start_soon(self._link_cron)
 
     def kill(self) -> None:
-        assert self.core is not None
+        assert self.core is not None and self.sessions is not None
         self.held_at_death = self.held()
         self.last_id = self.core.cluster.my_id
         self.scope.cancel()
-        self.core = None
+        clients = list(self.sessions.conns.values())
+        self.core = self.sessions = None
         self.nursery = None
         for conn in list(self.links.values()):
             conn.close()
@@ -314,9 +356,8 @@ class SimNode:
             peer = conn.client
             if peer.nursery is not None:  # the peer sees EOF after a while
                 peer.nursery.start_soon(peer.link_lost, conn)
-        for call in self.waiting.values():
-            call.done(CONNECTION_LOST)
-        self.waiting.clear()
+        for client in clients:  # their calls see the node gone
+            client.kick()
 
     # ------------------------------------------------------------ shell tasks
 
@@ -395,56 +436,60 @@ class SimNode:
 
     def drain(self) -> None:
         """Carry out the effects of the last core call, as the shell does."""
-        core = self.core
-        assert core is not None
-        while effects := core.take_effects():
-            for effect in effects:
-                kind = type(effect)
-                if kind is Send:
-                    conn = self.links.get(effect.key)
-                    if conn is not None and conn.open:
-                        conn.up.send(effect.msg, core.header())
-                elif kind is Answer:
-                    conn = self.conns.get(effect.conn)
-                    if conn is not None and conn.open:
-                        conn.down.send(effect.msg, core.header())
-                elif kind is DropLink:
-                    self._close_link(effect.key)
-                elif kind is Reply:
-                    call = self.waiting.pop(effect.client_id, None)
-                    if call is not None:
-                        call.done(effect.value)
-                elif kind is AofAppend:
-                    self.aof += effect.record
-                else:
-                    assert kind is CloseClient, effect
-        if core.conf_dirty():
-            core.host.save_cluster_config(fsync=False)
-        if self._wakeup is not None:
-            self._wakeup.deadline = min(self._wakeup.deadline, trio_time(core.next_deadline()))
+        assert self.sessions is not None
+        self.sessions.apply_effects(None)
+        self._rearm()
+
+    def _rearm(self) -> None:
+        """The deadline loop sleeps until the core's new next deadline."""
+        if self._wakeup is not None and self.core is not None:
+            self._wakeup.deadline = min(self._wakeup.deadline, trio_time(self.core.next_deadline()))
+
+    # The session runner's bus and AOF ports.
+
+    def send(self, key: int, msg: Any) -> None:
+        conn = self.links.get(key)
+        if conn is not None and conn.open:
+            assert self.core is not None
+            conn.up.send(msg, self.core.header())
+
+    def answer(self, conn_id: int, msg: Any) -> None:
+        conn = self.conns.get(conn_id)
+        if conn is not None and conn.open:
+            assert self.core is not None
+            conn.down.send(msg, self.core.header())
+
+    def drop_link(self, key: int) -> None:
+        self._close_link(key)
+
+    def append(self, record: bytes) -> None:
+        self.aof += record  # a killed process loses nothing it wrote
+
+    def flush(self, current: Any = None) -> None:
+        """Records are in the (in-memory) file as soon as appended."""
 
     # ------------------------------------------------------------ clients
 
     async def call(self, args: tuple[Any, ...]) -> Any:
-        core = self.core
-        if core is None:
+        core, sessions = self.core, self.sessions
+        if core is None or sessions is None:
             return CONNECTION_LOST
-        client_id = next(self.net.client_ids)
-        client = core.connect(client_id, f"10.1.0.1:{client_id % 60000 + 1024}")
-        argv = [a if isinstance(a, bytes) else str(a).encode() for a in args]
+        conn = SimConn(sessions.new_client(f"10.1.0.1:{next(self.net.client_ids) % 60000 + 1024}"))
+        sessions.opened(conn)
         try:
-            reply = core.handle_command(client, argv, RESP.run)
-            if reply is BLOCKED:
-                call = self.waiting[client_id] = _Call()
-                self.drain()
-                await call.event.wait()
-                reply = call.reply
+            assert sessions.received(conn, encode_command(args))
+            sessions.run(conn)
+            self._rearm()
+            while not conn.out:  # blocked: the reply comes with a later call into the core
+                if self.core is not core or conn.closing:
+                    return CONNECTION_LOST
+                await conn.kicked.wait()
+                conn.kicked = trio.Event()
+            return decode_reply(b"".join(conn.out))
         finally:  # the client goes away, also when cancelled
-            self.waiting.pop(client_id, None)
             if self.core is core:
-                core.disconnect(client_id)
-                self.drain()
-        return reply
+                sessions.gone(conn)
+                self._rearm()
 
 
 class SimCluster:

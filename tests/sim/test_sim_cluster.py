@@ -139,8 +139,8 @@ async def test_addjob_replicates_to_requested_copies(autojump_clock, c5):
     copies = holders(cluster, job_id)
     assert len(copies) == 3 and copies[0] == "queued"
     assert sorted(copies.values()) == ["active", "active", "queued"]
-    show = dict(await cluster.call(0, "SHOW", job_id))
-    assert len(show[b"nodes-delivered"]) == 3
+    show = await cluster.call(0, "SHOW", job_id)  # RESP2: a flat key/value array
+    assert len(dict(zip(show[::2], show[1::2]))[b"nodes-delivered"]) == 3
 
 
 async def test_addjob_norepl_without_enough_reachable_nodes(autojump_clock, c5):

@@ -100,11 +100,11 @@ def _section_stats(node: NodeCore, proc: dict[str, Any]) -> list[tuple[str, Any]
         ("total_connections_received", s.connections),
         ("total_commands_processed", s.commands),
         ("instantaneous_ops_per_sec", proc.get("ops_per_sec", 0)),
-        ("total_net_input_bytes", s.net_in),
-        ("total_net_output_bytes", s.net_out),
+        ("total_net_input_bytes", proc.get("net_in", 0)),
+        ("total_net_output_bytes", proc.get("net_out", 0)),
         ("instantaneous_input_kbps", f"{proc.get('input_kbps', 0.0):.2f}"),
         ("instantaneous_output_kbps", f"{proc.get('output_kbps', 0.0):.2f}"),
-        ("rejected_connections", s.rejected),
+        ("rejected_connections", proc.get("rejected", 0)),
         ("latest_fork_usec", 0),
     ]
 
@@ -175,7 +175,7 @@ def config_command(node: NodeCore, argv: list[bytes]) -> Any:
         return OK
     if sub == b"resetstat":
         stats = node.stats
-        stats.connections = stats.commands = stats.net_in = stats.net_out = stats.rejected = 0
+        stats.connections = stats.commands = 0
         stats.calls.clear()
         node.host.reset_stats()
         return OK

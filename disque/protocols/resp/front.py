@@ -5,6 +5,6 @@ from __future__ import annotations
 from disque.protocols.base import FrontEnd
 from disque.protocols.resp.commands import run
 from disque.protocols.resp.encoder import encode, encode_error
-from disque.protocols.resp.parser import RequestParser
+from disque.protocols.resp.parser import QUERY_BUFFER_LIMIT, RequestParser
 
-RESP = FrontEnd("resp", RequestParser, run, encode, encode_error)
+RESP = FrontEnd("resp", RequestParser, run, encode, encode_error, QUERY_BUFFER_LIMIT)
