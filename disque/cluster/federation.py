@@ -26,7 +26,7 @@ from disque.store.job import BCAST_QUEUED, State
 from disque.store.queue import PAUSE_OUT, Queue
 
 if TYPE_CHECKING:
-    from disque.core.node import NodeCore
+    from disque.core.services import Node
 
 RESPONDER_TTL_S = 5
 YOURJOBS_MAX_BYTES = 32 << 20  # keep frames well under the codec's limit
@@ -55,7 +55,7 @@ def _fed(queue: Queue) -> QueueFed:
 
 
 class Federation:
-    def __init__(self, node: NodeCore) -> None:
+    def __init__(self, node: Node) -> None:
         self.node = node
 
     # ------------------------------------------------------------ import rate

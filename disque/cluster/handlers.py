@@ -1,13 +1,15 @@
-"""How a node reacts to each job message of the bus (cluster.md §8.2-8.8).
+"""How a node reacts to the job messages that change a job's copy here
+(cluster.md §8.2-8.4, §8.8): REPLJOB, ENQUEUE, QUEUED, WORKING, WILLQUEUE,
+PAUSE.
 
 Theory of operation: `NodeCore.handle_bus` hands every job message from a
-known sender to the handler registered for its type in `HANDLERS`.  Handlers
-only read and change the node through `NodeCore` operations (enqueue,
-dequeue, acknowledge, try_gc, delete_job, ...), so the single-node invariants
-of node.py hold for cluster traffic too.  Messages about unknown jobs are
-ignored except where the spec says otherwise (SETACK answers GOTACK(0)).
-Replication (REPLJOB/GOTJOB) and federation (NEEDJOBS/YOURJOBS) keep their
-state in `replication.py` and `federation.py`.
+known sender to the handler its bus table lists for the type: the ones
+registered here in `HANDLERS`, and those of the concerns that keep state of
+their own (GOTJOB: replication.py; SETACK/GOTACK/DELJOB: core/acks.py;
+NEEDJOBS/YOURJOBS: federation.py).  Handlers only read and change the node
+through its lifecycle operations (core/services.py: enqueue, dequeue,
+delete_job, ...), so the single-node invariants hold for cluster traffic
+too.  Messages about unknown jobs are ignored.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from disque.store.job import BCAST_QUEUED, BCAST_WILLQUEUE, State
 from disque.store.queue import PAUSE_IN, PAUSE_OUT
 
 if TYPE_CHECKING:
-    from disque.core.node import NodeCore
+    from disque.core.services import Node
 
-Handler = Callable[["NodeCore", str, Any], None]
+Handler = Callable[["Node", str, Any], None]
 HANDLERS: dict[type, Handler] = {}
 
 
@@ -37,7 +39,7 @@ def handles(kind: type) -> Callable[[Handler], Handler]:
 
 
 @handles(m.ReplJob)
-def repl_job(node: NodeCore, sender: str, msg: m.ReplJob) -> None:
+def repl_job(node: Node, sender: str, msg: m.ReplJob) -> None:
     if node.mem_level() > 0 or node.cluster.leaving:
         return
     try:
@@ -62,15 +64,8 @@ def repl_job(node: NodeCore, sender: str, msg: m.ReplJob) -> None:
         node.send(sender, m.GotJob(job.id))
 
 
-@handles(m.GotJob)
-def got_job(node: NodeCore, sender: str, msg: m.GotJob) -> None:
-    job = node.jobs.get(msg.id)
-    if job is not None:
-        node.replication.got_job(sender, job)
-
-
 @handles(m.Enqueue)
-def enqueue(node: NodeCore, sender: str, msg: m.Enqueue) -> None:
+def enqueue(node: Node, sender: str, msg: m.Enqueue) -> None:
     job = node.jobs.get(msg.id)
     if job is None or job.state not in (State.WAIT_REPL, State.ACTIVE):
         return
@@ -87,7 +82,7 @@ def enqueue(node: NodeCore, sender: str, msg: m.Enqueue) -> None:
         node.reschedule(job)
 
 
-def _postpone(node: NodeCore, sender: str, msg: Any, working: bool) -> None:
+def _postpone(node: Node, sender: str, msg: Any, working: bool) -> None:
     """QUEUED and WORKING (cluster.md §8.4)."""
     job = node.jobs.get(msg.id)
     if job is None:
@@ -110,17 +105,17 @@ def _postpone(node: NodeCore, sender: str, msg: Any, working: bool) -> None:
 
 
 @handles(m.Queued)
-def queued(node: NodeCore, sender: str, msg: m.Queued) -> None:
+def queued(node: Node, sender: str, msg: m.Queued) -> None:
     _postpone(node, sender, msg, working=False)
 
 
 @handles(m.Working)
-def working(node: NodeCore, sender: str, msg: m.Working) -> None:
+def working(node: Node, sender: str, msg: m.Working) -> None:
     _postpone(node, sender, msg, working=True)
 
 
 @handles(m.WillQueue)
-def will_queue(node: NodeCore, sender: str, msg: m.WillQueue) -> None:
+def will_queue(node: Node, sender: str, msg: m.WillQueue) -> None:
     job = node.jobs.get(msg.id)
     if job is None:
         return
@@ -132,63 +127,6 @@ def will_queue(node: NodeCore, sender: str, msg: m.WillQueue) -> None:
             node.broadcast(job.nodes_delivered, m.Queued(job.id))
 
 
-@handles(m.SetAck)
-def set_ack(node: NodeCore, sender: str, msg: m.SetAck) -> None:
-    job = node.jobs.get(msg.id)
-    if job is not None:
-        if job.state == State.WAIT_REPL and not node.replication.achieved(job):
-            job = None  # handed to a replica and forgotten (external replication)
-        else:
-            node.acknowledge(job)
-    if job is None or len(job.nodes_delivered) <= msg.mayhave:
-        node.send(sender, m.GotAck(msg.id, job is not None))
-        return
-    if msg.mayhave == 0:
-        node.send(sender, m.GotAck(msg.id, True))
-    node.try_gc(job)  # we know more possible holders: we run the GC
-
-
-@handles(m.GotAck)
-def got_ack(node: NodeCore, sender: str, msg: m.GotAck) -> None:
-    job = node.jobs.get(msg.id)
-    if job is None or job.state != State.ACKED:
-        return
-    dummy = job.is_dummy_ack
-    if dummy and msg.known:
-        node.delete_job(job)  # somebody who really has it now runs the GC
-        return
-    if job.nodes_confirmed is None:
-        job.nodes_confirmed = {node.cluster.my_id}
-    if msg.known or sender in job.nodes_delivered:
-        job.add_delivered(sender)
-        job.nodes_confirmed.add(sender)
-    if dummy:
-        job.nodes_confirmed.add(sender)
-        if len(job.nodes_confirmed) >= len(node.cluster.nodes):
-            node.delete_job(job)  # nobody knows the job
-    elif len(job.nodes_confirmed) >= len(job.nodes_delivered):
-        node.broadcast(job.nodes_delivered, m.DelJob(job.id))
-        node.delete_job(job)
-
-
-@handles(m.DelJob)
-def del_job(node: NodeCore, sender: str, msg: m.DelJob) -> None:
-    job = node.jobs.get(msg.id)
-    if job is not None:
-        node.delete_job(job)
-    node.remember_collected(msg.id)
-
-
-@handles(m.NeedJobs)
-def need_jobs(node: NodeCore, sender: str, msg: m.NeedJobs) -> None:
-    node.federation.on_need_jobs(sender, msg)
-
-
-@handles(m.YourJobs)
-def your_jobs(node: NodeCore, sender: str, msg: m.YourJobs) -> None:
-    node.federation.on_your_jobs(sender, msg)
-
-
 @handles(m.Pause)
-def pause(node: NodeCore, sender: str, msg: m.Pause) -> None:
+def pause(node: Node, sender: str, msg: m.Pause) -> None:
     node.set_pause(msg.queue, msg.flags & (PAUSE_IN | PAUSE_OUT))

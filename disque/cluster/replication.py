@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any
 from disque.core import errors
 from disque.cluster import messages as m
 from disque.cluster.codec import job_to_wire
-from disque.core.types import Status
+from disque.core.types import BLOCKED, Status
 from disque.store.job import AWAIT_REPL, REPLICATED, Job, State
 
 if TYPE_CHECKING:
     from disque.core.types import Client
-    from disque.core.node import NodeCore
+    from disque.core.services import Node
 
 REPL_STEP_MS = 50
 
@@ -50,7 +50,7 @@ class Pending:
 
 
 class Replication:
-    def __init__(self, node: NodeCore) -> None:
+    def __init__(self, node: Node) -> None:
         self.node = node
         self.pending: dict[bytes, Pending] = {}
 
@@ -75,8 +75,6 @@ class Replication:
         client.repl_job = job.id
         node.repl_waiters[job.id] = client
         self.pending[job.id] = Pending(client, node.now + timeout if timeout else 0, node.now)
-        from disque.core.types import BLOCKED
-
         return BLOCKED
 
     def replicate(self, job: Job, count: int, noreply: bool) -> int:
@@ -99,8 +97,9 @@ class Replication:
             node.send(node_id, m.ReplJob(wire, noreply or done))
         return len(added)
 
-    def got_job(self, sender: str, job: Job) -> None:
-        if job.state != State.WAIT_REPL or job.nodes_confirmed is None:
+    def on_got_job(self, sender: str, msg: m.GotJob) -> None:
+        job = self.node.jobs.get(msg.id)
+        if job is None or job.state != State.WAIT_REPL or job.nodes_confirmed is None:
             return
         job.nodes_confirmed.add(sender)
         if len(job.nodes_confirmed) >= job.repl:

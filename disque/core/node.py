@@ -1,17 +1,24 @@
-"""NodeCore: one Disque node's state and the job lifecycle, with no I/O.
+"""NodeCore: one Disque node's entry point, its state and the job lifecycle, with no I/O.
 
-Theory of operation: the trio shell (server.py) feeds the core three kinds of
-input: client commands (`handle_command`), bus messages (`handle_message`,
-cluster layer) and the passage of time (`tick`).  The core reads the time from
-the injected `clock` and random numbers from the injected `rng` only, and
-answers with a reply value plus `effects` (replies to other clients, bus
+Theory of operation: the trio shell feeds the core three kinds of input:
+client requests (`handle_command`, with the front end's command table),
+bus messages (`handle_bus`: membership first, then the bus table `on_bus`)
+and the passage of time (`tick`).  The core reads the time from the injected
+`clock` and random numbers from the injected `rng` only, and answers with a
+reply value plus effects (`take_effects`: replies to other clients, bus
 sends, AOF records).  `next_deadline()` tells the shell when to call `tick`.
+
+This is the entry module: it owns the state and composes the concerns that
+keep state of their own (cluster/replication.py, cluster/federation.py,
+core/acks.py for ACK and GC, cluster/handlers.py for the other job messages)
+and imports them; they see the node only through core/services.py, so no
+concern imports this module back.
 
 Invariants kept here:
 * a job is in exactly one state (`store/job.py` transition table), and a
   queue holds only `queued` jobs;
 * every registered job has one awake time in the `JobStore` timer, recomputed
-  by `_reschedule` after every change that matters (cluster.md §8.3);
+  by `reschedule` after every change that matters (cluster.md §8.3);
 * a RETRY 0 job is queued at most once per node (`enqueue` refuses it once
   delivered, and `qtime = 0` afterwards);
 * clients blocked in GETJOB are served after every command, one job each, in
@@ -20,21 +27,22 @@ Invariants kept here:
   `cluster.my_id` / `cluster.solo` when it needs them and keeps no copy, so
   a CLUSTER RESET HARD (`reset`) is followed by every structure at once.
 
-Command parsing and validation live in `commands.py`; this module offers the
-operations they need.  Anything that needs the outside world synchronously
-(rewriting the config file, process statistics, shutting down) goes through
-the `host` object the shell provides.
+Command parsing and validation live in the front ends (protocols/); this
+module offers the operations they need.  Anything that needs the outside
+world synchronously (rewriting the config file, process statistics, shutting
+down) goes through the `host` object the shell provides.
 """
-
 from __future__ import annotations
 
 import logging
 import re
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from disque.core import errors
+from disque.core.acks import Acks
 from disque.core.errors import DisqueError
 from disque.cluster import messages as m
 from disque.cluster.federation import CLIENTS_WAITING, REACHED_ZERO, Federation
@@ -42,11 +50,10 @@ from disque.cluster.handlers import HANDLERS
 from disque.cluster.membership import Membership
 from disque.cluster.replication import Replication
 from disque.core.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
-from disque.core.ids import new_job_id, ttl_minutes
+from disque.core.ids import new_job_id
 from disque.core.types import BLOCKED, NIL_ARRAY, Clock, Client, Command, Host, Stats, Status, Waiter
 from disque.store.job import (
     ABORT,
-    ACK,
     ADOPT,
     BCAST_QUEUED,
     BCAST_WILLQUEUE,
@@ -60,6 +67,7 @@ from disque.store.job import (
 from disque.store.aof import AofStatus, Replay, encode_deljob, encode_loadjob
 from disque.store.jobs import JobStore
 from disque.store.queue import PAUSE_IN, PAUSE_OUT, Queue
+from disque.store.collected import Collected
 from disque.store.scan import NBUCKETS, BucketedDict
 
 if TYPE_CHECKING:  # annotations only: the core draws from the injected rng
@@ -76,8 +84,6 @@ JOB_OVERHEAD = 160  # per job record, on top of id + queue + body bytes
 QUEUE_OVERHEAD = 400  # per queue object, on top of its name
 
 WILLQUEUE_LEAD = 500
-COLLECTED_MEMORY_MS = 300_000  # how long a collected job's ID is remembered
-COLLECTED_MEMORY_MAX = 100_000  # ... and how many of them, at most
 GC_MAX_DELAY = 180_000
 QUEUE_IDLE_MS = (300_000, 10_000, 2_000)  # by memory level 0, 1, >= 2
 BLOCKED_CRON_MS = 100
@@ -134,11 +140,20 @@ class NodeCore:
         self.client_pause_until = 0
         self._last_cron = 0
         self._gc_cursor = 0
+        self.collected = Collected()
         self.federation = Federation(self)
         self.replication = Replication(self)
-        # IDs of jobs collected after an ACK (or deleted by a peer's DELJOB),
-        # so that a REPLJOB delayed in a stalled link cannot bring them back.
-        self.collected: OrderedDict[bytes, int] = OrderedDict()
+        self.acks = Acks(self, self.replication)
+        # The bus table: the handler of each job message, by type.
+        self.on_bus: dict[type, Callable[[str, Any], None]] = {
+            **{kind: partial(handler, self) for kind, handler in HANDLERS.items()},
+            m.GotJob: self.replication.on_got_job,
+            m.SetAck: self.acks.on_set_ack,
+            m.GotAck: self.acks.on_got_ack,
+            m.DelJob: self.acks.on_del_job,
+            m.NeedJobs: self.federation.on_need_jobs,
+            m.YourJobs: self.federation.on_your_jobs,
+        }
         self.monitors: dict[int, Client] = {}
         self.slowlog: deque[tuple[int, int, int, list[bytes]]] = deque()
         self.slowlog_id = 0
@@ -192,7 +207,7 @@ class NodeCore:
                 for name in waiter.queues:
                     self.federation.need_jobs(self._queue(name), CLIENTS_WAITING)
         self._collect_idle_queues()
-        self._forget_collected()
+        self.collected.expire(now)
         if self.config.timeout:
             self._close_idle_clients(self.config.timeout * 1000)
 
@@ -422,21 +437,9 @@ class NodeCore:
                 self.reply_to(client, errors.norepl_removed())
             self.broadcast(job.nodes_delivered, m.DelJob(job.id))
         if job.state == S_ACKED:
-            self.remember_collected(job.id)
+            self.collected.remember(job.id, self.now)
         self.jobs.remove(job)
         self._account(-self.job_size(job))
-
-    def remember_collected(self, job_id: bytes) -> None:
-        collected = self.collected
-        collected[job_id] = self.now + COLLECTED_MEMORY_MS
-        collected.move_to_end(job_id)
-        if len(collected) > COLLECTED_MEMORY_MAX:
-            collected.popitem(last=False)
-
-    def _forget_collected(self) -> None:
-        collected, now = self.collected, self.now
-        while collected and next(iter(collected.values())) <= now:
-            collected.popitem(last=False)
 
     def reschedule(self, job: Job) -> None:
         etime, at = self._expiry
@@ -476,7 +479,7 @@ class NodeCore:
                     job.qtime = now + job.retry * 1000 + self.jitter()
                     job.flags |= BCAST_WILLQUEUE
         elif state == S_ACKED:
-            self.try_gc(job)
+            self.acks.try_gc(job)
         if job.id in self.jobs:
             self.reschedule(job)
 
@@ -530,32 +533,6 @@ class NodeCore:
         queue.atime = self.now
         queue.jobs_out += 1
         return job
-
-    def acknowledge(self, job: Job) -> None:
-        if job.state == S_ACKED:
-            return
-        self.dequeue(job)
-        was_active = job.state == S_ACTIVE
-        job.move(ACK)
-        job.nodes_confirmed = None
-        if was_active:  # pragma: no branch - callers make a wait-repl job active first (achieved)
-            self.aof_deljob(job.id)
-        self.reschedule(job)
-
-    def try_gc(self, job: Job) -> None:
-        """One ACK garbage-collection attempt (cluster.md §8.6)."""
-        dummy = job.is_dummy_ack
-        job.gc_retry = min(job.gc_retry + 1, 10)
-        if job.nodes_confirmed is None:
-            job.nodes_confirmed = {self.cluster.my_id}
-        if (not dummy and len(job.nodes_delivered) == len(job.nodes_confirmed)) or (
-            dummy and self.cluster.size() == 1
-        ):
-            self.delete_job(job)
-            return
-        targets = list(self.cluster.nodes) if dummy else job.nodes_delivered
-        msg = m.SetAck(job.id, len(job.nodes_delivered))
-        self.broadcast([n for n in targets if n not in job.nodes_confirmed], msg)
 
     def abort_replication(self, job: Job) -> None:
         """A job that never reached its replication level: delete every copy."""
@@ -678,33 +655,6 @@ class NodeCore:
             raise errors.leaving()
         self.block(client, tuple(dict.fromkeys(names)), withcounters, timeout)
         return BLOCKED
-
-    def ack_job(self, job_id: bytes) -> bool:
-        """ACKJOB for one ID (commands.md §5.3).  True when it counts."""
-        job = self.jobs.get(job_id)
-        counted = False
-        if job is None:
-            if self.cluster.size() > 1 and not self.cluster.leaving and ttl_minutes(job_id) & 1:
-                job = Job(job_id, None, None, state=State.ACKED, etime=self.now // 1000 + ttl_minutes(job_id) * 60)
-                self.register(job)
-        elif job.state != State.ACKED:
-            if job.state == State.WAIT_REPL and not self.replication.achieved(job):
-                return True  # handed to a replica and forgotten here (external replication)
-            self.acknowledge(job)  # a waiting producer got its ID first, as with SETACK
-            counted = True
-        if job is not None:
-            self.try_gc(job)
-        return counted
-
-    def fast_ack(self, job_id: bytes) -> bool:
-        job = self.jobs.get(job_id)
-        if job is None:
-            for node_id in self.cluster.linked_ids():
-                self.send(node_id, m.DelJob(job_id))
-            return False
-        self.broadcast(job.nodes_delivered, m.DelJob(job_id))
-        self.delete_job(job)
-        return True
 
     def working(self, job: Job) -> int:
         """WORKING (commands.md §5.2): postpone the next requeue."""
@@ -857,10 +807,10 @@ class NodeCore:
         self.read_clock()
         self.stats.bus_received += 1
         known = self.cluster.receive(header, msg, key, conn, peer_ip, local_ip)
-        handler = HANDLERS.get(type(msg))
+        handler = self.on_bus.get(type(msg))
         if handler is not None and known and not self.loading:
             try:
-                handler(self, header.sender, msg)
+                handler(header.sender, msg)
             except Exception:  # a bug must cost one message, not the node and its jobs
                 log.exception("Error handling %s from %s", type(msg).__name__, header.sender)
         if self.ready:

@@ -9,13 +9,12 @@ from __future__ import annotations
 import logging
 import random
 
-from disque.core import node as node_module
 from disque.cluster import messages as m
 from disque.cluster.codec import job_to_wire
-from disque.cluster.handlers import HANDLERS
 from disque.core.ids import mixed, new_job_id
 from disque.core.types import BLOCKED, Status
 from disque.core.node import NodeCore
+from disque.store import collected as collected_module
 from disque.store.aof import RecordReader, Replay, encode_clean_marker, encode_loadjob
 from disque.store.job import BCAST_QUEUED, DELIVERED, Job, State
 from invariants import advance, check_core
@@ -41,7 +40,7 @@ def from_peer(core: NodeCore, msg) -> None:
 def test_collected_ids_are_bounded_oldest_forgotten_first(monkeypatch):
     """Collected IDs block a stale REPLJOB; past the cap the oldest is
     forgotten, and a late copy of that job is accepted again."""
-    monkeypatch.setattr(node_module, "COLLECTED_MEMORY_MAX", 2)
+    monkeypatch.setattr(collected_module, "COLLECTED_MEMORY_MAX", 2)
     core, _ = duo()
     s = Session(core)
     ids = [bytes(s("ADDJOB", "q", f"j{i}", 0, "REPLICATE", 1)) for i in range(3)]
@@ -189,10 +188,10 @@ def test_a_failing_bus_handler_costs_one_message_not_the_node(monkeypatch, caplo
     job_id = bytes(s("ADDJOB", "q", "x", 0, "REPLICATE", 1, "RETRY", 10))
     assert s("GETJOB", "FROM", "q")[0][1] == job_id
 
-    def broken(node, sender, msg):
+    def broken(sender, msg):
         raise RuntimeError("handler bug")
 
-    monkeypatch.setitem(HANDLERS, m.WillQueue, broken)
+    monkeypatch.setitem(core.on_bus, m.WillQueue, broken)
     received = core.stats.bus_received
     with caplog.at_level(logging.ERROR, logger="disque"):
         from_peer(core, m.WillQueue(job_id))

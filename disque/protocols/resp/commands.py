@@ -132,12 +132,12 @@ def cmd_getjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
 
 @command("ackjob", -1, "wF")
 def cmd_ackjob(node: NodeCore, client: Client, argv: list[bytes]) -> int:
-    return sum(node.ack_job(job_id) for job_id in job_ids(argv[1:]))
+    return sum(node.acks.ack_job(job_id) for job_id in job_ids(argv[1:]))
 
 
 @command("fastack", -1, "wF")
 def cmd_fastack(node: NodeCore, client: Client, argv: list[bytes]) -> int:
-    return sum(node.fast_ack(job_id) for job_id in job_ids(argv[1:]))
+    return sum(node.acks.fast_ack(job_id) for job_id in job_ids(argv[1:]))
 
 
 def _each_known(node: NodeCore, argv: list[bytes], action: Callable[[Job], bool]) -> int:
