@@ -24,7 +24,9 @@ Every close resets the connection, so frames still in the kernel are dropped
 rather than delivered after a partition heals (`_reset_on_close`).
 
 After every core call the bus runs `drain()`, which applies the effects the
-call produced (the session runner's `apply_effects`).  Applying effects never calls
+call produced (the session runner's `apply_effects`); the frames of one read
+are all handed to the core first and drained once, so the replies, AOF
+records and frames they cause go out in one batch.  Applying effects never calls
 the core back: closing a link only cancels its task, which reports later.
 
 Security (`disque.shell.security.Security`, optional): before a connection carries
@@ -393,8 +395,11 @@ class Bus:
         try:
             while data := await peer.stream.receive_some(READ_SIZE):
                 decoder.feed(data)
-                while not peer.closed and (frame := decoder.next_frame()) is not None:
-                    self._call(deliver, *frame)
+                try:  # every frame of the read, then their effects at once
+                    while not peer.closed and (frame := decoder.next_frame()) is not None:
+                        deliver(*frame)
+                finally:
+                    self.drain()
         except FrameError as e:
             self._warn("Closing %s: %s", peer.label, e.reason)
         except AuthError as e:
