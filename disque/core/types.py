@@ -61,7 +61,7 @@ class Client:
     laddr: str = ""
     name: bytes = b""
     authenticated: bool = False
-    proto: int = 2
+    proto: int = 2  # the reply dialect its front end negotiated (RESP: HELLO 2|3); the runner hands it to the encoder
     ctime: int = 0
     last: int = 0
     last_cmd: str = "NULL"
