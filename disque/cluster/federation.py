@@ -57,6 +57,11 @@ def _fed(queue: Queue) -> QueueFed:
 class Federation:
     def __init__(self, node: Node) -> None:
         self.node = node
+        # Counters (INFO-like figures, metrics): NEEDJOBS sent, jobs handed out
+        # with YOURJOBS, jobs received and queued here.
+        self.needjobs_sent = 0
+        self.jobs_exported = 0
+        self.jobs_imported = 0
 
     # ------------------------------------------------------------ import rate
 
@@ -96,11 +101,13 @@ class Federation:
             fed.bcast_attempt += 1
             for node_id in node.cluster.linked_ids():
                 node.send(node_id, m.NeedJobs(queue.name, 1))
+                self.needjobs_sent += 1
         if responders and (reason == REACHED_ZERO or now - fed.adhoc_time > min(25 * 2**fed.adhoc_attempt, 2000)):
             fed.adhoc_time = now
             fed.adhoc_attempt += 1
             for node_id in responders:
                 node.send(node_id, m.NeedJobs(queue.name, to_fetch))
+                self.needjobs_sent += 1
 
     # ------------------------------------------------------------ answering
 
@@ -122,6 +129,7 @@ class Federation:
                 break
             job.add_delivered(sender)  # it may hold a copy now: GC and QUEUED must reach it
             batch.append(job_to_wire(job, node.now))
+            self.jobs_exported += 1
             size += len(job.body or b"")
             if job.retry == 0:
                 node.delete_job(job)
@@ -149,6 +157,7 @@ class Federation:
                 job.qtime = now
             if job.state == State.ACKED or not node.enqueue(job):
                 continue
+            self.jobs_imported += 1
             queue = node.queues.get(job.queue)  # type: ignore[arg-type]
             if queue is None:  # pragma: no cover - enqueue() just created the queue
                 continue

@@ -53,6 +53,8 @@ class Replication:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.pending: dict[bytes, Pending] = {}
+        self.achieved_count = 0  # synchronous replications that reached their level
+        self.aborted_count = 0  # ... and those given up (timeout, LEAVING, producer gone)
 
     def start(self, client: Client, job: Job, additional: int, timeout: int, is_async: bool, extrepl: bool) -> Any:
         node = self.node
@@ -110,6 +112,7 @@ class Replication:
         the job was handed to a replica and forgotten here (external)."""
         node = self.node
         self.pending.pop(job.id, None)
+        self.achieved_count += 1
         client = node.repl_waiters.pop(job.id, None)
         job.move(REPLICATED)
         if client is not None:  # pragma: no branch - a producer that leaves aborts its wait-repl job
@@ -129,6 +132,7 @@ class Replication:
         """Give up: the producer gets `reply`, every copy is deleted."""
         node = self.node
         self.pending.pop(job.id, None)
+        self.aborted_count += 1
         client = node.repl_waiters.pop(job.id, None)
         if client is not None:
             client.repl_job = None

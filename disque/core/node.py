@@ -87,6 +87,10 @@ WILLQUEUE_LEAD = 500
 GC_MAX_DELAY = 180_000
 QUEUE_IDLE_MS = (300_000, 10_000, 2_000)  # by memory level 0, 1, >= 2
 BLOCKED_CRON_MS = 100
+# Command latency histogram (Stats.calls): bucket i counts the calls that took
+# 2**(i-1) µs or more and less than 2**i µs (bucket 0: under 1 µs); the last
+# bucket also takes every longer call.
+LATENCY_BUCKETS = 22
 
 
 
@@ -293,9 +297,10 @@ class NodeCore:
         elapsed = self.clock.now_us() - start
         calls = stats.calls.get(cmd.name)
         if calls is None:
-            calls = stats.calls[cmd.name] = [0, 0]
+            calls = stats.calls[cmd.name] = [0] * (2 + LATENCY_BUCKETS)
         calls[0] += 1
         calls[1] += elapsed
+        calls[2 + min(elapsed.bit_length(), LATENCY_BUCKETS - 1)] += 1
         if elapsed > self.config.slowlog_log_slower_than >= 0:
             self.slowlog_add(argv, elapsed)
         if client.reply_mode:
@@ -497,17 +502,19 @@ class NodeCore:
             job.qtime = self.now + job.retry * 1000 + self.jitter()
         else:
             job.qtime = 0
+        if queue is None:
+            queue = self._queue(job.queue)  # type: ignore[arg-type]
+            job.queue = queue.name
         if job.flags & BCAST_QUEUED or nack:
             self.broadcast(job.nodes_delivered, m.Queued(job.id, incr_nacks=nack, incr_deliv=not nack))
             if nack:
                 job.nacks = min(job.nacks + 1, 0xFFFF)
+                queue.nacks += 1
             else:
                 job.deliv = min(job.deliv + 1, 0xFFFF)
+                queue.redeliveries += 1
         else:
             job.flags |= BCAST_QUEUED
-        if queue is None:
-            queue = self._queue(job.queue)  # type: ignore[arg-type]
-            job.queue = queue.name
         queue.push(job)
         queue.atime = self.now
         queue.jobs_in += 1

@@ -102,7 +102,7 @@ class Stats:
     commands: int = 0
     bus_sent: int = 0
     bus_received: int = 0
-    calls: dict[str, list[int]] = field(default_factory=dict)  # name -> [calls, usec]
+    calls: dict[str, list[int]] = field(default_factory=dict)  # name -> [calls, usec, *latency buckets (node.py)]
 
 
 BLOCKED = object()  # handle_command result: the client waits for a later Reply

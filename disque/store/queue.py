@@ -41,7 +41,7 @@ def _key(job: Job) -> tuple[int, bytes]:
 class Queue:
     __slots__ = (
         "name", "_items", "_live", "ctime", "atime", "pause", "waiters",
-        "jobs_in", "jobs_out", "federation",
+        "jobs_in", "jobs_out", "nacks", "redeliveries", "federation",
     )  # fmt: skip
 
     def __init__(self, name: bytes, now_ms: int) -> None:
@@ -54,6 +54,8 @@ class Queue:
         self.waiters: dict[int, Any] = {}
         self.jobs_in = 0
         self.jobs_out = 0
+        self.nacks = 0  # jobs queued again here by NACK
+        self.redeliveries = 0  # ... and by their retry timer (additional deliveries)
         self.federation: Any = None
 
     def __len__(self) -> int:
