@@ -3,7 +3,9 @@ the benchmarks and jepsen-lite all use this.
 
 `python -m disque.devcluster --nodes 3 --port 7711` starts three nodes on
 127.0.0.1:7711-7713 with the embedded default config, joins them with
-CLUSTER MEET, and stops them (by PID, SIGTERM) on Ctrl-C.
+CLUSTER MEET, and stops them (by PID, SIGTERM) on Ctrl-C.  `--metrics-port
+9711` (what `make run` passes) gives them metrics and the dashboard on
+9711-9713.
 """
 
 from __future__ import annotations
@@ -142,16 +144,24 @@ def join(nodes: list[NodeProcess], timeout: float = 15.0) -> None:
             time.sleep(0.05)
 
 
+def metrics_args(first: int, i: int) -> tuple[str, ...]:
+    return ("--metrics-port", str(first + i)) if first else ()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Run a local Disque cluster (Ctrl-C stops it).")
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--port", type=int, default=7711, help="port of the first node")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
+    parser.add_argument("--metrics-port", type=int, default=0, help="metrics/dashboard port of the first node (0: off)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the nodes on SIGTERM too
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="disque-run-"))
-    nodes = [NodeProcess(args.port + i, base / str(args.port + i), host=args.host) for i in range(args.nodes)]
+    nodes = [
+        NodeProcess(args.port + i, base / str(args.port + i), *metrics_args(args.metrics_port, i), host=args.host)
+        for i in range(args.nodes)
+    ]
     try:
         for node in nodes:
             node.start()
@@ -159,6 +169,8 @@ def main() -> None:
             join(nodes)
         print(f"{len(nodes)} node(s) on {args.host}:{args.port}-{args.port + len(nodes) - 1}, data in {base}.", flush=True)
         print("Try: .venv/bin/disque -p %d ADDJOB q hello 0   (Ctrl-C stops the cluster)" % args.port, flush=True)
+        if args.metrics_port:
+            print(f"Dashboard: http://{args.host}:{args.metrics_port}/   metrics: /metrics", flush=True)
         while all(node.alive() for node in nodes):
             time.sleep(0.5)
         print("a node exited; stopping the others", file=sys.stderr)

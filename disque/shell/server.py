@@ -31,6 +31,7 @@ from disque.cluster.membership import Membership
 from disque.shell.nodes_file import NodesFile
 from disque.core.errors import DisqueError, err
 from disque.shell.gc_freeze import GcFreezer
+from disque.shell.http import HttpPort
 from disque.shell.session import Conn, Sessions
 from disque.core.types import Client, Status
 from disque.core.node import NodeCore
@@ -128,6 +129,7 @@ class Server:
         # Bind before the nursery: an OSError then reaches the caller unwrapped.
         listeners = await self._open_listeners()
         tls_listeners = await self._open_listeners(self.config.tls_port)
+        http_listeners = await self._open_listeners(self.config.metrics_port)
         if announced_port(self.config):
             await self.bus.listen()
         async with trio.open_nursery() as nursery:
@@ -140,6 +142,10 @@ class Server:
                 nursery.start_soon(trio.serve_listeners, self._handle_tls_client, [listener])
             if tls_listeners:
                 log.info("Ready to accept TLS connections on port %s", self.config.tls_port)
+            if http_listeners:
+                http = HttpPort(self.core, self.sessions, lambda: self.config.requirepass)
+                nursery.start_soon(http.serve, http_listeners)
+                log.info("Serving metrics and the dashboard on http port %s", self.config.metrics_port)
             if announced_port(self.config):
                 nursery.start_soon(self.bus.run)
             nursery.start_soon(self._deadline_loop)
