@@ -5,7 +5,8 @@
 #   run            the package alone: enough to run nodes
 #   jepsen(-long)  + the test extra (its plots) + iproute2, iptables (netns mode)
 #   test, venv     + the spark extra; test also a JDK (Spark), redis-tools,
-#                  redis-server, iproute2, iptables (`tools`)
+#                  redis-server, iproute2, iptables, chromium and
+#                  chromium-driver (`tools`)
 #   bench          the venv of test + a JDK, redis-tools, redis-server
 VENV       := .venv
 PY         := $(VENV)/bin/python
@@ -14,7 +15,7 @@ RUN_STAMP  := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 STAMP      := $(VENV)/.installed
 
-.PHONY: run test bench venv tools tools-redis tools-java tools-net clean jepsen jepsen-long
+.PHONY: run test bench venv tools tools-redis tools-java tools-net tools-browser clean jepsen jepsen-long
 
 $(RUN_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
@@ -54,8 +55,12 @@ tools-net:
 	@$(call apt,ip:iproute2 iptables-restore:iptables) || \
 		echo "could not install iproute2 and iptables: jepsen-lite will use its proxy mode"
 
+# Headless Chromium and its driver for the dashboard's browser test.
+tools-browser:
+	@$(call apt,chromium:chromium chromedriver:chromium-driver)
+
 # Every system tool the test suite runs.
-tools: tools-redis tools-java tools-net
+tools: tools-redis tools-java tools-net tools-browser
 
 # A local cluster on 127.0.0.1:7711-7713 with the embedded default config; Ctrl-C stops it.
 run: $(RUN_STAMP)
