@@ -125,3 +125,22 @@ def test_garbage_on_the_http_port_closes_that_connection_only(metrics_node) -> N
         s.sendall(b"\x00\xffNOT HTTP\r\n\r\n")
         assert s.recv(4096).startswith(b"") and s.recv(4096) == b""  # closed
     assert r.ping() and http(port, "/metrics")[0] == 200
+
+
+def test_the_grafana_dashboard_only_asks_for_metrics_a_node_serves(metrics_node) -> None:
+    """Every metric name in examples/grafana-dashboard.json is one /metrics has."""
+    import re
+    from pathlib import Path
+
+    node, port, r = metrics_node
+    r.execute_command("ADDJOB", "q", "x", 0)
+    text = http(port, "/metrics")[1].decode()
+    served = {n for f in text_string_to_metric_families(text) for n in (f.name, *(s.name for s in f.samples))}
+    dashboard = json.loads((Path(__file__).parents[2] / "examples" / "grafana-dashboard.json").read_text())
+    wanted = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\b((?:disque|process)_[a-z_]+)", target["expr"])
+    }
+    assert len(wanted) >= 10 and wanted <= served, sorted(wanted - served)
