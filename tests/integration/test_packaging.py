@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import urllib.request
 import sys
 import tarfile
 import zipfile
@@ -64,7 +65,7 @@ def test_sdist_and_wheel_are_named_and_record_the_revision(dist: Path) -> None:
     head = git_head()
     if head is not None:
         assert re.fullmatch(rf"{head} [01]\n", wheel_record)
-    assert {"disque/default.conf", "disque/cli/main.py", "disque/cli/server.py"} <= set(names)
+    assert {"disque/default.conf", "disque/cli/main.py", "disque/cli/server.py", "disque/shell/web/index.html", "disque/shell/web/app.js"} <= set(names)
     assert not [n for n in names if n.startswith("tests/")]
     assert "disque = disque.cli.main:main" in entry_points and "disque-server = disque.cli.server:server_main" in entry_points
 
@@ -80,10 +81,11 @@ def test_the_installed_wheel_runs_a_node(venv: Path, tmp_path: Path) -> None:
     assert re.fullmatch(rf"disque {re.escape(__version__)} \(git {head}(, modified)?\)\n", run(str(venv / "disque"), "--version").stdout)
     assert re.fullmatch(rf"Disque server v={re.escape(__version__)} sha={head}:[01] .*\n", run(str(venv / "disque-server"), "--version").stdout)
 
-    port = free_port()
+    port, http_port = free_port(), free_port()
     node_dir = tmp_path / "node"
     node_dir.mkdir()
-    node = subprocess.Popen([str(venv / "disque-server"), "--port", str(port), "--dir", str(node_dir), "--logfile", "log.txt"],
+    node = subprocess.Popen([str(venv / "disque-server"), "--port", str(port), "--dir", str(node_dir), "--logfile", "log.txt",
+                             "--metrics-port", str(http_port)],
                             cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     try:
 
@@ -95,6 +97,8 @@ def test_the_installed_wheel_runs_a_node(venv: Path, tmp_path: Path) -> None:
         assert wait_for(ping, timeout=30, what="the node to answer") == "PONG\n"
         job = run(str(venv / "disque"), "-p", str(port), "ADDJOB", "q", "from the wheel", "0").stdout.strip()
         assert run(str(venv / "disque"), "-p", str(port), "--json", "show", job).stdout.count('"body": "from the wheel"') == 1
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/", timeout=10) as page:  # the dashboard ships
+            assert b"<title>disque dashboard</title>" in page.read()
     finally:
         node.terminate()
         node.wait(timeout=30)
