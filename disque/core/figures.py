@@ -38,6 +38,7 @@ def node_figures(node: NodeCore) -> dict[str, Any]:
         "blocked_clients": len(node.blocked) + len(node.repl_waiters),
         "connections_received": stats.connections,
         "commands_processed": stats.commands,
+        "auth_failures": stats.auth_failures,
         "bus_sent": stats.bus_sent,
         "bus_received": stats.bus_received,
         "aof": dict(node.aof.info_fields(node.loading)),

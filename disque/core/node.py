@@ -87,6 +87,9 @@ WILLQUEUE_LEAD = 500
 GC_MAX_DELAY = 180_000
 QUEUE_IDLE_MS = (300_000, 10_000, 2_000)  # by memory level 0, 1, >= 2
 BLOCKED_CRON_MS = 100
+AUTH_FREE_TRIES = 3  # wrong passwords a connection may send before each further one is answered late
+AUTH_DELAY_MS = (100, 5_000)  # the first late answer's delay, doubled with each failure up to the second
+AUTH_LOG_EVERY_MS = 10_000  # at most one log line about failed AUTHs per period
 # Command latency histogram (Stats.calls): bucket i counts the calls that took
 # 2**(i-1) µs or more and less than 2**i µs (bucket 0: under 1 µs); the last
 # bucket also takes every longer call.
@@ -143,6 +146,7 @@ class NodeCore:
         self.run_id = "%040x" % rng.getrandbits(160)
         self.client_pause_until = 0
         self._last_cron = 0
+        self._auth_logged = -AUTH_LOG_EVERY_MS  # when a failed AUTH was last logged
         self._gc_cursor = 0
         self.collected = Collected()
         self.federation = Federation(self)
@@ -204,7 +208,9 @@ class NodeCore:
         now = self.now
         for waiter in list(self.blocked.values()):
             if waiter.deadline and waiter.deadline <= now:
-                self._unblock(waiter.client, NIL_ARRAY)
+                self._unblock(waiter.client, NIL_ARRAY if waiter.expiry is None else waiter.expiry)
+            elif not waiter.queues:  # a late AUTH answer
+                continue
             elif self.cluster.leaving:
                 self._unblock(waiter.client, errors.leaving())
             else:
@@ -695,13 +701,28 @@ class NodeCore:
     def import_from(self, queue: Queue) -> list[str]:
         return self.federation.import_from(queue)
 
-    def authenticate(self, client: Client, password: bytes) -> None:
+    def authenticate(self, client: Client, password: bytes | None, failure: DisqueError) -> Any:
+        """AUTH and HELLO's AUTH (`password` None: a user other than
+        `default`).  None when it is right; else `failure`, raised, or once
+        the connection has sent AUTH_FREE_TRIES wrong passwords returned after
+        a delay (BLOCKED: the client runs nothing meanwhile), so that guessing
+        costs time.  Failures are counted in INFO and logged, rate-limited."""
         required = self.config.requirepass
-        if not required:
-            raise errors.err("Client sent AUTH, but no password is set")
-        client.authenticated = len(password) <= 512 and password == required.encode()
-        if not client.authenticated:
-            raise errors.err("invalid password")
+        assert required
+        client.authenticated = password is not None and len(password) <= 512 and password == required.encode()
+        if client.authenticated:
+            return None
+        client.auth_failures += 1
+        self.stats.auth_failures += 1
+        if self.now - self._auth_logged >= AUTH_LOG_EVERY_MS:
+            self._auth_logged = self.now
+            log.warning("Failed AUTH from %s (%d failures since start)", client.addr, self.stats.auth_failures)
+        late = client.auth_failures - AUTH_FREE_TRIES
+        if late <= 0:
+            raise failure
+        first, cap = AUTH_DELAY_MS
+        self.block(client, (), False, min(first << min(late - 1, 16), cap), failure)
+        return BLOCKED
 
     def feed_monitors(self, client: Client, argv: list[bytes]) -> None:
         now_us = self.clock.wall_us()
@@ -719,8 +740,8 @@ class NodeCore:
 
     # ------------------------------------------------------------ blocking
 
-    def block(self, client: Client, queues: tuple[bytes, ...], withcounters: bool, timeout: int) -> None:
-        waiter = Waiter(client, queues, withcounters, self.now + timeout if timeout else 0)
+    def block(self, client: Client, queues: tuple[bytes, ...], withcounters: bool, timeout: int, expiry: Any = None) -> None:
+        waiter = Waiter(client, queues, withcounters, self.now + timeout if timeout else 0, expiry)
         client.waiter = waiter
         self.blocked[client.id] = waiter
         for name in queues:

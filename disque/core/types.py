@@ -61,6 +61,7 @@ class Client:
     laddr: str = ""
     name: bytes = b""
     authenticated: bool = False
+    auth_failures: int = 0  # wrong passwords sent on this connection
     proto: int = 2  # the reply dialect its front end negotiated (RESP: HELLO 2|3); the runner hands it to the encoder
     ctime: int = 0
     last: int = 0
@@ -88,12 +89,14 @@ class Client:
 
 @dataclass(slots=True, eq=False)
 class Waiter:
-    """A client blocked in GETJOB."""
+    """A client blocked in GETJOB, or (no queues) one whose failed AUTH is
+    answered late."""
 
     client: Client
     queues: tuple[bytes, ...]
     withcounters: bool
     deadline: int  # 0 = forever
+    expiry: Any = None  # the reply at the deadline (None: NIL_ARRAY)
 
 
 @dataclass(slots=True)
@@ -102,6 +105,7 @@ class Stats:
     commands: int = 0
     bus_sent: int = 0
     bus_received: int = 0
+    auth_failures: int = 0
     calls: dict[str, list[int]] = field(default_factory=dict)  # name -> [calls, usec, *latency buckets (node.py)]
 
 

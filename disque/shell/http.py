@@ -82,6 +82,7 @@ class NodeCollector:
         counter("net_input_bytes", "Bytes read from clients.", self.sessions.net_in)
         counter("net_output_bytes", "Bytes written to clients.", self.sessions.net_out)
         counter("rejected_connections", "Connections refused (maxclients).", self.sessions.rejected)
+        counter("auth_failures", "Wrong passwords sent with AUTH or HELLO.", fig["auth_failures"])
         counter("bus_messages_sent", "Cluster bus messages sent.", fig["bus_sent"])
         counter("bus_messages_received", "Cluster bus messages received.", fig["bus_received"])
         nodes = GaugeMetricFamily(

@@ -245,6 +245,9 @@ class Server:
                 await trio.sleep(pause / 1000)
             sessions.run(conn)
             await self.flush_tls(conn)
+            while conn.held and not conn.closing:  # the rest of a pipeline held for its output
+                sessions.run(conn)
+                await self.flush_tls(conn)
 
     async def flush_tls(self, conn: TlsConn) -> None:
         await self.aof_file.barrier(conn)

@@ -16,8 +16,17 @@ runner does the rest, once for all of them:
   someone's ADDJOB) are queued on their connections, which then resume
   their own pipelines and are `kick`ed; bus messages go to `bus`, AOF
   records to `aof`, whose `flush` runs before any reply can be sent;
-* output limits: `client-output-buffer-limit` closes a client whose
-  pending output is over it;
+* unauthenticated input: with `requirepass`, a client that has not
+  authenticated is closed once its unfinished request is over
+  UNAUTHENTICATED_REQUEST_MAX bytes, so it cannot make the node buffer
+  more than that (plus one read) before it proves it knows the password;
+* output limits: a client whose unsent output is past `OUTPUT_PAUSE`
+  bytes runs nothing more until the transport has written it (its next
+  requests wait in the parser, and the transport does not read meanwhile),
+  so one read of pipelined requests can neither make the node hold more
+  than about that much for it nor keep the loop busy for long; and
+  `client-output-buffer-limit` closes a client whose pending output is over
+  it;
 * AOF hold: not here but in the transport, which asks `AofFile.hold` before
   writing (a reply may only leave once the records it follows are safe).
 
@@ -41,6 +50,13 @@ from disque.shell.security import output_limit_exceeded
 
 log = logging.getLogger("disque")
 
+# Unsent output past which a client's pipelined requests wait (a single
+# reply may be larger: it is never split).
+OUTPUT_PAUSE = 1 << 20
+# Largest unfinished request a client that has not authenticated (with
+# `requirepass`) may send, as Redis caps them: it can only say AUTH or HELLO.
+UNAUTHENTICATED_REQUEST_MAX = 16 * 1024
+
 
 class Conn:
     """A client connection as the runner sees it.  `out` holds encoded
@@ -49,7 +65,7 @@ class Conn:
     else's command: send them once the AOF allows) and `abort` (the output
     was dropped: close as soon as possible)."""
 
-    __slots__ = ("client", "front", "parser", "out", "out_size", "soft_since", "closing")
+    __slots__ = ("client", "front", "parser", "out", "out_size", "soft_since", "closing", "held")
 
     def __init__(self, client: Client, front: FrontEnd) -> None:
         self.client = client
@@ -59,6 +75,7 @@ class Conn:
         self.out_size = 0  # bytes in `out` plus those being sent
         self.soft_since: float | None = None  # when the soft output limit was first exceeded
         self.closing = False  # run nothing more; close once `out` is written
+        self.held = False  # requests wait for `out` to be written (OUTPUT_PAUSE): run again then
 
     def kick(self) -> None:
         raise NotImplementedError
@@ -128,15 +145,21 @@ class Sessions:
 
     def run(self, conn: Conn) -> None:
         """Run what `conn` has buffered and carry out the effects; the caller
-        writes `conn.out` (once the AOF allows)."""
+        writes `conn.out` (once the AOF allows), and runs it again once that
+        is written if `conn.held`."""
         self.run_commands(conn)
         self.apply_effects(conn)
 
     def run_commands(self, conn: Conn) -> None:
-        """Execute buffered requests until the client blocks or none is left."""
+        """Execute buffered requests until the client blocks, none is left, or
+        its unsent output is past OUTPUT_PAUSE (`conn.held`)."""
         core, client, parser, front = self.core, conn.client, conn.parser, conn.front
         run, encode = front.run, front.encode
+        conn.held = False
         while not conn.closing and client.waiter is None and client.repl_job is None:
+            if conn.out_size > OUTPUT_PAUSE:
+                conn.held = parser.buffered() > 0
+                return
             try:
                 request = parser.next_command()
             except ProtocolError as e:
@@ -144,6 +167,10 @@ class Sessions:
                 conn.closing = True
                 return
             if request is None:
+                if parser.buffered() > UNAUTHENTICATED_REQUEST_MAX and not client.authenticated and core.config.requirepass:
+                    log.warning("Closing unauthenticated client %s sending a request over %d bytes", client.addr, UNAUTHENTICATED_REQUEST_MAX)
+                    self.queue(conn, front.encode_error("Protocol error: unauthenticated request too long"))
+                    conn.closing = True
                 return
             reply = core.handle_command(client, request, run)
             if reply is BLOCKED:

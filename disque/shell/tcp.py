@@ -19,7 +19,9 @@ modes, which decide its epoll mask:
 * writing (EPOLLOUT): the kernel took only part of the output; the rest goes
   when the socket becomes writable.  The client is not read meanwhile: one
   that does not read its replies must not make the node run (and buffer)
-  more of its requests.
+  more of its requests.  A pipeline the runner held at its output limit
+  (`Conn.held`) goes on once the output is written, one slice per turn of
+  the loop (`resume`), so that other clients are served in between.
 * parked (no events): the replies follow AOF records that are not safe yet
   (`AofFile.hold`); `AofFile.when_safe` calls back and the output is sent.
 
@@ -104,6 +106,7 @@ class TcpClients:
         self.conns: dict[int, TcpConn] = {}  # by fd
         self.listeners: dict[int, socket.socket] = {}  # by fd
         self.paused: list[TcpConn] = []  # read during CLIENT PAUSE, to run after it
+        self.resume: list[TcpConn] = []  # held (session.OUTPUT_PAUSE) and written since: run the rest
         self.doomed: list[TcpConn] = []  # to close, asked for outside this task
         self.wakeup = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # readable when `doomed` is not empty
         self.epoll.register(self.wakeup, EPOLLIN)
@@ -117,7 +120,10 @@ class TcpClients:
         epoll, conns = self.epoll, self.conns
         try:
             while True:
-                await trio.lowlevel.wait_readable(epoll)
+                if self.resume:  # runnable work left: poll without sleeping
+                    await trio.lowlevel.checkpoint()
+                else:
+                    await trio.lowlevel.wait_readable(epoll)
                 for fd, events in epoll.poll(0, MAX_EVENTS):
                     conn = conns.get(fd)
                     if conn is None:
@@ -136,6 +142,11 @@ class TcpClients:
                             self._close(conn)
                 if self.paused:
                     await self._run_paused()
+                if self.resume:  # one more slice of each held pipeline, after everyone else
+                    resume, self.resume = self.resume, []
+                    for conn in resume:
+                        if not conn.gone:
+                            self._run(conn)
         finally:
             for conn in list(conns.values()):
                 conn.sock.close()
@@ -252,6 +263,9 @@ class TcpClients:
             self.shut(conn)
         else:
             self.set_mask(conn, EPOLLIN)
+            if conn.held:
+                conn.held = False
+                self.resume.append(conn)
 
     def shut(self, conn: TcpConn) -> None:
         """Have the task close `conn` (its output is written or dropped)."""

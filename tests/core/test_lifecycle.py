@@ -17,7 +17,7 @@ from disque.protocols.resp.table import COMMANDS
 from disque.core.effects import AofAppend
 from disque.core.errors import DisqueError
 from disque.core.types import BLOCKED, NIL_ARRAY, SILENT, Status
-from disque.core.node import BASE_MEMORY
+from disque.core.node import BASE_MEMORY, BLOCKED_CRON_MS
 from disque.store.job import ABORT, ACK, ADOPT, AWAIT_REPL, DEQUEUE, ENQUEUE, FETCH, IN_LIST, REPLICATED, TRANSITIONS, Job, State
 from disque.store.jobs import MAX_JOBS_PER_PASS, JobStore
 from disque.store.queue import Queue
@@ -889,6 +889,36 @@ def test_auth(env):
     assert s("AUTH", "x" * 600).message == "invalid password" and s("QLEN", "q").code == "NOAUTH"
     env.core.config.requirepass = "y" * 600
     assert s("AUTH", "y" * 600).message == "invalid password"  # longer than 512: never matches
+
+
+def test_repeated_wrong_passwords_are_answered_later_and_later_counted_and_logged(env, caplog):
+    """Three wrong passwords answer at once; then each is answered after a
+    delay that doubles from 100 ms up to 5 s, during which the connection
+    runs nothing.  Other connections are not slowed; failures are counted
+    in INFO and logged at most once per 10 s."""
+    env.core.config.requirepass = "secret"
+    s, other = Session(env.core), Session(env.core)
+    assert other("AUTH", "secret") == OK
+    for _ in range(3):
+        assert s("AUTH", "wrong").message == "invalid password"
+    delays = []
+    for _ in range(8):
+        assert s("AUTH", "wrong") is BLOCKED
+        assert other("PING") == Status(b"PONG")
+        waited = 0
+        while not s.pending():
+            env.wait(10)
+            waited += 10
+        delays.append(waited)
+    wanted = [100, 200, 400, 800, 1600, 3200, 5000, 5000]
+    assert all(want <= got <= want + BLOCKED_CRON_MS for want, got in zip(wanted, delays, strict=True)), delays
+    assert s("HELLO", "3", "AUTH", "default", "wrong") is BLOCKED  # HELLO's AUTH is the same door
+    env.wait(5_000 + BLOCKED_CRON_MS)
+    assert [getattr(r, "code", None) for r in s.pending()] == ["WRONGPASS"]
+    assert s("AUTH", "secret") == OK and s("QLEN", "q") == 0
+    assert b"acl_access_denied_auth:12" in other("INFO", "stats")
+    logged = [r for r in caplog.records if "Failed AUTH" in r.getMessage()]
+    assert 2 <= len(logged) <= 3  # about 21 s of failures, one line per 10 s at most
 
 
 def test_client_reply_modes(env):

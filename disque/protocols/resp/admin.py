@@ -105,6 +105,7 @@ def _section_stats(node: NodeCore, proc: dict[str, Any]) -> list[tuple[str, Any]
         ("instantaneous_input_kbps", f"{proc.get('input_kbps', 0.0):.2f}"),
         ("instantaneous_output_kbps", f"{proc.get('output_kbps', 0.0):.2f}"),
         ("rejected_connections", proc.get("rejected", 0)),
+        ("acl_access_denied_auth", s.auth_failures),
         ("latest_fork_usec", 0),
     ]
 
@@ -302,9 +303,12 @@ def redis_hello(node: NodeCore, client: Client, args: list[bytes]) -> Any:
     while i < len(args):
         opt = args[i].lower()
         if opt == b"auth" and i + 2 < len(args):
-            if args[i + 1] != b"default" or not node.config.requirepass or args[i + 2] != node.config.requirepass.encode():
-                raise DisqueError("WRONGPASS", "invalid username-password pair or user is disabled.")
-            client.authenticated = True
+            wrong = DisqueError("WRONGPASS", "invalid username-password pair or user is disabled.")
+            if not node.config.requirepass:
+                raise wrong
+            late = node.authenticate(client, args[i + 2] if args[i + 1] == b"default" else None, wrong)
+            if late is not None:
+                return late
             i += 3
         elif opt == b"setname" and i + 1 < len(args):
             name = args[i + 1]

@@ -378,9 +378,10 @@ def cmd_pause(node: NodeCore, client: Client, argv: list[bytes]) -> Status:
 
 
 @command("auth", 2, "rlF")
-def cmd_auth(node: NodeCore, client: Client, argv: list[bytes]) -> Status:
-    node.authenticate(client, argv[1])
-    return OK
+def cmd_auth(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    if not node.config.requirepass:
+        raise errors.err("Client sent AUTH, but no password is set")
+    return node.authenticate(client, argv[1], errors.err("invalid password")) or OK
 
 
 @command("ping", -1, "rF")
