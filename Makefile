@@ -3,10 +3,11 @@
 # file per level) and, for system tools, with apt-get (Debian packages; apt-get
 # update only when a command is missing):
 #   run            the package alone: enough to run nodes
-#   jepsen(-long)  + the test extra (its plots) + iproute2, iptables (netns mode)
+#   jepsen(-long)  + the test extra (its plots) + iproute2, iptables (netns mode),
+#                  faketime (its clock fault)
 #   test, venv     + the spark extra; test also a JDK (Spark), redis-tools,
-#                  redis-server, iproute2, iptables, chromium and
-#                  chromium-driver (`tools`)
+#                  redis-server, iproute2, iptables, chromium,
+#                  chromium-driver and faketime (`tools`)
 #   bench          the venv of test + a JDK, redis-tools, redis-server
 VENV       := .venv
 PY         := $(VENV)/bin/python
@@ -15,7 +16,7 @@ RUN_STAMP  := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 STAMP      := $(VENV)/.installed
 
-.PHONY: run test bench venv tools tools-redis tools-java tools-net tools-browser clean jepsen jepsen-long
+.PHONY: run test bench venv tools tools-redis tools-java tools-net tools-browser tools-clock clean jepsen jepsen-long
 
 $(RUN_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
@@ -59,8 +60,12 @@ tools-net:
 tools-browser:
 	@$(call apt,chromium:chromium chromedriver:chromium-driver)
 
+# libfaketime (the faketime package) for the clock-step tests and jepsen-lite's clock fault.
+tools-clock:
+	@$(call apt,faketime:faketime)
+
 # Every system tool the test suite runs.
-tools: tools-redis tools-java tools-net tools-browser
+tools: tools-redis tools-java tools-net tools-browser tools-clock
 
 # A local cluster on 127.0.0.1:7711-7713 with the embedded default config; Ctrl-C stops it.
 run: $(RUN_STAMP)
@@ -76,10 +81,10 @@ bench: $(STAMP) tools-redis tools-java
 
 # Fault injection against 5 real nodes (network namespaces as root, else TCP
 # proxies); results in jepsen-lite/runs/latest/.  See jepsen-lite/README.md.
-jepsen: $(TEST_STAMP) tools-net
-	$(PY) jepsen-lite/run.py --faults halves,majority,bridge,kill --duration 48 --fault-s 8 --gap-s 4 --seed 1
+jepsen: $(TEST_STAMP) tools-net tools-clock
+	$(PY) jepsen-lite/run.py --faults halves,majority,bridge,kill,clock --duration 60 --fault-s 8 --gap-s 4 --seed 1
 
-jepsen-long: $(TEST_STAMP) tools-net
+jepsen-long: $(TEST_STAMP) tools-net tools-clock
 	$(PY) jepsen-lite/run.py --faults all --duration 540 --fault-s 10 --gap-s 5 --seed 1
 
 clean:

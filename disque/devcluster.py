@@ -52,9 +52,10 @@ def command(host: str, port: int, *args: str | bytes, timeout: float = 5.0) -> b
 class NodeProcess:
     """One `disque-server` child process in its own directory."""
 
-    def __init__(self, port: int, workdir: Path, *extra: str, host: str = "127.0.0.1") -> None:
+    def __init__(self, port: int, workdir: Path, *extra: str, host: str = "127.0.0.1", env: dict[str, str] | None = None) -> None:
         self.port = port
         self.host = host
+        self.env = env  # added to the environment (the clock-step tests preload libfaketime)
         self.workdir = workdir.absolute()  # the node runs in it
         self.extra = list(extra)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -77,6 +78,7 @@ class NodeProcess:
         self.proc = subprocess.Popen(
             argv,
             cwd=self.workdir,
+            env=None if self.env is None else {**os.environ, **self.env},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import socket
@@ -54,14 +55,40 @@ def call_once(host: str, port: int, *args: Any, timeout: float = 3.0) -> Any:
         c.close()
 
 
-class Node:
-    """A node started with `prefix` (e.g. `ip netns exec NS`), AOF on."""
+def libfaketime() -> str:
+    """The path of libfaketime (Debian's faketime package, `make tools-clock`)."""
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))
+    if not found:
+        raise SystemExit("the clock fault needs libfaketime: apt-get install faketime (make tools-clock)")
+    return found[0]
 
-    def __init__(self, index: int, host: str, port: int, workdir: Path, prefix: list[str], conf_extra: str) -> None:
+
+class Node:
+    """A node started with `prefix` (e.g. `ip netns exec NS`), AOF on.  With
+    `fake_clock`, it runs under libfaketime, its wall clock `set_clock`
+    seconds off the true time (its monotonic clock untouched)."""
+
+    def __init__(self, index: int, host: str, port: int, workdir: Path, prefix: list[str], conf_extra: str,
+                 fake_clock: bool = False) -> None:  # fmt: skip
         self.index, self.host, self.port, self.workdir, self.prefix = index, host, port, workdir, prefix
         self.conf_extra = conf_extra
         self.proc: subprocess.Popen[bytes] | None = None
         self.paused = False
+        self.env: dict[str, str] | None = None
+        if fake_clock:
+            self.env = {
+                **os.environ,
+                "LD_PRELOAD": libfaketime(),
+                "FAKETIME_TIMESTAMP_FILE": str(workdir / "faketime"),
+                "FAKETIME_NO_CACHE": "1",
+                "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            }
+
+    def set_clock(self, offset_s: int) -> None:
+        """Step the node's wall clock to `offset_s` seconds from the true time."""
+        tmp = self.workdir / "faketime.new"
+        tmp.write_text(f"{offset_s:+d}\n")
+        tmp.replace(self.workdir / "faketime")
 
     def start(self, wait: float = 20.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -72,10 +99,12 @@ class Node:
                 + f'\ndir "{self.workdir}"\nport {self.port}\nbind {self.host}\nlogfile log.txt\n'
                 + self.conf_extra
             )
+        if self.env is not None and not (self.workdir / "faketime").exists():
+            self.set_clock(0)
         err = open(self.workdir / "stderr.txt", "ab")
         self.proc = subprocess.Popen(
             [*self.prefix, sys.executable, "-m", "disque", str(conf)],
-            stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+            stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=self.env,
         )  # fmt: skip
         err.close()
         self.paused = False

@@ -16,7 +16,7 @@ from disque import checker_stats  # noqa: E402
 
 COLORS = {
     "halves": "#f4a582", "majority": "#92c5de", "bridge": "#c2a5cf", "kill": "#d6604d",
-    "pause": "#fddbc7", "netem": "#a6dba0", "admin": "#ffd92f",
+    "pause": "#fddbc7", "netem": "#a6dba0", "admin": "#ffd92f", "clock": "#bababa",
 }  # fmt: skip
 OP_COLORS = {"enqueue": "#2166ac", "dequeue": "#1b7837", "ack": "#b2182b", "fastack": "#e08214", "scan": "#666666"}
 

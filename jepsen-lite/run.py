@@ -30,7 +30,8 @@ from cluster import Conn, Node, call_once, join, wait_mesh  # noqa: E402
 from disque import checker_stats  # noqa: E402
 from disque.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, OK, SCAN, History, check  # noqa: E402
 
-ALL_FAULTS = ("halves", "majority", "bridge", "kill", "pause", "netem", "admin")
+ALL_FAULTS = ("halves", "majority", "bridge", "kill", "pause", "netem", "admin", "clock")
+CLOCK_STEPS = (-3600, -60, 60, 600)  # seconds a node's wall clock is stepped by (the clock fault)
 QUEUE = "jepsen"
 TTLS = (20, 300, 300, 300)  # seconds, drawn per job
 
@@ -65,6 +66,8 @@ def schedule(rng: random.Random, faults: list[str], n: int, duration: float, fau
             step["groups"] = [sorted(nodes[: half + 1]), sorted([nodes[0], *nodes[half + 1 :]])]
         elif fault in ("kill", "pause"):
             step["node"] = nodes[0]
+        elif fault == "clock":
+            step.update(node=nodes[0], offset_s=rng.choice(CLOCK_STEPS))
         elif fault == "netem":
             step.update(nodes=sorted(nodes[: max(2, n // 2)]), loss=10, delay_ms=50, jitter_ms=25)
         elif fault == "admin":
@@ -276,7 +279,7 @@ def start_cluster(args: argparse.Namespace, net: Any, workdir: Path) -> list[Nod
     nodes = []
     for i in range(args.nodes):
         port = args.port if net.mode == "netns" else free_port()
-        nodes.append(Node(i, net.hosts[i], port, workdir / f"n{i}", net.prefix(i), conf))
+        nodes.append(Node(i, net.hosts[i], port, workdir / f"n{i}", net.prefix(i), conf, "clock" in chosen_faults(args)))
     for node in nodes:
         node.start()
     if net.mode == "proxy":
@@ -300,13 +303,19 @@ def apply(step: dict[str, Any], net: Any, nodes: list[Node], on: bool, wl: Workl
     elif fault == "pause":
         node = nodes[step["node"]]
         node.pause() if on else node.resume()
+    elif fault == "clock":
+        nodes[step["node"]].set_clock(step["offset_s"] if on else 0)
     elif fault == "admin":
         admin.Admin(net, nodes, wl, wl.args.node_timeout_ms).apply(step, on)
 
 
+def chosen_faults(args: argparse.Namespace) -> tuple[str, ...]:
+    return ALL_FAULTS if args.faults == "all" else tuple(f for f in args.faults.split(",") if f and f != "none")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
-    faults = ALL_FAULTS if args.faults == "all" else tuple(f for f in args.faults.split(",") if f and f != "none")
+    faults = chosen_faults(args)
     for f in faults:
         if f not in ALL_FAULTS:
             raise SystemExit(f"unknown fault {f!r} (choose from {', '.join(ALL_FAULTS)}, all, none)")

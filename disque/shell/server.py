@@ -39,26 +39,13 @@ from disque.protocols.resp.front import RESP
 from disque.protocols.resp.encoder import encode_error
 from disque.shell.security import DENIED, Security, announced_port, protected_mode_refuses
 from disque.shell.aof_file import AofFile
+from disque.shell.clock import NodeClock
 from disque.version import Revision, revision
 from disque.shell.tcp import READ_SIZE, TcpClients, format_addr
 
 log = logging.getLogger("disque")
 
 TLS_HANDSHAKE_TIMEOUT = 10.0  # seconds a new TLS client has to complete its handshake
-
-
-class RealClock:
-    @staticmethod
-    def now_ms() -> int:
-        return time.time_ns() // 1_000_000
-
-    @staticmethod
-    def now_us() -> int:
-        return time.perf_counter_ns() // 1000
-
-    @staticmethod
-    def wall_us() -> int:
-        return time.time_ns() // 1000
 
 
 class TlsConn(Conn):
@@ -91,7 +78,7 @@ def _peer(stream: trio.SocketStream, local: bool = False) -> str:
 class Server:
     def __init__(self, config: cfg.Config) -> None:
         self.config = config
-        self.clock = RealClock()
+        self.clock = NodeClock()
         rng = random.Random()
         self.security = Security(config)  # SecurityError: the node cannot start
         # nodes.conf is locked and loaded before anything else (cluster.md §12.1)
@@ -315,7 +302,7 @@ class Server:
             "used_cpu_user": times.user,
             "used_cpu_sys_children": times.children_system,
             "used_cpu_user_children": times.children_user,
-            "security": self.security.info_fields(self.bus.auth_links()),
+            "security": self.security.info_fields(self.bus.auth_links()) + [("auth_failures", self.core.stats.auth_failures)],
             **self.sessions.info_fields(),
         }
 

@@ -16,9 +16,9 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
     """Start nodes; every node started is stopped (by PID) at teardown."""
     started: list[NodeProcess] = []
 
-    def start(*extra: str) -> NodeProcess:
+    def start(*extra: str, env: dict[str, str] | None = None) -> NodeProcess:
         port = free_port()
-        node = NodeProcess(port, tmp_path / f"node-{port}", *extra)
+        node = NodeProcess(port, tmp_path / f"node-{port}", *extra, env=env)
         started.append(node)
         return node.start()
 

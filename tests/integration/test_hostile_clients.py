@@ -110,6 +110,6 @@ def test_password_guessing_is_slowed_counted_and_logged(spawn: Callable[..., Nod
     assert got == b"-ERR invalid password\r\n" * 7
     assert elapsed >= 1.5, f"seven wrong passwords answered in {elapsed:.2f} s"
     r = redis.Redis(port=node.port, password="secret")
-    assert r.info("stats")["acl_access_denied_auth"] == 7
+    assert r.info("security")["auth_failures"] == 7
     r.close()
     assert "Failed AUTH from 127.0.0.1" in node.log_path.read_text()

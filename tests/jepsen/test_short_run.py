@@ -1,6 +1,6 @@
 """The short jepsen-lite run (`make jepsen`): a 5-node cluster of real
-processes, random-halves, majority/minority and bridge partitions plus one
-kill -9 and restart, under a mixed at-least-once/at-most-once workload.
+processes, random-halves, majority/minority and bridge partitions, one
+kill -9 and restart and one step of a node's wall clock, under a mixed at-least-once/at-most-once workload.
 
 The run must be valid: no acknowledged job lost, nothing unexpected, no
 at-most-once job delivered twice, nothing delivered after its TTL, and every
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SHORT = ["--faults", "halves,majority,bridge,kill", "--duration", "48", "--fault-s", "8", "--gap-s", "4", "--seed", "1"]
+SHORT = ["--faults", "halves,majority,bridge,kill,clock", "--duration", "60", "--fault-s", "8", "--gap-s", "4", "--seed", "1"]
 
 
 @pytest.mark.slow
@@ -27,7 +27,7 @@ def test_short_run_loses_nothing(tmp_path: Path) -> None:
     output = done.stdout + done.stderr
     results = json.loads((tmp_path / "latest" / "results.json").read_text())
     assert results["mode"] in ("netns", "proxy"), output
-    assert sorted(f["fault"] for f in results["faults"]) == ["bridge", "halves", "kill", "majority"], output
+    assert sorted(f["fault"] for f in results["faults"]) == ["bridge", "clock", "halves", "kill", "majority"], output
     assert results["enqueued"] > 100, output
     assert results["checker"]["at_most_once_duplicated"] == 0, output
     assert (results["lost"], results["unexpected"]) == (0, 0), output

@@ -105,7 +105,6 @@ def _section_stats(node: NodeCore, proc: dict[str, Any]) -> list[tuple[str, Any]
         ("instantaneous_input_kbps", f"{proc.get('input_kbps', 0.0):.2f}"),
         ("instantaneous_output_kbps", f"{proc.get('output_kbps', 0.0):.2f}"),
         ("rejected_connections", proc.get("rejected", 0)),
-        ("acl_access_denied_auth", s.auth_failures),
         ("latest_fork_usec", 0),
     ]
 
