@@ -100,6 +100,7 @@ class Admin:
                 self.wipe(i, op, lambda: self.kill_without_aof(i))
         elif op in ("reset-soft", "reset-hard", "forget"):
             self.call(i, "CLUSTER", "MEET", *self.bus_address(peer))
+            self.call(peer, "CLUSTER", "MEET", *self.bus_address(i))  # the peer may have forgotten it (protected bus)
         elif op == "leaving":
             self.call(i, "CLUSTER", "LEAVING", "no")
         elif op == "node-timeout":

@@ -155,10 +155,12 @@ class Node:
 
 
 def join(nodes: list[Node], timeout: float = 30.0) -> None:
-    """MEET everyone with node 0, then wait until each node reaches all others."""
+    """MEET everyone with node 0, both ways (bus protected mode admits only
+    nodes a node knows), then wait until each node reaches all others."""
     first = nodes[0]
     for node in nodes[1:]:
         call_once(node.host, node.port, "CLUSTER", "MEET", first.host, first.port)
+        call_once(first.host, first.port, "CLUSTER", "MEET", node.host, node.port)
     wait_mesh(nodes, timeout)
 
 

@@ -522,6 +522,7 @@ DIRECTIVES: dict[str, Directive] = {
         _string("cluster-secret-file", settable=True),
         _string("cluster-secret-previous", settable=True),
         _yes_no("protected-mode", True),
+        _yes_no("cluster-protected-mode", True),
         _integer("tls-port", 0, "Invalid tls-port", low=0, high=65535),
         _integer("metrics-port", 0, "Invalid metrics-port", low=0, high=65535),
         _string("tls-cert-file", settable=True),
@@ -536,7 +537,7 @@ DIRECTIVES: dict[str, Directive] = {
 
 _PROJECT_ORDER = """
     cluster-secret cluster-secret-file cluster-secret-previous protected-mode
-    tls-port tls-cert-file tls-key-file tls-ca-cert-file tls-auth-clients
+    cluster-protected-mode tls-port tls-cert-file tls-key-file tls-ca-cert-file tls-auth-clients
     tls-cluster tls-protocols tls-ciphers metrics-port
 """.split()
 _HIDDEN_FROM_GET = {"cluster-secret", "cluster-secret-previous"}

@@ -14,6 +14,15 @@ and at most 10 cron ticks (100 ms .. 1 s), reset by a successful connect.
 Incoming connections are only read from, except for the answers the core
 sends back on them (`Answer`, e.g. PONG to PING/MEET).  Each gets an int id
 passed to `core.handle_bus(conn=)` with the peer and local IPs of the socket.
+An incoming connection is *unidentified* until it has sent one valid frame
+(a node's first frame is its PING or MEET): it must do so within
+IDENTIFY_TIMEOUT, its first frame may not declare more than
+FIRST_FRAME_MAX bytes, and at most UNIDENTIFIED_MAX such connections are
+open at once; others are closed (logged, rate-limited, and counted).
+Without a cluster secret or bus TLS, *bus protected mode*
+(`cluster-protected-mode yes`, the default) also refuses connections from
+addresses that are neither loopback nor those of nodes the core knows or
+was told to MEET (`core.bus_links()`).
 
 Every connection, either way, is a `_Peer`: a stream, a queue of encoded
 frames and a writer task, so a slow peer only ever delays itself.  Frames are
@@ -58,6 +67,7 @@ import trio
 from disque.cluster.auth import AuthError, AuthLink
 from disque.cluster.codec import MAX_FRAME, FrameDecoder, FrameError, decode_body, encode_body, encode_frame
 from disque.cluster.messages import Header, Message
+from disque.shell.security import bus_protected_mode_refuses
 
 log = logging.getLogger("disque")
 
@@ -72,13 +82,16 @@ READ_SIZE = 64 * 1024
 LOG_INTERVAL = 1.0  # seconds between two logged link errors
 HANDSHAKE_TIMEOUT = 3.0  # seconds for the TLS and secret handshakes of a new connection
 WILDCARDS = ("0.0.0.0", "::")
+IDENTIFY_TIMEOUT = 5.0  # seconds an incoming connection has to send its first valid frame
+FIRST_FRAME_MAX = 64 * 1024  # largest first frame (a PING or MEET is a few KB)
+UNIDENTIFIED_MAX = 128  # incoming connections open at once that have not sent a valid frame
 ABORT_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets
 
 
 class _Peer:
     """One bus connection: its stream, its queue of frames, its cancel scope."""
 
-    __slots__ = ("addr", "label", "stream", "out", "queued", "wake", "scope", "closed", "ready", "auth")
+    __slots__ = ("addr", "label", "stream", "out", "queued", "wake", "scope", "closed", "ready", "auth", "identified")
 
     def __init__(self, addr: tuple[str, int], label: str, stream: trio.abc.Stream | None = None) -> None:
         self.addr = addr
@@ -91,6 +104,7 @@ class _Peer:
         self.wake = trio.Event()
         self.scope = trio.CancelScope()
         self.closed = False
+        self.identified = True  # incoming connections: False until their first valid frame
 
     def close(self) -> None:
         self.closed = True
@@ -189,6 +203,7 @@ class Bus:
         self._retry: dict[int, _Retry] = {}
         self._tick = 0
         self._next_conn = 0
+        self.unidentified = 0  # incoming connections open without a valid frame yet
         self._nursery: trio.Nursery | None = None
         self._log_at = float("-inf")
         self._log_skipped = 0
@@ -309,19 +324,47 @@ class Bus:
             peer_addr, local_addr = stream.socket.getpeername(), stream.socket.getsockname()
         except OSError:
             return  # reset before we looked at it
+        label = f"bus connection from {_hostport(*peer_addr[:2])}"
+        peer_ip = _host(peer_addr)
+        sec = self.security
+        if self.unidentified >= UNIDENTIFIED_MAX:
+            self._refuse(stream, "cluster_unidentified_closed", "Refusing %s: %d connections have not identified yet", label, self.unidentified)
+            return
+        if sec is not None and bus_protected_mode_refuses(sec.config, sec.keyring is not None or sec.bus_tls, peer_ip, self._known_ips):
+            self._refuse(stream, "cluster_protected_mode_refused",
+                         "Refusing %s: not a known node, and the bus has no cluster-secret (cluster-protected-mode)", label)  # fmt: skip
+            return
         self._next_conn += 1
         conn = self._next_conn
-        peer = _Peer(peer_addr[:2], f"bus connection from {_hostport(*peer_addr[:2])}", stream)
+        peer = _Peer(peer_addr[:2], label, stream)
+        peer.identified = False
+        self.unidentified += 1
         self.conns[conn] = peer
-        deliver = partial(self.core.handle_bus, conn=conn, peer_ip=_host(peer_addr), local_ip=_host(local_addr))
+        deliver = partial(self.core.handle_bus, conn=conn, peer_ip=peer_ip, local_ip=_host(local_addr))
         try:
             with peer.scope:
                 if await self._secure(peer, initiator=False):
                     peer.ready = True
                     await self._session(peer, deliver)
         finally:
+            if not peer.identified:
+                self.unidentified -= 1
             del self.conns[conn]
             _reset_on_close(stream)  # serve_listeners closes it
+
+    def _known_ips(self) -> set[str]:
+        return {ip for ip, _ in self.core.bus_links().values()}
+
+    def _refuse(self, stream: trio.SocketStream, counter: str, fmt: str, *args: Any) -> None:
+        self._count(counter, fmt, *args)
+        _reset_on_close(stream)
+
+    def _count(self, counter: str, fmt: str, *args: Any) -> None:
+        """Count a refused or closed connection (INFO security) and log it."""
+        if self.security is not None:
+            stats = self.security.stats
+            setattr(stats, counter, getattr(stats, counter) + 1)
+        self._warn(fmt, *args)
 
     # ------------------------------------------------------------ both directions
 
@@ -391,15 +434,26 @@ class Bus:
 
     async def _read_loop(self, peer: _Peer, deliver: Callable[[Header, Message], None]) -> None:
         assert peer.stream is not None
-        decoder = _AuthDecoder(peer.auth) if peer.auth is not None else FrameDecoder(self.max_frame)
+        plain = FrameDecoder(self.max_frame if peer.identified else min(self.max_frame, FIRST_FRAME_MAX))
+        decoder = _AuthDecoder(peer.auth) if peer.auth is not None else plain
+        # An unidentified connection has IDENTIFY_TIMEOUT to send a valid frame.
+        unidentified = trio.CancelScope(deadline=trio.current_time() + IDENTIFY_TIMEOUT if not peer.identified else float("inf"))
         try:
-            while data := await peer.stream.receive_some(READ_SIZE):
-                decoder.feed(data)
-                try:  # every frame of the read, then their effects at once
-                    while not peer.closed and (frame := decoder.next_frame()) is not None:
-                        deliver(*frame)
-                finally:
-                    self.drain()
+            with unidentified:
+                while data := await peer.stream.receive_some(READ_SIZE):
+                    decoder.feed(data)
+                    try:  # every frame of the read, then their effects at once
+                        while not peer.closed and (frame := decoder.next_frame()) is not None:
+                            if not peer.identified:
+                                peer.identified = True
+                                self.unidentified -= 1
+                                plain.max_frame = self.max_frame
+                                unidentified.deadline = float("inf")
+                            deliver(*frame)
+                    finally:
+                        self.drain()
+            if unidentified.cancelled_caught:
+                self._count("cluster_unidentified_closed", "Closing %s: no valid frame within %.0f s", peer.label, IDENTIFY_TIMEOUT)
         except FrameError as e:
             self._warn("Closing %s: %s", peer.label, e.reason)
         except AuthError as e:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -72,6 +72,14 @@ def is_loopback(ip: str) -> bool:
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped
     return addr.is_loopback
+
+
+def bus_protected_mode_refuses(config: Any, secured: bool, peer_ip: str, known: Callable[[], Container[str]]) -> bool:
+    """`cluster-protected-mode yes` (the default): on a bus that is neither
+    authenticated (cluster secret) nor TLS, accept connections only from
+    loopback and from the addresses of nodes this node knows or was told
+    to MEET (`known`: computed only when needed)."""
+    return bool(config.cluster_protected_mode) and not secured and not is_loopback(peer_ip) and peer_ip not in known()
 
 
 def protected_mode_refuses(protected_mode: bool, requirepass: str | None, peer_ip: str) -> bool:
@@ -155,6 +163,8 @@ class SecurityStats:
     tls_client_handshake_failures: int = 0
     tls_cluster_handshake_failures: int = 0
     protected_mode_refused_clients: int = 0
+    cluster_protected_mode_refused: int = 0  # bus connections from unknown addresses, no secret
+    cluster_unidentified_closed: int = 0  # bus connections closed before a valid frame (late, or over the cap)
     output_limit_closed_clients: int = 0
 
     def reset(self) -> None:

@@ -515,7 +515,7 @@ def test_config_get_all_in_upstream_order():
     ).split()
     assert names[: len(spec)] == spec
     assert names[len(spec) :] == (
-        "cluster-secret-file protected-mode tls-port tls-cert-file tls-key-file "
+        "cluster-secret-file protected-mode cluster-protected-mode tls-port tls-cert-file tls-key-file "
         "tls-ca-cert-file tls-auth-clients tls-cluster tls-protocols tls-ciphers metrics-port"
     ).split()
     hidden = {"appendfilename", "cluster-config-file", "syslog-enabled", "syslog-ident"}

@@ -17,8 +17,6 @@ over a veth pair between two network namespaces made by the test).
 from __future__ import annotations
 
 import os
-import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -39,9 +37,10 @@ from disque.client import AsyncClient, Client, DisqueConnectionError, DisqueRepl
 from disque.cluster.auth import AuthLink, Keyring, Secret
 from disque.cluster.codec import encode_body, encode_frame, job_to_wire
 from disque.cluster.messages import DelJob, Header, Ping, ReplJob
-from disque.devcluster import DEFAULT_CONF, NodeProcess, command, free_port, join
+from disque.devcluster import NodeProcess, command, free_port, join
 from disque.store.job import Job, State
 from integration.rawsock import rss
+from integration.netns import ADDRS, namespace_pair
 
 HOST = "127.0.0.1"
 SECRET = "the cluster secret of the security tests"
@@ -527,62 +526,88 @@ def test_a_tls_cluster_replicates_jobs(nodes: Nodes, certs: dict[str, str]) -> N
 
 
 # --------------------------------------------------------------------------
+# A bus without a secret: protected mode, unidentified connections
+
+PEEK = """
+import socket
+s = socket.create_connection(("{host}", {port}), timeout=5)
+try:
+    s.sendall(b"\\0\\0\\0\\5hello")
+    print(repr(s.recv(100)))
+except ConnectionResetError:
+    print("reset")
+"""
+
+
+def test_bus_protected_mode_admits_only_known_nodes_without_a_secret(tmp_path: Path) -> None:
+    """Without a cluster secret the bus refuses a connection from an address
+    that is neither loopback nor a node it knows: a stranger's frames and a
+    one-sided MEET are refused; a MEET from the cluster's side lets the node
+    in, and the stranger's connections are then accepted."""
+    with namespace_pair() as pair:
+        pair.start_node(0, tmp_path / "a")
+        pair.start_node(1, tmp_path / "b")
+        for side in (0, 1):
+            wait_for(lambda: pair.ask(side, "127.0.0.1", "PING").startswith(b"+PONG"), timeout=20, what="the nodes to start")
+        assert pair.run(1, PEEK.format(host=ADDRS[0], port=7711 + BUS)).strip() in ("b''", "reset")
+        assert pair.ask(1, "127.0.0.1", "CLUSTER", "MEET", ADDRS[0], "7711") == b"+OK\r\n"
+        refused = lambda: int(dict(  # noqa: E731
+            line.split(":", 1) for line in pair.ask(0, "127.0.0.1", "INFO", "security").decode().splitlines() if ":" in line
+        )["cluster_protected_mode_refused"])
+        wait_for(lambda: refused() >= 2, what="the one-sided MEET to be refused")
+        nodes_text = pair.ask(0, "127.0.0.1", "CLUSTER", "NODES").split(b"\r\n")[1]
+        assert len(nodes_text.splitlines()) == 1, nodes_text  # itself only: no handshake entry for the stranger
+        assert b"not a known node" in (tmp_path / "a" / "log.txt").read_bytes()
+        assert pair.ask(0, "127.0.0.1", "CLUSTER", "MEET", ADDRS[1], "7711") == b"+OK\r\n"
+        for side in (0, 1):
+            wait_for(lambda: b"cluster_reachable_nodes:1" in pair.ask(side, "127.0.0.1", "CLUSTER", "INFO"), what="the two nodes to join")
+
+
+def test_bus_connections_that_do_not_identify_are_closed(nodes: Nodes) -> None:
+    """A bus connection must send a valid frame within 5 s, may not announce a
+    first frame over 64 KB, and at most 128 may be waiting to do so: idle or
+    greedy connections cannot hold the node's memory or slow its clients."""
+    node = nodes.one()
+    bus = node.port + BUS
+    # A first frame announcing 64 MB is refused at its length prefix.
+    greedy = []
+    for _ in range(10):
+        s = socket.create_connection((HOST, bus), timeout=5)
+        s.sendall((64 << 20).to_bytes(4, "big") + b"x" * (1 << 16))
+        greedy.append(s)
+    assert all(drain_until_closed(s, 5) == 0 for s in greedy)
+    # 200 idle connections: those past 128 are refused at once ...
+    connected = time.monotonic()
+    idle = [socket.create_connection((HOST, bus), timeout=10) for _ in range(200)]
+    wait_for(lambda: counter(node, "cluster_unidentified_closed") >= 72, what="connections past the cap to be refused")
+    started = time.monotonic()
+    assert call(node, "PING") == b"PONG"
+    assert time.monotonic() - started < 0.5
+    # ... and the others closed 5 s after they connected.
+    assert drain_until_closed(idle[0], 10) == 0
+    assert 4.5 <= time.monotonic() - connected < 8.0
+    wait_for(lambda: counter(node, "cluster_unidentified_closed") >= 200, what="every idle connection to be closed")
+    for s in idle + greedy:
+        s.close()
+    # A real node still joins.
+    other = nodes.one()
+    join([node, other])
+
+
+# --------------------------------------------------------------------------
 # Clients: protected mode, idle timeout, output limits
 
-ASK = "import sys; from disque.devcluster import command; sys.stdout.buffer.write(command(sys.argv[1], int(sys.argv[2]), *sys.argv[3:]))"
-
-
 def test_protected_mode_refuses_a_client_from_another_network_namespace(tmp_path: Path) -> None:
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("network namespaces need root and iproute2")
-    tag = str(os.getpid() % 100000)
-    srv_ns, cli_ns, srv_if, cli_if = f"dqsec-s{tag}", f"dqsec-c{tag}", f"dqs{tag}", f"dqc{tag}"
-    setup = [
-        ["ip", "netns", "add", srv_ns],
-        ["ip", "netns", "add", cli_ns],
-        ["ip", "link", "add", srv_if, "type", "veth", "peer", "name", cli_if],
-        ["ip", "link", "set", srv_if, "netns", srv_ns],
-        ["ip", "link", "set", cli_if, "netns", cli_ns],
-        ["ip", "-n", srv_ns, "addr", "add", "10.213.0.1/30", "dev", srv_if],
-        ["ip", "-n", cli_ns, "addr", "add", "10.213.0.2/30", "dev", cli_if],
-        *(["ip", "-n", ns, "link", "set", dev, "up"] for ns, dev in ((srv_ns, srv_if), (cli_ns, cli_if), (srv_ns, "lo"), (cli_ns, "lo"))),
-    ]  # fmt: skip
-    proc: subprocess.Popen[bytes] | None = None
-    try:
-        for argv in setup:
-            done = subprocess.run(argv, capture_output=True, text=True)
-            if done.returncode:
-                pytest.skip(f"cannot build the network namespaces ({' '.join(argv)}: {done.stderr.strip()})")
-        port = 7711  # the namespaces are new: every port is free
-        conf = tmp_path / "disque.conf"
-        conf.write_text(DEFAULT_CONF.read_text() + f"\nport {port}\nlogfile log.txt\n")  # no bind: every address
-        proc = subprocess.Popen(["ip", "netns", "exec", srv_ns, sys.executable, "-m", "disque", str(conf), "--dir", str(tmp_path)],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                cwd=tmp_path)  # fmt: skip
-
-        def ask(ns: str, host: str, *args: str) -> bytes:
-            done = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", ASK, host, str(port), *args],
-                                  capture_output=True, timeout=20)  # fmt: skip
-            return done.stdout
-
-        wait_for(lambda: ask(srv_ns, "127.0.0.1", "PING").startswith(b"+PONG"), timeout=20, what="the node to start")
-        denied = ask(cli_ns, "10.213.0.1", "PING")
+    with namespace_pair() as pair:
+        pair.start_node(0, tmp_path)
+        wait_for(lambda: pair.ask(0, "127.0.0.1", "PING").startswith(b"+PONG"), timeout=20, what="the node to start")
+        denied = pair.ask(1, ADDRS[0], "PING")
         assert denied.startswith(b"-DENIED Disque is running in protected mode") and denied.endswith(b"\r\n")
-        assert b"protected_mode_refused_clients:1" in ask(srv_ns, "127.0.0.1", "INFO", "security")
+        assert b"protected_mode_refused_clients:1" in pair.ask(0, "127.0.0.1", "INFO", "security")
         # A password lifts it (the client must then authenticate); so does protected-mode no.
-        assert ask(srv_ns, "127.0.0.1", "CONFIG", "SET", "requirepass", "pw") == b"+OK\r\n"
-        assert ask(cli_ns, "10.213.0.1", "PING").startswith(b"-NOAUTH")
-        assert ask(srv_ns, "127.0.0.1", "AUTH", "pw") == b"+OK\r\n"
-    finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for ns in (srv_ns, cli_ns):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        assert pair.ask(0, "127.0.0.1", "CONFIG", "SET", "requirepass", "pw") == b"+OK\r\n"
+        assert pair.ask(1, ADDRS[0], "PING").startswith(b"-NOAUTH")
+        assert pair.ask(0, "127.0.0.1", "AUTH", "pw") == b"+OK\r\n"
 
 
 def test_idle_clients_are_closed_after_timeout(nodes: Nodes) -> None:
