@@ -79,9 +79,12 @@ log = logging.getLogger("disque")
 S_WAIT_REPL, S_ACTIVE, S_QUEUED, S_ACKED = State.WAIT_REPL, State.ACTIVE, State.QUEUED, State.ACKED
 
 # Memory estimate (cluster.md §11): the dataset size, not the process RSS.
-BASE_MEMORY = 800_000  # an idle node, as upstream reports it
-JOB_OVERHEAD = 160  # per job record, on top of id + queue + body bytes
-QUEUE_OVERHEAD = 400  # per queue object, on top of its name
+# Memory accounting: what objects really cost in CPython, measured with
+# tracemalloc (tests/core/test_memory_accounting.py keeps these honest), so
+# that `maxmemory` bounds the process's RSS and not a fiction.
+BASE_MEMORY = 800_000  # an idle node until the shell measures the real one (`set_base_memory`)
+JOB_OVERHEAD = 424  # per job (record, index entries, timers, copies of its strings) on top of id + queue + body bytes
+QUEUE_OVERHEAD = 1030  # per queue object and its index entries, on top of its name
 
 WILLQUEUE_LEAD = 500
 GC_MAX_DELAY = 180_000
@@ -137,6 +140,7 @@ class NodeCore:
         self.effects: list[Any] = []
         self.stats = Stats()
         self.last_ctime = 0
+        self.base_memory = BASE_MEMORY
         self.used_memory = BASE_MEMORY
         self.peak_memory = BASE_MEMORY
         self.loading = False
@@ -345,6 +349,12 @@ class NodeCore:
         if used > limit // 100 * 95:
             return 2
         return 1 if used > limit // 100 * 75 else 0
+
+    def set_base_memory(self, size: int) -> None:
+        """The memory of the idle process, measured by the shell at start:
+        `used_memory` counts it, so that `maxmemory` bounds the whole RSS."""
+        self._account(size - self.base_memory)
+        self.base_memory = size
 
     def _account(self, delta: int) -> None:
         self.used_memory += delta

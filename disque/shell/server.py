@@ -48,6 +48,15 @@ log = logging.getLogger("disque")
 TLS_HANDSHAKE_TIMEOUT = 10.0  # seconds a new TLS client has to complete its handshake
 
 
+def rss_bytes() -> int:
+    """The resident set size of this process (0 where /proc is missing)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
 class TlsConn(Conn):
     """A tls-port client: a trio stream and a task of its own."""
 
@@ -90,6 +99,11 @@ class Server:
             log.info("Node configuration loaded, I'm %s", membership.my_id)
         node_id = membership.my_id if membership else secrets.token_hex(20)
         self.core = NodeCore(config, node_id, clock=self.clock, rng=rng, host=self, membership=membership)
+        # used_memory counts the idle process, so that maxmemory bounds the RSS (docs/running.md).
+        self.core.set_base_memory(rss_bytes() or self.core.base_memory)
+        if config.maxmemory and self.core.used_memory > config.maxmemory // 100 * 75:
+            log.warning("maxmemory %d is close to or below the memory of the idle node (%d): jobs get little room",
+                        config.maxmemory, self.core.used_memory)  # fmt: skip
         if membership is None:
             self.save_cluster_config(fsync=True)
             log.info("No cluster configuration found, I'm %s", node_id)
@@ -283,11 +297,7 @@ class Server:
 
     def process_info(self) -> dict[str, Any]:
         times = os.times()
-        try:
-            with open("/proc/self/statm", "rb") as f:
-                rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except OSError:
-            rss = 0
+        rss = rss_bytes()
         uname = os.uname()
         rev = revision() or Revision("00000000", False)
         return {

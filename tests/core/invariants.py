@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine
 
 from disque.protocols.resp import admin
-from disque.core.node import BASE_MEMORY, QUEUE_OVERHEAD, NodeCore
+from disque.core.node import QUEUE_OVERHEAD, NodeCore
 from disque.store.job import DELIVERED, IN_LIST, State
 
 
@@ -90,7 +90,7 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
         assert client.waiter is None or core.blocked.get(client.id) is client.waiter
 
     # -- memory estimate and INFO ------------------------------------------
-    expected = BASE_MEMORY + sum(core.job_size(j) for j in jobs.values())
+    expected = core.base_memory + sum(core.job_size(j) for j in jobs.values())
     expected += sum(QUEUE_OVERHEAD + len(q.name) for q in core.queues.values())
     assert core.used_memory == expected, (core.used_memory, expected)
     assert core.peak_memory >= core.used_memory

@@ -17,7 +17,7 @@ from disque.protocols.resp.table import COMMANDS
 from disque.core.effects import AofAppend
 from disque.core.errors import DisqueError
 from disque.core.types import BLOCKED, NIL_ARRAY, SILENT, Status
-from disque.core.node import BASE_MEMORY, BLOCKED_CRON_MS
+from disque.core.node import BASE_MEMORY, BLOCKED_CRON_MS, QUEUE_OVERHEAD
 from disque.store.job import ABORT, ACK, ADOPT, AWAIT_REPL, DEQUEUE, ENQUEUE, FETCH, IN_LIST, REPLICATED, TRANSITIONS, Job, State
 from disque.store.jobs import MAX_JOBS_PER_PASS, JobStore
 from disque.store.queue import Queue
@@ -469,7 +469,7 @@ def test_peak_memory_tracks_the_maximum(env):
     job_id = env.add("q", "x" * 1000)
     peak = env.core.peak_memory
     env.s("DELJOB", job_id)
-    assert env.core.peak_memory == peak > env.core.used_memory == BASE_MEMORY + 400 + 1
+    assert env.core.peak_memory == peak > env.core.used_memory == BASE_MEMORY + QUEUE_OVERHEAD + 1
 
 
 # ---------------------------------------------------------------- AOF records

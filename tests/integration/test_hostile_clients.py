@@ -113,3 +113,26 @@ def test_password_guessing_is_slowed_counted_and_logged(spawn: Callable[..., Nod
     assert r.info("security")["auth_failures"] == 7
     r.close()
     assert "Failed AUTH from 127.0.0.1" in node.log_path.read_text()
+
+
+def test_maxmemory_bounds_the_process(spawn: Callable[..., NodeProcess]) -> None:
+    """Pipelined ADDJOBs until the node refuses them: its RSS stays under
+    maxmemory and within 15 % of the used_memory it reports."""
+    node = spawn("--maxmemory", "96mb")
+    r = redis.Redis(port=node.port)
+    accepted, refusal = 0, None
+    while refusal is None:
+        pipe = r.pipeline(transaction=False)
+        for i in range(1000):
+            pipe.execute_command("ADDJOB", "qt", b"%016d" % (accepted + i), 0, "RETRY", 300)
+        for reply in pipe.execute(raise_on_error=False):
+            if isinstance(reply, Exception):
+                refusal = str(reply)
+                break
+            accepted += 1
+    memory = r.info("memory")
+    r.close()
+    assert "out of memory" in refusal and accepted > 20_000
+    assert memory["used_memory_rss"] <= 96 << 20, memory
+    assert memory["used_memory_rss"] <= 1.15 * memory["used_memory"], memory
+    assert rss_kb(node.pid) * 1024 <= 96 << 20
