@@ -487,3 +487,23 @@ def test_a_job_that_waited_in_a_stalled_link_keeps_its_expiry() -> None:
     job = Job(GOOD_ID, b"q", b"b", nodes_delivered=(HEADER.sender,), etime=NOW + 20)
     copy = job_from_wire(job_to_wire(job, NOW_MS), NOW_MS + 8_000)
     assert copy.etime == NOW + 20
+
+
+announced = st.builds(lambda size, body: size.to_bytes(4, "big") + body, st.integers(0, 80_000), st.binary(max_size=2_000))
+
+
+@fuzz
+@given(st.lists(st.one_of(announced, st.binary(min_size=1, max_size=70_000)), min_size=1, max_size=12))
+def test_fuzz_an_unidentified_connection_cannot_make_the_decoder_hold_more_than_a_first_frame(reads: list[bytes]) -> None:
+    """The bus reads a connection that has sent no valid frame yet with a
+    64 KB frame limit: whatever it sends, the decoder holds at most one such
+    frame and one read before it yields a frame or refuses the stream."""
+    decoder = FrameDecoder(64 * 1024)
+    for data in reads:
+        decoder.feed(data)
+        try:
+            while decoder.next_frame() is not None:
+                pass
+        except (FrameError, DecodeError):
+            return
+        assert len(decoder._buf) <= 4 + 64 * 1024 + len(data)
