@@ -193,13 +193,19 @@ class _Field:
     key: str  # short key in the msgpack map
     check: _Check  # decoded value -> validated value
     dump: Callable[[Any], Any] = _same  # our value -> msgpack-ready value
+    default: Any = None  # not None: the field may be left out, and is when it has this value
 
 
 _Fields = tuple[_Field, ...]
 
 
 def _pack(fields: _Fields, get: Callable[[str], Any]) -> dict[str, Any]:
-    return {f.key: f.dump(get(f.name)) for f in fields}
+    out = {}
+    for f in fields:
+        value = get(f.name)
+        if f.default is None or value != f.default:
+            out[f.key] = f.dump(value)
+    return out
 
 
 def _load(fields: _Fields, m: Any, *, named: bool = False) -> dict[str, Any]:
@@ -210,6 +216,9 @@ def _load(fields: _Fields, m: Any, *, named: bool = False) -> dict[str, Any]:
     for f in fields:
         key = f.name if named else f.key
         if key not in m:
+            if f.default is not None:
+                out[f.name] = f.default
+                continue
             raise DecodeError(f"missing field {key!r}")
         try:
             out[f.name] = f.check(m[key])
@@ -376,7 +385,7 @@ _KINDS = (
     _Kind("REPLJOB", ReplJob, (_Field("job", "j", _wire_job, _dump_wire_job),), (("noreply", NOREPLY),)),
     _Kind("GOTJOB", GotJob, (_ID,)),
     _Kind("ENQUEUE", Enqueue, (_ID, _Field("delay", "d", _UINT))),
-    _Kind("QUEUED", Queued, (_ID,), (("incr_nacks", INCR_NACKS), ("incr_deliv", INCR_DELIV))),
+    _Kind("QUEUED", Queued, (_ID, _Field("delay", "d", _UINT, default=0)), (("incr_nacks", INCR_NACKS), ("incr_deliv", INCR_DELIV))),
     _Kind("WORKING", Working, (_ID,)),
     _Kind("WILLQUEUE", WillQueue, (_ID,)),
     _Kind("SETACK", SetAck, (_ID, _Field("mayhave", "h", _UINT))),

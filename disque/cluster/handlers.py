@@ -90,12 +90,13 @@ def _postpone(node: Node, sender: str, msg: Any, working: bool) -> None:
     if job.state == State.ACKED:
         node.send(sender, m.SetAck(job.id, len(job.nodes_delivered)))
         return
-    if job.state == State.QUEUED and (working or mixed(sender, job.id) > mixed(node.cluster.my_id, job.id)):
+    delay = 0 if working else msg.delay  # NACK DELAY: nobody queues it before then
+    if job.state == State.QUEUED and (working or delay or mixed(sender, job.id) > mixed(node.cluster.my_id, job.id)):
         node.dequeue(job)
     if job.retry:
         job.flags |= BCAST_WILLQUEUE
         if job.qtime:  # pragma: no branch - a job with RETRY > 0 always has a qtime
-            job.qtime = node.now + job.retry * 1000 + node.jitter()
+            job.qtime = node.now + (delay + job.retry) * 1000 + node.jitter()
     if not working:
         if msg.incr_nacks:
             job.nacks = min(job.nacks + 1, 0xFFFF)

@@ -97,6 +97,7 @@ class Queued:
     id: bytes
     incr_nacks: bool = False
     incr_deliv: bool = False
+    delay: int = 0  # NACK DELAY: seconds before any node may queue the job again
 
 
 @dataclass(frozen=True, slots=True)

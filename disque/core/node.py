@@ -61,6 +61,7 @@ from disque.store.job import (
     DEQUEUE,
     ENQUEUE,
     FETCH,
+    NACKED,
     Job,
     State,
 )
@@ -521,7 +522,10 @@ class NodeCore:
         if queue is None:
             queue = self._queue(job.queue)  # type: ignore[arg-type]
             job.queue = queue.name
-        if job.flags & BCAST_QUEUED or nack:
+        if job.flags & NACKED:  # the delayed requeue of a NACK ... DELAY, counted then
+            job.flags = (job.flags & ~NACKED) | BCAST_QUEUED
+            self.broadcast(job.nodes_delivered, m.Queued(job.id))
+        elif job.flags & BCAST_QUEUED or nack:
             self.broadcast(job.nodes_delivered, m.Queued(job.id, incr_nacks=nack, incr_deliv=not nack))
             if nack:
                 job.nacks = min(job.nacks + 1, 0xFFFF)
@@ -678,6 +682,22 @@ class NodeCore:
             raise errors.leaving()
         self.block(client, tuple(dict.fromkeys(names)), withcounters, timeout)
         return BLOCKED
+
+    def nack_later(self, job: Job, delay: int) -> bool:
+        """NACK ... DELAY (an extension, docs/commands.md): count the failed
+        delivery now, and queue the job again only once `delay` seconds have
+        passed: here at that time, on the other nodes that hold it no sooner
+        than their RETRY after it (the delay travels in QUEUED).  Refused as
+        NACK is: only active jobs, never an at-most-once job delivered once."""
+        if job.state != S_ACTIVE or not job.qtime or (job.retry == 0 and job.flags & DELIVERED):
+            return False
+        job.nacks = min(job.nacks + 1, 0xFFFF)
+        self._queue(job.queue).nacks += 1  # type: ignore[arg-type]  # (the job goes back to it)
+        job.flags |= NACKED | BCAST_WILLQUEUE  # the others are told 500 ms before, as for a RETRY requeue
+        job.qtime = self.now + delay * 1000
+        self.broadcast(job.nodes_delivered, m.Queued(job.id, incr_nacks=True, delay=delay))
+        self.reschedule(job)
+        return True
 
     def working(self, job: Job) -> int:
         """WORKING (commands.md §5.2): postpone the next requeue."""

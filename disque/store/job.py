@@ -33,6 +33,7 @@ BCAST_QUEUED = 1
 BCAST_WILLQUEUE = 2
 DELIVERED = 4
 IN_LIST = 8
+NACKED = 16  # NACK ... DELAY: the job's next enqueue here is that NACK's, not a redelivery (local, never sent)
 WIRE_FLAGS = BCAST_QUEUED | BCAST_WILLQUEUE | DELIVERED
 
 # Events that change a job's state.

@@ -507,3 +507,12 @@ def test_fuzz_an_unidentified_connection_cannot_make_the_decoder_hold_more_than_
         except (FrameError, DecodeError):
             return
         assert len(decoder._buf) <= 4 + 64 * 1024 + len(data)
+
+
+def test_queued_carries_a_nack_delay_and_reads_frames_without_one() -> None:
+    header = Header("a" * 40, 7711, 0)
+    job_id = new_job_id("a" * 40, random.Random(1), 60, 30)
+    assert decode_body(encode_body(header, Queued(job_id, incr_nacks=True, delay=30)))[1] == Queued(job_id, incr_nacks=True, delay=30)
+    plain = encode_body(header, Queued(job_id))
+    assert b"\xa1d" not in plain  # left out when 0, so older nodes read it unchanged
+    assert decode_body(plain)[1].delay == 0

@@ -197,7 +197,6 @@ def test_new_commands_syntax_async(backend: str, recorder: Recorder) -> None:
 # The new commands on a real node
 
 
-@pytest.mark.xfail(reason="server NACK DELAY pending", raises=DisqueReplyError)
 def test_nack_delay_holds_the_job_back(client: Client, queue: str) -> None:
     job_id = client.add_job(queue, "x", retry=60)
     client.get_job(queue)

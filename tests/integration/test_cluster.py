@@ -291,6 +291,24 @@ def test_requeue_when_the_queueing_node_dies(c5: Cluster) -> None:
     assert seen[taken][2] == b"taken" and seen[taken][6] >= 1  # additional-deliveries counted
 
 
+def test_nack_delay_holds_the_job_back_on_every_node(c5: Cluster) -> None:
+    """NACK ... DELAY 4 on the node that delivered a job with RETRY 1 and
+    three copies: for the delay no copy is queued anywhere (without the delay
+    in QUEUED, the replicas would requeue it after their RETRY), then it is
+    queued once, with one NACK counted everywhere."""
+    job = c5.addjob(0, "nd", "later", 5000, "REPLICATE", 3, "RETRY", 1)
+    assert ids_of(c5.call(0, "GETJOB", "NOHANG", "FROM", "nd")) == [job]
+    nacked = time.monotonic()
+    assert c5.call(0, "NACK", job, "DELAY", 4) == 1
+    holders = list(c5.holders(job))
+    while time.monotonic() - nacked < 3.5:
+        assert "queued" not in c5.holders(job, holders).values(), f"queued {time.monotonic() - nacked:.1f} s after NACK DELAY 4"
+        time.sleep(0.1)
+    c5.wait(lambda: list(c5.holders(job, holders).values()).count("queued") == 1, 5, "the job queued again after the delay")
+    assert time.monotonic() - nacked >= 3.9
+    assert all(c5.show(i, job)["nacks"] == 1 for i in holders)
+
+
 def test_jobs_replicated_n_times_survive_n_minus_1_crashes(c5: Cluster) -> None:
     rng = random.Random(3)
     three = {c5.addjob(rng.randrange(5), "surv", f"r3-{k}", 5000, "REPLICATE", 3, "RETRY", 1): f"r3-{k}" for k in range(10)}

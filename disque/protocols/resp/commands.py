@@ -165,6 +165,17 @@ def cmd_enqueue(node: NodeCore, client: Client, argv: list[bytes]) -> int:
 
 @command("nack", -1, "mwF")
 def cmd_nack(node: NodeCore, client: Client, argv: list[bytes]) -> int:
+    """NACK <id> ... [DELAY <seconds>] (DELAY: our extension, node.nack_later)."""
+    if len(argv) >= 3 and argv[-2].lower() == b"delay":
+        try:
+            delay = parse_int(argv[-1])
+        except ValueError:
+            raise err("DELAY time must be a non negative number") from None
+        if delay < 0:
+            raise err("DELAY time must be a non negative number")
+        if delay:
+            return _each_known(node, argv[:-2], lambda job: node.nack_later(job, delay))
+        argv = argv[:-2]
     return _each_known(node, argv, lambda job: job.state == State.ACTIVE and node.enqueue(job, nack=True))
 
 
