@@ -64,7 +64,9 @@ class Acks:
                 node.send(node_id, m.DelJob(job_id))
             return False
         node.broadcast(job.nodes_delivered, m.DelJob(job_id))
+        node.settle_waits(job_id, True)
         node.delete_job(job)
+        node.collected.remember(job_id, node.now)  # acknowledged: a late REPLJOB must not revive it
         return True
 
     def acknowledge(self, job: Job) -> None:
@@ -74,6 +76,7 @@ class Acks:
         node.dequeue(job)
         was_active = job.state == S_ACTIVE
         job.move(ACK)
+        node.settle_waits(job.id, True)
         job.nodes_confirmed = None
         if was_active:  # pragma: no branch - callers make a wait-repl job active first (achieved)
             node.aof_deljob(job.id)
@@ -138,5 +141,6 @@ class Acks:
         node = self.node
         job = node.jobs.get(msg.id)
         if job is not None:
+            node.settle_waits(msg.id, True)  # a FASTACK, or the end of a GC: acknowledged
             node.delete_job(job)
         node.collected.remember(msg.id, node.now)

@@ -137,6 +137,7 @@ class NodeCore:
         self.clients: dict[int, Client] = {}
         self.blocked: dict[int, Waiter] = {}
         self.repl_waiters: dict[bytes, Client] = {}
+        self.job_waits: dict[bytes, list[Waiter]] = {}  # job ID -> WAITJOB clients waiting for it
         self.ready: dict[bytes, None] = {}
         self.effects: list[Any] = []
         self.stats = Stats()
@@ -213,8 +214,8 @@ class NodeCore:
         now = self.now
         for waiter in list(self.blocked.values()):
             if waiter.deadline and waiter.deadline <= now:
-                self._unblock(waiter.client, NIL_ARRAY if waiter.expiry is None else waiter.expiry)
-            elif not waiter.queues:  # a late AUTH answer
+                self._unblock(waiter.client, waiter.acked if waiter.jobs is not None else NIL_ARRAY if waiter.expiry is None else waiter.expiry)
+            elif not waiter.queues:  # WAITJOB, or a late AUTH answer
                 continue
             elif self.cluster.leaving:
                 self._unblock(waiter.client, errors.leaving())
@@ -460,6 +461,8 @@ class NodeCore:
             self.broadcast(job.nodes_delivered, m.DelJob(job.id))
         if job.state == S_ACKED:
             self.collected.remember(job.id, self.now)
+        if self.job_waits:
+            self.settle_waits(job.id, job.state == S_ACKED)
         self.jobs.remove(job)
         self._account(-self.job_size(job))
 
@@ -777,9 +780,48 @@ class NodeCore:
         for name in queues:
             self._queue(name).waiters[client.id] = waiter
 
+    def wait_jobs(self, client: Client, ids: list[bytes], timeout: int) -> Any:
+        """WAITJOB (an extension, docs/commands.md): the number of `ids`
+        acknowledged (acked here, or collected after an ACK, a FASTACK or a
+        peer's DELJOB), once none is pending any more or `timeout` ms (0:
+        none) have passed.  A job that goes without an acknowledgement
+        (expired, deleted) stops being waited for and is not counted.  An
+        ID this node does not know is -NOJOB: ask a node that holds the jobs."""
+        acked, pending = 0, set()
+        for job_id in dict.fromkeys(ids):
+            job = self.jobs.get(job_id)
+            if job is None and job_id not in self.collected:
+                raise errors.nojob()
+            if job is None or job.state == S_ACKED:
+                acked += 1
+            else:
+                pending.add(job_id)
+        if not pending:
+            return acked
+        waiter = Waiter(client, (), False, self.now + timeout if timeout else 0, None, pending, acked)
+        client.waiter = waiter
+        self.blocked[client.id] = waiter
+        for job_id in pending:
+            self.job_waits.setdefault(job_id, []).append(waiter)
+        return BLOCKED
+
+    def settle_waits(self, job_id: bytes, acked: bool) -> None:
+        """A job is acknowledged, or gone without it: tell WAITJOB clients."""
+        for waiter in self.job_waits.pop(job_id, ()):
+            assert waiter.jobs is not None
+            waiter.jobs.discard(job_id)
+            waiter.acked += acked
+            if not waiter.jobs:
+                self._unblock(waiter.client, waiter.acked)
+
     def _drop_waiter(self, waiter: Waiter) -> None:
         waiter.client.waiter = None
         self.blocked.pop(waiter.client.id, None)
+        for job_id in waiter.jobs or ():
+            waits = self.job_waits[job_id]
+            waits.remove(waiter)
+            if not waits:
+                del self.job_waits[job_id]
         for name in waiter.queues:
             queue = self.queues.get(name)
             if queue is not None:  # pragma: no branch - a queue with blocked clients is never destroyed

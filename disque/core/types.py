@@ -89,14 +89,16 @@ class Client:
 
 @dataclass(slots=True, eq=False)
 class Waiter:
-    """A client blocked in GETJOB, or (no queues) one whose failed AUTH is
-    answered late."""
+    """A client blocked in GETJOB; or, with no queues, in WAITJOB (`jobs`) or
+    waiting for the late answer to a failed AUTH."""
 
     client: Client
     queues: tuple[bytes, ...]
     withcounters: bool
     deadline: int  # 0 = forever
-    expiry: Any = None  # the reply at the deadline (None: NIL_ARRAY)
+    expiry: Any = None  # the reply at the deadline (None: NIL_ARRAY; WAITJOB: `acked`)
+    jobs: set[bytes] | None = None  # WAITJOB: the IDs still neither acknowledged nor gone
+    acked: int = 0  # WAITJOB: how many of its jobs were acknowledged so far
 
 
 @dataclass(slots=True)

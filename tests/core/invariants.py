@@ -80,6 +80,8 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
     for client_id, waiter in core.blocked.items():
         assert waiter.client.id == client_id and waiter.client.waiter is waiter
         assert core.clients.get(client_id) is waiter.client
+        for job_id in waiter.jobs or ():  # WAITJOB: indexed by every job it waits for, each still pending here
+            assert waiter in core.job_waits[job_id] and core.jobs.get(job_id) is not None
         for name in waiter.queues:
             queue = core.queues.get(name)
             assert queue is not None and queue.waiters.get(client_id) is waiter
@@ -88,6 +90,8 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
             assert core.blocked.get(client_id) is waiter and queue.name in waiter.queues
     for client in core.clients.values():
         assert client.waiter is None or core.blocked.get(client.id) is client.waiter
+    for job_id, waits in core.job_waits.items():
+        assert waits and all(core.blocked.get(w.client.id) is w and job_id in (w.jobs or ()) for w in waits)
 
     # -- memory estimate and INFO ------------------------------------------
     expected = core.base_memory + sum(core.job_size(j) for j in jobs.values())

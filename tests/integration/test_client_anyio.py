@@ -218,7 +218,6 @@ def test_max_attempts_moves_the_job_to_the_dead_letter_queue(client: Client, que
     assert dead.body == b"x"
 
 
-@pytest.mark.xfail(reason="server WAITJOB pending", raises=DisqueReplyError)
 def test_wait_job_returns_once_the_jobs_are_acked(client: Client, shared_node: NodeProcess, queue: str) -> None:
     ids = [client.add_job(queue, str(i)) for i in range(3)]
     assert client.wait_job(*ids, timeout_ms=100) == 0  # none acknowledged: the timeout

@@ -309,6 +309,28 @@ def test_nack_delay_holds_the_job_back_on_every_node(c5: Cluster) -> None:
     assert all(c5.show(i, job)["nacks"] == 1 for i in holders)
 
 
+def test_waitjob_on_a_batch_returns_when_the_last_is_acknowledged_elsewhere(c5: Cluster) -> None:
+    """A producer adds 1,000 jobs on node 0 and waits for them there; a
+    consumer on node 1 takes and acknowledges them.  WAITJOB answers 1,000
+    after the last ACK and not before."""
+    ids = [c5.addjob(0, "batch", f"j{i}", 5000, "REPLICATE", 2) for i in range(1000)]
+    answer: list[Any] = []
+    last_ack = [0.0]
+    waiter = threading.Thread(target=lambda: answer.append((c5.raw(0, "WAITJOB", *ids, "TIMEOUT", 60000), time.monotonic())))
+    waiter.start()
+    taken = 0
+    while taken < len(ids):
+        got = c5.call(1, "GETJOB", "TIMEOUT", 2000, "COUNT", 100, "FROM", "batch") or []
+        assert got, "node 1 ran out of jobs to take"
+        assert not answer, "WAITJOB answered before every job was acknowledged"
+        c5.call(1, "ACKJOB", *[entry[1] for entry in got])
+        last_ack[0] = time.monotonic()
+        taken += len(got)
+    waiter.join(30)
+    [(reply, when)] = answer
+    assert reply == b":1000\r\n" and when >= last_ack[0] - 0.05
+
+
 def test_jobs_replicated_n_times_survive_n_minus_1_crashes(c5: Cluster) -> None:
     rng = random.Random(3)
     three = {c5.addjob(rng.randrange(5), "surv", f"r3-{k}", 5000, "REPLICATE", 3, "RETRY", 1): f"r3-{k}" for k in range(10)}

@@ -661,10 +661,12 @@ def test_memory_pressure(scratch_node: NodeProcess, raw: RawFactory, q: bytes) -
         "NOREPL Not enough reachable nodes for the requested replication level, since I'm unable to hold "
         "a copy of the message for the following reason: I'm out of memory"
     )
-    assert conn.call("CONFIG", "SET", "maxmemory", "1mb") == "OK"  # above 75 %: external replication
+    info = conn.call("INFO", "memory")
+    used = int(re.search(rb"used_memory:(\d+)", info.encode() if isinstance(info, str) else info).group(1))
+    assert conn.call("CONFIG", "SET", "maxmemory", str(used * 100 // 85)) == "OK"  # above 75 %: external replication
     assert conn.call("ADDJOB", q, "x", 0) == oom_reason
     assert conn.call("CONFIG", "SET", "maxmemory-policy", "noeviction") == "OK"
-    assert conn.call("CONFIG", "SET", "maxmemory", "800kb") == "OK"  # above 95 %, nothing may be evicted
+    assert conn.call("CONFIG", "SET", "maxmemory", str(used)) == "OK"  # above 95 %, nothing may be evicted
     oom = Error("OOM command not allowed when used memory > 'maxmemory'.")
     assert [conn.call(*c) for c in (("ADDJOB", q, "x", 0), ("ENQUEUE", job), ("NACK", job))] == [oom] * 3
     assert conn.call("DEQUEUE", job) == 1 and conn.call("PING") == "PONG"

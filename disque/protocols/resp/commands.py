@@ -193,6 +193,18 @@ def cmd_working(node: NodeCore, client: Client, argv: list[bytes]) -> int:
     return node.working(job)
 
 
+@command("waitjob", -2, "rF")
+def cmd_waitjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    """WAITJOB <id> ... [TIMEOUT <ms>] (an extension, node.wait_jobs)."""
+    timeout = 0
+    if len(argv) >= 3 and argv[-2].lower() == b"timeout":
+        timeout = parse_timeout(argv[-1])
+        argv = argv[:-2]
+    if len(argv) < 2:
+        raise errors.wrong_arity("waitjob")
+    return node.wait_jobs(client, job_ids(argv[1:]), timeout)
+
+
 @command("show", 2, "rF")
 def cmd_show(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
     (job_id,) = job_ids(argv[1:])
