@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -57,7 +58,7 @@ def test_the_dashboard_shows_the_cluster_and_acts_on_it(cluster, browser, tmp_pa
         r.execute_command("ADDJOB", "orders", f"order {i}", 0, "REPLICATE", 1)
     job_id = r.execute_command("ADDJOB", "invoices", "invoice 7", 0, "REPLICATE", 1).decode()
     browser.get(f"http://127.0.0.1:{http}/")
-    wait = WebDriverWait(browser, 10)
+    wait = WebDriverWait(browser, 10, ignored_exceptions=[StaleElementReferenceException])  # the tables are redrawn live
 
     def rows(table: str) -> list[list[str]]:
         return [[td.text for td in tr.find_elements(By.TAG_NAME, "td")] for tr in browser.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr")]
