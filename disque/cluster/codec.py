@@ -278,6 +278,10 @@ _JOB_COMMON: _Fields = (
     _Field("queue", "q", _opt_bytes),
     _Field("body", "b", _opt_bytes),
     _Field("nodes_delivered", "nd", _nodes_delivered),
+    # MAXATTEMPTS / DEADLETTER and dead-lettered copies: left out when unset.
+    _Field("max_attempts", "ma", _int_in(0, 65535), default=0),
+    _Field("dead_letter", "dl", _bytes, default=b""),
+    _Field("origin", "o", lambda v: v if v == b"" else _job_id(v), default=b""),
 )
 _WIRE_JOB: _Fields = _JOB_COMMON + (_Field("ttl", "tl", _int_in(1, _U64)), _Field("etime", "et", _UINT))
 _STORED_JOB: _Fields = _JOB_COMMON + (_Field("etime", "et", _UINT),)

@@ -78,6 +78,7 @@ def queue_figures(node: NodeCore, queue: Queue) -> dict[str, Any]:
         "oldest_age_ms": 0 if oldest is None else max(0, node.now - oldest.ctime // 1_000_000),
         "nacks": queue.nacks,
         "redeliveries": queue.redeliveries,
+        "dead_lettered": queue.dead_lettered,
         "import_rate": node.import_rate(queue),
         "pause": PAUSE_NAMES[queue.pause],
     }

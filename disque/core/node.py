@@ -84,7 +84,7 @@ S_WAIT_REPL, S_ACTIVE, S_QUEUED, S_ACKED = State.WAIT_REPL, State.ACTIVE, State.
 # tracemalloc (tests/core/test_memory_accounting.py keeps these honest), so
 # that `maxmemory` bounds the process's RSS and not a fiction.
 BASE_MEMORY = 800_000  # an idle node until the shell measures the real one (`set_base_memory`)
-JOB_OVERHEAD = 424  # per job (record, index entries, timers, copies of its strings) on top of id + queue + body bytes
+JOB_OVERHEAD = 448  # per job (record, index entries, timers, copies of its strings) on top of id + queue + body bytes
 QUEUE_OVERHEAD = 1030  # per queue object and its index entries, on top of its name
 
 WILLQUEUE_LEAD = 500
@@ -365,7 +365,7 @@ class NodeCore:
 
     @staticmethod
     def job_size(job: Job) -> int:
-        return JOB_OVERHEAD + len(job.id) + len(job.body or b"") + len(job.queue or b"")
+        return JOB_OVERHEAD + len(job.id) + len(job.body or b"") + len(job.queue or b"") + len(job.dead_letter) + len(job.origin)
 
     def evict(self) -> bool:
         """Free memory at level >= 2 (cluster.md §11).  True when back under
@@ -516,6 +516,9 @@ class NodeCore:
                 # refused it would stay in the past, due at every tick, forever.
                 job.qtime = 0
             return False
+        if (nack or job.flags & BCAST_QUEUED) and not job.flags & NACKED and self._last_attempt(job):
+            self.dead_letter_job(job)  # a redelivery (NACK, RETRY, ENQUEUE) past MAXATTEMPTS
+            return True
         job.move(ENQUEUE)
         if job.retry:
             job.flags |= BCAST_WILLQUEUE
@@ -590,9 +593,12 @@ class NodeCore:
     def add_job(
         self, client: Client, queue: bytes, body: bytes, timeout: int, repl: int | None, ttl: int | None,
         retry: int | None, delay: int | None, maxlen: int | None, is_async: bool,
+        max_attempts: int = 0, dead_letter: bytes | None = None,
     ) -> Any:  # fmt: skip
         """ADDJOB after option parsing (commands.md §4.1 steps 3-8, creation);
-        None stands for an option not given."""
+        None stands for an option not given.  `max_attempts` (0: none) and
+        `dead_letter` (default `<queue>-dead`) are the MAXATTEMPTS/DEADLETTER
+        extension (`dead_letter_job`)."""
         cluster = self.cluster
         if repl is None:
             repl = min(3, cluster.size())
@@ -634,10 +640,13 @@ class NodeCore:
             () if extrepl else cluster.solo,
         )  # fmt: skip
         job.qtime = now + (delay or retry) * 1000
+        if max_attempts:
+            job.max_attempts = max_attempts
+            job.dead_letter = queue + b"-dead" if dead_letter is None else dead_letter
         if additional:
             return self.replication.start(client, job, additional, timeout, is_async, extrepl)
         jobs.add(job)
-        self._account(JOB_OVERHEAD + len(job_id) + len(body) + len(queue))
+        self._account(self.job_size(job))
         if delay == 0:
             self.enqueue(job, queue=existing)
         else:
@@ -694,6 +703,9 @@ class NodeCore:
         NACK is: only active jobs, never an at-most-once job delivered once."""
         if job.state != S_ACTIVE or not job.qtime or (job.retry == 0 and job.flags & DELIVERED):
             return False
+        if self._last_attempt(job):
+            self.dead_letter_job(job)
+            return True
         job.nacks = min(job.nacks + 1, 0xFFFF)
         self._queue(job.queue).nacks += 1  # type: ignore[arg-type]  # (the job goes back to it)
         job.flags |= NACKED | BCAST_WILLQUEUE  # the others are told 500 ms before, as for a RETRY requeue
@@ -701,6 +713,35 @@ class NodeCore:
         self.broadcast(job.nodes_delivered, m.Queued(job.id, incr_nacks=True, delay=delay))
         self.reschedule(job)
         return True
+
+    @staticmethod
+    def _last_attempt(job: Job) -> bool:
+        """MAXATTEMPTS: the delivery that just failed was the job's last
+        (deliveries counted as Disque counts them: nacks + additional + 1)."""
+        return 0 < job.max_attempts <= job.nacks + job.deliv + 1
+
+    def dead_letter_job(self, job: Job) -> None:
+        """MAXATTEMPTS (an extension, docs/commands.md): the job's last
+        delivery failed.  It moves, here and once, to its dead-letter queue
+        as a new job (same body, counters, expiry, RETRY and replication
+        level; `origin` is the old ID), replicated asynchronously as an
+        ADDJOB ... ASYNC is; the old job is deleted on every node that holds
+        it, as FASTACK does."""
+        cluster = self.cluster
+        ttl = max(1, job.etime - self.now // 1000)
+        copy = Job(
+            new_job_id(cluster.my_id, self.rng, ttl, job.retry), job.dead_letter, job.body, S_ACTIVE, 0, job.repl,
+            job.etime, self.new_ctime(), 0, job.retry, job.nacks, job.deliv, cluster.solo, origin=job.id,
+        )  # fmt: skip
+        copy.qtime = self.now + job.retry * 1000 if job.retry else self.now
+        self._queue(job.queue).dead_lettered += 1  # type: ignore[arg-type]
+        self.stats.dead_lettered += 1
+        self.broadcast(job.nodes_delivered, m.DelJob(job.id))
+        self.delete_job(job)
+        self.register(copy)
+        self.queue_new_job(copy)
+        if copy.repl > 1:
+            self.replication.replicate(copy, copy.repl - 1, noreply=True)
 
     def working(self, job: Job) -> int:
         """WORKING (commands.md §5.2): postpone the next requeue."""

@@ -108,6 +108,7 @@ class Stats:
     bus_sent: int = 0
     bus_received: int = 0
     auth_failures: int = 0
+    dead_lettered: int = 0  # jobs moved to a dead-letter queue (MAXATTEMPTS)
     calls: dict[str, list[int]] = field(default_factory=dict)  # name -> [calls, usec, *latency buckets (node.py)]
 
 

@@ -138,6 +138,9 @@ class NodeCollector:
             "redeliveries": CounterMetricFamily(
                 "disque_queue_additional_deliveries", "Jobs queued again by their retry timer.", labels=["queue"]
             ),
+            "dead_lettered": CounterMetricFamily(
+                "disque_queue_dead_lettered", "Jobs moved to their dead-letter queue (MAXATTEMPTS).", labels=["queue"]
+            ),
             "import_rate": GaugeMetricFamily(
                 "disque_queue_import_rate", "Jobs per second imported from other nodes.", labels=["queue"]
             ),

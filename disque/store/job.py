@@ -62,7 +62,7 @@ class Job:
     __slots__ = (
         "id", "state", "flags", "repl", "etime", "ctime", "delay", "retry",
         "nacks", "deliv", "queue", "body", "nodes_delivered", "nodes_confirmed",
-        "qtime", "awake", "gc_retry",
+        "qtime", "awake", "gc_retry", "max_attempts", "dead_letter", "origin",
     )  # fmt: skip
 
     def __init__(
@@ -80,6 +80,9 @@ class Job:
         nacks: int = 0,
         deliv: int = 0,
         nodes_delivered: tuple[str, ...] = (),
+        max_attempts: int = 0,
+        dead_letter: bytes = b"",
+        origin: bytes = b"",
     ) -> None:
         self.id = id
         self.queue = queue
@@ -98,6 +101,9 @@ class Job:
         self.qtime = 0
         self.awake = 0
         self.gc_retry = 0
+        self.max_attempts = max_attempts  # ADDJOB MAXATTEMPTS (0: no limit): deliveries before `dead_letter`
+        self.dead_letter = dead_letter  # the queue a job out of attempts moves to
+        self.origin = origin  # a dead-lettered copy: the ID of the job it was
 
     def move(self, event: str) -> None:
         """Apply a state transition; an unlisted one is a programming error."""

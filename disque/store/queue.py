@@ -41,7 +41,7 @@ def _key(job: Job) -> tuple[int, bytes]:
 class Queue:
     __slots__ = (
         "name", "_items", "_live", "ctime", "atime", "pause", "waiters",
-        "jobs_in", "jobs_out", "nacks", "redeliveries", "federation",
+        "jobs_in", "jobs_out", "nacks", "redeliveries", "dead_lettered", "federation",
     )  # fmt: skip
 
     def __init__(self, name: bytes, now_ms: int) -> None:
@@ -56,6 +56,7 @@ class Queue:
         self.jobs_out = 0
         self.nacks = 0  # jobs queued again here by NACK
         self.redeliveries = 0  # ... and by their retry timer (additional deliveries)
+        self.dead_lettered = 0  # jobs moved out of it to their dead-letter queue (MAXATTEMPTS)
         self.federation: Any = None
 
     def __len__(self) -> int:

@@ -206,7 +206,6 @@ def test_nack_delay_holds_the_job_back(client: Client, queue: str) -> None:
     assert job is not None and (job.id, job.nacks) == (job_id, 1)
 
 
-@pytest.mark.xfail(reason="server MAXATTEMPTS pending", raises=DisqueReplyError)
 def test_max_attempts_moves_the_job_to_the_dead_letter_queue(client: Client, queue: str) -> None:
     job_id = client.add_job(queue, "x", retry=60, max_attempts=2, dead_letter="dead-" + queue)
     for _ in range(2):

@@ -309,6 +309,26 @@ def test_nack_delay_holds_the_job_back_on_every_node(c5: Cluster) -> None:
     assert all(c5.show(i, job)["nacks"] == 1 for i in holders)
 
 
+def test_maxattempts_dead_letters_once_after_the_third_nack(c5: Cluster) -> None:
+    """MAXATTEMPTS 3 on a job with three copies: a consumer that always NACKs
+    sees it three times; then exactly one copy of it is in the dead-letter
+    queue, carrying its old ID, and the old job is gone from every node."""
+    job = c5.addjob(0, "ma", "body", 5000, "REPLICATE", 3, "RETRY", 60, "MAXATTEMPTS", 3, "DEADLETTER", "ma-dead")
+    holders = list(c5.holders(job))
+    seen = 0
+    while got := c5.call(0, "GETJOB", "TIMEOUT", 500, "FROM", "ma"):
+        assert got[0][1].decode() == job
+        seen += 1
+        assert c5.call(0, "NACK", job) == 1
+    assert seen == 3
+    c5.wait(lambda: not c5.holders(job, holders), 5, "the old job deleted everywhere")
+    dead = [(i, c5.call(i, "QPEEK", "ma-dead", 10)) for i in range(len(c5.nodes))]
+    queued = [(i, entry) for i, entries in dead for entry in entries]
+    assert len(queued) == 1, queued
+    i, (_, dead_id, body) = queued[0]
+    assert body == b"body" and c5.show(i, dead_id.decode())["dead-letter-of"] == job.encode()
+
+
 def test_waitjob_on_a_batch_returns_when_the_last_is_acknowledged_elsewhere(c5: Cluster) -> None:
     """A producer adds 1,000 jobs on node 0 and waits for them there; a
     consumer on node 1 takes and acknowledges them.  WAITJOB answers 1,000

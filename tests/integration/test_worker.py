@@ -210,7 +210,6 @@ def test_handlers_past_their_timeout_are_abandoned_as_failed(
     assert (worker.processed, worker.failed) == (0, 2)
 
 
-@pytest.mark.xfail(reason="server MAXATTEMPTS pending")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_failing_job_comes_back_later_each_time_then_is_dead_lettered(
     backend: str, client: Client, shared_node: NodeProcess, queue: str, caplog: pytest.LogCaptureFixture

@@ -67,13 +67,15 @@ ADDJOB_OPTS: dict[bytes, tuple[int, int, int, str]] = {
     b"retry": (2, 0, INT64_MAX, "RETRY time must be a non negative number"),
     b"delay": (3, 0, INT64_MAX, "DELAY time must be a non negative number"),
     b"maxlen": (4, 1, INT64_MAX, "MAXLEN must be a positive number"),
+    b"maxattempts": (5, 1, 65535, "MAXATTEMPTS must be between 1 and 65535"),  # an extension, as DEADLETTER
 }
 
 
 @command("addjob", -4, "wmF")
 def cmd_addjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
-    values: list[int | None] = [None, None, None, None, None]  # None: not given
+    values: list[int | None] = [None, None, None, None, None, None]  # None: not given
     is_async = False
+    dead_letter = None
     i, n = 4, len(argv)
     while i < n:
         opt = argv[i].lower()
@@ -91,10 +93,16 @@ def cmd_addjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
         elif opt == b"async":
             is_async = True
             i += 1
+        elif opt == b"deadletter" and i + 1 < n:
+            dead_letter = argv[i + 1]
+            i += 2
         else:
             raise errors.syntax()
     timeout = parse_timeout(argv[3])
-    return node.add_job(client, argv[1], argv[2], timeout, *values, is_async)
+    *values, max_attempts = values
+    if dead_letter is not None and max_attempts is None:
+        raise err("DEADLETTER needs MAXATTEMPTS")
+    return node.add_job(client, argv[1], argv[2], timeout, *values, is_async, max_attempts or 0, dead_letter)
 
 
 @command("getjob", -2, "wF")
@@ -233,6 +241,9 @@ def show(node: NodeCore, job: Job) -> Map:
             (b"next-awake-within", max(0, job.awake - now) if job.awake else None),
             (b"body", job.body),
         ]
+        # The MAXATTEMPTS extension, only for the jobs that use it.
+        + ([(b"max-attempts", job.max_attempts), (b"dead-letter", job.dead_letter)] if job.max_attempts else [])
+        + ([(b"dead-letter-of", job.origin)] if job.origin else [])
     )
 
 
@@ -365,6 +376,7 @@ def cmd_qstat(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
             (b"jobs-out", queue.jobs_out),
             (b"pause", PAUSE_NAMES[queue.pause]),
         ]
+        + ([(b"dead-lettered", queue.dead_lettered)] if queue.dead_lettered else [])  # the MAXATTEMPTS extension
     )
 
 
