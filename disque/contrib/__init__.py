@@ -1,0 +1,1 @@
+"""Integrations with other Python libraries (optional dependencies)."""

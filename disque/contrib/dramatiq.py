@@ -1,0 +1,151 @@
+"""A Dramatiq broker: Dramatiq actors enqueue to and consume from disque.
+
+Theory of operation
+-------------------
+A Dramatiq message is a disque job whose body is the encoded message, in the
+queue named after the actor's queue.  The broker maps Dramatiq's pieces onto
+the server's, so that retries and dead letters live in the cluster, not in a
+worker's memory:
+
+* `enqueue(message, delay=)` is ADDJOB (`DELAY` in whole seconds, rounded
+  up).  When the actor retries (the `Retries` middleware with a
+  `max_retries`), the job gets `MAXATTEMPTS max_retries + 1` and `DEADLETTER
+  <queue>.XQ`, Dramatiq's dead-letter name.
+* A consumer reads with GETJOB WITHCOUNTERS on a connection of its own; a
+  message's `retries` option is its job's NACK count, so the count Dramatiq
+  uses is the server's.
+* A retry: `Retries` enqueues the failed message again with a delay.  For a
+  message that came from disque the broker does not add a job: it notes the
+  delay, and the consumer answers the delivery with `NACK <id> DELAY <s>`
+  instead of an ACK (the same job, its failure counted).
+* `ack` is ACKJOB.  `nack` (the retries are exhausted, or the actor's
+  `throws` matched) is NACK when the delivery was the job's last attempt:
+  the server moves it to `<queue>.XQ`; before that (`throws`), the broker
+  adds the message to `<queue>.XQ` itself and acknowledges the job.
+* `requeue` (prefetched messages a stopping worker did not run) is ENQUEUE.
+
+Every command about a delivered job is sent by the consumer's thread on the
+consumer's connection, the node that delivered the job.  `join`, `flush`
+and `flush_all` are not provided (use QLEN and the server's commands).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from dramatiq.broker import Broker, Consumer, MessageProxy
+from dramatiq.common import xq_name
+from dramatiq.message import Message
+from dramatiq.middleware import Middleware, Retries
+
+from disque.client import Client
+
+
+class DisqueBroker(Broker):
+    """`nodes` and the other keyword arguments are `disque.client.Client`'s."""
+
+    def __init__(self, nodes: Any = "127.0.0.1:7711", *, middleware: list[Middleware] | None = None, **client_options: Any) -> None:
+        super().__init__(middleware=middleware)
+        self.nodes = nodes
+        self.client_options = client_options
+        self.queues: set[str] = set()
+        self._local = threading.local()  # one producer connection per thread
+
+    @property
+    def client(self) -> Client:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = Client(self.nodes, **self.client_options)
+        return client
+
+    def max_attempts(self, message: Message | MessageProxy) -> int | None:
+        """Deliveries before the dead-letter queue: `max_retries` + 1 (None:
+        the actor retries without limit, or Retries is not installed)."""
+        retries = next((m for m in self.middleware if isinstance(m, Retries)), None)
+        if retries is None:
+            return None  # no retries: a failed message is acknowledged, never NACKed
+        actor = self.get_actor(message.actor_name)
+        limit = message.options.get("max_retries", actor.options.get("max_retries", retries.max_retries))
+        return None if limit is None else limit + 1
+
+    def declare_queue(self, queue_name: str) -> None:
+        if queue_name not in self.queues:
+            self.emit_before("declare_queue", queue_name)
+            self.queues.add(queue_name)
+            self.emit_after("declare_queue", queue_name)
+
+    def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
+        self.emit_before("enqueue", message, delay)
+        if isinstance(message, _Delivery):
+            message.retry_in = math.ceil((delay or 0) / 1000)  # the consumer NACKs the job with it
+        else:
+            attempts = self.max_attempts(message)
+            self.client.add_job(
+                message.queue_name, message.encode(), delay=math.ceil(delay / 1000) if delay else None,
+                max_attempts=attempts, dead_letter=xq_name(message.queue_name) if attempts else None,
+            )  # fmt: skip
+        self.emit_after("enqueue", message, delay)
+        return message
+
+    def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 30000) -> Consumer:
+        return _Consumer(self, queue_name, prefetch, timeout)
+
+    def get_declared_queues(self) -> set[str]:
+        return set(self.queues)
+
+    def get_declared_delay_queues(self) -> set[str]:
+        return set()  # delays are the server's (ADDJOB DELAY, NACK DELAY)
+
+
+class _Delivery(MessageProxy):
+    """A message delivered by a disque job."""
+
+    def __init__(self, message: Message, job_id: str, deliveries: int) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.deliveries = deliveries
+        self.retry_in: int | None = None  # set by a retry: NACK ... DELAY this many seconds
+
+
+class _Consumer(Consumer):
+    def __init__(self, broker: DisqueBroker, queue_name: str, prefetch: int, timeout: int) -> None:
+        self.broker = broker
+        self.queue_name = queue_name
+        self.prefetch = prefetch
+        self.timeout = timeout
+        self.client = Client(broker.nodes, **broker.client_options)
+
+    def __next__(self) -> MessageProxy | None:
+        job = self.client.get_job(self.queue_name, timeout_ms=self.timeout)
+        if job is None:
+            return None
+        message = Message.decode(job.body)
+        message.options["retries"] = job.nacks
+        return _Delivery(message, job.id, job.deliveries)
+
+    def ack(self, message: MessageProxy) -> None:
+        assert isinstance(message, _Delivery)
+        if message.retry_in is None:
+            self.client.ack(message.job_id)
+        else:
+            self.client.nack(message.job_id, delay=message.retry_in or None)
+
+    def nack(self, message: MessageProxy) -> None:
+        assert isinstance(message, _Delivery)
+        attempts = self.broker.max_attempts(message)
+        if attempts is not None and message.deliveries >= attempts:
+            self.client.nack(message.job_id)  # the last attempt: the server dead-letters it
+        else:
+            self.client.add_job(xq_name(self.queue_name), message.encode())
+            self.client.ack(message.job_id)
+
+    def requeue(self, messages: Iterable[MessageProxy]) -> None:
+        ids = [m.job_id for m in messages if isinstance(m, _Delivery)]
+        if ids:
+            self.client.enqueue(*ids)
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,84 @@
+"""The Dramatiq broker (disque.contrib.dramatiq) with a real `dramatiq` worker
+process against two real nodes: a flaky actor succeeds on its third try,
+its retries held back by NACK ... DELAY; an actor that always fails ends,
+after max_retries + 1 deliveries, in Dramatiq's dead-letter queue by the
+server's MAXATTEMPTS/DEADLETTER."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+from clusterkit import wait_for
+from dramatiq.message import Message
+
+from disque.devcluster import NodeProcess, command, join
+
+TASKS = '''
+import os, pathlib, time
+
+import dramatiq
+
+from disque.contrib.dramatiq import DisqueBroker
+
+dramatiq.set_broker(DisqueBroker(os.environ["DISQUE_NODES"].split(",")))
+OUT = pathlib.Path(os.environ["OUT"])
+
+
+def attempt(name):
+    with open(OUT / f"{name}.log", "a") as log:
+        log.write(f"{time.monotonic()}\\n")
+    return len((OUT / f"{name}.log").read_text().splitlines())
+
+
+@dramatiq.actor(max_retries=3, min_backoff=1000, max_backoff=1000)
+def flaky(name):
+    if attempt(name) < 3:
+        raise RuntimeError("not yet")
+    (OUT / f"{name}.done").write_text("ok")
+
+
+@dramatiq.actor(max_retries=2, min_backoff=1000, max_backoff=1000)
+def doomed(name):
+    attempt(name)
+    raise RuntimeError("always")
+'''
+
+
+def qlen(nodes: list[NodeProcess], queue: str) -> int:
+    return sum(int(command(n.host, n.port, "QLEN", queue)[1:-2]) for n in nodes)
+
+
+def test_a_dramatiq_worker_retries_through_nack_delay_and_dead_letters_through_maxattempts(
+    spawn: Callable[..., NodeProcess], tmp_path: Path
+) -> None:
+    nodes = [spawn(), spawn()]
+    join(nodes)
+    (tmp_path / "tasks.py").write_text(TASKS)
+    env = {**os.environ, "DISQUE_NODES": ",".join(f"{n.host}:{n.port}" for n in nodes), "OUT": str(tmp_path), "PYTHONPATH": str(tmp_path)}
+    sent = subprocess.run([sys.executable, "-c", "import tasks; tasks.flaky.send('a'); tasks.doomed.send('b')"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert sent.returncode == 0, sent.stderr
+    with open(tmp_path / "worker.log", "wb") as log:
+        worker = subprocess.Popen([str(Path(sys.executable).with_name("dramatiq")), "tasks", "--processes", "1", "--threads", "2"],
+                                  cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=log)  # fmt: skip
+        try:
+            wait_for(lambda: (tmp_path / "a.done").exists(), timeout=30, what="the flaky actor to succeed")
+            wait_for(lambda: qlen(nodes, "default.XQ") == 1, timeout=30, what="the doomed message in the dead-letter queue")
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(30)
+    tries = [float(t) for t in (tmp_path / "a.log").read_text().split()]
+    assert len(tries) == 3 and all(b - a >= 0.9 for a, b in zip(tries, tries[1:]))  # NACK DELAY 1 between tries
+    assert len((tmp_path / "b.log").read_text().split()) == 3  # max_retries 2: three deliveries
+    assert qlen(nodes, "default") == 0
+    node = next(n for n in nodes if qlen([n], "default.XQ"))
+    with redis.Redis(port=node.port) as r:
+        [[_, _, body]] = r.execute_command("QPEEK", "default.XQ", 1)
+    message = Message.decode(body)
+    assert message.actor_name == "doomed" and message.args == ("b",)
