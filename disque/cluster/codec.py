@@ -394,7 +394,7 @@ _KINDS = (
     _Kind("WILLQUEUE", WillQueue, (_ID,)),
     _Kind("SETACK", SetAck, (_ID, _Field("mayhave", "h", _UINT))),
     _Kind("GOTACK", GotAck, (_ID, _Field("known", "k", _bool))),
-    _Kind("DELJOB", DelJob, (_ID,)),
+    _Kind("DELJOB", DelJob, (_ID, _Field("acked", "ak", _bool, default=True))),
     _Kind("NEEDJOBS", NeedJobs, (_QUEUE, _Field("count", "c", _UINT))),
     _Kind("YOURJOBS", YourJobs, (_Field("jobs", "j", _list_of(_wire_job, 1), _each(_dump_wire_job)),)),
     _Kind("PAUSE", Pause, (_QUEUE, _Field("flags", "pf", _int_in(0, 3)))),

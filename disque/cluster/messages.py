@@ -125,6 +125,7 @@ class GotAck:
 @dataclass(frozen=True, slots=True)
 class DelJob:
     id: bytes
+    acked: bool = True  # False: deleted without an acknowledgement (aborted replication, dead-lettered)
 
 
 @dataclass(frozen=True, slots=True)

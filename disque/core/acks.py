@@ -141,6 +141,6 @@ class Acks:
         node = self.node
         job = node.jobs.get(msg.id)
         if job is not None:
-            node.settle_waits(msg.id, True)  # a FASTACK, or the end of a GC: acknowledged
+            node.settle_waits(msg.id, msg.acked)  # a FASTACK or the end of a GC; or not (dead-lettered, aborted)
             node.delete_job(job)
-        node.collected.remember(msg.id, node.now)
+        node.collected.remember(msg.id, node.now, msg.acked)

@@ -458,7 +458,7 @@ class NodeCore:
             if client is not None:  # pragma: no branch - a wait-repl job always has its producer waiting
                 client.repl_job = None
                 self.reply_to(client, errors.norepl_removed())
-            self.broadcast(job.nodes_delivered, m.DelJob(job.id))
+            self.broadcast(job.nodes_delivered, m.DelJob(job.id, acked=False))
         if job.state == S_ACKED:
             self.collected.remember(job.id, self.now)
         if self.job_waits:
@@ -570,7 +570,7 @@ class NodeCore:
     def abort_replication(self, job: Job) -> None:
         """A job that never reached its replication level: delete every copy."""
         job.move(ABORT)
-        self.broadcast(job.nodes_delivered, m.DelJob(job.id))
+        self.broadcast(job.nodes_delivered, m.DelJob(job.id, acked=False))
         self.delete_job(job, log=False)
 
     def adopt(self, job: Job) -> Job:
@@ -736,7 +736,7 @@ class NodeCore:
         copy.qtime = self.now + job.retry * 1000 if job.retry else self.now
         self._queue(job.queue).dead_lettered += 1  # type: ignore[arg-type]
         self.stats.dead_lettered += 1
-        self.broadcast(job.nodes_delivered, m.DelJob(job.id))
+        self.broadcast(job.nodes_delivered, m.DelJob(job.id, acked=False))
         self.delete_job(job)
         self.register(copy)
         self.queue_new_job(copy)
@@ -826,14 +826,17 @@ class NodeCore:
         acknowledged (acked here, or collected after an ACK, a FASTACK or a
         peer's DELJOB), once none is pending any more or `timeout` ms (0:
         none) have passed.  A job that goes without an acknowledgement
-        (expired, deleted) stops being waited for and is not counted.  An
+        (expired, deleted, dead-lettered) stops being waited for and is not
+        counted.  An
         ID this node does not know is -NOJOB: ask a node that holds the jobs."""
         acked, pending = 0, set()
         for job_id in dict.fromkeys(ids):
             job = self.jobs.get(job_id)
-            if job is None and job_id not in self.collected:
-                raise errors.nojob()
-            if job is None or job.state == S_ACKED:
+            if job is None:
+                if job_id not in self.collected:
+                    raise errors.nojob()
+                acked += self.collected.acked(job_id)
+            elif job.state == S_ACKED:
                 acked += 1
             else:
                 pending.add(job_id)

@@ -21,18 +21,24 @@ class Collected:
     __slots__ = ("_until",)
 
     def __init__(self) -> None:
-        self._until: OrderedDict[bytes, int] = OrderedDict()  # job ID -> forget at (ms), oldest first
+        # job ID -> (forget at (ms), acknowledged), oldest first
+        self._until: OrderedDict[bytes, tuple[int, bool]] = OrderedDict()
 
-    def remember(self, job_id: bytes, now: int) -> None:
+    def remember(self, job_id: bytes, now: int, acked: bool = True) -> None:
+        """`acked` False: removed without an acknowledgement (WAITJOB does
+        not count it)."""
         until = self._until
-        until[job_id] = now + COLLECTED_MEMORY_MS
+        until[job_id] = (now + COLLECTED_MEMORY_MS, acked)
         until.move_to_end(job_id)
         if len(until) > COLLECTED_MEMORY_MAX:
             until.popitem(last=False)
 
+    def acked(self, job_id: bytes) -> bool:
+        return self._until[job_id][1]
+
     def expire(self, now: int) -> None:
         until = self._until
-        while until and next(iter(until.values())) <= now:
+        while until and next(iter(until.values()))[0] <= now:
             until.popitem(last=False)
 
     def clear(self) -> None:

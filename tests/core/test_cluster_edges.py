@@ -357,7 +357,7 @@ def test_turning_leaving_aborts_synchronous_replication():
     assert node.s("CLUSTER", "LEAVING", "yes") == OK
     node.wait(100)
     assert producer.pending() == [errors.leaving()]
-    assert node.sent() == [(PEER, m.DelJob(job_id))] and node.show(job_id) is None
+    assert node.sent() == [(PEER, m.DelJob(job_id, acked=False))] and node.show(job_id) is None
     check_core(node.core)
 
 

@@ -509,6 +509,13 @@ def test_fuzz_an_unidentified_connection_cannot_make_the_decoder_hold_more_than_
         assert len(decoder._buf) <= 4 + 64 * 1024 + len(data)
 
 
+def test_deljob_says_when_the_job_went_unacknowledged() -> None:
+    header = Header("a" * 40, 7711, 0)
+    job_id = new_job_id("a" * 40, random.Random(1), 60, 30)
+    assert decode_body(encode_body(header, DelJob(job_id, acked=False)))[1] == DelJob(job_id, acked=False)
+    assert decode_body(encode_body(header, DelJob(job_id)))[1].acked is True
+
+
 def test_queued_carries_a_nack_delay_and_reads_frames_without_one() -> None:
     header = Header("a" * 40, 7711, 0)
     job_id = new_job_id("a" * 40, random.Random(1), 60, 30)

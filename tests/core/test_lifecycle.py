@@ -708,7 +708,7 @@ def test_a_dead_lettered_job_is_deleted_everywhere_and_its_copy_replicated(duo):
     duo.sent()
     assert duo.s("NACK", job_id) == 1
     deljob, copy = duo.sent()
-    assert deljob == m.DelJob(job_id) and isinstance(copy, m.ReplJob) and copy.noreply
+    assert deljob == m.DelJob(job_id, acked=False) and isinstance(copy, m.ReplJob) and copy.noreply
     assert copy.job["queue"] == b"q-dead" and copy.job["origin"] == job_id and copy.job["body"] == b"x"
 
 
@@ -769,10 +769,16 @@ def test_waitjob_learns_acknowledgements_from_peers(duo):
     assert waiter("WAITJOB", job_id) is BLOCKED
     from_peer(duo, m.SetAck(job_id, 2))  # acknowledged on the peer
     assert waiter.pending() == [1]
+    assert duo.state(job_id) == "acked" and waiter("WAITJOB", job_id) == 1  # acked, not collected yet
     other = duo.s("ADDJOB", "q", "y", 0, "REPLICATE", 1)
     assert waiter("WAITJOB", bytes(other)) is BLOCKED
     from_peer(duo, m.DelJob(bytes(other)))  # a FASTACK elsewhere
     assert waiter.pending() == [1]
+    moved = bytes(duo.s("ADDJOB", "q", "z", 0, "REPLICATE", 1))
+    assert waiter("WAITJOB", moved) is BLOCKED
+    from_peer(duo, m.DelJob(moved, acked=False))  # dead-lettered elsewhere: gone, not acknowledged
+    assert waiter.pending() == [0]
+    assert waiter("WAITJOB", moved, bytes(other)) == 1  # remembered, each as it went
 
 
 @pytest.mark.parametrize(
@@ -791,7 +797,7 @@ def test_producer_waiting_for_replication(duo, how):
     job_id = duo.sent()[0].job["id"]
     if how == "disconnect":
         duo.core.disconnect(producer.client.id)
-        assert duo.sent() == [m.DelJob(job_id)] and duo.show(job_id) is None
+        assert duo.sent() == [m.DelJob(job_id, acked=False)] and duo.show(job_id) is None
         assert duo.core.effects == []  # no reply for a connection that is gone
     elif how == "ackjob":
         assert duo.s("ACKJOB", job_id) == 1 and duo.state(job_id) == "acked"
@@ -804,7 +810,7 @@ def test_producer_waiting_for_replication(duo, how):
         else:
             duo.s(*{"deljob": ("DELJOB", job_id), "flushall": ("DEBUG", "FLUSHALL")}[how])
             expected = errors.norepl_removed()
-        assert producer.pending() == [expected] and m.DelJob(job_id) in duo.sent()
+        assert producer.pending() == [expected] and m.DelJob(job_id, acked=False) in duo.sent()
         assert duo.show(job_id) is None
     duo.check()
 
