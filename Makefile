@@ -82,7 +82,7 @@ bench: $(STAMP) tools-redis tools-java
 # Fault injection against 5 real nodes (network namespaces as root, else TCP
 # proxies); results in jepsen-lite/runs/latest/.  See jepsen-lite/README.md.
 jepsen: $(TEST_STAMP) tools-net tools-clock
-	$(PY) jepsen-lite/run.py --faults halves,majority,bridge,kill,clock --duration 60 --fault-s 8 --gap-s 4 --seed 1
+	$(PY) jepsen-lite/run.py --extensions --faults halves,majority,bridge,kill,clock --duration 60 --fault-s 8 --gap-s 4 --seed 1
 
 jepsen-long: $(TEST_STAMP) tools-net tools-clock
 	$(PY) jepsen-lite/run.py --faults all --duration 540 --fault-s 10 --gap-s 5 --seed 1

@@ -22,6 +22,10 @@ A record is a flat JSON-friendly dict (one line of a JSON-lines file):
 * `dequeue` (GETJOB COUNT 1): `ok` carries the one job received (`job`,
   `body`); an empty or failed fetch is `fail`.
 * `ack`, `fastack`: the invoke names `job`; `ok` means the command returned.
+* `nack` (NACK, with or without DELAY): the invoke names `job`; the job is
+  delivered again later (a duplicate, allowed for at-least-once).
+* `waitjob` (WAITJOB of one job): the invoke names `job`; `ok` carries in
+  `value` the number the server said was acknowledged (0 or 1).
 * `scan`: after the run, the IDs of every job a node still holds (`value`, a
   list).  Only the last scan of each node counts.
 * `wipe`: a harness destroyed on purpose every job of `node` (DEBUG FLUSHALL,
@@ -49,13 +53,15 @@ a job listed on fewer nodes had a copy no wipe touched, and is lost or
 lost_best_effort as usual.  The rule does not follow copies that federation
 adds later, so a job wiped on REPLICATE nodes is excused even if such a copy
 existed),
-`at_most_once_duplicated` (RETRY 0 values dequeued twice), `late`
+`phantom_acks` (a WAITJOB that answered 1 for a job no client had sent an
+ACK or FASTACK for before it answered), `at_most_once_duplicated` (RETRY 0 values dequeued twice), `late`
 (deliveries after the job's TTL, plus `ttl_grace_ms`: every node-to-node
 transfer may extend a job's life by up to a second, cluster.md §8.1) and
 `uncollected` (acknowledged job IDs that a final scan still found).
 
-A run is valid when lost, unexpected, at_most_once_duplicated, late and
-uncollected are all zero.
+A run is valid when lost, unexpected, at_most_once_duplicated, late,
+uncollected and phantom_acks are all zero.  Values moved to a dead-letter
+queue (MAXATTEMPTS) keep their body, so their delivery from there counts.
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ from typing import IO, Any
 
 INVOKE, OK, FAIL, INFO = "invoke", "ok", "fail", "info"
 ENQUEUE, DEQUEUE, ACK, FASTACK, SCAN, WIPE = "enqueue", "dequeue", "ack", "fastack", "scan", "wipe"
+NACK, WAITJOB = "nack", "waitjob"
 
 Record = dict[str, Any]
 
@@ -154,7 +161,7 @@ class Result:
     counts: dict[str, int] = field(default_factory=dict)
     problems: dict[str, list[Any]] = field(default_factory=dict)  # samples per count
 
-    INVALID = ("lost", "unexpected", "at_most_once_duplicated", "late", "uncollected")
+    INVALID = ("lost", "unexpected", "at_most_once_duplicated", "late", "uncollected", "phantom_acks")
 
     @property
     def valid(self) -> bool:
@@ -177,6 +184,8 @@ def check(history: Iterable[Record], *, ttl_grace_ms: int = 2000) -> Result:
     acked: set[str] = set()
     scans: dict[Any, Record] = {}
     wiped_on: dict[str, set[Any]] = {}  # job ID -> nodes wiped while holding it
+    ack_sent: set[str] = set()  # job IDs an ACK or FASTACK was sent for, so far
+    phantom: list[str] = []
     end = 0
     for r in history:
         end = max(end, r["time"])
@@ -188,8 +197,13 @@ def check(history: Iterable[Record], *, ttl_grace_ms: int = 2000) -> Result:
                 enq.outcome, enq.job = kind, r["job"]
         elif op == DEQUEUE and kind == OK:
             deliveries.append(r)
-        elif op in (ACK, FASTACK) and kind == OK:
-            acked.add(r["job"])
+        elif op in (ACK, FASTACK):
+            if kind == INVOKE:
+                ack_sent.add(r["job"])
+            elif kind == OK:
+                acked.add(r["job"])
+        elif op == WAITJOB and kind == OK and r["value"] and r["job"] not in ack_sent:
+            phantom.append(r["job"])
         elif op == SCAN and kind == OK:
             scans[r["node"]] = r
         elif op == WIPE and kind in (OK, INFO):
@@ -226,4 +240,5 @@ def check(history: Iterable[Record], *, ttl_grace_ms: int = 2000) -> Result:
     result._note(
         "uncollected", sorted({job for scan in scans.values() for job in scan["value"] if job in acked})
     )
+    result._note("phantom_acks", phantom)
     return result

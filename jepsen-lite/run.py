@@ -28,11 +28,15 @@ from hiredis import ReplyError  # noqa: E402
 import admin  # noqa: E402
 from cluster import Conn, Node, call_once, join, wait_mesh  # noqa: E402
 from disque import checker_stats  # noqa: E402
-from disque.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, OK, SCAN, History, check  # noqa: E402
+from disque.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, NACK, OK, SCAN, WAITJOB, History, check  # noqa: E402
 
 ALL_FAULTS = ("halves", "majority", "bridge", "kill", "pause", "netem", "admin", "clock")
 CLOCK_STEPS = (-3600, -60, 60, 600)  # seconds a node's wall clock is stepped by (the clock fault)
 QUEUE = "jepsen"
+DEAD = QUEUE + "-dead"  # --extensions: where jobs out of attempts go (they are consumed from there too)
+MAX_ATTEMPTS = 4  # --extensions: MAXATTEMPTS of at-least-once jobs
+NACK_RATE = 0.25  # --extensions: deliveries answered with NACK DELAY 1 instead of an ACK, before the drain
+WAITJOB_RATE = 0.1  # --extensions: acknowledged ADDJOBs followed by a WAITJOB TIMEOUT 300 of the job
 TTLS = (20, 300, 300, 300)  # seconds, drawn per job
 
 
@@ -106,6 +110,8 @@ class Workload:
             opts = {"queue": QUEUE, "replicate": 1, "retry": 0}
         else:
             opts = {"queue": QUEUE, "replicate": rng.choice((2, 3)), "retry": rng.randint(1, 3)}
+            if self.args.extensions:
+                opts["maxattempts"] = MAX_ATTEMPTS
         opts["ttl"] = rng.choice(TTLS)
         return opts
 
@@ -136,19 +142,33 @@ class Workload:
             opts = self.options(rng)
             self.record("invoke", process, i, ENQUEUE, body=body, value=opts)
             try:
+                limits = ("MAXATTEMPTS", opts["maxattempts"], "DEADLETTER", DEAD) if "maxattempts" in opts else ()
                 reply = self._call(conns, i, "ADDJOB", QUEUE, body, self.args.addjob_timeout_ms,
-                                   "REPLICATE", opts["replicate"], "RETRY", opts["retry"], "TTL", opts["ttl"])  # fmt: skip
+                                   "REPLICATE", opts["replicate"], "RETRY", opts["retry"], "TTL", opts["ttl"], *limits)  # fmt: skip
             except (OSError, ConnectionError) as e:
                 self.record(INFO, process, i, ENQUEUE, body=body, value=repr(e))
                 time.sleep(rng.uniform(0.05, 0.2))
                 continue
             if isinstance(reply, bytes):
                 self.record(OK, process, i, ENQUEUE, job=reply.decode(), body=body)
+                if self.args.extensions and rng.random() < WAITJOB_RATE:
+                    self.wait_job(conns, process, i, reply.decode())
             elif isinstance(reply, ReplyError) and "Not enough reachable" in str(reply):
                 self.record(FAIL, process, i, ENQUEUE, body=body, value=str(reply))
             else:  # a replication timeout leaves copies behind
                 self.record(INFO, process, i, ENQUEUE, body=body, value=str(reply))
             time.sleep(rng.uniform(0.0, self.args.think_ms / 1000))
+
+    def wait_job(self, conns: dict[int, Conn], process: int, i: int, job: str) -> None:
+        """WAITJOB of a job just added, on its node: the checker verifies that
+        a 1 only ever answers a job somebody acknowledged (phantom_acks)."""
+        self.record("invoke", process, i, WAITJOB, job=job)
+        try:
+            reply = self._call(conns, i, "WAITJOB", job, "TIMEOUT", 300)
+        except (OSError, ConnectionError) as e:
+            self.record(INFO, process, i, WAITJOB, job=job, value=repr(e))
+            return
+        self.record(OK if isinstance(reply, int) else INFO, process, i, WAITJOB, job=job, value=reply if isinstance(reply, int) else str(reply))
 
     def consumer(self, process: int) -> None:
         rng = random.Random(f"{self.args.seed}-c{process}")
@@ -164,7 +184,8 @@ class Workload:
                 options = ("TIMEOUT", 500)
             self.record("invoke", process, i, DEQUEUE, value={"queues": [QUEUE]})
             try:
-                reply = self._call(conns, i, "GETJOB", *options, "COUNT", 1, "FROM", QUEUE)
+                queues = (QUEUE, DEAD) if self.args.extensions else (QUEUE,)
+                reply = self._call(conns, i, "GETJOB", *options, "COUNT", 1, "FROM", *queues)
             except (OSError, ConnectionError) as e:
                 self.record(INFO, process, i, DEQUEUE, value=repr(e))
                 time.sleep(rng.uniform(0.05, 0.2))
@@ -178,7 +199,21 @@ class Workload:
             job = job.decode()
             self.record(OK, process, i, DEQUEUE, job=job, body=body.decode())
             self.last_delivery = time.monotonic()
-            self.acknowledge(conns, rng, process, i, job)
+            if self.args.extensions and not self.draining.is_set() and rng.random() < NACK_RATE:
+                self.nack(conns, process, i, job)
+            else:
+                self.acknowledge(conns, rng, process, i, job)
+
+    def nack(self, conns: dict[int, Conn], process: int, i: int, job: str) -> None:
+        """A failed delivery: the job comes back after a second (or, at its
+        MAXATTEMPTS, moves to DEAD, where consumers find it too)."""
+        self.record("invoke", process, i, NACK, job=job)
+        try:
+            reply = self._call(conns, i, "NACK", job, "DELAY", 1)
+        except (OSError, ConnectionError) as e:
+            self.record(INFO, process, i, NACK, job=job, value=repr(e))
+            return
+        self.record(OK if isinstance(reply, int) else INFO, process, i, NACK, job=job, value=reply if isinstance(reply, int) else str(reply))
 
     def acknowledge(self, conns: dict[int, Conn], rng: random.Random, process: int, i: int, job: str) -> None:
         mode = self.args.ack
@@ -452,7 +487,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"{'VALID' if results['valid'] else 'INVALID'}: enqueued {results['enqueued']}, lost {results['lost']}, "
         f"unexpected {results['unexpected']}, duplicated {results['duplicated']}, recovered {results['recovered']}, "
         f"late {verdict.get('late')}, uncollected {verdict.get('uncollected')}, wiped {verdict.get('wiped')}, "
-        f"at-most-once duplicated {verdict.get('at_most_once_duplicated')} ({net.mode} mode, {elapsed:.0f}s)"
+        f"at-most-once duplicated {verdict.get('at_most_once_duplicated')}, phantom acks {verdict.get('phantom_acks')} "
+        f"({net.mode} mode, {elapsed:.0f}s)"
     )
     for n in notes:
         log(f"note: {n}")
@@ -465,6 +501,9 @@ def parser() -> argparse.ArgumentParser:
                    help=f"comma list of {', '.join(ALL_FAULTS)}; 'all' or 'none' (default: %(default)s)")  # fmt: skip
     p.add_argument("--workload", choices=("at-least-once", "at-most-once", "mixed"), default="mixed")
     p.add_argument("--ack", choices=("ackjob", "fastack", "mixed"), default="mixed", help="how consumers acknowledge")
+    p.add_argument("--extensions", action="store_true",
+                   help="also NACK ... DELAY a quarter of the deliveries, give at-least-once jobs MAXATTEMPTS 4 "
+                        "(consumed from the dead-letter queue too) and WAITJOB a tenth of the jobs added")  # fmt: skip
     p.add_argument("--duration", type=float, default=60, help="seconds of faults (default: %(default)s)")
     p.add_argument("--fault-s", type=float, default=8, help="how long each fault holds")
     p.add_argument("--gap-s", type=float, default=4, help="healthy seconds between faults")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from disque.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, OK, SCAN, WIPE, History, check, load
+from disque.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, OK, SCAN, WAITJOB, WIPE, History, check, load
 
 AT_LEAST_ONCE = {"queue": "q", "replicate": 3, "retry": 2, "ttl": 60}
 AT_MOST_ONCE = {"queue": "q", "replicate": 1, "retry": 0, "ttl": 60}
@@ -66,6 +66,7 @@ def test_valid_history():
     assert result.counts == {
         "attempted": 2, "acknowledged": 2, "dequeued": 2, "expired": 0, "wiped": 0, "lost": 0, "lost_best_effort": 0,
         "unexpected": 0, "duplicated": 0, "at_most_once_duplicated": 0, "recovered": 0, "late": 0, "uncollected": 0,
+        "phantom_acks": 0,
     }  # fmt: skip
     assert result.to_json()["valid"] is True and result.to_json()["problems"] == {}
 
@@ -179,6 +180,20 @@ def test_acked_job_still_held_is_uncollected():
     s.scan("n2", [b, "D-unacked"])
     result = s.check()
     assert result.problems["uncollected"] == [b] and not result.valid
+
+
+def test_waitjob_may_only_count_jobs_an_ack_was_sent_for():
+    s = Script()
+    a, b = s.enqueue("a"), s.enqueue("b")
+    s.dequeue("a")
+    s.dequeue("b")
+    waits = [s.history.invoke(3, "n1", WAITJOB, job=job) for job in (a, b)]
+    s.ack(a)
+    s.history.complete(waits[0], OK, job=a, value=1)  # a: its ACK was sent before the answer
+    s.history.complete(waits[1], OK, job=b, value=1)  # b: nobody acknowledged it
+    s.history.complete(s.history.invoke(3, "n1", WAITJOB, job=b), OK, job=b, value=0)
+    result = s.check()
+    assert result.problems["phantom_acks"] == [b] and not result.valid
 
 
 def test_history_round_trips_through_json_lines():

@@ -1,6 +1,7 @@
 """The short jepsen-lite run (`make jepsen`): a 5-node cluster of real
 processes, random-halves, majority/minority and bridge partitions, one
-kill -9 and restart and one step of a node's wall clock, under a mixed at-least-once/at-most-once workload.
+kill -9 and restart and one step of a node's wall clock, with the
+extensions on (NACK ... DELAY, MAXATTEMPTS and a dead-letter queue, WAITJOB), under a mixed at-least-once/at-most-once workload.
 
 The run must be valid: no acknowledged job lost, nothing unexpected, no
 at-most-once job delivered twice, nothing delivered after its TTL, and every
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SHORT = ["--faults", "halves,majority,bridge,kill,clock", "--duration", "60", "--fault-s", "8", "--gap-s", "4", "--seed", "1"]
+SHORT = ["--extensions", "--faults", "halves,majority,bridge,kill,clock", "--duration", "60", "--fault-s", "8", "--gap-s", "4", "--seed", "1"]
 
 
 @pytest.mark.slow
@@ -32,6 +33,7 @@ def test_short_run_loses_nothing(tmp_path: Path) -> None:
     assert results["checker"]["at_most_once_duplicated"] == 0, output
     assert (results["lost"], results["unexpected"]) == (0, 0), output
     assert (results["checker"]["late"], results["checker"]["uncollected"]) == (0, 0), output
+    assert results["checker"]["phantom_acks"] == 0, output
     assert results["valid"], output
     for name in ("history.jsonl", "index.html", "latency.png", "throughput.png"):
         assert (tmp_path / "latest" / name).exists(), name
