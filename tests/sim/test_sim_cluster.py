@@ -454,11 +454,12 @@ def fault_plans(draw, max_steps=6, kinds=NETWORK_FAULTS + ADMIN_FAULTS):
     )
 
 
-def judge(plan: FaultPlan, seed: int) -> None:
-    history = trio.run(run_workload, plan, seed, clock=MockClock(autojump_threshold=0))
+def judge(plan: FaultPlan, seed: int, extensions: bool = False) -> list:
+    history = trio.run(run_workload, plan, seed, extensions, clock=MockClock(autojump_threshold=0))
     result = check(history, ttl_grace_ms=TTL_GRACE_MS)
     assert result.valid, result.to_json()
     assert result.counts["acknowledged"] > 0
+    return history
 
 
 @pytest.mark.timeout(300)
@@ -473,6 +474,18 @@ def test_random_faults_keep_queue_guarantees(plan, seed):
 @given(plan=fault_plans(kinds=ADMIN_FAULTS), seed=st.integers(0, 2**32 - 1))
 def test_administration_keeps_queue_guarantees(plan, seed):
     judge(plan, seed)
+
+
+@pytest.mark.timeout(300)
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plan=fault_plans(kinds=NETWORK_FAULTS), seed=st.integers(0, 2**32 - 1))
+def test_random_faults_keep_the_extensions_guarantees(plan, seed):
+    """NACK ... DELAY, MAXATTEMPTS with a dead-letter queue and WAITJOB in
+    the workload: nothing lost (a dead-lettered job is delivered from its
+    queue under the same body), no WAITJOB answers for a job nobody
+    acknowledged."""
+    history = judge(plan, seed, extensions=True)
+    assert any(r["op"] == "waitjob" for r in history)
 
 
 @pytest.mark.slow

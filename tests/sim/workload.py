@@ -6,7 +6,11 @@ Producers ADDJOB unique bodies on random live nodes, mixing at-least-once
 jobs (REPLICATE 2-3, RETRY 1-3) and at-most-once jobs (REPLICATE 1,
 RETRY 0), some with a short TTL or a DELAY; consumers GETJOB one job at a
 time on random live nodes and ACKJOB or FASTACK it, sometimes after a
-WORKING, or now and then NACK it or crash before acknowledging.  The
+WORKING, or now and then NACK it or crash before acknowledging.  With
+`extensions`, the NACKs are NACK ... DELAY 1, at-least-once jobs get
+MAXATTEMPTS 3 with a dead-letter queue the consumers also read, and a tenth
+of the jobs added are followed by a WAITJOB (the checker's phantom_acks);
+without it, the random choices are exactly those of a plain run.  The
 nemesis plays `plan.steps` (see `FaultPlan`): network faults (partitions,
 heals), crashes (kill -9, restart with or without the AOF), and
 administration, sent as commands to the node like any client would:
@@ -41,12 +45,13 @@ from typing import Any
 import trio
 
 from disque.core import errors
-from disque.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, OK, SCAN, WIPE, History, Record
+from disque.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, NACK, OK, SCAN, WAITJOB, WIPE, History, Record
 from disque.core.errors import DisqueError
 from disque.core.types import NIL_ARRAY
 from sim.network import CONNECTION_LOST, SimCluster, now_ms
 
 QUEUE = "jobs"
+DEAD = "jobs-dead"  # extensions: the dead-letter queue, consumed too
 ADDJOB_TIMEOUT_MS = 1000
 PRODUCE_AFTER_S = 3  # producers keep going this long on the healed cluster
 QUIET_S = 10  # a drain ends after this long without a delivery
@@ -82,9 +87,11 @@ class FaultPlan:
 
 
 class Workload:
-    def __init__(self, cluster: SimCluster, plan: FaultPlan, seed: int) -> None:
+    def __init__(self, cluster: SimCluster, plan: FaultPlan, seed: int, extensions: bool = False) -> None:
         self.cluster = cluster
         self.plan = plan
+        self.extensions = extensions
+        self.queues = (QUEUE, DEAD) if extensions else (QUEUE,)
         self.rng = random.Random(f"{seed}/workload")
         self.history = History(now_ms)
         self.producing = True
@@ -119,13 +126,16 @@ class Workload:
                 opts = {"queue": QUEUE, "replicate": self.rng.choice((2, 3)), "retry": self.rng.randint(1, 3)}
             opts["ttl"] = self.rng.choice((15, 300, 300, 300))
             delay = self.rng.choice((0, 0, 0, 1))
+            limits = ("MAXATTEMPTS", 3, "DEADLETTER", DEAD) if self.extensions and opts["retry"] else ()
             op = self.history.invoke(process, node, ENQUEUE, body=body, value=opts)
             reply = await self.cluster.call(
                 node, "ADDJOB", QUEUE, body, ADDJOB_TIMEOUT_MS, "REPLICATE", opts["replicate"],
-                "RETRY", opts["retry"], "TTL", opts["ttl"], "DELAY", delay,
+                "RETRY", opts["retry"], "TTL", opts["ttl"], "DELAY", delay, *limits,
             )  # fmt: skip
             if isinstance(reply, bytes):
                 self.history.complete(op, OK, job=reply.decode())
+                if self.extensions and self.rng.random() < 0.1:
+                    await self.wait_job(process, node, reply.decode())
             elif reply == errors.norepl_reach():  # refused before the job existed
                 self.history.complete(op, FAIL, value=str(reply))
             else:  # a replication timeout leaves copies behind, a dead node tells nothing
@@ -149,8 +159,8 @@ class Workload:
                     await trio.sleep(0.1)
                     continue
             options = ("NOHANG",) if nohang else ("TIMEOUT", 500)
-            op = self.history.invoke(process, node, DEQUEUE, value={"queues": [QUEUE]})
-            reply = await self.cluster.call(node, "GETJOB", *options, "FROM", QUEUE)
+            op = self.history.invoke(process, node, DEQUEUE, value={"queues": list(self.queues)})
+            reply = await self.cluster.call(node, "GETJOB", *options, "FROM", *self.queues)
             if reply is CONNECTION_LOST:
                 self.history.complete(op, INFO, value="connection lost")
             elif reply is NIL_ARRAY or isinstance(reply, DisqueError):
@@ -170,8 +180,13 @@ class Workload:
         roll = self.rng.random()
         if roll < 0.05:
             return  # the consumer crashed: the job comes back after its retry
-        if roll < 0.1:  # gave up on it: queued again at once (not recorded)
-            await self.cluster.call(node, "NACK", job)
+        if roll < 0.1 or (self.extensions and self.rng.random() < 0.3):  # gave up on it: queued again (at once, or after a second)
+            if self.extensions:
+                op = self.history.invoke(process, node, NACK, job=job)
+                reply = await self.cluster.call(node, "NACK", job, "DELAY", 1)
+                self.history.complete(op, OK if isinstance(reply, int) else INFO, value=str(reply))
+            else:
+                await self.cluster.call(node, "NACK", job)
             return
         if roll < 0.15:  # a slow worker asks for more time first
             await self.cluster.call(node, "WORKING", job)
@@ -183,6 +198,11 @@ class Workload:
             self.history.complete(op, OK, value=reply)
         else:
             self.history.complete(op, INFO, value=str(reply))
+
+    async def wait_job(self, process: int, node: int, job: str) -> None:
+        op = self.history.invoke(process, node, WAITJOB, job=job)
+        reply = await self.cluster.call(node, "WAITJOB", job, "TIMEOUT", 200)
+        self.history.complete(op, OK if isinstance(reply, int) else INFO, value=reply if isinstance(reply, int) else str(reply))
 
     # ------------------------------------------------------------ nemesis
 
@@ -315,8 +335,8 @@ class Workload:
         return self.history.records
 
 
-async def run_workload(plan: FaultPlan, seed: int) -> list[Record]:
+async def run_workload(plan: FaultPlan, seed: int, extensions: bool = False) -> list[Record]:
     async with SimCluster(
         plan.nodes, seed, drop=plan.drop, dup=plan.dup, delay=plan.delay, node_timeout=plan.node_timeout
     ) as cluster:
-        return await Workload(cluster, plan, seed).run()
+        return await Workload(cluster, plan, seed, extensions).run()
