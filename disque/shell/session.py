@@ -167,18 +167,26 @@ class Sessions:
                 conn.closing = True
                 return
             if request is None:
-                if parser.buffered() > UNAUTHENTICATED_REQUEST_MAX and not client.authenticated and core.config.requirepass:
-                    log.warning("Closing unauthenticated client %s sending a request over %d bytes", client.addr, UNAUTHENTICATED_REQUEST_MAX)
-                    self.queue(conn, front.encode_error("Protocol error: unauthenticated request too long"))
-                    conn.closing = True
+                self._cap_unauthenticated(conn)
                 return
             reply = core.handle_command(client, request, run)
             if reply is BLOCKED:
-                return
+                break
             if reply is not SILENT:
                 self.queue(conn, encode(reply, client.proto))
             if client.closing:
                 conn.closing = True  # QUIT, CLIENT KILL of itself: run nothing more
+        if client.waiter is not None and not conn.closing:  # waiting (a late AUTH answer): no piling up input either
+            self._cap_unauthenticated(conn)
+
+    def _cap_unauthenticated(self, conn: Conn) -> None:
+        """Close a client that has not authenticated (with requirepass) once
+        the input it has not had run is over UNAUTHENTICATED_REQUEST_MAX."""
+        client = conn.client
+        if conn.parser.buffered() > UNAUTHENTICATED_REQUEST_MAX and not client.authenticated and self.core.config.requirepass:
+            log.warning("Closing unauthenticated client %s sending a request over %d bytes", client.addr, UNAUTHENTICATED_REQUEST_MAX)
+            self.queue(conn, conn.front.encode_error("Protocol error: unauthenticated request too long"))
+            conn.closing = True
 
     def apply_effects(self, current: Conn | None) -> None:
         """Carry out the effects of the last core entry point; `current` is

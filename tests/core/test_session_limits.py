@@ -112,3 +112,17 @@ def test_fuzz_a_client_that_never_reads_holds_at_most_the_pause_and_one_reply(re
             break
     ran = runner.core.stats.calls["qpeek"][0]
     assert ran == requests or (conn.held and conn.out_size > OUTPUT_PAUSE and ran < 30)
+
+
+def test_a_client_waiting_for_its_late_auth_answer_cannot_pile_up_input() -> None:
+    """After three wrong passwords the fourth answer comes late and the
+    client runs nothing meanwhile; what it sends in that time counts against
+    the cap too."""
+    runner = sessions(requirepass="secret")
+    conn = connect(runner)
+    runner.received(conn, b"AUTH wrong\r\n" * 4)
+    runner.run(conn)
+    assert conn.client.waiter is not None and not conn.closing
+    runner.received(conn, b"PING\r\n" * 3000)  # 18 KB while it waits
+    runner.run(conn)
+    assert conn.closing and conn.out[-1] == b"-ERR Protocol error: unauthenticated request too long\r\n"
