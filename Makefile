@@ -7,7 +7,7 @@
 #                  faketime (its clock fault)
 #   test, venv     + the spark extra; test also a JDK (Spark), redis-tools,
 #                  redis-server, iproute2, iptables, chromium,
-#                  chromium-driver and faketime (`tools`)
+#                  chromium-driver, faketime and systemd (`tools`)
 #   bench          the venv of test + a JDK, redis-tools, redis-server
 VENV       := .venv
 PY         := $(VENV)/bin/python
@@ -16,7 +16,7 @@ RUN_STAMP  := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 STAMP      := $(VENV)/.installed
 
-.PHONY: run test bench venv tools tools-redis tools-java tools-net tools-browser tools-clock clean jepsen jepsen-long
+.PHONY: run test bench venv tools tools-redis tools-java tools-net tools-browser tools-clock tools-systemd clean jepsen jepsen-long
 
 $(RUN_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
@@ -64,8 +64,12 @@ tools-browser:
 tools-clock:
 	@$(call apt,faketime:faketime)
 
+# systemd-analyze (the systemd package) verifies examples/disque@.service.
+tools-systemd:
+	@$(call apt,systemd-analyze:systemd)
+
 # Every system tool the test suite runs.
-tools: tools-redis tools-java tools-net tools-browser tools-clock
+tools: tools-redis tools-java tools-net tools-browser tools-clock tools-systemd
 
 # A local cluster on 127.0.0.1:7711-7713 with the embedded default config; Ctrl-C stops it.
 run: $(RUN_STAMP)
