@@ -87,6 +87,7 @@ def schedule(rng: random.Random, faults: list[str], n: int, duration: float, fau
 class Workload:
     def __init__(self, args: argparse.Namespace, nodes: list[Node]) -> None:
         self.args, self.nodes = args, nodes
+        self.queues = (QUEUE, DEAD) if args.extensions else (QUEUE,)  # consumers read the dead letters too
         self.history = History(now_ms)
         self.lock = threading.Lock()
         self.producing = threading.Event()
@@ -150,25 +151,26 @@ class Workload:
                 time.sleep(rng.uniform(0.05, 0.2))
                 continue
             if isinstance(reply, bytes):
-                self.record(OK, process, i, ENQUEUE, job=reply.decode(), body=body)
-                if self.args.extensions and rng.random() < WAITJOB_RATE:
-                    self.wait_job(conns, process, i, reply.decode())
+                job = reply.decode()
+                self.record(OK, process, i, ENQUEUE, job=job, body=body)
+                if self.args.extensions and rng.random() < WAITJOB_RATE:  # checked by phantom_acks
+                    self.job_command(conns, process, i, WAITJOB, job, "WAITJOB", job, "TIMEOUT", 300)
             elif isinstance(reply, ReplyError) and "Not enough reachable" in str(reply):
                 self.record(FAIL, process, i, ENQUEUE, body=body, value=str(reply))
             else:  # a replication timeout leaves copies behind
                 self.record(INFO, process, i, ENQUEUE, body=body, value=str(reply))
             time.sleep(rng.uniform(0.0, self.args.think_ms / 1000))
 
-    def wait_job(self, conns: dict[int, Conn], process: int, i: int, job: str) -> None:
-        """WAITJOB of a job just added, on its node: the checker verifies that
-        a 1 only ever answers a job somebody acknowledged (phantom_acks)."""
-        self.record("invoke", process, i, WAITJOB, job=job)
+    def job_command(self, conns: dict[int, Conn], process: int, i: int, op: str, job: str, *command: Any) -> None:
+        """One command about `job` on node i, recorded as `op`: ok with an
+        integer reply, info otherwise (an error, a lost connection)."""
+        self.record("invoke", process, i, op, job=job)
         try:
-            reply = self._call(conns, i, "WAITJOB", job, "TIMEOUT", 300)
+            reply = self._call(conns, i, *command)
         except (OSError, ConnectionError) as e:
-            self.record(INFO, process, i, WAITJOB, job=job, value=repr(e))
+            self.record(INFO, process, i, op, job=job, value=repr(e))
             return
-        self.record(OK if isinstance(reply, int) else INFO, process, i, WAITJOB, job=job, value=reply if isinstance(reply, int) else str(reply))
+        self.record(OK if isinstance(reply, int) else INFO, process, i, op, job=job, value=reply if isinstance(reply, int) else str(reply))
 
     def consumer(self, process: int) -> None:
         rng = random.Random(f"{self.args.seed}-c{process}")
@@ -182,10 +184,9 @@ class Workload:
             else:
                 i = rng.randrange(len(self.nodes))
                 options = ("TIMEOUT", 500)
-            self.record("invoke", process, i, DEQUEUE, value={"queues": [QUEUE]})
+            self.record("invoke", process, i, DEQUEUE, value={"queues": list(self.queues)})
             try:
-                queues = (QUEUE, DEAD) if self.args.extensions else (QUEUE,)
-                reply = self._call(conns, i, "GETJOB", *options, "COUNT", 1, "FROM", *queues)
+                reply = self._call(conns, i, "GETJOB", *options, "COUNT", 1, "FROM", *self.queues)
             except (OSError, ConnectionError) as e:
                 self.record(INFO, process, i, DEQUEUE, value=repr(e))
                 time.sleep(rng.uniform(0.05, 0.2))
@@ -200,34 +201,14 @@ class Workload:
             self.record(OK, process, i, DEQUEUE, job=job, body=body.decode())
             self.last_delivery = time.monotonic()
             if self.args.extensions and not self.draining.is_set() and rng.random() < NACK_RATE:
-                self.nack(conns, process, i, job)
+                self.job_command(conns, process, i, NACK, job, "NACK", job, "DELAY", 1)  # back in a second, or dead-lettered
             else:
                 self.acknowledge(conns, rng, process, i, job)
-
-    def nack(self, conns: dict[int, Conn], process: int, i: int, job: str) -> None:
-        """A failed delivery: the job comes back after a second (or, at its
-        MAXATTEMPTS, moves to DEAD, where consumers find it too)."""
-        self.record("invoke", process, i, NACK, job=job)
-        try:
-            reply = self._call(conns, i, "NACK", job, "DELAY", 1)
-        except (OSError, ConnectionError) as e:
-            self.record(INFO, process, i, NACK, job=job, value=repr(e))
-            return
-        self.record(OK if isinstance(reply, int) else INFO, process, i, NACK, job=job, value=reply if isinstance(reply, int) else str(reply))
 
     def acknowledge(self, conns: dict[int, Conn], rng: random.Random, process: int, i: int, job: str) -> None:
         mode = self.args.ack
         kind = (FASTACK if rng.random() < 0.3 else ACK) if mode == "mixed" else (FASTACK if mode == "fastack" else ACK)
-        self.record("invoke", process, i, kind, job=job)
-        try:
-            reply = self._call(conns, i, "FASTACK" if kind == FASTACK else "ACKJOB", job)
-        except (OSError, ConnectionError) as e:
-            self.record(INFO, process, i, kind, job=job, value=repr(e))
-            return
-        if isinstance(reply, int):
-            self.record(OK, process, i, kind, job=job, value=reply)
-        else:
-            self.record(INFO, process, i, kind, job=job, value=str(reply))
+        self.job_command(conns, process, i, kind, job, "FASTACK" if kind == FASTACK else "ACKJOB", job)
 
     def acked(self) -> set[str]:
         with self.lock:

@@ -214,7 +214,7 @@ class NodeCore:
         now = self.now
         for waiter in list(self.blocked.values()):
             if waiter.deadline and waiter.deadline <= now:
-                self._unblock(waiter.client, waiter.acked if waiter.jobs is not None else NIL_ARRAY if waiter.expiry is None else waiter.expiry)
+                self._unblock(waiter.client, waiter.timeout_reply())
             elif not waiter.queues:  # WAITJOB, or a late AUTH answer
                 continue
             elif self.cluster.leaving:
@@ -733,7 +733,7 @@ class NodeCore:
             new_job_id(cluster.my_id, self.rng, ttl, job.retry), job.dead_letter, job.body, S_ACTIVE, 0, job.repl,
             job.etime, self.new_ctime(), 0, job.retry, job.nacks, job.deliv, cluster.solo, origin=job.id,
         )  # fmt: skip
-        copy.qtime = self.now + job.retry * 1000 if job.retry else self.now
+        copy.qtime = self.now  # due: queue_new_job queues it (and enqueue sets its RETRY timer)
         self._queue(job.queue).dead_lettered += 1  # type: ignore[arg-type]
         self.stats.dead_lettered += 1
         self.broadcast(job.nodes_delivered, m.DelJob(job.id, acked=False))
@@ -814,12 +814,13 @@ class NodeCore:
 
     # ------------------------------------------------------------ blocking
 
-    def block(self, client: Client, queues: tuple[bytes, ...], withcounters: bool, timeout: int, expiry: Any = None) -> None:
+    def block(self, client: Client, queues: tuple[bytes, ...], withcounters: bool, timeout: int, expiry: Any = None) -> Waiter:
         waiter = Waiter(client, queues, withcounters, self.now + timeout if timeout else 0, expiry)
         client.waiter = waiter
         self.blocked[client.id] = waiter
         for name in queues:
             self._queue(name).waiters[client.id] = waiter
+        return waiter
 
     def wait_jobs(self, client: Client, ids: list[bytes], timeout: int) -> Any:
         """WAITJOB (an extension, docs/commands.md): the number of `ids`
@@ -827,8 +828,8 @@ class NodeCore:
         peer's DELJOB), once none is pending any more or `timeout` ms (0:
         none) have passed.  A job that goes without an acknowledgement
         (expired, deleted, dead-lettered) stops being waited for and is not
-        counted.  An
-        ID this node does not know is -NOJOB: ask a node that holds the jobs."""
+        counted.  An ID this node does not know is -NOJOB: ask a node that
+        holds the jobs."""
         acked, pending = 0, set()
         for job_id in dict.fromkeys(ids):
             job = self.jobs.get(job_id)
@@ -842,9 +843,8 @@ class NodeCore:
                 pending.add(job_id)
         if not pending:
             return acked
-        waiter = Waiter(client, (), False, self.now + timeout if timeout else 0, None, pending, acked)
-        client.waiter = waiter
-        self.blocked[client.id] = waiter
+        waiter = self.block(client, (), False, timeout)
+        waiter.jobs, waiter.acked = pending, acked
         for job_id in pending:
             self.job_waits.setdefault(job_id, []).append(waiter)
         return BLOCKED

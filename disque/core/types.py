@@ -96,9 +96,15 @@ class Waiter:
     queues: tuple[bytes, ...]
     withcounters: bool
     deadline: int  # 0 = forever
-    expiry: Any = None  # the reply at the deadline (None: NIL_ARRAY; WAITJOB: `acked`)
+    expiry: Any = None  # a late AUTH answer: the reply at the deadline
     jobs: set[bytes] | None = None  # WAITJOB: the IDs still neither acknowledged nor gone
     acked: int = 0  # WAITJOB: how many of its jobs were acknowledged so far
+
+    def timeout_reply(self) -> Any:
+        """The reply when the deadline passes."""
+        if self.jobs is not None:
+            return self.acked
+        return NIL_ARRAY if self.expiry is None else self.expiry
 
 
 @dataclass(slots=True)

@@ -134,8 +134,8 @@ class Workload:
             )  # fmt: skip
             if isinstance(reply, bytes):
                 self.history.complete(op, OK, job=reply.decode())
-                if self.extensions and self.rng.random() < 0.1:
-                    await self.wait_job(process, node, reply.decode())
+                if self.extensions and self.rng.random() < 0.1:  # checked by phantom_acks
+                    await self.job_command(process, node, WAITJOB, reply.decode(), "WAITJOB", reply.decode(), "TIMEOUT", 200)
             elif reply == errors.norepl_reach():  # refused before the job existed
                 self.history.complete(op, FAIL, value=str(reply))
             else:  # a replication timeout leaves copies behind, a dead node tells nothing
@@ -182,27 +182,24 @@ class Workload:
             return  # the consumer crashed: the job comes back after its retry
         if roll < 0.1 or (self.extensions and self.rng.random() < 0.3):  # gave up on it: queued again (at once, or after a second)
             if self.extensions:
-                op = self.history.invoke(process, node, NACK, job=job)
-                reply = await self.cluster.call(node, "NACK", job, "DELAY", 1)
-                self.history.complete(op, OK if isinstance(reply, int) else INFO, value=str(reply))
+                await self.job_command(process, node, NACK, job, "NACK", job, "DELAY", 1)
             else:
                 await self.cluster.call(node, "NACK", job)
             return
         if roll < 0.15:  # a slow worker asks for more time first
             await self.cluster.call(node, "WORKING", job)
         kind = FASTACK if roll < 0.3 else ACK
-        op = self.history.invoke(process, node, kind, job=job)
-        reply = await self.cluster.call(node, ACK_COMMANDS[kind], job)
-        if isinstance(reply, int):
+        if await self.job_command(process, node, kind, job, ACK_COMMANDS[kind], job):
             self.acked.add(job)
-            self.history.complete(op, OK, value=reply)
-        else:
-            self.history.complete(op, INFO, value=str(reply))
 
-    async def wait_job(self, process: int, node: int, job: str) -> None:
-        op = self.history.invoke(process, node, WAITJOB, job=job)
-        reply = await self.cluster.call(node, "WAITJOB", job, "TIMEOUT", 200)
-        self.history.complete(op, OK if isinstance(reply, int) else INFO, value=reply if isinstance(reply, int) else str(reply))
+    async def job_command(self, process: int, node: int, op: str, job: str, *command: Any) -> bool:
+        """One command about `job`, recorded as `op`: ok (True) with an
+        integer reply, info otherwise."""
+        record = self.history.invoke(process, node, op, job=job)
+        reply = await self.cluster.call(node, *command)
+        done = isinstance(reply, int)
+        self.history.complete(record, OK if done else INFO, value=reply if done else str(reply))
+        return done
 
     # ------------------------------------------------------------ nemesis
 

@@ -71,6 +71,18 @@ ADDJOB_OPTS: dict[bytes, tuple[int, int, int, str]] = {
 }
 
 
+def _option(opt: bytes, raw: bytes) -> int:
+    """The value of ADDJOB option `opt` (ADDJOB_OPTS: range and error text)."""
+    _, low, high, error = ADDJOB_OPTS[opt]
+    try:
+        value = parse_int(raw)
+    except ValueError:
+        raise err(error) from None
+    if not low <= value <= high:
+        raise err(error)
+    return value
+
+
 @command("addjob", -4, "wmF")
 def cmd_addjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
     values: list[int | None] = [None, None, None, None, None, None]  # None: not given
@@ -79,16 +91,8 @@ def cmd_addjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
     i, n = 4, len(argv)
     while i < n:
         opt = argv[i].lower()
-        spec = ADDJOB_OPTS.get(opt)
-        if spec is not None and i + 1 < n:
-            index, low, high, error = spec
-            try:
-                value = parse_int(argv[i + 1])
-            except ValueError:
-                raise err(error) from None
-            if not low <= value <= high:
-                raise err(error)
-            values[index] = value
+        if opt in ADDJOB_OPTS and i + 1 < n:
+            values[ADDJOB_OPTS[opt][0]] = _option(opt, argv[i + 1])
             i += 2
         elif opt == b"async":
             is_async = True
@@ -175,12 +179,7 @@ def cmd_enqueue(node: NodeCore, client: Client, argv: list[bytes]) -> int:
 def cmd_nack(node: NodeCore, client: Client, argv: list[bytes]) -> int:
     """NACK <id> ... [DELAY <seconds>] (DELAY: our extension, node.nack_later)."""
     if len(argv) >= 3 and argv[-2].lower() == b"delay":
-        try:
-            delay = parse_int(argv[-1])
-        except ValueError:
-            raise err("DELAY time must be a non negative number") from None
-        if delay < 0:
-            raise err("DELAY time must be a non negative number")
+        delay = _option(b"delay", argv[-1])  # as ADDJOB's
         if delay:
             return _each_known(node, argv[:-2], lambda job: node.nack_later(job, delay))
         argv = argv[:-2]
