@@ -52,7 +52,7 @@ from disque.cluster.messages import (
     Working, YourJobs,
 )  # fmt: skip
 from disque.core.ids import valid_id
-from disque.store.job import DELIVERED, WIRE_FLAGS, Job, State
+from disque.store.job import DELIVERED, NACKED, WIRE_FLAGS, Job, State
 
 VERSION = 1  # frame body version ("v")
 STORAGE_VERSION = 1  # storage form version ("v")
@@ -284,7 +284,8 @@ _JOB_COMMON: _Fields = (
     _Field("origin", "o", lambda v: v if v == b"" else _job_id(v), default=b""),
 )
 _WIRE_JOB: _Fields = _JOB_COMMON + (_Field("ttl", "tl", _int_in(1, _U64)), _Field("etime", "et", _UINT))
-_STORED_JOB: _Fields = _JOB_COMMON + (_Field("etime", "et", _UINT),)
+# `not_before`: the core-clock ms before which a NACK ... DELAY job is not queued again (0: none).
+_STORED_JOB: _Fields = _JOB_COMMON + (_Field("etime", "et", _UINT), _Field("not_before", "nb", _UINT, default=0))
 _wire_job = _record(_WIRE_JOB, dict)  # checks the job of REPLJOB / YOURJOBS
 _dump_wire_job = _dump_items(_WIRE_JOB)
 
@@ -324,15 +325,26 @@ def job_from_wire(d: WireJob, now_ms: int) -> Job:
 
 
 def job_to_storage(job: Job) -> dict[str, Any]:
-    """Storage form: absolute etime, state and flags kept (IN_LIST masked)."""
+    """Storage form: absolute etime, state and flags kept (IN_LIST masked),
+    and the pending requeue time of a NACK ... DELAY as `not_before`."""
     d = _job_fields(job, WIRE_FLAGS)
     d["etime"] = job.etime
+    d["not_before"] = job.qtime if job.flags & NACKED else 0
     return d
+
+
+def _stored_job(fields: dict[str, Any]) -> Job:
+    not_before = fields.pop("not_before")
+    job = Job(**fields)
+    if not_before:
+        job.qtime = not_before
+        job.flags |= NACKED
+    return job
 
 
 def job_from_storage(d: dict[str, Any]) -> Job:
     """Inverse of job_to_storage; raises DecodeError if `d` is malformed."""
-    return Job(**_load(_STORED_JOB, d, named=True))
+    return _stored_job(_load(_STORED_JOB, d, named=True))
 
 
 def encode_storage(job: Job) -> bytes:
@@ -347,7 +359,7 @@ def decode_storage(data: bytes) -> Job:
     m = _unpack_map(data)
     if _version(m) != STORAGE_VERSION:
         raise DecodeError(f"unknown storage version {m['v']}")
-    return Job(**_load(_STORED_JOB, m))
+    return _stored_job(_load(_STORED_JOB, m))
 
 
 # --- messages -----------------------------------------------------------------

@@ -712,6 +712,7 @@ class NodeCore:
         job.qtime = self.now + delay * 1000
         self.broadcast(job.nodes_delivered, m.Queued(job.id, incr_nacks=True, delay=delay))
         self.reschedule(job)
+        self.aof_loadjob(job)  # the delay survives a restart (a later record with `not_before` updates the first)
         return True
 
     @staticmethod

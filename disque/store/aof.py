@@ -19,7 +19,9 @@ means a damaged length field rather than a short file.  A tail of NUL bytes
 
 `Replay` applies records to a `NodeCore` (persistence.md §7): every job
 comes back `active` with the timers of a received job, and `queued` jobs are
-re-queued once only when the file is trusted.  `scan` runs the parser and the
+re-queued once only when the file is trusted.  The first record of a job
+wins, except that a later one carrying `not_before` (written by NACK ...
+DELAY) brings its counters and that requeue time.  `scan` runs the parser and the
 record checks over a whole byte string, for `disque check-aof` and tests.
 
 The shell (`disque/shell/aof_file.py`) owns files, fsync and rewrites; `AofStatus` is what
@@ -34,7 +36,7 @@ from typing import Any
 
 from disque.cluster.codec import DecodeError, decode_storage, encode_storage
 from disque.core.ids import valid_id
-from disque.store.job import ADOPT, BCAST_WILLQUEUE, Job, State
+from disque.store.job import ADOPT, BCAST_WILLQUEUE, NACKED, Job, State
 
 LOADJOB = b"LOADJOB"
 DELJOB = b"DELJOB"
@@ -415,15 +417,22 @@ class Replay:
         if job.etime * 1000 <= now:
             self.expired += 1
             return
-        if job.id in core.jobs:
-            self.duplicates += 1  # the first record wins
+        not_before = job.qtime if job.flags & NACKED else 0
+        known = core.jobs.get(job.id)
+        if known is not None:
+            self.duplicates += 1  # the first record wins, but for what a NACK ... DELAY logged
+            if not_before:
+                known.nacks, known.deliv = job.nacks, job.deliv
+                known.flags |= NACKED
+                known.qtime = max(known.qtime, not_before)
+                core.reschedule(known)
             return
         was_queued = job.state == State.QUEUED
         job.move(ADOPT)
         job.gc_retry = 0
         if job.retry:
             job.flags |= BCAST_WILLQUEUE
-            job.qtime = now + (job.delay + job.retry) * 1000 + core.jitter()
+            job.qtime = max(now + (job.delay + job.retry) * 1000 + core.jitter(), not_before)
         else:
             job.qtime = 0
         nodes = job.nodes_delivered

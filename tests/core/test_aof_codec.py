@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from disque.core.effects import AofAppend
 from disque.core.ids import new_job_id
 from disque.store.aof import (
     CLEANSHUTDOWN,
@@ -276,6 +277,37 @@ def test_deljob_expiry_duplicates_and_unknown_nodes() -> None:
     assert rep.duplicates == 1 and rep.expired == 1 and rep.deleted == 1
     assert a.id not in core.jobs and b.id not in core.jobs
     assert core.jobs.get(c.id).nodes_delivered == (NODE_ID,)
+
+
+def test_nack_delay_survives_a_restart() -> None:
+    """NACK ... DELAY logs the job again with `not_before`: after a crash
+    the job is not queued before the delay, though its RETRY is shorter,
+    and the NACK is counted once (the requeue is not a redelivery); a file
+    holding only the creation record gives the plain RETRY timer."""
+    src, src_clock, _ = make_core()
+    src.aof.state = "on"
+    s = Session(src)
+    job_id = bytes(s("ADDJOB", "q", "x", 0, "RETRY", 5))
+    s("GETJOB", "FROM", "q")
+    assert s("NACK", job_id, "DELAY", 600) == 1
+    records = [e.record for e in src.effects if isinstance(e, AofAppend)]
+    assert len(records) == 2
+    for blob, due in ((records[0], 5_000), (b"".join(records), 600_000)):
+        core, clock, _ = make_core(seed=2)
+        clock.ms = src_clock.ms
+        core.read_clock()
+        rep = replay(core, blob)
+        assert rep.loaded == 1 and rep.duplicates == (due > 5_000)
+        job, t = core.jobs.get(job_id), Session(core)
+        assert job.nacks == (due > 5_000)
+        clock.advance(due - 600)
+        core.tick()
+        assert t("QLEN", "q") == 0
+        clock.advance(1_500)
+        core.tick()  # WILLQUEUE, then the requeue
+        core.tick()
+        nacked = due > 5_000
+        assert t("QLEN", "q") == 1 and (job.nacks, job.deliv) == ((1, 0) if nacked else (0, 1))  # counted once
 
 
 def test_clean_marker_trusts_queued_states_in_order() -> None:

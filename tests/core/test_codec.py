@@ -23,7 +23,7 @@ from disque.cluster.messages import (
     YourJobs,
 )  # fmt: skip
 from disque.core.ids import new_job_id
-from disque.store.job import BCAST_QUEUED, BCAST_WILLQUEUE, DELIVERED, IN_LIST, WIRE_FLAGS, Job, State
+from disque.store.job import BCAST_QUEUED, BCAST_WILLQUEUE, DELIVERED, IN_LIST, NACKED, WIRE_FLAGS, Job, State
 
 NOW = 1_700_000_000
 NOW_MS = NOW * 1000
@@ -126,7 +126,7 @@ def decode_stream(stream: bytes) -> list[tuple[Header, Message]]:
 
 def job_fields(job: Job) -> dict[str, Any]:
     """The serialized fields of a job (everything but the local timers)."""
-    return {name: getattr(job, name) for name in job_to_storage(job)}
+    return {name: getattr(job, name) for name in job_to_storage(job) if name != "not_before"}
 
 
 # --- message round trips --------------------------------------------------------
@@ -408,6 +408,18 @@ def test_job_storage_form(job: Job) -> None:
     copy = decode_storage(encode_storage(job))
     assert job_fields(copy) == expected and copy.gc_retry == 0
     assert msgpack.unpackb(encode_storage(job))["v"] == STORAGE_VERSION
+    assert "nb" not in msgpack.unpackb(encode_storage(job))  # no NACK ... DELAY pending
+
+
+@relaxed
+@given(jobs(), st.integers(1, 2**50))
+def test_a_pending_nack_delay_is_stored_as_not_before(job: Job, qtime: int) -> None:
+    job.flags |= NACKED
+    job.qtime = qtime
+    copy = decode_storage(encode_storage(job))
+    assert copy.qtime == qtime and copy.flags & NACKED and job_fields(copy) == job_fields(job_from_storage(job_to_storage(job)))
+    job.flags &= ~NACKED
+    assert decode_storage(encode_storage(job)).qtime == 0
 
 
 def test_delivered_nodes_are_a_set() -> None:

@@ -282,6 +282,21 @@ def test_debug_loadaof_twice_keeps_the_jobs(spawn: Spawn) -> None:
     assert set(all_ids(client(node))) == ids
 
 
+def test_nack_delay_survives_kill9(spawn: Spawn) -> None:
+    """NACK ... DELAY is in the AOF: after kill -9 the job waits for the
+    rest of its delay (SHOW's requeue time), not for its 1 s RETRY."""
+    node = spawn(*AOF_ALWAYS)
+    r = client(node)
+    job_id = r.execute_command("ADDJOB", "q", "x", 0, "RETRY", 1)
+    r.execute_command("GETJOB", "FROM", "q")
+    assert r.execute_command("NACK", job_id, "DELAY", 300) == 1
+    crash(node)
+    node.start()
+    shown = dict(zip(*[iter(client(node).execute_command("SHOW", job_id))] * 2))
+    assert shown[b"state"] == b"active" and shown[b"nacks"] == 1
+    assert 250_000 < shown[b"next-requeue-within"] <= 300_000
+
+
 def test_automatic_rewrite_on_growth(spawn: Spawn) -> None:
     node = spawn(*AOF_EVERYSEC, "--auto-aof-rewrite-min-size", "20000", "--auto-aof-rewrite-percentage", "100")
     r = client(node)
