@@ -7,7 +7,11 @@ nodes hold a copy).
 
 * ADDJOB latency: one client, one command at a time, against node 0;
   p50 / p99 / mean of the round trip.
-* ADDJOB throughput: redis-benchmark, 50 clients, unpipelined, on node 0.
+* ADDJOB throughput: redis-benchmark, 50 clients, unpipelined and pipelined
+  16, synchronous and ASYNC, on node 0, next to a single node's ADDJOB
+  REPLICATE 1 measured in the same run (the replication overhead ratio).
+* ADDJOB latency under load: one client's round trips while redis-benchmark
+  runs the synchronous ADDJOB with 50 clients.
 * GETJOB + ACKJOB: N jobs are preloaded (REPLICATE 3) on node 0, then
   consumers on node 0 loop `GETJOB NOHANG` + `ACKJOB <id>` until the queue is
   empty; cycles per second, then the time until the acknowledged jobs are
@@ -199,11 +203,45 @@ def ack_propagation(nodes: list[NodeProcess], count: int) -> list[float]:
     return samples
 
 
+def loaded_latency(port: int, count: int, load: list[str | bytes], requests: int) -> tuple[list[float], float]:
+    """ADDJOB REPLICATE 3 round trips of one client while redis-benchmark
+    (50 clients) runs `load`; (samples in ms, the load's ops/s)."""
+    result: list[float] = []
+    bench = threading.Thread(target=lambda: result.append(redis_benchmark(port, requests, 1, *load)))
+    bench.start()
+    time.sleep(0.2)  # let the 50 clients connect before sampling
+    samples = []
+    conn = Conn(port)
+    try:
+        while bench.is_alive() and len(samples) < count:
+            t = time.perf_counter()
+            conn.call("ADDJOB", "lat", BODY, "0", "REPLICATE", "3")
+            samples.append((time.perf_counter() - t) * 1000)
+    finally:
+        conn.close()
+        bench.join()
+    return samples, result[0]
+
+
+TARGETS = {  # README, Performance: replication overhead and latency
+    "r3_over_single": (">=", 0.45),
+    "r3_pipelined_over_unpipelined": (">=", 2.0),
+    "r3_latency_p99_ms": ("<=", 1.5),
+}
+
+
 def run(quick: bool) -> dict[str, Any]:
     sizes = _sizes(quick)
     load_before = os.getloadavg()[0]
+    r3 = ["ADDJOB", "tput", BODY, "0", "REPLICATE", "3"]
     with tempfile.TemporaryDirectory(prefix="disque-bench-cluster-") as tmp:
         base = Path(tmp)
+        single = NodeProcess(free_port(), base / "single").start()
+        try:  # the reference of the same run: one node, ADDJOB REPLICATE 1
+            r1 = ["ADDJOB", "tput", BODY, "0", "REPLICATE", "1"]
+            single_ops = {p: redis_benchmark(single.port, sizes["throughput"], p, *r1) for p in (1, 16)}
+        finally:
+            single.stop()
         nodes = [NodeProcess(free_port(), base / f"node{i}") for i in range(3)]
         try:
             for node in nodes:
@@ -211,7 +249,11 @@ def run(quick: bool) -> dict[str, Any]:
             join(nodes)
             latency = addjob_latency(nodes[0].port, sizes["latency"])
             _flush(nodes)
-            throughput = redis_benchmark(nodes[0].port, sizes["throughput"], 1, "ADDJOB", "tput", BODY, "0", "REPLICATE", "3")
+            throughput = {p: redis_benchmark(nodes[0].port, sizes["throughput"], p, *r3) for p in (1, 16)}
+            _flush(nodes)
+            async_ops = redis_benchmark(nodes[0].port, sizes["throughput"], 1, *r3, "ASYNC")
+            _flush(nodes)
+            loaded, _ = loaded_latency(nodes[0].port, sizes["latency"], r3, sizes["throughput"])
             _flush(nodes)
             cycles, gc_seconds = cycle_throughput(nodes, sizes["cycle"])
             _flush(nodes)
@@ -223,7 +265,13 @@ def run(quick: bool) -> dict[str, Any]:
         "addjob_r3_latency_p50_ms": _percentile(latency, 0.50),
         "addjob_r3_latency_p99_ms": _percentile(latency, 0.99),
         "addjob_r3_latency_mean_ms": statistics.fmean(latency),
-        "addjob_r3_ops_per_sec_50_clients": throughput,
+        "addjob_r3_loaded_latency_p50_ms": _percentile(loaded, 0.50),
+        "addjob_r3_loaded_latency_p99_ms": _percentile(loaded, 0.99),
+        "addjob_r3_ops_per_sec_50_clients": throughput[1],
+        "addjob_r3_ops_per_sec_50_clients_p16": throughput[16],
+        "addjob_r3_async_ops_per_sec_50_clients": async_ops,
+        "single_addjob_r1_ops_per_sec": single_ops[1],
+        "single_addjob_r1_ops_per_sec_p16": single_ops[16],
         "getjob_ackjob_cycles_per_sec": cycles,
         "getjob_ackjob_consumers": CONSUMERS,
         "gc_drain_seconds": gc_seconds,
@@ -232,19 +280,44 @@ def run(quick: bool) -> dict[str, Any]:
         "sizes": sizes,
         "load_average_before": load_before,
     }
+    n = sizes["throughput"]
     print_table(
-        f"3-node cluster, 100-byte bodies, REPLICATE 3 (synchronous); load average before the run {load_before:.1f}",
+        f"Throughput, {CLIENTS} clients, 100-byte bodies, {n} requests each (ratio = ours / single node REPLICATE 1, same pipelining)",
+        ["command", "pipeline", "ops/s", "ratio"],
+        [
+            ["single node ADDJOB REPLICATE 1", "-P 1", single_ops[1], 1.0],
+            ["single node ADDJOB REPLICATE 1", "-P 16", single_ops[16], 1.0],
+            ["3 nodes ADDJOB REPLICATE 3", "-P 1", throughput[1], throughput[1] / single_ops[1]],
+            ["3 nodes ADDJOB REPLICATE 3", "-P 16", throughput[16], throughput[16] / single_ops[16]],
+            ["3 nodes ADDJOB REPLICATE 3 ASYNC", "-P 1", async_ops, async_ops / single_ops[1]],
+        ],
+    )
+    print_table(
+        f"3-node cluster, REPLICATE 3 (synchronous); load average before the run {load_before:.1f}",
         ["measure", "value", "unit", "how"],
         [
-            ["ADDJOB latency p50", figures["addjob_r3_latency_p50_ms"], "ms", f"1 client, {sizes['latency']} sequential"],
+            ["ADDJOB latency p50", figures["addjob_r3_latency_p50_ms"], "ms", f"1 client, {sizes['latency']} sequential, idle"],
             ["ADDJOB latency p99", figures["addjob_r3_latency_p99_ms"], "ms", ""],
-            ["ADDJOB throughput", throughput, "ops/s", f"redis-benchmark, {CLIENTS} clients, {sizes['throughput']} requests"],
+            ["ADDJOB latency p50, loaded", figures["addjob_r3_loaded_latency_p50_ms"], "ms", f"1 client next to {CLIENTS} redis-benchmark clients"],
+            ["ADDJOB latency p99, loaded", figures["addjob_r3_loaded_latency_p99_ms"], "ms", f"{len(loaded)} samples"],
             ["GETJOB+ACKJOB cycles", cycles, "cycles/s", f"{CONSUMERS} consumers, {sizes['cycle']} jobs"],
             ["GC of those acked jobs", gc_seconds, "s", "after the last ACKJOB, until no node holds any"],
             ["ACKJOB -> gone, p50", figures["ack_to_gone_p50_ms"], "ms", f"{sizes['ack']} jobs, polled with SHOW on every node"],
             ["ACKJOB -> gone, p99", figures["ack_to_gone_p99_ms"], "ms", ""],
         ],
+    )  # fmt: skip
+    measured = {
+        "r3_over_single": throughput[1] / single_ops[1],
+        "r3_pipelined_over_unpipelined": throughput[16] / throughput[1],
+        "r3_latency_p99_ms": figures["addjob_r3_latency_p99_ms"],
+    }
+    met = {key: measured[key] >= goal if op == ">=" else measured[key] <= goal for key, (op, goal) in TARGETS.items()}
+    print_table(
+        "Targets",
+        ["figure", "target", "measured", "met"],
+        [[key, f"{op} {goal}", measured[key], "yes" if met[key] else "NO"] for key, (op, goal) in TARGETS.items()],
     )
+    figures["targets_met"] = met
     return figures
 
 
