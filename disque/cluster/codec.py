@@ -40,8 +40,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import partial
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -97,6 +96,7 @@ def _int_in(lo: int, hi: int) -> _Check:
             raise DecodeError(f"{v} is not in [{lo}, {hi}]")
         return v
 
+    check.fast = f"v if type(v) is int and {lo} <= v <= {hi} else "  # type: ignore[attr-defined]  # see _loader
     return check
 
 
@@ -106,6 +106,7 @@ def _of_type(t: type) -> _Check:
             raise DecodeError(f"expected {t.__name__}, got {type(v).__name__}")
         return v
 
+    check.fast = f"v if type(v) is {t.__name__} else "  # type: ignore[attr-defined]
     return check
 
 
@@ -118,18 +119,21 @@ def _opt_bytes(v: Any) -> bytes | None:
     return None if v is None else _bytes(v)
 
 
+_opt_bytes.fast = "v if v is None or type(v) is bytes else "  # type: ignore[attr-defined]
+
+
 def _job_id(v: Any) -> bytes:
-    if not valid_id(_bytes(v)):
-        raise DecodeError("invalid job ID")
+    if type(v) is not bytes or not valid_id(v):
+        raise DecodeError("invalid job ID" if type(v) is bytes else f"expected bytes, got {type(v).__name__}")
     return v
 
 
-_NODE_ID = re.compile("[0-9a-f]{40}")
+_is_node_id = re.compile("[0-9a-f]{40}").fullmatch
 
 
 def _node_id(v: Any) -> str:
-    if not _NODE_ID.fullmatch(_str(v)):
-        raise DecodeError("invalid node ID")
+    if type(v) is not str or not _is_node_id(v):
+        raise DecodeError("invalid node ID" if type(v) is str else f"expected str, got {type(v).__name__}")
     return v
 
 
@@ -177,7 +181,9 @@ def _job_flags(v: Any) -> int:
 
 
 def _nodes_delivered(v: Any) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(_node_ids(v)))  # a set: drop duplicates, keep order
+    if type(v) is list and all(type(n) is str and _is_node_id(n) for n in v):  # the common case, at once
+        return tuple(dict.fromkeys(v))  # a set: drop duplicates, keep order
+    return tuple(dict.fromkeys(_node_ids(v)))
 
 
 # --- records: field tables, one pack and one load -----------------------------
@@ -197,46 +203,70 @@ class _Field:
 
 
 _Fields = tuple[_Field, ...]
+_MISSING = object()
 
 
-def _pack(fields: _Fields, get: Callable[[str], Any]) -> dict[str, Any]:
-    out = {}
-    for f in fields:
-        value = get(f.name)
-        if f.default is None or value != f.default:
-            out[f.key] = f.dump(value)
-    return out
+class _Missing(DecodeError):
+    """A required key is absent (raised and caught inside one loader)."""
 
 
-def _load(fields: _Fields, m: Any, *, named: bool = False) -> dict[str, Any]:
-    """Check map `m` (short keys, or our names when `named`) -> {name: value}."""
-    if type(m) is not dict:
-        raise DecodeError(f"expected a map, got {type(m).__name__}")
-    out = {}
-    for f in fields:
-        key = f.name if named else f.key
-        if key not in m:
-            if f.default is not None:
-                out[f.name] = f.default
-                continue
-            raise DecodeError(f"missing field {key!r}")
-        try:
-            out[f.name] = f.check(m[key])
-        except DecodeError as e:
-            raise DecodeError(f"field {key!r}: {e}") from None
-    return out
+def _compile(name: str, lines: list[str], names: dict[str, Any]) -> Callable[..., Any]:
+    scope: dict[str, Any] = {}
+    exec("\n".join(lines), names, scope)  # noqa: S102 - source built from the field tables only
+    return scope[name]  # type: ignore[no-any-return]
+
+
+def _loader(fields: _Fields, *, named: bool = False) -> Callable[[Any], dict[str, Any]]:
+    """The check of map `m` (short keys, or our names when `named`) ->
+    {name: value}, generated from the table as dataclasses generate their
+    methods: one function, no loop, and the common case of each check (a
+    plain int in range, a value of the exact type) inline, the check itself
+    called only for anything else (which it normalises or refuses)."""
+    names: dict[str, Any] = {"DecodeError": DecodeError, "_MISSING": _MISSING, "_Missing": _Missing}
+    lines = [
+        "def load(m):",
+        "    if type(m) is not dict:",
+        "        raise DecodeError(f'expected a map, got {type(m).__name__}')",
+        "    try:",
+    ]
+    for i, f in enumerate(fields):
+        names[f"c{i}"], names[f"d{i}"] = f.check, f.default
+        lines += [f"        k = {(f.name if named else f.key)!r}", "        v = m.get(k, _MISSING)"]
+        if f.default is None:
+            lines += ["        if v is _MISSING:", "            raise _Missing"]
+            lines.append(f"        x{i} = {getattr(f.check, 'fast', '')}c{i}(v)")
+        else:
+            lines.append(f"        x{i} = d{i} if v is _MISSING else {getattr(f.check, 'fast', '')}c{i}(v)")
+    lines += [
+        "    except _Missing:",
+        "        raise DecodeError(f'missing field {k!r}') from None",
+        "    except DecodeError as e:",
+        "        raise DecodeError(f'field {k!r}: {e}') from None",
+        "    return {" + ", ".join(f"{f.name!r}: x{i}" for i, f in enumerate(fields)) + "}",
+    ]
+    return _compile("load", lines, names)
+
+
+def _packer(fields: _Fields, *, items: bool = False) -> Callable[[Any], dict[str, Any]]:
+    """Our object (attributes, or a dict with our names when `items`) -> the
+    map of short keys; a field equal to its default is left out."""
+    names: dict[str, Any] = {}
+    lines = ["def pack(o):", "    out = {}"]
+    for i, f in enumerate(fields):
+        names[f"u{i}"], names[f"d{i}"] = f.dump, f.default
+        get = f"o[{f.name!r}]" if items else f"o.{f.name}"
+        value = get if f.dump is _same else f"u{i}({get})"
+        if f.default is None:
+            lines.append(f"    out[{f.key!r}] = {value}")
+        else:
+            lines += [f"    if {get} != d{i}:", f"        out[{f.key!r}] = {value}"]
+    lines.append("    return out")
+    return _compile("pack", lines, names)
 
 
 def _record(fields: _Fields, build: Callable[..., Any]) -> _Check:
-    return lambda m: build(**_load(fields, m))
-
-
-def _dump_attrs(fields: _Fields) -> Callable[[Any], dict[str, Any]]:
-    return lambda obj: _pack(fields, partial(getattr, obj))
-
-
-def _dump_items(fields: _Fields) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    return lambda d: _pack(fields, d.__getitem__)
+    load = _loader(fields)
+    return lambda m: build(**load(m))
 
 
 def _each(dump: Callable[[Any], Any]) -> Callable[[Any], list[Any]]:
@@ -258,8 +288,11 @@ def _unpack_map(data: bytes) -> dict[Any, Any]:
 _VERSION = (_Field("v", "v", _int_in(-(2**63), _U64)),)  # any msgpack integer
 
 
+_load_version = _loader(_VERSION)
+
+
 def _version(m: dict[Any, Any]) -> int:
-    return _load(_VERSION, m)["v"]
+    return _load_version(m)["v"]
 
 
 # --- jobs ---------------------------------------------------------------------
@@ -287,7 +320,9 @@ _WIRE_JOB: _Fields = _JOB_COMMON + (_Field("ttl", "tl", _int_in(1, _U64)), _Fiel
 # `not_before`: the core-clock ms before which a NACK ... DELAY job is not queued again (0: none).
 _STORED_JOB: _Fields = _JOB_COMMON + (_Field("etime", "et", _UINT), _Field("not_before", "nb", _UINT, default=0))
 _wire_job = _record(_WIRE_JOB, dict)  # checks the job of REPLJOB / YOURJOBS
-_dump_wire_job = _dump_items(_WIRE_JOB)
+_dump_wire_job = _packer(_WIRE_JOB, items=True)
+_load_stored_job, _load_stored_map = _loader(_STORED_JOB, named=True), _loader(_STORED_JOB)
+_pack_stored_job = _packer(_STORED_JOB, items=True)
 
 
 def _job_fields(job: Job, flag_mask: int) -> dict[str, Any]:
@@ -317,9 +352,9 @@ def job_from_wire(d: WireJob, now_ms: int) -> Job:
     the sender's `etime`, every other field as sent.
 
     The caller applies the receive rules (state active, qtime, known nodes).
-    Raises DecodeError if `d` is malformed.
+    `d` is a job of a decoded REPLJOB or YOURJOBS: `decode_body` checked it.
     """
-    fields = _load(_WIRE_JOB, d, named=True)
+    fields = dict(d)
     fields["etime"] = min((now_ms + fields.pop("ttl")) // 1000, fields["etime"])
     return Job(**fields)
 
@@ -344,12 +379,12 @@ def _stored_job(fields: dict[str, Any]) -> Job:
 
 def job_from_storage(d: dict[str, Any]) -> Job:
     """Inverse of job_to_storage; raises DecodeError if `d` is malformed."""
-    return _stored_job(_load(_STORED_JOB, d, named=True))
+    return _stored_job(_load_stored_job(d))
 
 
 def encode_storage(job: Job) -> bytes:
     """The AOF LOADJOB payload: the storage form as a versioned msgpack map."""
-    m = _pack(_STORED_JOB, job_to_storage(job).__getitem__)
+    m = _pack_stored_job(job_to_storage(job))
     m["v"] = STORAGE_VERSION
     return msgpack.packb(m, use_bin_type=True)
 
@@ -359,7 +394,7 @@ def decode_storage(data: bytes) -> Job:
     m = _unpack_map(data)
     if _version(m) != STORAGE_VERSION:
         raise DecodeError(f"unknown storage version {m['v']}")
-    return _stored_job(_load(_STORED_JOB, m))
+    return _stored_job(_load_stored_map(m))
 
 
 # --- messages -----------------------------------------------------------------
@@ -371,6 +406,12 @@ class _Kind:
     cls: type
     fields: _Fields = ()
     mflags: tuple[tuple[str, int], ...] = ()  # boolean attribute -> mflags bit
+    pack: Callable[[Any], dict[str, Any]] = field(init=False)
+    load: Callable[[Any], dict[str, Any]] = field(init=False)  # with the mflags
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pack", _packer(self.fields))
+        object.__setattr__(self, "load", _loader(self.fields + (_MFLAGS,)))
 
 
 _ENVELOPE: _Fields = (
@@ -379,6 +420,8 @@ _ENVELOPE: _Fields = (
     _Field("flags", "f", _BITS),
 )
 _MFLAGS = _Field("mflags", "m", _BITS)
+_pack_envelope, _load_envelope = _packer(_ENVELOPE), _loader(_ENVELOPE)
+_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
 _GOSSIP_ENTRY: _Fields = (
     _Field("node_id", "n", _node_id),
@@ -387,7 +430,7 @@ _GOSSIP_ENTRY: _Fields = (
     _Field("flags", "f", _BITS),
 )
 _GOSSIP = _Field(
-    "gossip", "g", _list_of(_record(_GOSSIP_ENTRY, GossipEntry)), _each(_dump_attrs(_GOSSIP_ENTRY))
+    "gossip", "g", _list_of(_record(_GOSSIP_ENTRY, GossipEntry)), _each(_packer(_GOSSIP_ENTRY))
 )
 _ID = _Field("id", "i", _job_id)
 _QUEUE = _Field("queue", "q", _bytes)
@@ -418,9 +461,9 @@ _BY_CLASS = {k.cls: k for k in _KINDS}
 def encode_body(header: Header, msg: Message) -> bytes:
     kind = _BY_CLASS[type(msg)]
     m = {"v": VERSION, "t": kind.name, "m": sum(bit for attr, bit in kind.mflags if getattr(msg, attr))}
-    m |= _pack(_ENVELOPE, partial(getattr, header))
-    m |= _pack(kind.fields, partial(getattr, msg))
-    return msgpack.packb(m, use_bin_type=True)
+    m |= _pack_envelope(header)
+    m |= kind.pack(msg)
+    return _packb(m)
 
 
 def decode_body(body: bytes) -> tuple[Header, Message] | None:
@@ -439,10 +482,11 @@ def decode_body(body: bytes) -> tuple[Header, Message] | None:
         kind = _BY_NAME.get(name) if type(name) is str else None
         if kind is None:
             raise DecodeError(f"unknown message type {name[:40]!r}" if type(name) is str else "ill-typed type 't'")
-        fields = _load(kind.fields + (_MFLAGS,), m)
+        fields = kind.load(m)
         mflags = fields.pop("mflags")
-        fields |= {attr: bool(mflags & bit) for attr, bit in kind.mflags}
-        return Header(**_load(_ENVELOPE, m)), kind.cls(**fields)
+        for attr, bit in kind.mflags:
+            fields[attr] = bool(mflags & bit)
+        return Header(**_load_envelope(m)), kind.cls(**fields)
     except DecodeError as e:
         raise FrameError(str(e)) from None
 

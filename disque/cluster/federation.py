@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from disque.cluster import messages as m
-from disque.cluster.codec import DecodeError, job_from_wire, job_to_wire
+from disque.cluster.codec import job_from_wire, job_to_wire
 from disque.store.job import BCAST_QUEUED, State
 from disque.store.queue import PAUSE_OUT, Queue
 
@@ -145,10 +145,7 @@ class Federation:
         node = self.node
         now = node.now
         for wire in msg.jobs:
-            try:
-                received = job_from_wire(wire, now)
-            except DecodeError:
-                return
+            received = job_from_wire(wire, now)
             job = node.jobs.get(received.id)
             if job is None:
                 job = node.adopt(received)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from disque.cluster import messages as m
-from disque.cluster.codec import DecodeError, job_from_wire
+from disque.cluster.codec import job_from_wire
 from disque.core.ids import mixed
 from disque.store.job import BCAST_QUEUED, BCAST_WILLQUEUE, State
 from disque.store.queue import PAUSE_IN, PAUSE_OUT
@@ -42,10 +42,7 @@ def handles(kind: type) -> Callable[[Handler], Handler]:
 def repl_job(node: Node, sender: str, msg: m.ReplJob) -> None:
     if node.mem_level() > 0 or node.cluster.leaving:
         return
-    try:
-        received = job_from_wire(msg.job, node.now)
-    except DecodeError:
-        return
+    received = job_from_wire(msg.job, node.now)
     if received.id in node.collected:
         return  # acknowledged and collected already: a late, stale copy
     queue = node.queues.get(received.queue)  # type: ignore[arg-type]

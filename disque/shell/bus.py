@@ -56,11 +56,12 @@ import os
 
 import ipaddress
 import logging
+import select
 import socket
 import struct
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -89,9 +90,13 @@ ABORT_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets
 
 
 class _Peer:
-    """One bus connection: its stream, its queue of frames, its cancel scope."""
+    """One bus connection: its stream, its queue of frames, its cancel scope,
+    and while the reactor serves it, its socket's fd there."""
 
-    __slots__ = ("addr", "label", "stream", "out", "queued", "wake", "scope", "closed", "ready", "auth", "identified")
+    __slots__ = (
+        "addr", "label", "stream", "out", "queued", "wake", "scope", "closed", "ready", "auth", "identified",
+        "reactor", "fd", "writing", "decoder", "deliver", "identify",
+    )  # fmt: skip
 
     def __init__(self, addr: tuple[str, int], label: str, stream: trio.abc.Stream | None = None) -> None:
         self.addr = addr
@@ -105,10 +110,38 @@ class _Peer:
         self.scope = trio.CancelScope()
         self.closed = False
         self.identified = True  # incoming connections: False until their first valid frame
+        self.reactor: Reactor | None = None
+        self.fd = -1  # >= 0 while the reactor serves the socket
+        self.writing = False  # the reactor waits for the socket to take the rest of `out`
+        self.decoder: Any = None
+        self.deliver: Callable[[Header, Message], None] = _ignore
+        self.identify = trio.CancelScope()  # the deadline of an unidentified connection
 
     def close(self) -> None:
         self.closed = True
+        self.detach()
         self.scope.cancel()
+
+    def detach(self) -> None:
+        """Take the socket out of the reactor (before the task closes it, so
+        that the fd is still ours)."""
+        if self.fd >= 0:
+            assert self.reactor is not None
+            self.reactor.unwatch(self.fd)
+            self.fd = -1
+
+
+def _ignore(header: Header, msg: Message) -> None:
+    pass
+
+
+class Reactor(Protocol):
+    """The epoll loop that serves plain sockets (TcpClients)."""
+
+    def watch(self, fd: int, handler: Callable[[int], None]) -> None: ...
+    def want(self, fd: int, mask: int) -> None: ...
+    def unwatch(self, fd: int) -> None: ...
+    def wake(self) -> None: ...
 
 
 class _AuthDecoder:
@@ -207,6 +240,8 @@ class Bus:
         self._nursery: trio.Nursery | None = None
         self._log_at = float("-inf")
         self._log_skipped = 0
+        self.reactor: Reactor | None = None  # set by the server: plain connections are served there
+        self.unflushed: dict[_Peer, None] = {}  # reactor-served peers with frames to write
 
     # ------------------------------------------------------------ lifecycle
 
@@ -260,7 +295,12 @@ class Bus:
             frame = encode_frame(self.core.header(), msg)
         peer.out.append(frame)
         peer.queued += len(frame)
-        peer.wake.set()
+        if peer.fd < 0:
+            peer.wake.set()
+        elif not peer.writing:
+            if not self.unflushed:
+                self.reactor.wake()  # type: ignore[union-attr]
+            self.unflushed[peer] = None
         if peer.queued > self.max_queue:
             self._warn("Closing %s: %d bytes queued, the peer is not reading", peer.label, peer.queued)
             peer.close()
@@ -427,38 +467,67 @@ class Bus:
             auth.handshake_step()
 
     async def _session(self, peer: _Peer, deliver: Callable[[Header, Message], None]) -> None:
-        """Read and write `peer` until either side fails; runs in `peer.scope`."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._write_loop, peer)
-            await self._read_loop(peer, deliver)
+        """Read and write `peer` until either side fails; runs in `peer.scope`.
 
-    async def _read_loop(self, peer: _Peer, deliver: Callable[[Header, Message], None]) -> None:
+        A plain TCP connection is served by the reactor: its socket joins the
+        epoll set of the client loop, so frames of every peer and the client
+        requests of one wake-up are read together, and what they produce is
+        written once at the end of it (`flush`).  A TLS connection keeps a
+        reader and a writer task."""
         assert peer.stream is not None
         plain = FrameDecoder(self.max_frame if peer.identified else min(self.max_frame, FIRST_FRAME_MAX))
-        decoder = _AuthDecoder(peer.auth) if peer.auth is not None else plain
+        peer.decoder = _AuthDecoder(peer.auth) if peer.auth is not None else plain
+        peer.deliver = deliver
         # An unidentified connection has IDENTIFY_TIMEOUT to send a valid frame.
-        unidentified = trio.CancelScope(deadline=trio.current_time() + IDENTIFY_TIMEOUT if not peer.identified else float("inf"))
+        peer.identify.deadline = trio.current_time() + IDENTIFY_TIMEOUT if not peer.identified else float("inf")
+        sock = getattr(peer.stream, "socket", None)
+        with peer.identify:
+            if self.reactor is not None and sock is not None:
+                peer.reactor, peer.fd = self.reactor, sock.fileno()
+                self.reactor.watch(peer.fd, partial(self._ready, peer))
+                self.unflushed[peer] = None  # what was queued since the connection was made
+                self.reactor.wake()
+                try:
+                    await trio.sleep_forever()  # until peer.close() cancels the scope
+                finally:
+                    peer.detach()
+            else:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._write_loop, peer)
+                    await self._read_loop(peer)
+        if peer.identify.cancelled_caught:
+            self._count("cluster_unidentified_closed", "Closing %s: no valid frame within %.0f s", peer.label, IDENTIFY_TIMEOUT)
+        peer.close()
+
+    def _received(self, peer: _Peer, data: bytes) -> None:
+        """Hand every frame of `data` to the core, then apply their effects
+        once.  A bad frame closes the peer (logged)."""
         try:
-            with unidentified:
-                while data := await peer.stream.receive_some(READ_SIZE):
-                    decoder.feed(data)
-                    try:  # every frame of the read, then their effects at once
-                        while not peer.closed and (frame := decoder.next_frame()) is not None:
-                            if not peer.identified:
-                                peer.identified = True
-                                self.unidentified -= 1
-                                plain.max_frame = self.max_frame
-                                unidentified.deadline = float("inf")
-                            deliver(*frame)
-                    finally:
-                        self.drain()
-            if unidentified.cancelled_caught:
-                self._count("cluster_unidentified_closed", "Closing %s: no valid frame within %.0f s", peer.label, IDENTIFY_TIMEOUT)
+            peer.decoder.feed(data)
+            try:
+                while not peer.closed and (frame := peer.decoder.next_frame()) is not None:
+                    if not peer.identified:
+                        peer.identified = True
+                        self.unidentified -= 1
+                        if isinstance(peer.decoder, FrameDecoder):
+                            peer.decoder.max_frame = self.max_frame
+                        peer.identify.deadline = float("inf")
+                    peer.deliver(*frame)
+            finally:
+                self.drain()
         except FrameError as e:
             self._warn("Closing %s: %s", peer.label, e.reason)
+            peer.close()
         except AuthError as e:
             self.security.count_auth_error(e.kind)
             self.security.log("bus-auth-" + e.kind, logging.WARNING, "Closing %s: %s", peer.label, e.reason)
+            peer.close()
+
+    async def _read_loop(self, peer: _Peer) -> None:
+        assert peer.stream is not None
+        try:
+            while not peer.closed and (data := await peer.stream.receive_some(READ_SIZE)):
+                self._received(peer, data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         peer.close()
@@ -475,6 +544,52 @@ class Bus:
                 peer.queued -= len(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             peer.close()
+
+    # ------------------------------------------------------------ the reactor's side
+
+    def _ready(self, peer: _Peer, events: int) -> None:
+        """The reactor saw `peer`'s socket ready."""
+        if events & select.EPOLLOUT:
+            self._write(peer)
+        if events & (select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP) and peer.fd >= 0:
+            try:
+                data = os.read(peer.fd, READ_SIZE)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if data:
+                self._received(peer, data)
+            else:
+                peer.close()
+
+    def flush(self) -> None:
+        """Write the frames queued for reactor-served peers (the reactor
+        calls this at the end of every wake-up)."""
+        unflushed, self.unflushed = self.unflushed, {}
+        for peer in unflushed:
+            self._write(peer)
+
+    def _write(self, peer: _Peer) -> None:
+        """Write what the kernel takes of `peer.out`; wait for the socket to
+        become writable for the rest."""
+        if peer.fd < 0:
+            return
+        out = peer.out
+        if out:
+            data = out[0] if len(out) == 1 else b"".join(out)
+            try:
+                sent = os.write(peer.fd, data)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                peer.close()
+                return
+            peer.queued -= sent
+            out[:] = (memoryview(data)[sent:],) if sent < len(data) else ()
+        if bool(out) != peer.writing:
+            peer.writing = bool(out)
+            self.reactor.want(peer.fd, select.EPOLLIN | select.EPOLLOUT if out else select.EPOLLIN)  # type: ignore[union-attr]
 
     # ------------------------------------------------------------ helpers
 

@@ -123,6 +123,7 @@ class Server:
             self.core, config, self.bus, self.aof_file, self._conf_changed, self._output_limit_closed
         )
         self.tcp = TcpClients(self.sessions, self.aof_file, self.clock, self.refusal)
+        self.bus.reactor, self.tcp.after_pass = self.tcp, self.bus.flush  # plain bus sockets share the client loop
 
     # ------------------------------------------------------------ lifecycle
 

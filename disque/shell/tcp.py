@@ -60,6 +60,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("disque")
 
+
+def _nothing() -> None:
+    pass
+
 READ_SIZE = 64 * 1024
 MAX_EVENTS = 512
 ACCEPT_BATCH = 64  # connections accepted per wake-up, so that clients already in get served
@@ -108,8 +112,33 @@ class TcpClients:
         self.paused: list[TcpConn] = []  # read during CLIENT PAUSE, to run after it
         self.resume: list[TcpConn] = []  # held (session.OUTPUT_PAUSE) and written since: run the rest
         self.doomed: list[TcpConn] = []  # to close, asked for outside this task
-        self.wakeup = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # readable when `doomed` is not empty
+        self.watched: dict[int, Callable[[int], None]] = {}  # other sockets served here (the bus): fd -> handler
+        self.after_pass: Callable[[], None] = _nothing  # runs once every event of a wake-up is handled
+        self.in_pass = False
+        self.woken = False
+        # Readable when `doomed` is not empty or `after_pass` has work from outside this task.
+        self.wakeup = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.epoll.register(self.wakeup, EPOLLIN)
+
+    def watch(self, fd: int, handler: Callable[[int], None]) -> None:
+        """Serve a socket of another kind here: `handler(events)` runs when
+        it is ready (EPOLLIN, and EPOLLOUT once asked for with `want`)."""
+        self.watched[fd] = handler
+        self.epoll.register(fd, EPOLLIN)
+
+    def want(self, fd: int, mask: int) -> None:
+        self.epoll.modify(fd, mask)
+
+    def unwatch(self, fd: int) -> None:
+        if self.watched.pop(fd, None) is not None:
+            self.epoll.unregister(fd)
+
+    def wake(self) -> None:
+        """Make sure `after_pass` runs soon: at the end of this wake-up, or
+        of the next one, which this starts."""
+        if not self.in_pass and not self.woken:
+            self.woken = True
+            os.eventfd_write(self.wakeup, 1)
 
     def listen(self, sock: socket.socket) -> None:
         sock.setblocking(False)
@@ -124,11 +153,14 @@ class TcpClients:
                     await trio.lowlevel.checkpoint()
                 else:
                     await trio.lowlevel.wait_readable(epoll)
+                self.in_pass = True
                 for fd, events in epoll.poll(0, MAX_EVENTS):
                     conn = conns.get(fd)
                     if conn is None:
                         if fd == self.wakeup:
-                            self._close_doomed()
+                            self._woken()
+                        elif fd in self.watched:
+                            self.watched[fd](events)
                         else:
                             await self._accept(self.listeners[fd])
                     elif conn.mask & EPOLLIN:
@@ -147,6 +179,8 @@ class TcpClients:
                     for conn in resume:
                         if not conn.gone:
                             self._run(conn)
+                self.in_pass = False
+                self.after_pass()
         finally:
             for conn in list(conns.values()):
                 conn.sock.close()
@@ -273,8 +307,9 @@ class TcpClients:
             os.eventfd_write(self.wakeup, 1)
         self.doomed.append(conn)
 
-    def _close_doomed(self) -> None:
+    def _woken(self) -> None:
         os.eventfd_read(self.wakeup)
+        self.woken = False
         doomed, self.doomed = self.doomed, []
         for conn in doomed:
             if not conn.gone:

@@ -154,16 +154,6 @@ def test_repljob_is_ignored_by_a_leaving_or_full_node(condition):
         assert node.sent() == [] and node.show(job.id) is None
 
 
-def test_malformed_replicated_job_is_dropped_without_an_answer():
-    """The codec refuses such a frame on the bus; a core handed one directly
-    must not adopt it either."""
-    node = Node()
-    wire = job_to_wire(origin_job(node, 1), node.clock.ms)
-    del wire["ttl"]
-    node.from_(PEER, m.ReplJob(wire))
-    assert node.sent() == [] and len(node.core.jobs) == 0
-
-
 def test_repljob_for_a_queue_paused_for_input_is_ignored():
     node = Node()
     node.s("PAUSE", "q", "in")
@@ -402,15 +392,6 @@ def test_needjobs_from_a_node_we_have_no_link_to_hands_nothing_over():
     ((to, moved),) = node.sent()
     assert to == PEER and [wire["id"] for wire in moved.jobs] == [job_id]
     assert node.show(job_id) is None  # moved for good
-
-
-def test_yourjobs_import_stops_at_a_malformed_job():
-    node = Node()
-    good = job_to_wire(origin_job(node, 1), node.clock.ms)
-    bad = dict(job_to_wire(origin_job(node, 2), node.clock.ms), queue=42)
-    node.from_(PEER, m.YourJobs((good, bad)))
-    assert node.state(good["id"]) == "queued" and node.show(bad["id"]) is None
-    assert node.core.import_from(node.core.queues.get(b"q")) == [PEER]
 
 
 @pytest.mark.parametrize("held", ["acked", "queued"])

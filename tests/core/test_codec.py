@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from disque.cluster import codec
 from disque.cluster.codec import (
     INCR_DELIV, INCR_NACKS, MAX_FRAME, NOREPLY, STORAGE_VERSION, DecodeError,
     FrameDecoder, FrameError, decode_body, decode_storage, encode_body,
@@ -423,8 +424,8 @@ def test_a_pending_nack_delay_is_stored_as_not_before(job: Job, qtime: int) -> N
 
 
 def test_delivered_nodes_are_a_set() -> None:
-    d = edit(GOOD_JOB, nodes_delivered=("a" * 40, "b" * 40, "a" * 40))
-    assert job_from_wire(d, NOW_MS).nodes_delivered == ("a" * 40, "b" * 40)
+    _, msg = decode_body(_body(ReplJob(GOOD_JOB), j=_job_map(nd=["a" * 40, "b" * 40, "a" * 40])))
+    assert job_from_wire(msg.job, NOW_MS).nodes_delivered == ("a" * 40, "b" * 40)
 
 
 def test_job_from_wire_accepts_its_own_output() -> None:
@@ -449,9 +450,15 @@ BAD_JOB_FIELDS = [
 
 
 @pytest.mark.parametrize(("field", "value"), [*BAD_JOB_FIELDS, ("ttl", 0), ("ttl", None)])
-def test_malformed_wire_job_raises_decode_error(field: str, value: Any) -> None:
-    with pytest.raises(DecodeError):
-        job_from_wire(edit(GOOD_JOB, **{field: value}), NOW_MS)
+@pytest.mark.parametrize("kind", [ReplJob, YourJobs])
+def test_malformed_wire_job_raises_frame_error(kind: type, field: str, value: Any) -> None:
+    """The codec checks a received job once, as it decodes the frame;
+    job_from_wire then trusts it."""
+    key = {f.name: f.key for f in codec._WIRE_JOB}[field]
+    msg = kind(GOOD_JOB) if kind is ReplJob else kind((GOOD_JOB,))
+    body = _body(msg, j=_job_map(**{key: value}) if kind is ReplJob else [_job_map(), _job_map(**{key: value})])
+    with pytest.raises(FrameError):
+        decode_body(body)
 
 
 @pytest.mark.parametrize(("field", "value"), [*BAD_JOB_FIELDS, ("etime", -1), ("etime", None)])
