@@ -74,7 +74,7 @@ class Replication:
         job.nodes_confirmed = set() if extrepl else {me}
         node.register(job)
         self.replicate(job, additional, noreply=False)
-        client.repl_job = job.id
+        client.repl_jobs[job.id] = None
         node.repl_waiters[job.id] = client
         self.pending[job.id] = Pending(client, node.now + timeout if timeout else 0, node.now)
         return BLOCKED
@@ -113,11 +113,8 @@ class Replication:
         node = self.node
         self.pending.pop(job.id, None)
         self.achieved_count += 1
-        client = node.repl_waiters.pop(job.id, None)
         job.move(REPLICATED)
-        if client is not None:  # pragma: no branch - a producer that leaves aborts its wait-repl job
-            client.repl_job = None
-            node.reply_to(client, Status(job.id))
+        node.answer_producer(job.id, Status(job.id))
         if node.cluster.my_id not in job.nodes_delivered:
             confirmed = sorted(job.nodes_confirmed or ())
             if confirmed:
@@ -133,10 +130,7 @@ class Replication:
         node = self.node
         self.pending.pop(job.id, None)
         self.aborted_count += 1
-        client = node.repl_waiters.pop(job.id, None)
-        if client is not None:
-            client.repl_job = None
-            node.reply_to(client, reply)
+        node.answer_producer(job.id, reply)
         node.abort_replication(job)
 
     def forget(self, job_id: bytes) -> None:

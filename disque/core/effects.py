@@ -20,6 +20,7 @@ class Reply:
 
     client_id: int
     value: Any
+    slot: bytes | None = None  # the answer of ADDJOB <slot> waiting for its replicas (the session keeps its place)
 
 
 @dataclass(frozen=True, slots=True)

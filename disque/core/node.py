@@ -51,7 +51,7 @@ from disque.cluster.membership import Membership
 from disque.cluster.replication import Replication
 from disque.core.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
 from disque.core.ids import new_job_id
-from disque.core.types import BLOCKED, NIL_ARRAY, Clock, Client, Command, Host, Stats, Status, Waiter
+from disque.core.types import BLOCKED, NIL_ARRAY, SILENT, Clock, Client, Command, Host, Stats, Status, Waiter
 from disque.store.job import (
     ABORT,
     ADOPT,
@@ -230,7 +230,7 @@ class NodeCore:
     def _close_idle_clients(self, limit_ms: int) -> None:
         """The `timeout` directive: blocked clients and monitors are exempt."""
         for client in self.clients.values():
-            if client.waiter is None and client.repl_job is None and client.id not in self.monitors:
+            if client.waiter is None and not client.repl_jobs and client.id not in self.monitors:
                 if self.now - client.last > limit_ms:
                     self.close_client(client)
 
@@ -249,18 +249,26 @@ class NodeCore:
         self.monitors.pop(client_id, None)
         if client.waiter is not None:
             self._drop_waiter(client.waiter)
-        if client.repl_job is not None:
-            job = self.jobs.get(client.repl_job)
-            self.repl_waiters.pop(client.repl_job, None)  # gone: nobody to answer
-            client.repl_job = None
-            if job is not None and job.state == State.WAIT_REPL:  # pragma: no branch - repl_job ends with wait-repl
+        waiting, client.repl_jobs = client.repl_jobs, {}
+        for job_id in waiting:
+            job = self.jobs.get(job_id)
+            self.repl_waiters.pop(job_id, None)  # gone: nobody to answer
+            if job is not None and job.state == State.WAIT_REPL:  # pragma: no branch - repl_jobs end with wait-repl
                 self.replication.abort(job, None)
 
-    def reply_to(self, client: Client, value: Any) -> None:
-        if client.mute_next:
+    def reply_to(self, client: Client, value: Any, slot: bytes | None = None) -> None:
+        if client.mute_next:  # silenced, but the session must still learn that the client waits no more
             client.mute_next = False
-            return
-        self.effects.append(Reply(client.id, value))
+            value = SILENT
+        self.effects.append(Reply(client.id, value, slot))
+
+    def answer_producer(self, job_id: bytes, value: Any) -> None:
+        """The ADDJOB of `job_id` stops waiting for its replicas: its client
+        (if still there) gets `value` in that ADDJOB's place."""
+        client = self.repl_waiters.pop(job_id, None)
+        if client is not None:
+            client.repl_jobs.pop(job_id, None)
+            self.reply_to(client, value, job_id)
 
     def close_client(self, client: Client) -> None:
         client.closing = True
@@ -454,10 +462,7 @@ class NodeCore:
             self.aof_deljob(job.id)
         if job.state == S_WAIT_REPL:
             self.replication.forget(job.id)
-            client = self.repl_waiters.pop(job.id, None)
-            if client is not None:  # pragma: no branch - a wait-repl job always has its producer waiting
-                client.repl_job = None
-                self.reply_to(client, errors.norepl_removed())
+            self.answer_producer(job.id, errors.norepl_removed())
             self.broadcast(job.nodes_delivered, m.DelJob(job.id, acked=False))
         if job.state == S_ACKED:
             self.collected.remember(job.id, self.now)

@@ -67,7 +67,7 @@ class Client:
     last: int = 0
     last_cmd: str = "NULL"
     waiter: "Waiter | None" = None
-    repl_job: bytes | None = None  # ADDJOB waiting for replication
+    repl_jobs: dict[bytes, None] = field(default_factory=dict)  # its ADDJOBs waiting for replication, in order
     lib_name: bytes = b""
     lib_ver: bytes = b""
     reply_mode: int = 0  # REPLY_ON, REPLY_OFF or REPLY_SKIP (CLIENT REPLY)

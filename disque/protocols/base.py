@@ -38,3 +38,7 @@ class FrontEnd:
     encode: Callable[[Any, int], bytes]  # (result, protocol version) -> bytes
     encode_error: Callable[[str], bytes]  # a protocol error's last words
     query_buffer_limit: int  # the session closes a client whose unparsed input is larger
+    # Requests that may run while an earlier one of the same connection waits
+    # for its job's replicas (pipelined ADDJOBs replicate together; their
+    # answers still leave in order).
+    overlaps: Callable[[Any], bool] = lambda request: False

@@ -11,7 +11,13 @@ runner does the rest, once for all of them:
   buffer limit;
 * run: each complete request goes through `NodeCore.handle_command` with
   the front end's command table, until the client blocks or the input is
-  used up; the reply is encoded by the same front end;
+  used up; the reply is encoded by the same front end.  One exception to
+  "blocks": while an ADDJOB waits for its replicas, the pipeline goes on
+  with the requests the front end says may overlap it (more ADDJOBs), so
+  their REPLJOBs travel together.  Each such waiting ADDJOB holds a place
+  in the output (`Conn.slots`): what comes after it waits there until its
+  answer arrives, so the client reads its answers in the order it asked.
+  Any other request waits (`Conn.next`) until no ADDJOB is waiting;
 * apply effects: replies for other clients (a blocked GETJOB served by
   someone's ADDJOB) are queued on their connections, which then resume
   their own pipelines and are `kick`ed; bus messages go to `bus`, AOF
@@ -65,7 +71,7 @@ class Conn:
     else's command: send them once the AOF allows) and `abort` (the output
     was dropped: close as soon as possible)."""
 
-    __slots__ = ("client", "front", "parser", "out", "out_size", "soft_since", "closing", "held")
+    __slots__ = ("client", "front", "parser", "out", "out_size", "soft_since", "closing", "held", "slots", "next")
 
     def __init__(self, client: Client, front: FrontEnd) -> None:
         self.client = client
@@ -76,6 +82,24 @@ class Conn:
         self.soft_since: float | None = None  # when the soft output limit was first exceeded
         self.closing = False  # run nothing more; close once `out` is written
         self.held = False  # requests wait for `out` to be written (OUTPUT_PAUSE): run again then
+        # Waiting ADDJOBs the pipeline went past, in order: job ID -> [answer
+        # or None, the output queued after it].
+        self.slots: dict[bytes, list[Any]] = {}
+        self.next: Any = None  # a request parsed, that waits for the ADDJOBs before it
+
+    def fill(self, job_id: bytes, data: bytes) -> bool:
+        """The answer of a waiting ADDJOB with a place; False if it has none
+        (it was the last request run: its answer simply goes next)."""
+        slot = self.slots.get(job_id)
+        if slot is None:
+            return False
+        slot[0] = data
+        slots = self.slots
+        while slots and (first := next(iter(slots.values())))[0] is not None:
+            del slots[next(iter(slots))]
+            self.out.append(first[0])
+            self.out.extend(first[1])
+        return True
 
     def kick(self) -> None:
         raise NotImplementedError
@@ -156,22 +180,30 @@ class Sessions:
         core, client, parser, front = self.core, conn.client, conn.parser, conn.front
         run, encode = front.run, front.encode
         conn.held = False
-        while not conn.closing and client.waiter is None and client.repl_job is None:
+        while not conn.closing and client.waiter is None:
             if conn.out_size > OUTPUT_PAUSE:
-                conn.held = parser.buffered() > 0
+                conn.held = parser.buffered() > 0 or conn.next is not None
                 return
-            try:
-                request = parser.next_command()
-            except ProtocolError as e:
-                self.queue(conn, front.encode_error(e.message))
-                conn.closing = True
-                return
+            request, conn.next = conn.next, None
             if request is None:
-                self._cap_unauthenticated(conn)
-                return
+                try:
+                    request = parser.next_command()
+                except ProtocolError as e:
+                    self.queue(conn, front.encode_error(e.message))
+                    conn.closing = True
+                    return
+                if request is None:
+                    self._cap_unauthenticated(conn)
+                    return
+            if client.repl_jobs:  # an ADDJOB before this one waits for its replicas
+                if not front.overlaps(request) or client.reply_mode or client.mute_next:
+                    conn.next = request
+                    return
+                for job_id in client.repl_jobs:
+                    conn.slots.setdefault(job_id, [None, []])
             reply = core.handle_command(client, request, run)
             if reply is BLOCKED:
-                break
+                continue  # waiting for a key or a timeout (`client.waiter`: the loop ends), or for replicas
             if reply is not SILENT:
                 self.queue(conn, encode(reply, client.proto))
             if client.closing:
@@ -199,7 +231,11 @@ class Sessions:
                 if kind is Reply:
                     conn = conns.get(effect.client_id)
                     if conn is not None:
-                        self.queue(conn, conn.front.encode(effect.value, conn.client.proto))
+                        data = b"" if effect.value is SILENT else conn.front.encode(effect.value, conn.client.proto)
+                        if effect.slot is not None and conn.fill(effect.slot, data):
+                            self._count_queued(conn, len(data))
+                        elif data:
+                            self.queue(conn, data)
                         touched[conn] = None
                 elif kind is CloseClient:
                     conn = conns.get(effect.client_id)
@@ -224,8 +260,14 @@ class Sessions:
                 conn.kick()
 
     def queue(self, conn: Conn, data: bytes) -> None:
-        conn.out.append(data)
-        conn.out_size += len(data)
+        if conn.slots:  # behind an ADDJOB still waiting for its answer
+            next(reversed(conn.slots.values()))[1].append(data)
+        else:
+            conn.out.append(data)
+        self._count_queued(conn, len(data))
+
+    def _count_queued(self, conn: Conn, size: int) -> None:
+        conn.out_size += size
         hard, soft, _ = self.config.client_output_buffer_limit
         if hard or soft:
             self.check_output(conn)
@@ -247,8 +289,9 @@ class Sessions:
             log.warning("Client id=%d addr=%s scheduled to be closed ASAP for overcoming of output buffer limits "
                         "(%d bytes pending).", conn.client.id, conn.client.addr, conn.out_size)  # fmt: skip
             self.on_output_limit()
-            conn.out_size -= sum(map(len, conn.out))
+            conn.out_size -= sum(map(len, conn.out)) + sum(len(d) for s in conn.slots.values() for d in (s[0] or b"", *s[1]))
             conn.out.clear()
+            conn.slots.clear()
             conn.closing = True
             conn.abort()
 

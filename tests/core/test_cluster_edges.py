@@ -332,7 +332,7 @@ def test_sync_addjob_of_a_leaving_node(answer):
     else:  # the job was acked on the replica before its GOTJOB came back
         node.from_(PEER, m.SetAck(job_id, 1))
         assert node.sent() == [(PEER, m.GotAck(job_id, False))]  # nobody confirmed: no ENQUEUE
-    assert producer.pending() == [Status(job_id)] and producer.client.repl_job is None
+    assert producer.pending() == [Status(job_id)] and not producer.client.repl_jobs
     assert node.show(job_id) is None
     check_core(node.core)
 

@@ -83,7 +83,7 @@ class CommandFuzz(RuleBasedStateMachine):
 
     def free_session(self, data) -> Session:
         """Any connection not waiting for a reply (or a new one)."""
-        free = [s for s in self.sessions if s.client.waiter is None and s.client.repl_job is None]
+        free = [s for s in self.sessions if s.client.waiter is None and not s.client.repl_jobs]
         index = data.draw(st.integers(0, len(free)))
         if index < len(free):
             return free[index]

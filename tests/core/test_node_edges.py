@@ -77,7 +77,7 @@ def test_ackjob_of_an_externally_replicated_job_answers_the_producer():
 
     assert consumer("ACKJOB", job_id) == 1
     assert producer.pending() == [Status(job_id)]
-    assert consumer.show(job_id) is None and not core.repl_waiters and producer.client.repl_job is None
+    assert consumer.show(job_id) is None and not core.repl_waiters and not producer.client.repl_jobs
     assert bus_sent(core) == []  # nobody confirmed: no ENQUEUE to send
     assert consumer("ACKJOB", job_id) == 0  # gone; an even TTL field (RETRY > 0) makes no dummy ACK
     check_core(core)

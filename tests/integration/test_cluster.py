@@ -169,6 +169,26 @@ def test_synchronous_replication_reaches_the_requested_level(c5: Cluster) -> Non
     assert len(c5.holders(default)) >= 3 and c5.show(2, default)["repl"] == 3
 
 
+def test_pipelined_addjobs_replicate_together_and_answer_in_order(c5: Cluster) -> None:
+    """A pipeline of synchronous ADDJOBs goes on while earlier ones wait for
+    their replicas; the answers come back in request order, errors
+    included, and any other command waits for every ADDJOB before it."""
+    from rawsock import Error, Raw, pack
+
+    conn = Raw(("127.0.0.1", c5.nodes[0].port))
+    try:
+        requests = [pack("ADDJOB", "pipeq", f"b{i}", 5000, "REPLICATE", 3) for i in range(40)]
+        requests.insert(20, pack("ADDJOB", "pipeq", "bad", 5000, "REPLICATE", 99))  # refused at once
+        requests += [pack("QLEN", "pipeq"), pack("ADDJOB", "pipeq", "last", 5000, "REPLICATE", 3), pack("QLEN", "pipeq")]
+        conn.send(b"".join(requests))
+        replies = [conn.read() for _ in requests]
+    finally:
+        conn.close()
+    assert isinstance(replies[20], Error) and replies[41] == 40 and replies[43] == 41
+    ids = replies[:20] + replies[21:41] + [replies[42]]
+    assert [c5.show(0, job_id)["body"] for job_id in ids] == [f"b{i}".encode() for i in range(40)] + [b"last"]
+
+
 def test_asynchronous_replication(c5: Cluster) -> None:
     job = c5.addjob(1, "asyncq", "b", 0, "REPLICATE", 4, "ASYNC")
     assert c5.show(1, job)["state"] == b"queued"  # queued at once, no waiting for replicas

@@ -191,7 +191,7 @@ def client_line(node: NodeCore, c: Client) -> str:
     now = node.now
     return (
         f"id={c.id} addr={c.addr} fd={c.fd} name={_text(c.name)} age={(now - c.ctime) // 1000} "
-        f"idle={(now - c.last) // 1000} flags={'b' if c.waiter or c.repl_job else 'N'} qbuf=0 qbuf-free=0 "
+        f"idle={(now - c.last) // 1000} flags={'b' if c.waiter or c.repl_jobs else 'N'} qbuf=0 qbuf-free=0 "
         f"obl=0 oll=0 omem=0 events=r cmd={c.last_cmd}\n"
     )
 
