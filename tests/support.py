@@ -50,6 +50,9 @@ class FakeHost:
     def rewrite_config(self) -> None:
         self.calls.append(("rewrite_config",))
 
+    def reload_queue_config(self) -> None:
+        self.calls.append(("reload_queue_config",))
+
     def apply_config(self, changed: list[str]) -> None:
         self.calls.append(("apply_config", tuple(changed)))
 

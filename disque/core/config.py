@@ -38,6 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from disque.store.queue_config import QueueConfig, QueueConfigError
+
 MAX_BIND_ADDRESSES = 16
 AUTHPASS_MAX_LEN = 512
 MIN_HZ, MAX_HZ = 1, 500
@@ -525,6 +527,7 @@ DIRECTIVES: dict[str, Directive] = {
         _yes_no("cluster-protected-mode", True),
         _integer("tls-port", 0, "Invalid tls-port", low=0, high=65535),
         _integer("metrics-port", 0, "Invalid metrics-port", low=0, high=65535),
+        _integer("memcache-port", 0, "Invalid memcache-port", low=0, high=65535),
         _string("tls-cert-file", settable=True),
         _string("tls-key-file", settable=True),
         _string("tls-ca-cert-file", settable=True),
@@ -538,7 +541,7 @@ DIRECTIVES: dict[str, Directive] = {
 _PROJECT_ORDER = """
     cluster-secret cluster-secret-file cluster-secret-previous protected-mode
     cluster-protected-mode tls-port tls-cert-file tls-key-file tls-ca-cert-file tls-auth-clients
-    tls-cluster tls-protocols tls-ciphers metrics-port
+    tls-cluster tls-protocols tls-ciphers metrics-port memcache-port
 """.split()
 _HIDDEN_FROM_GET = {"cluster-secret", "cluster-secret-previous"}
 
@@ -576,7 +579,7 @@ class Config:
     ``renamed_commands`` (lower-case old name -> new name, ``""`` removes)
     and ``config_file`` (absolute path, or None)."""
 
-    __slots__ = (*(d.attr for d in DIRECTIVES.values()), "renamed_commands", "config_file")
+    __slots__ = (*(d.attr for d in DIRECTIVES.values()), "renamed_commands", "config_file", "queue_config")
 
     def __init__(self, cwd: str = "/") -> None:
         for d in DIRECTIVES.values():
@@ -584,6 +587,7 @@ class Config:
         self.dir: str = cwd  # the shell passes its start-up directory
         self.renamed_commands: dict[str, str] = {}
         self.config_file: str | None = None
+        self.queue_config = QueueConfig()  # `queue-defaults` and `queue` lines
 
 
 # --------------------------------------------------------------------------
@@ -615,10 +619,25 @@ def _rename_command(config: Config, args: list[str], check: Check | None, read: 
     config.renamed_commands[args[0].lower()] = args[1].lower()
 
 
+def _queue_lines(apply: Callable[[QueueConfig, list[str]], None]) -> Callable[[Config, list[str], Check | None, Read | None], None]:
+    """`queue-defaults` and `queue`: Kestrel's per-queue options (store/queue_config.py).
+    CONFIG REWRITE keeps these lines as they are."""
+
+    def load(config: Config, args: list[str], check: Check | None, read: Read | None) -> None:
+        try:
+            apply(config.queue_config, args)
+        except QueueConfigError as e:
+            raise ValueError(str(e)) from None
+
+    return load
+
+
 # name -> (arity, apply): everything a config file may contain.
 _FILE_DIRECTIVES = {d.name: (d.arity, _assign(d)) for d in DIRECTIVES.values() if d.load} | {
     "include": (1, _include),
     "rename-command": (2, _rename_command),
+    "queue-defaults": (-2, _queue_lines(QueueConfig.set_defaults)),
+    "queue": (-3, _queue_lines(QueueConfig.set_queue)),
 }
 
 

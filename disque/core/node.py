@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from disque.core import errors
 from disque.core.acks import Acks
 from disque.core.errors import DisqueError
+from disque.core.items import Items
 from disque.cluster import messages as m
 from disque.cluster.federation import CLIENTS_WAITING, REACHED_ZERO, Federation
 from disque.cluster.handlers import HANDLERS
@@ -68,6 +69,7 @@ from disque.store.job import (
 from disque.store.aof import AofStatus, Replay, encode_deljob, encode_loadjob
 from disque.store.jobs import JobStore
 from disque.store.queue import PAUSE_IN, PAUSE_OUT, Queue
+from disque.store.queue_config import DEFAULTS as NO_LIMITS
 from disque.store.collected import Collected
 from disque.store.scan import NBUCKETS, BucketedDict
 
@@ -158,6 +160,7 @@ class NodeCore:
         self.federation = Federation(self)
         self.replication = Replication(self)
         self.acks = Acks(self, self.replication)
+        self.items = Items(self, self.acks)
         # The bus table: the handler of each job message, by type.
         self.on_bus: dict[type, Callable[[str, Any], None]] = {
             **{kind: partial(handler, self) for kind, handler in HANDLERS.items()},
@@ -214,7 +217,7 @@ class NodeCore:
         now = self.now
         for waiter in list(self.blocked.values()):
             if waiter.deadline and waiter.deadline <= now:
-                self._unblock(waiter.client, waiter.timeout_reply())
+                self._unblock(waiter.client, waiter.timeout_reply() if waiter.take is None else waiter.take(None))
             elif not waiter.queues:  # WAITJOB, or a late AUTH answer
                 continue
             elif self.cluster.leaving:
@@ -249,6 +252,8 @@ class NodeCore:
         self.monitors.pop(client_id, None)
         if client.waiter is not None:
             self._drop_waiter(client.waiter)
+        if client.open_read is not None:
+            self.items.abort(client)
         waiting, client.repl_jobs = client.repl_jobs, {}
         for job_id in waiting:
             job = self.jobs.get(job_id)
@@ -490,6 +495,8 @@ class NodeCore:
         """One scheduler visit (cluster.md §8.3)."""
         now = self.now
         if job.etime * 1000 <= now:
+            if job.state == S_QUEUED:
+                self._queue(job.queue).expired += 1  # type: ignore[arg-type]
             self.delete_job(job)
             return
         state = job.state
@@ -568,8 +575,9 @@ class NodeCore:
             return None
         job.move(FETCH)
         job.flags |= DELIVERED
-        queue.atime = self.now
+        queue.atime = now = self.now
         queue.jobs_out += 1
+        queue.last_wait = now - job.ctime // 1_000_000
         return job
 
     def abort_replication(self, job: Job) -> None:
@@ -609,6 +617,9 @@ class NodeCore:
             repl = min(3, cluster.size())
         if ttl is None:
             ttl = 86400
+        limits = self.config.queue_config.settings(queue)
+        if limits is not NO_LIMITS:  # `queue-defaults` / `queue` lines (Kestrel's options)
+            ttl = self.items.make_room(limits, queue, body, ttl)
         if delay is None:
             delay = 0
         if repl > 1 and retry == 0:
@@ -897,7 +908,8 @@ class NodeCore:
                 waiter = next(iter(queue.waiters.values()))
                 job = self.fetch(queue)
                 assert job is not None
-                self._unblock(waiter.client, [self.job_entry(job, waiter.withcounters)])
+                take = waiter.take
+                self._unblock(waiter.client, [self.job_entry(job, waiter.withcounters)] if take is None else take(job))
                 if not len(queue):
                     self.federation.need_jobs(queue, REACHED_ZERO)
 

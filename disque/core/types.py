@@ -35,6 +35,9 @@ class Host(Protocol):
 
     def shutdown(self, rewrite_aof: bool) -> bool: ...
 
+    def reload_queue_config(self) -> None:
+        """Kestrel's RELOAD: read the queue settings of the config file again; raises DisqueError."""
+
     def apply_config(self, changed: list[str]) -> None:
         """React to CONFIG SET (chdir, AOF on/off, ...); raises DisqueError."""
 
@@ -72,6 +75,7 @@ class Client:
     lib_ver: bytes = b""
     reply_mode: int = 0  # REPLY_ON, REPLY_OFF or REPLY_SKIP (CLIENT REPLY)
     mute_next: bool = False  # a silenced command blocked: drop its reply when it comes
+    open_read: tuple[bytes, bytes] | None = None  # (queue, job ID) of its reliable read (memcache GET /open)
     closing: bool = False  # QUIT, CLIENT KILL, timeout: the shell closes it after its output
 
     def silence(self, reply: Any) -> Any:
@@ -99,6 +103,7 @@ class Waiter:
     expiry: Any = None  # a late AUTH answer: the reply at the deadline
     jobs: set[bytes] | None = None  # WAITJOB: the IDs still neither acknowledged nor gone
     acked: int = 0  # WAITJOB: how many of its jobs were acknowledged so far
+    take: Any = None  # a Kestrel GET (items.py): job served, or None at the deadline -> the reply
 
     def timeout_reply(self) -> Any:
         """The reply when the deadline passes."""

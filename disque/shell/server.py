@@ -25,7 +25,7 @@ from typing import Any
 import trio
 
 from disque.core import config as cfg
-from disque.shell.config_file import write_config_file
+from disque.shell.config_file import read_config, write_config_file
 from disque.shell.bus import CLUSTER_PORT_INCR, Bus
 from disque.cluster.membership import Membership
 from disque.shell.nodes_file import NodesFile
@@ -35,9 +35,11 @@ from disque.shell.http import HttpPort
 from disque.shell.session import Conn, Sessions
 from disque.core.types import Client, Status
 from disque.core.node import NodeCore
+from disque.protocols.memcache import encoder as memcache_reply
+from disque.protocols.memcache.front import MEMCACHE
 from disque.protocols.resp.front import RESP
 from disque.protocols.resp.encoder import encode_error
-from disque.shell.security import DENIED, Security, announced_port, protected_mode_refuses
+from disque.shell.security import DENIED, Security, announced_port, is_loopback, protected_mode_refuses
 from disque.shell.aof_file import AofFile
 from disque.shell.clock import NodeClock
 from disque.version import Revision, revision
@@ -131,6 +133,7 @@ class Server:
         # Bind before the nursery: an OSError then reaches the caller unwrapped.
         listeners = await self._open_listeners()
         tls_listeners = await self._open_listeners(self.config.tls_port)
+        memcache_listeners = await self._open_listeners(self.config.memcache_port)
         http_listeners = await self._open_listeners(self.config.metrics_port)
         if announced_port(self.config):
             await self.bus.listen()
@@ -139,6 +142,10 @@ class Server:
             self.ports = [ln.socket.getsockname()[1] for ln in listeners]
             for listener in listeners:
                 self.tcp.listen(socket.socket(fileno=listener.socket.detach()))
+            for listener in memcache_listeners:
+                self.tcp.listen(socket.socket(fileno=listener.socket.detach()), MEMCACHE, self.memcache_refusal, True)
+            if memcache_listeners:
+                log.info("Ready to accept memcache (Kestrel) connections on port %s", self.config.memcache_port)
             nursery.start_soon(self.tcp.run)
             for listener in tls_listeners:
                 nursery.start_soon(trio.serve_listeners, self._handle_tls_client, [listener])
@@ -278,6 +285,34 @@ class Server:
             self.security.log("protected", logging.INFO, "Protected mode: refused the client %s", peer)
             return DENIED
         return None
+
+    def memcache_refusal(self, peer_ip: str, peer: str) -> bytes | None:
+        """The memcache port has no AUTH: while a password is set it takes
+        loopback clients only (which start authenticated); otherwise the
+        rules of the client port apply."""
+        if len(self.sessions.conns) >= self.config.maxclients:
+            self.sessions.rejected += 1
+            return memcache_reply.server_error("max number of clients reached")
+        if (self.config.requirepass and not is_loopback(peer_ip)) or protected_mode_refuses(
+            self.config.protected_mode, self.config.requirepass, peer_ip
+        ):
+            self.security.stats.protected_mode_refused_clients += 1
+            self.security.log("protected", logging.INFO, "Refused the memcache client %s (loopback only)", peer)
+            return memcache_reply.server_error("DENIED the memcache port only accepts loopback clients while "
+                                               "requirepass is set, or protected mode is on")  # fmt: skip
+        return None
+
+    def reload_queue_config(self) -> None:
+        """Kestrel's RELOAD: read the queue settings of the config file again."""
+        path = self.config.config_file
+        if path is None:
+            return
+        fresh = cfg.Config(self.config.dir)
+        try:
+            cfg.parse_config_text(read_config(path, self.config.dir), fresh, read=read_config)
+        except cfg.ConfigError as e:
+            raise err(f"Reloading the config file: {e}") from None
+        self.config.queue_config = fresh.queue_config
 
     def _conf_changed(self) -> None:
         try:

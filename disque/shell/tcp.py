@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from disque.core.types import Client, Clock
+from disque.protocols.base import FrontEnd
 from disque.protocols.resp.front import RESP
 from disque.shell.session import Conn, Sessions
 
@@ -59,6 +60,9 @@ if TYPE_CHECKING:
     from disque.shell.aof_file import AofFile
 
 log = logging.getLogger("disque")
+
+
+Refusal = Callable[[str, str], "bytes | None"]  # (peer IP, peer address) -> last words for a refused client, or None
 
 
 def _nothing() -> None:
@@ -80,8 +84,8 @@ def format_addr(addr: Any) -> str:
 class TcpConn(Conn):
     __slots__ = ("sock", "fd", "tcp", "mask", "hold", "parked", "gone")
 
-    def __init__(self, client: Client, sock: socket.socket, tcp: TcpClients) -> None:
-        super().__init__(client, RESP)
+    def __init__(self, client: Client, sock: socket.socket, tcp: TcpClients, front: FrontEnd = RESP) -> None:
+        super().__init__(client, front)
         self.sock = sock
         self.fd = sock.fileno()
         self.tcp = tcp
@@ -99,7 +103,7 @@ class TcpConn(Conn):
 
 class TcpClients:
     def __init__(
-        self, sessions: Sessions, aof: AofFile, clock: Clock, refusal: Callable[[str, str], bytes | None]
+        self, sessions: Sessions, aof: AofFile, clock: Clock, refusal: Refusal
     ) -> None:
         self.sessions = sessions
         self.core = sessions.core
@@ -108,7 +112,7 @@ class TcpClients:
         self.refusal = refusal  # what to tell a client refused at accept (maxclients, protected mode)
         self.epoll = select.epoll()
         self.conns: dict[int, TcpConn] = {}  # by fd
-        self.listeners: dict[int, socket.socket] = {}  # by fd
+        self.listeners: dict[int, tuple[socket.socket, FrontEnd, Refusal, bool]] = {}  # by fd
         self.paused: list[TcpConn] = []  # read during CLIENT PAUSE, to run after it
         self.resume: list[TcpConn] = []  # held (session.OUTPUT_PAUSE) and written since: run the rest
         self.doomed: list[TcpConn] = []  # to close, asked for outside this task
@@ -140,9 +144,15 @@ class TcpClients:
             self.woken = True
             os.eventfd_write(self.wakeup, 1)
 
-    def listen(self, sock: socket.socket) -> None:
+    def listen(
+        self, sock: socket.socket, front: FrontEnd = RESP, refusal: Refusal | None = None, trusted: bool = False
+    ) -> None:
+        """Serve clients of `front` accepted on `sock`; `refusal` (default:
+        the server's) may turn one away, and `trusted` clients start
+        authenticated (a protocol with no AUTH, on a listener whose refusal
+        keeps strangers out)."""
         sock.setblocking(False)
-        self.listeners[sock.fileno()] = sock
+        self.listeners[sock.fileno()] = (sock, front, refusal or self.refusal, trusted)
         self.epoll.register(sock.fileno(), EPOLLIN)
 
     async def run(self) -> None:
@@ -162,7 +172,7 @@ class TcpClients:
                         elif fd in self.watched:
                             self.watched[fd](events)
                         else:
-                            await self._accept(self.listeners[fd])
+                            await self._accept(*self.listeners[fd])
                     elif conn.mask & EPOLLIN:
                         self._read(conn)
                     elif conn.parked:
@@ -184,14 +194,14 @@ class TcpClients:
         finally:
             for conn in list(conns.values()):
                 conn.sock.close()
-            for sock in self.listeners.values():
+            for sock, *_ in self.listeners.values():
                 sock.close()
             epoll.close()
             os.close(self.wakeup)
 
     # ------------------------------------------------------------ accepting
 
-    async def _accept(self, listener: socket.socket) -> None:
+    async def _accept(self, listener: socket.socket, front: FrontEnd, refusal: Refusal, trusted: bool) -> None:
         sessions = self.sessions
         for _ in range(ACCEPT_BATCH):
             try:
@@ -209,10 +219,10 @@ class TcpClients:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             peer = format_addr(addr)
-            refusal = self.refusal(str(addr[0]), peer)
-            if refusal is not None:
+            refused = refusal(str(addr[0]), peer)
+            if refused is not None:
                 try:
-                    sock.send(refusal)
+                    sock.send(refused)
                 except OSError:
                     pass
                 sock.close()
@@ -221,7 +231,8 @@ class TcpClients:
                 local = format_addr(sock.getsockname())
             except OSError:
                 local = ":0"
-            conn = TcpConn(sessions.new_client(peer, local, sock.fileno()), sock, self)
+            conn = TcpConn(sessions.new_client(peer, local, sock.fileno()), sock, self, front)
+            conn.client.authenticated = trusted
             sessions.opened(conn)
             self.conns[conn.fd] = conn
             self.epoll.register(conn.fd, EPOLLIN)

@@ -42,6 +42,7 @@ class Queue:
     __slots__ = (
         "name", "_items", "_live", "ctime", "atime", "pause", "waiters",
         "jobs_in", "jobs_out", "nacks", "redeliveries", "dead_lettered", "federation",
+        "nbytes", "expired", "discarded", "last_wait",
     )  # fmt: skip
 
     def __init__(self, name: bytes, now_ms: int) -> None:
@@ -58,6 +59,13 @@ class Queue:
         self.redeliveries = 0  # ... and by their retry timer (additional deliveries)
         self.dead_lettered = 0  # jobs moved out of it to their dead-letter queue (MAXATTEMPTS)
         self.federation: Any = None
+        # Kestrel's figures (memcache STATS): body bytes queued, jobs that
+        # expired while queued, dropped by discard_old_when_full,
+        # and how long the last job taken had waited (ms).
+        self.nbytes = 0
+        self.expired = 0
+        self.discarded = 0
+        self.last_wait = 0
 
     def __len__(self) -> int:
         return self._live
@@ -65,6 +73,7 @@ class Queue:
     def push(self, job: Job) -> None:
         """Insert a job already moved to `queued`."""
         self._live += 1
+        self.nbytes += len(job.body or b"")
         if job.flags & IN_LIST:
             return  # its tombstone is revived in place
         job.flags |= IN_LIST
@@ -83,12 +92,14 @@ class Queue:
             job.flags &= ~IN_LIST
             if job.state == S_QUEUED:
                 self._live -= 1
+                self.nbytes -= len(job.body or b"")
                 return job
         return None
 
     def discard(self, job: Job) -> None:
         """Forget a job that is leaving the `queued` state (lazily)."""
         self._live -= 1
+        self.nbytes -= len(job.body or b"")
         if len(self._items) - self._live > max(_COMPACT_MIN, self._live):
             self._compact()
 
@@ -113,5 +124,5 @@ class Queue:
         for job in self._items:
             job.flags &= ~IN_LIST
         self._items.clear()
-        self._live = 0
+        self._live = self.nbytes = 0
         return live

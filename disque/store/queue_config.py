@@ -140,6 +140,17 @@ class QueueConfig:
         self._default = DEFAULTS
         self._resolved: dict[bytes, QueueSettings] = {}
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, QueueConfig):
+            return NotImplemented
+        return (self._defaults, self._queues) == (other._defaults, other._queues)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def queues(self) -> list[bytes]:
+        """The queues that have lines of their own."""
+        return list(self._queues)
+
     def set_defaults(self, args: list[str]) -> None:
         """Apply `queue-defaults <option> <value> [...]`."""
         self._defaults.update(_parse_pairs(args))

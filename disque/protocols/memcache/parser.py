@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from disque.protocols.memcache.encoder import CLIENT_ERROR, ERROR
 
@@ -96,6 +96,7 @@ class GetOptions:
 class Get:
     queue: bytes  # the bare name, without the options
     options: GetOptions = GetOptions()
+    key: bytes = field(default=b"", compare=False)  # as the client sent it, options included
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +271,7 @@ def parse_get_key(key: bytes) -> Get | ProtocolError:
     reason = _bad_name(queue)
     if reason is not None:
         return _client_error(reason)
-    return Get(queue, GetOptions(opened, closed, aborted, peeked, timeout))
+    return Get(queue, GetOptions(opened, closed, aborted, peeked, timeout), key)
 
 
 def _get(tokens: list[bytes]) -> Get | ProtocolError:

@@ -1,0 +1,178 @@
+"""Kestrel's queue semantics over the job store (spec/kestrel.md §3-§4).
+
+Theory of operation: an item is a job, so every front end sees the same
+queues.  SET is an ADDJOB with the queue's settings (`queue-defaults` /
+`queue` lines, store/queue_config.py), which bind every ADDJOB: before a job
+is added, `make_room` refuses a body over `max_item_size`, and while the
+queue holds `max_items` jobs or `max_size` body bytes it either refuses the
+job (-MAXLEN) or, with `discard_old_when_full`, drops the oldest queued job
+everywhere (as FASTACK does) and counts it as discarded; `max_age` caps the
+TTL.
+
+Taking an item (`take`) is GETJOB for one job on one queue, then:
+* a plain GET acknowledges it at once, cluster-wide, as FASTACK does: the
+  item is gone for good, at most once, as in Kestrel;
+* a reliable read (`/open`) leaves it active and remembers it as the
+  client's open read (one per client).  `close` acknowledges it as ACKJOB
+  does (the cluster-wide ACK and garbage collection); `abort`, or the
+  client going away, queues it again on this node at its place by creation
+  time, which is the head, since it was the oldest (counted as a NACK).  The
+  job's RETRY timer keeps running meanwhile: a read held longer than RETRY,
+  or a node that dies with it, gets it queued again elsewhere by Disque's
+  ordinary requeue (at-least-once wins over the open read).
+A waiting GET (`/t=`) blocks as GETJOB TIMEOUT does; the job it is served
+later goes through the same step (`Waiter.take`).  A peek copies the oldest
+queued job and takes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from disque.core import errors
+from disque.core.types import BLOCKED, NIL_ARRAY, Client
+from disque.store.job import State
+from disque.store.queue_config import QueueSettings
+
+if TYPE_CHECKING:
+    from disque.core.acks import Acks
+    from disque.core.services import Node
+    from disque.store.job import Job
+
+ITEM_TTL = 30 * 86400  # seconds: the TTL of an item SET without an expiry (a job needs one)
+Answer = Callable[[Any], Any]  # a front end's reply for a GET's entry [queue, id, body], or None
+
+
+class OpenReadMismatch(Exception):
+    """/close or /abort names another queue than the client's open read."""
+
+
+class Items:
+    def __init__(self, node: Node, acks: Acks) -> None:
+        self.node = node
+        self.acks = acks
+        # Kestrel's global counters (memcache STATS)
+        self.cmd_get = self.cmd_set = self.cmd_peek = self.get_hits = self.get_misses = 0
+
+    # ------------------------------------------------------------ limits
+
+    def make_room(self, limits: QueueSettings, queue: bytes, body: bytes, ttl: int) -> int:
+        """Apply `limits` to a job about to be added to `queue`; returns its
+        TTL capped by `max_age`.  Raises -TOOLARGE or -MAXLEN."""
+        if len(body) > limits.max_item_size:
+            raise errors.too_large()
+        existing = self.node.queues.get(queue)
+        while existing is not None and limits.full(len(existing), existing.nbytes):
+            if not limits.discard_old_when_full or not len(existing):
+                raise errors.queue_full()
+            oldest = next(existing.oldest())
+            self.acks.fast_ack(oldest.id)
+            existing.discarded += 1
+        if limits.max_age:
+            ttl = min(ttl, max(1, -(-limits.max_age // 1000)))
+        return ttl
+
+    # ------------------------------------------------------------ reads
+
+    def take(self, client: Client, queue: bytes, timeout_ms: int, reliable: bool, answer: Answer) -> Any:
+        """GET: takes the oldest job of `queue`, waiting up to `timeout_ms`
+        (0: no wait) if there is none; the reply is `answer(entry)` with the
+        job's GETJOB entry [queue, id, body], or `answer(None)` when none came
+        (BLOCKED meanwhile)."""
+        reply = self.node.get_jobs(client, [queue], 1, timeout_ms == 0, False, timeout_ms)
+        if reply is BLOCKED:
+            assert client.waiter is not None
+            client.waiter.take = lambda job: self._taken(client, job, reliable, answer)
+            return BLOCKED
+        job = None if reply is NIL_ARRAY else self.node.jobs.get(reply[0][1])
+        return self._taken(client, job, reliable, answer)
+
+    def _taken(self, client: Client, job: Job | None, reliable: bool, answer: Answer) -> Any:
+        """What a GET does with the job it got (None: none came)."""
+        if job is None:
+            self.get_misses += 1
+            return answer(None)
+        self.get_hits += 1
+        entry = self.node.job_entry(job, False)
+        if reliable:
+            client.open_read = (job.queue, job.id)  # type: ignore[assignment]
+        else:
+            self.acks.fast_ack(job.id)
+        return answer(entry)
+
+    def open_reads(self, queue: bytes) -> int:
+        """Clients holding an open read on `queue` (STATS open_transactions)."""
+        return sum(1 for c in self.node.clients.values() if c.open_read is not None and c.open_read[0] == queue)
+
+    def flush(self, queue: bytes) -> None:
+        """FLUSH and DELETE: every job queued in `queue` here is taken away
+        everywhere, as FASTACK does (open reads are left alone)."""
+        found = self.node.queues.get(queue)
+        for job in list(found.oldest()) if found is not None else ():
+            self.acks.fast_ack(job.id)
+
+    def peek(self, queue: bytes, answer: Answer) -> Any:
+        """`answer` with the entry of the oldest queued job of `queue` (None: none)."""
+        found = self.node.queues.get(queue)
+        job = next(found.oldest(), None) if found is not None else None
+        return answer(None if job is None else self.node.job_entry(job, False))
+
+    def close(self, client: Client, queue: bytes) -> None:
+        """/close: acknowledge the client's open read on `queue` (none: nothing)."""
+        job_id = self._open_read(client, queue)
+        if job_id is not None:
+            self.acks.ack_job(job_id)
+
+    def abort(self, client: Client, queue: bytes | None = None) -> None:
+        """/abort (or the client going away, `queue` None): the open read
+        goes back to its queue here, at the head (an at-most-once job that
+        was delivered stays out, as NACK leaves it)."""
+        job_id = self._open_read(client, queue)
+        job = self.node.jobs.get(job_id) if job_id is not None else None
+        if job is not None and job.state == State.ACTIVE:
+            self.node.enqueue(job, nack=True)
+
+    @staticmethod
+    def _open_read(client: Client, queue: bytes | None) -> bytes | None:
+        """End the client's open read, if it is on `queue` (None: any)."""
+        if client.open_read is None:
+            return None
+        name, job_id = client.open_read
+        if queue is not None and name != queue:
+            raise OpenReadMismatch
+        client.open_read = None
+        return job_id
+
+    # ------------------------------------------------------------ figures
+
+    def queue_names(self) -> list[bytes]:
+        """The queues this node knows, by name (STATS, DUMP_STATS, DUMP_CONFIG)."""
+        return sorted(q.name for q in self.node.queues.values())
+
+    def queue_stats(self) -> list[tuple[bytes, dict[str, Any]]]:
+        """Kestrel's per-queue figures; everything is in memory (no read-behind yet)."""
+        out = []
+        for name in self.queue_names():
+            q = self.node.queues.get(name)
+            assert q is not None
+            items, nbytes = len(q), q.nbytes
+            out.append((name, {
+                "items": items, "bytes": nbytes, "total_items": q.jobs_in, "logsize": 0,
+                "expired_items": q.expired, "mem_items": items, "mem_bytes": nbytes,
+                "age": q.last_wait if nbytes else 0, "discarded": q.discarded, "waiters": len(q.waiters),
+                "open_transactions": self.open_reads(name),
+            }))  # fmt: skip
+        return out
+
+    def global_stats(self, version: str, start_ms: int, net_in: int, net_out: int) -> dict[str, Any]:
+        node = self.node
+        queues = self.queue_stats()
+        return {
+            "uptime": (node.now - start_ms) // 1000, "time": node.now // 1000, "version": version,
+            "curr_items": sum(q["items"] for _, q in queues), "total_items": sum(q["total_items"] for _, q in queues),
+            "bytes": sum(q["bytes"] for _, q in queues), "curr_connections": len(node.clients),
+            "total_connections": node.stats.connections, "cmd_get": self.cmd_get, "cmd_set": self.cmd_set,
+            "cmd_peek": self.cmd_peek, "get_hits": self.get_hits, "get_misses": self.get_misses,
+            "bytes_read": net_in, "bytes_written": net_out,
+        }  # fmt: skip
