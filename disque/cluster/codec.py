@@ -189,16 +189,12 @@ def _nodes_delivered(v: Any) -> tuple[str, ...]:
 # --- records: field tables, one pack and one load -----------------------------
 
 
-def _same(v: Any) -> Any:
-    return v
-
-
 @dataclass(frozen=True, slots=True)
 class _Field:
     name: str  # attribute / dict key on our side
     key: str  # short key in the msgpack map
     check: _Check  # decoded value -> validated value
-    dump: Callable[[Any], Any] = _same  # our value -> msgpack-ready value
+    dump: Callable[[Any], Any] | None = None  # our value -> msgpack-ready value (None: as it is)
     default: Any = None  # not None: the field may be left out, and is when it has this value
 
 
@@ -255,7 +251,7 @@ def _packer(fields: _Fields, *, items: bool = False) -> Callable[[Any], dict[str
     for i, f in enumerate(fields):
         names[f"u{i}"], names[f"d{i}"] = f.dump, f.default
         get = f"o[{f.name!r}]" if items else f"o.{f.name}"
-        value = get if f.dump is _same else f"u{i}({get})"
+        value = get if f.dump is None else f"u{i}({get})"
         if f.default is None:
             lines.append(f"    out[{f.key!r}] = {value}")
         else:

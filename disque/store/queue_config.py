@@ -147,10 +147,6 @@ class QueueConfig:
 
     __hash__ = None  # type: ignore[assignment]  # mutable
 
-    def queues(self) -> list[bytes]:
-        """The queues that have lines of their own."""
-        return list(self._queues)
-
     def set_defaults(self, args: list[str]) -> None:
         """Apply `queue-defaults <option> <value> [...]`."""
         self._defaults.update(_parse_pairs(args))

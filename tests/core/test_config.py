@@ -378,6 +378,21 @@ def test_rename_command_is_stored():
     assert config.renamed_commands == {"config": "cfg", "debug": ""}
 
 
+def test_queue_lines_set_kestrel_options_and_survive_a_rewrite():
+    text = "queue-defaults max_items 10 max_age 5000\nqueue jobs max_size 100 discard_old_when_full yes\nport 7712\n"
+    config = parsed(text)
+    jobs = config.queue_config.settings(b"jobs")
+    assert (jobs.max_items, jobs.max_size, jobs.discard_old_when_full, jobs.max_age) == (10, 100, True, 5000)
+    assert config.queue_config.settings(b"jobs+child") == jobs and config.queue_config.settings(b"other").max_size > 100
+    assert config.queue_config == parsed(text).queue_config != Config().queue_config
+    assert (config.queue_config == "x") is False
+    assert "queue jobs max_size 100 discard_old_when_full yes" in rewrite_config_text(text, config)
+    with pytest.raises(ConfigFileError, match="unknown queue option 'colour'"):
+        parsed("queue jobs colour blue")
+    with pytest.raises(ConfigFileError, match="Bad directive or wrong number of arguments"):
+        parsed("queue jobs max_items")
+
+
 def test_check_hook_makes_lines_fatal():
     seen = []
 
