@@ -73,7 +73,7 @@ tools: tools-redis tools-java tools-net tools-browser tools-clock tools-systemd
 
 # A local cluster on 127.0.0.1:7711-7713 with the embedded default config; Ctrl-C stops it.
 run: $(RUN_STAMP)
-	$(PY) -m disque.devcluster --nodes 3 --port 7711 --metrics-port 9711
+	$(PY) -m disque.devcluster --nodes 3 --port 7711 --metrics-port 9711 --memcache-port 22133
 
 # The whole suite; the sans-IO core must stay fully covered (pyproject.toml).
 test: $(STAMP) tools

@@ -5,7 +5,7 @@ the benchmarks and jepsen-lite all use this.
 127.0.0.1:7711-7713 with the embedded default config, joins them with
 CLUSTER MEET, and stops them (by PID, SIGTERM) on Ctrl-C.  `--metrics-port
 9711` (what `make run` passes) gives them metrics and the dashboard on
-9711-9713.
+9711-9713, `--memcache-port 22133` Kestrel's memcache port on 22133-22135.
 """
 
 from __future__ import annotations
@@ -146,8 +146,9 @@ def join(nodes: list[NodeProcess], timeout: float = 15.0) -> None:
             time.sleep(0.05)
 
 
-def metrics_args(first: int, i: int) -> tuple[str, ...]:
-    return ("--metrics-port", str(first + i)) if first else ()
+def port_args(name: str, first: int, i: int) -> tuple[str, ...]:
+    """`--<name> <first + i>` for node i, nothing when `first` is 0 (off)."""
+    return (f"--{name}", str(first + i)) if first else ()
 
 
 def main() -> None:
@@ -157,11 +158,13 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
     parser.add_argument("--metrics-port", type=int, default=0, help="metrics/dashboard port of the first node (0: off)")
+    parser.add_argument("--memcache-port", type=int, default=0, help="memcache (Kestrel) port of the first node (0: off)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the nodes on SIGTERM too
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="disque-run-"))
     nodes = [
-        NodeProcess(args.port + i, base / str(args.port + i), *metrics_args(args.metrics_port, i), host=args.host)
+        NodeProcess(args.port + i, base / str(args.port + i), *port_args("metrics-port", args.metrics_port, i),
+                    *port_args("memcache-port", args.memcache_port, i), host=args.host)  # fmt: skip
         for i in range(args.nodes)
     ]
     try:
@@ -173,6 +176,8 @@ def main() -> None:
         print("Try: .venv/bin/disque -p %d ADDJOB q hello 0   (Ctrl-C stops the cluster)" % args.port, flush=True)
         if args.metrics_port:
             print(f"Dashboard: http://{args.host}:{args.metrics_port}/   metrics: /metrics", flush=True)
+        if args.memcache_port:
+            print(f"Kestrel clients: memcache protocol on {args.host}:{args.memcache_port}-{args.memcache_port + len(nodes) - 1}", flush=True)
         while all(node.alive() for node in nodes):
             time.sleep(0.5)
         print("a node exited; stopping the others", file=sys.stderr)

@@ -51,11 +51,11 @@ def wait_for(cond, timeout: float, what: str) -> None:  # type: ignore[no-untype
         time.sleep(0.02)
 
 
-def start(base: int, workdir: Path) -> subprocess.Popen[str]:
+def start(base: int, workdir: Path, *extra: str) -> subprocess.Popen[str]:
     # Its own process group, as a shell gives a foreground job: Ctrl-C at a
     # terminal sends SIGINT to that whole group.
     return subprocess.Popen(
-        [sys.executable, "-m", "disque.devcluster", "--nodes", str(NODES), "--port", str(base), "--dir", str(workdir)],
+        [sys.executable, "-m", "disque.devcluster", "--nodes", str(NODES), "--port", str(base), "--dir", str(workdir), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -81,7 +81,8 @@ def stopped_by_parent(workdir: Path, base: int, started: int) -> None:
 
 def test_the_cluster_forms_and_ctrl_c_stops_every_node(tmp_path: Path) -> None:
     base = free_range(NODES)
-    proc = start(base, tmp_path)
+    memcache = free_range(NODES)  # as `make run` passes --memcache-port 22133
+    proc = start(base, tmp_path, "--memcache-port", str(memcache))
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -90,6 +91,9 @@ def test_the_cluster_forms_and_ctrl_c_stops_every_node(tmp_path: Path) -> None:
             info = command("127.0.0.1", base + i, "CLUSTER", "INFO")
             assert b"cluster_state:ok" in info
             assert b"cluster_reachable_nodes:%d" % (NODES - 1) in info
+            with socket.create_connection(("127.0.0.1", memcache + i), timeout=5) as s:
+                s.sendall(b"version\r\n")
+                assert s.recv(100).startswith(b"VERSION ")
         out, err = ctrl_c_and_collect(proc)
     finally:
         if proc.poll() is None:

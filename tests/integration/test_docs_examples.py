@@ -15,7 +15,8 @@ preceded by `<!-- not run: reason -->` is skipped with that reason shown;
 each reason names what covers the example instead.  The examples speak of
 127.0.0.1:7711-7713 and the dashboards on 9711-9713, as `make run` starts
 them: the test starts a 3-node cluster on free ports and rewrites those
-numbers; a block that starts its own servers gets ports of its own, and
+numbers (and the memcache ports 22133-22135); a block that starts its own
+servers gets ports of its own, and
 paths under /var/lib/disque are moved into a temporary directory.
 """
 
@@ -74,9 +75,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     ports = {}
     try:
         for i in range(3):
-            port, http = free_port(), free_port()
-            nodes.append(NodeProcess(port, base / f"n{i}", "--metrics-port", str(http)).start())
-            ports[str(7711 + i)], ports[str(9711 + i)] = str(port), str(http)
+            port, http, memcache = free_port(), free_port(), free_port()
+            nodes.append(NodeProcess(port, base / f"n{i}", "--metrics-port", str(http), "--memcache-port", str(memcache)).start())
+            ports[str(7711 + i)], ports[str(9711 + i)], ports[str(22133 + i)] = str(port), str(http), str(memcache)
         join(nodes)
         yield ports
     finally:
@@ -85,7 +86,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
 
 
 def rewrite(text: str, ports: dict[str, str], tmp: Path) -> str:
-    text = re.sub(r"\b(77\d\d|97\d\d)\b", lambda m: ports.get(m[1], m[1]), text)
+    text = re.sub(r"\b(77\d\d|97\d\d|2213\d)\b", lambda m: ports.get(m[1], m[1]), text)
     return text.replace("/var/lib/disque", str(tmp / "var-lib-disque")).replace(".venv/bin/", f"{BIN}/")
 
 
