@@ -146,6 +146,14 @@ class Items:
 
     # ------------------------------------------------------------ figures
 
+    def info_fields(self) -> list[tuple[str, int]]:
+        """INFO kestrel."""
+        return [
+            ("cmd_get", self.cmd_get), ("cmd_set", self.cmd_set), ("cmd_peek", self.cmd_peek),
+            ("get_hits", self.get_hits), ("get_misses", self.get_misses),
+            ("open_reads", sum(1 for c in self.node.clients.values() if c.open_read is not None)),
+        ]  # fmt: skip
+
     def queue_names(self) -> list[bytes]:
         """The queues this node knows, by name (STATS, DUMP_STATS, DUMP_CONFIG)."""
         return sorted(q.name for q in self.node.queues.values())

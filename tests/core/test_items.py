@@ -140,6 +140,9 @@ def test_figures_and_dumps(node: Any) -> None:
     assert mc(b"flush_expired q\r\nflush_all_expired\r\n") == b"0\r\n0\r\n"
     assert mc(b"flush_all\r\n") == b"Flushed all queues.\r\n" and Session(node)("QLEN", "q") == 0
     assert mc(b"reload\r\n") == b"Reloaded config.\r\n" and ("reload_queue_config",) in node.host.calls
+    info = Session(node)("INFO", "kestrel")
+    assert info.startswith(b"# Kestrel\r\ncmd_get:1\r\ncmd_set:2\r\n") and info.endswith(b"open_reads:1\r\n")
+    assert b"# Kestrel" in Session(node)("INFO", "all") and b"# Kestrel" not in Session(node)("INFO")
 
 
 def test_errors_and_protocol_errors(node: Any) -> None:

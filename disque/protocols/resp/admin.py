@@ -134,13 +134,16 @@ SECTIONS = {
     # Protections and their counters (docs/security.md); filled by the shell.
     "security": ("Security", lambda node, proc: proc.get("security", [])),
     "commandstats": ("Commandstats", _section_commandstats),
+    # The memcache front end's counters (docs/kestrel.md); per queue: QSTAT, or STATS on the memcache port.
+    "kestrel": ("Kestrel", lambda node, proc: node.items.info_fields()),
 }
+EXTRA = ("security", "commandstats", "kestrel")  # shown by INFO <section> and INFO all only
 
 
 def info(node: NodeCore, section: str) -> bytes:
     if section in ("default", "all"):
         # The default sections are upstream's; Security is shown by INFO security and INFO all.
-        names = [n for n in SECTIONS if section == "all" or n not in ("security", "commandstats")]
+        names = [n for n in SECTIONS if section == "all" or n not in EXTRA]
     elif section in SECTIONS:
         names = [section]
     else:
