@@ -175,6 +175,14 @@ def test_queue_limits(node: Any, settings: list[str], adds: int, left: list[byte
     assert discarded == (1 if "discard_old_when_full" in settings and adds == 3 else 0)
 
 
+def test_qsettings_shows_a_queues_effective_settings(node: Any) -> None:
+    node.config.queue_config.set_defaults(["max_items", "7"])
+    node.config.queue_config.set_queue(["jobs", "discard_old_when_full", "yes"])
+    shown = dict(Session(node)("QSETTINGS", "jobs+child"))
+    assert shown[b"max_items"] == b"7" and shown[b"discard_old_when_full"] == b"true" and shown[b"move_expired_to"] == b""
+    assert list(shown)[0] == b"max_items" and len(shown) == 12
+
+
 def test_queue_limits_bind_addjob(node: Any) -> None:
     node.config.queue_config.set_defaults(["max_items", "1", "max_age", "1500"])
     resp = Session(node)

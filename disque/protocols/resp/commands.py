@@ -379,6 +379,14 @@ def cmd_qstat(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
     )
 
 
+@command("qsettings", 2, "rF")
+def cmd_qsettings(node: NodeCore, client: Client, argv: list[bytes]) -> Map:
+    """A queue's effective Kestrel settings (an extension, docs/kestrel.md):
+    option -> value as the config file writes it, in Kestrel's order."""
+    settings = node.config.queue_config.settings(argv[1])
+    return Map((name.encode(), text.encode("utf-8", "surrogateescape")) for name, text in settings.pairs())
+
+
 PAUSE_OPTS = {b"none": None, b"in": PAUSE_IN, b"out": PAUSE_OUT, b"all": PAUSE_IN | PAUSE_OUT}
 
 
