@@ -46,7 +46,7 @@ from typing import Any
 import msgpack
 
 from disque.cluster.messages import (
-    DelJob, Enqueue, Fail, GossipEntry, GotAck, GotJob, Header, Meet, Message,
+    DelJob, Enqueue, Fail, Fanout, GossipEntry, GotAck, GotJob, Header, Meet, Message,
     NeedJobs, Pause, Ping, Pong, Queued, ReplJob, SetAck, WillQueue, WireJob,
     Working, YourJobs,
 )  # fmt: skip
@@ -64,6 +64,7 @@ MAX_FRAME = (64 << 20) + (1 << 20)
 NOREPLY = 1
 INCR_NACKS = 2
 INCR_DELIV = 4
+JOINED = 8
 
 _PREFIX = 4  # length prefix size
 _U64 = 2**64 - 1  # msgpack's largest integer
@@ -134,6 +135,13 @@ _is_node_id = re.compile("[0-9a-f]{40}").fullmatch
 def _node_id(v: Any) -> str:
     if type(v) is not str or not _is_node_id(v):
         raise DecodeError("invalid node ID" if type(v) is str else f"expected str, got {type(v).__name__}")
+    return v
+
+
+def _fanout_child(v: Any) -> bytes:
+    parent, plus, child = _bytes(v).partition(b"+")
+    if not (parent and plus and child):
+        raise DecodeError("not a fanout child name (parent+child)")
     return v
 
 
@@ -449,6 +457,7 @@ _KINDS = (
     _Kind("NEEDJOBS", NeedJobs, (_QUEUE, _Field("count", "c", _UINT))),
     _Kind("YOURJOBS", YourJobs, (_Field("jobs", "j", _list_of(_wire_job, 1), _each(_dump_wire_job)),)),
     _Kind("PAUSE", Pause, (_QUEUE, _Field("flags", "pf", _int_in(0, 3)))),
+    _Kind("FANOUT", Fanout, (_Field("child", "c", _fanout_child),), (("joined", JOINED),)),
 )
 _BY_NAME = {k.name: k for k in _KINDS}
 _BY_CLASS = {k.cls: k for k in _KINDS}

@@ -173,6 +173,9 @@ class Membership:
         skip = MYSELF if include_handshake else MYSELF | HANDSHAKE
         return [n.id for n in self.nodes.values() if n.link and not n.flags & skip]
 
+    def node_of_key(self, key: int) -> Node | None:
+        return self.by_key.get(key)
+
     def key_of(self, node_id: str) -> int | None:
         node = self.nodes.get(node_id)
         return None if node is None or not node.link else node.key

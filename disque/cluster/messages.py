@@ -145,7 +145,16 @@ class Pause:
     flags: int  # bit 1 = paused for input, bit 2 = paused for output
 
 
+@dataclass(frozen=True, slots=True)
+class Fanout:
+    """A fanout child (`parent+child`, docs/kestrel.md) starts receiving its
+    parent's items (`joined`), or stops."""
+
+    child: bytes
+    joined: bool = True
+
+
 Message = (
     Ping | Pong | Meet | Fail | ReplJob | GotJob | Enqueue | Queued | Working
-    | WillQueue | SetAck | GotAck | DelJob | NeedJobs | YourJobs | Pause
+    | WillQueue | SetAck | GotAck | DelJob | NeedJobs | YourJobs | Pause | Fanout
 )  # fmt: skip

@@ -23,6 +23,15 @@ Taking an item (`take`) is GETJOB for one job on one queue, then:
 A waiting GET (`/t=`) blocks as GETJOB TIMEOUT does; the job it is served
 later goes through the same step (`Waiter.take`).  A peek copies the oldest
 queued job and takes nothing.
+
+Fanout (spec §5): a queue named `parent+child` joins its parent's set when a
+command first names it (`refer`), on any node; the node tells every node it
+has a link to (FANOUT), and tells each node that links up later the whole
+set, so every node knows every child.  A SET to the parent first adds a copy
+to each child (ADDJOB ... ASYNC, each under the child's limits; a refused
+copy is skipped), then the item itself.  DELETE of a child takes it out of
+the set everywhere.  The sets live in memory: after the whole cluster
+restarts, a child joins again when it is next named.
 """
 
 from __future__ import annotations
@@ -30,10 +39,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from disque.cluster import messages as m
 from disque.core import errors
 from disque.core.types import BLOCKED, NIL_ARRAY, Client
 from disque.store.job import State
-from disque.store.queue_config import QueueSettings
+from disque.store.queue_config import QueueSettings, fanout_parent
 
 if TYPE_CHECKING:
     from disque.core.acks import Acks
@@ -54,6 +64,43 @@ class Items:
         self.acks = acks
         # Kestrel's global counters (memcache STATS)
         self.cmd_get = self.cmd_set = self.cmd_peek = self.get_hits = self.get_misses = 0
+        self.children: dict[bytes, dict[bytes, None]] = {}  # fanout: parent -> its children, in joining order
+
+    # ------------------------------------------------------------ fanout
+
+    def refer(self, queue: bytes) -> None:
+        """`queue` is named by a command that creates queues: a fanout child
+        joins its parent's set, cluster-wide."""
+        parent = fanout_parent(queue)
+        if parent is not None and queue not in self.children.get(parent, ()):
+            self.children.setdefault(parent, {})[queue] = None
+            self.node.broadcast(self.node.cluster.linked_ids(), m.Fanout(queue, True))
+
+    def forget(self, queue: bytes) -> None:
+        """DELETE: a child leaves its parent's set, cluster-wide."""
+        parent = fanout_parent(queue)
+        if parent is not None and self.children.get(parent, {}).pop(queue, 0) is None:
+            self.node.broadcast(self.node.cluster.linked_ids(), m.Fanout(queue, False))
+
+    def on_fanout(self, sender: str, msg: m.Fanout) -> None:
+        parent = fanout_parent(msg.child)
+        assert parent is not None  # the codec checks the name
+        if msg.joined:
+            self.children.setdefault(parent, {})[msg.child] = None
+        elif parent in self.children:
+            self.children[parent].pop(msg.child, None)
+
+    def fanout_messages(self) -> list[m.Fanout]:
+        """Every child, for a node that just linked up."""
+        return [m.Fanout(child) for children in self.children.values() for child in children]
+
+    def copy_to_children(self, client: Client, queue: bytes, body: bytes, ttl: int) -> None:
+        """A SET to `queue`: a copy of the item to each of its children."""
+        for child in self.children.get(queue, ()):
+            try:
+                self.node.add_job(client, child, body, 0, None, ttl, None, None, None, True)
+            except errors.DisqueError:
+                pass  # that child is full, or its copy cannot be replicated now: it misses this item
 
     # ------------------------------------------------------------ limits
 
@@ -152,6 +199,7 @@ class Items:
             ("cmd_get", self.cmd_get), ("cmd_set", self.cmd_set), ("cmd_peek", self.cmd_peek),
             ("get_hits", self.get_hits), ("get_misses", self.get_misses),
             ("open_reads", sum(1 for c in self.node.clients.values() if c.open_read is not None)),
+            ("fanout_children", sum(map(len, self.children.values()))),
         ]  # fmt: skip
 
     def queue_names(self) -> list[bytes]:
@@ -170,7 +218,7 @@ class Items:
                 "expired_items": q.expired, "mem_items": items, "mem_bytes": nbytes,
                 "age": q.last_wait if nbytes else 0, "discarded": q.discarded, "waiters": len(q.waiters),
                 "open_transactions": self.open_reads(name),
-            }))  # fmt: skip
+            } | ({"children": list(self.children[name])} if name in self.children else {})))  # fmt: skip
         return out
 
     def global_stats(self, version: str, start_ms: int, net_in: int, net_out: int) -> dict[str, Any]:

@@ -170,6 +170,7 @@ class NodeCore:
             m.DelJob: self.acks.on_del_job,
             m.NeedJobs: self.federation.on_need_jobs,
             m.YourJobs: self.federation.on_your_jobs,
+            m.Fanout: self.items.on_fanout,
         }
         self.monitors: dict[int, Client] = {}
         self.slowlog: deque[tuple[int, int, int, list[bytes]]] = deque()
@@ -955,6 +956,9 @@ class NodeCore:
     def link_connected(self, key: int) -> None:
         self.read_clock()
         self.cluster.link_connected(key)
+        if self.cluster.node_of_key(key) is not None:  # a node it keeps: tell it every fanout child
+            for msg in self.items.fanout_messages():
+                self.send_key(key, msg)
 
     def link_closed(self, key: int, connect_failed: bool) -> None:
         self.read_clock()

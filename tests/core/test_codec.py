@@ -20,7 +20,7 @@ from disque.cluster.codec import (
 )  # fmt: skip
 from disque.cluster.messages import (
     DelJob, Enqueue, Fail, GossipEntry, GotAck, GotJob, Header, Meet, Message,
-    NeedJobs, Pause, Ping, Pong, Queued, ReplJob, SetAck, WillQueue, Working,
+    NeedJobs, Pause, Ping, Pong, Queued, ReplJob, SetAck, WillQueue, Working, Fanout,
     YourJobs,
 )  # fmt: skip
 from disque.core.ids import new_job_id
@@ -86,6 +86,7 @@ MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     NeedJobs: st.builds(NeedJobs, blobs, uints),
     YourJobs: st.builds(YourJobs, st.lists(wire_jobs, min_size=1, max_size=3).map(tuple)),
     Pause: st.builds(Pause, blobs, st.integers(0, 3)),
+    Fanout: st.builds(Fanout, st.builds(lambda p, c: p + b"+" + c, blobs.filter(lambda b: b and b"+" not in b), blobs.filter(bool)), st.booleans()),
 }
 frames = st.tuples(headers, st.one_of(*MESSAGES.values()))
 one_of_each = st.tuples(*(st.tuples(headers, s) for s in MESSAGES.values())).map(list)
@@ -290,6 +291,8 @@ BAD_BODIES = {
     "integer known": _body(GotAck(GOOD_ID, True), k=1),
     "string queue": _body(NeedJobs(b"q", 1), q="q"),
     "pause flags": _body(Pause(b"q", 1), pf=4),
+    "fanout without a child": _body(Fanout(b"q+c"), c=b"q+"),
+    "fanout of a plain queue": _body(Fanout(b"q+c"), c=b"q"),
     "no jobs": _body(YourJobs((GOOD_JOB,)), j=[]),
     "job not a map": _body(ReplJob(GOOD_JOB), j=[1]),
     "job missing ttl": _body(ReplJob(GOOD_JOB), j=_job_map(tl=None)),

@@ -141,7 +141,7 @@ def test_figures_and_dumps(node: Any) -> None:
     assert mc(b"flush_all\r\n") == b"Flushed all queues.\r\n" and Session(node)("QLEN", "q") == 0
     assert mc(b"reload\r\n") == b"Reloaded config.\r\n" and ("reload_queue_config",) in node.host.calls
     info = Session(node)("INFO", "kestrel")
-    assert info.startswith(b"# Kestrel\r\ncmd_get:1\r\ncmd_set:2\r\n") and info.endswith(b"open_reads:1\r\n")
+    assert info.startswith(b"# Kestrel\r\ncmd_get:1\r\ncmd_set:2\r\n") and info.endswith(b"open_reads:1\r\nfanout_children:0\r\n")
     assert b"# Kestrel" in Session(node)("INFO", "all") and b"# Kestrel" not in Session(node)("INFO")
 
 
@@ -221,3 +221,51 @@ def test_oversized_set_shutdown_and_the_front_end_seams(node: Any) -> None:
     assert mc(b"shutdown\r\n").startswith(b"SERVER_ERROR ERR Errors trying to SHUTDOWN")
     node.host.shutdown_ok = True
     assert mc(b"shutdown\r\n") == b""
+
+
+def pair() -> tuple[Any, Any]:
+    """A core linked to one peer (whose ID comes second)."""
+    from support import NODE_ID, linked_core
+
+    peer = "b0" * 20
+    conf = "{} 127.0.0.1:7711 myself 0 0 connected\n{} 127.0.0.1:7712 noflags 0 0 connected\n"
+    a, _, _ = linked_core(conf.format(NODE_ID, peer), (peer,))
+    return a, peer
+
+
+def sent(core: Any) -> list[Any]:
+    from support import bus_sent
+
+    return bus_sent(core)
+
+
+def test_fanout_children_join_cluster_wide_and_get_copies() -> None:
+    from disque.cluster import messages as m
+
+    core, peer = pair()
+    mc = Memcache(core)
+    assert mc(b"get jobs+audit\r\n") == b"END\r\n"
+    assert m.Fanout(b"jobs+audit", True) in sent(core)
+    core.handle_bus(m.Header(peer, 7712, 0), m.Fanout(b"jobs+billing"), key=core.cluster.nodes[peer].key)
+    assert core.items.children == {b"jobs": {b"jobs+audit": None, b"jobs+billing": None}}
+    core.effects.clear()
+    core.link_connected(core.cluster.nodes[peer].key)  # a node that links up learns every child
+    assert [msg for msg in sent(core) if isinstance(msg, m.Fanout)] == [m.Fanout(b"jobs+audit"), m.Fanout(b"jobs+billing")]
+    mc(b"set jobs 0 0 2 noreply\r\nhi\r\n")
+    resp = Session(core)
+    assert resp("QLEN", "jobs+audit") == resp("QLEN", "jobs+billing") == 1  # copies, replicated asynchronously
+    assert mc(b"delete jobs+billing\r\n") == b"END\r\n" and m.Fanout(b"jobs+billing", False) in sent(core)
+    core.handle_bus(m.Header(peer, 7712, 0), m.Fanout(b"jobs+audit", False), key=core.cluster.nodes[peer].key)
+    core.handle_bus(m.Header(peer, 7712, 0), m.Fanout(b"other+x", False), key=core.cluster.nodes[peer].key)
+    assert core.items.children == {b"jobs": {}}  # the set stays, empty (spec §5)
+
+
+def test_a_full_child_misses_the_copy(node: Any) -> None:
+    node.config.queue_config.set_queue(["jobs", "max_items", "1"])
+    mc = Memcache(node)
+    mc(b"get jobs+audit\r\nset jobs 0 0 1\r\nx\r\nget jobs\r\n")
+    assert mc(b"set jobs 0 0 1\r\ny\r\n") == b"STORED\r\n"
+    assert [entry[2] for entry in Session(node)("QPEEK", "jobs+audit", 5)] == [b"x"]
+    assert b"STAT queue_jobs_children jobs+audit\r\n" in mc(b"stats\r\n")
+    mc(b"delete jobs+audit\r\n")
+    assert b"STAT queue_jobs_children \r\n" in mc(b"stats\r\n")  # the set stays, empty (spec §5)

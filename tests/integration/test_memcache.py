@@ -215,3 +215,21 @@ def test_with_a_password_the_port_refuses_other_hosts(tmp_path: Path) -> None:
         denied = pair.run(1, code.replace("sys.argv[1]", repr(ADDRS[0])))
         assert denied.startswith("SERVER_ERROR DENIED") and denied.count("\n") == 1  # (text mode: CRLF read as LF)
         assert pair.run(0, code.replace("sys.argv[1]", "'127.0.0.1'")) == "END\n"
+
+
+def test_fanout_children_named_on_one_node_receive_sets_on_another(trio_nodes) -> None:
+    cluster, ports = trio_nodes
+    audit, billing = mc(ports[1]), mc(ports[2])
+    assert audit.get("orders+audit") is None and billing.get("orders+billing") is None  # they join
+    producer = mc(ports[0])
+    children = lambda: r(cluster.nodes[0]).execute_command("INFO", "kestrel")["fanout_children"]  # noqa: E731
+    cluster.wait(lambda: children() == 2, what="node 1 to learn both children")
+    assert producer.set("orders", b"order 1", noreply=False)
+    assert audit.get("orders+audit/t=5000") == b"order 1"  # copied on node 1, fetched across the cluster
+    assert billing.get("orders+billing/t=5000") == b"order 1"
+    assert producer.get("orders") == b"order 1"  # and the parent keeps its own
+    billing.delete("orders+billing")
+    cluster.wait(lambda: children() == 1, what="node 1 to learn that one child left")
+    producer.set("orders", b"order 2", noreply=False)
+    assert audit.get("orders+audit/t=5000") == b"order 2"
+    assert billing.get("orders+billing/t=300") is None  # deleted: it stopped receiving

@@ -79,12 +79,15 @@ def _fatal(node: NodeCore, client: Client) -> bytes:
 
 
 def _set(node: NodeCore, client: Client, req: Set) -> Any:
-    node.items.cmd_set += 1
+    items = node.items
+    items.cmd_set += 1
+    items.refer(req.queue)
     now = node.now
     expiry = expiry_ms(req.exptime, now)
     if expiry and expiry <= now:
         return reply.STORED  # expired already: Kestrel stores it and drops it at once
     ttl = -(-(expiry - now) // 1000) if expiry else ITEM_TTL
+    items.copy_to_children(client, req.queue, req.data, ttl)
     return node.add_job(client, req.queue, req.data, SET_TIMEOUT_MS, None, ttl, None, None, None, False)
 
 
@@ -110,6 +113,7 @@ def _get(node: NodeCore, client: Client, req: Get) -> Any:
     def answer(entry: list[Any] | None) -> bytes:
         return reply.END if entry is None else reply.value(key, entry[2])
 
+    items.refer(req.queue)
     if opts.peek:
         items.cmd_peek += 1
         return items.peek(req.queue, answer)
@@ -119,7 +123,14 @@ def _get(node: NodeCore, client: Client, req: Get) -> Any:
     return items.take(client, req.queue, opts.timeout_ms, opts.open, answer)
 
 
-def _flush(node: NodeCore, client: Client, req: Flush | Delete) -> bytes:
+def _flush(node: NodeCore, client: Client, req: Flush) -> bytes:
+    node.items.refer(req.queue)
+    node.items.flush(req.queue)
+    return reply.END
+
+
+def _delete(node: NodeCore, client: Client, req: Delete) -> bytes:
+    node.items.forget(req.queue)
     node.items.flush(req.queue)
     return reply.END
 
@@ -131,6 +142,8 @@ def _flush_all(node: NodeCore, client: Client, req: FlushAll) -> bytes:
 
 
 def _flush_expired(node: NodeCore, client: Client, req: FlushExpired | FlushAllExpired) -> bytes:
+    if type(req) is FlushExpired:
+        node.items.refer(req.queue)
     return reply.count(0)  # jobs expire on a timer: nothing expired is left to drop
 
 
@@ -173,7 +186,7 @@ TABLE: dict[type, tuple[str, str, Handler]] = {
     Set: ("set", "wm", _set),
     SetTooLarge: ("set", "w", _set_too_large),
     Get: ("get", "w", _get),
-    Delete: ("delete", "w", _flush),
+    Delete: ("delete", "w", _delete),
     Flush: ("flush", "w", _flush),
     FlushAll: ("flush_all", "w", _flush_all),
     FlushExpired: ("flush_expired", "w", _flush_expired),
