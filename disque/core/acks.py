@@ -79,7 +79,7 @@ class Acks:
         node.settle_waits(job.id, True)
         job.nodes_confirmed = None
         if was_active:  # pragma: no branch - callers make a wait-repl job active first (achieved)
-            node.aof_deljob(job.id)
+            node.aof_deljob(job)
         node.reschedule(job)
 
     def try_gc(self, job: Job) -> None:

@@ -51,6 +51,7 @@ class AofAppend:
     """An encoded AOF record (LOADJOB or DELJOB)."""
 
     record: bytes
+    sync: bool = False  # its queue has `sync_journal`: fsynced before any reply that follows it
 
 
 @dataclass(frozen=True, slots=True)

@@ -465,7 +465,7 @@ class NodeCore:
             self._queue(job.queue).discard(job)  # type: ignore[arg-type]
             job.move(DEQUEUE)
         if log and job.state == S_ACTIVE:
-            self.aof_deljob(job.id)
+            self.aof_deljob(job)
         if job.state == S_WAIT_REPL:
             self.replication.forget(job.id)
             self.answer_producer(job.id, errors.norepl_removed())
@@ -986,11 +986,20 @@ class NodeCore:
 
     def aof_loadjob(self, job: Job) -> None:
         if self.aof.state != "off":
-            self.effects.append(AofAppend(encode_loadjob(job)))
+            self._aof_record(job.queue, encode_loadjob(job))
 
-    def aof_deljob(self, job_id: bytes) -> None:
+    def aof_deljob(self, job: Job) -> None:
         if self.aof.state != "off":
-            self.effects.append(AofAppend(encode_deljob(job_id)))
+            self._aof_record(job.queue, encode_deljob(job.id))
+
+    def journaled(self, job: Job) -> bool:
+        """Whether the job's queue is in the AOF (Kestrel's `journal` setting)."""
+        return job.queue is None or self.config.queue_config.settings(job.queue).journal
+
+    def _aof_record(self, queue: bytes | None, record: bytes) -> None:
+        limits = self.config.queue_config.settings(queue) if queue is not None else NO_LIMITS
+        if limits.journal:
+            self.effects.append(AofAppend(record, limits.sync_journal))
 
     # ------------------------------------------------------------ flushing
 

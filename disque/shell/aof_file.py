@@ -159,7 +159,7 @@ def write_snapshot(
 
 
 def snapshot_jobs(core: Any) -> list[Job]:
-    return [job for job in core.jobs.values() if job.state is _ACTIVE or job.state is _QUEUED]
+    return [job for job in core.jobs.values() if (job.state is _ACTIVE or job.state is _QUEUED) and core.journaled(job)]
 
 
 class AofFile:
@@ -176,6 +176,7 @@ class AofFile:
         self.appended = 0
         self.written = 0
         self.synced = 0
+        self.sync_upto = 0  # the end of the last record of a `sync_journal` queue
         self.waiters: deque[tuple[int, Callable[[], None]]] = deque()
         self.targets: dict[Any, int] = {}  # connection -> offset its next reply waits for
         self.mark = 0  # `appended` at the end of the previous flush
@@ -200,13 +201,15 @@ class AofFile:
 
     # ------------------------------------------------------------ records
 
-    def append(self, record: bytes) -> None:
+    def append(self, record: bytes, sync: bool = False) -> None:
         state = self.status.state
         if state == "on":
             self.buf.append(record)
             self.buf_len += len(record)
             self.appended += len(record)
             self.status.buffer_length = self.buf_len
+            if sync:  # a `sync_journal` queue: replies after it wait for an fsync, whatever the policy
+                self.sync_upto = self.appended
         rw = self.rewrite
         if rw is not None and state != "off":
             rw.buf.append(record)
@@ -220,7 +223,7 @@ class AofFile:
         """Offset up to which records count as safe for the current policy."""
         if self.fd is None or self.status.state != "on":
             return float("inf")
-        if self.config.appendfsync == "always" and self._fsync_allowed():
+        if (self.config.appendfsync == "always" or self.sync_upto > self.synced) and self._fsync_allowed():
             return self.synced
         return self.written
 
@@ -287,7 +290,7 @@ class AofFile:
             if not self._write():
                 return
             if self._fsync_allowed() and not self.fsync_error:
-                if policy == "always":
+                if policy == "always" or self.sync_upto > self.synced:
                     self._request_fsync()
                 elif policy == "everysec" and not self.fsync_running and int(time.time()) != self.last_fsync_sec:
                     self._request_fsync()

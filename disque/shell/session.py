@@ -115,7 +115,7 @@ class BusPort(Protocol):
 
 
 class AofPort(Protocol):
-    def append(self, record: bytes) -> None: ...
+    def append(self, record: bytes, sync: bool = False) -> None: ...
     def flush(self, current: Any = None) -> None: ...
 
 
@@ -249,7 +249,7 @@ class Sessions:
                 elif kind is DropLink:
                     bus.drop_link(effect.key)
                 elif kind is AofAppend:
-                    self.aof.append(effect.record)
+                    self.aof.append(effect.record, effect.sync)
             for conn in touched:  # an unblocked client resumes its pipeline
                 self.run_commands(conn)
         if core.conf_dirty():

@@ -269,3 +269,19 @@ def test_a_full_child_misses_the_copy(node: Any) -> None:
     assert b"STAT queue_jobs_children jobs+audit\r\n" in mc(b"stats\r\n")
     mc(b"delete jobs+audit\r\n")
     assert b"STAT queue_jobs_children \r\n" in mc(b"stats\r\n")  # the set stays, empty (spec §5)
+
+
+def test_journal_settings_choose_what_goes_to_the_aof(node: Any) -> None:
+    from disque.core.effects import AofAppend
+
+    node.aof.state = "on"
+    node.config.queue_config.set_queue(["scratch", "journal", "false"])
+    node.config.queue_config.set_queue(["durable", "sync_journal", "true"])
+    resp = Session(node)
+    for queue in ("scratch", "durable", "plain"):
+        resp("ACKJOB", resp("ADDJOB", queue, "x", 0))
+    records = [(e.record.split(b"\r\n")[2], e.sync) for e in node.effects if isinstance(e, AofAppend)]
+    assert records == [(b"LOADJOB", True), (b"DELJOB", True), (b"LOADJOB", False), (b"DELJOB", False)]
+    from disque.store.job import Job
+
+    assert node.journaled(Job(b"x", None, None)) and not node.journaled(Job(b"x", b"scratch", None))  # what a rewrite keeps

@@ -297,6 +297,27 @@ def test_nack_delay_survives_kill9(spawn: Spawn) -> None:
     assert 250_000 < shown[b"next-requeue-within"] <= 300_000
 
 
+def test_queue_journal_settings_survive_kill9_and_rewrites(spawn: Spawn) -> None:
+    """`queue <name> journal false` keeps a queue out of the AOF (and out of
+    rewrites); `sync_journal true` fsyncs its records before the reply even
+    under appendfsync no."""
+    node = spawn("--appendonly", "yes", "--appendfsync", "no")
+    conf = node.workdir / "disque.conf"
+    conf.write_text(conf.read_text() + "queue scratch journal false\nqueue durable sync_journal true\n")
+    crash(node)
+    node.start()
+    r = client(node)
+    kept = {r.execute_command("ADDJOB", "durable", f"d{i}", 0) for i in range(5)}
+    for i in range(5):
+        r.execute_command("ADDJOB", "scratch", f"s{i}", 0)
+    assert r.execute_command("BGREWRITEAOF")
+    wait_until(lambda: r.info("persistence")["aof_rewrite_in_progress"] == 0, what="the rewrite")
+    r.execute_command("ADDJOB", "scratch", "after the rewrite", 0)
+    crash(node)
+    node.start()
+    assert set(all_ids(client(node))) == kept
+
+
 def test_automatic_rewrite_on_growth(spawn: Spawn) -> None:
     node = spawn(*AOF_EVERYSEC, "--auto-aof-rewrite-min-size", "20000", "--auto-aof-rewrite-percentage", "100")
     r = client(node)

@@ -462,7 +462,7 @@ class SimNode:
     def drop_link(self, key: int) -> None:
         self._close_link(key)
 
-    def append(self, record: bytes) -> None:
+    def append(self, record: bytes, sync: bool = False) -> None:
         self.aof += record  # a killed process loses nothing it wrote
 
     def flush(self, current: Any = None) -> None:
