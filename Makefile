@@ -16,7 +16,7 @@ RUN_STAMP  := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 STAMP      := $(VENV)/.installed
 
-.PHONY: run test bench venv tools tools-redis tools-java tools-net tools-browser tools-clock tools-systemd clean jepsen jepsen-long
+.PHONY: run test bench venv tools tools-redis tools-java tools-net tools-browser tools-clock tools-systemd tools-memcached clean jepsen jepsen-long
 
 $(RUN_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
@@ -64,6 +64,10 @@ tools-browser:
 tools-clock:
 	@$(call apt,faketime:faketime)
 
+# memcached, the reference of the memcache port's benchmark (bench/memcache.py).
+tools-memcached:
+	@$(call apt,memcached:memcached)
+
 # systemd-analyze (the systemd package) verifies examples/disque@.service.
 tools-systemd:
 	@$(call apt,systemd-analyze:systemd)
@@ -80,7 +84,7 @@ test: $(STAMP) tools
 	$(PY) -m pytest --cov --cov-report=term-missing
 
 # Benchmarks print figures (ratios against redis-server measured in the same run).
-bench: $(STAMP) tools-redis tools-java
+bench: $(STAMP) tools-redis tools-java tools-memcached
 	$(PY) bench/run.py
 
 # Fault injection against 5 real nodes (network namespaces as root, else TCP

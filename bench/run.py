@@ -11,6 +11,7 @@ import time
 
 import cluster
 import common
+import memcache
 import persistence
 import security
 import single_node
@@ -19,6 +20,7 @@ import spark as spark_bench
 BENCHMARKS = {
     "single": single_node,
     "cluster": cluster,
+    "memcache": memcache,
     "persistence": persistence,
     "security": security,
     "spark": spark_bench,
