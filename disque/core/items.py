@@ -7,7 +7,9 @@ is added, `make_room` refuses a body over `max_item_size`, and while the
 queue holds `max_items` jobs or `max_size` body bytes it either refuses the
 job (-MAXLEN) or, with `discard_old_when_full`, drops the oldest queued job
 everywhere (as FASTACK does) and counts it as discarded; `max_age` caps the
-TTL.
+TTL.  A queued job that expires in a queue with `move_expired_to` is added
+again to that queue, with ITEM_TTL (that queue's `max_age` applies),
+replicated asynchronously; only the node where it was queued does it.
 
 Taking an item (`take`) is GETJOB for one job on one queue, then:
 * a plain GET acknowledges it at once, cluster-wide, as FASTACK does: the
@@ -65,6 +67,16 @@ class Items:
         # Kestrel's global counters (memcache STATS)
         self.cmd_get = self.cmd_set = self.cmd_peek = self.get_hits = self.get_misses = 0
         self.children: dict[bytes, dict[bytes, None]] = {}  # fanout: parent -> its children, in joining order
+        self.mover = Client(0, addr="move_expired_to")  # adds expired jobs to their new queue (never waits)
+
+    def expired(self, job: Job) -> None:
+        """A job queued here expired: `move_expired_to` of its queue."""
+        target = self.node.config.queue_config.settings(job.queue).move_expired_to  # type: ignore[arg-type]
+        if target is not None and job.body is not None:
+            try:
+                self.node.add_job(self.mover, target, job.body, 0, None, ITEM_TTL, None, None, None, True)
+            except errors.DisqueError:
+                pass  # that queue is full, or the job cannot be replicated now: it is dropped, as without the setting
 
     # ------------------------------------------------------------ fanout
 

@@ -498,6 +498,7 @@ class NodeCore:
         if job.etime * 1000 <= now:
             if job.state == S_QUEUED:
                 self._queue(job.queue).expired += 1  # type: ignore[arg-type]
+                self.items.expired(job)
             self.delete_job(job)
             return
         state = job.state

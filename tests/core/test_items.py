@@ -285,3 +285,19 @@ def test_journal_settings_choose_what_goes_to_the_aof(node: Any) -> None:
     from disque.store.job import Job
 
     assert node.journaled(Job(b"x", None, None)) and not node.journaled(Job(b"x", b"scratch", None))  # what a rewrite keeps
+
+
+def test_move_expired_to_gives_expired_jobs_a_new_queue(node: Any) -> None:
+    node.config.queue_config.set_queue(["q", "move_expired_to", "late"])
+    node.config.queue_config.set_queue(["late", "max_items", "1"])
+    resp = Session(node)
+    taken = resp("ADDJOB", "q", "a", 0, "TTL", 1)
+    for body in ("b", "c"):
+        resp("ADDJOB", "q", body, 0, "TTL", 1)
+    assert resp("GETJOB", "FROM", "q")[0][2] == b"a"  # active when it expires: not moved
+    node.clock_.advance(2_100)
+    node.tick()
+    node.tick()
+    assert [entry[2] for entry in resp("QPEEK", "late", 5)] == [b"b"]  # c found `late` full: dropped
+    assert node.queues.get(b"q").expired == 2 and resp.show(taken) is None
+    assert ITEM_TTL - 1 <= resp.show(resp("QPEEK", "late", 1)[0][1])["ttl"] <= ITEM_TTL
