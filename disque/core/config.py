@@ -528,6 +528,7 @@ DIRECTIVES: dict[str, Directive] = {
         _integer("tls-port", 0, "Invalid tls-port", low=0, high=65535),
         _integer("metrics-port", 0, "Invalid metrics-port", low=0, high=65535),
         _integer("memcache-port", 0, "Invalid memcache-port", low=0, high=65535),
+        _integer("memcache-tls-port", 0, "Invalid memcache-tls-port", low=0, high=65535),
         _string("tls-cert-file", settable=True),
         _string("tls-key-file", settable=True),
         _string("tls-ca-cert-file", settable=True),
@@ -541,7 +542,7 @@ DIRECTIVES: dict[str, Directive] = {
 _PROJECT_ORDER = """
     cluster-secret cluster-secret-file cluster-secret-previous protected-mode
     cluster-protected-mode tls-port tls-cert-file tls-key-file tls-ca-cert-file tls-auth-clients
-    tls-cluster tls-protocols tls-ciphers metrics-port memcache-port
+    tls-cluster tls-protocols tls-ciphers metrics-port memcache-port memcache-tls-port
 """.split()
 _HIDDEN_FROM_GET = {"cluster-secret", "cluster-secret-previous"}
 

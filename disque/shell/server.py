@@ -20,6 +20,7 @@ import signal
 import socket
 import sys
 import time
+from functools import partial
 from typing import Any
 
 import trio
@@ -37,13 +38,14 @@ from disque.core.types import Client, Status
 from disque.core.node import NodeCore
 from disque.protocols.memcache import encoder as memcache_reply
 from disque.protocols.memcache.front import MEMCACHE
+from disque.protocols.base import FrontEnd
 from disque.protocols.resp.front import RESP
 from disque.protocols.resp.encoder import encode_error
 from disque.shell.security import DENIED, Security, announced_port, is_loopback, protected_mode_refuses
 from disque.shell.aof_file import AofFile
 from disque.shell.clock import NodeClock
 from disque.version import Revision, revision
-from disque.shell.tcp import READ_SIZE, TcpClients, format_addr
+from disque.shell.tcp import READ_SIZE, Refusal, TcpClients, format_addr
 
 log = logging.getLogger("disque")
 
@@ -64,8 +66,8 @@ class TlsConn(Conn):
 
     __slots__ = ("stream", "send_lock", "scope", "server")
 
-    def __init__(self, client: Client, stream: trio.abc.Stream, server: Server) -> None:
-        super().__init__(client, RESP)
+    def __init__(self, client: Client, stream: trio.abc.Stream, server: Server, front: FrontEnd = RESP) -> None:
+        super().__init__(client, front)
         self.stream = stream
         self.send_lock = trio.Lock()
         self.scope = trio.CancelScope()
@@ -134,6 +136,7 @@ class Server:
         listeners = await self._open_listeners()
         tls_listeners = await self._open_listeners(self.config.tls_port)
         memcache_listeners = await self._open_listeners(self.config.memcache_port)
+        memcache_tls_listeners = await self._open_listeners(self.config.memcache_tls_port)
         http_listeners = await self._open_listeners(self.config.metrics_port)
         if announced_port(self.config):
             await self.bus.listen()
@@ -151,6 +154,11 @@ class Server:
                 nursery.start_soon(trio.serve_listeners, self._handle_tls_client, [listener])
             if tls_listeners:
                 log.info("Ready to accept TLS connections on port %s", self.config.tls_port)
+            memcache_tls = partial(self._handle_tls_client, front=MEMCACHE, refusal=self.memcache_refusal, trusted=True)
+            for listener in memcache_tls_listeners:
+                nursery.start_soon(trio.serve_listeners, memcache_tls, [listener])
+            if memcache_tls_listeners:
+                log.info("Ready to accept memcache (Kestrel) TLS connections on port %s", self.config.memcache_tls_port)
             if http_listeners:
                 http = HttpPort(self.core, self.sessions, lambda: self.config.requirepass)
                 nursery.start_soon(http.serve, http_listeners)
@@ -205,7 +213,11 @@ class Server:
 
     # ------------------------------------------------------------ clients
 
-    async def _handle_tls_client(self, tcp: trio.SocketStream) -> None:
+    async def _handle_tls_client(
+        self, tcp: trio.SocketStream, front: FrontEnd = RESP, refusal: Refusal | None = None, trusted: bool = False
+    ) -> None:
+        """A client of a TLS port (tls-port, or memcache-tls-port for `front`
+        MEMCACHE, with its `refusal` and `trusted` as for the plain port)."""
         ctx = self.security.tls.clients
         assert ctx is not None
         stream = trio.SSLStream(tcp, ctx, server_side=True)
@@ -223,14 +235,15 @@ class Server:
             peer_ip = str(tcp.socket.getpeername()[0])
         except OSError:
             peer_ip = ""
-        refusal = self.refusal(peer_ip, _peer(tcp))
-        if refusal is not None:
+        refused = (refusal or self.refusal)(peer_ip, _peer(tcp))
+        if refused is not None:
             with trio.move_on_after(1):
-                await stream.send_all(refusal)
+                await stream.send_all(refused)
             await trio.aclose_forcefully(stream)
             return
         sessions = self.sessions
-        conn = TlsConn(sessions.new_client(_peer(tcp), _peer(tcp, local=True), tcp.socket.fileno()), stream, self)
+        conn = TlsConn(sessions.new_client(_peer(tcp), _peer(tcp, local=True), tcp.socket.fileno()), stream, self, front)
+        conn.client.authenticated = trusted
         sessions.opened(conn)
         try:
             with conn.scope:

@@ -145,12 +145,12 @@ class Contexts:
 
 def contexts_from_config(config: Any) -> Contexts:
     """The node's contexts; raises TLSConfigError when the settings are unusable."""
-    wants_clients, wants_bus = bool(config.tls_port), bool(config.tls_cluster)
+    wants_clients, wants_bus = bool(config.tls_port or config.memcache_tls_port), bool(config.tls_cluster)
     if not (wants_clients or wants_bus):
         return Contexts()
     cert, key, ca = config.tls_cert_file, config.tls_key_file, config.tls_ca_cert_file
     if not cert or not key:
-        what = "tls-port" if wants_clients else "tls-cluster"
+        what = ("tls-port" if config.tls_port else "memcache-tls-port") if wants_clients else "tls-cluster"
         raise TLSConfigError(f"{what} needs tls-cert-file and tls-key-file")
     options = {"protocols": config.tls_protocols, "ciphers": config.tls_ciphers}
     clients = bus_server = bus_client = None

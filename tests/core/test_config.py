@@ -531,7 +531,7 @@ def test_config_get_all_in_upstream_order():
     assert names[: len(spec)] == spec
     assert names[len(spec) :] == (
         "cluster-secret-file protected-mode cluster-protected-mode tls-port tls-cert-file tls-key-file "
-        "tls-ca-cert-file tls-auth-clients tls-cluster tls-protocols tls-ciphers metrics-port memcache-port"
+        "tls-ca-cert-file tls-auth-clients tls-cluster tls-protocols tls-ciphers metrics-port memcache-port memcache-tls-port"
     ).split()
     hidden = {"appendfilename", "cluster-config-file", "syslog-enabled", "syslog-ident"}
     assert not (hidden | {"cluster-secret", "cluster-secret-previous"}) & set(names)
@@ -561,7 +561,7 @@ def test_config_get_value_formats():
         ("maxmemory", ["maxmemory"]),
         ("MAXMEMORY", []),
         ("maxmemory*", ["maxmemory", "maxmemory-samples", "maxmemory-policy"]),
-        ("*port", ["port", "tls-port", "metrics-port", "memcache-port"]),
+        ("*port", ["port", "tls-port", "metrics-port", "memcache-port", "memcache-tls-port"]),
         ("?ort", ["port"]),
         ("h[xyz]", ["hz"]),
         ("h[^a]", ["hz"]),

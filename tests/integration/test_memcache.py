@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 from pymemcache.client.base import Client as Memcache
+from pymemcache.exceptions import MemcacheUnexpectedCloseError
 
 from clusterkit import Cluster, wait_for
 from disque.devcluster import NodeProcess, free_port
@@ -233,3 +234,25 @@ def test_fanout_children_named_on_one_node_receive_sets_on_another(trio_nodes) -
     producer.set("orders", b"order 2", noreply=False)
     assert audit.get("orders+audit/t=5000") == b"order 2"
     assert billing.get("orders+billing/t=300") is None  # deleted: it stopped receiving
+
+
+def test_the_memcache_tls_port(tmp_path: Path, spawn) -> None:
+    """memcache-tls-port: Kestrel's protocol over TLS with the tls-* settings
+    (mutual TLS by default: a client certificate is required)."""
+    import ssl
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "disque.cli", "tls-keygen", str(tmp_path)], capture_output=True, check=True)
+    port = free_port()
+    spawn("--memcache-tls-port", str(port), "--tls-cert-file", str(tmp_path / "node.crt"),
+          "--tls-key-file", str(tmp_path / "node.key"), "--tls-ca-cert-file", str(tmp_path / "ca.crt"))  # fmt: skip
+    context = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+    context.load_cert_chain(str(tmp_path / "client.crt"), str(tmp_path / "client.key"))
+    cache = Memcache((HOST, port), timeout=10, tls_context=context)
+    _opened.append(cache)
+    assert cache.set("secure", b"over tls", noreply=False) and cache.get("secure/peek") == b"over tls"
+    anonymous = Memcache((HOST, port), timeout=5, tls_context=ssl.create_default_context(cafile=str(tmp_path / "ca.crt")))
+    _opened.append(anonymous)
+    with pytest.raises((ssl.SSLError, OSError, MemcacheUnexpectedCloseError)):
+        anonymous.get("secure")
