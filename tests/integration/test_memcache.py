@@ -256,3 +256,14 @@ def test_the_memcache_tls_port(tmp_path: Path, spawn) -> None:
     _opened.append(anonymous)
     with pytest.raises((ssl.SSLError, OSError, MemcacheUnexpectedCloseError)):
         anonymous.get("secure")
+
+
+def test_a_node_that_dies_with_an_open_read_loses_no_item(trio_nodes) -> None:
+    """The open read is a delivered job: when its node dies, the other nodes
+    queue it again after its RETRY (1 s here, set by a RESP producer)."""
+    cluster, ports = trio_nodes
+    cluster.call(0, "ADDJOB", "work", "precious", 5000, "RETRY", 1)
+    reader = raw(ports[1])
+    expect(reader, b"get work/open/t=5000\r\n", b"VALUE work/open/t=5000 0 8\r\nprecious\r\nEND\r\n")
+    cluster.kill(1)
+    assert mc(ports[2]).get("work/t=10000") == b"precious"
