@@ -36,6 +36,13 @@ stale by the time it is handled (the socket changed mode meanwhile): the
 handler goes by the mode, and a recv or send that finds nothing to do is
 harmless.
 
+Other sockets can be served here too (`watch`): the plain cluster bus
+connections (bus.py), whose handler reads them as they become ready.  After
+every wake-up, `after_pass` runs (the bus writes the frames the wake-up
+produced, one write per peer); code outside this task that has work for it
+calls `wake`.  CLIENT PAUSE does not stop the loop: clients read meanwhile
+wait in `paused` and run once it is over, while the bus goes on.
+
 TLS clients (tls-port) keep a trio stream and a task each (server.py).
 """
 
@@ -113,7 +120,7 @@ class TcpClients:
         self.epoll = select.epoll()
         self.conns: dict[int, TcpConn] = {}  # by fd
         self.listeners: dict[int, tuple[socket.socket, FrontEnd, Refusal, bool]] = {}  # by fd
-        self.paused: list[TcpConn] = []  # read during CLIENT PAUSE, to run after it
+        self.paused: dict[TcpConn, None] = {}  # read during CLIENT PAUSE, to run after it
         self.resume: list[TcpConn] = []  # held (session.OUTPUT_PAUSE) and written since: run the rest
         self.doomed: list[TcpConn] = []  # to close, asked for outside this task
         self.watched: dict[int, Callable[[int], None]] = {}  # other sockets served here (the bus): fd -> handler
@@ -161,6 +168,9 @@ class TcpClients:
             while True:
                 if self.resume:  # runnable work left: poll without sleeping
                     await trio.lowlevel.checkpoint()
+                elif self.paused:  # CLIENT PAUSE: the bus goes on; wake up at its end at the latest
+                    with trio.move_on_after(self.core.pause_left(self.clock.now_ms()) / 1000):
+                        await trio.lowlevel.wait_readable(epoll)
                 else:
                     await trio.lowlevel.wait_readable(epoll)
                 self.in_pass = True
@@ -182,8 +192,8 @@ class TcpClients:
                         self._send(conn)
                         if conn.closing and not conn.out:
                             self._close(conn)
-                if self.paused:
-                    await self._run_paused()
+                if self.paused and not self.core.pause_left(self.clock.now_ms()):
+                    self._run_paused()
                 if self.resume:  # one more slice of each held pipeline, after everyone else
                     resume, self.resume = self.resume, []
                     for conn in resume:
@@ -250,7 +260,7 @@ class TcpClients:
             self._close(conn)
             return
         if self.core.pause_left(self.clock.now_ms()):
-            self.paused.append(conn)
+            self.paused[conn] = None
             return
         self._run(conn)
 
@@ -264,13 +274,10 @@ class TcpClients:
         if conn.closing and not conn.out and not conn.parked:
             self._close(conn)
 
-    async def _run_paused(self) -> None:
-        """CLIENT PAUSE: clients read meanwhile run their requests after it
-        (this task sleeps: no client of it runs anything until then)."""
-        clock = self.clock
-        while wait_ms := self.core.pause_left(clock.now_ms()):
-            await trio.sleep(wait_ms / 1000)
-        paused, self.paused = self.paused, []
+    def _run_paused(self) -> None:
+        """CLIENT PAUSE is over: clients read meanwhile run their requests
+        (until then they are read, not run; the bus sockets are served)."""
+        paused, self.paused = self.paused, {}
         for conn in paused:
             if not conn.gone:
                 self._run(conn)

@@ -189,6 +189,25 @@ def test_pipelined_addjobs_replicate_together_and_answer_in_order(c5: Cluster) -
     assert [c5.show(0, job_id)["body"] for job_id in ids] == [f"b{i}".encode() for i in range(40)] + [b"last"]
 
 
+def test_client_pause_does_not_stop_the_cluster_bus(c5: Cluster) -> None:
+    """While CLIENT PAUSE holds a node's clients, the node still answers its
+    peers: nobody flags it, and it confirms the jobs others replicate to it."""
+    from rawsock import Raw, pack
+
+    c5.call(0, "CLIENT", "PAUSE", 3000)
+    waiting = Raw(("127.0.0.1", c5.nodes[0].port))
+    try:
+        waiting.send(pack("QLEN", "pq"))  # read, and held until the pause ends
+        started = time.monotonic()
+        while time.monotonic() - started < 2.5:
+            job = c5.addjob(1, "pq", "during the pause", 2000, "REPLICATE", 5)
+            assert 0 in c5.holders(job)
+            assert not any({"PFAIL", "FAIL"} & c5.flags(i, 0) for i in range(1, 5))
+        assert waiting.read() == 0  # served once the pause is over (node 0 holds the copies, active)
+    finally:
+        waiting.close()
+
+
 def test_asynchronous_replication(c5: Cluster) -> None:
     job = c5.addjob(1, "asyncq", "b", 0, "REPLICATE", 4, "ASYNC")
     assert c5.show(1, job)["state"] == b"queued"  # queued at once, no waiting for replicas
