@@ -181,8 +181,9 @@ class TcpClients:
                             self._woken()
                         elif fd in self.watched:
                             self.watched[fd](events)
-                        else:
+                        elif fd in self.listeners:
                             await self._accept(*self.listeners[fd])
+                        # else: a bus socket taken out by an earlier event of this batch (a dropped link)
                     elif conn.mask & EPOLLIN:
                         self._read(conn)
                     elif conn.parked:
