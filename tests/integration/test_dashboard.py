@@ -63,16 +63,19 @@ def test_the_dashboard_shows_the_cluster_and_acts_on_it(cluster, browser, tmp_pa
     def rows(table: str) -> list[list[str]]:
         return [[td.text for td in tr.find_elements(By.TAG_NAME, "td")] for tr in browser.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr")]
 
+    def click(selector: str) -> None:
+        """Click an element of a table that may be redrawn under the click (retried then)."""
+        wait.until(lambda _: browser.find_element(By.CSS_SELECTOR, selector).click() or True)
+
     # the three nodes, this one marked, the bus links to the two others up
-    wait.until(lambda _: len(rows("nodes")) == 3)
-    nodes = rows("nodes")
+    nodes = wait.until(lambda _: found if len(found := rows("nodes")) == 3 else None)
     assert sum("(this node)" in row[0] for row in nodes) == 1
     assert sorted(row[3] for row in nodes) == ["-", "connected", "connected"]
     # the queues with their lengths, updated live
     wait.until(lambda _: {row[0]: row[1] for row in rows("queues")} == {"invoices": "1", "orders": "3"})
     r.execute_command("ADDJOB", "orders", "order 3", 0, "REPLICATE", 1)
     wait.until(lambda _: {row[0]: row[1] for row in rows("queues")}.get("orders") == "4")
-    assert browser.find_element(By.CSS_SELECTOR, '#jobs span[data-state="queued"]').text == "queued: 5"
+    wait.until(lambda _: browser.find_element(By.CSS_SELECTOR, '#jobs span[data-state="queued"]').text == "queued: 5")
     # a job looked up by ID (SHOW)
     browser.find_element(By.ID, "job-id").send_keys(job_id)
     browser.find_element(By.CSS_SELECTOR, "#lookup button").click()
@@ -80,14 +83,14 @@ def test_the_dashboard_shows_the_cluster_and_acts_on_it(cluster, browser, tmp_pa
     fields = {row[0]: row[1] for row in rows("job")}
     assert fields["id"] == job_id and fields["queue"] == "invoices" and fields["body"] == "invoice 7"
     # pause a queue (PAUSE ... BCAST: the other nodes follow), then resume it
-    browser.find_element(By.CSS_SELECTOR, 'tr[data-queue="orders"] button.toggle').click()
+    click('tr[data-queue="orders"] button.toggle')
     wait.until(lambda _: browser.find_element(By.CSS_SELECTOR, 'tr[data-queue="orders"] td.pause').text == "in")
     other_client = redis.Redis(port=other.port)
     wait.until(lambda _: other_client.execute_command("PAUSE", "orders", "state") == b"in")
     assert r.execute_command("PAUSE", "orders", "state") == b"in"
     path = Path(SCREENSHOT) if SCREENSHOT else tmp_path / "dashboard.png"
     assert browser.save_screenshot(str(path)) and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    browser.find_element(By.CSS_SELECTOR, 'tr[data-queue="orders"] button.toggle').click()
+    click('tr[data-queue="orders"] button.toggle')
     wait.until(lambda _: browser.find_element(By.CSS_SELECTOR, 'tr[data-queue="orders"] td.pause').text == "none")
     assert r.execute_command("PAUSE", "orders", "state") == b"none"
     r.close()
