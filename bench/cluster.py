@@ -12,7 +12,8 @@ nodes hold a copy).
   REPLICATE 1 measured in the same run (the replication overhead ratio).
 * ADDJOB latency under load: one client's round trips while redis-benchmark
   runs the synchronous ADDJOB with 50 clients.
-* GETJOB + ACKJOB: N jobs are preloaded (REPLICATE 3) on node 0, then
+* GETJOB + ACKJOB: N jobs are preloaded (REPLICATE 3) on node 0 (and, as
+  the reference, REPLICATE 1 on the single node), then
   consumers on node 0 loop `GETJOB NOHANG` + `ACKJOB <id>` until the queue is
   empty; cycles per second, then the time until the acknowledged jobs are
   gone from every node (the GC finishing in the background).
@@ -148,9 +149,10 @@ def addjob_latency(port: int, count: int) -> list[float]:
 
 
 def cycle_throughput(nodes: list[NodeProcess], count: int) -> tuple[float, float]:
-    """(GETJOB+ACKJOB cycles per second, seconds until the GC is done)."""
+    """(GETJOB+ACKJOB cycles per second, seconds until the GC is done); the
+    jobs are replicated to every node given."""
     port = nodes[0].port
-    send_pipelined(port, [b"ADDJOB", b"cyc", BODY, b"0", b"REPLICATE", b"3"], count, batch=200)
+    send_pipelined(port, [b"ADDJOB", b"cyc", BODY, b"0", b"REPLICATE", str(len(nodes)).encode()], count, batch=200)
     done = [0] * CONSUMERS
     errors: list[BaseException] = []
 
@@ -240,6 +242,8 @@ def run(quick: bool) -> dict[str, Any]:
         try:  # the reference of the same run: one node, ADDJOB REPLICATE 1
             r1 = ["ADDJOB", "tput", BODY, "0", "REPLICATE", "1"]
             single_ops = {p: redis_benchmark(single.port, sizes["throughput"], p, *r1) for p in (1, 16)}
+            _flush([single])
+            single_cycles, _ = cycle_throughput([single], sizes["cycle"])
         finally:
             single.stop()
         nodes = [NodeProcess(free_port(), base / f"node{i}") for i in range(3)]
@@ -273,6 +277,7 @@ def run(quick: bool) -> dict[str, Any]:
         "single_addjob_r1_ops_per_sec": single_ops[1],
         "single_addjob_r1_ops_per_sec_p16": single_ops[16],
         "getjob_ackjob_cycles_per_sec": cycles,
+        "single_getjob_ackjob_cycles_per_sec": single_cycles,
         "getjob_ackjob_consumers": CONSUMERS,
         "gc_drain_seconds": gc_seconds,
         "ack_to_gone_p50_ms": _percentile(ack, 0.50),
@@ -301,6 +306,7 @@ def run(quick: bool) -> dict[str, Any]:
             ["ADDJOB latency p50, loaded", figures["addjob_r3_loaded_latency_p50_ms"], "ms", f"1 client next to {CLIENTS} redis-benchmark clients"],
             ["ADDJOB latency p99, loaded", figures["addjob_r3_loaded_latency_p99_ms"], "ms", f"{len(loaded)} samples"],
             ["GETJOB+ACKJOB cycles", cycles, "cycles/s", f"{CONSUMERS} consumers, {sizes['cycle']} jobs"],
+            ["... on a single node", single_cycles, "cycles/s", f"REPLICATE 1; ratio {cycles / single_cycles:.2f}"],
             ["GC of those acked jobs", gc_seconds, "s", "after the last ACKJOB, until no node holds any"],
             ["ACKJOB -> gone, p50", figures["ack_to_gone_p50_ms"], "ms", f"{sizes['ack']} jobs, polled with SHOW on every node"],
             ["ACKJOB -> gone, p99", figures["ack_to_gone_p99_ms"], "ms", ""],
