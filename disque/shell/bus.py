@@ -24,9 +24,15 @@ Without a cluster secret or bus TLS, *bus protected mode*
 addresses that are neither loopback nor those of nodes the core knows or
 was told to MEET (`core.bus_links()`).
 
-Every connection, either way, is a `_Peer`: a stream, a queue of encoded
-frames and a writer task, so a slow peer only ever delays itself.  Frames are
-encoded when the effect is applied, with the core's current header.  A peer
+Every connection, either way, is a `_Peer`: a stream and a queue of encoded
+frames, so a slow peer only ever delays itself.  Once a plain TCP connection
+is set up, its socket is served by the client loop's epoll set (the
+reactor, tcp.py) rather than by tasks: the frames of every peer and the
+client requests of one wake-up are read together, and the frames they
+produce leave in one write per peer at the end of the wake-up (`flush`),
+the rest when the socket is writable again.  A TLS connection keeps a
+reader and a writer task.  Frames are encoded when the effect is applied,
+with the core's current header.  A peer
 whose queue grows past `max_queue` bytes is not reading and is dropped, as is
 a peer that sends a malformed or oversized frame (logged, rate-limited).
 Every close resets the connection, so frames still in the kernel are dropped
