@@ -69,15 +69,6 @@ class Items:
         self.children: dict[bytes, dict[bytes, None]] = {}  # fanout: parent -> its children, in joining order
         self.mover = Client(0, addr="move_expired_to")  # adds expired jobs to their new queue (never waits)
 
-    def expired(self, job: Job) -> None:
-        """A job queued here expired: `move_expired_to` of its queue."""
-        target = self.node.config.queue_config.settings(job.queue).move_expired_to  # type: ignore[arg-type]
-        if target is not None and job.body is not None:
-            try:
-                self.node.add_job(self.mover, target, job.body, 0, None, ITEM_TTL, None, None, None, True)
-            except errors.DisqueError:
-                pass  # that queue is full, or the job cannot be replicated now: it is dropped, as without the setting
-
     # ------------------------------------------------------------ fanout
 
     def refer(self, queue: bytes) -> None:
@@ -109,10 +100,15 @@ class Items:
     def copy_to_children(self, client: Client, queue: bytes, body: bytes, ttl: int) -> None:
         """A SET to `queue`: a copy of the item to each of its children."""
         for child in self.children.get(queue, ()):
-            try:
-                self.node.add_job(client, child, body, 0, None, ttl, None, None, None, True)
-            except errors.DisqueError:
-                pass  # that child is full, or its copy cannot be replicated now: it misses this item
+            self._add_copy(client, child, body, ttl)
+
+    def _add_copy(self, client: Client, queue: bytes, body: bytes, ttl: int) -> None:
+        """Add `body` to `queue` as ADDJOB ... ASYNC does; a copy refused (a
+        full queue, no reachable replicas now) is dropped."""
+        try:
+            self.node.add_job(client, queue, body, 0, None, ttl, None, None, None, True)
+        except errors.DisqueError:
+            pass
 
     # ------------------------------------------------------------ limits
 
@@ -131,6 +127,12 @@ class Items:
         if limits.max_age:
             ttl = min(ttl, max(1, -(-limits.max_age // 1000)))
         return ttl
+
+    def expired(self, job: Job) -> None:
+        """A job queued here expired: `move_expired_to` of its queue."""
+        target = self.node.config.queue_config.settings(job.queue).move_expired_to  # type: ignore[arg-type]
+        if target is not None and job.body is not None:
+            self._add_copy(self.mover, target, job.body, ITEM_TTL)
 
     # ------------------------------------------------------------ reads
 
