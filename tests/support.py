@@ -14,6 +14,7 @@ from disque.core.config import Config
 from disque.core.node import NodeCore
 from disque.core.types import Status
 from disque.protocols.resp.front import RESP
+from disque.shell.session import Conn
 
 START_MS = 1_790_000_000_000  # a fixed, realistic unix time
 
@@ -160,3 +161,21 @@ def bus_sent(core: NodeCore) -> list[Any]:
     out = [e.msg for e in core.effects if isinstance(e, Send)]
     core.effects[:] = [e for e in core.effects if not isinstance(e, Send)]
     return out
+
+
+class Nowhere:
+    """Bus and AOF ports of a session runner for a node that has neither."""
+
+    def send(self, key: int, msg: Any) -> None: ...
+    def answer(self, conn: int, msg: Any) -> None: ...
+    def drop_link(self, key: int) -> None: ...
+    def append(self, record: bytes, sync: bool = False) -> None: ...
+    def flush(self, current: Any = None) -> None: ...
+
+
+class Deaf(Conn):
+    """A session runner's client that never reads its replies: `out` only grows."""
+
+    def kick(self) -> None: ...
+
+    abort = kick

@@ -323,7 +323,7 @@ _JOB_COMMON: _Fields = (
 _WIRE_JOB: _Fields = _JOB_COMMON + (_Field("ttl", "tl", _int_in(1, _U64)), _Field("etime", "et", _UINT))
 # `not_before`: the core-clock ms before which a NACK ... DELAY job is not queued again (0: none).
 _STORED_JOB: _Fields = _JOB_COMMON + (_Field("etime", "et", _UINT), _Field("not_before", "nb", _UINT, default=0))
-_wire_job = _record(_WIRE_JOB, dict)  # checks the job of REPLJOB / YOURJOBS
+_wire_job = _loader(_WIRE_JOB)  # checks the job of REPLJOB / YOURJOBS (a dict with our names)
 _dump_wire_job = _packer(_WIRE_JOB, items=True)
 _load_stored_job, _load_stored_map = _loader(_STORED_JOB, named=True), _loader(_STORED_JOB)
 _pack_stored_job = _packer(_STORED_JOB, items=True)

@@ -69,7 +69,7 @@ from disque.store.job import (
 from disque.store.aof import AofStatus, Replay, encode_deljob, encode_loadjob
 from disque.store.jobs import JobStore
 from disque.store.queue import PAUSE_IN, PAUSE_OUT, Queue
-from disque.store.queue_config import DEFAULTS as NO_LIMITS
+from disque.store.queue_config import DEFAULTS as NO_LIMITS, QueueSettings
 from disque.store.collected import Collected
 from disque.store.scan import NBUCKETS, BucketedDict
 
@@ -995,10 +995,14 @@ class NodeCore:
 
     def journaled(self, job: Job) -> bool:
         """Whether the job's queue is in the AOF (Kestrel's `journal` setting)."""
-        return job.queue is None or self.config.queue_config.settings(job.queue).journal
+        return self._limits(job.queue).journal
+
+    def _limits(self, queue: bytes | None) -> QueueSettings:
+        """A queue's settings; a job with no queue (an ACK placeholder) has none."""
+        return NO_LIMITS if queue is None else self.config.queue_config.settings(queue)
 
     def _aof_record(self, queue: bytes | None, record: bytes) -> None:
-        limits = self.config.queue_config.settings(queue) if queue is not None else NO_LIMITS
+        limits = self._limits(queue)
         if limits.journal:
             self.effects.append(AofAppend(record, limits.sync_journal))
 

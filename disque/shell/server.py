@@ -61,6 +61,11 @@ def rss_bytes() -> int:
         return 0
 
 
+MAXCLIENTS = "max number of clients reached"
+# The memcache port's line for a refused client (RESP clients get upstream's DENIED).
+LOOPBACK_ONLY = "DENIED the memcache port only accepts loopback clients while requirepass is set, or protected mode is on"
+
+
 class TlsConn(Conn):
     """A tls-port client: a trio stream and a task of its own."""
 
@@ -290,29 +295,30 @@ class Server:
     def refusal(self, peer_ip: str, peer: str) -> bytes | None:
         """What to tell a new client before closing it, if it is refused:
         maxclients, protected mode."""
-        if len(self.sessions.conns) >= self.config.maxclients:
-            self.sessions.rejected += 1
-            return encode_error("max number of clients reached")
-        if protected_mode_refuses(self.config.protected_mode, self.config.requirepass, peer_ip):
-            self.security.stats.protected_mode_refused_clients += 1
-            self.security.log("protected", logging.INFO, "Protected mode: refused the client %s", peer)
-            return DENIED
-        return None
+        why = self._refused(peer_ip, peer, needs_auth=True)
+        return None if why is None else encode_error(MAXCLIENTS) if why == MAXCLIENTS else DENIED
 
     def memcache_refusal(self, peer_ip: str, peer: str) -> bytes | None:
         """The memcache port has no AUTH: while a password is set it takes
         loopback clients only (which start authenticated); otherwise the
         rules of the client port apply."""
-        if len(self.sessions.conns) >= self.config.maxclients:
+        why = self._refused(peer_ip, peer, needs_auth=False)
+        return None if why is None else memcache_reply.server_error(why)
+
+    def _refused(self, peer_ip: str, peer: str, needs_auth: bool) -> str | None:
+        """Why a new client is turned away (counted and logged), or None.
+        A protocol without AUTH (`needs_auth` false) takes only loopback
+        clients while a password is set."""
+        config = self.config
+        if len(self.sessions.conns) >= config.maxclients:
             self.sessions.rejected += 1
-            return memcache_reply.server_error("max number of clients reached")
-        if (self.config.requirepass and not is_loopback(peer_ip)) or protected_mode_refuses(
-            self.config.protected_mode, self.config.requirepass, peer_ip
+            return MAXCLIENTS
+        if protected_mode_refuses(config.protected_mode, config.requirepass, peer_ip) or (
+            not needs_auth and config.requirepass and not is_loopback(peer_ip)
         ):
             self.security.stats.protected_mode_refused_clients += 1
-            self.security.log("protected", logging.INFO, "Refused the memcache client %s (loopback only)", peer)
-            return memcache_reply.server_error("DENIED the memcache port only accepts loopback clients while "
-                                               "requirepass is set, or protected mode is on")  # fmt: skip
+            self.security.log("protected", logging.INFO, "Protected mode: refused the client %s", peer)
+            return LOOPBACK_ONLY
         return None
 
     def reload_queue_config(self) -> None:

@@ -90,15 +90,16 @@ class Conn:
     def fill(self, job_id: bytes, data: bytes) -> bool:
         """The answer of a waiting ADDJOB with a place; False if it has none
         (it was the last request run: its answer simply goes next)."""
-        slot = self.slots.get(job_id)
-        if slot is None:
-            return False
-        slot[0] = data
         slots = self.slots
-        while slots and (first := next(iter(slots.values())))[0] is not None:
-            del slots[next(iter(slots))]
-            self.out.append(first[0])
-            self.out.extend(first[1])
+        if job_id not in slots:
+            return False
+        slots[job_id][0] = data
+        for first, (answer, after) in list(slots.items()):  # release the answered places at the head
+            if answer is None:
+                break
+            del slots[first]
+            self.out.append(answer)
+            self.out.extend(after)
         return True
 
     def kick(self) -> None:
@@ -289,7 +290,8 @@ class Sessions:
             log.warning("Client id=%d addr=%s scheduled to be closed ASAP for overcoming of output buffer limits "
                         "(%d bytes pending).", conn.client.id, conn.client.addr, conn.out_size)  # fmt: skip
             self.on_output_limit()
-            conn.out_size -= sum(map(len, conn.out)) + sum(len(d) for s in conn.slots.values() for d in (s[0] or b"", *s[1]))
+            held = sum(len(answer or b"") + sum(map(len, after)) for answer, after in conn.slots.values())
+            conn.out_size -= sum(map(len, conn.out)) + held
             conn.out.clear()
             conn.slots.clear()
             conn.closing = True

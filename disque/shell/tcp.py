@@ -68,12 +68,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("disque")
 
-
 Refusal = Callable[[str, str], "bytes | None"]  # (peer IP, peer address) -> last words for a refused client, or None
-
-
-def _nothing() -> None:
-    pass
 
 READ_SIZE = 64 * 1024
 MAX_EVENTS = 512
@@ -81,6 +76,10 @@ ACCEPT_BATCH = 64  # connections accepted per wake-up, so that clients already i
 ACCEPT_PAUSE = 0.1  # seconds without accepting after running out of file descriptors
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 EPOLLIN, EPOLLOUT, EPOLLERR, EPOLLHUP = select.EPOLLIN, select.EPOLLOUT, select.EPOLLERR, select.EPOLLHUP
+
+
+def _nothing() -> None:
+    pass
 
 
 def format_addr(addr: Any) -> str:

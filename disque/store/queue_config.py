@@ -172,7 +172,11 @@ class QueueConfig:
         self._resolved[name] = replace(self._default, **own)
 
     def settings(self, name: bytes) -> QueueSettings:
-        """The effective settings of queue `name` (its parent's for a child)."""
+        """The effective settings of queue `name` (its parent's for a child).
+        Asked by every ADDJOB and AOF record: without `queue` lines it is
+        one test."""
+        if not self._resolved:
+            return self._default
         parent = fanout_parent(name)
         return self._resolved.get(name if parent is None else parent, self._default)
 

@@ -10,6 +10,7 @@ import pytest
 
 from disque.core.items import ITEM_TTL
 from disque.core.types import BLOCKED, SILENT
+from disque.protocols.base import ProtocolError
 from disque.protocols.memcache.front import MEMCACHE, Requests
 from disque.protocols.memcache.parser import Get, GetOptions
 from support import Session, make_core
@@ -152,7 +153,7 @@ def test_errors_and_protocol_errors(node: Any) -> None:
     stranger = Memcache(node)
     stranger.client.authenticated = False
     assert stranger(b"get q\r\n").startswith(b"SERVER_ERROR NOAUTH")
-    with pytest.raises(Exception, match="CLIENT_ERROR"):
+    with pytest.raises(ProtocolError, match="CLIENT_ERROR"):
         Memcache(node)(b"get /open\r\n")
 
 

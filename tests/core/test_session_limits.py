@@ -10,28 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from disque.protocols.resp.front import RESP
-from disque.shell.session import OUTPUT_PAUSE, UNAUTHENTICATED_REQUEST_MAX, Conn, Sessions
-from support import make_core
+from disque.shell.session import OUTPUT_PAUSE, UNAUTHENTICATED_REQUEST_MAX, Sessions
+from support import Deaf, Nowhere, make_core
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-
-
-class Nowhere:
-    """Bus and AOF ports for a node that has neither."""
-
-    def send(self, key: int, msg: Any) -> None: ...
-    def answer(self, conn: int, msg: Any) -> None: ...
-    def drop_link(self, key: int) -> None: ...
-    def append(self, record: bytes, sync: bool = False) -> None: ...
-    def flush(self, current: Any = None) -> None: ...
-
-
-class Deaf(Conn):
-    """A client that never reads its replies: `out` only grows."""
-
-    def kick(self) -> None: ...
-
-    abort = kick
 
 
 def sessions(**config: Any) -> Sessions:

@@ -8,14 +8,14 @@ from typing import Any
 from disque.client import encode_command
 from disque.cluster import messages as m
 from disque.protocols.resp.front import RESP
-from disque.shell.session import Conn, Sessions
-from support import NODE_ID, linked_core
+from disque.shell.session import Sessions
+from support import NODE_ID, Deaf, Nowhere, linked_core
 
 PEER = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0"
 CONF = f"{NODE_ID} 127.0.0.1:7711 myself 0 0 connected\n{PEER} 127.0.0.1:7712 noflags 0 0 connected\n"
 
 
-class Wire:
+class Wire(Nowhere):
     """Bus and AOF ports that keep what the node sends."""
 
     def __init__(self) -> None:
@@ -24,17 +24,8 @@ class Wire:
     def send(self, key: int, msg: Any) -> None:
         self.sent.append(msg)
 
-    def answer(self, conn: int, msg: Any) -> None: ...
-    def drop_link(self, key: int) -> None: ...
-    def append(self, record: bytes, sync: bool = False) -> None: ...
-    def flush(self, current: Any = None) -> None: ...
 
-
-class Client(Conn):
-    def kick(self) -> None: ...
-
-    abort = kick
-
+class Client(Deaf):
     def take(self) -> bytes:
         out = b"".join(self.out)
         self.out.clear()
