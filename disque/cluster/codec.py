@@ -46,9 +46,8 @@ from typing import Any
 import msgpack
 
 from disque.cluster.messages import (
-    DelJob, Enqueue, Fail, Fanout, GossipEntry, GotAck, GotJob, Header, Meet, Message,
-    NeedJobs, Pause, Ping, Pong, Queued, ReplJob, SetAck, WillQueue, WireJob,
-    Working, YourJobs,
+    Claim, Claimed, DelJob, Enqueue, Fail, Fanout, GossipEntry, GotAck, GotJob, GroupFlush, GroupSet, Header,
+    Meet, Message, NeedJobs, Pause, Ping, Pong, Queued, ReplJob, SetAck, WillQueue, WireJob, Working, YourJobs,
 )  # fmt: skip
 from disque.core.ids import valid_id
 from disque.store.job import DELIVERED, NACKED, WIRE_FLAGS, Job, State
@@ -65,6 +64,7 @@ NOREPLY = 1
 INCR_NACKS = 2
 INCR_DELIV = 4
 JOINED = 8
+GRANTED = 16
 
 _PREFIX = 4  # length prefix size
 _U64 = 2**64 - 1  # msgpack's largest integer
@@ -438,6 +438,8 @@ _GOSSIP = _Field(
 )
 _ID = _Field("id", "i", _job_id)
 _QUEUE = _Field("queue", "q", _bytes)
+_GROUP = _Field("group", "g", _bytes)
+_TICKET = _Field("ticket", "k", _UINT)
 
 # Short keys must not reuse the envelope keys v, t, s, p, f, m.
 _KINDS = (
@@ -458,6 +460,10 @@ _KINDS = (
     _Kind("YOURJOBS", YourJobs, (_Field("jobs", "j", _list_of(_wire_job, 1), _each(_dump_wire_job)),)),
     _Kind("PAUSE", Pause, (_QUEUE, _Field("flags", "pf", _int_in(0, 3)))),
     _Kind("FANOUT", Fanout, (_Field("child", "c", _fanout_child),), (("joined", JOINED),)),
+    _Kind("GROUPSET", GroupSet, (_ID, _GROUP, _Field("deadline", "d", _UINT))),
+    _Kind("CLAIM", Claim, (_ID, _GROUP, _Field("deadline", "d", _UINT), _TICKET)),
+    _Kind("CLAIMED", Claimed, (_TICKET,), (("granted", GRANTED),)),
+    _Kind("GROUPFLUSH", GroupFlush, (_QUEUE,)),
 )
 _BY_NAME = {k.name: k for k in _KINDS}
 _BY_CLASS = {k.cls: k for k in _KINDS}

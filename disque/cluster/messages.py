@@ -154,7 +154,44 @@ class Fanout:
     joined: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class GroupSet:
+    """Consumer-group progress of an event (core/groups.py), told to its
+    holders: `group` holds it until `deadline` (ms), or is done with it (0)."""
+
+    id: bytes
+    group: bytes
+    deadline: int
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A QGET on the sender asks the event's server to hand it to `group`
+    until `deadline` (0: done at once); `ticket` names the waiting QGET."""
+
+    id: bytes
+    group: bytes
+    deadline: int
+    ticket: int
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """The server's answer to a `Claim`."""
+
+    ticket: int
+    granted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GroupFlush:
+    """QFLUSH: every event of `queue` and its groups' progress go."""
+
+    queue: bytes
+
+
 Message = (
     Ping | Pong | Meet | Fail | ReplJob | GotJob | Enqueue | Queued | Working
     | WillQueue | SetAck | GotAck | DelJob | NeedJobs | YourJobs | Pause | Fanout
+    | GroupSet | Claim | Claimed | GroupFlush
 )  # fmt: skip

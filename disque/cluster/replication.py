@@ -114,7 +114,7 @@ class Replication:
         self.pending.pop(job.id, None)
         self.achieved_count += 1
         job.move(REPLICATED)
-        node.answer_producer(job.id, Status(job.id))
+        node.answer_producer(job.id, node.stored_reply(job))
         if node.cluster.my_id not in job.nodes_delivered:
             confirmed = sorted(job.nodes_confirmed or ())
             if confirmed:

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from disque.core import errors
 from disque.core.acks import Acks
 from disque.core.errors import DisqueError
+from disque.core.groups import Groups
 from disque.core.items import Items
 from disque.cluster import messages as m
 from disque.cluster.federation import CLIENTS_WAITING, REACHED_ZERO, Federation
@@ -61,6 +62,7 @@ from disque.store.job import (
     DELIVERED,
     DEQUEUE,
     ENQUEUE,
+    EVENT,
     FETCH,
     NACKED,
     Job,
@@ -90,6 +92,8 @@ JOB_OVERHEAD = 448  # per job (record, index entries, timers, copies of its stri
 QUEUE_OVERHEAD = 1030  # per queue object and its index entries, on top of its name
 
 WILLQUEUE_LEAD = 500
+EVENT_REPL_TIMEOUT = 5000  # ms a QADD waits for its replicas (then -NOREPL), as a Kestrel SET
+OK = Status(b"OK")
 GC_MAX_DELAY = 180_000
 QUEUE_IDLE_MS = (300_000, 10_000, 2_000)  # by memory level 0, 1, >= 2
 BLOCKED_CRON_MS = 100
@@ -161,6 +165,7 @@ class NodeCore:
         self.replication = Replication(self)
         self.acks = Acks(self, self.replication)
         self.items = Items(self, self.acks)
+        self.groups = Groups(self)
         # The bus table: the handler of each job message, by type.
         self.on_bus: dict[type, Callable[[str, Any], None]] = {
             **{kind: partial(handler, self) for kind, handler in HANDLERS.items()},
@@ -171,6 +176,10 @@ class NodeCore:
             m.NeedJobs: self.federation.on_need_jobs,
             m.YourJobs: self.federation.on_your_jobs,
             m.Fanout: self.items.on_fanout,
+            m.GroupSet: self.groups.on_group_set,
+            m.Claim: self.groups.on_claim,
+            m.Claimed: self.groups.on_claimed,
+            m.GroupFlush: self.groups.on_group_flush,
         }
         self.monitors: dict[int, Client] = {}
         self.slowlog: deque[tuple[int, int, int, list[bytes]]] = deque()
@@ -218,14 +227,15 @@ class NodeCore:
         now = self.now
         for waiter in list(self.blocked.values()):
             if waiter.deadline and waiter.deadline <= now:
-                self._unblock(waiter.client, waiter.timeout_reply() if waiter.take is None else waiter.take(None))
+                self.unblock(waiter.client, waiter.timeout_reply() if waiter.take is None else waiter.take(None))
             elif not waiter.queues:  # WAITJOB, or a late AUTH answer
                 continue
             elif self.cluster.leaving:
-                self._unblock(waiter.client, errors.leaving())
+                self.unblock(waiter.client, errors.leaving())
             else:
                 for name in waiter.queues:
                     self.federation.need_jobs(self._queue(name), CLIENTS_WAITING)
+        self.groups.cron()
         self._collect_idle_queues()
         self.collected.expire(now)
         if self.config.timeout:
@@ -252,7 +262,7 @@ class NodeCore:
             return
         self.monitors.pop(client_id, None)
         if client.waiter is not None:
-            self._drop_waiter(client.waiter)
+            self.drop_waiter(client.waiter)
         if client.open_read is not None:
             self.items.abort(client)
         waiting, client.repl_jobs = client.repl_jobs, {}
@@ -458,6 +468,8 @@ class NodeCore:
         self.jobs.add(job)
         self._account(self.job_size(job))
         self.reschedule(job)
+        if job.flags & EVENT:
+            self.groups.add_event(job)
 
     def delete_job(self, job: Job, log: bool = True) -> None:
         """Unregister a job, whatever the cause (cluster.md §8.7)."""
@@ -476,6 +488,8 @@ class NodeCore:
             self.settle_waits(job.id, job.state == S_ACKED)
         self.jobs.remove(job)
         self._account(-self.job_size(job))
+        if job.flags & EVENT:
+            self.groups.drop_event(job)
 
     def reschedule(self, job: Job) -> None:
         etime, at = self._expiry
@@ -592,7 +606,7 @@ class NodeCore:
         """Register a job received from a peer (cluster.md §8.1 receive rules)."""
         job.move(ADOPT)
         job.gc_retry = 0
-        job.flags = 0
+        job.flags &= EVENT
         if job.retry:
             job.flags = BCAST_WILLQUEUE
             job.qtime = self.now + (job.delay + job.retry) * 1000 + self.jitter()
@@ -634,13 +648,7 @@ class NodeCore:
             )
         if retry is None:
             retry = min(ttl // 10, 300) or 1
-        leaving = cluster.leaving
-        extrepl = leaving or self.mem_level() >= 1
-        additional = repl if extrepl else repl - 1
-        if additional and additional > (reachable := len(cluster.reachable())):  # none: no peer to count
-            if extrepl and additional - 1 == reachable:
-                raise errors.noreply_reason("I'm leaving the cluster" if leaving else "I'm out of memory")
-            raise errors.norepl_reach()
+        additional, extrepl = self._replicas(repl, self.cluster.leaving or self.mem_level() >= 1)
         existing = self.queues.get(queue)
         if existing is not None:
             queue = existing.name  # share the name bytes between jobs
@@ -672,9 +680,43 @@ class NodeCore:
         self.aof_loadjob(job)
         return Status(job_id)
 
+    def _replicas(self, repl: int, extrepl: bool) -> tuple[int, bool]:
+        """How many other nodes a new job of level `repl` goes to; with
+        external replication (`extrepl`: leaving, or short of memory) all
+        `repl` copies are elsewhere.  -NOREPL when too few are reachable."""
+        cluster = self.cluster
+        additional = repl if extrepl else repl - 1
+        if additional and additional > (reachable := len(cluster.reachable())):  # none: no peer to count
+            if extrepl and additional - 1 == reachable:
+                raise errors.noreply_reason("I'm leaving the cluster" if cluster.leaving else "I'm out of memory")
+            raise errors.norepl_reach()
+        return additional, extrepl
+
+    def add_event(self, client: Client, queue: bytes, body: bytes, ttl: int, is_async: bool) -> Any:
+        """QADD (core/groups.py): a new event on min(3, cluster size) nodes,
+        this one included; the reply is its ID, or OK when `is_async`."""
+        if self.cluster.leaving:
+            raise errors.leaving()
+        job = self.groups.new_event(queue, body, ttl, min(3, self.cluster.size()))
+        additional, _ = self._replicas(job.repl, False)
+        if additional:
+            reply = self.replication.start(client, job, additional, EVENT_REPL_TIMEOUT, is_async, False)
+        else:
+            self.register(job)
+            self.queue_new_job(job)
+            reply = self.stored_reply(job)
+        return OK if is_async else reply
+
+    def stored_reply(self, job: Job) -> Any:
+        """What the producer of a new job gets once it is stored: its ID (an event's, decimal)."""
+        return self.groups.reply(job) if job.flags & EVENT else Status(job.id)
+
     def queue_new_job(self, job: Job) -> None:
-        """A new job with a local copy becomes queued (or scheduled) and logged."""
-        if job.delay == 0:
+        """A new job with a local copy becomes queued (or scheduled; an
+        event, readable) and logged."""
+        if job.flags & EVENT:
+            self.groups.stored(job)
+        elif job.delay == 0:
             self.enqueue(job)
         else:
             self.reschedule(job)
@@ -875,9 +917,9 @@ class NodeCore:
             waiter.jobs.discard(job_id)
             waiter.acked += acked
             if not waiter.jobs:
-                self._unblock(waiter.client, waiter.acked)
+                self.unblock(waiter.client, waiter.acked)
 
-    def _drop_waiter(self, waiter: Waiter) -> None:
+    def drop_waiter(self, waiter: Waiter) -> None:
         waiter.client.waiter = None
         self.blocked.pop(waiter.client.id, None)
         for job_id in waiter.jobs or ():
@@ -890,14 +932,14 @@ class NodeCore:
             if queue is not None:  # pragma: no branch - a queue with blocked clients is never destroyed
                 queue.waiters.pop(waiter.client.id, None)
 
-    def _unblock(self, client: Client, value: Any) -> None:
+    def unblock(self, client: Client, value: Any) -> None:
         if client.waiter is not None:  # pragma: no branch - callers pass the client of a live waiter
-            self._drop_waiter(client.waiter)
+            self.drop_waiter(client.waiter)
         self.reply_to(client, value)
 
     def unblock_all(self, value: Any) -> None:
         for waiter in list(self.blocked.values()):
-            self._unblock(waiter.client, value)
+            self.unblock(waiter.client, value)
 
     def _serve_ready(self) -> None:
         while self.ready:
@@ -911,7 +953,7 @@ class NodeCore:
                 job = self.fetch(queue)
                 assert job is not None
                 take = waiter.take
-                self._unblock(waiter.client, [self.job_entry(job, waiter.withcounters)] if take is None else take(job))
+                self.unblock(waiter.client, [self.job_entry(job, waiter.withcounters)] if take is None else take(job))
                 if not len(queue):
                     self.federation.need_jobs(queue, REACHED_ZERO)
 
@@ -987,11 +1029,11 @@ class NodeCore:
 
     def aof_loadjob(self, job: Job) -> None:
         if self.aof.state != "off":
-            self._aof_record(job.queue, encode_loadjob(job))
+            self.aof_record(job.queue, encode_loadjob(job))
 
     def aof_deljob(self, job: Job) -> None:
         if self.aof.state != "off":
-            self._aof_record(job.queue, encode_deljob(job.id))
+            self.aof_record(job.queue, encode_deljob(job.id))
 
     def journaled(self, job: Job) -> bool:
         """Whether the job's queue is in the AOF (Kestrel's `journal` setting)."""
@@ -1001,7 +1043,7 @@ class NodeCore:
         """A queue's settings; a job with no queue (an ACK placeholder) has none."""
         return NO_LIMITS if queue is None else self.config.queue_config.settings(queue)
 
-    def _aof_record(self, queue: bytes | None, record: bytes) -> None:
+    def aof_record(self, queue: bytes | None, record: bytes) -> None:
         limits = self._limits(queue)
         if limits.journal:
             self.effects.append(AofAppend(record, limits.sync_journal))

@@ -116,11 +116,13 @@ def write_snapshot(
     path: str,
     jobs: Sequence[Job],
     *,
+    progress: Sequence[bytes] = (),
     incremental_fsync: bool = True,
     marker: bytes | None = None,
     rewrite: _Rewrite | None = None,
 ) -> int:
-    """One LOADJOB per active/queued job (then `marker`) into a new file at
+    """One LOADJOB per active/queued job, then the consumer groups'
+    `progress` records (then `marker`) into a new file at
     `path`, fsynced.  Returns its size.  Runs in a worker thread for
     background rewrites: jobs that changed state meanwhile are written as
     they are now, the rewrite buffer replays what happened since."""
@@ -146,9 +148,9 @@ def write_snapshot(
                 if incremental_fsync and unsynced >= INCREMENTAL_FSYNC:
                     os.fdatasync(fd)
                     unsynced = 0
-        if marker is not None:
-            out.append(marker)
-            pending += len(marker)
+        for record in (*progress, marker) if marker is not None else progress:
+            out.append(record)
+            pending += len(record)
         if out:
             _write_all(fd, b"".join(out))
             total += pending
@@ -615,19 +617,20 @@ class AofFile:
         name = f"temp-rewriteaof-bg-{os.getpid()}-{self.rewrites}.aof"
         rw = _Rewrite(os.path.join(self.config.dir, name))
         jobs = snapshot_jobs(self.core)
+        progress = self.core.groups.snapshot_records()
         self.rewrite = rw
         self.status.rewrite_in_progress = True
         self.status.current_rewrite_time_sec = 0
         self.status.rewrite_buffer_length = 0
         log.info("Background append only file rewriting started (%d jobs)", len(jobs))
-        self.nursery.start_soon(self._run_rewrite, rw, jobs)
+        self.nursery.start_soon(self._run_rewrite, rw, jobs, progress)
         return True
 
-    async def _run_rewrite(self, rw: _Rewrite, jobs: list[Job]) -> None:
+    async def _run_rewrite(self, rw: _Rewrite, jobs: list[Job], progress: list[bytes]) -> None:
         incremental = self.config.aof_rewrite_incremental_fsync
         try:
             size = await trio.to_thread.run_sync(
-                lambda: write_snapshot(rw.tmp, jobs, incremental_fsync=incremental, rewrite=rw)
+                lambda: write_snapshot(rw.tmp, jobs, progress=progress, incremental_fsync=incremental, rewrite=rw)
             )
         except _Cancelled:
             self._remove(rw.tmp)
@@ -844,7 +847,10 @@ class AofFile:
         jobs = snapshot_jobs(self.core)
         marker = encode_clean_marker(self.core.clock.now_ms())
         try:
-            size = write_snapshot(tmp, jobs, incremental_fsync=self.config.aof_rewrite_incremental_fsync, marker=marker)
+            size = write_snapshot(
+                tmp, jobs, progress=self.core.groups.snapshot_records(),
+                incremental_fsync=self.config.aof_rewrite_incremental_fsync, marker=marker,
+            )  # fmt: skip
             os.rename(tmp, self.path)
         except OSError:
             self._remove(tmp)

@@ -41,7 +41,8 @@ from disque.store.job import ADOPT, BCAST_WILLQUEUE, NACKED, Job, State
 LOADJOB = b"LOADJOB"
 DELJOB = b"DELJOB"
 CLEANSHUTDOWN = b"CLEANSHUTDOWN"
-RECORD_NAMES = (LOADJOB, DELJOB, CLEANSHUTDOWN)
+GROUPSET = b"GROUPSET"  # GROUPSET <event job ID> <group> <deadline ms, 0 = done>: a consumer group's progress
+RECORD_NAMES = (LOADJOB, DELJOB, CLEANSHUTDOWN, GROUPSET)
 
 MAX_ARGS = 64  # a record with more arguments is garbage
 MAX_LINE = 21  # digits of a count or a length, plus the sign
@@ -315,7 +316,7 @@ def check_record(offset: int, args: list[bytes], decode: bool = True) -> Job | N
     if name not in RECORD_NAMES:
         shown = args[0][:64].decode("utf-8", "backslashreplace")
         raise AofCorrupt(offset, f"Unknown command '{shown}' reading the append only file")
-    if len(args) != 2:
+    if len(args) != (4 if name == GROUPSET else 2):
         raise AofCorrupt(offset, f"wrong number of arguments for {name.decode()}")
     if name == LOADJOB and decode:
         try:
@@ -326,6 +327,8 @@ def check_record(offset: int, args: list[bytes], decode: bool = True) -> Job | N
         raise AofCorrupt(offset, "corrupted DELJOB data: invalid job ID")
     if name == CLEANSHUTDOWN and not args[1].isdigit():
         raise AofCorrupt(offset, "corrupted CLEANSHUTDOWN data")
+    if name == GROUPSET and not (valid_id(args[1]) and args[3].isdigit() and len(args[3]) < 20):
+        raise AofCorrupt(offset, "corrupted GROUPSET data")
     return None
 
 
@@ -408,6 +411,9 @@ class Replay:
             if job is not None:
                 self.core.delete_job(job, log=False)
                 self.deleted += 1
+        elif name == GROUPSET:
+            check_record(offset, args)
+            self.core.groups.replay(args[1], args[2], int(args[3]))
         else:
             check_record(offset, args)
             self.clean_marker = offset

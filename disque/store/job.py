@@ -34,7 +34,8 @@ BCAST_WILLQUEUE = 2
 DELIVERED = 4
 IN_LIST = 8
 NACKED = 16  # NACK ... DELAY: the job's next enqueue here is that NACK's, not a redelivery (local, never sent)
-WIRE_FLAGS = BCAST_QUEUED | BCAST_WILLQUEUE | DELIVERED
+EVENT = 32  # a consumer-group event (core/groups.py): never queued, read through groups; travels with the job
+WIRE_FLAGS = BCAST_QUEUED | BCAST_WILLQUEUE | DELIVERED | EVENT
 
 # Events that change a job's state.
 REPLICATED = "replicated"  # synchronous replication achieved

@@ -20,7 +20,8 @@ from disque.cluster.codec import (
 )  # fmt: skip
 from disque.cluster.messages import (
     DelJob, Enqueue, Fail, GossipEntry, GotAck, GotJob, Header, Meet, Message,
-    NeedJobs, Pause, Ping, Pong, Queued, ReplJob, SetAck, WillQueue, Working, Fanout,
+    NeedJobs, Pause, Ping, Pong, Queued, ReplJob, SetAck, WillQueue, Working, Fanout, GroupSet, Claim, Claimed,
+    GroupFlush,
     YourJobs,
 )  # fmt: skip
 from disque.core.ids import new_job_id
@@ -87,6 +88,10 @@ MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     YourJobs: st.builds(YourJobs, st.lists(wire_jobs, min_size=1, max_size=3).map(tuple)),
     Pause: st.builds(Pause, blobs, st.integers(0, 3)),
     Fanout: st.builds(Fanout, st.builds(lambda p, c: p + b"+" + c, blobs.filter(lambda b: b and b"+" not in b), blobs.filter(bool)), st.booleans()),
+    GroupSet: st.builds(GroupSet, job_ids, blobs, uints),
+    Claim: st.builds(Claim, job_ids, blobs, uints, uints),
+    Claimed: st.builds(Claimed, uints, st.booleans()),
+    GroupFlush: st.builds(GroupFlush, blobs),
 }
 frames = st.tuples(headers, st.one_of(*MESSAGES.values()))
 one_of_each = st.tuples(*(st.tuples(headers, s) for s in MESSAGES.values())).map(list)
@@ -293,6 +298,9 @@ BAD_BODIES = {
     "pause flags": _body(Pause(b"q", 1), pf=4),
     "fanout without a child": _body(Fanout(b"q+c"), c=b"q+"),
     "fanout of a plain queue": _body(Fanout(b"q+c"), c=b"q"),
+    "group not bytes": _body(GroupSet(GOOD_ID, b"g", 1), g="g"),
+    "negative deadline": _body(Claim(GOOD_ID, b"g", 1, 1), d=-1),
+    "ticket not a number": _body(Claimed(1), k=b"1"),
     "no jobs": _body(YourJobs((GOOD_JOB,)), j=[]),
     "job not a map": _body(ReplJob(GOOD_JOB), j=[1]),
     "job missing ttl": _body(ReplJob(GOOD_JOB), j=_job_map(tl=None)),

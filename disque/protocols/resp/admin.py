@@ -136,8 +136,10 @@ SECTIONS = {
     "commandstats": ("Commandstats", _section_commandstats),
     # The memcache front end's counters (docs/kestrel.md); per queue: QSTAT, or STATS on the memcache port.
     "kestrel": ("Kestrel", lambda node, proc: node.items.info_fields()),
+    # Consumer groups (docs/consumer-groups.md); per queue and group: QSTATUS.
+    "groups": ("Groups", lambda node, proc: node.groups.info_fields()),
 }
-EXTRA = ("security", "commandstats", "kestrel")  # shown by INFO <section> and INFO all only
+EXTRA = ("security", "commandstats", "kestrel", "groups")  # shown by INFO <section> and INFO all only
 
 
 def info(node: NodeCore, section: str) -> bytes:

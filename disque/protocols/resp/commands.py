@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from disque.protocols.resp import admin
+from disque.protocols.resp import admin, groups  # noqa: F401 - groups registers the consumer-group commands
 from disque.protocols.resp.table import (
     COMMANDS,
     FLAG_WORDS,

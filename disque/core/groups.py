@@ -1,0 +1,462 @@
+"""Consumer groups: bananaq's events over the job store (docs/consumer-groups.md).
+
+Theory of operation: an *event* is a job flagged EVENT.  QADD replicates it
+as ADDJOB does (REPLICATE nodes, ASYNC for NOBLOCK); its TTL expires it, the
+AOF keeps it, and it is never queued (no requeue time), so GETJOB never sees
+it.  Its decimal ID is written in its job ID (`event_id`): the creation ms
+and a per-node counter in the random part, the creator's 8-hex prefix in
+the node part, so every holder derives the same ID and IDs sort by
+creation time.  `NodeCore.register` / `delete_job` tell this module
+(`add_event` / `drop_event`); it keeps, per queue, the events held here in ID
+order and, per group, the progress of each event the group touched: a
+deadline in ms (held by a consumer until then, *redo* once passed) or DONE.
+No entry means fresh.  One stored body serves every group.
+
+One node serves each event, and only it hands the event to a group, so
+within a group an event has one holder at a time: its creator, or while the
+creator is flagged FAIL, the holder with the lowest node ID not flagged
+(every holder computes the same answer from the same `nodes_delivered`).
+QGET picks from this node's view the group's lowest redo event, else its
+lowest fresh one, skipping events whose server has no link.  If this node
+serves it, it is handed out at once; else CLAIM goes to the server and the
+client waits (at most CLAIM_MS) for CLAIMED.  A denied claim means the view
+was behind: the server's GROUPSET, sent first on the same link, has fixed
+it, and QGET picks again.  Every change of progress goes to the event's
+other holders (GROUPSET) and to the AOF (a GROUPSET record); a holder keeps
+the most advanced state it heard (DONE beats a deadline, a later deadline an
+earlier one), so messages may come late, twice or in any order.  QACK is
+answered by any holder.  QNOTIFY waits for an event QGET would return: the
+node that stores an event wakes its waiters, and the cron checks them for
+redo every 100 ms.  During a partition both sides may serve an event, so a
+group may get it twice: at-least-once per group wins over one holder.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left, insort
+from collections.abc import Iterator
+from itertools import chain
+from typing import TYPE_CHECKING, Any
+
+from disque.cluster import messages as m
+from disque.core.ids import ID_LEN, ttl_minutes
+from disque.core.types import BLOCKED, Waiter
+from disque.store.aof import GROUPSET, encode_record
+from disque.store.job import EVENT, Job, State
+
+if TYPE_CHECKING:
+    from disque.core.services import Node
+    from disque.core.types import Client
+
+DONE = 0  # progress of an event a group acknowledged (deadlines are > 0)
+CLAIM_MS = 1000  # how long a QGET waits for a remote server's answer (then nil)
+CLAIM_TRIES = 3  # denied claims a QGET retries with its refreshed view
+COUNTER_BITS = 20  # events per ms and node before the ms part runs ahead
+
+
+def event_id(job_id: bytes) -> int:
+    """The decimal ID clients see: (ms << 20 | counter) << 32 | node prefix."""
+    return int(job_id[10:26], 16) << 32 | int(job_id[2:10], 16)
+
+
+def advanced(old: int | None, new: int) -> bool:
+    """Whether progress `new` is ahead of `old` (None: fresh)."""
+    return old is None or (old != DONE and (new == DONE or new > old))
+
+
+class Group:
+    __slots__ = ("progress", "cursor", "timers", "redo")
+
+    def __init__(self) -> None:
+        self.progress: dict[int, int] = {}  # event -> deadline ms, or DONE
+        self.cursor = 0  # every event held here below it has progress in this group
+        self.timers: list[tuple[int, int]] = []  # (deadline, event) heap: when in-progress events turn redo
+        self.redo: set[int] = set()  # events whose deadline passed (checked against `progress` when used)
+
+
+class EventQueue:
+    __slots__ = ("name", "ids", "events", "groups", "notify")
+
+    def __init__(self, name: bytes) -> None:
+        self.name = name
+        self.ids: list[int] = []  # sorted; may keep IDs of gone events until compacted
+        self.events: dict[int, Job] = {}
+        self.groups: dict[bytes, Group] = {}
+        self.notify: dict[int, tuple[bytes, Waiter]] = {}  # client id -> its QNOTIFY (group, waiter)
+
+    def group(self, name: bytes) -> Group:
+        group = self.groups.get(name)
+        if group is None:
+            group = self.groups[name] = Group()
+            group.cursor = self.ids[0] if self.ids else 0
+        return group
+
+
+class Groups:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.queues: dict[bytes, EventQueue] = {}
+        self.last_stamp = 0  # (ms << 20 | counter) of the last event created here
+        self.claims: dict[int, tuple[Any, ...]] = {}  # ticket -> the waiting QGET
+        self.tickets = 0
+        self.added = self.handed = self.acked = 0  # INFO figures
+
+    # ------------------------------------------------------------ the store's hooks
+
+    def add_event(self, job: Job) -> None:
+        """A job flagged EVENT is registered here (created, received, loaded)."""
+        name = job.queue
+        assert name is not None
+        q = self.queues.get(name)
+        if q is None:
+            q = self.queues[name] = EventQueue(name)
+        e = event_id(job.id)
+        q.events[e] = job
+        ids = q.ids
+        if not ids or ids[-1] < e:
+            ids.append(e)
+        else:
+            insort(ids, e)
+            for group in q.groups.values():  # an older event arrived late: fresh searches must see it
+                if e < group.cursor and e not in group.progress:
+                    group.cursor = e
+        if job.state == State.ACTIVE:
+            self.stored(job)
+
+    def stored(self, job: Job) -> None:
+        """An event is readable here (replicated, or received): wake the
+        QNOTIFY waiters of its queue."""
+        q = self.queues.get(job.queue)  # type: ignore[arg-type]
+        if q is not None and q.notify:
+            for client_id, (_, waiter) in list(q.notify.items()):
+                self._wake(q, client_id, waiter)
+
+    def drop_event(self, job: Job) -> None:
+        q = self.queues[job.queue]  # type: ignore[index]
+        e = event_id(job.id)
+        del q.events[e]
+        for group in q.groups.values():
+            if group.progress.pop(e, None) is not None:
+                group.redo.discard(e)
+        if len(q.ids) > 2 * len(q.events) + 64:
+            q.ids = [e for e in q.ids if e in q.events]
+        self._maybe_forget(q)
+
+    def _maybe_forget(self, q: EventQueue) -> None:
+        if not q.events and not q.notify:
+            self.queues.pop(q.name, None)
+
+    # ------------------------------------------------------------ QADD
+
+    def new_event(self, queue: bytes, body: bytes, ttl: int, repl: int) -> Job:
+        """The job record of a new event (`ttl` in whole seconds, > 0)."""
+        node = self.node
+        now = node.now
+        stamp = max(now << COUNTER_BITS, self.last_stamp + 1)
+        self.last_stamp = stamp
+        me = node.cluster.my_id
+        minutes = min(ttl // 60, 65535) & ~1  # the ID's TTL field, even: never requeued
+        job_id = b"DI%s%016x%016x%04xSQ" % (me[:8].encode(), stamp, node.rng.getrandbits(64), minutes)
+        assert len(job_id) == ID_LEN and ttl_minutes(job_id) == minutes
+        self.added += 1
+        # positional: state, flags, repl, etime, ctime, delay, retry, nacks, deliv, nodes_delivered
+        return Job(job_id, queue, body, State.ACTIVE, EVENT, repl, now // 1000 + ttl, node.new_ctime(), 0, 0, 0, 0, node.cluster.solo)
+
+    @staticmethod
+    def reply(job: Job) -> bytes:
+        """QADD's answer once the event is stored: its ID, a bulk string."""
+        return b"%d" % event_id(job.id)
+
+    # ------------------------------------------------------------ QGET
+
+    def _server(self, job: Job) -> str | None:
+        """The node that hands this event out: its creator, or while the
+        creator is flagged FAIL, the lowest holder not flagged."""
+        cluster = self.node.cluster
+        me, nodes = cluster.my_id, cluster.nodes
+
+        def alive(node_id: str) -> bool:
+            node = nodes.get(node_id)
+            return node_id == me or (node is not None and not node.flags & m.FAIL)
+
+        prefix = job.id[2:10].decode()
+        holders = job.nodes_delivered
+        origin = next((n for n in holders if n.startswith(prefix)), None)
+        if origin is not None and alive(origin):
+            return origin
+        return min((n for n in holders if alive(n)), default=None)
+
+    def _redo(self, q: EventQueue, group: Group, now: int) -> list[int]:
+        """The group's redo events, lowest first (deadlines passed by now moved in)."""
+        timers, progress = group.timers, group.progress
+        while timers and timers[0][0] < now:
+            deadline, e = heapq.heappop(timers)
+            if progress.get(e) == deadline:
+                group.redo.add(e)
+        group.redo = {e for e in group.redo if 0 < progress.get(e, 0) < now and e in q.events}
+        return sorted(group.redo)
+
+    @staticmethod
+    def _fresh(q: EventQueue, group: Group) -> Iterator[int]:
+        """The group's fresh events held here, lowest first; the cursor
+        moves past the leading events that have progress or are gone."""
+        ids, events, progress = q.ids, q.events, group.progress
+        moving = True
+        for i in range(bisect_left(ids, group.cursor), len(ids)):
+            e = ids[i]
+            job = events.get(e)
+            if job is None or e in progress:
+                if moving:
+                    group.cursor = e + 1
+                continue
+            moving = False
+            if job.state == State.ACTIVE:
+                yield e
+
+    def _pick(self, q: EventQueue, group: Group) -> tuple[int, Job, str] | None:
+        """What QGET would hand `group` now: (event, job, its server)."""
+        now = self.node.now
+        cluster = self.node.cluster
+        me = cluster.my_id
+        for e in chain(self._redo(q, group, now), self._fresh(q, group)):
+            job = q.events[e]
+            if job.etime * 1000 <= now:
+                continue
+            server = self._server(job)
+            if server is not None and (server == me or cluster.has_link(server)):
+                return e, job, server
+        return None
+
+    def qget(self, client: Client, name: bytes, group_name: bytes, ex_ms: int, tries: int = CLAIM_TRIES) -> Any:
+        """QGET: [id, body] of the next event for the group, None (nil) when
+        there is none, or BLOCKED while the event's server is asked."""
+        q = self.queues.get(name)
+        if q is None:
+            return None
+        group = q.group(group_name)
+        picked = self._pick(q, group)
+        if picked is None:
+            return None
+        e, job, server = picked
+        node = self.node
+        deadline = node.now + ex_ms if ex_ms else DONE
+        if server == node.cluster.my_id:
+            self._set(q, group_name, job, e, deadline)
+            self.handed += 1
+            return [b"%d" % e, job.body]
+        self.tickets += 1
+        ticket = self.tickets
+        node.send(server, m.Claim(job.id, group_name, deadline, ticket))
+        waiter = node.block(client, (), False, CLAIM_MS)
+        waiter.take = lambda _: self._claim_expired(ticket)
+        self.claims[ticket] = (client, waiter, name, group_name, job.id, deadline, ex_ms, tries)
+        return BLOCKED
+
+    def _claim_expired(self, ticket: int) -> None:
+        """No answer from the server in time: nil (a claim it granted
+        meanwhile turns redo at its deadline)."""
+        self.claims.pop(ticket, None)
+        return None
+
+    def on_claim(self, sender: str, msg: m.Claim) -> None:
+        """A holder asks this node, the event's server, for it."""
+        node = self.node
+        granted = False
+        job = node.jobs.get(msg.id)
+        if job is not None and job.flags & EVENT and job.state == State.ACTIVE and job.etime * 1000 > node.now:
+            e = event_id(job.id)
+            q = self.queues[job.queue]  # type: ignore[index]
+            old = q.group(msg.group).progress.get(e)
+            if old is None or 0 < old < node.now:
+                # a clock behind this one must not hand out a deadline already passed here
+                deadline = msg.deadline and max(msg.deadline, node.now + 1)
+                self._set(q, msg.group, job, e, deadline)
+                self.handed += 1
+                granted = True
+            else:  # the asker's view is behind: this comes first on the same link
+                node.send(sender, m.GroupSet(msg.id, msg.group, old))
+        node.send(sender, m.Claimed(msg.ticket, granted))
+
+    def on_claimed(self, sender: str, msg: m.Claimed) -> None:
+        claim = self.claims.pop(msg.ticket, None)
+        if claim is None:
+            return  # answered too late: the QGET said nil
+        client, waiter, name, group_name, job_id, deadline, ex_ms, tries = claim
+        node = self.node
+        if client.waiter is not waiter:  # the client went away meanwhile
+            return
+        node.drop_waiter(waiter)
+        job = node.jobs.get(job_id)
+        if msg.granted and job is not None:
+            q = self.queues[name]
+            e = event_id(job_id)
+            self._apply(q, group_name, job, e, deadline)
+            node.reply_to(client, [b"%d" % e, job.body])
+            return
+        reply = self.qget(client, name, group_name, ex_ms, tries - 1) if tries > 1 else None
+        if reply is not BLOCKED:
+            node.reply_to(client, reply)
+
+    # ------------------------------------------------------------ progress
+
+    def _apply(self, q: EventQueue, group_name: bytes, job: Job, e: int, deadline: int, log: bool = True) -> bool:
+        """Record progress if it is ahead of what is known (in the AOF too, with `log`)."""
+        group = q.group(group_name)
+        if not advanced(group.progress.get(e), deadline):
+            return False
+        group.progress[e] = deadline
+        if deadline == DONE:
+            group.redo.discard(e)
+        else:
+            heapq.heappush(group.timers, (deadline, e))
+        if log:
+            self.node.aof_record(job.queue, encode_record(GROUPSET, job.id, group_name, b"%d" % deadline))
+        return True
+
+    def _set(self, q: EventQueue, group_name: bytes, job: Job, e: int, deadline: int) -> None:
+        """Progress decided here (always ahead): recorded and told to the other holders."""
+        self._apply(q, group_name, job, e, deadline)
+        self.node.broadcast(job.nodes_delivered, m.GroupSet(job.id, group_name, deadline))
+
+    def on_group_set(self, sender: str, msg: m.GroupSet) -> None:
+        job = self.node.jobs.get(msg.id)
+        if job is not None and job.flags & EVENT:
+            self._apply(self.queues[job.queue], msg.group, job, event_id(job.id), msg.deadline)  # type: ignore[index]
+
+    def replay(self, job_id: bytes, group_name: bytes, deadline: int) -> None:
+        """A GROUPSET record of the AOF (an event not loaded is gone)."""
+        job = self.node.jobs.get(job_id)
+        if job is not None and job.flags & EVENT:
+            self._apply(self.queues[job.queue], group_name, job, event_id(job_id), deadline, log=False)  # type: ignore[index]
+
+    def snapshot_records(self) -> list[bytes]:
+        """Every group's progress as GROUPSET records (an AOF rewrite)."""
+        out = []
+        for q in self.queues.values():
+            if not self.node.config.queue_config.settings(q.name).journal:
+                continue
+            for group_name, group in q.groups.items():
+                for e, deadline in group.progress.items():  # progress leaves with its event (`drop_event`)
+                    out.append(encode_record(GROUPSET, q.events[e].id, group_name, b"%d" % deadline))
+        return out
+
+    # ------------------------------------------------------------ QACK, QFLUSH
+
+    def qack(self, name: bytes, group_name: bytes, e: int) -> int:
+        """1 when the event was held by the group and its deadline has not passed."""
+        node = self.node
+        q = self.queues.get(name)
+        job = q.events.get(e) if q is not None else None
+        group = q.groups.get(group_name) if q is not None else None
+        if job is None or group is None or job.etime * 1000 <= node.now:
+            return 0
+        deadline = group.progress.get(e)
+        if not deadline or deadline < node.now:
+            return 0
+        self._set(q, group_name, job, e, DONE)  # type: ignore[arg-type]
+        self.acked += 1
+        return 1
+
+    def qflush(self, name: bytes) -> None:
+        """Every event of the queue and all progress go, cluster-wide."""
+        self.node.broadcast(self.node.cluster.linked_ids(), m.GroupFlush(name))
+        self.flush(name)
+
+    def flush(self, name: bytes) -> None:
+        q = self.queues.get(name)
+        if q is None:
+            return
+        q.groups.clear()
+        for job in list(q.events.values()):
+            self.node.delete_job(job)
+        q.ids.clear()
+        self._maybe_forget(q)
+
+    def on_group_flush(self, sender: str, msg: m.GroupFlush) -> None:
+        self.flush(msg.queue)
+
+    # ------------------------------------------------------------ QNOTIFY
+
+    def qnotify(self, client: Client, group_name: bytes, timeout_ms: int, names: list[bytes]) -> Any:
+        """The name of a queue with an event QGET would hand the group now;
+        else wait for one up to `timeout_ms` (0: no wait): None at the end."""
+        queues = []
+        for name in dict.fromkeys(names):
+            q = self.queues.get(name)
+            if q is None:
+                q = self.queues[name] = EventQueue(name)
+            if self._pick(q, q.group(group_name)) is not None:
+                return name
+            queues.append(q)
+        if not timeout_ms:
+            for q in queues:
+                self._maybe_forget(q)
+            return None
+        waiter = self.node.block(client, (), False, timeout_ms)
+        waiter.take = lambda _: None
+        for q in queues:
+            q.notify[client.id] = (group_name, waiter)
+        return BLOCKED
+
+    def _wake(self, q: EventQueue, client_id: int, waiter: Waiter) -> None:
+        """Answer a QNOTIFY waiter with `q`'s name if an event is there for it."""
+        client = waiter.client
+        if client.waiter is not waiter:  # answered, timed out or gone
+            del q.notify[client_id]
+        elif self._pick(q, q.group(q.notify[client_id][0])) is not None:
+            del q.notify[client_id]
+            self.node.unblock(client, q.name)
+
+    def cron(self) -> None:
+        """Redo by the clock wakes QNOTIFY waiters; waiters and claims of
+        clients that went away are dropped."""
+        for ticket, claim in list(self.claims.items()):
+            if claim[0].waiter is not claim[1]:
+                del self.claims[ticket]
+        for q in list(self.queues.values()):
+            for client_id, (_, waiter) in list(q.notify.items()):
+                self._wake(q, client_id, waiter)
+            self._maybe_forget(q)
+
+    # ------------------------------------------------------------ QSTATUS, QINFO
+
+    def status(self, names: list[bytes], group_names: list[bytes] | None) -> list[tuple[bytes, int, list[Any]]]:
+        """Per queue (all known, sorted, when `names` is empty): its live
+        events, and per group (all known, sorted, when None) bananaq's six
+        figures as (name, value) pairs."""
+        now = self.node.now
+        out = []
+        for name in names or sorted(self.queues):
+            q = self.queues.get(name)
+            live = {e for e, job in q.events.items() if job.state == State.ACTIVE and job.etime * 1000 > now} if q else set()
+            groups = []
+            for group_name in sorted(q.groups) if group_names is None and q else group_names or ():
+                group = q.groups.get(group_name) if q else None
+                inprogress = redo = done = 0
+                for e, deadline in group.progress.items() if group else ():
+                    if e in live:
+                        if deadline == DONE:
+                            done += 1
+                        elif deadline >= now:
+                            inprogress += 1
+                        else:
+                            redo += 1
+                consumers = sum(
+                    1 for g, w in q.notify.values() if g == group_name and w.client.waiter is w
+                ) if q else 0  # fmt: skip
+                groups.append((group_name, [
+                    (b"total", len(live)), (b"inprogress", inprogress), (b"redo", redo), (b"done", done),
+                    (b"available", len(live) - inprogress - redo - done), (b"consumers", consumers),
+                ]))  # fmt: skip
+            out.append((name, len(live), groups))
+        return out
+
+    def info_fields(self) -> list[tuple[str, int]]:
+        return [
+            ("event_queues", len(self.queues)),
+            ("events", sum(len(q.events) for q in self.queues.values())),
+            ("consumer_groups", sum(len(q.groups) for q in self.queues.values())),
+            ("group_progress_entries", sum(len(g.progress) for q in self.queues.values() for g in q.groups.values())),
+            ("events_added", self.added), ("events_handed_out", self.handed), ("events_acked", self.acked),
+        ]  # fmt: skip

@@ -1,0 +1,133 @@
+"""bananaq's consumer-group commands on the RESP port (spec/bananaq.md §1-§5).
+
+Theory of operation: each handler parses its arguments as bananaq does
+(too few arguments: `-ERR insufficient arguments`; extra words ignored;
+times are seconds as Go's ParseFloat reads them, its error text included)
+and calls the core's consumer groups (core/groups.py).  Replies have
+bananaq's shapes: QADD a bulk ID, QGET [id, body] or nil, QACK 0/1, QNOTIFY
+a bulk queue name or nil, QSTATUS the nested array of §5.2, QINFO one line
+per queue and group.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from disque.core.errors import err
+from disque.core.node import NodeCore
+from disque.core.types import Client
+from disque.protocols.resp.table import OK, command
+
+DEFAULT_EX_MS = 30_000  # QGET's ack window without EX
+MAX_WAIT_S = 10 * 365 * 86400  # longer times are taken as this (they could not be waited for anyway)
+_FLOAT = re.compile(rb"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?").fullmatch
+
+
+def _need(argv: list[bytes], count: int) -> None:
+    if len(argv) <= count:
+        raise err("insufficient arguments")
+
+
+def _go_quote(raw: bytes) -> str:
+    """Go's %q of a string, for the error texts bananaq passes through."""
+    text = raw.decode("utf-8", "replace").replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + "".join(c if c.isprintable() else "\\x%02x" % ord(c) if ord(c) < 256 else c for c in text) + '"'
+
+
+def parse_seconds(raw: bytes, base: float = 0.0) -> float:
+    """Seconds as Go's strconv.ParseFloat reads them (its message on
+    failure), less `base`, within MAX_WAIT_S either way."""
+    if not _FLOAT(raw):
+        raise err(f"strconv.ParseFloat: parsing {_go_quote(raw)}: invalid syntax")
+    return max(-MAX_WAIT_S, min(float(raw) - base, MAX_WAIT_S))
+
+
+def _expire_ms(node: NodeCore, raw: bytes) -> int:
+    """QADD's lifetime in ms: seconds from now, or `@<unix seconds>`."""
+    if not raw:
+        raise err("empty expire string")
+    if raw[:1] == b"@":
+        return round(parse_seconds(raw[1:], node.now / 1000) * 1000)
+    return round(parse_seconds(raw) * 1000)
+
+
+@command("qadd", -1, "wm")
+def cmd_qadd(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    _need(argv, 3)
+    expire = _expire_ms(node, argv[2])
+    noblock = len(argv) > 4 and argv[4].lower() == b"noblock"
+    if expire <= 0:  # created already expired: an ID nobody will ever see
+        job = node.groups.new_event(argv[1], b"", 1, 1)
+        return OK if noblock else node.groups.reply(job)
+    return node.add_event(client, argv[1], argv[3], -(-expire // 1000), noblock)
+
+
+@command("qget", -1, "w")
+def cmd_qget(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    _need(argv, 2)
+    ex_ms = DEFAULT_EX_MS
+    if len(argv) > 4 and argv[3].lower() == b"ex":
+        seconds = parse_seconds(argv[4])
+        if seconds < 0:
+            raise err(f"bad expires value: {argv[4].decode('utf-8', 'replace')} < 0")
+        ex_ms = max(1, round(seconds * 1000)) if seconds else 0
+    return node.groups.qget(client, argv[1], argv[2], ex_ms)
+
+
+@command("qack", -1, "wF")
+def cmd_qack(node: NodeCore, client: Client, argv: list[bytes]) -> int:
+    _need(argv, 3)
+    raw = argv[3]
+    if not raw.isdigit() or len(raw) > 40:
+        raise err("invalid ID string")
+    return node.groups.qack(argv[1], argv[2], int(raw))
+
+
+@command("qnotify", -1, "w")
+def cmd_qnotify(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    _need(argv, 2)
+    raw = argv[2]
+    if not _FLOAT(raw):
+        raise err(f"bad timeout value: strconv.ParseFloat: parsing {_go_quote(raw)}: invalid syntax")
+    seconds = parse_seconds(raw)
+    if seconds < 0:
+        raise err(f"bad timeout value: {raw.decode()} < 0")
+    return node.groups.qnotify(client, argv[1], round(seconds * 1000), argv[3:])
+
+
+@command("qflush", -1, "w")
+def cmd_qflush(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    _need(argv, 1)
+    node.groups.qflush(argv[1])
+    return OK
+
+
+def _status_args(argv: list[bytes]) -> tuple[list[bytes], list[bytes] | None]:
+    """Queues, then groups after the first GROUPS (None: not given)."""
+    for i, arg in enumerate(argv[1:], 1):
+        if arg.lower() == b"groups":
+            return argv[1:i], argv[i + 1 :]
+    return argv[1:], None
+
+
+@command("qstatus", -1, "r")
+def cmd_qstatus(node: NodeCore, client: Client, argv: list[bytes]) -> list[Any]:
+    out: list[Any] = []
+    for queue, _, groups in node.groups.status(*_status_args(argv)):
+        flat: list[Any] = []
+        for group, figures in groups:
+            flat += [group, [x for pair in figures for x in pair]]
+        out.append([queue, flat])
+    return out
+
+
+@command("qinfo", -1, "r")
+def cmd_qinfo(node: NodeCore, client: Client, argv: list[bytes]) -> list[bytes]:
+    out = []
+    for queue, total, groups in node.groups.status(*_status_args(argv)):
+        if not groups:
+            out.append(b"%s total:%d" % (queue, total))
+        for group, figures in groups:
+            out.append(b" ".join([queue, group] + [b"%s:%d" % pair for pair in figures]))
+    return out
