@@ -46,7 +46,7 @@ from typing import Any
 import msgpack
 
 from disque.cluster.messages import (
-    Claim, Claimed, DelJob, Enqueue, Fail, Fanout, GossipEntry, GotAck, GotJob, GroupFlush, GroupSet, Header,
+    Claim, Claimed, DelJob, Enqueue, Fail, Fanout, GossipEntry, GotAck, GotJob, GroupAck, GroupFlush, GroupSet, Header,
     Meet, Message, NeedJobs, Pause, Ping, Pong, Queued, ReplJob, SetAck, WillQueue, WireJob, Working, YourJobs,
 )  # fmt: skip
 from disque.core.ids import valid_id
@@ -462,6 +462,7 @@ _KINDS = (
     _Kind("FANOUT", Fanout, (_Field("child", "c", _fanout_child),), (("joined", JOINED),)),
     _Kind("GROUPSET", GroupSet, (_ID, _GROUP, _Field("deadline", "d", _UINT))),
     _Kind("CLAIM", Claim, (_ID, _GROUP, _Field("deadline", "d", _UINT), _TICKET)),
+    _Kind("GROUPACK", GroupAck, (_ID, _GROUP, _TICKET)),
     _Kind("CLAIMED", Claimed, (_TICKET,), (("granted", GRANTED),)),
     _Kind("GROUPFLUSH", GroupFlush, (_QUEUE,)),
 )

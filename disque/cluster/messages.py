@@ -176,8 +176,17 @@ class Claim:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupAck:
+    """A QACK on the sender, passed on to the event's server."""
+
+    id: bytes
+    group: bytes
+    ticket: int
+
+
+@dataclass(frozen=True, slots=True)
 class Claimed:
-    """The server's answer to a `Claim`."""
+    """The server's answer to a `Claim` or a `GroupAck`."""
 
     ticket: int
     granted: bool = False
@@ -193,5 +202,5 @@ class GroupFlush:
 Message = (
     Ping | Pong | Meet | Fail | ReplJob | GotJob | Enqueue | Queued | Working
     | WillQueue | SetAck | GotAck | DelJob | NeedJobs | YourJobs | Pause | Fanout
-    | GroupSet | Claim | Claimed | GroupFlush
+    | GroupSet | Claim | GroupAck | Claimed | GroupFlush
 )  # fmt: skip

@@ -36,18 +36,18 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from disque.cluster import messages as m
 from disque.core.ids import ID_LEN, ttl_minutes
-from disque.core.types import BLOCKED, Waiter
+from disque.core.types import BLOCKED, Client, Waiter
 from disque.store.aof import GROUPSET, encode_record
 from disque.store.job import EVENT, Job, State
 
 if TYPE_CHECKING:
     from disque.core.services import Node
-    from disque.core.types import Client
 
 DONE = 0  # progress of an event a group acknowledged (deadlines are > 0)
 CLAIM_MS = 1000  # how long a QGET waits for a remote server's answer (then nil)
@@ -93,12 +93,31 @@ class EventQueue:
         return group
 
 
+@dataclass(slots=True, eq=False)
+class _Ask:
+    """A QGET (`ex_ms` set) or a QACK (`ex_ms` None) waiting for the event's server."""
+
+    client: Client
+    queue: bytes
+    group: bytes
+    job_id: bytes
+    deadline: int  # a QGET's: the progress it asked for
+    ex_ms: int | None
+    tries: int  # a QGET's denied claims left
+    waiter: Waiter | None = None
+
+    @property
+    def failed(self) -> Any:
+        """The reply when the server does not answer in time."""
+        return None if self.ex_ms is not None else 0
+
+
 class Groups:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.queues: dict[bytes, EventQueue] = {}
         self.last_stamp = 0  # (ms << 20 | counter) of the last event created here
-        self.claims: dict[int, tuple[Any, ...]] = {}  # ticket -> the waiting QGET
+        self.asks: dict[int, _Ask] = {}  # ticket -> the QGET or QACK waiting for the event's server
         self.tickets = 0
         self.added = self.handed = self.acked = 0  # INFO figures
 
@@ -245,28 +264,33 @@ class Groups:
             self._set(q, group_name, job, e, deadline)
             self.handed += 1
             return [b"%d" % e, job.body]
+        ask = _Ask(client, name, group_name, job.id, deadline, ex_ms, tries)
+        return self._ask(server, ask, m.Claim(job.id, group_name, deadline, 0))
+
+    def _ask(self, server: str, ask: _Ask, msg: m.Claim | m.GroupAck) -> Any:
+        """Send a claim or an acknowledgement to the event's server; the
+        client waits for the answer at most CLAIM_MS (then nil, or 0)."""
+        node = self.node
         self.tickets += 1
         ticket = self.tickets
-        node.send(server, m.Claim(job.id, group_name, deadline, ticket))
-        waiter = node.block(client, (), False, CLAIM_MS)
-        waiter.take = lambda _: self._claim_expired(ticket)
-        self.claims[ticket] = (client, waiter, name, group_name, job.id, deadline, ex_ms, tries)
+        node.send(server, replace(msg, ticket=ticket))
+        ask.waiter = node.block(ask.client, (), False, CLAIM_MS)
+        ask.waiter.take = lambda _: self._unanswered(ticket)
+        self.asks[ticket] = ask
         return BLOCKED
 
-    def _claim_expired(self, ticket: int) -> None:
-        """No answer from the server in time: nil (a claim it granted
+    def _unanswered(self, ticket: int) -> Any:
+        """The server did not answer in time: nil, or 0 (a claim it granted
         meanwhile turns redo at its deadline)."""
-        self.claims.pop(ticket, None)
-        return None
+        return self.asks.pop(ticket).failed
 
     def on_claim(self, sender: str, msg: m.Claim) -> None:
         """A holder asks this node, the event's server, for it."""
         node = self.node
         granted = False
-        job = node.jobs.get(msg.id)
-        if job is not None and job.flags & EVENT and job.state == State.ACTIVE and job.etime * 1000 > node.now:
-            e = event_id(job.id)
-            q = self.queues[job.queue]  # type: ignore[index]
+        found = self._event(msg.id)
+        if found is not None:
+            q, job, e = found
             old = q.group(msg.group).progress.get(e)
             if old is None or 0 < old < node.now:
                 # a clock behind this one must not hand out a deadline already passed here
@@ -278,25 +302,43 @@ class Groups:
                 node.send(sender, m.GroupSet(msg.id, msg.group, old))
         node.send(sender, m.Claimed(msg.ticket, granted))
 
+    def on_group_ack(self, sender: str, msg: m.GroupAck) -> None:
+        """A holder passes on a QACK to this node, the event's server."""
+        found = self._event(msg.id)
+        granted = False
+        if found is not None:
+            q, job, e = found
+            granted = self._ack(q, msg.group, job, e)
+            if not granted and e in q.group(msg.group).progress:
+                self.node.send(sender, m.GroupSet(msg.id, msg.group, q.groups[msg.group].progress[e]))
+        self.node.send(sender, m.Claimed(msg.ticket, granted))
+
+    def _event(self, job_id: bytes) -> tuple[EventQueue, Job, int] | None:
+        """A live event held here: its queue, job and ID."""
+        job = self.node.jobs.get(job_id)
+        if job is None or not job.flags & EVENT or job.state != State.ACTIVE or job.etime * 1000 <= self.node.now:
+            return None
+        return self.queues[job.queue], job, event_id(job_id)  # type: ignore[index]
+
     def on_claimed(self, sender: str, msg: m.Claimed) -> None:
-        claim = self.claims.pop(msg.ticket, None)
-        if claim is None:
-            return  # answered too late: the QGET said nil
-        client, waiter, name, group_name, job_id, deadline, ex_ms, tries = claim
-        node = self.node
-        if client.waiter is not waiter:  # the client went away meanwhile
+        ask = self.asks.pop(msg.ticket, None)
+        if ask is None:
+            return  # answered too late: the client was told nil (or 0)
+        node, client = self.node, ask.client
+        if client.waiter is not ask.waiter:  # the client went away meanwhile
             return
-        node.drop_waiter(waiter)
-        job = node.jobs.get(job_id)
-        if msg.granted and job is not None:
-            q = self.queues[name]
-            e = event_id(job_id)
-            self._apply(q, group_name, job, e, deadline)
-            node.reply_to(client, [b"%d" % e, job.body])
-            return
-        reply = self.qget(client, name, group_name, ex_ms, tries - 1) if tries > 1 else None
-        if reply is not BLOCKED:
-            node.reply_to(client, reply)
+        node.drop_waiter(ask.waiter)
+        found = self._event(ask.job_id)
+        if msg.granted and found is not None:  # its GROUPSET came first, unless this node is not among its holders
+            self._apply(found[0], ask.group, found[1], found[2], DONE if ask.ex_ms is None else ask.deadline)
+        if ask.ex_ms is None:  # a QACK: the server's word
+            node.reply_to(client, int(msg.granted))
+        elif msg.granted and found is not None:
+            node.reply_to(client, [b"%d" % found[2], found[1].body])
+        else:
+            reply = self.qget(client, ask.queue, ask.group, ask.ex_ms, ask.tries - 1) if ask.tries > 1 else None
+            if reply is not BLOCKED:
+                node.reply_to(client, reply)
 
     # ------------------------------------------------------------ progress
 
@@ -343,20 +385,32 @@ class Groups:
 
     # ------------------------------------------------------------ QACK, QFLUSH
 
-    def qack(self, name: bytes, group_name: bytes, e: int) -> int:
-        """1 when the event was held by the group and its deadline has not passed."""
+    def qack(self, client: Client, name: bytes, group_name: bytes, e: int) -> Any:
+        """1 when the group held the event and its deadline has not passed,
+        as the event's server sees it (BLOCKED while it is asked; 0 when it
+        does not answer in time).  A server out of reach leaves this node
+        to decide, as a holder, and tell the others."""
         node = self.node
         q = self.queues.get(name)
         job = q.events.get(e) if q is not None else None
-        group = q.groups.get(group_name) if q is not None else None
-        if job is None or group is None or job.etime * 1000 <= node.now:
+        if q is None or job is None or job.etime * 1000 <= node.now:
             return 0
-        deadline = group.progress.get(e)
-        if not deadline or deadline < node.now:
+        server = self._server(job)
+        if server is None or server == node.cluster.my_id or not node.cluster.has_link(server):
+            return int(self._ack(q, group_name, job, e))
+        deadline = q.groups[group_name].progress.get(e) if group_name in q.groups else None
+        if not deadline or deadline < node.now:  # this view cannot be ahead of the server's
             return 0
-        self._set(q, group_name, job, e, DONE)  # type: ignore[arg-type]
+        return self._ask(server, _Ask(client, name, group_name, job.id, 0, None, 0), m.GroupAck(job.id, group_name, 0))
+
+    def _ack(self, q: EventQueue, group_name: bytes, job: Job, e: int) -> bool:
+        group = q.groups.get(group_name)
+        deadline = group.progress.get(e) if group is not None else None
+        if not deadline or deadline < self.node.now:
+            return False
+        self._set(q, group_name, job, e, DONE)
         self.acked += 1
-        return 1
+        return True
 
     def qflush(self, name: bytes) -> None:
         """Every event of the queue and all progress go, cluster-wide."""
@@ -411,9 +465,9 @@ class Groups:
     def cron(self) -> None:
         """Redo by the clock wakes QNOTIFY waiters; waiters and claims of
         clients that went away are dropped."""
-        for ticket, claim in list(self.claims.items()):
-            if claim[0].waiter is not claim[1]:
-                del self.claims[ticket]
+        for ticket, ask in list(self.asks.items()):
+            if ask.client.waiter is not ask.waiter:
+                del self.asks[ticket]
         for q in list(self.queues.values()):
             for client_id, (_, waiter) in list(q.notify.items()):
                 self._wake(q, client_id, waiter)

@@ -178,6 +178,7 @@ class NodeCore:
             m.Fanout: self.items.on_fanout,
             m.GroupSet: self.groups.on_group_set,
             m.Claim: self.groups.on_claim,
+            m.GroupAck: self.groups.on_group_ack,
             m.Claimed: self.groups.on_claimed,
             m.GroupFlush: self.groups.on_group_flush,
         }

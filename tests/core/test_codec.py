@@ -21,7 +21,7 @@ from disque.cluster.codec import (
 from disque.cluster.messages import (
     DelJob, Enqueue, Fail, GossipEntry, GotAck, GotJob, Header, Meet, Message,
     NeedJobs, Pause, Ping, Pong, Queued, ReplJob, SetAck, WillQueue, Working, Fanout, GroupSet, Claim, Claimed,
-    GroupFlush,
+    GroupAck, GroupFlush,
     YourJobs,
 )  # fmt: skip
 from disque.core.ids import new_job_id
@@ -90,6 +90,7 @@ MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     Fanout: st.builds(Fanout, st.builds(lambda p, c: p + b"+" + c, blobs.filter(lambda b: b and b"+" not in b), blobs.filter(bool)), st.booleans()),
     GroupSet: st.builds(GroupSet, job_ids, blobs, uints),
     Claim: st.builds(Claim, job_ids, blobs, uints, uints),
+    GroupAck: st.builds(GroupAck, job_ids, blobs, uints),
     Claimed: st.builds(Claimed, uints, st.booleans()),
     GroupFlush: st.builds(GroupFlush, blobs),
 }

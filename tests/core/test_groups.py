@@ -13,7 +13,7 @@ import pytest
 from disque.cluster import messages as m
 from disque.cluster.codec import job_from_wire, job_to_wire
 from disque.core.effects import AofAppend
-from disque.core.groups import CLAIM_MS, event_id
+from disque.core.groups import CLAIM_MS, _Ask, event_id
 from disque.core.types import BLOCKED, NIL_ARRAY
 from disque.protocols.resp.encoder import encode
 from disque.store.aof import AofCorrupt, Replay, RecordReader, check_record
@@ -347,8 +347,9 @@ def test_a_qget_on_any_node_claims_the_event_from_its_server():
     waiting = mesh.call(1, "QGET", "q", "g")  # node 0 serves it: a claim
     assert mesh.reply(waiting) == [e, b"a"]
     assert all(list(held(mesh, i, b"q", b"g")) == [int(e)] for i in range(3))  # progress on every holder
-    assert mesh.call(2, "QACK", "q", "g", e) == 1
+    assert mesh.reply(mesh.call(2, "QACK", "q", "g", e)) == 1  # the server's word
     assert all(held(mesh, i, b"q", b"g") == {int(e): 0} for i in range(3))
+    assert mesh.call(2, "QACK", "q", "g", e) == 0  # done: no need to ask
     assert mesh.call(0, "QGET", "q", "g")[1] == b"b"
     assert mesh.call(1, "QGET", "q", "g") is None
 
@@ -364,7 +365,7 @@ def test_a_denied_claim_picks_again_with_the_servers_view():
     mesh.lose_next(0, m.Claim)
     client = mesh.call(2, "QGET", "q", "g")
     mesh.advance(CLAIM_MS + 100)  # no answer: nil
-    assert client in mesh.replies and mesh.reply(client) is None and not mesh.core(2).groups.claims
+    assert client in mesh.replies and mesh.reply(client) is None and not mesh.core(2).groups.asks
 
 
 def test_a_claim_answered_after_the_client_left_is_dropped():
@@ -374,11 +375,11 @@ def test_a_claim_answered_after_the_client_left_is_dropped():
     client = mesh.call(1, "QGET", "q", "g", "EX", 1)
     mesh.core(1).disconnect(client)
     mesh.advance(100)
-    assert not mesh.core(1).groups.claims  # the cron drops it
+    assert not mesh.core(1).groups.asks  # the cron drops it
     core = mesh.core(1)
-    core.groups.claims[99] = (core.connect(999), object(), b"q", b"g", b"", 0, 0, 1)
+    core.groups.asks[99] = _Ask(core.connect(999), b"q", b"g", b"", 0, 0, 1, object())  # type: ignore[arg-type]
     core.handle_bus(core.header(), m.Claimed(99, True))  # its client is not waiting: nothing happens
-    assert 99 not in core.groups.claims and mesh.reply(mesh.call(1, "QGET", "q", "g"))[1] == b"a"
+    assert 99 not in core.groups.asks and mesh.reply(mesh.call(1, "QGET", "q", "g"))[1] == b"a"
 
 
 def test_denied_claims_give_up_after_a_few_tries():
@@ -390,9 +391,13 @@ def test_denied_claims_give_up_after_a_few_tries():
     client = mesh.call(1, "QGET", "q", "g")
     assert mesh.reply(client) is None and held(mesh, 1, b"q", b"g")  # the server's view arrived with the denial
     job = next(iter(core.groups.queues[b"q"].events.values()))
-    core.groups.claims[7] = (core.clients[client], core.block(core.clients[client], (), False, 0), b"q", b"g", job.id, 0, 0, 1)
+    c = core.clients[client]
+    core.groups.asks[7] = _Ask(c, b"q", b"g", job.id, 0, 0, 1, core.block(c, (), False, 0))
     core.handle_bus(core.header(), m.Claimed(7, False))
     assert mesh.reply(client) is None
+    core.groups.asks[8] = _Ask(c, b"gone", b"g", b"DI" + b"0" * 44 + b"SQ", 0, 0, 2, core.block(c, (), False, 0))
+    core.handle_bus(core.header(), m.Claimed(8, True))  # granted, but the event is gone here: picks again
+    assert mesh.reply(client) is None and not core.groups.asks
 
 
 def test_when_the_server_fails_the_lowest_holder_serves():
@@ -400,7 +405,7 @@ def test_when_the_server_fails_the_lowest_holder_serves():
     e = mesh.reply(mesh.call(0, "QADD", "q", 600, "a"))
     f = mesh.reply(mesh.call(0, "QADD", "q", 600, "b"))
     assert mesh.reply(mesh.call(2, "QGET", "q", "g")) == [e, b"a"]
-    assert mesh.call(2, "QACK", "q", "g", e) == 1
+    assert mesh.reply(mesh.call(2, "QACK", "q", "g", e)) == 1
     mesh.kill(0)
     assert mesh.call(1, "QGET", "q", "g") is None  # node 0 has no link: its events wait
     dead = mesh.core(1).cluster.nodes[_id_of_dead(mesh)]
@@ -464,7 +469,7 @@ def test_messages_about_unknown_events_change_nothing():
     core.handle_bus(header, m.Claimed(12345, True), key=core.cluster.nodes[header.sender].key)
     core.handle_bus(header, m.Claim(job_id, b"g", 0, 5), key=core.cluster.nodes[header.sender].key)
     assert [e.msg for e in core.effects if hasattr(e, "msg")] == [m.Claimed(5, False)]
-    assert core.groups.queues == {} and not core.groups.claims
+    assert core.groups.queues == {} and not core.groups.asks
 
 
 def test_a_server_whose_clock_is_ahead_grants_a_deadline_it_has_not_passed():
@@ -475,3 +480,31 @@ def test_a_server_whose_clock_is_ahead_grants_a_deadline_it_has_not_passed():
     key = core.cluster.nodes[mesh.my_id(1)].key
     core.handle_bus(mesh.core(1).header(), m.Claim(job.id, b"g", core.now - 5_000, 1), key=key)
     assert core.groups.queues[b"q"].groups[b"g"].progress[e] == core.now + 1
+
+
+def test_a_qack_elsewhere_is_the_servers_to_grant():
+    mesh = formed()
+    e = mesh.reply(mesh.call(0, "QADD", "q", 60, "a"))
+    assert mesh.call(0, "QGET", "q", "g", "EX", 1)[0] == e
+    mesh.lose_next(0, m.GroupAck)
+    client = mesh.call(1, "QACK", "q", "g", e)
+    mesh.advance(CLAIM_MS + 100)
+    assert mesh.reply(client) == 0 and not mesh.core(1).groups.asks  # no answer in time: not acknowledged
+    assert mesh.call(1, "QACK", "q", "g", e) == 0  # the deadline has passed here too
+    core = mesh.core(0)
+    assert mesh.call(0, "QGET", "q", "g", "EX", 5)[0] == e  # redo
+    key = core.cluster.nodes[mesh.my_id(1)].key
+    core.handle_bus(mesh.core(1).header(), m.GroupAck(b"DI" + b"0" * 44 + b"SQ", b"g", 3), key=key)  # unknown: denied
+    mesh.flush()
+    mesh.lose_next(2, m.GroupSet)  # node 2 does not hear that node 1's acknowledgement went through
+    assert mesh.reply(mesh.call(1, "QACK", "q", "g", e)) == 1
+    late = mesh.call(2, "QACK", "q", "g", e)  # node 2 thinks it is still held: the server says no
+    assert mesh.reply(late) == 0 and held(mesh, 2, b"q", b"g") == {int(e): 0}
+
+
+def test_a_qack_decides_alone_when_the_server_is_out_of_reach():
+    mesh = formed()
+    e = mesh.reply(mesh.call(0, "QADD", "q", 60, "a"))
+    assert mesh.reply(mesh.call(1, "QGET", "q", "g")) == [e, b"a"]
+    mesh.kill(0)
+    assert mesh.call(1, "QACK", "q", "g", e) == 1 and held(mesh, 2, b"q", b"g") == {int(e): 0}

@@ -75,13 +75,13 @@ def cmd_qget(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
     return node.groups.qget(client, argv[1], argv[2], ex_ms)
 
 
-@command("qack", -1, "wF")
-def cmd_qack(node: NodeCore, client: Client, argv: list[bytes]) -> int:
+@command("qack", -1, "w")
+def cmd_qack(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
     _need(argv, 3)
     raw = argv[3]
     if not raw.isdigit() or len(raw) > 40:
         raise err("invalid ID string")
-    return node.groups.qack(argv[1], argv[2], int(raw))
+    return node.groups.qack(client, argv[1], argv[2], int(raw))
 
 
 @command("qnotify", -1, "w")
