@@ -19,9 +19,9 @@ of `groups`:
   passed by the end (the harness drains every group on every node);
 * `unexpected`: a delivery of a body never added, or whose QADD failed;
 * `late`: a delivery after the event's TTL plus `ttl_grace_ms`;
-* `redelivered_after_ack`: the group got the event again after a QACK of it
-  answered 1, with no fault window between that answer and the new
-  delivery.  The same with a fault window in between is
+* `redelivered_after_ack`: the group got the event again by a QGET sent
+  after a QACK of it answered 1, with no fault window between that answer
+  and the new delivery.  The same with a fault window in between is
   `redelivered_after_fault` (allowed: an acknowledgement still travelling
   to the event's server when the fault struck, or both sides of a
   partition serving it), and a redelivery never preceded by an
@@ -49,16 +49,18 @@ def check_groups(history: Iterable[Record], groups: Iterable[str], *, ttl_grace_
     windows = [(w["start"], w["stop"]) for w in fault_windows(records)]
     adds: dict[str, tuple[Record, str, str | None]] = {}  # body -> (invoke, outcome, event ID)
     pending: dict[Any, Record] = {}  # process -> its operation in flight
-    deliveries: list[tuple[str, str, int]] = []  # (body, group, time)
-    acked_at: dict[tuple[str, str], int] = {}  # (event ID, group) -> first QACK answering 1
+    deliveries: list[tuple[str, str, int, int]] = []  # (body, group, time, position of the QGET's invoke)
+    acked_at: dict[tuple[str, str], tuple[int, int]] = {}  # (event ID, group) -> (time, position) of the first QACK answering 1
+    position: dict[int, int] = {}  # id(invoke) -> its position in the history
     end = 0
-    for r in records:
+    for i, r in enumerate(records):
         end = max(end, r["time"])
         op, kind = r["op"], r["type"]
         if op == NEMESIS:
             continue
         if kind == INVOKE:
             pending[r["process"]] = r
+            position[id(r)] = i
             if op == QADD:
                 adds[r["body"]] = (r, INFO, None)
             continue
@@ -68,9 +70,9 @@ def check_groups(history: Iterable[Record], groups: Iterable[str], *, ttl_grace_
         if op == QADD:
             adds[invoked["body"]] = (invoked, kind, r["job"])
         elif op == QGET and kind == OK:
-            deliveries.append((r["body"], invoked["value"]["group"], r["time"]))
+            deliveries.append((r["body"], invoked["value"]["group"], r["time"], position[id(invoked)]))
         elif op == QACK and kind == OK and r["value"] == 1:
-            acked_at.setdefault((invoked["job"], invoked["value"]["group"]), r["time"])
+            acked_at.setdefault((invoked["job"], invoked["value"]["group"]), (r["time"], i))
 
     def ttl_end(invoked: Record) -> int:
         return invoked["time"] + invoked["value"]["ttl"] * 1000
@@ -81,10 +83,10 @@ def check_groups(history: Iterable[Record], groups: Iterable[str], *, ttl_grace_
     result = GroupsResult()
     groups = list(groups)
     ok = {body: (inv, event) for body, (inv, outcome, event) in adds.items() if outcome == OK}
-    got: dict[tuple[str, str], list[int]] = {}
+    got: dict[tuple[str, str], list[tuple[int, int]]] = {}
     late, unexpected = [], []
-    for body, group, at in deliveries:
-        got.setdefault((body, group), []).append(at)
+    for body, group, at, asked in deliveries:
+        got.setdefault((body, group), []).append((at, asked))
         add = adds.get(body)
         if add is None or add[1] == FAIL:
             unexpected.append(body)
@@ -104,10 +106,10 @@ def check_groups(history: Iterable[Record], groups: Iterable[str], *, ttl_grace_
     for (body, group), times in got.items():
         event = ok[body][1] if body in ok else None
         acked = acked_at.get((event, group)) if event is not None else None  # type: ignore[arg-type]
-        for at in times[1:]:
-            if acked is None or at < acked:
+        for at, asked in times[1:]:
+            if acked is None or asked < acked[1]:  # asked for before the acknowledgement was answered
                 redo.append(f"{body} to {group}")
-            elif fault_between(acked, at):
+            elif fault_between(acked[0], at):
                 after_fault.append(f"{body} to {group}")
             else:
                 after_ack.append(f"{body} to {group}")

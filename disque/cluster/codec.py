@@ -65,6 +65,7 @@ INCR_NACKS = 2
 INCR_DELIV = 4
 JOINED = 8
 GRANTED = 16
+UNKNOWN = 32
 
 _PREFIX = 4  # length prefix size
 _U64 = 2**64 - 1  # msgpack's largest integer
@@ -463,7 +464,7 @@ _KINDS = (
     _Kind("GROUPSET", GroupSet, (_ID, _GROUP, _Field("deadline", "d", _UINT))),
     _Kind("CLAIM", Claim, (_ID, _GROUP, _Field("deadline", "d", _UINT), _TICKET)),
     _Kind("GROUPACK", GroupAck, (_ID, _GROUP, _TICKET)),
-    _Kind("CLAIMED", Claimed, (_TICKET,), (("granted", GRANTED),)),
+    _Kind("CLAIMED", Claimed, (_TICKET,), (("granted", GRANTED), ("unknown", UNKNOWN))),
     _Kind("GROUPFLUSH", GroupFlush, (_QUEUE,)),
 )
 _BY_NAME = {k.name: k for k in _KINDS}

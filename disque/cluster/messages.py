@@ -186,10 +186,12 @@ class GroupAck:
 
 @dataclass(frozen=True, slots=True)
 class Claimed:
-    """The server's answer to a `Claim` or a `GroupAck`."""
+    """The server's answer to a `Claim` or a `GroupAck`; `unknown`: it does
+    not hold the event (any more)."""
 
     ticket: int
     granted: bool = False
+    unknown: bool = False
 
 
 @dataclass(frozen=True, slots=True)

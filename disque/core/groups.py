@@ -300,7 +300,7 @@ class Groups:
                 granted = True
             else:  # the asker's view is behind: this comes first on the same link
                 node.send(sender, m.GroupSet(msg.id, msg.group, old))
-        node.send(sender, m.Claimed(msg.ticket, granted))
+        node.send(sender, m.Claimed(msg.ticket, granted, msg.id not in node.jobs))
 
     def on_group_ack(self, sender: str, msg: m.GroupAck) -> None:
         """A holder passes on a QACK to this node, the event's server."""
@@ -311,7 +311,7 @@ class Groups:
             granted = self._ack(q, msg.group, job, e)
             if not granted and e in q.group(msg.group).progress:
                 self.node.send(sender, m.GroupSet(msg.id, msg.group, q.groups[msg.group].progress[e]))
-        self.node.send(sender, m.Claimed(msg.ticket, granted))
+        self.node.send(sender, m.Claimed(msg.ticket, granted, msg.id not in self.node.jobs))
 
     def _event(self, job_id: bytes) -> tuple[EventQueue, Job, int] | None:
         """A live event held here: its queue, job and ID."""
@@ -329,14 +329,19 @@ class Groups:
             return
         node.drop_waiter(ask.waiter)
         found = self._event(ask.job_id)
+        if msg.unknown and found is not None:  # it lost its copy (a restart without the AOF): not a holder any more
+            found[1].nodes_delivered = tuple(n for n in found[1].nodes_delivered if n != sender)
         if msg.granted and found is not None:  # its GROUPSET came first, unless this node is not among its holders
             self._apply(found[0], ask.group, found[1], found[2], DONE if ask.ex_ms is None else ask.deadline)
-        if ask.ex_ms is None:  # a QACK: the server's word
-            node.reply_to(client, int(msg.granted))
+        if ask.ex_ms is None:  # a QACK: the server's word, or asked again of the next server
+            reply = self.qack(client, ask.queue, ask.group, found[2]) if msg.unknown and found is not None else int(msg.granted)
+            if reply is not BLOCKED:
+                node.reply_to(client, reply)
         elif msg.granted and found is not None:
             node.reply_to(client, [b"%d" % found[2], found[1].body])
         else:
-            reply = self.qget(client, ask.queue, ask.group, ask.ex_ms, ask.tries - 1) if ask.tries > 1 else None
+            tries = ask.tries if msg.unknown else ask.tries - 1  # a holder less is progress
+            reply = self.qget(client, ask.queue, ask.group, ask.ex_ms, tries) if tries else None
             if reply is not BLOCKED:
                 node.reply_to(client, reply)
 

@@ -468,7 +468,7 @@ def test_messages_about_unknown_events_change_nothing():
     core.handle_bus(header, m.GroupSet(job_id, b"g", 0), key=core.cluster.nodes[header.sender].key)
     core.handle_bus(header, m.Claimed(12345, True), key=core.cluster.nodes[header.sender].key)
     core.handle_bus(header, m.Claim(job_id, b"g", 0, 5), key=core.cluster.nodes[header.sender].key)
-    assert [e.msg for e in core.effects if hasattr(e, "msg")] == [m.Claimed(5, False)]
+    assert [e.msg for e in core.effects if hasattr(e, "msg")] == [m.Claimed(5, False, True)]
     assert core.groups.queues == {} and not core.groups.asks
 
 
@@ -508,3 +508,20 @@ def test_a_qack_decides_alone_when_the_server_is_out_of_reach():
     assert mesh.reply(mesh.call(1, "QGET", "q", "g")) == [e, b"a"]
     mesh.kill(0)
     assert mesh.call(1, "QACK", "q", "g", e) == 1 and held(mesh, 2, b"q", b"g") == {int(e): 0}
+
+
+def test_a_server_that_lost_its_copy_stops_being_asked():
+    """A node restarted without its AOF keeps its ID but not its events:
+    the holders that ask it learn it holds nothing and ask the next one."""
+    mesh = formed()
+    e = mesh.reply(mesh.call(0, "QADD", "q", 60, "a"))
+    mesh.reply(mesh.call(0, "QADD", "q", 60, "b"))
+    core0 = mesh.core(0)
+    for job in list(core0.jobs.values()):
+        core0.delete_job(job, log=False)  # as after a restart without the AOF
+    client = mesh.call(1, "QGET", "q", "g")
+    assert mesh.reply(client) == [e, b"a"]  # node 0 said it holds nothing; the lowest other holder serves
+    assert mesh.my_id(0) not in mesh.core(1).jobs.get(mesh.core(1).groups.queues[b"q"].events[int(e)].id).nodes_delivered
+    f = mesh.reply(mesh.call(2, "QGET", "q", "g"))[0]
+    client = mesh.call(1, "QACK", "q", "g", f)  # node 1 still takes node 0 for the server of "b"
+    assert mesh.reply(client) == 1 and mesh.call(2, "QACK", "q", "g", f) == 0

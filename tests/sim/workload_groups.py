@@ -6,7 +6,8 @@ live nodes (most events live 300 s, some 15 s); consumers pick one of three
 groups and a random live node, QGET with an ack window of 1 to 5 s, and
 QACK, except now and then, when they crash before acknowledging (the event
 turns redo at its deadline).  The nemesis plays the plan's steps between a
-`nemesis` start and stop record (disque/checker_stats.py), so the checker
+`nemesis` start and stop record (disque/checker_stats.py), and a network
+that drops messages is a fault window of the whole run, so the checker
 (disque/checker_groups.py) knows when the cluster was under a fault.  After
 recovery a drainer asks every group on every node until no delivery has
 happened for a while; the history then goes to `check_groups`.
@@ -90,7 +91,13 @@ class GroupsWorkload(Workload):
         self.history.add(INFO, "nemesis", None, NEMESIS, value={"fault": "plan", "phase": "start"})
         await super().nemesis()
 
+    def lossy(self, phase: str) -> None:
+        """A network that drops messages is a fault for the whole run."""
+        if self.plan.drop:
+            self.history.add(INFO, "nemesis", None, NEMESIS, value={"fault": "message loss", "phase": phase})
+
     async def run(self) -> list[Record]:
+        self.lossy("start")
         await self.cluster.form()
         async with trio.open_nursery() as clients:
             for _ in range(self.plan.producers):
@@ -105,6 +112,7 @@ class GroupsWorkload(Workload):
             clients.start_soon(self.consumer, True)
             await self.wait_quiet()
             clients.cancel_scope.cancel()
+        self.lossy("stop")
         return self.history.records
 
 
