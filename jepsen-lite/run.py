@@ -29,6 +29,7 @@ import admin  # noqa: E402
 from cluster import Conn, Node, call_once, join, wait_mesh  # noqa: E402
 from disque import checker_stats  # noqa: E402
 from disque.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, NACK, OK, SCAN, WAITJOB, History, check  # noqa: E402
+from disque.checker_groups import QACK, QADD, QGET, check_groups  # noqa: E402
 
 ALL_FAULTS = ("halves", "majority", "bridge", "kill", "pause", "netem", "admin", "clock")
 CLOCK_STEPS = (-3600, -60, 60, 600)  # seconds a node's wall clock is stepped by (the clock fault)
@@ -38,6 +39,8 @@ MAX_ATTEMPTS = 4  # --extensions: MAXATTEMPTS of at-least-once jobs
 NACK_RATE = 0.25  # --extensions: deliveries answered with NACK DELAY 1 instead of an ACK, before the drain
 WAITJOB_RATE = 0.1  # --extensions: acknowledged ADDJOBs followed by a WAITJOB TIMEOUT 300 of the job
 TTLS = (20, 300, 300, 300)  # seconds, drawn per job
+GROUPS = ("billing", "audit", "search")  # --workload groups: the consumer groups reading QUEUE
+GROUP_CRASH_RATE = 0.05  # --workload groups: deliveries never acknowledged (redo at the deadline)
 
 
 def now_ms() -> int:
@@ -133,6 +136,8 @@ class Workload:
             raise
 
     def producer(self, process: int) -> None:
+        if self.args.workload == "groups":
+            return self.event_producer(process)
         rng = random.Random(f"{self.args.seed}-p{process}")
         conns: dict[int, Conn] = {}
         count = 0
@@ -172,7 +177,71 @@ class Workload:
             return
         self.record(OK if isinstance(reply, int) else INFO, process, i, op, job=job, value=reply if isinstance(reply, int) else str(reply))
 
+    def event_producer(self, process: int) -> None:
+        """--workload groups: QADD unique bodies on random nodes."""
+        rng = random.Random(f"{self.args.seed}-p{process}")
+        conns: dict[int, Conn] = {}
+        count = 0
+        while self.producing.is_set():
+            i = rng.randrange(len(self.nodes))
+            count += 1
+            body = f"{process}-{count}"
+            ttl = rng.choice(TTLS)
+            self.record("invoke", process, i, QADD, body=body, value={"queue": QUEUE, "ttl": ttl})
+            try:
+                reply = self._call(conns, i, "QADD", QUEUE, ttl, body)
+            except (OSError, ConnectionError) as e:
+                self.record(INFO, process, i, QADD, body=body, value=repr(e))
+                time.sleep(rng.uniform(0.05, 0.2))
+                continue
+            if isinstance(reply, bytes):
+                self.record(OK, process, i, QADD, job=reply.decode(), body=body)
+            elif isinstance(reply, ReplyError) and "Not enough reachable" in str(reply):
+                self.record(FAIL, process, i, QADD, body=body, value=str(reply))
+            else:
+                self.record(INFO, process, i, QADD, body=body, value=str(reply))
+            time.sleep(rng.uniform(0.0, self.args.think_ms / 1000))
+
+    def event_consumer(self, process: int) -> None:
+        """--workload groups: QGET for a random group (every group on every
+        node in turn while draining), then QACK, but for a few crashes."""
+        rng = random.Random(f"{self.args.seed}-c{process}")
+        conns: dict[int, Conn] = {}
+        turn = process
+        while self.consuming.is_set():
+            turn += 1
+            if self.draining.is_set():
+                i, group = turn % len(self.nodes), GROUPS[turn // len(self.nodes) % len(GROUPS)]
+            else:
+                i, group = rng.randrange(len(self.nodes)), rng.choice(GROUPS)
+            self.record("invoke", process, i, QGET, value={"group": group})
+            try:
+                reply = self._call(conns, i, "QGET", QUEUE, group, "EX", rng.choice((1, 2, 5)))
+            except (OSError, ConnectionError) as e:
+                self.record(INFO, process, i, QGET, value=repr(e))
+                time.sleep(rng.uniform(0.05, 0.2))
+                continue
+            if not isinstance(reply, list):
+                self.record(FAIL, process, i, QGET, value=None if reply is None else str(reply))
+                time.sleep(0.02)
+                continue
+            event = reply[0].decode()
+            self.record(OK, process, i, QGET, job=event, body=reply[1].decode())
+            self.last_delivery = time.monotonic()
+            if rng.random() < GROUP_CRASH_RATE:
+                continue
+            self.record("invoke", process, i, QACK, job=event, value={"group": group})
+            try:
+                answer = self._call(conns, i, "QACK", QUEUE, group, event)
+            except (OSError, ConnectionError) as e:
+                self.record(INFO, process, i, QACK, job=event, value=repr(e))
+                continue
+            self.record(OK if isinstance(answer, int) else INFO, process, i, QACK, job=event,
+                        value=answer if isinstance(answer, int) else str(answer))  # fmt: skip
+
     def consumer(self, process: int) -> None:
+        if self.args.workload == "groups":
+            return self.event_consumer(process)
         rng = random.Random(f"{self.args.seed}-c{process}")
         conns: dict[int, Conn] = {}
         turn = process
@@ -409,17 +478,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         wl.consuming.clear()
         for t in threads:
             t.join(10)
-        log("waiting for acknowledged jobs to be collected")
-        acked, gc_start = wl.acked(), time.monotonic()
-        gc_limit = args.gc_limit_s
-        hard = [s for s in injected if s.get("op") == "reset-hard"]
-        if hard:  # acked jobs that listed the old ID wait for their TTL (admin.py)
-            gc_limit = max(gc_limit, t0 + hard[-1]["at"] + max(TTLS) + 2 - gc_start)
-            log(f"a node was reset HARD: waiting up to {gc_limit:.0f} s, until the TTL of the jobs it held")
-        while wl.scan(record=False) & acked and time.monotonic() - gc_start < gc_limit:
-            time.sleep(2)
-        wl.scan(record=True)
-        diagnostics = wl.explain_uncollected(acked)
+        if args.workload != "groups":  # events are not collected: they live until their TTL
+            log("waiting for acknowledged jobs to be collected")
+            acked, gc_start = wl.acked(), time.monotonic()
+            gc_limit = args.gc_limit_s
+            hard = [s for s in injected if s.get("op") == "reset-hard"]
+            if hard:  # acked jobs that listed the old ID wait for their TTL (admin.py)
+                gc_limit = max(gc_limit, t0 + hard[-1]["at"] + max(TTLS) + 2 - gc_start)
+                log(f"a node was reset HARD: waiting up to {gc_limit:.0f} s, until the TTL of the jobs it held")
+            while wl.scan(record=False) & acked and time.monotonic() - gc_start < gc_limit:
+                time.sleep(2)
+            wl.scan(record=True)
+            diagnostics = wl.explain_uncollected(acked)
         for node in nodes:
             if not node.alive():
                 notes.append(f"node {node.index} died (exit {node.proc.returncode if node.proc else None})")
@@ -434,7 +504,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     notes.extend(net.notes)
 
     records = wl.history.records
-    verdict = check(records, ttl_grace_ms=args.ttl_grace_ms).to_json()
+    if args.workload == "groups":
+        verdict = check_groups(records, GROUPS, ttl_grace_ms=args.ttl_grace_ms).to_json()
+    else:
+        verdict = check(records, ttl_grace_ms=args.ttl_grace_ms).to_json()
     results = {
         "valid": verdict["valid"] and not any("died" in n for n in notes),
         "mode": net.mode,
@@ -464,13 +537,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         report.write(rundir, records, results)
     except ImportError as e:
         log(f"no plots ({e}); install matplotlib")
-    log(
-        f"{'VALID' if results['valid'] else 'INVALID'}: enqueued {results['enqueued']}, lost {results['lost']}, "
-        f"unexpected {results['unexpected']}, duplicated {results['duplicated']}, recovered {results['recovered']}, "
-        f"late {verdict.get('late')}, uncollected {verdict.get('uncollected')}, wiped {verdict.get('wiped')}, "
-        f"at-most-once duplicated {verdict.get('at_most_once_duplicated')}, phantom acks {verdict.get('phantom_acks')} "
-        f"({net.mode} mode, {elapsed:.0f}s)"
-    )
+    if args.workload == "groups":
+        log(
+            f"{'VALID' if results['valid'] else 'INVALID'}: events added {results['enqueued']}, deliveries "
+            f"{verdict.get('deliveries')}, lost {results['lost']}, unexpected {results['unexpected']}, late "
+            f"{verdict.get('late')}, redelivered after an acknowledgement {verdict.get('redelivered_after_ack')} "
+            f"(after a fault {verdict.get('redelivered_after_fault')}), redo {verdict.get('redo')} ({net.mode} mode, {elapsed:.0f}s)"
+        )
+    else:
+        log(
+            f"{'VALID' if results['valid'] else 'INVALID'}: enqueued {results['enqueued']}, lost {results['lost']}, "
+            f"unexpected {results['unexpected']}, duplicated {results['duplicated']}, recovered {results['recovered']}, "
+            f"late {verdict.get('late')}, uncollected {verdict.get('uncollected')}, wiped {verdict.get('wiped')}, "
+            f"at-most-once duplicated {verdict.get('at_most_once_duplicated')}, phantom acks {verdict.get('phantom_acks')} "
+            f"({net.mode} mode, {elapsed:.0f}s)"
+        )
     for n in notes:
         log(f"note: {n}")
     return results
@@ -480,7 +561,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Fault-injection run against a real Disque cluster.")
     p.add_argument("--faults", default="halves,majority,bridge,kill",
                    help=f"comma list of {', '.join(ALL_FAULTS)}; 'all' or 'none' (default: %(default)s)")  # fmt: skip
-    p.add_argument("--workload", choices=("at-least-once", "at-most-once", "mixed"), default="mixed")
+    p.add_argument("--workload", choices=("at-least-once", "at-most-once", "mixed", "groups"), default="mixed",
+                   help="jobs of either guarantee, or consumer-group events (QADD, QGET, QACK) read by three groups")  # fmt: skip
     p.add_argument("--ack", choices=("ackjob", "fastack", "mixed"), default="mixed", help="how consumers acknowledge")
     p.add_argument("--extensions", action="store_true",
                    help="also NACK ... DELAY a quarter of the deliveries, give at-least-once jobs MAXATTEMPTS 4 "

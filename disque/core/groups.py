@@ -366,6 +366,15 @@ class Groups:
         self._apply(q, group_name, job, e, deadline)
         self.node.broadcast(job.nodes_delivered, m.GroupSet(job.id, group_name, deadline))
 
+    def progress_for(self, node_id: str) -> list[m.GroupSet]:
+        """Every group's progress on the events `node_id` holds, for it when
+        its link comes up: what it missed while it was out of reach."""
+        return [
+            m.GroupSet(q.events[e].id, group_name, deadline)
+            for q in self.queues.values() for group_name, group in q.groups.items()
+            for e, deadline in group.progress.items() if node_id in q.events[e].nodes_delivered
+        ]  # fmt: skip
+
     def on_group_set(self, sender: str, msg: m.GroupSet) -> None:
         job = self.node.jobs.get(msg.id)
         if job is not None and job.flags & EVENT:

@@ -1000,8 +1000,9 @@ class NodeCore:
     def link_connected(self, key: int) -> None:
         self.read_clock()
         self.cluster.link_connected(key)
-        if self.cluster.node_of_key(key) is not None:  # a node it keeps: tell it every fanout child
-            for msg in self.items.fanout_messages():
+        peer = self.cluster.node_of_key(key)
+        if peer is not None:  # a node it keeps: tell it every fanout child, and the groups' progress it may have missed
+            for msg in (*self.items.fanout_messages(), *self.groups.progress_for(peer.id)):
                 self.send_key(key, msg)
 
     def link_closed(self, key: int, connect_failed: bool) -> None:

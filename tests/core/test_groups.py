@@ -525,3 +525,15 @@ def test_a_server_that_lost_its_copy_stops_being_asked():
     f = mesh.reply(mesh.call(2, "QGET", "q", "g"))[0]
     client = mesh.call(1, "QACK", "q", "g", f)  # node 1 still takes node 0 for the server of "b"
     assert mesh.reply(client) == 1 and mesh.call(2, "QACK", "q", "g", f) == 0
+
+
+def test_a_holder_whose_link_comes_back_hears_the_progress_it_missed():
+    mesh = formed()
+    e = mesh.reply(mesh.call(0, "QADD", "q", 60, "a"))
+    core = mesh.core(0)
+    core.drop_link(core.cluster.key_of(mesh.my_id(2)))
+    mesh.flush()
+    assert mesh.call(0, "QGET", "q", "g")[0] == e and mesh.call(0, "QACK", "q", "g", e) == 1
+    assert held(mesh, 2, b"q", b"g") == {} and held(mesh, 1, b"q", b"g") == {int(e): 0}
+    mesh.advance(200)  # the link is made again: node 0 tells node 2 what it missed
+    assert held(mesh, 2, b"q", b"g") == {int(e): 0}

@@ -37,3 +37,23 @@ def test_short_run_loses_nothing(tmp_path: Path) -> None:
     assert results["valid"], output
     for name in ("history.jsonl", "index.html", "latency.png", "throughput.png"):
         assert (tmp_path / "latest" / name).exists(), name
+
+
+GROUPS_RUN = ["--workload", "groups", "--faults", "halves,kill", "--nodes", "3", "--duration", "24", "--fault-s", "6", "--gap-s", "4", "--seed", "1"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_groups_run_loses_nothing(tmp_path: Path) -> None:
+    """`--workload groups`: three consumer groups read events added on every
+    node; every group gets every event, and none gets an event again after
+    acknowledging it except across a fault."""
+    argv = [sys.executable, str(ROOT / "jepsen-lite" / "run.py"), *GROUPS_RUN, "--runs-dir", str(tmp_path)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=540)
+    output = done.stdout + done.stderr
+    results = json.loads((tmp_path / "latest" / "results.json").read_text())
+    assert sorted(f["fault"] for f in results["faults"]) == ["halves", "kill"], output
+    checker = results["checker"]
+    assert results["enqueued"] > 100 and checker["deliveries"] >= 3 * results["enqueued"], output
+    assert (checker["lost"], checker["unexpected"], checker["late"], checker["redelivered_after_ack"]) == (0, 0, 0, 0), output
+    assert results["valid"] and done.returncode == 0, output
