@@ -11,6 +11,7 @@ import time
 
 import cluster
 import common
+import groups
 import memcache
 import persistence
 import security
@@ -21,6 +22,7 @@ BENCHMARKS = {
     "single": single_node,
     "cluster": cluster,
     "memcache": memcache,
+    "groups": groups,
     "persistence": persistence,
     "security": security,
     "spark": spark_bench,

@@ -130,6 +130,10 @@ def _job_id(v: Any) -> bytes:
     return v
 
 
+def _opt_job_id(v: Any) -> bytes:
+    return v if v == b"" else _job_id(v)
+
+
 _is_node_id = re.compile("[0-9a-f]{40}").fullmatch
 
 
@@ -319,7 +323,7 @@ _JOB_COMMON: _Fields = (
     # MAXATTEMPTS / DEADLETTER and dead-lettered copies: left out when unset.
     _Field("max_attempts", "ma", _int_in(0, 65535), default=0),
     _Field("dead_letter", "dl", _bytes, default=b""),
-    _Field("origin", "o", lambda v: v if v == b"" else _job_id(v), default=b""),
+    _Field("origin", "o", _opt_job_id, default=b""),
 )
 _WIRE_JOB: _Fields = _JOB_COMMON + (_Field("ttl", "tl", _int_in(1, _U64)), _Field("etime", "et", _UINT))
 # `not_before`: the core-clock ms before which a NACK ... DELAY job is not queued again (0: none).
@@ -438,6 +442,7 @@ _GOSSIP = _Field(
     "gossip", "g", _list_of(_record(_GOSSIP_ENTRY, GossipEntry)), _each(_packer(_GOSSIP_ENTRY))
 )
 _ID = _Field("id", "i", _job_id)
+_OPT_ID = _Field("id", "i", _opt_job_id, default=b"")
 _QUEUE = _Field("queue", "q", _bytes)
 _GROUP = _Field("group", "g", _bytes)
 _TICKET = _Field("ticket", "k", _UINT)
@@ -464,7 +469,7 @@ _KINDS = (
     _Kind("GROUPSET", GroupSet, (_ID, _GROUP, _Field("deadline", "d", _UINT))),
     _Kind("CLAIM", Claim, (_ID, _GROUP, _Field("deadline", "d", _UINT), _TICKET)),
     _Kind("GROUPACK", GroupAck, (_ID, _GROUP, _TICKET)),
-    _Kind("CLAIMED", Claimed, (_TICKET,), (("granted", GRANTED), ("unknown", UNKNOWN))),
+    _Kind("CLAIMED", Claimed, (_TICKET, _OPT_ID), (("granted", GRANTED), ("unknown", UNKNOWN))),
     _Kind("GROUPFLUSH", GroupFlush, (_QUEUE,)),
 )
 _BY_NAME = {k.name: k for k in _KINDS}

@@ -187,11 +187,12 @@ class GroupAck:
 @dataclass(frozen=True, slots=True)
 class Claimed:
     """The server's answer to a `Claim` or a `GroupAck`; `unknown`: it does
-    not hold the event (any more)."""
+    not hold the event (any more); `id`: the event granted (a claim)."""
 
     ticket: int
     granted: bool = False
     unknown: bool = False
+    id: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

@@ -233,8 +233,9 @@ class Groups:
             if job.state == State.ACTIVE:
                 yield e
 
-    def _pick(self, q: EventQueue, group: Group) -> tuple[int, Job, str] | None:
-        """What QGET would hand `group` now: (event, job, its server)."""
+    def _pick(self, q: EventQueue, group: Group, mine: bool = False) -> tuple[int, Job, str] | None:
+        """What QGET would hand `group` now: (event, job, its server); with
+        `mine`, among the events this node serves only."""
         now = self.node.now
         cluster = self.node.cluster
         me = cluster.my_id
@@ -243,8 +244,8 @@ class Groups:
             if job.etime * 1000 <= now:
                 continue
             server = self._server(job)
-            if server is not None and (server == me or cluster.has_link(server)):
-                return e, job, server
+            if server == me or (server is not None and not mine and cluster.has_link(server)):
+                return e, job, server  # type: ignore[return-value]
         return None
 
     def qget(self, client: Client, name: bytes, group_name: bytes, ex_ms: int, tries: int = CLAIM_TRIES) -> Any:
@@ -285,22 +286,28 @@ class Groups:
         return self.asks.pop(ticket).failed
 
     def on_claim(self, sender: str, msg: m.Claim) -> None:
-        """A holder asks this node, the event's server, for it."""
+        """A holder asks this node, the event's server, for it.  Taken
+        already (the asker's view is behind), the next event this node
+        serves for the group is granted instead, if any."""
         node = self.node
-        granted = False
         found = self._event(msg.id)
-        if found is not None:
-            q, job, e = found
-            old = q.group(msg.group).progress.get(e)
-            if old is None or 0 < old < node.now:
-                # a clock behind this one must not hand out a deadline already passed here
-                deadline = msg.deadline and max(msg.deadline, node.now + 1)
-                self._set(q, msg.group, job, e, deadline)
-                self.handed += 1
-                granted = True
-            else:  # the asker's view is behind: this comes first on the same link
-                node.send(sender, m.GroupSet(msg.id, msg.group, old))
-        node.send(sender, m.Claimed(msg.ticket, granted, msg.id not in node.jobs))
+        if found is None:
+            node.send(sender, m.Claimed(msg.ticket, False, msg.id not in node.jobs))
+            return
+        q, job, e = found
+        group = q.group(msg.group)
+        old = group.progress.get(e)
+        if old is not None and not 0 < old < node.now:
+            node.send(sender, m.GroupSet(msg.id, msg.group, old))  # fixes its view: comes first on the same link
+            picked = self._pick(q, group, mine=True)
+            if picked is None or sender not in picked[1].nodes_delivered:
+                node.send(sender, m.Claimed(msg.ticket))
+                return
+            e, job, _ = picked
+        # a clock behind this one must not hand out a deadline already passed here
+        self._set(q, msg.group, job, e, msg.deadline and max(msg.deadline, node.now + 1))
+        self.handed += 1
+        node.send(sender, m.Claimed(msg.ticket, True, id=job.id))
 
     def on_group_ack(self, sender: str, msg: m.GroupAck) -> None:
         """A holder passes on a QACK to this node, the event's server."""
@@ -328,7 +335,7 @@ class Groups:
         if client.waiter is not ask.waiter:  # the client went away meanwhile
             return
         node.drop_waiter(ask.waiter)
-        found = self._event(ask.job_id)
+        found = self._event(msg.id or ask.job_id)  # granted: perhaps another event than the one asked for
         if msg.unknown and found is not None:  # it lost its copy (a restart without the AOF): not a holder any more
             found[1].nodes_delivered = tuple(n for n in found[1].nodes_delivered if n != sender)
         if msg.granted and found is not None:  # its GROUPSET came first, unless this node is not among its holders

@@ -91,7 +91,7 @@ MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     GroupSet: st.builds(GroupSet, job_ids, blobs, uints),
     Claim: st.builds(Claim, job_ids, blobs, uints, uints),
     GroupAck: st.builds(GroupAck, job_ids, blobs, uints),
-    Claimed: st.builds(Claimed, uints, st.booleans(), st.booleans()),
+    Claimed: st.builds(Claimed, uints, st.booleans(), st.booleans(), st.one_of(st.just(b""), job_ids)),
     GroupFlush: st.builds(GroupFlush, blobs),
 }
 frames = st.tuples(headers, st.one_of(*MESSAGES.values()))
