@@ -188,12 +188,33 @@ def cluster_option(merge: str) -> Callable[[Callable[..., Any]], Callable[..., A
     return click.option("--cluster", is_flag=True, help=f"Every node HELLO lists, merged: {merge}.")
 
 
+GROUP_FIGURES = ("total", "inprogress", "redo", "done", "available", "consumers")
+
+
+def group_rows(client: Any, queues: list[str]) -> list[dict[str, Any]]:
+    """QSTATUS as one row per queue and consumer group (all queues when none given)."""
+    rows = []
+    for queue, groups in client.execute_command("QSTATUS", *queues):
+        for group, figures in zip(groups[::2], groups[1::2]):
+            rows.append({"queue": queue.decode(errors="replace"), "group": group.decode(errors="replace"),
+                         **dict(zip(GROUP_FIGURES, figures[1::2]))})  # fmt: skip
+    return rows
+
+
+def show_groups(session: Session, rows: list[dict[str, Any]]) -> None:
+    session.output("groups", rows, raw=["\t".join(map(str, r.values())) for r in rows])
+
+
 @cli.command()
 @click.argument("queue")
 @cluster_option("lengths and counters add up, one row per node follows")
+@click.option("--groups", is_flag=True, help="The queue's consumer groups (QSTATUS) instead of its jobs.")
 @click.pass_obj
-def qstat(session: Session, queue: str, cluster: bool) -> None:
+def qstat(session: Session, queue: str, cluster: bool, groups: bool) -> None:
     """Statistics of a queue."""
+    if groups:  # every holder of an event has its groups' progress: one node's view
+        show_groups(session, group_rows(session.client(), [queue]))
+        return
     if not cluster:
         session.run(["QSTAT", queue])
         return
@@ -303,14 +324,17 @@ def queue_stats(client: Any) -> list[Any]:
 @click.option("--interval", default=1.0, show_default=True, help="Seconds between refreshes.")
 @click.option("-n", "--iterations", default=0, help="Stop after N refreshes (0: until Ctrl-C).")
 @cluster_option("a queue's lengths, counters and rates add up")
+@click.option("--groups", is_flag=True, help="The consumer groups of every queue (QSTATUS) instead of the job queues.")
 @click.pass_obj
-def top(session: Session, interval: float, iterations: int, cluster: bool) -> None:
+def top(session: Session, interval: float, iterations: int, cluster: bool, groups: bool) -> None:
     """Live view of the queues: length, jobs in/out per second, blocked clients."""
     from disque.cli.cluster import QueueRates, merge_queues
 
     rates = QueueRates()
 
     def sample() -> list[dict[str, Any]]:
+        if groups:
+            return group_rows(session.client(), [])
         if cluster:
             stats = merge_queues(s for _, node_stats in session.each_node(queue_stats) for s in node_stats)
         else:
@@ -332,7 +356,7 @@ def top(session: Session, interval: float, iterations: int, cluster: bool) -> No
         if session.mode == "pretty":
             from disque.cli.pretty import top_screen
 
-            top_screen(label, frames(), interval)
+            top_screen(label, frames(), interval, groups)
         else:  # one JSON array or block of tab-separated lines per refresh
             for rows in frames():
                 session.output("plain", rows, raw=["\t".join("-" if v is None else str(v) for v in r.values()) for r in rows])

@@ -105,6 +105,8 @@ def render(kind: str, value: Any) -> RenderableType:
     if kind == "queues":  # names, or {"queue": name, "len": n} rows
         rows = [q if isinstance(q, dict) else {"queue": q} for q in value]
         return names_table(f"{len(rows)} queue(s)", (r.values() for r in rows), list(rows[0]) if rows else ["queue"])
+    if kind == "groups":  # qstat --groups: QSTATUS rows
+        return groups_table(f"{len(value)} consumer group(s)", value)
     if kind == "scan":
         items = value.get("queues", value.get("jobs"))
         return Group(Text(f"cursor: {value['cursor']}"), render("queues" if "queues" in value else "job-infos", items))
@@ -115,26 +117,39 @@ def show(kind: str, value: Any) -> None:
     console().print(render(kind, value))
 
 
-def top_table(label: str, rows: list[dict[str, Any]], interval: float) -> Group:
+def groups_table(title: str, rows: list[dict[str, Any]]) -> Group:
+    """QSTATUS rows: queue, group and bananaq's six figures."""
+    table = Table()
+    for name in ("queue", "group", "total", "inprogress", "redo", "done", "available", "consumers"):
+        table.add_column(name, justify="left" if name in ("queue", "group") else "right", overflow="fold")
+    for r in rows:
+        table.add_row(Text(r["queue"]), Text(r["group"]), *(str(v) for v in list(r.values())[2:]))
+    return titled(title, table)
+
+
+def top_table(label: str, rows: list[dict[str, Any]], interval: float, groups: bool = False) -> Group:
+    title = f"{label}  {len(rows)} {'group(s)' if groups else 'queue(s)'}  {time.strftime('%H:%M:%S')}  every {interval:g}s"
+    if groups:
+        return groups_table(title, rows)
     table = Table()
     for name in ("queue", "len", "in/s", "out/s", "blocked", "pause"):
         table.add_column(name, justify="left" if name in ("queue", "pause") else "right")
     for r in rows:
         rates = ["-" if r[k] is None else f"{r[k]:g}" for k in ("in_per_sec", "out_per_sec")]
         table.add_row(Text(r["queue"]), str(r["len"]), *rates, str(r["blocked"]), r["pause"])
-    return titled(f"{label}  {len(rows)} queue(s)  {time.strftime('%H:%M:%S')}  every {interval:g}s", table)
+    return titled(title, table)
 
 
-def top_screen(label: str, frames: Iterable[list[dict[str, Any]]], interval: float) -> None:
+def top_screen(label: str, frames: Iterable[list[dict[str, Any]]], interval: float, groups: bool = False) -> None:
     """`top` in a terminal: one screen, redrawn with every frame; elsewhere one table per frame."""
     out = console()
     if not out.is_terminal:
         for rows in frames:
-            out.print(top_table(label, rows, interval))
+            out.print(top_table(label, rows, interval, groups))
         return
     with Live(console=out, auto_refresh=False) as live:
         for rows in frames:
-            live.update(top_table(label, rows, interval), refresh=True)
+            live.update(top_table(label, rows, interval, groups), refresh=True)
 
 
 @contextmanager

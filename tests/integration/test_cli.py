@@ -261,6 +261,22 @@ def test_top(disque: Callable[..., Result], pretty: Callable[..., Result], clien
     assert f"{queue}\t1\t-\t-\t0\tnone" in ok(disque("--raw", "top", "-n", "1")).splitlines()
 
 
+def test_groups_views(disque: Callable[..., Result], pretty: Callable[..., Result], client: Client, queue: str) -> None:
+    """qstat --groups and top --groups: QSTATUS as a table, JSON or tab-separated lines."""
+    client.execute_command("QADD", queue, 60, "x")
+    client.execute_command("QADD", queue, 60, "y")
+    client.execute_command("QGET", queue, "billing", "EX", 0)
+    row = {"queue": queue, "group": "billing", "total": 2, "inprogress": 0, "redo": 0, "done": 1, "available": 1, "consumers": 0}
+    assert json.loads(ok(disque("--json", "qstat", "--groups", queue))) == [row]
+    assert ok(disque("--raw", "qstat", "--groups", queue)) == f"{queue}\tbilling\t2\t0\t0\t1\t1\t0\n"
+    shown = ok(pretty("qstat", "--groups", queue))
+    assert "1 consumer group(s)" in shown and re.search(rf"{queue}\s*│\s*billing\s*│\s*2\s*│\s*0\s*│\s*0\s*│\s*1\s*│\s*1\s*│\s*0", shown)
+    frames = [json.loads(line) for line in ok(disque("--json", "top", "--groups", "-n", "2", "--interval", "0.05")).splitlines()]
+    assert len(frames) == 2 and row in frames[1]
+    shown = ok(pretty("top", "--groups", "-n", "1"))
+    assert "group(s)" in shown and re.search(r"queue\s*┃\s*group\s*┃\s*total", shown)
+
+
 def test_export_and_import_round_trip(disque: Callable[..., Result], client: Client, queue: str, tmp_path: Path) -> None:
     bodies = [b"plain", "unicod\u00e9".encode(), b"\xff\x00binary"]
     for body in bodies:
