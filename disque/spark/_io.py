@@ -247,3 +247,42 @@ def enqueue_where_held(jobs: Mapping[str, Sequence[str]], others: Sequence[str],
 
 def ack_where_held(jobs: Mapping[str, Sequence[str]], others: Sequence[str], password: str | None) -> int:
     return _on_holders(jobs, others, password, "ACKJOB", False)
+
+
+def group_backlog(conn: Conn, queues: Sequence[str], group: str) -> int:
+    """Events of `queues` that `group` could read now (QSTATUS available + redo)."""
+    total = 0
+    for _, groups in conn.call("QSTATUS", *queues, "GROUPS", group):
+        figures = dict(zip(groups[1][::2], groups[1][1::2]))
+        total += figures[b"available"] + figures[b"redo"]
+    return total
+
+
+def get_events(conn: Conn, queue: str, group: str, count: int, ack_timeout: int) -> list[tuple[str, bytes]]:
+    """Up to `count` events of `queue` for `group` (QGET ... EX, pipelined),
+    as (event ID, body); fewer when the group has no more."""
+    replies = conn.pipeline([["QGET", queue, group, "EX", ack_timeout]] * count)
+    return [(reply[0].decode(), reply[1]) for reply in replies if reply is not None]
+
+
+def ack_events(events: Mapping[str, Sequence[tuple[str, str]]], others: Sequence[str], group: str,
+               password: str | None) -> int:  # fmt: skip
+    """QACK (queue, event ID) pairs for `group`, on the node that delivered
+    them or, if it is down, on another (any holder answers).  Returns how
+    many the server acknowledged (an event past its ack timeout is not: it
+    is redo, and will be read again)."""
+    counted = 0
+    for address, pairs in events.items():
+        failures = []
+        for candidate in [address] + [a for a in others if a != address]:
+            try:
+                with Conn(candidate, password) as conn:
+                    replies = conn.pipeline([["QACK", queue, group, event_id] for queue, event_id in pairs])
+            except DisqueConnectionError as e:
+                failures.append(str(e))
+                continue
+            counted += sum(replies)
+            break
+        else:
+            raise DisqueConnectionError("no Disque node reachable (" + "; ".join(failures) + ")")
+    return counted

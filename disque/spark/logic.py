@@ -10,6 +10,8 @@ without a SparkSession or a server (tests/core/test_spark_logic.py):
 * `AckLedger`: which batches were acknowledged already, so ACKs sent both from
   `latestOffset(start)` and from `commit(end)` go out once per reader;
 * `Budget`: the job count `Trigger.AvailableNow` is allowed to read;
+* `event_key` / `event_of`: how an offset names an event read as a consumer
+  group (option `group`: QGET ... EX, QACK on commit);
 * how rows become job bodies (`Body`), how a batch is split into partitions
   (`split`), and the ADDJOB / ENQUEUE / ACKJOB argument lists (`addjob_args`,
   `chunks`).
@@ -32,6 +34,7 @@ DEFAULT_TTL = 86400  # the server's default TTL, in seconds
 DEFAULT_MAX_JOBS_PER_TRIGGER = 1000
 DEFAULT_NUM_PARTITIONS = 2
 DEFAULT_POLL_TIMEOUT_MS = 100
+DEFAULT_GROUP_ACK_TIMEOUT = 300  # seconds: a consumer group's events stay in progress this long per batch
 COMMAND_CHUNK = 1000  # IDs per ENQUEUE / ACKJOB, commands per pipelined round trip
 OFFSET_VERSION = 1
 
@@ -198,13 +201,20 @@ class ReadOptions:
     poll_timeout_ms: int
     discover: bool  # every node of the cluster (HELLO), not only those in `nodes`
     password: str | None
+    group: str | None = None  # streams: read the queues' events as this consumer group (QGET/QACK)
+    group_ack_timeout: int = DEFAULT_GROUP_ACK_TIMEOUT  # QGET's EX: seconds before an unacknowledged event is redo
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool) -> ReadOptions:
         queues = _names(_get(options, "queues")) or _names(_get(options, "queue"))
         if streaming and not queues:
             raise OptionError("set option 'queues' (comma-separated) to consume from")
+        group = _get(options, "group") or None
+        if group is not None and not streaming:
+            raise OptionError("option 'group' is for streaming reads (readStream)")
         return cls(
+            group=group,
+            group_ack_timeout=_int(options, "groupAckTimeout", DEFAULT_GROUP_ACK_TIMEOUT, 1) or 1,
             nodes=parse_nodes(options),
             queues=list(dict.fromkeys(queues)),
             max_jobs_per_trigger=_int(options, "maxJobsPerTrigger", DEFAULT_MAX_JOBS_PER_TRIGGER, 1) or 1,
@@ -427,6 +437,18 @@ class StreamBook:
             self.ledger.done(offset)
         for seq in [s for s in self.batches if s <= offset.seq]:
             del self.batches[seq]
+
+
+def event_key(queue: str, event_id: str) -> str:
+    """How an offset names an event read as a consumer group: QACK needs its
+    queue too (event IDs are digits, so the first "@" splits them)."""
+    return f"{event_id}@{queue}"
+
+
+def event_of(key: str) -> tuple[str, str]:
+    """(queue, event ID) of an `event_key`."""
+    event_id, _, queue = key.partition("@")
+    return queue, event_id
 
 
 def split(items: Sequence[T], parts: int) -> list[list[T]]:

@@ -22,6 +22,12 @@ has completed the batch, i.e. in the next `latestOffset(start)` (Spark calls
 it only after the batch ending at `start` completed) and in `commit(end)`.
 A replayed batch is rebuilt from the IDs in its offset with SHOW.  The
 bookkeeping itself is `disque.spark.logic.StreamBook` (no I/O, unit-tested).
+
+With option `group`, the stream reads the queues' events as that consumer
+group (docs/consumer-groups.md): QGET ... EX groupAckTimeout on every node
+instead of GETJOB, QACK of the batch's events instead of ACKJOB.  An event
+cannot be fetched by its ID, so a replayed batch reads nothing: its events
+come back as redo once their ack timeout passes (at-least-once).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from disque.client import DisqueConnectionError
+from disque.client import DisqueConnectionError, Job
 from disque.spark import _io
 from disque.spark.logic import (
     SCHEMA,
@@ -57,6 +63,8 @@ from disque.spark.logic import (
     WriteOptions,
     addjob_args,
     ctime_datetime,
+    event_key,
+    event_of,
     jobs_to_add,
     projection,
     replayed,
@@ -216,12 +224,22 @@ class DisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._getjobs(address, wanted, self.opts.poll_timeout_ms, jobs, failures)
         if not jobs and len(failures) >= len(order):
             raise DisqueConnectionError("no Disque node reachable (" + "; ".join(failures) + ")")
-        rows = [_project(self.columns, (j.queue, j.id, j.body, j.nacks, j.additional_deliveries, None)) for _, j in jobs]
+        shown = (lambda key: event_of(key)[1]) if self.opts.group is not None else (lambda job_id: job_id)  # rows: the event ID
+        rows = [_project(self.columns, (j.queue, shown(j.id), j.body, j.nacks, j.additional_deliveries, None)) for _, j in jobs]
         return Taken([(address, j.id) for address, j in jobs], rows)
 
     def _getjobs(self, address: str, wanted: int, wait_ms: int, out: list[tuple[str, Any]], failures: list[str]) -> None:
         try:
             conn = self._connection(address)
+            if self.opts.group is not None:  # events: no wait (QGET answers at once)
+                for queue in self.opts.queues:
+                    while len(out) < wanted:
+                        count = min(wanted - len(out), GETJOB_CHUNK)
+                        got = _io.get_events(conn, queue, self.opts.group, count, self.opts.group_ack_timeout)
+                        out += [(conn.address, Job(event_key(queue, event), queue, body)) for event, body in got]
+                        if len(got) < count:
+                            break
+                return
             while len(out) < wanted:
                 count = min(wanted - len(out), GETJOB_CHUNK)
                 got = _io.get_jobs(conn, self.opts.queues, count, wait_ms)
@@ -234,7 +252,11 @@ class DisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._drop(address)
 
     def _ack(self, offset: Offset) -> None:
-        _io.ack_where_held(offset.jobs, self._nodes(), self.opts.password)
+        if self.opts.group is None:
+            _io.ack_where_held(offset.jobs, self._nodes(), self.opts.password)
+        else:
+            events = {address: [event_of(key) for key in keys] for address, keys in offset.jobs.items()}
+            _io.ack_events(events, self._nodes(), self.opts.group, self.opts.password)
 
     # -- Spark's calls
 
@@ -245,14 +267,21 @@ class DisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.opts.max_jobs_per_trigger)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        total = 0
+        """The budget: jobs queued on every node; or the events the group
+        could read, as the node that sees most of them counts them (every
+        holder of an event has its progress)."""
+        counts = []
         for address in self._nodes():
             try:
-                total += _io.qlen(self._connection(address), self.opts.queues)
+                conn = self._connection(address)
+                if self.opts.group is None:
+                    counts.append(_io.qlen(conn, self.opts.queues))
+                else:
+                    counts.append(_io.group_backlog(conn, self.opts.queues, self.opts.group))
             except DisqueConnectionError as e:
                 log.warning("availableNow: %s", e)
                 self._drop(address)
-        self._book.budget = Budget(total)
+        self._book.budget = Budget(sum(counts) if self.opts.group is None else max(counts, default=0))
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         if isinstance(limit, ReadMaxRows):
@@ -277,6 +306,9 @@ class DisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._replay(partition)
 
     def _replay(self, partition: ReplayJobs) -> Iterator[tuple[Any, ...]]:
+        if self.opts.group is not None:  # events cannot be fetched by ID: they come back as redo
+            log.warning("a replayed batch of consumer group %r: its events are read again once their ack timeout passes", self.opts.group)
+            return
         for address, ids in partition.jobs:
             found = {}
             for candidate in [address] + [a for a in partition.cluster if a != address]:

@@ -316,3 +316,16 @@ def test_cached_rows_are_dropped_once_acked():
     assert set(book.batches) == {1}
     book.latest(first, 10)
     assert set(book.batches) == {2}
+
+
+def test_group_options_and_event_keys():
+    from disque.spark.logic import event_key, event_of
+
+    opts = ReadOptions.parse({"queues": "q", "group": "billing", "groupAckTimeout": "60"}, streaming=True)
+    assert (opts.group, opts.group_ack_timeout) == ("billing", 60)
+    assert ReadOptions.parse({"queues": "q"}, streaming=True).group is None
+    with pytest.raises(OptionError, match="streaming"):
+        ReadOptions.parse({"queue": "q", "group": "g"}, streaming=False)
+    with pytest.raises(OptionError, match="groupAckTimeout"):
+        ReadOptions.parse({"queues": "q", "group": "g", "groupAckTimeout": "0"}, streaming=True)
+    assert event_of(event_key("orders@eu", "123")) == ("orders@eu", "123")

@@ -166,6 +166,27 @@ def test_stream_acks_only_after_the_batch_completed(spark, address, conn, queue_
     assert live_jobs(conn, q) == []
 
 
+def test_a_stream_reads_a_queue_as_a_consumer_group(spark, address, conn, queue_name, tmp_path):
+    """Option `group`: every group reads every event once, acknowledged
+    (QACK) when its batch completed; the events stay for other groups."""
+    q = queue_name("events")
+    ids = [conn.call("QADD", q, 600, f"e{i}").decode() for i in range(25)]
+    for group in ("billing", "audit"):
+        batches: list[list[str]] = []
+        query = (
+            _stream(spark, address, q, maxJobsPerTrigger="10", group=group, groupAckTimeout="60")
+            .writeStream.foreachBatch(lambda df, _: batches.append([r.id for r in df.collect()]))
+            .option("checkpointLocation", str(tmp_path / f"ck-{group}"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert query.exception() is None
+        assert [len(b) for b in batches] == [10, 10, 5] and [i for b in batches for i in b] == ids
+        [[_, [_, figures]]] = conn.call("QSTATUS", q, "GROUPS", group)
+        assert dict(zip(figures[::2], figures[1::2]))[b"done"] == 25
+
+
 def test_killed_query_restarts_from_checkpoint_without_losing_jobs(spark, address, conn, queue_name, tmp_path):
     q = queue_name("crash")
     ids = add(conn, q, [f"c{i}".encode() for i in range(30)])
