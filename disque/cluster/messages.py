@@ -196,6 +196,27 @@ class Claimed:
 
 
 @dataclass(frozen=True, slots=True)
+class NeedEvent:
+    """A QGET found nothing among the events its node holds: may the
+    receiver hand `group` one of the events it serves, until `deadline` (0:
+    done at once)?  Answered by `YourEvent`, or a `Claimed` that is not granted."""
+
+    queue: bytes
+    group: bytes
+    deadline: int
+    ticket: int
+
+
+@dataclass(frozen=True, slots=True)
+class YourEvent:
+    """An event handed to the asker of a `NeedEvent`, which does not hold it."""
+
+    ticket: int
+    id: bytes
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class GroupFlush:
     """QFLUSH: every event of `queue` and its groups' progress go."""
 
@@ -205,5 +226,5 @@ class GroupFlush:
 Message = (
     Ping | Pong | Meet | Fail | ReplJob | GotJob | Enqueue | Queued | Working
     | WillQueue | SetAck | GotAck | DelJob | NeedJobs | YourJobs | Pause | Fanout
-    | GroupSet | Claim | GroupAck | Claimed | GroupFlush
+    | GroupSet | Claim | GroupAck | Claimed | NeedEvent | YourEvent | GroupFlush
 )  # fmt: skip

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 DONE = 0  # progress of an event a group acknowledged (deadlines are > 0)
 CLAIM_MS = 1000  # how long a QGET waits for a remote server's answer (then nil)
 CLAIM_TRIES = 3  # denied claims a QGET retries with its refreshed view
+EVENT_COPIES = 3  # nodes QADD stores an event on (fewer in a smaller cluster)
 COUNTER_BITS = 20  # events per ms and node before the ms part runs ahead
 
 
@@ -105,6 +106,7 @@ class _Ask:
     ex_ms: int | None
     tries: int  # a QGET's denied claims left
     waiter: Waiter | None = None
+    peers: list[str] | None = None  # a QGET asking other nodes (NEEDEVENT): those not asked yet
 
     @property
     def failed(self) -> Any:
@@ -118,6 +120,8 @@ class Groups:
         self.queues: dict[bytes, EventQueue] = {}
         self.last_stamp = 0  # (ms << 20 | counter) of the last event created here
         self.asks: dict[int, _Ask] = {}  # ticket -> the QGET or QACK waiting for the event's server
+        self.lent: dict[tuple[int, bytes], tuple[bytes, str, int]] = {}  # (event, group) handed out here by
+        # another node (NEEDEVENT), not held here -> (its job ID, that node, the deadline)
         self.tickets = 0
         self.added = self.handed = self.acked = 0  # INFO figures
 
@@ -252,12 +256,9 @@ class Groups:
         """QGET: [id, body] of the next event for the group, None (nil) when
         there is none, or BLOCKED while the event's server is asked."""
         q = self.queues.get(name)
-        if q is None:
-            return None
-        group = q.group(group_name)
-        picked = self._pick(q, group)
+        picked = self._pick(q, q.group(group_name)) if q is not None else None
         if picked is None:
-            return None
+            return self._need(client, name, group_name, ex_ms, None)
         e, job, server = picked
         node = self.node
         deadline = node.now + ex_ms if ex_ms else DONE
@@ -268,7 +269,47 @@ class Groups:
         ask = _Ask(client, name, group_name, job.id, deadline, ex_ms, tries)
         return self._ask(server, ask, m.Claim(job.id, group_name, deadline, 0))
 
-    def _ask(self, server: str, ask: _Ask, msg: m.Claim | m.GroupAck) -> Any:
+    def _need(self, client: Client, name: bytes, group_name: bytes, ex_ms: int, peers: list[str] | None) -> Any:
+        """Nothing here for the group: ask the other nodes one at a time (in
+        a random order) for an event they serve; nil once none has one.  In
+        a cluster of EVENT_COPIES nodes or fewer every node holds every event:
+        nobody to ask."""
+        node = self.node
+        if peers is None:
+            if node.cluster.size() <= EVENT_COPIES:
+                return None
+            peers = [n.id for n in node.cluster.reachable() if n.link]
+            node.rng.shuffle(peers)
+        if not peers:
+            return None
+        deadline = node.now + ex_ms if ex_ms else DONE
+        ask = _Ask(client, name, group_name, b"", deadline, ex_ms, 0, peers=peers)
+        return self._ask(peers.pop(), ask, m.NeedEvent(name, group_name, deadline, 0))
+
+    def on_need_event(self, sender: str, msg: m.NeedEvent) -> None:
+        """Another node found nothing for the group: hand it an event this node serves."""
+        node = self.node
+        q = self.queues.get(msg.queue)
+        picked = self._pick(q, q.group(msg.group), mine=True) if q is not None else None
+        if picked is None:
+            node.send(sender, m.Claimed(msg.ticket))
+            return
+        e, job, _ = picked
+        self._set(q, msg.group, job, e, msg.deadline and max(msg.deadline, node.now + 1))  # type: ignore[arg-type]
+        self.handed += 1
+        node.send(sender, m.YourEvent(msg.ticket, job.id, job.body))  # type: ignore[arg-type]
+
+    def on_your_event(self, sender: str, msg: m.YourEvent) -> None:
+        ask = self.asks.pop(msg.ticket, None)
+        if ask is None or ask.client.waiter is not ask.waiter:
+            return  # answered too late, or the client went away: the event turns redo at its deadline
+        self.node.drop_waiter(ask.waiter)  # type: ignore[arg-type]
+        e = event_id(msg.id)
+        if ask.deadline:  # its QACK goes to the node that handed it out
+            self.lent[e, ask.group] = (msg.id, sender, ask.deadline)
+        self.node.reply_to(ask.client, [b"%d" % e, msg.body])
+
+    def _ask(self, server: str, ask: _Ask, msg: m.Claim | m.GroupAck | m.NeedEvent) -> Any:
         """Send a claim or an acknowledgement to the event's server; the
         client waits for the answer at most CLAIM_MS (then nil, or 0)."""
         node = self.node
@@ -335,6 +376,11 @@ class Groups:
         if client.waiter is not ask.waiter:  # the client went away meanwhile
             return
         node.drop_waiter(ask.waiter)
+        if ask.peers is not None:  # a NEEDEVENT the peer had nothing for: the next one
+            reply = self._need(client, ask.queue, ask.group, ask.ex_ms, ask.peers)  # type: ignore[arg-type]
+            if reply is not BLOCKED:
+                node.reply_to(client, reply)
+            return
         found = self._event(msg.id or ask.job_id)  # granted: perhaps another event than the one asked for
         if msg.unknown and found is not None:  # it lost its copy (a restart without the AOF): not a holder any more
             found[1].nodes_delivered = tuple(n for n in found[1].nodes_delivered if n != sender)
@@ -414,7 +460,12 @@ class Groups:
         node = self.node
         q = self.queues.get(name)
         job = q.events.get(e) if q is not None else None
-        if q is None or job is None or job.etime * 1000 <= node.now:
+        if q is None or job is None:  # perhaps handed out here by the node that serves it (NEEDEVENT)
+            lent = self.lent.get((e, group_name))
+            if lent is None or lent[2] < node.now or not node.cluster.has_link(lent[1]):
+                return 0
+            return self._ask(lent[1], _Ask(client, name, group_name, lent[0], 0, None, 0), m.GroupAck(lent[0], group_name, 0))
+        if job.etime * 1000 <= node.now:
             return 0
         server = self._server(job)
         if server is None or server == node.cluster.my_id or not node.cluster.has_link(server):
@@ -489,6 +540,9 @@ class Groups:
         for ticket, ask in list(self.asks.items()):
             if ask.client.waiter is not ask.waiter:
                 del self.asks[ticket]
+        if self.lent:
+            now = self.node.now
+            self.lent = {key: lent for key, lent in self.lent.items() if lent[2] >= now}
         for q in list(self.queues.values()):
             for client_id, (_, waiter) in list(q.notify.items()):
                 self._wake(q, client_id, waiter)

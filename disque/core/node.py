@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from disque.core import errors
 from disque.core.acks import Acks
 from disque.core.errors import DisqueError
-from disque.core.groups import Groups
+from disque.core.groups import EVENT_COPIES, Groups
 from disque.core.items import Items
 from disque.cluster import messages as m
 from disque.cluster.federation import CLIENTS_WAITING, REACHED_ZERO, Federation
@@ -180,6 +180,8 @@ class NodeCore:
             m.Claim: self.groups.on_claim,
             m.GroupAck: self.groups.on_group_ack,
             m.Claimed: self.groups.on_claimed,
+            m.NeedEvent: self.groups.on_need_event,
+            m.YourEvent: self.groups.on_your_event,
             m.GroupFlush: self.groups.on_group_flush,
         }
         self.monitors: dict[int, Client] = {}
@@ -698,7 +700,7 @@ class NodeCore:
         this one included; the reply is its ID, or OK when `is_async`."""
         if self.cluster.leaving:
             raise errors.leaving()
-        job = self.groups.new_event(queue, body, ttl, min(3, self.cluster.size()))
+        job = self.groups.new_event(queue, body, ttl, min(EVENT_COPIES, self.cluster.size()))
         additional, _ = self._replicas(job.repl, False)
         if additional:
             reply = self.replication.start(client, job, additional, EVENT_REPL_TIMEOUT, is_async, False)

@@ -537,3 +537,31 @@ def test_a_holder_whose_link_comes_back_hears_the_progress_it_missed():
     assert held(mesh, 2, b"q", b"g") == {} and held(mesh, 1, b"q", b"g") == {int(e): 0}
     mesh.advance(200)  # the link is made again: node 0 tells node 2 what it missed
     assert held(mesh, 2, b"q", b"g") == {int(e): 0}
+
+
+def test_a_node_without_the_event_asks_the_others_for_one():
+    """Four nodes, three copies: a QGET on the node that holds nothing asks
+    the others in turn (NEEDEVENT); the one serving an event hands it over
+    with its body, and that node passes the QACK on."""
+    mesh = formed(4)
+    e = mesh.reply(mesh.call(0, "QADD", "q", 60, "a"))
+    job_id = mesh.core(0).groups.queues[b"q"].events[int(e)].id
+    outsider = next(i for i in range(4) if job_id not in mesh.core(i).jobs)
+    client = mesh.call(outsider, "QGET", "q", "g", "EX", 10)
+    assert mesh.reply(client) == [e, b"a"]
+    assert mesh.reply(mesh.call(outsider, "QACK", "q", "g", e)) == 1
+    assert all(held(mesh, i, b"q", b"g") == {int(e): 0} for i in range(4) if i != outsider)
+    assert mesh.reply(mesh.call(outsider, "QGET", "q", "g")) is None  # every node asked: nothing left
+    assert mesh.call(outsider, "QACK", "q", "g", "999") == 0
+    auto = mesh.reply(mesh.call(outsider, "QGET", "q", "h", "EX", 0))
+    assert auto == [e, b"a"] and not mesh.core(outsider).groups.lent.get((int(e), b"h"))  # done at once: nothing to pass on
+    mesh.lose_next(0, m.NeedEvent)
+    client = mesh.call(outsider, "QGET", "q", "k")
+    mesh.core(outsider).disconnect(client)
+    mesh.advance(CLAIM_MS + 200)  # the answer of the next node finds nobody waiting; lent entries expire
+    assert not mesh.core(outsider).groups.asks
+    mesh.advance(10_000)
+    assert not mesh.core(outsider).groups.lent
+    core = mesh.core(outsider)
+    core.handle_bus(mesh.core(0).header(), m.YourEvent(12345, job_id, b"a"))  # nobody asked: ignored
+    assert not core.groups.lent and not [e for e in core.effects if hasattr(e, "value")]
