@@ -77,14 +77,13 @@ class Group:
 
 
 class EventQueue:
-    __slots__ = ("name", "ids", "events", "groups", "notify")
+    __slots__ = ("name", "ids", "events", "groups")
 
     def __init__(self, name: bytes) -> None:
         self.name = name
         self.ids: list[int] = []  # sorted; may keep IDs of gone events until compacted
         self.events: dict[int, Job] = {}
         self.groups: dict[bytes, Group] = {}
-        self.notify: dict[int, tuple[bytes, Waiter]] = {}  # client id -> its QNOTIFY (group, waiter)
 
     def group(self, name: bytes) -> Group:
         group = self.groups.get(name)
@@ -120,6 +119,8 @@ class Groups:
         self.queues: dict[bytes, EventQueue] = {}
         self.last_stamp = 0  # (ms << 20 | counter) of the last event created here
         self.asks: dict[int, _Ask] = {}  # ticket -> the QGET or QACK waiting for the event's server
+        self.waiting: dict[bytes, dict[int, tuple[bytes, Waiter]]] = {}  # queue -> client id -> its QNOTIFY (group, waiter)
+        self.notified: dict[int, tuple[Waiter, list[bytes]]] = {}  # client id -> its QNOTIFY waiter and queues
         self.lent: dict[tuple[int, bytes], tuple[bytes, str, int]] = {}  # (event, group) handed out here by
         # another node (NEEDEVENT), not held here -> (its job ID, that node, the deadline)
         self.tickets = 0
@@ -150,10 +151,9 @@ class Groups:
     def stored(self, job: Job) -> None:
         """An event is readable here (replicated, or received): wake the
         QNOTIFY waiters of its queue."""
-        q = self.queues.get(job.queue)  # type: ignore[arg-type]
-        if q is not None and q.notify:
-            for client_id, (_, waiter) in list(q.notify.items()):
-                self._wake(q, client_id, waiter)
+        waiting = self.waiting.get(job.queue)  # type: ignore[arg-type]
+        for client_id, (group_name, waiter) in list(waiting.items()) if waiting else ():
+            self._wake(job.queue, client_id, group_name, waiter)  # type: ignore[arg-type]
 
     def drop_event(self, job: Job) -> None:
         q = self.queues[job.queue]  # type: ignore[index]
@@ -167,7 +167,7 @@ class Groups:
         self._maybe_forget(q)
 
     def _maybe_forget(self, q: EventQueue) -> None:
-        if not q.events and not q.notify:
+        if not q.events:
             self.queues.pop(q.name, None)
 
     # ------------------------------------------------------------ QADD
@@ -506,33 +506,40 @@ class Groups:
 
     def qnotify(self, client: Client, group_name: bytes, timeout_ms: int, names: list[bytes]) -> Any:
         """The name of a queue with an event QGET would hand the group now;
-        else wait for one up to `timeout_ms` (0: no wait): None at the end."""
-        queues = []
-        for name in dict.fromkeys(names):
+        else wait for one up to `timeout_ms` (0: no wait): None at the end.
+        A waiter costs an entry per queue it names, in `waiting` only: the
+        cron looks at those whose queues hold events, and at each waiting
+        client once, however long its list."""
+        names = list(dict.fromkeys(names))
+        for name in names:
             q = self.queues.get(name)
-            if q is None:
-                q = self.queues[name] = EventQueue(name)
-            if self._pick(q, q.group(group_name)) is not None:
+            if q is not None and self._pick(q, q.group(group_name)) is not None:
                 return name
-            queues.append(q)
         if not timeout_ms:
-            for q in queues:
-                self._maybe_forget(q)
             return None
+        if client.id in self.notified:  # its last QNOTIFY ended since the last cron
+            self._forget_waiter(client.id)
         waiter = self.node.block(client, (), False, timeout_ms)
         waiter.take = lambda _: None
-        for q in queues:
-            q.notify[client.id] = (group_name, waiter)
+        for name in names:
+            self.waiting.setdefault(name, {})[client.id] = (group_name, waiter)
+        self.notified[client.id] = (waiter, names)
         return BLOCKED
 
-    def _wake(self, q: EventQueue, client_id: int, waiter: Waiter) -> None:
-        """Answer a QNOTIFY waiter with `q`'s name if an event is there for it."""
-        client = waiter.client
-        if client.waiter is not waiter:  # answered, timed out or gone
-            del q.notify[client_id]
-        elif self._pick(q, q.group(q.notify[client_id][0])) is not None:
-            del q.notify[client_id]
-            self.node.unblock(client, q.name)
+    def _wake(self, name: bytes, client_id: int, group_name: bytes, waiter: Waiter) -> None:
+        """Answer a QNOTIFY waiter with the queue's name if an event is there for it."""
+        q = self.queues.get(name)
+        if waiter.client.waiter is waiter and q is not None and self._pick(q, q.group(group_name)) is not None:
+            self.node.unblock(waiter.client, name)
+            self._forget_waiter(client_id)
+
+    def _forget_waiter(self, client_id: int) -> None:
+        _, names = self.notified.pop(client_id)
+        for name in names:
+            entries = self.waiting[name]
+            del entries[client_id]
+            if not entries:
+                del self.waiting[name]
 
     def cron(self) -> None:
         """Redo by the clock wakes QNOTIFY waiters; waiters and claims of
@@ -543,10 +550,13 @@ class Groups:
         if self.lent:
             now = self.node.now
             self.lent = {key: lent for key, lent in self.lent.items() if lent[2] >= now}
-        for q in list(self.queues.values()):
-            for client_id, (_, waiter) in list(q.notify.items()):
-                self._wake(q, client_id, waiter)
-            self._maybe_forget(q)
+        for client_id, (waiter, _) in list(self.notified.items()):
+            if waiter.client.waiter is not waiter:  # answered by a timeout, or gone
+                self._forget_waiter(client_id)
+        small, big = sorted((self.waiting, self.queues), key=len)
+        for name in [name for name in small if name in big]:
+            for client_id, (group_name, waiter) in list(self.waiting.get(name, {}).items()):
+                self._wake(name, client_id, group_name, waiter)
 
     # ------------------------------------------------------------ QSTATUS, QINFO
 
@@ -571,9 +581,7 @@ class Groups:
                             inprogress += 1
                         else:
                             redo += 1
-                consumers = sum(
-                    1 for g, w in q.notify.values() if g == group_name and w.client.waiter is w
-                ) if q else 0  # fmt: skip
+                consumers = sum(1 for g, w in self.waiting.get(name, {}).values() if g == group_name and w.client.waiter is w)
                 groups.append((group_name, [
                     (b"total", len(live)), (b"inprogress", inprogress), (b"redo", redo), (b"done", done),
                     (b"available", len(live) - inprogress - redo - done), (b"consumers", consumers),

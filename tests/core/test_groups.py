@@ -200,7 +200,9 @@ def test_qflush_removes_events_and_progress(env):
     assert bodies(env, "q", "g") == [b"y"]
     other = Session(env.core)
     other("QNOTIFY", "g", 10, "waited")
-    assert env("QFLUSH", "waited") == b"OK" and b"waited" in env.core.groups.queues  # its waiter stays
+    assert env("QFLUSH", "waited") == b"OK" and b"waited" in env.core.groups.waiting  # its waiter stays
+    env("QADD", "waited", 60, "z")
+    assert other.pending() == [b"waited"] and not env.core.groups.waiting
 
 
 # ---------------------------------------------------------------- QNOTIFY
@@ -237,11 +239,33 @@ def test_qnotify_times_out_with_nil_and_wakes_on_redo(env):
 
 
 def test_a_waiting_client_that_leaves_is_forgotten(env):
-    other = Session(env.core)
+    other, third = Session(env.core), Session(env.core)
     other("QNOTIFY", "g", 10, "q")
+    third("QNOTIFY", "g", 10, "q")
     env.core.disconnect(other.client.id)
     advance(env, 100)
-    assert env.core.groups.queues == {}  # its queue entry is dropped by the cron
+    assert list(env.core.groups.waiting[b"q"]) == [third.client.id]  # the one that left is dropped by the cron
+    env("CLUSTER", "RESET", "SOFT")  # every blocked client is answered at once
+    third.pending()
+    assert third("QNOTIFY", "g", 10, "r") is BLOCKED and list(env.core.groups.waiting) == [b"r"]
+
+
+def test_a_huge_qnotify_costs_its_own_entries_only(env):
+    """A QNOTIFY naming 100,000 queues makes no queue objects; the cron
+    looks at the names that hold events, and a QADD on any name answers it."""
+    other = Session(env.core)
+    names = [f"q{i}" for i in range(100_000)]
+    assert other("QNOTIFY", "g", 10, *names) is BLOCKED
+    assert env.core.groups.queues == {} and len(env.core.groups.waiting) == 100_000
+    advance(env, 200)
+    assert other.pending() == []
+    env("QADD", "q99999", 60, "x")
+    assert other.pending() == [b"q99999"] and env.core.groups.waiting == {} and env.core.groups.notified == {}
+    assert other("QNOTIFY", "g", "0.1", "a", "b") is BLOCKED
+    env.clock.advance(200)
+    env.core.tick()  # timed out: nil; its entries stay until the next cron or QNOTIFY
+    assert other.pending() == [None]
+    assert other("QNOTIFY", "g", 10, "b") is BLOCKED and set(env.core.groups.waiting) == {b"b"}
 
 
 # ---------------------------------------------------------------- the AOF
@@ -306,19 +330,22 @@ def test_info_groups(env):
 
 
 def test_an_older_event_arriving_late_is_still_fresh(env):
-    Session(env.core)("QNOTIFY", "h", 10, "q")  # group h begins before any event: its cursor is 0
+    env("QADD", "q", 600, "first")
+    assert env("QNOTIFY", "h", 0, "q") == b"q"  # group h begins at the first event and reads nothing
+    advance(env, 10)
     env("QADD", "q", 600, "new")
-    assert bodies(env, "q", "g") == [b"new"]
+    assert bodies(env, "q", "g") == [b"first", b"new"]
     peer, peer_clock, _ = make_core(node_id="d" * 40)
-    peer_clock.ms = env.clock.ms - 5_000  # its clock is behind: a lower ID
+    peer_clock.ms = env.clock.ms - 5  # between the two: behind g's cursor, ahead of h's
     peer.read_clock()
     job = peer.groups.new_event(b"q", b"old", 600, 1)
     job.nodes_delivered = (peer.cluster.my_id, env.core.cluster.my_id)
     env.core.adopt(job_from_wire(job_to_wire(job, peer_clock.ms), env.clock.ms))
     assert event_id(job.id) < int(env("QADD", "q", 600, "newer"))
-    assert env.core.groups.queues[b"q"].ids[0] == event_id(job.id)
+    assert env.core.groups.queues[b"q"].ids[1] == event_id(job.id)
     # found below the group's cursor; its creator is unknown here, so this holder serves it
     assert bodies(env, "q", "g") == [b"old", b"newer"]
+    assert bodies(env, "q", "h") == [b"first", b"old", b"new", b"newer"]
 
 
 # ---------------------------------------------------------------- the cluster
