@@ -47,7 +47,7 @@ import msgpack
 
 from disque.cluster.messages import (
     Claim, Claimed, DelJob, Enqueue, Fail, Fanout, GossipEntry, GotAck, GotJob, GroupAck, GroupFlush, GroupSet, Header,
-    Meet, Message, NeedEvent, NeedJobs, Pause, Ping, Pong, Queued, ReplJob, SetAck, WillQueue, WireJob, Working, YourEvent, YourJobs,
+    Meet, Message, NeedEvent, NeedJobs, NewEvent, Pause, Ping, Pong, Queued, ReplJob, SetAck, WillQueue, WireJob, Working, YourEvent, YourJobs,
 )  # fmt: skip
 from disque.core.ids import valid_id
 from disque.store.job import DELIVERED, NACKED, WIRE_FLAGS, Job, State
@@ -472,6 +472,7 @@ _KINDS = (
     _Kind("CLAIMED", Claimed, (_TICKET, _OPT_ID), (("granted", GRANTED), ("unknown", UNKNOWN))),
     _Kind("NEEDEVENT", NeedEvent, (_QUEUE, _GROUP, _Field("deadline", "d", _UINT), _TICKET)),
     _Kind("YOUREVENT", YourEvent, (_TICKET, _ID, _Field("body", "b", _bytes))),
+    _Kind("NEWEVENT", NewEvent, (_QUEUE,)),
     _Kind("GROUPFLUSH", GroupFlush, (_QUEUE,)),
 )
 _BY_NAME = {k.name: k for k in _KINDS}

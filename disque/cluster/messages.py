@@ -217,6 +217,13 @@ class YourEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event was added to `queue` (to the nodes that do not hold it)."""
+
+    queue: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class GroupFlush:
     """QFLUSH: every event of `queue` and its groups' progress go."""
 
@@ -226,5 +233,5 @@ class GroupFlush:
 Message = (
     Ping | Pong | Meet | Fail | ReplJob | GotJob | Enqueue | Queued | Working
     | WillQueue | SetAck | GotAck | DelJob | NeedJobs | YourJobs | Pause | Fanout
-    | GroupSet | Claim | GroupAck | Claimed | NeedEvent | YourEvent | GroupFlush
+    | GroupSet | Claim | GroupAck | Claimed | NeedEvent | YourEvent | NewEvent | GroupFlush
 )  # fmt: skip

@@ -155,6 +155,24 @@ class Groups:
         for client_id, (group_name, waiter) in list(waiting.items()) if waiting else ():
             self._wake(job.queue, client_id, group_name, waiter)  # type: ignore[arg-type]
 
+    def created(self, job: Job) -> None:
+        """A new event is stored here and on its replicas (NOBLOCK: on its
+        way there).  In a cluster larger than its copies, the other nodes
+        hear of it (NEWEVENT), so their QNOTIFY waiters wake too."""
+        self.stored(job)
+        cluster = self.node.cluster
+        if cluster.size() > EVENT_COPIES:
+            others = [n for n in cluster.linked_ids() if n not in job.nodes_delivered]
+            self.node.broadcast(others, m.NewEvent(job.queue))  # type: ignore[arg-type]
+
+    def on_new_event(self, sender: str, msg: m.NewEvent) -> None:
+        """An event was added on another node, which this one may not hold:
+        its queue's waiters may go and QGET it (QGET asks the other nodes)."""
+        for client_id, (_, waiter) in list(self.waiting.get(msg.queue, {}).items()):
+            if waiter.client.waiter is waiter:
+                self.node.unblock(waiter.client, msg.queue)
+                self._forget_waiter(client_id)
+
     def drop_event(self, job: Job) -> None:
         q = self.queues[job.queue]  # type: ignore[index]
         e = event_id(job.id)

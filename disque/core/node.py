@@ -181,6 +181,7 @@ class NodeCore:
             m.GroupAck: self.groups.on_group_ack,
             m.Claimed: self.groups.on_claimed,
             m.NeedEvent: self.groups.on_need_event,
+            m.NewEvent: self.groups.on_new_event,
             m.YourEvent: self.groups.on_your_event,
             m.GroupFlush: self.groups.on_group_flush,
         }
@@ -718,7 +719,7 @@ class NodeCore:
         """A new job with a local copy becomes queued (or scheduled; an
         event, readable) and logged."""
         if job.flags & EVENT:
-            self.groups.stored(job)
+            self.groups.created(job)
         elif job.delay == 0:
             self.enqueue(job)
         else:

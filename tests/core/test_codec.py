@@ -21,7 +21,7 @@ from disque.cluster.codec import (
 from disque.cluster.messages import (
     DelJob, Enqueue, Fail, GossipEntry, GotAck, GotJob, Header, Meet, Message,
     NeedJobs, Pause, Ping, Pong, Queued, ReplJob, SetAck, WillQueue, Working, Fanout, GroupSet, Claim, Claimed,
-    GroupAck, GroupFlush, NeedEvent, YourEvent,
+    GroupAck, GroupFlush, NeedEvent, YourEvent, NewEvent,
     YourJobs,
 )  # fmt: skip
 from disque.core.ids import new_job_id
@@ -93,6 +93,7 @@ MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     GroupAck: st.builds(GroupAck, job_ids, blobs, uints),
     Claimed: st.builds(Claimed, uints, st.booleans(), st.booleans(), st.one_of(st.just(b""), job_ids)),
     GroupFlush: st.builds(GroupFlush, blobs),
+    NewEvent: st.builds(NewEvent, blobs),
     NeedEvent: st.builds(NeedEvent, blobs, blobs, uints, uints),
     YourEvent: st.builds(YourEvent, uints, job_ids, blobs),
 }

@@ -13,7 +13,7 @@ import pytest
 from disque.cluster import messages as m
 from disque.cluster.codec import job_from_wire, job_to_wire
 from disque.core.effects import AofAppend
-from disque.core.groups import CLAIM_MS, _Ask, event_id
+from disque.core.groups import CLAIM_MS, EventQueue, _Ask, event_id
 from disque.core.types import BLOCKED, NIL_ARRAY
 from disque.protocols.resp.encoder import encode
 from disque.store.aof import AofCorrupt, Replay, RecordReader, check_record
@@ -592,3 +592,16 @@ def test_a_node_without_the_event_asks_the_others_for_one():
     core = mesh.core(outsider)
     core.handle_bus(mesh.core(0).header(), m.YourEvent(12345, job_id, b"a"))  # nobody asked: ignored
     assert not core.groups.lent and not [e for e in core.effects if hasattr(e, "value")]
+
+
+def test_a_qnotify_on_a_node_without_the_event_is_woken_too():
+    mesh = formed(4)
+    waiters = [mesh.call(i, "QNOTIFY", "g", 5, "q") for i in range(4)]
+    e = mesh.reply(mesh.call(0, "QADD", "q", 60, "a"))
+    assert [mesh.reply(w) for w in waiters] == [b"q"] * 4  # three hold it; the fourth heard NEWEVENT
+    outsider = next(i for i in range(4) if int(e) not in mesh.core(i).groups.queues.get(b"q", EventQueue(b"q")).events)
+    assert mesh.reply(mesh.call(outsider, "QGET", "q", "g")) == [e, b"a"]
+    gone = mesh.call(outsider, "QNOTIFY", "g", 5, "q")
+    mesh.core(outsider).disconnect(gone)  # its entry stays until the cron: NEWEVENT passes it by
+    mesh.call(0, "QADD", "q", 60, "b", "NOBLOCK")
+    assert gone not in mesh.replies and gone in mesh.core(outsider).groups.notified
