@@ -416,6 +416,20 @@ class Groups:
             if reply is not BLOCKED:
                 node.reply_to(client, reply)
 
+    def peek(self, name: bytes, group_name: bytes, newest: bool) -> Any:
+        """[id, body] of the event the group would get next (`newest`: of
+        the newest live event), taking nothing; None when there is none."""
+        q = self.queues.get(name)
+        if q is None:
+            return None
+        if newest:
+            live = (e for e in reversed(q.ids) if (job := q.events.get(e)) is not None and job.state == State.ACTIVE and job.etime * 1000 > self.node.now)
+            e = next(live, None)
+        else:
+            picked = self._pick(q, q.group(group_name))
+            e = picked[0] if picked is not None else None
+        return None if e is None else [b"%d" % e, q.events[e].body]
+
     # ------------------------------------------------------------ progress
 
     def _apply(self, q: EventQueue, group_name: bytes, job: Job, e: int, deadline: int, log: bool = True) -> bool:

@@ -76,6 +76,7 @@ class Client:
     reply_mode: int = 0  # REPLY_ON, REPLY_OFF or REPLY_SKIP (CLIENT REPLY)
     mute_next: bool = False  # a silenced command blocked: drop its reply when it comes
     open_read: tuple[bytes, bytes] | None = None  # (queue, job ID) of its reliable read (memcache GET /open)
+    registered: list[bytes] = field(default_factory=list)  # the queues of its okq-style QNOTIFY (QREGISTER)
     closing: bool = False  # QUIT, CLIENT KILL, timeout: the shell closes it after its output
 
     def silence(self, reply: Any) -> Any:

@@ -205,6 +205,27 @@ def test_qflush_removes_events_and_progress(env):
     assert other.pending() == [b"waited"] and not env.core.groups.waiting
 
 
+def test_okq_commands_read_as_one_group(env):
+    assert env("QRPOP", "jobs") is None and env("QRPEEK", "jobs") is None and env("QLPEEK", "jobs") is None
+    first = env("QADD", "jobs", 60, "a")
+    env.clock.advance(1)
+    env("QADD", "jobs", "0.5", "b")
+    assert env("QRPEEK", "jobs") == [first, b"a"] and env("QLPEEK", "jobs")[1] == b"b"
+    assert env("QRPOP", "jobs", "EX", 0) == [first, b"a"]  # acknowledged at once
+    got = env("QRPOP", "jobs")[0]
+    assert env("QACK", "jobs", got) == 1 and env("QRPEEK", "jobs") is None  # okq's QACK queue id
+    env.clock.advance(1_000)
+    assert env("QLPEEK", "jobs") == [first, b"a"]  # "b" expired
+    assert env("QREGISTER", "other", "jobs", "other") == b"OK" and env.client.registered == [b"other", b"jobs"]
+    assert env("QNOTIFY", 5) is BLOCKED  # okq's form: the registered queues, for the okq group
+    Session(env.core)("QADD", "other", 60, "c")
+    assert env.pending() == [b"other"]
+    assert env("QREGISTER") == b"OK" and env.client.registered == []
+    assert str(env("QACK", "jobs")) == "ERR insufficient arguments" and str(env("QRPOP")) == "ERR insufficient arguments"
+    assert str(env("QACK", "jobs", "g")) == "ERR insufficient arguments"  # not an ID: the three-argument form
+    assert figures(env, "jobs", "okq")["done"] == 1  # "b" expired: it is not counted any more
+
+
 # ---------------------------------------------------------------- QNOTIFY
 
 

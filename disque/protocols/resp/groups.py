@@ -6,7 +6,9 @@ times are seconds as Go's ParseFloat reads them, its error text included)
 and calls the core's consumer groups (core/groups.py).  Replies have
 bananaq's shapes: QADD a bulk ID, QGET [id, body] or nil, QACK 0/1, QNOTIFY
 a bulk queue name or nil, QSTATUS the nested array of §5.2, QINFO one line
-per queue and group.
+per queue and group.  okq's commands that fit a log read by groups
+(QRPOP, QRPEEK, QLPEEK, QREGISTER, and the short forms of QACK and QNOTIFY)
+read as one group named "okq".
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from disque.core.types import Client
 from disque.protocols.resp.table import OK, command
 
 DEFAULT_EX_MS = 30_000  # QGET's ack window without EX
+OKQ_GROUP = b"okq"  # the group okq's commands read as (okq had one set of consumers per queue)
 MAX_WAIT_S = 10 * 365 * 86400  # longer times are taken as this (they could not be waited for anyway)
 _FLOAT = re.compile(rb"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?").fullmatch
 
@@ -63,29 +66,72 @@ def cmd_qadd(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
     return node.add_event(client, argv[1], argv[3], -(-expire // 1000), noblock)
 
 
+def _ex_ms(argv: list[bytes], at: int) -> int:
+    """`EX seconds` at argv[at] (absent, or EX without a value: the default)."""
+    if len(argv) > at + 1 and argv[at].lower() == b"ex":
+        seconds = parse_seconds(argv[at + 1])
+        if seconds < 0:
+            raise err(f"bad expires value: {argv[at + 1].decode('utf-8', 'replace')} < 0")
+        return max(1, round(seconds * 1000)) if seconds else 0
+    return DEFAULT_EX_MS
+
+
 @command("qget", -1, "w")
 def cmd_qget(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
     _need(argv, 2)
-    ex_ms = DEFAULT_EX_MS
-    if len(argv) > 4 and argv[3].lower() == b"ex":
-        seconds = parse_seconds(argv[4])
-        if seconds < 0:
-            raise err(f"bad expires value: {argv[4].decode('utf-8', 'replace')} < 0")
-        ex_ms = max(1, round(seconds * 1000)) if seconds else 0
-    return node.groups.qget(client, argv[1], argv[2], ex_ms)
+    return node.groups.qget(client, argv[1], argv[2], _ex_ms(argv, 3))
 
 
 @command("qack", -1, "w")
 def cmd_qack(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    """QACK queue group id; okq's QACK queue id (an ID is digits, a group
+    name need not be) acknowledges for the okq group."""
+    if len(argv) == 3 and argv[2].isdigit():
+        argv = [argv[0], argv[1], OKQ_GROUP, argv[2]]
     _need(argv, 3)
-    raw = argv[3]
+    queue, group, raw = argv[1:4]
     if not raw.isdigit() or len(raw) > 40:
         raise err("invalid ID string")
-    return node.groups.qack(client, argv[1], argv[2], int(raw))
+    return node.groups.qack(client, queue, group, int(raw))
+
+
+# okq's list commands where they fit a log read by groups: one group, "okq"
+
+
+@command("qrpop", -1, "w")
+def cmd_qrpop(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    """QRPOP queue [EX seconds]: QGET queue okq [EX seconds]."""
+    _need(argv, 1)
+    return node.groups.qget(client, argv[1], OKQ_GROUP, _ex_ms(argv, 2))
+
+
+@command("qrpeek", -1, "r")
+def cmd_qrpeek(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    """The event QRPOP would return next, left where it is."""
+    _need(argv, 1)
+    return node.groups.peek(argv[1], OKQ_GROUP, newest=False)
+
+
+@command("qlpeek", -1, "r")
+def cmd_qlpeek(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    """The newest live event."""
+    _need(argv, 1)
+    return node.groups.peek(argv[1], OKQ_GROUP, newest=True)
+
+
+@command("qregister", -1, "w")
+def cmd_qregister(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    """The queues okq's one-argument QNOTIFY waits on (none: deregister)."""
+    client.registered = list(dict.fromkeys(argv[1:]))
+    return OK
 
 
 @command("qnotify", -1, "w")
 def cmd_qnotify(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    """QNOTIFY group timeout [queue ...]; okq's QNOTIFY timeout waits on the
+    QREGISTERed queues for the okq group."""
+    if len(argv) == 2 and _FLOAT(argv[1]):  # a timeout, not a group name
+        argv = [argv[0], OKQ_GROUP, argv[1], *client.registered]
     _need(argv, 2)
     raw = argv[2]
     if not _FLOAT(raw):
