@@ -109,7 +109,33 @@ class NodeCollector:
         counter("federation_jobs_imported", "Jobs received from other nodes and queued here.", fed["jobs_imported"])
         out += self._commands(fig["commands"])
         out += self._queues(fig["queues"])
+        groups = self.core.groups
+        counter("events_added", "Consumer-group events added here (QADD).", groups.added)
+        counter("events_handed_out", "Events this node handed to a group (QGET, claims, NEEDEVENT).", groups.handed)
+        counter("events_acked", "Events a group acknowledged, decided here.", groups.acked)
+        out += self._groups(groups.status([], None))
         return out
+
+    @staticmethod
+    def _groups(status: list[tuple[bytes, int, list[Any]]]) -> list[Metric]:
+        """QSTATUS's figures per queue and consumer group."""
+        labels = ["queue", "group"]
+        families = {
+            name: GaugeMetricFamily(f"disque_group_{name}", doc, labels=labels)
+            for name, doc in (
+                ("total", "Live events of the queue, as this node sees them."),
+                ("inprogress", "Events held by a consumer of the group, deadline not passed."),
+                ("redo", "Events whose deadline passed without QACK."),
+                ("done", "Events the group acknowledged."),
+                ("available", "Events the group was never handed."),
+                ("consumers", "Connections waiting in QNOTIFY for the group and queue."),
+            )
+        }  # fmt: skip
+        for queue, _, groups in status:
+            for group, figures in groups:
+                for key, value in figures:
+                    families[key.decode()].add_metric([queue.decode(errors="replace"), group.decode(errors="replace")], value)
+        return list(families.values())
 
     @staticmethod
     def _commands(commands: dict[str, list[int]]) -> list[Metric]:

@@ -79,6 +79,20 @@ def test_metrics_follow_jobs_queues_and_commands(metrics_node) -> None:
     assert after[("disque_net_input_bytes_total", ())] > before[("disque_net_input_bytes_total", ())]
 
 
+def test_metrics_of_consumer_groups(metrics_node) -> None:
+    node, port, r = metrics_node
+    for i in range(3):
+        r.execute_command("QADD", "events", 60, f"e{i}")
+    r.execute_command("QACK", "events", "billing", r.execute_command("QGET", "events", "billing")[0])
+    r.execute_command("QGET", "events", "billing")
+    got = samples(port)
+    key = (("group", "billing"), ("queue", "events"))
+    figures = {name: got[(f"disque_group_{name}", key)] for name in ("total", "inprogress", "redo", "done", "available", "consumers")}
+    assert figures == {"total": 3, "inprogress": 1, "redo": 0, "done": 1, "available": 1, "consumers": 0}
+    assert got[("disque_events_added_total", ())] == 3 and got[("disque_events_handed_out_total", ())] == 2
+    assert got[("disque_events_acked_total", ())] == 1
+
+
 def test_the_json_api_and_what_it_refuses(metrics_node) -> None:
     node, port, r = metrics_node
     job_id = r.execute_command("ADDJOB", "q", "body", 0).decode()
