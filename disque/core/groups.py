@@ -73,7 +73,8 @@ class Group:
         self.progress: dict[int, int] = {}  # event -> deadline ms, or DONE
         self.cursor = 0  # every event held here below it has progress in this group
         self.timers: list[tuple[int, int]] = []  # (deadline, event) heap: when in-progress events turn redo
-        self.redo: set[int] = set()  # events whose deadline passed (checked against `progress` when used)
+        self.redo: list[int] = []  # heap of events whose deadline passed (checked against `progress` when used:
+        # an entry acknowledged, handed out again or gone since is dropped when it reaches the top)
 
 
 class EventQueue:
@@ -178,8 +179,7 @@ class Groups:
         e = event_id(job.id)
         del q.events[e]
         for group in q.groups.values():
-            if group.progress.pop(e, None) is not None:
-                group.redo.discard(e)
+            group.progress.pop(e, None)
         if len(q.ids) > 2 * len(q.events) + 64:
             q.ids = [e for e in q.ids if e in q.events]
         self._maybe_forget(q)
@@ -228,15 +228,24 @@ class Groups:
             return origin
         return min((n for n in holders if alive(n)), default=None)
 
-    def _redo(self, q: EventQueue, group: Group, now: int) -> list[int]:
-        """The group's redo events, lowest first (deadlines passed by now moved in)."""
-        timers, progress = group.timers, group.progress
+    def _redo(self, q: EventQueue, group: Group, now: int) -> Iterator[int]:
+        """The group's redo events, lowest first (deadlines passed by now
+        moved in); the first costs O(log n), the others a sort, needed only
+        when the first one's server is out of reach."""
+        timers, progress, redo = group.timers, group.progress, group.redo
         while timers and timers[0][0] < now:
             deadline, e = heapq.heappop(timers)
             if progress.get(e) == deadline:
-                group.redo.add(e)
-        group.redo = {e for e in group.redo if 0 < progress.get(e, 0) < now and e in q.events}
-        return sorted(group.redo)
+                heapq.heappush(redo, e)
+
+        def valid(e: int) -> bool:
+            return 0 < progress.get(e, 0) < now and e in q.events
+
+        while redo and not valid(redo[0]):
+            heapq.heappop(redo)
+        if redo:
+            yield redo[0]
+            yield from (e for e in sorted(set(redo[1:])) if e != redo[0] and valid(e))
 
     @staticmethod
     def _fresh(q: EventQueue, group: Group) -> Iterator[int]:
@@ -438,9 +447,7 @@ class Groups:
         if not advanced(group.progress.get(e), deadline):
             return False
         group.progress[e] = deadline
-        if deadline == DONE:
-            group.redo.discard(e)
-        else:
+        if deadline != DONE:
             heapq.heappush(group.timers, (deadline, e))
         if log:
             self.node.aof_record(job.queue, encode_record(GROUPSET, job.id, group_name, b"%d" % deadline))

@@ -626,3 +626,14 @@ def test_a_qnotify_on_a_node_without_the_event_is_woken_too():
     mesh.core(outsider).disconnect(gone)  # its entry stays until the cron: NEWEVENT passes it by
     mesh.call(0, "QADD", "q", 60, "b", "NOBLOCK")
     assert gone not in mesh.replies and gone in mesh.core(outsider).groups.notified
+
+
+def test_a_redo_event_whose_server_is_out_of_reach_lets_the_next_one_come():
+    mesh = formed()
+    a = mesh.reply(mesh.call(0, "QADD", "q", 600, "a"))
+    b = mesh.reply(mesh.call(1, "QADD", "q", 600, "b"))
+    assert int(a) < int(b)
+    assert [mesh.reply(mesh.call(2, "QGET", "q", "g", "EX", 1))[0] for _ in range(2)] == [a, b]
+    mesh.advance(1_100)  # both redo
+    mesh.kill(0)  # a's server: no link, not yet flagged FAIL
+    assert mesh.reply(mesh.call(2, "QGET", "q", "g")) == [b, b"b"]
