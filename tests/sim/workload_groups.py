@@ -9,8 +9,8 @@ turns redo at its deadline).  The nemesis plays the plan's steps between a
 `nemesis` start and stop record (disque/checker_stats.py), and a network
 that drops messages is a fault window of the whole run, so the checker
 (disque/checker_groups.py) knows when the cluster was under a fault.  After
-recovery a drainer asks every group on every node until no delivery has
-happened for a while; the history then goes to `check_groups`.
+recovery drainers (one per node and group, each going round all of them)
+ask until no delivery has happened for a while; the history then goes to `check_groups`.
 """
 
 from __future__ import annotations
@@ -51,9 +51,8 @@ class GroupsWorkload(Workload):
                 self.history.complete(op, INFO, value=str(reply))
             await trio.sleep(self.rng.uniform(0.01, 0.2))
 
-    async def consumer(self, drain: bool = False) -> None:
+    async def consumer(self, drain: bool = False, turn: int = 0) -> None:
         process = self._process()
-        turn = 0
         while True:
             turn += 1
             if drain:  # every group on every node in turn
@@ -75,7 +74,8 @@ class GroupsWorkload(Workload):
                 op = self.history.invoke(process, node, QACK, job=got, value={"group": group})
                 reply = await self.cluster.call(node, "QACK", QUEUE, group, got)
                 self.history.complete(op, OK if isinstance(reply, int) else INFO, value=reply if isinstance(reply, int) else str(reply))
-            await trio.sleep(self.rng.uniform(0.01, 0.1))
+            if not drain:
+                await trio.sleep(self.rng.uniform(0.01, 0.1))
 
     async def qget(self, process: int, node: int, group: str, ex: int) -> str | None:
         op = self.history.invoke(process, node, QGET, value={"group": group})
@@ -109,7 +109,8 @@ class GroupsWorkload(Workload):
             self.history.add(INFO, "nemesis", None, NEMESIS, value={"fault": "plan", "phase": "stop"})
             await trio.sleep(PRODUCE_AFTER_S)
             self.producing = False
-            clients.start_soon(self.consumer, True)
+            for turn in range(len(self.cluster.nodes) * len(GROUPS)):  # every node and group at once
+                clients.start_soon(self.consumer, True, turn)
             await self.wait_quiet()
             clients.cancel_scope.cancel()
         self.lossy("stop")
