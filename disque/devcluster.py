@@ -23,19 +23,25 @@ from pathlib import Path
 DEFAULT_CONF = Path(__file__).with_name("default.conf")
 
 
+_handed_out: set[int] = set()  # ports (client and bus) free_port gave: free now, taken once their nodes start
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A client port whose bus port (+10000) is free too."""
+    """A client port whose bus port (+10000) is free too, and neither of them
+    given before by this process (a node not started yet has not bound its
+    ports: another node must not get one of them as its client port)."""
     while True:
         with socket.socket() as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
-        if port > 55535:
+        if port > 55535 or port in _handed_out or port + 10000 in _handed_out:
             continue
         with socket.socket() as s:
             try:
                 s.bind((host, port + 10000))
             except OSError:
                 continue
+        _handed_out.update((port, port + 10000))
         return port
 
 

@@ -121,3 +121,10 @@ def test_ctrl_c_while_starting_or_joining_stops_cleanly(tmp_path: Path, nodes_up
     assert "Traceback" not in err, err
     assert not any(listening(base + i) for i in range(NODES))
     stopped_by_parent(tmp_path, base, nodes_up)
+
+
+def test_free_ports_never_meet_a_port_given_before() -> None:
+    """Nodes of one cluster get their ports before any of them starts: no
+    client port may be another's client or bus port."""
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports) | {p + 10000 for p in ports}) == 400
