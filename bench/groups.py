@@ -53,6 +53,15 @@ class _Conn:
             raise RuntimeError(f"{args[0]!r}: {reply}")
         return reply
 
+    def repeat(self, count: int, *args: Any) -> None:
+        """One command `count` times, pipelined 1,000 at a time (replies read and dropped)."""
+        for start in range(0, count, 1000):
+            n = min(1000, count - start)
+            self.sock.sendall(_resp(*args) * n)
+            for _ in range(n):
+                while self.reader.gets() is False:
+                    self.reader.feed(self.sock.recv(1 << 16))
+
 
 def _drive(task: tuple[list[int], str, int, int, str]) -> int:
     """One worker: `count` operations of `kind` (consumer cycles that found
@@ -123,18 +132,9 @@ def _memory(workdir: Path, events: int) -> dict[str, float]:
         conn = _Conn(node.port)
         conn.call("QADD", "warm", 60, BODY)
         before = rss_bytes(node.pid)
-        for start in range(0, events, 1000):
-            conn.sock.sendall(_resp("QADD", "orders", 3600, BODY) * min(1000, events - start))
-            for _ in range(min(1000, events - start)):
-                while conn.reader.gets() is False:
-                    conn.reader.feed(conn.sock.recv(1 << 16))
+        conn.repeat(events, "QADD", "orders", 3600, BODY)
         added = rss_bytes(node.pid)
-        for start in range(0, events, 1000):
-            n = min(1000, events - start)
-            conn.sock.sendall(_resp("QGET", "orders", "g", "EX", 0) * n)
-            for _ in range(n):
-                while conn.reader.gets() is False:
-                    conn.reader.feed(conn.sock.recv(1 << 16))
+        conn.repeat(events, "QGET", "orders", "g", "EX", 0)
         read = rss_bytes(node.pid)
     finally:
         node.stop()

@@ -136,34 +136,39 @@ class Workload:
             raise
 
     def producer(self, process: int) -> None:
-        if self.args.workload == "groups":
-            return self.event_producer(process)
+        """ADDJOB (or, --workload groups, QADD) of unique bodies on random nodes."""
         rng = random.Random(f"{self.args.seed}-p{process}")
         conns: dict[int, Conn] = {}
         count = 0
+        events = self.args.workload == "groups"
         while self.producing.is_set():
             i = rng.randrange(len(self.nodes))
             count += 1
             body = f"{process}-{count}"
-            opts = self.options(rng)
-            self.record("invoke", process, i, ENQUEUE, body=body, value=opts)
+            if events:
+                op, value = QADD, {"queue": QUEUE, "ttl": rng.choice(TTLS)}
+                command: tuple[Any, ...] = ("QADD", QUEUE, value["ttl"], body)
+            else:
+                op, value = ENQUEUE, self.options(rng)
+                limits = ("MAXATTEMPTS", value["maxattempts"], "DEADLETTER", DEAD) if "maxattempts" in value else ()
+                command = ("ADDJOB", QUEUE, body, self.args.addjob_timeout_ms, "REPLICATE", value["replicate"],
+                           "RETRY", value["retry"], "TTL", value["ttl"], *limits)  # fmt: skip
+            self.record("invoke", process, i, op, body=body, value=value)
             try:
-                limits = ("MAXATTEMPTS", opts["maxattempts"], "DEADLETTER", DEAD) if "maxattempts" in opts else ()
-                reply = self._call(conns, i, "ADDJOB", QUEUE, body, self.args.addjob_timeout_ms,
-                                   "REPLICATE", opts["replicate"], "RETRY", opts["retry"], "TTL", opts["ttl"], *limits)  # fmt: skip
+                reply = self._call(conns, i, *command)
             except (OSError, ConnectionError) as e:
-                self.record(INFO, process, i, ENQUEUE, body=body, value=repr(e))
+                self.record(INFO, process, i, op, body=body, value=repr(e))
                 time.sleep(rng.uniform(0.05, 0.2))
                 continue
             if isinstance(reply, bytes):
                 job = reply.decode()
-                self.record(OK, process, i, ENQUEUE, job=job, body=body)
-                if self.args.extensions and rng.random() < WAITJOB_RATE:  # checked by phantom_acks
+                self.record(OK, process, i, op, job=job, body=body)
+                if not events and self.args.extensions and rng.random() < WAITJOB_RATE:  # checked by phantom_acks
                     self.job_command(conns, process, i, WAITJOB, job, "WAITJOB", job, "TIMEOUT", 300)
             elif isinstance(reply, ReplyError) and "Not enough reachable" in str(reply):
-                self.record(FAIL, process, i, ENQUEUE, body=body, value=str(reply))
+                self.record(FAIL, process, i, op, body=body, value=str(reply))
             else:  # a replication timeout leaves copies behind
-                self.record(INFO, process, i, ENQUEUE, body=body, value=str(reply))
+                self.record(INFO, process, i, op, body=body, value=str(reply))
             time.sleep(rng.uniform(0.0, self.args.think_ms / 1000))
 
     def job_command(self, conns: dict[int, Conn], process: int, i: int, op: str, job: str, *command: Any) -> None:
@@ -176,31 +181,6 @@ class Workload:
             self.record(INFO, process, i, op, job=job, value=repr(e))
             return
         self.record(OK if isinstance(reply, int) else INFO, process, i, op, job=job, value=reply if isinstance(reply, int) else str(reply))
-
-    def event_producer(self, process: int) -> None:
-        """--workload groups: QADD unique bodies on random nodes."""
-        rng = random.Random(f"{self.args.seed}-p{process}")
-        conns: dict[int, Conn] = {}
-        count = 0
-        while self.producing.is_set():
-            i = rng.randrange(len(self.nodes))
-            count += 1
-            body = f"{process}-{count}"
-            ttl = rng.choice(TTLS)
-            self.record("invoke", process, i, QADD, body=body, value={"queue": QUEUE, "ttl": ttl})
-            try:
-                reply = self._call(conns, i, "QADD", QUEUE, ttl, body)
-            except (OSError, ConnectionError) as e:
-                self.record(INFO, process, i, QADD, body=body, value=repr(e))
-                time.sleep(rng.uniform(0.05, 0.2))
-                continue
-            if isinstance(reply, bytes):
-                self.record(OK, process, i, QADD, job=reply.decode(), body=body)
-            elif isinstance(reply, ReplyError) and "Not enough reachable" in str(reply):
-                self.record(FAIL, process, i, QADD, body=body, value=str(reply))
-            else:
-                self.record(INFO, process, i, QADD, body=body, value=str(reply))
-            time.sleep(rng.uniform(0.0, self.args.think_ms / 1000))
 
     def event_consumer(self, process: int) -> None:
         """--workload groups: QGET for a random group (every group on every

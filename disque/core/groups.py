@@ -41,7 +41,6 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from disque.cluster import messages as m
-from disque.core.ids import ID_LEN, ttl_minutes
 from disque.core.types import BLOCKED, Client, Waiter
 from disque.store.aof import GROUPSET, encode_record
 from disque.store.job import EVENT, Job, State
@@ -190,16 +189,22 @@ class Groups:
 
     # ------------------------------------------------------------ QADD
 
+    def _stamp(self) -> int:
+        """The (ms << 20 | counter) part of the next event ID made here."""
+        self.last_stamp = max(self.node.now << COUNTER_BITS, self.last_stamp + 1)
+        return self.last_stamp
+
+    def expired_id(self) -> bytes:
+        """The ID of an event created already expired (QADD's expiry <= 0):
+        nothing is stored, nobody will ever see it."""
+        return b"%d" % (self._stamp() << 32 | int(self.node.cluster.my_id[:8], 16))
+
     def new_event(self, queue: bytes, body: bytes, ttl: int, repl: int) -> Job:
         """The job record of a new event (`ttl` in whole seconds, > 0)."""
         node = self.node
         now = node.now
-        stamp = max(now << COUNTER_BITS, self.last_stamp + 1)
-        self.last_stamp = stamp
-        me = node.cluster.my_id
         minutes = min(ttl // 60, 65535) & ~1  # the ID's TTL field, even: never requeued
-        job_id = b"DI%s%016x%016x%04xSQ" % (me[:8].encode(), stamp, node.rng.getrandbits(64), minutes)
-        assert len(job_id) == ID_LEN and ttl_minutes(job_id) == minutes
+        job_id = b"DI%s%016x%016x%04xSQ" % (node.cluster.my_id[:8].encode(), self._stamp(), node.rng.getrandbits(64), minutes)
         self.added += 1
         # positional: state, flags, repl, etime, ctime, delay, retry, nacks, deliv, nodes_delivered
         return Job(job_id, queue, body, State.ACTIVE, EVENT, repl, now // 1000 + ttl, node.new_ctime(), 0, 0, 0, 0, node.cluster.solo)

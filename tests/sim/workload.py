@@ -112,6 +112,7 @@ class Workload:
     # ------------------------------------------------------------ clients
 
     async def producer(self) -> None:
+        """Unique bodies added on random live nodes (`produce`), until told to stop."""
         process = self._process()
         while self.producing:
             node = self._live_node()
@@ -119,28 +120,35 @@ class Workload:
                 await trio.sleep(0.1)
                 continue
             self._bodies += 1
-            body = f"v{self._bodies}"
-            if self.rng.random() < 0.25:
-                opts = {"queue": QUEUE, "replicate": 1, "retry": 0}
-            else:
-                opts = {"queue": QUEUE, "replicate": self.rng.choice((2, 3)), "retry": self.rng.randint(1, 3)}
-            opts["ttl"] = self.rng.choice((15, 300, 300, 300))
-            delay = self.rng.choice((0, 0, 0, 1))
-            limits = ("MAXATTEMPTS", 3, "DEADLETTER", DEAD) if self.extensions and opts["retry"] else ()
-            op = self.history.invoke(process, node, ENQUEUE, body=body, value=opts)
-            reply = await self.cluster.call(
-                node, "ADDJOB", QUEUE, body, ADDJOB_TIMEOUT_MS, "REPLICATE", opts["replicate"],
-                "RETRY", opts["retry"], "TTL", opts["ttl"], "DELAY", delay, *limits,
-            )  # fmt: skip
-            if isinstance(reply, bytes):
-                self.history.complete(op, OK, job=reply.decode())
-                if self.extensions and self.rng.random() < 0.1:  # checked by phantom_acks
-                    await self.job_command(process, node, WAITJOB, reply.decode(), "WAITJOB", reply.decode(), "TIMEOUT", 200)
-            elif reply == errors.norepl_reach():  # refused before the job existed
-                self.history.complete(op, FAIL, value=str(reply))
-            else:  # a replication timeout leaves copies behind, a dead node tells nothing
-                self.history.complete(op, INFO, value=str(reply))
+            await self.produce(process, node, f"v{self._bodies}")
             await trio.sleep(self.rng.uniform(0.01, 0.2))
+
+    async def produce(self, process: int, node: int, body: str) -> None:
+        """One ADDJOB of `body`, with options drawn at random."""
+        if self.rng.random() < 0.25:
+            opts = {"queue": QUEUE, "replicate": 1, "retry": 0}
+        else:
+            opts = {"queue": QUEUE, "replicate": self.rng.choice((2, 3)), "retry": self.rng.randint(1, 3)}
+        opts["ttl"] = self.rng.choice((15, 300, 300, 300))
+        delay = self.rng.choice((0, 0, 0, 1))
+        limits = ("MAXATTEMPTS", 3, "DEADLETTER", DEAD) if self.extensions and opts["retry"] else ()
+        op = self.history.invoke(process, node, ENQUEUE, body=body, value=opts)
+        reply = await self.cluster.call(
+            node, "ADDJOB", QUEUE, body, ADDJOB_TIMEOUT_MS, "REPLICATE", opts["replicate"],
+            "RETRY", opts["retry"], "TTL", opts["ttl"], "DELAY", delay, *limits,
+        )  # fmt: skip
+        if self.added(op, reply) and self.extensions and self.rng.random() < 0.1:  # checked by phantom_acks
+            await self.job_command(process, node, WAITJOB, reply.decode(), "WAITJOB", reply.decode(), "TIMEOUT", 200)
+
+    def added(self, op: Record, reply: Any) -> bool:
+        """Record the outcome of an add: ok with the ID (True), fail when
+        refused before anything existed, info otherwise (a replication
+        timeout leaves copies behind, a dead node tells nothing)."""
+        if isinstance(reply, bytes):
+            self.history.complete(op, OK, job=reply.decode())
+            return True
+        self.history.complete(op, FAIL if reply == errors.norepl_reach() else INFO, value=str(reply))
+        return False
 
     async def consumer(self, nohang: bool = False) -> None:
         """GETJOB on random live nodes (or, when draining, on each node in

@@ -60,9 +60,9 @@ def cmd_qadd(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
     _need(argv, 3)
     expire = _expire_ms(node, argv[2])
     noblock = len(argv) > 4 and argv[4].lower() == b"noblock"
-    if expire <= 0:  # created already expired: an ID nobody will ever see
-        job = node.groups.new_event(argv[1], b"", 1, 1)
-        return OK if noblock else node.groups.reply(job)
+    if expire <= 0:
+        event = node.groups.expired_id()
+        return OK if noblock else event
     return node.add_event(client, argv[1], argv[3], -(-expire // 1000), noblock)
 
 
