@@ -4,7 +4,11 @@ sessions."""
 
 from __future__ import annotations
 
+import atexit
+import os
 import random
+import shutil
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +18,7 @@ from disque.core.config import Config
 from disque.core.node import NodeCore
 from disque.core.types import Status
 from disque.protocols.resp.front import RESP
+from disque.shell.segments import Segments
 from disque.shell.session import Conn
 
 START_MS = 1_790_000_000_000  # a fixed, realistic unix time
@@ -86,9 +91,33 @@ def make_config(**overrides: Any) -> Config:
     return config
 
 
+# `DISQUE_TEST_READ_BEHIND=force` runs the cores of the core and simulation
+# suites with read-behind forced on (docs/read-behind.md): every queue keeps
+# two jobs in memory, every replica goes to disk.
+FORCE_READ_BEHIND = os.environ.get("DISQUE_TEST_READ_BEHIND") == "force"
+_bodies_root: list[str] = []
+
+
+def body_store() -> Segments:
+    """A body store in a directory of its own, removed at exit."""
+    if not _bodies_root:
+        _bodies_root.append(tempfile.mkdtemp(prefix="disque-bodies-"))
+        atexit.register(shutil.rmtree, _bodies_root[0], True)
+    return Segments(tempfile.mkdtemp(dir=_bodies_root[0]))
+
+
+def read_behind(config: Config) -> dict[str, Any]:
+    """The NodeCore keyword arguments a test core gets: a body store when
+    `config` asks for read-behind or the suite forces it on."""
+    if FORCE_READ_BEHIND and config.read_behind == "yes":
+        config.read_behind, config.read_behind_prefetch = "force", 2
+    return {"bodies": body_store()} if config.read_behind == "force" else {}
+
+
 def make_core(seed: int = 1, node_id: str = NODE_ID, **overrides: Any) -> tuple[NodeCore, FakeClock, FakeHost]:
     clock, host = FakeClock(), FakeHost()
-    core = NodeCore(make_config(**overrides), node_id, clock=clock, rng=random.Random(seed), host=host)
+    config = make_config(**overrides)
+    core = NodeCore(config, node_id, clock=clock, rng=random.Random(seed), host=host, **read_behind(config))
     return core, clock, host
 
 
@@ -99,7 +128,8 @@ def linked_core(
     outgoing links to the `linked` node IDs up; no effects are pending."""
     clock, host, rng = FakeClock(), FakeHost(), random.Random(seed)
     members = Membership.from_conf(nodes_conf, 7711, rng=rng, now=clock.ms)
-    core = NodeCore(make_config(**overrides), NODE_ID, clock=clock, rng=rng, host=host, membership=members)
+    config = make_config(**overrides)
+    core = NodeCore(config, NODE_ID, clock=clock, rng=rng, host=host, membership=members, **read_behind(config))
     for node_id in linked:
         core.link_connected(members.nodes[node_id].key)
     core.effects.clear()

@@ -536,6 +536,10 @@ DIRECTIVES: dict[str, Directive] = {
         _yes_no("tls-cluster", False, settable=False),
         _string("tls-protocols", settable=True),
         _string("tls-ciphers", settable=True),
+        # Read-behind (core/read_behind.py); `force` spills everything it may (tests).
+        _enum("read-behind", "yes", "yes no force", "argument must be 'yes', 'no' or 'force'", settable=False),
+        _memory("job-memory-limit", 0),
+        _integer("read-behind-prefetch", 1000, "read-behind-prefetch must be 1 or greater", low=1, set_min=1),
     )
 }
 
@@ -543,6 +547,7 @@ _PROJECT_ORDER = """
     cluster-secret cluster-secret-file cluster-secret-previous protected-mode
     cluster-protected-mode tls-port tls-cert-file tls-key-file tls-ca-cert-file tls-auth-clients
     tls-cluster tls-protocols tls-ciphers metrics-port memcache-port memcache-tls-port
+    read-behind job-memory-limit read-behind-prefetch
 """.split()
 _HIDDEN_FROM_GET = {"cluster-secret", "cluster-secret-previous"}
 

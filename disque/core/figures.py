@@ -28,6 +28,10 @@ def node_figures(node: NodeCore) -> dict[str, Any]:
     jobs = dict.fromkeys(STATE_NAMES.values(), 0)
     for job in node.jobs.values():
         jobs[STATE_NAMES[job.state]] += 1
+    if node.read_behind is not None:  # the jobs on disk: queued in a tail, or active copies
+        queued, active = node.read_behind.counts()
+        jobs["queued"] += queued
+        jobs["active"] += active
     stats, fed, repl = node.stats, node.federation, node.replication
     return {
         "node_id": node.cluster.my_id,

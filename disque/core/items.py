@@ -39,6 +39,7 @@ restarts, a child joins again when it is next named.
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from disque.cluster import messages as m
@@ -170,8 +171,9 @@ class Items:
         """FLUSH and DELETE: every job queued in `queue` here is taken away
         everywhere, as FASTACK does (open reads are left alone)."""
         found = self.node.queues.get(queue)
-        for job in list(found.oldest()) if found is not None else ():
-            self.acks.fast_ack(job.id)
+        while found is not None and (batch := list(islice(found.oldest(), 1000))):  # a tail on disk: not all at once
+            if not sum(self.acks.fast_ack(job.id) for job in batch):
+                break  # what is left cannot be read now (read-behind's disk failing)
 
     def peek(self, queue: bytes, answer: Answer) -> Any:
         """`answer` with the entry of the oldest queued job of `queue` (None: none)."""
@@ -221,15 +223,17 @@ class Items:
         return sorted(q.name for q in self.node.queues.values())
 
     def queue_stats(self) -> list[tuple[bytes, dict[str, Any]]]:
-        """Kestrel's per-queue figures; everything is in memory (no read-behind yet)."""
+        """Kestrel's per-queue figures; `mem_*` leave out the jobs read-behind keeps on disk."""
         out = []
         for name in self.queue_names():
             q = self.node.queues.get(name)
             assert q is not None
             items, nbytes = len(q), q.nbytes
+            tail = q.tail
             out.append((name, {
                 "items": items, "bytes": nbytes, "total_items": q.jobs_in, "logsize": 0,
-                "expired_items": q.expired, "mem_items": items, "mem_bytes": nbytes,
+                "expired_items": q.expired, "mem_items": items - (tail.live if tail else 0),
+                "mem_bytes": nbytes - (tail.nbytes if tail else 0),
                 "age": q.last_wait if nbytes else 0, "discarded": q.discarded, "waiters": len(q.waiters),
                 "open_transactions": self.open_reads(name),
             } | ({"children": list(self.children[name])} if name in self.children else {})))  # fmt: skip

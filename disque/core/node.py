@@ -46,6 +46,7 @@ from disque.core.acks import Acks
 from disque.core.errors import DisqueError
 from disque.core.groups import EVENT_COPIES, Groups
 from disque.core.items import Items
+from disque.core.read_behind import ReadBehind
 from disque.cluster import messages as m
 from disque.cluster.federation import CLIENTS_WAITING, REACHED_ZERO, Federation
 from disque.cluster.handlers import HANDLERS
@@ -53,7 +54,7 @@ from disque.cluster.membership import Membership
 from disque.cluster.replication import Replication
 from disque.core.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
 from disque.core.ids import new_job_id
-from disque.core.types import BLOCKED, NIL_ARRAY, SILENT, Clock, Client, Command, Host, Stats, Status, Waiter
+from disque.core.types import BLOCKED, NIL_ARRAY, SILENT, BodyStore, Clock, Client, Command, Host, Stats, Status, Waiter
 from disque.store.job import (
     ABORT,
     ADOPT,
@@ -129,6 +130,7 @@ class NodeCore:
         rng: random.Random,
         host: Host,
         membership: Membership | None = None,
+        bodies: BodyStore | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -154,6 +156,7 @@ class NodeCore:
         self.loading = False
         self.aof = AofStatus()
         self.aof_error: str | None = None  # strerror of the last failed AOF write (MISCONF)
+        self.body_error: str | None = None  # ... or of read-behind's body store
         self.start_ms = self.now
         self.run_id = "%040x" % rng.getrandbits(160)
         self.client_pause_until = 0
@@ -166,6 +169,10 @@ class NodeCore:
         self.acks = Acks(self, self.replication)
         self.items = Items(self, self.acks)
         self.groups = Groups(self)
+        # Read-behind, when the shell gives a body store (core/read_behind.py).
+        self.read_behind = None
+        if bodies is not None and config.read_behind != "no":
+            self.read_behind = self.jobs.spilled = ReadBehind(self, bodies, config.read_behind == "force")
         # The bus table: the handler of each job message, by type.
         self.on_bus: dict[type, Callable[[str, Any], None]] = {
             **{kind: partial(handler, self) for kind, handler in HANDLERS.items()},
@@ -197,7 +204,11 @@ class NodeCore:
         clients' timeouts and the 100 ms client cron)."""
         at = self._last_cron + BLOCKED_CRON_MS
         awake = self.jobs.next_awake()
-        return at if awake is None else min(at, awake)
+        if awake is not None:
+            at = min(at, awake)
+        if self.read_behind is not None and (awake := self.read_behind.next_awake()) is not None:
+            at = min(at, awake)
+        return at
 
     def read_clock(self) -> int:
         """Take the time of this step from the clock (tick, every command,
@@ -217,6 +228,8 @@ class NodeCore:
 
     def tick(self) -> None:
         now = self.read_clock()
+        if self.read_behind is not None:
+            self.read_behind.tick()
         for job in self.jobs.due(now):
             self._process_job(job)
         if now - self._last_cron >= BLOCKED_CRON_MS:
@@ -226,6 +239,12 @@ class NodeCore:
             self.replication.cron()
             self._cron()
         self._serve_ready()
+        self.settle()
+
+    def settle(self) -> None:
+        """The end of a step: read-behind moves what it may to disk."""
+        if self.read_behind is not None:
+            self.read_behind.settle()
 
     def _cron(self) -> None:
         now = self.now
@@ -240,6 +259,8 @@ class NodeCore:
                 for name in waiter.queues:
                     self.federation.need_jobs(self._queue(name), CLIENTS_WAITING)
         self.groups.cron()
+        if self.read_behind is not None:
+            self.read_behind.cron()
         self._collect_idle_queues()
         self.collected.expire(now)
         if self.config.timeout:
@@ -303,6 +324,7 @@ class NodeCore:
         reply = run(self, client, request)
         if self.ready:
             self._serve_ready()
+        self.settle()
         return reply
 
     def execute(self, client: Client, cmd: Command, argv: list[bytes]) -> Any:
@@ -317,8 +339,8 @@ class NodeCore:
         limit = self.config.maxmemory
         if limit and self.used_memory > limit // 100 * 95 and not self.evict() and "m" in flags:
             return errors.oom()
-        if self.aof_error is not None and ("w" in flags or cmd.name == "ping"):
-            return errors.misconf(self.aof_error)
+        if (self.aof_error is not None or self.body_error is not None) and ("w" in flags or cmd.name == "ping"):
+            return errors.misconf(self.aof_error or self.body_error)  # type: ignore[arg-type]
         if self.loading and "l" not in flags:
             return errors.loading()
         client.last_cmd = cmd.name
@@ -383,10 +405,10 @@ class NodeCore:
     def set_base_memory(self, size: int) -> None:
         """The memory of the idle process, measured by the shell at start:
         `used_memory` counts it, so that `maxmemory` bounds the whole RSS."""
-        self._account(size - self.base_memory)
+        self.account(size - self.base_memory)
         self.base_memory = size
 
-    def _account(self, delta: int) -> None:
+    def account(self, delta: int) -> None:
         self.used_memory += delta
         if self.used_memory > self.peak_memory:
             self.peak_memory = self.used_memory
@@ -426,15 +448,17 @@ class NodeCore:
         if queue is None:
             queue = Queue(name, self.now)
             self.queues.add(name, queue)
-            self._account(QUEUE_OVERHEAD + len(name))
+            self.account(QUEUE_OVERHEAD + len(name))
         return queue
 
     def destroy_queue(self, queue: Queue) -> None:
+        if self.read_behind is not None:
+            self.read_behind.forget_queue(queue)
         for job in queue.drain():  # only when flushing: GC never drops live jobs
             job.move(DEQUEUE)
         self.queues.pop(queue.name)
         self.ready.pop(queue.name, None)
-        self._account(-(QUEUE_OVERHEAD + len(queue.name)))
+        self.account(-(QUEUE_OVERHEAD + len(queue.name)))
 
     def _queue_collectable(self, queue: Queue, idle_ms: int) -> bool:
         return not len(queue) and not queue.waiters and not queue.pause and self.now - queue.atime >= idle_ms
@@ -470,7 +494,7 @@ class NodeCore:
             if queue is not None:
                 job.queue = queue.name  # share the name bytes between jobs
         self.jobs.add(job)
-        self._account(self.job_size(job))
+        self.account(self.job_size(job))
         self.reschedule(job)
         if job.flags & EVENT:
             self.groups.add_event(job)
@@ -491,7 +515,7 @@ class NodeCore:
         if self.job_waits:
             self.settle_waits(job.id, job.state == S_ACKED)
         self.jobs.remove(job)
-        self._account(-self.job_size(job))
+        self.account(-self.job_size(job))
         if job.flags & EVENT:
             self.groups.drop_event(job)
 
@@ -574,6 +598,8 @@ class NodeCore:
         else:
             job.flags |= BCAST_QUEUED
         queue.push(job)
+        if self.read_behind is not None:
+            self.read_behind.grown[queue.name] = None
         queue.atime = self.now
         queue.jobs_in += 1
         if not queue.pause & PAUSE_OUT and queue.waiters:
@@ -590,6 +616,8 @@ class NodeCore:
 
     def fetch(self, queue: Queue) -> Job | None:
         """Take the oldest job for delivery (GETJOB, or YOURJOBS)."""
+        if queue.tail is not None:
+            self.read_behind.ready(queue)  # type: ignore[union-attr]
         job = queue.pop()
         if job is None:
             return None
@@ -619,6 +647,8 @@ class NodeCore:
         known = self.cluster.nodes
         job.nodes_delivered = tuple(n for n in job.nodes_delivered if n in known)
         self.register(job)
+        if self.read_behind is not None:
+            self.read_behind.note_arrival(job)
         return job
 
     # ------------------------------------------------------------ client operations
@@ -676,7 +706,7 @@ class NodeCore:
         if additional:
             return self.replication.start(client, job, additional, timeout, is_async, extrepl)
         jobs.add(job)
-        self._account(self.job_size(job))
+        self.account(self.job_size(job))
         if delay == 0:
             self.enqueue(job, queue=existing)
         else:
@@ -955,7 +985,8 @@ class NodeCore:
             while queue.waiters and len(queue):
                 waiter = next(iter(queue.waiters.values()))
                 job = self.fetch(queue)
-                assert job is not None
+                if job is None:  # its job is on a disk that failed to read (MISCONF)
+                    break
                 take = waiter.take
                 self.unblock(waiter.client, [self.job_entry(job, waiter.withcounters)] if take is None else take(job))
                 if not len(queue):
@@ -1029,6 +1060,7 @@ class NodeCore:
                 log.exception("Error handling %s from %s", type(msg).__name__, header.sender)
         if self.ready:
             self._serve_ready()
+        self.settle()
 
     # ------------------------------------------------------------ AOF hooks
 
@@ -1059,6 +1091,9 @@ class NodeCore:
         """DEBUG FLUSHALL / CLUSTER RESET: every job and queue goes."""
         for job in list(self.jobs.values()):
             self.delete_job(job)
+        if self.read_behind is not None:
+            for job in self.read_behind.every_job():
+                self.delete_job(job)
         self.unblock_all(NIL_ARRAY)
         for queue in list(self.queues.values()):
             self.destroy_queue(queue)

@@ -52,6 +52,28 @@ class Host(Protocol):
     def debug(self, sub: str, args: list[bytes]) -> Any: ...
 
 
+class BodyStore(Protocol):
+    """Where read-behind keeps job records (shell/segments.py): synchronous
+    appends and positional reads of local files, called like the clock."""
+
+    error: str | None  # why the last write failed (None: writes work)
+    reads: int
+
+    def append(self, qtime: int, payload: bytes) -> tuple[int, int]: ...  # (location, size)
+
+    def read(self, loc: int, size: int) -> tuple[int, bytes]: ...  # (qtime, payload); OSError, SpillCorrupt
+
+    def release(self, loc: int, size: int) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def sparse(self) -> int | None: ...
+
+    def segment_of(self, loc: int) -> int: ...
+
+    def figures(self) -> dict[str, Any]: ...
+
+
 REPLY_ON, REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT = 0, 1, 2, 3
 SILENT = object()  # handle_command result: write nothing
 

@@ -39,12 +39,14 @@ between the snapshot and the exit.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from itertools import chain
 from typing import Any
 
 import trio
@@ -61,6 +63,8 @@ from disque.store.aof import (
     tail_is_corrupt,
 )
 from disque.store.job import Job, State
+from disque.store.spill import SpillCorrupt
+from disque.shell.segments import Segments
 
 log = logging.getLogger("disque")
 
@@ -116,27 +120,26 @@ def write_snapshot(
     path: str,
     jobs: Sequence[Job],
     *,
+    spilled: SpilledRecords | None = None,
     progress: Sequence[bytes] = (),
     incremental_fsync: bool = True,
     marker: bytes | None = None,
     rewrite: _Rewrite | None = None,
 ) -> int:
-    """One LOADJOB per active/queued job, then the consumer groups'
-    `progress` records (then `marker`) into a new file at
-    `path`, fsynced.  Returns its size.  Runs in a worker thread for
-    background rewrites: jobs that changed state meanwhile are written as
-    they are now, the rewrite buffer replays what happened since."""
+    """One LOADJOB per active/queued job (those in memory, then the
+    `spilled` ones read from read-behind's segments), then the consumer
+    groups' `progress` records (then `marker`) into a new file at `path`,
+    fsynced.  Returns its size.  Runs in a worker thread for background
+    rewrites: jobs that changed state meanwhile are written as they are now,
+    the rewrite buffer replays what happened since."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         out: list[bytes] = []
         pending = total = unsynced = 0
-        for i, job in enumerate(jobs):
-            if rewrite is not None and not i & 1023 and rewrite.cancelled:
-                raise _Cancelled
-            state = job.state
-            if state is not _ACTIVE and state is not _QUEUED:
-                continue
-            record = encode_loadjob(job)
+        records = _loadjobs(jobs, rewrite)
+        if spilled is not None:
+            records = chain(records, spilled.records(rewrite))
+        for record in records:
             out.append(record)
             pending += len(record)
             if pending >= SNAPSHOT_WRITE:
@@ -158,6 +161,42 @@ def write_snapshot(
         return total
     finally:
         os.close(fd)
+
+
+def _loadjobs(jobs: Sequence[Job], rewrite: _Rewrite | None) -> Iterator[bytes]:
+    for i, job in enumerate(jobs):
+        if rewrite is not None and not i & 1023 and rewrite.cancelled:
+            raise _Cancelled
+        state = job.state
+        if state is _ACTIVE or state is _QUEUED:
+            yield encode_loadjob(job)
+
+
+class SpilledRecords:
+    """The records of the jobs read-behind keeps on disk, as LOADJOBs for a
+    snapshot; the segments are held (kept) until `release`."""
+
+    def __init__(self, core: Any, bodies: Segments) -> None:
+        self.bodies = bodies
+        bodies.hold()
+        self.locs, self.sizes = core.read_behind.snapshot()
+
+    def __len__(self) -> int:
+        return len(self.locs)
+
+    def records(self, rewrite: _Rewrite | None) -> Iterator[bytes]:
+        read = self.bodies.read
+        for i, (loc, size) in enumerate(zip(self.locs, self.sizes)):
+            if rewrite is not None and not i & 1023 and rewrite.cancelled:
+                raise _Cancelled
+            try:
+                payload = read(loc, size)[1]
+            except SpillCorrupt as e:  # keep the old file rather than write one without this job
+                raise OSError(errno.EIO, f"damaged read-behind record: {e}") from None
+            yield b"*2\r\n$7\r\nLOADJOB\r\n$%d\r\n%s\r\n" % (len(payload), payload)
+
+    def release(self) -> None:
+        self.bodies.unhold()
 
 
 def snapshot_jobs(core: Any) -> list[Job]:
@@ -617,20 +656,31 @@ class AofFile:
         name = f"temp-rewriteaof-bg-{os.getpid()}-{self.rewrites}.aof"
         rw = _Rewrite(os.path.join(self.config.dir, name))
         jobs = snapshot_jobs(self.core)
+        spilled = self._spilled()
         progress = self.core.groups.snapshot_records()
         self.rewrite = rw
         self.status.rewrite_in_progress = True
         self.status.current_rewrite_time_sec = 0
         self.status.rewrite_buffer_length = 0
-        log.info("Background append only file rewriting started (%d jobs)", len(jobs))
-        self.nursery.start_soon(self._run_rewrite, rw, jobs, progress)
+        log.info(
+            "Background append only file rewriting started (%d jobs)", len(jobs) + (len(spilled) if spilled else 0)
+        )
+        self.nursery.start_soon(self._run_rewrite, rw, jobs, spilled, progress)
         return True
 
-    async def _run_rewrite(self, rw: _Rewrite, jobs: list[Job], progress: list[bytes]) -> None:
+    def _spilled(self) -> SpilledRecords | None:
+        bodies = self.server.bodies
+        return None if bodies is None or self.core.read_behind is None else SpilledRecords(self.core, bodies)
+
+    async def _run_rewrite(
+        self, rw: _Rewrite, jobs: list[Job], spilled: SpilledRecords | None, progress: list[bytes]
+    ) -> None:
         incremental = self.config.aof_rewrite_incremental_fsync
         try:
             size = await trio.to_thread.run_sync(
-                lambda: write_snapshot(rw.tmp, jobs, progress=progress, incremental_fsync=incremental, rewrite=rw)
+                lambda: write_snapshot(
+                    rw.tmp, jobs, spilled=spilled, progress=progress, incremental_fsync=incremental, rewrite=rw
+                )
             )
         except _Cancelled:
             self._remove(rw.tmp)
@@ -639,6 +689,9 @@ class AofFile:
             if not rw.cancelled:
                 self._rewrite_failed(rw, f"Background AOF rewrite failed: {e.strerror}")
             return
+        finally:
+            if spilled is not None:
+                spilled.release()
         del jobs
         if rw.cancelled:
             self._remove(rw.tmp)
@@ -845,21 +898,26 @@ class AofFile:
         tmp = os.path.join(self.config.dir, f"temp-rewriteaof-{os.getpid()}.aof")
         started = time.monotonic()
         jobs = snapshot_jobs(self.core)
+        spilled = self._spilled()
         marker = encode_clean_marker(self.core.clock.now_ms())
         try:
             size = write_snapshot(
-                tmp, jobs, progress=self.core.groups.snapshot_records(),
+                tmp, jobs, spilled=spilled, progress=self.core.groups.snapshot_records(),
                 incremental_fsync=self.config.aof_rewrite_incremental_fsync, marker=marker,
             )  # fmt: skip
             os.rename(tmp, self.path)
         except OSError:
             self._remove(tmp)
             raise
+        finally:
+            if spilled is not None:
+                spilled.release()
         fsync_dir(self.path)
         queued = sum(1 for job in jobs if job.state is _QUEUED)
         log.warning(
-            "Shutdown snapshot of the AOF written: %d jobs (%d queued), %d bytes in %.3f seconds",
-            len(jobs), queued, size, time.monotonic() - started,
+            "Shutdown snapshot of the AOF written: %d jobs (%d queued, %d on disk), %d bytes in %.3f seconds",
+            len(jobs) + (len(spilled) if spilled else 0), queued, len(spilled) if spilled else 0,
+            size, time.monotonic() - started,
         )  # fmt: skip
         return size
 

@@ -26,6 +26,7 @@ from typing import Any
 import trio
 
 from disque.core import config as cfg
+from disque.shell.segments import Segments
 from disque.shell.config_file import read_config, write_config_file
 from disque.shell.bus import CLUSTER_PORT_INCR, Bus
 from disque.cluster.membership import Membership
@@ -107,7 +108,11 @@ class Server:
             membership = Membership.from_conf(text, announced_port(config), rng=rng, now=self.clock.now_ms())
             log.info("Node configuration loaded, I'm %s", membership.my_id)
         node_id = membership.my_id if membership else secrets.token_hex(20)
-        self.core = NodeCore(config, node_id, clock=self.clock, rng=rng, host=self, membership=membership)
+        # Read-behind's body segments, beside the AOF (a cache of it: emptied here).
+        self.bodies = Segments(os.path.abspath(config.appendfilename + ".bodies")) if config.read_behind != "no" else None
+        self.core = NodeCore(
+            config, node_id, clock=self.clock, rng=rng, host=self, membership=membership, bodies=self.bodies
+        )
         # used_memory counts the idle process, so that maxmemory bounds the RSS (docs/running.md).
         self.core.set_base_memory(rss_bytes() or self.core.base_memory)
         if config.maxmemory and self.core.used_memory > config.maxmemory // 100 * 75:

@@ -30,6 +30,7 @@ it reports through INFO.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -448,8 +449,18 @@ class Replay:
             job.nodes_delivered = tuple(n for n in nodes if n in self.known)
         core.register(job)
         self.loaded += 1
+        spill = core.read_behind
+        if spill is not None and spill.replayed(job, was_queued):
+            return  # on disk, marked queued if it was
         if was_queued:
             self.queued.append(job)
+
+    def _in_queue_order(self, spilled: list[int]) -> Iterator[Job | int]:
+        """The jobs stored queued, in memory and (slots) on disk, merged by ctime."""
+        if not spilled:
+            return iter(self.queued)
+        ctime = self.core.read_behind.index.ctime
+        return heapq.merge(self.queued, spilled, key=lambda e: e.ctime if isinstance(e, Job) else ctime[e])
 
     @property
     def trusted(self) -> bool:
@@ -458,15 +469,21 @@ class Replay:
     def finish(self) -> int:
         """Re-queue the jobs stored queued if the file is trusted; returns
         how many were queued."""
+        core = self.core
+        spill = core.read_behind
+        spilled = spill.replay_queued(self.trusted) if spill is not None else []
         if not self.trusted:
             self.queued.clear()
             return 0
-        core, count = self.core, 0
+        count = 0
         self.refresh_time()
         self.queued.sort(key=Job.sort_key)  # queue order; appending is cheap
-        for job in self.queued:
-            if core.jobs.get(job.id) is not job or job.state != State.ACTIVE:
+        for n, entry in enumerate(self._in_queue_order(spilled)):
+            job = entry if isinstance(entry, Job) else spill.load(entry) if spill.index.is_live(entry) else None
+            if job is None or core.jobs.get(job.id) is not job or job.state != State.ACTIVE:
                 continue
+            if n % 1024 == 1023:
+                core.settle()  # read-behind: a long queue goes back to disk as it forms
             if not job.retry:
                 job.qtime = core.now  # queued once (upstream defect §9 fixed)
             if core.enqueue(job):

@@ -13,35 +13,57 @@ simulated cluster replays identically from a seed.
 
 The store decides nothing: `NodeCore` computes awake times and processes the
 jobs that `due()` returns.
+
+With read-behind some jobs are on disk (core/read_behind.py): `spilled`
+answers for them, so a lookup by ID loads a spilled job back and returns it
+like any other, `in` and `len` count them, and a JSCAN cursor past the
+buckets of the jobs in memory walks the spilled ones.  `resident` tells a
+job object still registered in memory from one that left it.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
+from typing import Protocol
 
 from disque.store.job import Job
-from disque.store.scan import BucketedDict
+from disque.store.scan import NBUCKETS, BucketedDict
 
 MAX_JOBS_PER_PASS = 10_000
 
 
+class Spilled(Protocol):
+    def __len__(self) -> int: ...
+    def load_id(self, job_id: bytes) -> Job | None: ...
+    def holds(self, job_id: bytes) -> bool: ...
+    def scan(self, cursor: int, want: int) -> tuple[int, list[Job]]: ...
+    def on_disk(self) -> Iterator[Job]: ...
+
+
 class JobStore:
-    __slots__ = ("_jobs", "_buckets", "_heap")
+    __slots__ = ("_jobs", "_buckets", "_heap", "spilled")
 
     def __init__(self) -> None:
         self._jobs: BucketedDict[bytes, Job] = BucketedDict()
         self._buckets: dict[int, dict[Job, None]] = {}
         self._heap: list[int] = []
+        self.spilled: Spilled | None = None
 
     def __len__(self) -> int:
-        return len(self._jobs)
+        return len(self._jobs) + (len(self.spilled) if self.spilled is not None else 0)
 
     def __contains__(self, job_id: bytes) -> bool:
-        return job_id in self._jobs
+        return job_id in self._jobs or (self.spilled is not None and self.spilled.holds(job_id))
 
     def get(self, job_id: bytes) -> Job | None:
-        return self._jobs.get(job_id)
+        job = self._jobs.get(job_id)
+        if job is None and self.spilled is not None:
+            return self.spilled.load_id(job_id)
+        return job
+
+    def resident(self, job: Job) -> bool:
+        return self._jobs.get(job.id) is job
 
     def add(self, job: Job) -> None:
         self._jobs.add(job.id, job)
@@ -54,10 +76,29 @@ class JobStore:
         return self._jobs.values_from(start)
 
     def values(self) -> Iterator[Job]:
+        """The jobs in memory."""
         return self._jobs.values()
 
+    def every(self) -> Iterator[Job]:
+        """Every job: those in memory, then copies of those on disk, read
+        where they are (for reading only: changing a copy changes nothing)."""
+        yield from self._jobs.values()
+        if self.spilled is not None:
+            yield from self.spilled.on_disk()
+
     def scan(self, cursor: int, want: int, max_buckets: int | None) -> tuple[int, list[Job]]:
-        return self._jobs.scan(cursor, want, max_buckets)
+        """JSCAN: the buckets in memory, then (cursor NBUCKETS + slot) the
+        spilled jobs, read where they are."""
+        spilled = self.spilled
+        if cursor < NBUCKETS:
+            cursor, jobs = self._jobs.scan(cursor, want, max_buckets)
+            if cursor or spilled is None or not len(spilled):
+                return cursor, jobs
+            return NBUCKETS, jobs
+        if spilled is None:
+            return 0, []
+        cursor, jobs = spilled.scan(cursor - NBUCKETS, want)
+        return (cursor + NBUCKETS if cursor else 0), jobs
 
     def clear(self) -> None:
         self._jobs.clear()

@@ -11,6 +11,14 @@ A job re-queued while its tombstone is still in the deque revives that entry,
 which is already in the right place; the `IN_LIST` job flag tells the two
 cases apart.  `len(queue)` counts live entries only.
 
+With read-behind (core/read_behind.py) the newest jobs of a long queue may
+live on disk: `tail` (store/spill.py) lists them, in order, after the jobs
+in memory (the *head*, `_items`).  `len(queue)` and `nbytes` count both;
+`pop` takes from the head only, so whoever pops first makes sure the head
+holds the oldest job (`first` against the tail's front).  `oldest` and
+`newest` merge the two, reading tail jobs through `tail.read` without
+loading them.
+
 Blocked GETJOB clients wait in `waiters`, an insertion-ordered dict, so they
 are served in arrival order.  `Federation` state (NEEDJOBS/YOURJOBS policy)
 is attached lazily by the cluster layer.
@@ -18,12 +26,14 @@ is attached lazily by the cluster layer.
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
 from disque.store.job import IN_LIST, Job, State
+from disque.store.spill import Tail
 
 S_WAIT_REPL, S_ACTIVE, S_QUEUED, S_ACKED = State.WAIT_REPL, State.ACTIVE, State.QUEUED, State.ACKED
 
@@ -42,7 +52,7 @@ class Queue:
     __slots__ = (
         "name", "_items", "_live", "ctime", "atime", "pause", "waiters",
         "jobs_in", "jobs_out", "nacks", "redeliveries", "dead_lettered", "federation",
-        "nbytes", "expired", "discarded", "last_wait",
+        "nbytes", "expired", "discarded", "last_wait", "tail",
     )  # fmt: skip
 
     def __init__(self, name: bytes, now_ms: int) -> None:
@@ -66,9 +76,13 @@ class Queue:
         self.expired = 0
         self.discarded = 0
         self.last_wait = 0
+        self.tail: Tail | None = None
 
     def __len__(self) -> int:
         return self._live
+
+    def head_live(self) -> int:
+        return self._live - (self.tail.live if self.tail is not None else 0)
 
     def push(self, job: Job) -> None:
         """Insert a job already moved to `queued`."""
@@ -100,8 +114,45 @@ class Queue:
         """Forget a job that is leaving the `queued` state (lazily)."""
         self._live -= 1
         self.nbytes -= len(job.body or b"")
-        if len(self._items) - self._live > max(_COMPACT_MIN, self._live):
+        live = self.head_live()
+        if len(self._items) - live > max(_COMPACT_MIN, live):
             self._compact()
+
+    def first(self) -> Job | None:
+        """The oldest queued job of the head (tombstones in front go)."""
+        items = self._items
+        while items:
+            job = items[0]
+            if job.state == S_QUEUED:
+                return job
+            items.popleft().flags &= ~IN_LIST
+        return None
+
+    def pop_newest(self) -> Job | None:
+        """Take the newest queued job out of the head, to move it to the
+        tail: it stays counted (the caller lists it there)."""
+        items = self._items
+        while items:
+            job = items.pop()
+            job.flags &= ~IN_LIST
+            if job.state == S_QUEUED:
+                return job
+        return None
+
+    def newest_in_head(self) -> Job | None:
+        items = self._items
+        while items and items[-1].state != S_QUEUED:
+            items.pop().flags &= ~IN_LIST
+        return items[-1] if items else None
+
+    def promote(self, job: Job) -> None:
+        """A job of the tail, loaded back, joins the head at its place."""
+        job.flags |= IN_LIST
+        items = self._items
+        if not items or _key(items[-1]) < _key(job):
+            items.append(job)
+        else:
+            items.insert(bisect_right(items, _key(job), key=_key), job)
 
     def _compact(self) -> None:
         kept: deque[Job] = deque()
@@ -113,16 +164,26 @@ class Queue:
         self._items = kept
 
     def oldest(self) -> Iterator[Job]:
-        return (j for j in self._items if j.state == S_QUEUED)
+        head = (j for j in self._items if j.state == S_QUEUED)
+        tail = self.tail
+        if tail is None or not tail.live:
+            return head
+        return heapq.merge(head, tail.jobs(tail.oldest()), key=_key)
 
     def newest(self) -> Iterator[Job]:
-        return (j for j in reversed(self._items) if j.state == S_QUEUED)
+        head = (j for j in reversed(self._items) if j.state == S_QUEUED)
+        tail = self.tail
+        if tail is None or not tail.live:
+            return head
+        return heapq.merge(head, tail.jobs(tail.newest()), key=_key, reverse=True)
 
     def drain(self) -> list[Job]:
-        """Remove every entry; returns the live jobs (for flushes)."""
-        live = list(self.oldest())
+        """Remove every entry of the head; returns its live jobs (for
+        flushes: the tail was emptied before)."""
+        live = [j for j in self._items if j.state == S_QUEUED]
         for job in self._items:
             job.flags &= ~IN_LIST
         self._items.clear()
         self._live = self.nbytes = 0
         return live
+

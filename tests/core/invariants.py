@@ -15,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 from disque.protocols.resp import admin
 from disque.core.node import QUEUE_OVERHEAD, NodeCore
 from disque.store.job import DELIVERED, IN_LIST, State
+from disque.store.spill import IN_TAIL, LIVE, SLOT_BYTES
 
 
 def check_core(core: NodeCore, *, settled: bool = True) -> None:
@@ -23,8 +24,12 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
     `settled`: the shell has run `tick()` at every deadline so far, so no
     job is overdue (true when time only moves through the `tick` helper)."""
     jobs = {job.id: job for job in core.jobs.values()}
-    assert len(jobs) == len(core.jobs)
+    spill = core.read_behind
+    on_disk = 0 if spill is None else spill.index.live
+    assert len(jobs) + on_disk == len(core.jobs)
     now = core.clock.now_ms()
+    if spill is not None:
+        check_spilled(core, settled)
 
     # -- queues hold only queued jobs, in (ctime, id) order ----------------
     listed: dict[int, object] = {}  # id(job) -> job, every deque entry
@@ -37,7 +42,7 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
             assert id(job) not in listed, f"{job} listed twice"
             listed[id(job)] = job
         live = [job for job in entries if job.state == State.QUEUED]
-        assert len(queue) == len(live), (queue.name, len(queue), len(live))
+        assert len(queue) == len(live) + (queue.tail.live if queue.tail else 0), (queue.name, len(queue), len(live))
         keys = [job.sort_key() for job in live]
         assert keys == sorted(set(keys)), f"queue {queue.name!r} out of order"
         for job in live:
@@ -45,7 +50,7 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
             assert job.queue == queue.name
             live_in[job.id] = queue.name
         if queue.waiters and not queue.pause & 2:  # PAUSE_OUT
-            assert not live, f"queue {queue.name!r} has both waiters and jobs"
+            assert not len(queue), f"queue {queue.name!r} has both waiters and jobs"
     assert not core.ready, "ready queues left unserved"
 
     # -- every job: one state, consistent timers and flags -----------------
@@ -70,7 +75,8 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
                     assert job.qtime == 0, f"RETRY 0 {job} may be queued again"
             else:
                 assert job.qtime != 0, f"{job} would never be requeued"
-        if core.cluster.size() == 1:
+        if core.cluster.size() == 1 and set(job.nodes_delivered) <= set(core.cluster.nodes):
+            # (a node alone after CLUSTER FORGET keeps the jobs it shared with the peers it forgot)
             assert job.state != State.ACKED, f"single node kept acked {job}"
             assert job.nodes_delivered == (core.cluster.my_id,)
     awake = core.jobs.next_awake()
@@ -94,13 +100,46 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
         assert waits and all(core.blocked.get(w.client.id) is w and job_id in (w.jobs or ()) for w in waits)
 
     # -- memory estimate and INFO ------------------------------------------
-    expected = core.base_memory + sum(core.job_size(j) for j in jobs.values())
+    expected = core.base_memory + sum(core.job_size(j) for j in jobs.values()) + on_disk * SLOT_BYTES
     expected += sum(QUEUE_OVERHEAD + len(q.name) for q in core.queues.values())
     assert core.used_memory == expected, (core.used_memory, expected)
     assert core.peak_memory >= core.used_memory
     info = admin.info(core, "jobs") + admin.info(core, "queues")
-    assert b"registered_jobs:%d\r\n" % len(jobs) in info
+    assert b"registered_jobs:%d\r\n" % (len(jobs) + on_disk) in info
     assert b"registered_queues:%d\r\n" % len(core.queues) in info
+
+
+def check_spilled(core: NodeCore, settled: bool) -> None:
+    """Read-behind: the index, the queues' tails and the wheel agree."""
+    spill = core.read_behind
+    assert spill is not None
+    index = spill.index
+    flags = index.flags
+    live = [slot for slot in range(len(flags)) if flags[slot] & LIVE]
+    assert len(live) == index.live
+    assert sum(index.size[slot] for slot in live) == index.live_bytes
+    assert sum(1 for v in index._table if v > 0) == index.live, "the ID table lists exactly the live slots"
+    tailed: set[int] = set()
+    for queue in core.queues.values():
+        tail = queue.tail
+        if tail is None:
+            continue
+        slots = list(tail.oldest())
+        assert len(slots) == tail.live and sum(index.blen[s] for s in slots) == tail.nbytes
+        assert all(flags[s] & IN_TAIL and index.queue_of(s) == queue.name for s in slots)
+        ctimes = [index.ctime[s] for s in slots]
+        assert ctimes == sorted(ctimes), f"tail of {queue.name!r} out of order"
+        tailed.update(slots)
+    assert tailed == {slot for slot in live if flags[slot] & IN_TAIL}
+    now_s = core.clock.now_ms() // 1000
+    for slot in live:
+        second = index.awake[slot]
+        assert slot in index.wheel.get(second, ()), f"slot {slot} has no wheel entry"
+        if settled:
+            assert second > now_s, f"slot {slot} overdue: second {second}, now {now_s}"
+        job = spill.peek(slot)
+        assert job is not None and job.id not in core.jobs._jobs, "a job both in memory and on disk"
+        assert job.state == (State.QUEUED if flags[slot] & IN_TAIL else State.ACTIVE)
 
 
 def advance(core: NodeCore, clock, ms: int, on_tick=None) -> None:

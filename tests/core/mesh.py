@@ -25,7 +25,7 @@ from disque.core.effects import Answer, DropLink, Reply, Send
 from disque.core.types import BLOCKED
 from disque.core.node import NodeCore
 from disque.protocols.resp.front import RESP
-from support import FakeClock, FakeHost, make_config
+from support import FakeClock, FakeHost, make_config, read_behind
 
 IP = "127.0.0.1"
 LINK_CRON_MS = 100
@@ -80,8 +80,9 @@ class Mesh:
         members = Membership.from_conf(conf, port, rng=rng, now=self.clock.ms) if conf else None
         config = make_config(port=port, cluster_node_timeout=self.node_timeout)
         self.cores[i] = NodeCore(
-            config, "%040x" % rng.getrandbits(160), clock=self.clock, rng=rng, host=_Host(self, i), membership=members
-        )
+            config, "%040x" % rng.getrandbits(160), clock=self.clock, rng=rng, host=_Host(self, i), membership=members,
+            **read_behind(config),
+        )  # fmt: skip
         self.core(i).host.save_cluster_config(fsync=True)
 
     def kill(self, i: int) -> None:

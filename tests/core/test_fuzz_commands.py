@@ -66,7 +66,7 @@ class CommandFuzz(RuleBasedStateMachine):
         assert self.watcher("MONITOR") == Status(b"OK")
 
     def job_ids(self) -> list[bytes]:
-        return sorted(job.id for job in self.core.jobs.values())
+        return sorted(job.id for job in self.core.jobs.every())
 
     def argument(self, data) -> bytes:
         known = self.job_ids()

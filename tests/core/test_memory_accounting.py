@@ -10,7 +10,10 @@ import tracemalloc
 import pytest
 
 from disque.core.node import BASE_MEMORY
-from support import Session, make_core
+from support import FORCE_READ_BEHIND, Session, make_core
+
+# These measure jobs in memory; read-behind's slots have their own test (test_read_behind.py).
+pytestmark = pytest.mark.skipif(FORCE_READ_BEHIND, reason="jobs on disk: measured by test_read_behind.py")
 
 JOBS = 5000
 

@@ -471,7 +471,7 @@ class CoreModel(RuleBasedStateMachine):
     def consistent(self):
         check_core(self.core)
         s, now = self.s, self.now
-        assert {job.id for job in self.core.jobs.values()} == set(self.jobs)
+        assert {job.id for job in self.core.jobs.every()} == set(self.jobs)
         assert set(self.core.blocked) == set(self.waiters)
         for job in self.jobs.values():
             shown = dict(s("SHOW", job.id))

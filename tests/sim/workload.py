@@ -335,7 +335,7 @@ class Workload:
             await trio.sleep(5)
             waited += 5
         await self.scan()
-        dummies = [job for node in cluster.nodes for job in node.core.jobs.values() if job.is_dummy_ack]  # type: ignore[union-attr]
+        dummies = [job for node in cluster.nodes for job in node.core.jobs.every() if job.is_dummy_ack]  # type: ignore[union-attr]
         assert not dummies, f"dummy ACKs outlive the GC on a whole cluster: {dummies}"
         return self.history.records
 

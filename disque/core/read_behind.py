@@ -1,0 +1,434 @@
+"""Read-behind: queues larger than memory.
+
+Theory of operation: past a memory budget, whole job records leave memory
+for the body segments (shell/segments.py, injected as `bodies`), and only a
+compact slot per job stays (store/spill.py, about 80 bytes).  Two kinds of
+jobs move:
+
+* the newest *queued* jobs of a queue, into its `Tail`, once the queue's
+  jobs in memory pass its `max_memory_size` (Kestrel's setting) or the node
+  passes `job-memory-limit` (default half of `maxmemory`).  While a queue
+  has a tail, new jobs newer than the tail join it, as Kestrel's journal
+  takes new items in read-behind; the head keeps the oldest jobs;
+* *active copies* received from peers (replicas) and replayed from the AOF,
+  while the node is over its budget.
+
+Nothing is moved in the middle of an operation: the core only notes the
+queues that grew and the copies that arrived, and `settle()` moves jobs at
+the end of each step (command, bus message, tick), so no caller ever holds
+a job object that left the registry.  The way back is `load`: any lookup by
+ID (`JobStore.get`, so ACKJOB, SHOW, every bus message about the job) loads
+the job back into memory as it was, a queued one into its place in the
+head.  `fetch` first makes the head's front the queue's oldest job, and
+after a step that took jobs the head is refilled to `prefetch` jobs from the
+tail, so a GETJOB finds its job in memory (a *hit*) unless a burst emptied
+the head (a *miss*: that GETJOB reads the disk itself).
+
+Time goes on for jobs on disk: each slot has a second in the index's wheel
+(a queued job's expiry; an active copy's next timer, its requeue or its
+expiry) when it is loaded back and the scheduler handles it as usual.
+
+Budget hysteresis: the node spills from the moment it passes its limit
+until it is back under 90 % of it; a queue without a tail starts one only
+when over its own limit or the node's, and keeps `prefetch` jobs in memory.
+`read-behind force` spills as if always over budget (the test suite's
+switch): every queue keeps only `prefetch` jobs in memory, every replica
+goes to disk.
+
+Failures: a body store that cannot write keeps the records in memory and
+reports why (`error`): no more jobs are spilled and writes answer -MISCONF
+until a write succeeds.  A read that fails (I/O error) leaves the job on
+disk and answers as if it were not here for this step (-MISCONF meanwhile);
+a record that fails its checksum is a lost local copy, logged and counted,
+as a damaged AOF record would be.
+"""
+
+from __future__ import annotations
+
+import logging
+from array import array
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from disque.cluster.codec import DecodeError, decode_storage, encode_storage
+from disque.store.job import EVENT, IN_LIST, Job, State
+from disque.store.spill import IN_TAIL, LIVE, REPLAYED_QUEUED, SLOT_BYTES, UNJOURNALED, SpillCorrupt, SpillIndex, Tail
+
+if TYPE_CHECKING:
+    from disque.core.services import Node
+    from disque.core.types import BodyStore
+    from disque.store.queue import Queue
+
+log = logging.getLogger("disque.read_behind")
+
+S_ACTIVE, S_QUEUED = State.ACTIVE, State.QUEUED
+MAX_LOADS_PER_TICK = 10_000
+COMPACT_SLOTS_PER_TICK = 20_000
+
+
+class ReadBehind:
+    def __init__(self, node: Node, bodies: BodyStore, force: bool) -> None:
+        self.node = node
+        self.bodies = bodies
+        self.force = force
+        self.index = SpillIndex()
+        self.grown: dict[bytes, None] = {}  # queues that got jobs in this step
+        self.arrived: list[Job] = []  # active copies received in this step
+        self.drained: dict[bytes, None] = {}  # queues that gave jobs in this step
+        self.spilling = False  # over the node's budget (until back under 90 % of it)
+        self.error: str | None = None
+        self.spilled = self.loaded = self.hits = self.misses = self.lost = self.compacted = 0
+        self._compact_cursor = 0
+        self._reads_then = (0, 0)  # (ms, disk reads) at the last rate sample
+        self.reads_per_sec = 0
+
+    # ------------------------------------------------------------ budget
+
+    def limit(self) -> int:
+        config = self.node.config
+        return config.job_memory_limit or config.maxmemory // 2
+
+    def _over(self, freed: int = 0) -> bool:
+        """Whether the node is over its budget, once `freed` more bytes are gone."""
+        if self.force:
+            return True
+        limit = self.limit()
+        used = self.node.used_memory - freed
+        if limit and used > limit:
+            self.spilling = True
+        elif used < limit // 10 * 9:
+            self.spilling = False
+        return self.spilling
+
+    def _spillable(self, job: Job) -> bool:
+        return job.nodes_confirmed is None and not job.flags & EVENT and job.id not in self.node.repl_waiters
+
+    # ------------------------------------------------------------ the end of a step
+
+    def settle(self) -> None:
+        """Move what the step made movable to disk, refill drained heads."""
+        node = self.node
+        if self.bodies.error is not None:
+            self.bodies.flush()  # retry: the disk may have room again
+        node.body_error = self.error = self.bodies.error
+        if self.arrived:
+            arrived, self.arrived = self.arrived, []
+            if self.error is None and self._over():
+                for job in arrived:
+                    if node.jobs.resident(job) and job.state == S_ACTIVE and self._spillable(job):
+                        self._spill(job, None)
+        if self.grown:
+            grown, self.grown = self.grown, {}
+            if self.error is None:
+                for name in grown:
+                    queue = node.queues.get(name)
+                    if queue is not None:
+                        self._settle_queue(queue)
+        if self.drained:
+            drained, self.drained = self.drained, {}
+            for name in drained:
+                queue = node.queues.get(name)
+                if queue is not None and queue.tail is not None:
+                    self._refill(queue)
+
+    def _settle_queue(self, queue: Queue) -> None:
+        tail = queue.tail
+        moving: list[Job] = []
+        if tail is not None and tail.live:
+            # read-behind in progress: what arrived after the tail joins it
+            while (job := queue.newest_in_head()) is not None and job.ctime > tail.last_ctime and self._spillable(job):
+                moving.append(queue.pop_newest())  # type: ignore[arg-type]
+        else:
+            node = self.node
+            limit = node.config.queue_config.settings(queue.name).max_memory_size
+            keep = node.config.read_behind_prefetch
+            mem = queue.nbytes - (tail.nbytes if tail is not None else 0)
+            over = self._over() or mem > limit
+            freed = 0
+            while over and queue.head_live() - len(moving) > keep:
+                job = queue.newest_in_head()
+                if job is None or not self._spillable(job):
+                    break
+                moving.append(queue.pop_newest())  # type: ignore[arg-type]
+                mem -= len(job.body or b"")
+                freed += node.job_size(job) - SLOT_BYTES
+                over = self._over(freed) or mem > limit // 10 * 9
+        if not moving:
+            return
+        if tail is None:
+            tail = queue.tail = Tail(self.index, self.peek)
+        for job in reversed(moving):
+            self._spill(job, tail)
+
+    def _spill(self, job: Job, tail: Tail | None, marks: int = 0) -> int:
+        """Move a job's record to disk (into `tail` when queued)."""
+        node = self.node
+        loc, size = self.bodies.append(job.qtime, encode_storage(job))
+        if tail is not None:
+            marks |= IN_TAIL
+        if not node.journaled(job):
+            marks |= UNJOURNALED
+        index = self.index
+        blen = len(job.body or b"")
+        slot = index.add(job.id, job.queue or b"", loc, size, blen, job.ctime, marks)
+        if tail is not None:
+            tail.append(slot, job.ctime, blen)
+            index.wake_at(slot, job.etime + 1)  # when the scheduler would expire it (node.reschedule)
+        else:
+            index.wake_at(slot, job.awake // 1000)
+        node.jobs.remove(job)
+        node.account(SLOT_BYTES - node.job_size(job))
+        self.spilled += 1
+        return slot
+
+    def note_arrival(self, job: Job) -> None:
+        self.arrived.append(job)
+
+    def replayed(self, job: Job, was_queued: bool) -> bool:
+        """A job the AOF replay just registered (active): spilled at once
+        when over budget (True), with its `queued` mark for the replay's end."""
+        if self.error is not None or not self._over() or not self._spillable(job):
+            return False
+        self._spill(job, None, REPLAYED_QUEUED if was_queued else 0)
+        return True
+
+    def replay_queued(self, trusted: bool) -> list[int]:
+        """The end of a replay: the slots marked queued, oldest first
+        (none unless `trusted`); the marks go."""
+        index = self.index
+        flags = index.flags
+        slots = [slot for slot in range(len(flags)) if flags[slot] & REPLAYED_QUEUED]
+        for slot in slots:
+            flags[slot] &= ~REPLAYED_QUEUED
+        if not trusted:
+            return []
+        return sorted((slot for slot in slots if flags[slot] & LIVE), key=index.ctime.__getitem__)
+
+    # ------------------------------------------------------------ loading back
+
+    def _read(self, slot: int) -> tuple[int, Job] | None:
+        index = self.index
+        try:
+            qtime, payload = self.bodies.read(index.loc[slot], index.size[slot])
+            return qtime, decode_storage(payload)
+        except OSError as e:
+            self.error = self.node.body_error = e.strerror or str(e)
+            log.warning("Read-behind: cannot read a job record: %s", self.error)
+        except (SpillCorrupt, DecodeError) as e:
+            log.warning("Read-behind: a job record is damaged (%s): this node's copy is lost", e)
+            self.lost += 1
+            self._forget(slot)
+        return None
+
+    def peek(self, slot: int) -> Job | None:
+        """A spilled job, read but left on disk (QPEEK, JSCAN)."""
+        found = self._read(slot)
+        return None if found is None else found[1]
+
+    def load(self, slot: int) -> Job | None:
+        """Bring a spilled job back into memory as it was."""
+        found = self._read(slot)
+        if found is None:
+            return None
+        qtime, job = found
+        self._forget(slot)
+        self._register(job, qtime)
+        return job
+
+    def _forget(self, slot: int) -> None:
+        """The slot's job is no longer on disk (loaded, or gone)."""
+        index = self.index
+        if index.flags[slot] & IN_TAIL:
+            queue = self.node.queues.get(index.queue_of(slot))
+            assert queue is not None and queue.tail is not None  # a queue with jobs is never collected
+            queue.tail.take(slot)
+        self.bodies.release(index.loc[slot], index.size[slot])
+        index.kill(slot)
+        self.node.account(-SLOT_BYTES)
+
+    def _register(self, job: Job, qtime: int) -> None:
+        node = self.node
+        job.qtime = qtime
+        job.flags &= ~IN_LIST
+        node.jobs.add(job)
+        node.account(node.job_size(job))
+        self.loaded += 1
+        if job.state == S_QUEUED:
+            queue = node.queues.get(job.queue)  # type: ignore[arg-type]
+            assert queue is not None  # a queue with jobs is never collected
+            job.queue = queue.name
+            queue.promote(job)
+        elif job.queue is not None and (queue := node.queues.get(job.queue)) is not None:
+            job.queue = queue.name
+        node.reschedule(job)
+
+    def load_id(self, job_id: bytes) -> Job | None:
+        """JobStore.get's way to disk: the spilled job with this ID, loaded."""
+        for slot in self.index.find(job_id):
+            found = self._read(slot)
+            if found is not None and found[1].id == job_id:
+                self._forget(slot)
+                self._register(found[1], found[0])
+                return found[1]
+        return None
+
+    def holds(self, job_id: bytes) -> bool:
+        return any((found := self._read(slot)) is not None and found[1].id == job_id for slot in self.index.find(job_id))
+
+    def __len__(self) -> int:
+        return self.index.live
+
+    def ready(self, queue: Queue) -> None:
+        """Before a pop: the head's front must be the queue's oldest job."""
+        tail = queue.tail
+        assert tail is not None
+        self.drained[queue.name] = None
+        first = queue.first()
+        ctime = self.index.ctime
+        while (slot := tail.front()) is not None and (first is None or ctime[slot] < first.ctime):
+            self.misses += 1  # this pop waits for the disk
+            if self.load(slot) is not None or self.error is not None:
+                return
+        if first is not None:
+            self.hits += 1
+
+    def _refill(self, queue: Queue) -> None:
+        tail = queue.tail
+        assert tail is not None
+        want = self.node.config.read_behind_prefetch - queue.head_live()
+        while want > 0 and (slot := tail.front()) is not None:
+            if self.load(slot) is None and self.error is not None:
+                return
+            want -= 1
+        if not tail.live and tail.front() is None:
+            queue.tail = None
+
+    # ------------------------------------------------------------ time
+
+    def next_awake(self) -> int | None:
+        second = self.index.next_awake()
+        return None if second is None else second * 1000
+
+    def tick(self) -> None:
+        """Load what the wheel says is due; the scheduler then handles it."""
+        now_s = self.node.now // 1000
+        for slot in self.index.due(now_s, MAX_LOADS_PER_TICK):
+            if self.load(slot) is None and self.index.is_live(slot):
+                self.index.wake_at(slot, now_s + 1)  # the disk failed to read it: again in a second
+
+    def cron(self) -> None:
+        self.bodies.flush()
+        now = self.node.now
+        then, reads = self._reads_then
+        if now - then >= 1000:
+            self.reads_per_sec = (self.bodies.reads - reads) * 1000 // (now - then)
+            self._reads_then = (now, self.bodies.reads)
+        self._compact()
+
+    def _compact(self) -> None:
+        """Copy the live records of a mostly dead segment to the newest one,
+        a bounded number of slots per call; the segment goes once empty."""
+        seg = self.bodies.sparse()
+        if seg is None:
+            return
+        index, bodies = self.index, self.bodies
+        start = self._compact_cursor
+        end = min(start + COMPACT_SLOTS_PER_TICK, len(index.flags))
+        for slot in range(start, end):
+            if index.flags[slot] & LIVE and bodies.segment_of(index.loc[slot]) == seg:
+                try:
+                    qtime, payload = bodies.read(index.loc[slot], index.size[slot])
+                except (OSError, SpillCorrupt):
+                    continue  # left where it is: a load will report it
+                loc, size = bodies.append(qtime, payload)
+                bodies.release(index.loc[slot], index.size[slot])
+                index.loc[slot] = loc
+                self.compacted += size
+        self._compact_cursor = 0 if end >= len(index.flags) else end
+
+    # ------------------------------------------------------------ whole-node operations
+
+    def on_disk(self) -> Iterator[Job]:
+        """Copies of the spilled jobs, read where they are."""
+        flags = self.index.flags
+        for slot in range(len(flags)):
+            if flags[slot] & LIVE and (job := self.peek(slot)) is not None:
+                yield job
+
+    def every_job(self) -> Iterator[Job]:
+        """Every spilled job, loaded back one at a time (FLUSHALL deletes
+        each before the next comes)."""
+        flags = self.index.flags
+        for slot in range(len(flags)):
+            if flags[slot] & LIVE and (job := self.load(slot)) is not None:
+                yield job
+
+    def forget_queue(self, queue: Queue) -> None:
+        """A queue goes: the jobs of its tail come back to its head first
+        (to leave the queue as the others do), then the tail goes."""
+        tail = queue.tail
+        if tail is not None:
+            for slot in list(tail.oldest()):
+                self.load(slot)
+            for slot in tail.drop():  # what could not be read stays on disk, in no queue
+                self.index.flags[slot] &= ~IN_TAIL
+            queue.tail = None
+
+    def snapshot(self) -> tuple[array[int], array[int]]:
+        """Locations and sizes of every spilled job of a journaled queue,
+        for an AOF rewrite (which holds the body store's segments meanwhile)."""
+        index = self.index
+        flags, loc, size = index.flags, index.loc, index.size
+        locs, sizes = array("Q"), array("I")
+        for slot in range(len(flags)):
+            if flags[slot] & LIVE and not flags[slot] & UNJOURNALED:
+                locs.append(loc[slot])
+                sizes.append(size[slot])
+        return locs, sizes
+
+    def scan(self, cursor: int, want: int) -> tuple[int, list[Job]]:
+        """JSCAN past the jobs in memory: slot numbers as the cursor."""
+        index = self.index
+        flags = index.flags
+        out: list[Job] = []
+        slot = cursor
+        while slot < len(flags) and len(out) < want:
+            if flags[slot] & LIVE and (job := self.peek(slot)) is not None:
+                out.append(job)
+            slot += 1
+        return (slot if slot < len(flags) else 0), out
+
+    def counts(self) -> tuple[int, int]:
+        """(queued, active) jobs on disk."""
+        queued = sum(q.tail.live for q in self.node.queues.values() if q.tail is not None)
+        return queued, self.index.live - queued
+
+    def info_fields(self) -> list[tuple[str, Any]]:
+        node = self.node
+        disk = self.bodies.figures()
+        queued, active = self.counts()
+        return [
+            ("read_behind", "force" if self.force else "yes"),
+            ("read_behind_limit", self.limit()),
+            ("read_behind_spilling", int(self.spilling)),
+            ("jobs_in_memory", len(node.jobs) - self.index.live),
+            ("jobs_on_disk", self.index.live),
+            ("queued_jobs_on_disk", queued),
+            ("active_jobs_on_disk", active),
+            ("bytes_on_disk", self.index.live_bytes),
+            ("memory_per_job_on_disk", SLOT_BYTES),
+            ("segments", disk["segments"]),
+            ("segment_bytes", disk["disk_bytes"]),
+            ("dead_bytes", disk["dead_bytes"]),
+            ("jobs_spilled", self.spilled),
+            ("jobs_loaded", self.loaded),
+            ("prefetch_hits", self.hits),
+            ("prefetch_misses", self.misses),
+            ("disk_reads", disk["reads"]),
+            ("disk_reads_per_sec", self.reads_per_sec),
+            ("disk_bytes_read", disk["read_bytes"]),
+            ("disk_bytes_written", disk["written"]),
+            ("compacted_bytes", self.compacted),
+            ("lost_records", self.lost),
+            ("read_behind_error", self.error or ""),
+        ]

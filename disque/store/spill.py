@@ -1,0 +1,285 @@
+"""The compact index of jobs whose records live on disk (read-behind).
+
+Theory of operation: a job "spilled" by read-behind (core/read_behind.py)
+is not a `Job` object any more: its whole storage record (body included) is
+in a body segment on disk, and this index keeps only what the node must
+know without reading it, in parallel arrays indexed by a *slot* number:
+where the record is (`loc`, `size`), the body length (queue byte counts),
+the creation time (queue order), a 64-bit hash of the ID, its queue, a few
+flag bits and the second it must be looked at (`awake`).  A slot costs
+about 80 bytes with its share of the ID table and of its queue's tail
+(arrays of machine integers, no per-job Python object), against several
+hundred for a `Job` in memory.
+
+Lookups by ID go through an open-addressing table of slot numbers (linear
+probing, tombstones, rebuilt at half load); a hit is only a candidate: the
+caller confirms it against the ID in the record it reads.  Slots are reused
+once free: a slot is free when its job is no longer `LIVE` and no queue
+`Tail` still lists it (`IN_TAIL`), so a tail never points at a reused slot.
+
+A `Tail` is the spilled end of one queue: slots in (ctime, id) order,
+consumed from the front (`pos`); a slot that died in the middle (an ACK, a
+job loaded back by ID) is skipped when the front reaches it.
+
+The awake *wheel* maps a second to the slots to look at then (expiry for a
+queued job, the requeue or expiry of an active copy), with a heap of the
+seconds.  Entries are checked when due: a slot whose job died or moved to
+another second meanwhile is skipped.
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from collections.abc import Callable, Iterator
+
+from disque.store.job import Job
+
+LIVE = 1
+IN_TAIL = 2  # listed by a queue's Tail
+REPLAYED_QUEUED = 4  # stored `queued` in the AOF being replayed (queued again if the file is trusted)
+UNJOURNALED = 8  # its queue is not in the AOF (left out of rewrites)
+_MASK64 = (1 << 64) - 1
+_MIN_TABLE = 1024
+SLOT_BYTES = 80  # memory accounted per spilled job: 41 in the arrays, 16-32 in the ID table, a tail and a wheel entry
+
+
+class SpillCorrupt(Exception):
+    """A record that is not what its location says (torn, damaged, gone)."""
+
+
+def id_hash(job_id: bytes) -> int:
+    return hash(job_id) & _MASK64
+
+
+class SpillIndex:
+    __slots__ = (
+        "loc", "size", "blen", "ctime", "keyh", "flags", "awake", "qid", "names", "_name_ids",
+        "live", "live_bytes", "_table", "_used", "_free", "wheel", "_heap",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.loc = array("Q")  # where the record is (the body store's location)
+        self.size = array("I")  # record length
+        self.blen = array("I")  # body length
+        self.ctime = array("Q")
+        self.keyh = array("Q")
+        self.flags = bytearray()
+        self.awake = array("I")  # second of its wheel entry (0: none)
+        self.qid = array("I")  # its queue, as an index in `names`
+        self.names: list[bytes] = []
+        self._name_ids: dict[bytes, int] = {}
+        self.live = 0  # slots holding a job
+        self.live_bytes = 0  # record bytes of those
+        self._table = array("q", bytes(8 * _MIN_TABLE))  # slot + 1; 0 empty, -1 deleted
+        self._used = 0  # table entries that are not empty (live and deleted)
+        self._free = array("I")
+        self.wheel: dict[int, array[int]] = {}
+        self._heap: list[int] = []
+
+    def __len__(self) -> int:
+        return self.live
+
+    # -- slots --------------------------------------------------------------
+
+    def add(self, job_id: bytes, queue: bytes, loc: int, size: int, blen: int, ctime: int, marks: int) -> int:
+        """A new live slot for a job whose record is at `loc`; `marks`: the
+        other flag bits."""
+        if (self._used + 1) * 2 > len(self._table):
+            self._rebuild()
+        flags = LIVE | marks
+        h = id_hash(job_id)
+        qid = self._name_ids.get(queue)
+        if qid is None:
+            qid = self._name_ids[queue] = len(self.names)
+            self.names.append(queue)
+        if self._free:
+            slot = self._free.pop()
+            self.loc[slot], self.size[slot], self.blen[slot] = loc, size, blen
+            self.ctime[slot], self.keyh[slot], self.flags[slot], self.awake[slot] = ctime, h, flags, 0
+            self.qid[slot] = qid
+        else:
+            slot = len(self.flags)
+            self.loc.append(loc)
+            self.size.append(size)
+            self.blen.append(blen)
+            self.ctime.append(ctime)
+            self.keyh.append(h)
+            self.flags.append(flags)
+            self.awake.append(0)
+            self.qid.append(qid)
+        self.live += 1
+        self.live_bytes += size
+        self._insert(h, slot)
+        return slot
+
+    def kill(self, slot: int) -> None:
+        """The job of `slot` left the disk (loaded back, or gone)."""
+        self.flags[slot] &= IN_TAIL
+        self.live -= 1
+        self.live_bytes -= self.size[slot]
+        table, mask = self._table, len(self._table) - 1
+        i = self.keyh[slot] & mask
+        while table[i] != slot + 1:  # it is there: every live slot is in the table
+            i = (i + 1) & mask
+        table[i] = -1
+        if not self.flags[slot]:
+            self._free.append(slot)
+
+    def leave_tail(self, slot: int) -> None:
+        flags = self.flags[slot] & ~IN_TAIL
+        self.flags[slot] = flags
+        if not flags & LIVE:
+            self._free.append(slot)
+
+    def is_live(self, slot: int) -> bool:
+        return bool(self.flags[slot] & LIVE)
+
+    def queue_of(self, slot: int) -> bytes:
+        return self.names[self.qid[slot]]
+
+    def find(self, job_id: bytes) -> Iterator[int]:
+        """Live slots whose ID hash matches (candidates, in probe order)."""
+        h = id_hash(job_id)
+        table, keyh = self._table, self.keyh
+        mask = len(table) - 1
+        i = h & mask
+        while (v := table[i]) != 0:
+            if v > 0 and keyh[v - 1] == h:
+                yield v - 1
+            i = (i + 1) & mask
+
+    def live_slots(self) -> Iterator[int]:
+        flags = self.flags
+        return (slot for slot in range(len(flags)) if flags[slot] & LIVE)
+
+    def clear(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def _insert(self, h: int, slot: int) -> None:
+        table = self._table
+        mask = len(table) - 1
+        i = h & mask
+        while table[i] > 0:
+            i = (i + 1) & mask
+        if table[i] == 0:
+            self._used += 1
+        table[i] = slot + 1
+
+    def _rebuild(self) -> None:
+        """A table four times the live slots (deleted entries dropped)."""
+        n = _MIN_TABLE
+        while n < 4 * (self.live + 1):
+            n *= 2
+        self._table = array("q", bytes(8 * n))
+        self._used = 0
+        for slot in self.live_slots():
+            self._insert(self.keyh[slot], slot)
+
+    # -- the wheel ----------------------------------------------------------
+
+    def wake_at(self, slot: int, second: int) -> None:
+        self.awake[slot] = second
+        bucket = self.wheel.get(second)
+        if bucket is None:
+            bucket = self.wheel[second] = array("I")
+            heapq.heappush(self._heap, second)
+        bucket.append(slot)
+
+    def next_awake(self) -> int | None:
+        """The earliest second with a wheel entry."""
+        return self._heap[0] if self._heap else None
+
+    def due(self, now_s: int, limit: int) -> list[int]:
+        """Live slots whose second has come (at most `limit`, earliest first);
+        they leave the wheel."""
+        out: list[int] = []
+        heap, wheel, flags, awake = self._heap, self.wheel, self.flags, self.awake
+        while heap and heap[0] <= now_s and len(out) < limit:
+            second = heap[0]
+            bucket = wheel[second]
+            while bucket and len(out) < limit:
+                slot = bucket.pop()
+                if flags[slot] & LIVE and awake[slot] == second:
+                    awake[slot] = 0  # taken: a second entry of the slot (reused meanwhile) is stale
+                    out.append(slot)
+            if not bucket:
+                del wheel[second]
+                heapq.heappop(heap)
+        return out
+
+
+class Tail:
+    """The spilled end of one queue: slots in queue order (see above), and
+    `read`, which gives one slot's job without loading it (None when it
+    cannot be read)."""
+
+    __slots__ = ("index", "read", "slots", "pos", "live", "nbytes", "last_ctime")
+
+    def __init__(self, index: SpillIndex, read: Callable[[int], Job | None]) -> None:
+        self.index = index
+        self.read = read
+        self.slots = array("I")
+        self.pos = 0
+        self.live = 0  # live jobs listed
+        self.nbytes = 0  # their body bytes
+        self.last_ctime = 0  # ctime of the newest job appended: only newer ones may follow
+
+    def append(self, slot: int, ctime: int, blen: int) -> None:
+        self.slots.append(slot)
+        self.live += 1
+        self.nbytes += blen
+        self.last_ctime = ctime
+
+    def front(self) -> int | None:
+        """The oldest live slot; dead ones passed on the way are released."""
+        index = self.index
+        slots, pos, flags = self.slots, self.pos, index.flags
+        while pos < len(slots):
+            slot = slots[pos]
+            if flags[slot] & LIVE:
+                break
+            index.leave_tail(slot)
+            pos += 1
+        else:
+            self.slots, self.pos = array("I"), 0
+            return None
+        if pos > 4096 and pos * 2 > len(slots):
+            del slots[:pos]  # consumed entries go (amortised: at least as many stay)
+            pos = 0
+        self.pos = pos
+        return slots[pos]
+
+    def take(self, slot: int) -> None:
+        """A listed job leaves the tail (loaded, or gone): it stays listed
+        as a dead entry until the front passes it."""
+        self.live -= 1
+        self.nbytes -= self.index.blen[slot]
+
+    def oldest(self) -> Iterator[int]:
+        slots, flags = self.slots, self.index.flags
+        return (slots[i] for i in range(self.pos, len(slots)) if flags[slots[i]] & LIVE)
+
+    def newest(self) -> Iterator[int]:
+        slots, flags = self.slots, self.index.flags
+        return (slots[i] for i in range(len(slots) - 1, self.pos - 1, -1) if flags[slots[i]] & LIVE)
+
+    def jobs(self, slots: Iterator[int]) -> Iterator[Job]:
+        for slot in slots:
+            job = self.read(slot)
+            if job is not None:
+                yield job
+
+    def drop(self) -> list[int]:
+        """Empty the tail; returns the live slots it listed (their jobs are
+        the caller's to delete)."""
+        index = self.index
+        live = []
+        for i in range(self.pos, len(self.slots)):
+            slot = self.slots[i]
+            if index.flags[slot] & LIVE:
+                live.append(slot)
+            index.leave_tail(slot)
+        self.slots, self.pos = array("I"), 0
+        self.live = self.nbytes = 0
+        return live
