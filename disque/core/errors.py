@@ -100,5 +100,5 @@ def unknown_command(name: str) -> DisqueError:
     return err(f"unknown command '{name}'")
 
 
-def misconf(strerror: str) -> DisqueError:
-    return DisqueError("MISCONF", f"Errors writing to the AOF file: {strerror}")
+def misconf(strerror: str, what: str = "writing to the AOF file") -> DisqueError:
+    return DisqueError("MISCONF", f"Errors {what}: {strerror}")

@@ -231,7 +231,7 @@ class NodeCore:
         if self.read_behind is not None:
             self.read_behind.tick()
         for job in self.jobs.due(now):
-            self._process_job(job)
+            self.process_job(job)
         if now - self._last_cron >= BLOCKED_CRON_MS:
             self._last_cron = now
             self.cluster.timeout = self.config.cluster_node_timeout
@@ -340,7 +340,9 @@ class NodeCore:
         if limit and self.used_memory > limit // 100 * 95 and not self.evict() and "m" in flags:
             return errors.oom()
         if (self.aof_error is not None or self.body_error is not None) and ("w" in flags or cmd.name == "ping"):
-            return errors.misconf(self.aof_error or self.body_error)  # type: ignore[arg-type]
+            if self.aof_error is not None:
+                return errors.misconf(self.aof_error)
+            return errors.misconf(self.body_error, "reading or writing the read-behind segments")  # type: ignore[arg-type]
         if self.loading and "l" not in flags:
             return errors.loading()
         client.last_cmd = cmd.name
@@ -534,7 +536,7 @@ class NodeCore:
             at = min(at, job.qtime - (WILLQUEUE_LEAD if job.flags & BCAST_WILLQUEUE else 0))
         self.jobs.schedule(job, at)
 
-    def _process_job(self, job: Job) -> None:
+    def process_job(self, job: Job) -> None:
         """One scheduler visit (cluster.md §8.3)."""
         now = self.now
         if job.etime * 1000 <= now:
@@ -851,7 +853,7 @@ class NodeCore:
         self.broadcast(job.nodes_delivered, m.Working(job.id))
         self.reschedule(job)
         if job.awake <= self.now:  # a delayed job whose WILLQUEUE is due now: send it now, as a tick would
-            self._process_job(job)
+            self.process_job(job)
         return job.retry
 
     def set_pause(self, name: bytes, flags: int) -> None:

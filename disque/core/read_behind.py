@@ -2,7 +2,7 @@
 
 Theory of operation: past a memory budget, whole job records leave memory
 for the body segments (shell/segments.py, injected as `bodies`), and only a
-compact slot per job stays (store/spill.py, about 80 bytes).  Two kinds of
+compact slot per job stays (store/spill.py, about 72 bytes).  Two kinds of
 jobs move:
 
 * the newest *queued* jobs of a queue, into its `Tail`, once the queue's
@@ -29,7 +29,8 @@ Time goes on for jobs on disk: each slot has a second in the index's wheel
 expiry) when it is loaded back and the scheduler handles it as usual.
 
 Budget hysteresis: the node spills from the moment it passes its limit
-until it is back under 90 % of it; a queue without a tail starts one only
+until a tenth of the room for jobs (the limit less the idle process) is
+free again; a queue without a tail starts one only
 when over its own limit or the node's, and keeps `prefetch` jobs in memory.
 `read-behind force` spills as if always over budget (the test suite's
 switch): every queue keeps only `prefetch` jobs in memory, every replica
@@ -75,8 +76,8 @@ class ReadBehind:
         self.grown: dict[bytes, None] = {}  # queues that got jobs in this step
         self.arrived: list[Job] = []  # active copies received in this step
         self.drained: dict[bytes, None] = {}  # queues that gave jobs in this step
-        self.spilling = False  # over the node's budget (until back under 90 % of it)
-        self.error: str | None = None
+        self.spilling = False  # over the node's budget (see the hysteresis above)
+        self.read_error: str | None = None  # the last read failed (until one succeeds)
         self.spilled = self.loaded = self.hits = self.misses = self.lost = self.compacted = 0
         self._compact_cursor = 0
         self._reads_then = (0, 0)  # (ms, disk reads) at the last rate sample
@@ -96,7 +97,7 @@ class ReadBehind:
         used = self.node.used_memory - freed
         if limit and used > limit:
             self.spilling = True
-        elif used < limit // 10 * 9:
+        elif used < limit - max(0, limit - self.node.base_memory) // 10:  # 10 % of the room for jobs
             self.spilling = False
         return self.spilling
 
@@ -110,16 +111,17 @@ class ReadBehind:
         node = self.node
         if self.bodies.error is not None:
             self.bodies.flush()  # retry: the disk may have room again
-        node.body_error = self.error = self.bodies.error
+        writable = self.bodies.error is None
+        node.body_error = self.bodies.error or self.read_error
         if self.arrived:
             arrived, self.arrived = self.arrived, []
-            if self.error is None and self._over():
+            if writable and self._over():
                 for job in arrived:
                     if node.jobs.resident(job) and job.state == S_ACTIVE and self._spillable(job):
                         self._spill(job, None)
         if self.grown:
             grown, self.grown = self.grown, {}
-            if self.error is None:
+            if writable:
                 for name in grown:
                     queue = node.queues.get(name)
                     if queue is not None:
@@ -187,7 +189,7 @@ class ReadBehind:
     def replayed(self, job: Job, was_queued: bool) -> bool:
         """A job the AOF replay just registered (active): spilled at once
         when over budget (True), with its `queued` mark for the replay's end."""
-        if self.error is not None or not self._over() or not self._spillable(job):
+        if self.bodies.error is not None or not self._over() or not self._spillable(job):
             return False
         self._spill(job, None, REPLAYED_QUEUED if was_queued else 0)
         return True
@@ -210,14 +212,16 @@ class ReadBehind:
         index = self.index
         try:
             qtime, payload = self.bodies.read(index.loc[slot], index.size[slot])
-            return qtime, decode_storage(payload)
+            job = decode_storage(payload)
+            self.read_error = None
+            return qtime, job
         except OSError as e:
-            self.error = self.node.body_error = e.strerror or str(e)
-            log.warning("Read-behind: cannot read a job record: %s", self.error)
+            self.read_error = self.node.body_error = e.strerror or str(e)
+            log.warning("Read-behind: cannot read a job record: %s", self.read_error)
         except (SpillCorrupt, DecodeError) as e:
             log.warning("Read-behind: a job record is damaged (%s): this node's copy is lost", e)
             self.lost += 1
-            self._forget(slot)
+            self._forget(slot, lost=True)
         return None
 
     def peek(self, slot: int) -> Job | None:
@@ -235,13 +239,15 @@ class ReadBehind:
         self._register(job, qtime)
         return job
 
-    def _forget(self, slot: int) -> None:
-        """The slot's job is no longer on disk (loaded, or gone)."""
+    def _forget(self, slot: int, lost: bool = False) -> None:
+        """The slot's job is no longer on disk (loaded back, or `lost`)."""
         index = self.index
         if index.flags[slot] & IN_TAIL:
             queue = self.node.queues.get(index.queue_of(slot))
             assert queue is not None and queue.tail is not None  # a queue with jobs is never collected
             queue.tail.take(slot)
+            if lost:
+                queue.lose(index.blen[slot])
         self.bodies.release(index.loc[slot], index.size[slot])
         index.kill(slot)
         self.node.account(-SLOT_BYTES)
@@ -261,6 +267,8 @@ class ReadBehind:
         elif job.queue is not None and (queue := node.queues.get(job.queue)) is not None:
             job.queue = queue.name
         node.reschedule(job)
+        while job.awake <= node.now and job.etime * 1000 > node.now and node.jobs.resident(job):
+            node.process_job(job)  # the scheduler's visits it missed on disk (a queued job's requeue time moves on)
 
     def load_id(self, job_id: bytes) -> Job | None:
         """JobStore.get's way to disk: the spilled job with this ID, loaded."""
@@ -287,7 +295,7 @@ class ReadBehind:
         ctime = self.index.ctime
         while (slot := tail.front()) is not None and (first is None or ctime[slot] < first.ctime):
             self.misses += 1  # this pop waits for the disk
-            if self.load(slot) is not None or self.error is not None:
+            if self.load(slot) is not None or self.read_error is not None:
                 return
         if first is not None:
             self.hits += 1
@@ -297,7 +305,7 @@ class ReadBehind:
         assert tail is not None
         want = self.node.config.read_behind_prefetch - queue.head_live()
         while want > 0 and (slot := tail.front()) is not None:
-            if self.load(slot) is None and self.error is not None:
+            if self.load(slot) is None and self.read_error is not None:
                 return
             want -= 1
         if not tail.live and tail.front() is None:
@@ -318,6 +326,13 @@ class ReadBehind:
 
     def cron(self) -> None:
         self.bodies.flush()
+        if self.read_error is not None:  # try again: one good read ends the error
+            slot = next(self.index.live_slots(), None)
+            if slot is None or self._read(slot) is not None:
+                self.read_error = None
+                for queue in self.node.queues.values():  # clients the disk kept waiting
+                    if queue.tail is not None and queue.waiters:
+                        self.node.ready[queue.name] = None
         now = self.node.now
         then, reads = self._reads_then
         if now - then >= 1000:
@@ -410,7 +425,7 @@ class ReadBehind:
         return [
             ("read_behind", "force" if self.force else "yes"),
             ("read_behind_limit", self.limit()),
-            ("read_behind_spilling", int(self.spilling)),
+            ("read_behind_spilling", int(self._over())),
             ("jobs_in_memory", len(node.jobs) - self.index.live),
             ("jobs_on_disk", self.index.live),
             ("queued_jobs_on_disk", queued),
@@ -430,5 +445,5 @@ class ReadBehind:
             ("disk_bytes_written", disk["written"]),
             ("compacted_bytes", self.compacted),
             ("lost_records", self.lost),
-            ("read_behind_error", self.error or ""),
+            ("read_behind_error", self.bodies.error or self.read_error or ""),
         ]

@@ -8,7 +8,9 @@ comes first.  Jobs wait in millisecond buckets (`awake` -> insertion-ordered
 dict of jobs) whose keys sit in a min-heap; rescheduling moves a job between
 buckets in O(1), and many jobs share a bucket (expiry times are whole
 seconds), so the per-job cost is one dict slot.  A heap key whose bucket
-emptied is skipped when popped.  Iteration orders are deterministic, so a
+emptied is skipped when popped, and the heap is rebuilt from the buckets
+when such keys are most of it (jobs that leave long before their time,
+as read-behind's do, would otherwise leave one key each).  Iteration orders are deterministic, so a
 simulated cluster replays identically from a seed.
 
 The store decides nothing: `NodeCore` computes awake times and processes the
@@ -90,15 +92,18 @@ class JobStore:
         """JSCAN: the buckets in memory, then (cursor NBUCKETS + slot) the
         spilled jobs, read where they are."""
         spilled = self.spilled
+        jobs: list[Job] = []
         if cursor < NBUCKETS:
             cursor, jobs = self._jobs.scan(cursor, want, max_buckets)
             if cursor or spilled is None or not len(spilled):
                 return cursor, jobs
-            return NBUCKETS, jobs
+            if max_buckets is not None or len(jobs) >= want:
+                return NBUCKETS, jobs
+            cursor = NBUCKETS  # BUSYLOOP: on to the disk in the same call
         if spilled is None:
-            return 0, []
-        cursor, jobs = spilled.scan(cursor - NBUCKETS, want)
-        return (cursor + NBUCKETS if cursor else 0), jobs
+            return 0, jobs
+        cursor, more = spilled.scan(cursor - NBUCKETS, want - len(jobs))
+        return (cursor + NBUCKETS if cursor else 0), jobs + more
 
     def clear(self) -> None:
         self._jobs.clear()
@@ -119,7 +124,12 @@ class JobStore:
         bucket = self._buckets.get(at)
         if bucket is None:
             bucket = self._buckets[at] = {}
-            heapq.heappush(self._heap, at)
+            heap = self._heap
+            if len(heap) > 2 * len(self._buckets) + 1024:  # mostly keys of emptied buckets: rebuild
+                heap[:] = self._buckets
+                heapq.heapify(heap)
+            else:
+                heapq.heappush(heap, at)
         bucket[job] = None
 
     def unschedule(self, job: Job) -> None:

@@ -145,6 +145,11 @@ class Queue:
             items.pop().flags &= ~IN_LIST
         return items[-1] if items else None
 
+    def lose(self, nbytes: int) -> None:
+        """A job of the tail is gone without coming back (a damaged record)."""
+        self._live -= 1
+        self.nbytes -= nbytes
+
     def promote(self, job: Job) -> None:
         """A job of the tail, loaded back, joins the head at its place."""
         job.flags |= IN_LIST

@@ -7,7 +7,7 @@ know without reading it, in parallel arrays indexed by a *slot* number:
 where the record is (`loc`, `size`), the body length (queue byte counts),
 the creation time (queue order), a 64-bit hash of the ID, its queue, a few
 flag bits and the second it must be looked at (`awake`).  A slot costs
-about 80 bytes with its share of the ID table and of its queue's tail
+about 72 bytes with its share of the ID table and of its queue's tail
 (arrays of machine integers, no per-job Python object), against several
 hundred for a `Job` in memory.
 
@@ -41,7 +41,8 @@ REPLAYED_QUEUED = 4  # stored `queued` in the AOF being replayed (queued again i
 UNJOURNALED = 8  # its queue is not in the AOF (left out of rewrites)
 _MASK64 = (1 << 64) - 1
 _MIN_TABLE = 1024
-SLOT_BYTES = 80  # memory accounted per spilled job: 41 in the arrays, 16-32 in the ID table, a tail and a wheel entry
+_DELETED = 0xFFFFFFFF
+SLOT_BYTES = 72  # memory accounted per spilled job: 41 in the arrays, 8-16 in the ID table, a tail and a wheel entry
 
 
 class SpillCorrupt(Exception):
@@ -71,7 +72,7 @@ class SpillIndex:
         self._name_ids: dict[bytes, int] = {}
         self.live = 0  # slots holding a job
         self.live_bytes = 0  # record bytes of those
-        self._table = array("q", bytes(8 * _MIN_TABLE))  # slot + 1; 0 empty, -1 deleted
+        self._table = array("I", bytes(4 * _MIN_TABLE))  # slot + 1; 0 empty, _DELETED deleted
         self._used = 0  # table entries that are not empty (live and deleted)
         self._free = array("I")
         self.wheel: dict[int, array[int]] = {}
@@ -122,7 +123,7 @@ class SpillIndex:
         i = self.keyh[slot] & mask
         while table[i] != slot + 1:  # it is there: every live slot is in the table
             i = (i + 1) & mask
-        table[i] = -1
+        table[i] = _DELETED
         if not self.flags[slot]:
             self._free.append(slot)
 
@@ -145,7 +146,7 @@ class SpillIndex:
         mask = len(table) - 1
         i = h & mask
         while (v := table[i]) != 0:
-            if v > 0 and keyh[v - 1] == h:
+            if v != _DELETED and keyh[v - 1] == h:
                 yield v - 1
             i = (i + 1) & mask
 
@@ -160,7 +161,7 @@ class SpillIndex:
         table = self._table
         mask = len(table) - 1
         i = h & mask
-        while table[i] > 0:
+        while table[i] not in (0, _DELETED):
             i = (i + 1) & mask
         if table[i] == 0:
             self._used += 1
@@ -171,7 +172,7 @@ class SpillIndex:
         n = _MIN_TABLE
         while n < 4 * (self.live + 1):
             n *= 2
-        self._table = array("q", bytes(8 * n))
+        self._table = array("I", bytes(4 * n))
         self._used = 0
         for slot in self.live_slots():
             self._insert(self.keyh[slot], slot)

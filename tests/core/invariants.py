@@ -118,7 +118,7 @@ def check_spilled(core: NodeCore, settled: bool) -> None:
     live = [slot for slot in range(len(flags)) if flags[slot] & LIVE]
     assert len(live) == index.live
     assert sum(index.size[slot] for slot in live) == index.live_bytes
-    assert sum(1 for v in index._table if v > 0) == index.live, "the ID table lists exactly the live slots"
+    assert sum(1 for v in index._table if v not in (0, 0xFFFFFFFF)) == index.live, "the ID table lists exactly the live slots"
     tailed: set[int] = set()
     for queue in core.queues.values():
         tail = queue.tail

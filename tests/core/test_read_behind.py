@@ -1,0 +1,413 @@
+"""Read-behind (core/read_behind.py, store/spill.py): long queues keep their
+newest jobs on disk, replicas go there past the budget, every command sees
+them as if they were in memory."""
+
+from __future__ import annotations
+
+import errno
+import os
+import tracemalloc
+
+import pytest
+
+import support
+from disque.core.effects import AofAppend
+from disque.core.figures import node_figures
+from disque.shell import segments as seg
+from disque.store.aof import encode_clean_marker, encode_loadjob
+from disque.store.job import Job, State
+from disque.store.spill import IN_TAIL, LIVE, SLOT_BYTES, SpillIndex, Tail
+from invariants import advance, check_core
+from mesh import Mesh
+from support import START_MS, Session, body_store, make_core
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+def forced(prefetch: int = 2, **overrides):
+    core, clock, host = make_core(read_behind="force", read_behind_prefetch=prefetch, **overrides)
+    return core, clock, Session(core)
+
+
+def info(core) -> dict[str, str]:
+    return dict(core.read_behind.info_fields())
+
+
+def add(s, n: int, queue: str = "q", *opts) -> list[bytes]:
+    return [bytes(s("ADDJOB", queue, f"body{i}", 0, *opts)) for i in range(n)]
+
+
+def bodies(entries) -> list[bytes]:
+    return [e[2] for e in entries]
+
+
+# ---------------------------------------------------------------- the index
+
+
+def test_the_index_finds_reuses_and_rebuilds():
+    index = SpillIndex()
+    slots = [index.add(b"id%d" % i, b"q", i * 10, 10, 3, i, 0) for i in range(2000)]  # past one table rebuild
+    assert len(index) == 2000 and index.live_bytes == 20000
+    assert [s for s in index.find(b"id1500") if index.loc[s] == 15000] == [1500]
+    assert list(index.find(b"nope")) == []
+    index.kill(slots[7])
+    assert list(index.find(b"id7")) == [] and not index.is_live(7) and len(index) == 1999
+    assert index.add(b"new", b"r", 0, 10, 3, 0, IN_TAIL) == 7  # a free slot is reused
+    assert index.queue_of(7) == b"r" and index.flags[7] == LIVE | IN_TAIL
+    index.kill(7)
+    assert index.flags[7] == IN_TAIL  # still listed by a tail: not free yet
+    assert index.add(b"newer", b"q", 0, 10, 3, 0, 0) == 2000
+    index.leave_tail(7)
+    assert index.add(b"newest", b"q", 0, 10, 3, 0, 0) == 7
+
+
+def test_the_wheel_gives_due_slots_once():
+    index = SpillIndex()
+    a, b, c = (index.add(b"%d" % i, b"q", 0, 1, 0, i, 0) for i in range(3))
+    index.wake_at(a, 10)
+    index.wake_at(b, 12)
+    index.wake_at(c, 10)
+    index.wake_at(c, 11)  # moved: its entry at 10 is stale
+    assert index.next_awake() == 10
+    assert index.due(10, 10) == [a]
+    assert index.due(11, 10) == [c]
+    index.kill(b)
+    assert index.due(20, 10) == [] and index.next_awake() is None
+    for i in range(3):
+        index.wake_at(index.add(b"x%d" % i, b"q", 0, 1, 0, i, 0), 30)
+    assert len(index.due(30, 2)) == 2 and len(index.due(30, 2)) == 1  # bounded passes
+
+
+def test_a_tail_skips_dead_entries_and_drops_its_consumed_front():
+    index = SpillIndex()
+    tail = Tail(index, lambda slot: None)
+    slots = [index.add(b"%d" % i, b"q", 0, 1, 5, i, IN_TAIL) for i in range(6000)]
+    for slot in slots:
+        tail.append(slot, index.ctime[slot], 5)
+    assert tail.live == 6000 and tail.nbytes == 30000
+    for slot in slots[:5000]:
+        tail.take(slot)
+        index.kill(slot)
+    assert tail.front() == slots[5000] and tail.pos == 0 and len(tail.slots) == 1000  # the consumed part went
+    assert list(tail.jobs(iter(slots[5000:5002]))) == []  # unreadable: skipped
+    assert list(tail.newest())[:2] == [slots[-1], slots[-2]]
+    assert tail.drop() == slots[5000:] and tail.live == 0 and tail.front() is None
+    assert not any(index.flags[s] & IN_TAIL for s in slots)
+
+
+# ---------------------------------------------------------------- a queue on disk
+
+
+def test_a_long_queue_keeps_its_oldest_jobs_in_memory_and_serves_in_order():
+    core, clock, s = forced()
+    ids = add(s, 10)
+    assert s("QLEN", "q") == 10
+    figures = info(core)
+    assert (figures["jobs_in_memory"], figures["jobs_on_disk"], figures["queued_jobs_on_disk"]) == (2, 8, 8)
+    assert s("QPEEK", "q", 20) == [[b"q", i, b"body%d" % n] for n, i in enumerate(ids)]
+    assert bodies(s("QPEEK", "q", -3)) == [b"body9", b"body8", b"body7"]
+    assert bodies(s("GETJOB", "COUNT", 4, "FROM", "q")) == [b"body0", b"body1", b"body2", b"body3"]
+    assert info(core)["prefetch_misses"] == 2  # one command took more than the head held
+    assert bodies(s("GETJOB", "FROM", "q")) == [b"body4"]  # the end of the last step refilled the head
+    assert info(core)["prefetch_hits"] == 3
+    assert bodies(s("GETJOB", "COUNT", 10, "FROM", "q")) == [b"body%d" % i for i in range(5, 10)]
+    assert core.queues.get(b"q").tail is None  # drained: read-behind over for this queue
+    check_core(core)
+
+
+def test_lookups_by_id_bring_a_job_back_where_it_was():
+    core, clock, s = forced()
+    ids = add(s, 8)
+    shown = dict(s("SHOW", ids[5]))
+    assert shown[b"state"] == "queued" and shown[b"body"] == b"body5" and info(core)["jobs_on_disk"] == 5
+    assert s("DEQUEUE", ids[6]) == 1 and dict(s("SHOW", ids[6]))[b"state"] == "active"
+    assert s("ENQUEUE", ids[6]) == 1
+    assert s("ACKJOB", ids[7]) == 1 and s("SHOW", ids[7]) is None
+    assert s("NACK", ids[4]) == 0  # queued, not delivered: nothing to do
+    assert s("FASTACK", ids[3]) == 1 and s("DELJOB", ids[2]) == 1
+    assert s("QLEN", "q") == 5
+    check_core(core)
+    assert bodies(s("GETJOB", "COUNT", 10, "FROM", "q")) == [b"body0", b"body1", b"body4", b"body5", b"body6"]
+    assert ids[0] in core.jobs and b"D-nothing" not in core.jobs
+
+
+def test_a_job_queued_again_is_served_before_newer_ones_on_disk():
+    core, clock, s = forced()
+    ids = add(s, 6)
+    [[_, first, _]] = s("GETJOB", "FROM", "q")
+    assert first == ids[0] and s("NACK", first) == 1
+    assert [e[1] for e in s("GETJOB", "COUNT", 6, "FROM", "q")] == ids
+    check_core(core)
+
+
+def test_jobs_on_disk_expire_on_time():
+    core, clock, s = forced()
+    add(s, 6, "q", "TTL", 5)
+    add(s, 3, "keep")
+    advance(core, clock, 5_000)
+    assert s("QLEN", "q") == 6
+    advance(core, clock, 1_000)
+    assert s("QLEN", "q") == 0 and s("QLEN", "keep") == 3
+    assert core.queues.get(b"q").expired == 6
+    check_core(core)
+
+
+def test_jscan_walks_the_jobs_on_disk_too():
+    core, clock, s = forced()
+    ids = add(s, 7) + add(s, 3, "other")
+    seen, cursor = [], b"0"
+    while True:
+        cursor, found = s("JSCAN", cursor, "COUNT", 2)
+        seen += found
+        if cursor == b"0":
+            break
+    assert sorted(seen) == sorted(ids)
+    _, found = s("JSCAN", "0", "BUSYLOOP", "QUEUE", "other", "REPLY", "ALL")
+    assert len(found) == 3
+    _, spilled = core.jobs.scan(1 << 40, 10, None)  # a cursor past every slot
+    assert spilled == []
+
+
+def test_kestrel_figures_tell_memory_from_disk():
+    core, clock, s = forced()
+    add(s, 5)
+    stats = dict(core.items.queue_stats())[b"q"]
+    assert (stats["items"], stats["mem_items"]) == (5, 2) and stats["mem_bytes"] == 10 and stats["bytes"] == 25
+    assert node_figures(core)["jobs"]["queued"] == 5
+    core.items.flush(b"q")
+    assert s("QLEN", "q") == 0 and info(core)["jobs_on_disk"] == 0
+
+
+def test_destroying_a_queue_brings_its_jobs_back_first():
+    core, clock, s = forced()
+    ids = add(s, 5)
+    core.destroy_queue(core.queues.get(b"q"))
+    assert {dict(s("SHOW", i))[b"state"] for i in ids} == {"active"}
+    assert info(core)["jobs_on_disk"] == 0
+
+
+def test_flushall_deletes_the_jobs_on_disk_and_logs_it():
+    core, clock, s = forced()
+    core.aof.state = "on"
+    ids = add(s, 6)
+    core.take_effects()
+    s("DEBUG", "FLUSHALL")
+    deleted = [e.record for e in core.take_effects() if isinstance(e, AofAppend) and b"DELJOB" in e.record]
+    assert len(deleted) == 6 and all(any(i in r for r in deleted) for i in ids)
+    assert len(core.jobs) == 0 and info(core)["jobs_on_disk"] == 0 and info(core)["dead_bytes"] == info(core)["segment_bytes"]
+
+
+# ---------------------------------------------------------------- the budget
+
+
+def budgeted(prefetch: int):
+    """A core with read-behind on a budget (not forced)."""
+    core, clock, _ = make_core(read_behind="force", read_behind_prefetch=prefetch)
+    core.read_behind.force = False
+    return core, clock, Session(core)
+
+
+def test_the_node_budget_starts_and_stops_spilling_with_hysteresis():
+    core, clock, s = budgeted(10)
+    core.config.job_memory_limit = core.used_memory + 50 * core.job_size(Job(b"D" * 48, b"q", b"x" * 100))
+    add_big = lambda n: [s("ADDJOB", "q", "x" * 100, 0) for _ in range(n)]  # noqa: E731
+    add_big(40)
+    assert info(core)["jobs_on_disk"] == 0 and info(core)["read_behind_spilling"] == 0
+    add_big(20)  # past the limit: spilled until a tenth of the room was free again
+    assert info(core)["jobs_on_disk"] > 0 and core.used_memory < core.read_behind.limit()
+    add_big(10)  # the queue is in read-behind: new jobs go to its tail
+    on_disk = info(core)["jobs_on_disk"]
+    assert on_disk >= 10
+    for entry in s("GETJOB", "COUNT", 70, "FROM", "q"):
+        s("ACKJOB", entry[1])
+    assert info(core)["read_behind_spilling"] == 0 and s("QLEN", "q") == 0
+    check_core(core)
+
+
+def test_a_queue_past_its_max_memory_size_spills_alone():
+    core, clock, s = budgeted(2)
+    core.config.queue_config.set_queue(["small", "max_memory_size", "300"])
+    for _ in range(6):
+        s("ADDJOB", "small", "y" * 100, 0)
+        s("ADDJOB", "big", "y" * 100, 0)
+    assert core.queues.get(b"big").tail is None
+    assert core.queues.get(b"small").tail.live == 4  # two kept, the rest past 300 bytes went
+    check_core(core)
+
+
+def test_replicas_go_to_disk_and_come_back_when_their_time_comes(monkeypatch):
+    monkeypatch.setattr(support, "FORCE_READ_BEHIND", True)
+    mesh = Mesh(2, node_timeout=1000)
+    mesh.meet(1, 0)
+    mesh.wait_for(lambda: all(len(c.cluster.reachable()) == 1 for c in mesh.cores if c), 5000)
+    client = mesh.call(0, "ADDJOB", "q", "body", 0, "REPLICATE", 2, "RETRY", 2)
+    job_id = mesh.reply(client)
+    holder = mesh.core(1)
+    assert holder.read_behind.counts() == (0, 1)  # an active copy, on disk
+    mesh.kill(0)
+    mesh.advance(4_000)  # its retry comes: the copy is loaded and queued here
+    assert holder.read_behind.counts() == (0, 0)
+    assert dict(Session(holder)("SHOW", job_id))[b"state"] == "queued"
+
+
+# ---------------------------------------------------------------- failures
+
+
+def test_a_disk_that_cannot_write_keeps_the_jobs_and_refuses_writes(monkeypatch):
+    core, clock, s = forced()
+    add(s, 4)
+    real = os.pwrite
+    monkeypatch.setattr(os, "pwrite", lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")))
+    advance(core, clock, 200)  # the cron writes the buffer
+    assert str(s("ADDJOB", "q", "more", 0)).startswith("-MISCONF") or s("ADDJOB", "q", "more", 0).code == "MISCONF"
+    assert bodies(s("QPEEK", "q", 4)) == [b"body0", b"body1", b"body2", b"body3"]  # readable meanwhile
+    monkeypatch.setattr(os, "pwrite", real)
+    advance(core, clock, 200)
+    assert info(core)["read_behind_error"] == "" and isinstance(s("ADDJOB", "q", "more", 0), bytes)
+    assert s("QLEN", "q") == 5
+
+
+def test_a_disk_that_cannot_read_leaves_the_jobs_there(monkeypatch):
+    core, clock, s = forced()
+    add(s, 8)
+    s("GETJOB", "COUNT", 2, "FROM", "q")  # the head refills with two, four stay on disk
+    core.read_behind.bodies.flush()
+    monkeypatch.setattr(os, "pread", lambda *a: (_ for _ in ()).throw(OSError(errno.EIO, "Input/output error")))
+    assert bodies(s("QPEEK", "q", 3)) == [b"body2", b"body3"]  # what can be read
+    assert s("QLEN", "q") == 6 and info(core)["read_behind_error"] == "Input/output error"
+    refused = s("GETJOB", "FROM", "q")  # GETJOB changes state: refused as writes are
+    assert refused.code == "MISCONF" and "read-behind" in str(refused)
+    monkeypatch.undo()
+    advance(core, clock, 200)  # the cron reads again: the error is over
+    assert info(core)["read_behind_error"] == "" and s("QLEN", "q") == 6
+    assert bodies(s("GETJOB", "COUNT", 9, "FROM", "q")) == [b"body%d" % i for i in range(2, 8)]
+
+
+def test_clients_kept_waiting_by_the_disk_are_served_once_it_reads_again(monkeypatch):
+    core, clock, s = forced()
+    s("PAUSE", "q", "out")
+    add(s, 4)  # two in memory, two on disk
+    waiters = [Session(core) for _ in range(3)]
+    for waiter in waiters:
+        assert waiter("GETJOB", "TIMEOUT", 5000, "FROM", "q") is not None  # blocked: the queue is paused
+    core.read_behind.bodies.flush()
+    monkeypatch.setattr(os, "pread", lambda *a: (_ for _ in ()).throw(OSError(errno.EIO, "Input/output error")))
+    s("PAUSE", "q", "none")  # two served from memory; the disk fails the third
+    assert [bodies(w.pending()[0]) for w in waiters[:2]] == [[b"body0"], [b"body1"]] and waiters[2].pending() == []
+    monkeypatch.undo()
+    advance(core, clock, 200)
+    assert bodies(waiters[2].pending()[0]) == [b"body2"]
+
+
+def test_a_damaged_record_is_a_lost_copy_not_a_crash():
+    core, clock, s = forced()
+    add(s, 4)
+    store = core.read_behind.bodies
+    store.flush()
+    path = os.path.join(store.dir, "0.seg")
+    data = bytearray(open(path, "rb").read())
+    data[40] ^= 0xFF  # inside the first record on disk
+    open(path, "wb").write(data)
+    got = s("GETJOB", "COUNT", 4, "FROM", "q")
+    assert bodies(got) == [b"body0", b"body1", b"body3"]
+    assert info(core)["lost_records"] == 1 and s("QLEN", "q") == 0
+    check_core(core)
+
+
+def test_mostly_dead_segments_are_compacted(monkeypatch):
+    monkeypatch.setattr(seg, "SEGMENT_BYTES", 1000)
+    core, clock, s = forced()
+    ids = add(s, 40)
+    store = core.read_behind.bodies
+    assert store.figures()["segments"] > 2
+    for job_id in ids[2:30]:
+        s("ACKJOB", job_id)
+    advance(core, clock, 1_000)
+    assert info(core)["compacted_bytes"] > 0
+    assert store.figures()["segments"] <= 3
+    assert bodies(s("GETJOB", "COUNT", 20, "FROM", "q")) == [b"body%d" % i for i in (0, 1, *range(30, 40))]
+    check_core(core)
+
+
+# ---------------------------------------------------------------- the AOF
+
+
+def _blob(n: int, marker: bool) -> tuple[bytes, list[bytes]]:
+    src, _, _ = make_core(read_behind="no")
+    s = Session(src)
+    ids = add(s, n)
+    s("GETJOB", "FROM", "q")  # the first one is active
+    blob = b"".join(encode_loadjob(job) for job in src.jobs.values())
+    return blob + (encode_clean_marker(START_MS) if marker else b""), ids
+
+
+def replay(core, blob: bytes) -> int:
+    from disque.store.aof import RecordReader
+
+    rep = core.begin_load()
+    reader = RecordReader()
+    reader.feed(blob)
+    for offset, args in reader:
+        rep.apply(offset, args)
+    queued = rep.finish()
+    core.end_load()
+    return queued
+
+
+def test_a_replay_past_the_budget_spills_and_requeues_in_order_when_trusted():
+    blob, ids = _blob(30, marker=True)
+    core, clock, _ = make_core(read_behind="force", read_behind_prefetch=2)
+    assert replay(core, blob) == 29
+    s = Session(core)
+    assert s("QLEN", "q") == 29
+    core.tick()
+    assert info(core)["jobs_on_disk"] >= 27
+    assert [e[1] for e in s("GETJOB", "COUNT", 30, "FROM", "q")] == ids[1:]
+    check_core(core)
+
+
+def test_an_untrusted_replay_leaves_the_jobs_on_disk_active():
+    blob, ids = _blob(10, marker=False)
+    core, clock, _ = make_core(read_behind="force", read_behind_prefetch=2)
+    assert replay(core, blob) == 0
+    assert core.read_behind.counts() == (0, 10) and not core.read_behind.index.flags.count(4)
+    assert dict(Session(core)("SHOW", ids[3]))[b"state"] == "active"
+
+
+def test_a_rewrite_snapshot_lists_the_journaled_jobs_on_disk():
+    core, clock, s = forced()
+    core.config.queue_config.set_queue(["transient", "journal", "false"])
+    add(s, 5)
+    add(s, 5, "transient")
+    locs, sizes = core.read_behind.snapshot()
+    assert len(locs) == len(sizes) == 3
+    store = core.read_behind.bodies
+    assert {decode_queue(store.read(loc, size)[1]) for loc, size in zip(locs, sizes)} == {b"q"}
+
+
+def decode_queue(payload: bytes) -> bytes:
+    from disque.cluster.codec import decode_storage
+
+    return decode_storage(payload).queue  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------- memory
+
+
+def test_a_job_on_disk_costs_less_than_120_bytes():
+    core, clock, s = forced()
+    s("ADDJOB", "warm", "x", 0)
+    n = 20_000
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(n):
+            core.handle_command(s.client, [b"ADDJOB", b"q", b"%099d" % i, b"0"], support.RESP.run)
+        core.read_behind.bodies.flush()
+        traced = (tracemalloc.get_traced_memory()[0] - before) / n
+    finally:
+        tracemalloc.stop()
+    assert info(core)["jobs_on_disk"] == n - 2
+    assert traced <= 120, traced
+    assert traced <= SLOT_BYTES * 1.25, traced  # the estimate `used_memory` counts is about right
+    assert body_store  # the helper other suites use for their own stores

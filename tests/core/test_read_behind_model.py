@@ -1,0 +1,108 @@
+"""The same operations on a core with read-behind forced on (two jobs per
+queue in memory, the rest on disk) and on one without: every reply must be
+the same.  Both cores draw the same random numbers (no jitter), so job IDs
+and requeue times match; SHOW's requeue fields of a *queued* job may differ
+(a queued job's requeue time moves on only while it is in memory) and are
+left out."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from disque.core.node import NodeCore
+from invariants import advance, check_core, quick_and_slow, slow_only_when_asked  # noqa: F401 (autouse fixture)
+from support import NODE_ID, FakeClock, FakeHost, Session, body_store, make_config
+
+QUEUES = ("q1", "q2")
+# (TTL, RETRY): a job that expires here has no requeue timer.  One that has
+# expires at the first scheduler visit past its TTL, up to a second earlier
+# in memory than on disk (docs/read-behind.md): not a difference to compare.
+TIMES = ((None, None), (None, 0), (None, 2), (60, 2), (4, 0), (3, 0))
+TIME_FIELDS = (b"next-requeue-within", b"next-awake-within")
+
+
+class SteadyRandom(random.Random):
+    """No requeue jitter: the other draws stay in step between the two cores."""
+
+    def randrange(self, start: int, stop: int | None = None, step: int = 1) -> int:  # type: ignore[override]
+        return 0 if (start, stop) == (-250, 250) else super().randrange(start, stop, step)
+
+
+def shown(reply: Any) -> Any:
+    if not isinstance(reply, list) or not reply or reply[0][0] != b"id":
+        return reply
+    fields = dict(reply)
+    if fields[b"state"] == "queued":
+        for name in TIME_FIELDS:
+            fields.pop(name, None)
+    return fields
+
+
+class SameReplies(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.clocks = (FakeClock(), FakeClock())
+        plain = NodeCore(make_config(read_behind="no"), NODE_ID, clock=self.clocks[0], rng=SteadyRandom(1), host=FakeHost())
+        config = make_config(read_behind="force", read_behind_prefetch=2)
+        disk = NodeCore(config, NODE_ID, clock=self.clocks[1], rng=SteadyRandom(1), host=FakeHost(), bodies=body_store())
+        self.cores = (plain, disk)
+        self.sessions = (Session(plain), Session(disk))
+        self.ids: list[bytes] = []
+
+    def both(self, *args: Any) -> Any:
+        a, b = (s(*args) for s in self.sessions)
+        assert shown(a) == shown(b), (args, a, b)
+        return a
+
+    @rule(queue=st.sampled_from(QUEUES), times=st.sampled_from(TIMES), delay=st.sampled_from((0, 0, 1)),
+          body=st.binary(max_size=20))  # fmt: skip
+    def addjob(self, queue: str, times: tuple[int | None, int | None], delay: int, body: bytes) -> None:
+        ttl, retry = times
+        opts: list[Any] = []
+        if ttl is not None:
+            opts += ["TTL", ttl]
+        if retry is not None:
+            opts += ["RETRY", retry]
+        if delay:
+            opts += ["DELAY", delay]
+        reply = self.both("ADDJOB", queue, body, 0, *opts)
+        if isinstance(reply, bytes):
+            self.ids.append(bytes(reply))
+
+    @rule(queues=st.lists(st.sampled_from(QUEUES), min_size=1, max_size=2), count=st.integers(1, 4))
+    def getjob(self, queues: list[str], count: int) -> None:
+        self.both("GETJOB", "NOHANG", "WITHCOUNTERS", "COUNT", count, "FROM", *queues)
+
+    @precondition(lambda self: self.ids)
+    @rule(data=st.data(), verb=st.sampled_from(("ACKJOB", "FASTACK", "NACK", "DEQUEUE", "ENQUEUE", "DELJOB", "SHOW", "WORKING")))
+    def by_id(self, data: st.DataObject, verb: str) -> None:
+        self.both(verb, data.draw(st.sampled_from(self.ids)))
+
+    @rule(queue=st.sampled_from(QUEUES), count=st.integers(-5, 5))
+    def qpeek(self, queue: str, count: int) -> None:
+        self.both("QPEEK", queue, count)
+
+    @rule()
+    def counts(self) -> None:
+        for queue in QUEUES:
+            self.both("QLEN", queue)
+        a, b = (sorted(s("JSCAN", "0", "BUSYLOOP")[1]) for s in self.sessions)
+        assert a == b
+        a, b = (s("INFO", "jobs") for s in self.sessions)
+        assert a == b
+
+    @rule(ms=st.sampled_from((100, 1000, 2500, 5000)))
+    def wait(self, ms: int) -> None:
+        for core, clock in zip(self.cores, self.clocks):
+            advance(core, clock, ms)
+
+    @invariant()
+    def consistent(self) -> None:
+        check_core(self.cores[1])
+
+
+TestSameReplies, TestSameRepliesLong = quick_and_slow(SameReplies, quick=(25, 40), slow=(300, 80))
