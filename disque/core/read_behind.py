@@ -52,7 +52,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from disque.cluster.codec import DecodeError, decode_storage, encode_storage
-from disque.store.job import EVENT, IN_LIST, Job, State
+from disque.store.job import DEQUEUE, EVENT, IN_LIST, Job, State
 from disque.store.spill import IN_TAIL, LIVE, REPLAYED_QUEUED, SLOT_BYTES, UNJOURNALED, SpillCorrupt, SpillIndex, Tail
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ class ReadBehind:
         if tail is not None and tail.live:
             # read-behind in progress: what arrived after the tail joins it
             while (job := queue.newest_in_head()) is not None and job.ctime > tail.last_ctime and self._spillable(job):
-                moving.append(queue.pop_newest())  # type: ignore[arg-type]
+                moving.append(queue.pop_newest())
         else:
             node = self.node
             limit = node.config.queue_config.settings(queue.name).max_memory_size
@@ -151,7 +151,7 @@ class ReadBehind:
                 job = queue.newest_in_head()
                 if job is None or not self._spillable(job):
                     break
-                moving.append(queue.pop_newest())  # type: ignore[arg-type]
+                moving.append(queue.pop_newest())
                 mem -= len(job.body or b"")
                 freed += node.job_size(job) - SLOT_BYTES
                 over = self._over(freed) or mem > limit // 10 * 9
@@ -235,8 +235,9 @@ class ReadBehind:
         if found is None:
             return None
         qtime, job = found
+        queued = self.index.flags[slot] & IN_TAIL
         self._forget(slot)
-        self._register(job, qtime)
+        self._register(job, qtime, bool(queued))
         return job
 
     def _forget(self, slot: int, lost: bool = False) -> None:
@@ -252,13 +253,15 @@ class ReadBehind:
         index.kill(slot)
         self.node.account(-SLOT_BYTES)
 
-    def _register(self, job: Job, qtime: int) -> None:
+    def _register(self, job: Job, qtime: int, in_tail: bool) -> None:
         node = self.node
         job.qtime = qtime
         job.flags &= ~IN_LIST
         node.jobs.add(job)
         node.account(node.job_size(job))
         self.loaded += 1
+        if job.state == S_QUEUED and not in_tail:
+            job.move(DEQUEUE)  # its queue went while it could not be read: it left it, as the others did
         if job.state == S_QUEUED:
             queue = node.queues.get(job.queue)  # type: ignore[arg-type]
             assert queue is not None  # a queue with jobs is never collected
@@ -275,8 +278,9 @@ class ReadBehind:
         for slot in self.index.find(job_id):
             found = self._read(slot)
             if found is not None and found[1].id == job_id:
+                queued = self.index.flags[slot] & IN_TAIL
                 self._forget(slot)
-                self._register(found[1], found[0])
+                self._register(found[1], found[0], bool(queued))
                 return found[1]
         return None
 

@@ -128,16 +128,12 @@ class Queue:
             items.popleft().flags &= ~IN_LIST
         return None
 
-    def pop_newest(self) -> Job | None:
-        """Take the newest queued job out of the head, to move it to the
-        tail: it stays counted (the caller lists it there)."""
-        items = self._items
-        while items:
-            job = items.pop()
-            job.flags &= ~IN_LIST
-            if job.state == S_QUEUED:
-                return job
-        return None
+    def pop_newest(self) -> Job:
+        """Take out the job `newest_in_head` just returned, to move it to
+        the tail: it stays counted (the caller lists it there)."""
+        job = self._items.pop()
+        job.flags &= ~IN_LIST
+        return job
 
     def newest_in_head(self) -> Job | None:
         items = self._items

@@ -154,9 +154,6 @@ class SpillIndex:
         flags = self.flags
         return (slot for slot in range(len(flags)) if flags[slot] & LIVE)
 
-    def clear(self) -> None:
-        self.__init__()  # type: ignore[misc]
-
     def _insert(self, h: int, slot: int) -> None:
         table = self._table
         mask = len(table) - 1

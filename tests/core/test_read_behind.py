@@ -257,14 +257,17 @@ def test_a_disk_that_cannot_write_keeps_the_jobs_and_refuses_writes(monkeypatch)
     core, clock, s = forced()
     add(s, 4)
     real = os.pwrite
+    s("ADDJOB", "q", "delayed", 0, "DELAY", 1)
     monkeypatch.setattr(os, "pwrite", lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")))
     advance(core, clock, 200)  # the cron writes the buffer
     assert str(s("ADDJOB", "q", "more", 0)).startswith("-MISCONF") or s("ADDJOB", "q", "more", 0).code == "MISCONF"
     assert bodies(s("QPEEK", "q", 4)) == [b"body0", b"body1", b"body2", b"body3"]  # readable meanwhile
+    advance(core, clock, 1_000)  # the delayed job is queued: it stays in memory
+    assert info(core)["jobs_on_disk"] == 2
     monkeypatch.setattr(os, "pwrite", real)
     advance(core, clock, 200)
     assert info(core)["read_behind_error"] == "" and isinstance(s("ADDJOB", "q", "more", 0), bytes)
-    assert s("QLEN", "q") == 5
+    assert s("QLEN", "q") == 6
 
 
 def test_a_disk_that_cannot_read_leaves_the_jobs_there(monkeypatch):
@@ -411,3 +414,139 @@ def test_a_job_on_disk_costs_less_than_120_bytes():
     assert traced <= 120, traced
     assert traced <= SLOT_BYTES * 1.25, traced  # the estimate `used_memory` counts is about right
     assert body_store  # the helper other suites use for their own stores
+
+
+# ---------------------------------------------------------------- edges
+
+
+def failing_reads(monkeypatch) -> None:
+    monkeypatch.setattr(os, "pread", lambda *a: (_ for _ in ()).throw(OSError(errno.EIO, "Input/output error")))
+
+
+def test_a_job_loaded_after_its_requeue_time_gets_the_visits_it_missed():
+    core, clock, s = forced()
+    ids = add(s, 5, "q", "RETRY", 1)
+    advance(core, clock, 3_000)
+    shown = dict(s("SHOW", ids[4]))  # on disk all along: its requeue time had stood still
+    assert 0 < shown[b"next-requeue-within"] <= 1000
+    check_core(core)
+
+
+def test_ids_that_share_a_hash_are_told_apart_by_their_record(monkeypatch):
+    from disque.store import spill
+
+    monkeypatch.setattr(spill, "id_hash", lambda job_id: 42)
+    core, clock, s = forced()
+    ids = add(s, 6)
+    unknown = ids[0][:20] + (b"0" if ids[0][20:21] != b"0" else b"1") + ids[0][21:]
+    assert dict(s("SHOW", ids[3]))[b"body"] == b"body3" and s("SHOW", unknown) is None
+    assert sorted(j.id for j in core.jobs.every()) == sorted(ids)
+
+
+def test_only_copies_that_can_move_go_to_disk():
+    core, clock, s = budgeted(5)
+    rb = core.read_behind
+    ids = add(s, 3, "r")
+    arrived = core.jobs.get(ids[0])
+    rb.note_arrival(arrived)
+    core.settle()  # under the budget: nothing moves
+    assert rb.counts() == (0, 0)
+    core.config.read_behind_prefetch = 2
+    rb.force = True
+    core.queues.get(b"r").newest_in_head().nodes_confirmed = set()
+    rb.grown[b"r"] = None
+    core.settle()  # the newest cannot move: none of those before it does either
+    assert rb.counts() == (0, 0)
+    core.destroy_queue(core.queues.get(b"r"))  # no tail: nothing to bring back
+    core, clock, s = forced()
+    rb = core.read_behind
+    ids = add(s, 3)
+    kept = core.jobs.get(ids[0])
+    rb.note_arrival(kept)  # queued: not an active copy
+    rb.grown[b"gone"] = None  # a queue that went in the same step
+    rb.drained[b"gone"] = None
+    core.settle()
+    assert core.jobs.resident(kept) and rb.counts() == (1, 0)
+    s("ADDJOB", "q", "confirming", 0)
+    confirming = core.queues.get(b"q").newest_in_head()
+    confirming.nodes_confirmed = set()  # its replication is being confirmed: it stays
+    s("ADDJOB", "other", "x", 0)
+    s("ADDJOB", "q", "late", 0, "DELAY", 1)
+    advance(core, clock, 1_000)
+    assert core.jobs.resident(confirming) and dict(s("SHOW", ids[2]))[b"state"] == "queued"
+
+
+def test_a_replay_under_the_budget_keeps_everything_in_memory_and_skips_deleted_jobs():
+    blob, ids = _blob(6, marker=False)
+    core, clock, _ = make_core(read_behind="force", read_behind_prefetch=2)
+    core.read_behind.force = False
+    assert replay(core, blob) == 0 and core.read_behind.counts() == (0, 0)
+    from disque.store.aof import encode_deljob
+
+    blob, ids = _blob(6, marker=False)
+    core, clock, _ = make_core(read_behind="force", read_behind_prefetch=2)
+    trusted = blob + encode_deljob(ids[3]) + encode_clean_marker(START_MS)
+    assert replay(core, trusted) == 4  # five stored queued, one deleted later in the file
+    assert Session(core)("QLEN", "q") == 4
+
+
+def test_reads_that_fail_are_tried_again(monkeypatch):
+    core, clock, s = forced()
+    ids = add(s, 4, "q", "TTL", 2, "RETRY", 0)
+    core.read_behind.bodies.flush()
+    failing_reads(monkeypatch)
+    assert sorted(s("JSCAN", "0", "BUSYLOOP")[1]) == sorted(ids[:2])  # those on disk cannot be read
+    advance(core, clock, 3_000)  # due to expire, but unreadable: tried again every second
+    assert s("QLEN", "q") == 2
+    core.destroy_queue(core.queues.get(b"q"))  # its jobs on disk cannot come back: they stay there
+    assert core.read_behind.counts() == (0, 2)
+    monkeypatch.undo()
+    advance(core, clock, 1_000)
+    assert core.read_behind.counts() == (0, 0) and info(core)["read_behind_error"] == ""
+
+
+def test_flushes_and_compaction_get_past_unreadable_records(monkeypatch):
+    monkeypatch.setattr(seg, "SEGMENT_BYTES", 500)
+    core, clock, s = forced()
+    ids = add(s, 12)  # ten on disk, three records a segment
+    for n in (2, 3, 4, 5, 6, 9):
+        s("ACKJOB", ids[n])
+    store = core.read_behind.bodies
+    store.flush()
+    assert store.sparse() is not None
+    with monkeypatch.context() as broken:
+        failing_reads(broken)
+        advance(core, clock, 200)  # compaction cannot read: leaves the records
+        assert info(core)["compacted_bytes"] == 0
+    with monkeypatch.context() as broken:
+        broken.setattr(core.read_behind, "load_id", lambda job_id: None)
+        core.items.flush(b"q")  # the two in memory go; the rest can be seen but not loaded
+        assert s("QLEN", "q") == 4
+    with monkeypatch.context() as broken:
+        failing_reads(broken)
+        s("DEBUG", "FLUSHALL")
+        assert core.read_behind.counts() == (0, 4)  # still on disk, their queue gone
+    advance(core, clock, 200)
+    assert info(core)["read_behind_error"] == ""
+    left = [ids[n] for n in (7, 8, 10, 11)]
+    assert {dict(s("SHOW", i))[b"state"] for i in left} == {"active"}  # back: out of the queue, as after a flush
+    check_core(core)
+
+
+def test_a_read_error_ends_when_nothing_is_left_to_read(monkeypatch):
+    core, clock, s = forced()
+    ids = add(s, 3)
+    core.read_behind.bodies.flush()
+    failing_reads(monkeypatch)
+    assert bodies(s("QPEEK", "q", -1)) == [b"body1"]  # the newest one, on disk, cannot be read
+    monkeypatch.undo()
+    s("DEBUG", "FLUSHALL")
+    assert info(core)["jobs_on_disk"] == 0 and ids
+    core.read_behind.read_error = "Input/output error"
+    advance(core, clock, 200)
+    assert info(core)["read_behind_error"] == ""
+
+
+def test_a_cursor_past_the_buckets_ends_a_scan_without_read_behind():
+    core, clock, _ = make_core(read_behind="no")
+    assert Session(core)("JSCAN", "5000") == [b"0", []]
