@@ -114,6 +114,10 @@ def working(node: Node, sender: str, msg: m.Working) -> None:
 
 @handles(m.WillQueue)
 def will_queue(node: Node, sender: str, msg: m.WillQueue) -> None:
+    seen = node.jobs.peek(msg.id)  # read-behind: a queued job on disk stays there
+    if seen is not None and seen.state == State.QUEUED and sender in seen.nodes_delivered:
+        node.broadcast(seen.nodes_delivered, m.Queued(seen.id))
+        return
     job = node.jobs.get(msg.id)
     if job is None:
         return

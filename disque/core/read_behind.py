@@ -19,7 +19,11 @@ the end of each step (command, bus message, tick), so no caller ever holds
 a job object that left the registry.  The way back is `load`: any lookup by
 ID (`JobStore.get`, so ACKJOB, SHOW, every bus message about the job) loads
 the job back into memory as it was, a queued one into its place in the
-head.  `fetch` first makes the head's front the queue's oldest job, and
+head; an active copy loaded back goes to disk again at the end of the step
+if it still may (its timers bring it back once per requeue period).  A
+WILLQUEUE about a queued job on disk only reads it (`JobStore.peek`):
+replicas ask about every job once per retry period, and a backlog must not
+come back into memory for that.  `fetch` first makes the head's front the queue's oldest job, and
 after a step that took jobs the head is refilled to `prefetch` jobs from the
 tail, so a GETJOB finds its job in memory (a *hit*) unless a burst emptied
 the head (a *miss*: that GETJOB reads the disk itself).
@@ -235,9 +239,7 @@ class ReadBehind:
         if found is None:
             return None
         qtime, job = found
-        queued = self.index.flags[slot] & IN_TAIL
-        self._forget(slot)
-        self._register(job, qtime, bool(queued))
+        self._bring_back(slot, qtime, job)
         return job
 
     def _forget(self, slot: int, lost: bool = False) -> None:
@@ -252,6 +254,13 @@ class ReadBehind:
         self.bodies.release(index.loc[slot], index.size[slot])
         index.kill(slot)
         self.node.account(-SLOT_BYTES)
+
+    def _bring_back(self, slot: int, qtime: int, job: Job) -> None:
+        in_tail = bool(self.index.flags[slot] & IN_TAIL)
+        self._forget(slot)
+        self._register(job, qtime, in_tail)
+        if not in_tail:
+            self.arrived.append(job)  # an active copy: back to disk at the end of the step if it may
 
     def _register(self, job: Job, qtime: int, in_tail: bool) -> None:
         node = self.node
@@ -278,14 +287,20 @@ class ReadBehind:
         for slot in self.index.find(job_id):
             found = self._read(slot)
             if found is not None and found[1].id == job_id:
-                queued = self.index.flags[slot] & IN_TAIL
-                self._forget(slot)
-                self._register(found[1], found[0], bool(queued))
+                self._bring_back(slot, *found)
+                return found[1]
+        return None
+
+    def peek_id(self, job_id: bytes) -> Job | None:
+        """A copy of the spilled job with this ID, left on disk."""
+        for slot in self.index.find(job_id):
+            found = self._read(slot)
+            if found is not None and found[1].id == job_id:
                 return found[1]
         return None
 
     def holds(self, job_id: bytes) -> bool:
-        return any((found := self._read(slot)) is not None and found[1].id == job_id for slot in self.index.find(job_id))
+        return self.peek_id(job_id) is not None
 
     def __len__(self) -> int:
         return self.index.live

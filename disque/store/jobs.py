@@ -39,6 +39,7 @@ class Spilled(Protocol):
     def __len__(self) -> int: ...
     def load_id(self, job_id: bytes) -> Job | None: ...
     def holds(self, job_id: bytes) -> bool: ...
+    def peek_id(self, job_id: bytes) -> Job | None: ...
     def scan(self, cursor: int, want: int) -> tuple[int, list[Job]]: ...
     def on_disk(self) -> Iterator[Job]: ...
 
@@ -62,6 +63,14 @@ class JobStore:
         job = self._jobs.get(job_id)
         if job is None and self.spilled is not None:
             return self.spilled.load_id(job_id)
+        return job
+
+    def peek(self, job_id: bytes) -> Job | None:
+        """`get` for a read that changes nothing: a job on disk is read, not
+        loaded (the copy returned must not be changed)."""
+        job = self._jobs.get(job_id)
+        if job is None and self.spilled is not None:
+            return self.spilled.peek_id(job_id)
         return job
 
     def resident(self, job: Job) -> bool:

@@ -15,7 +15,7 @@ from disque.core.effects import AofAppend
 from disque.core.figures import node_figures
 from disque.shell import segments as seg
 from disque.store.aof import encode_clean_marker, encode_loadjob
-from disque.store.job import Job, State
+from disque.store.job import Job
 from disque.store.spill import IN_TAIL, LIVE, SLOT_BYTES, SpillIndex, Tail
 from invariants import advance, check_core
 from mesh import Mesh

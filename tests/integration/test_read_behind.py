@@ -1,0 +1,73 @@
+"""Read-behind on real processes: a backlog past the memory budget survives
+kill -9, and replicas kept on disk serve their jobs when the node that
+created them dies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import redis
+
+from clusterkit import Cluster
+from disque.devcluster import NodeProcess
+
+JOBS = 3000
+BODY = 1024
+
+
+def read_behind(client: redis.Redis) -> dict[str, int | str]:
+    return client.info("read-behind")
+
+
+def test_a_backlog_past_the_budget_survives_kill_9(spawn):
+    node: NodeProcess = spawn("--appendonly", "yes", "--appendfsync", "always", "--read-behind-prefetch", "100")
+    client = redis.Redis(host=node.host, port=node.port, protocol=2)
+    used = client.info("memory")["used_memory"]
+    client.execute_command("CONFIG", "SET", "job-memory-limit", used + (1 << 20))  # a megabyte of room for jobs
+    pipe = client.pipeline(transaction=False)
+    for i in range(JOBS):
+        pipe.execute_command("ADDJOB", "backlog", b"%d:" % i + b"x" * BODY, 0)
+    ids = pipe.execute()
+    assert all(isinstance(i, bytes) for i in ids)  # each one acknowledged (fsynced: appendfsync always)
+    figures = read_behind(client)
+    assert figures["jobs_on_disk"] > JOBS * 3 // 4 and figures["jobs_in_memory"] < JOBS // 4
+    assert client.info("memory")["used_memory"] < used + (2 << 20)
+    client.close()
+    node.kill()
+    node.start()
+    client = redis.Redis(host=node.host, port=node.port, protocol=2)
+    assert client.execute_command("INFO", "read-behind")  # a fresh body store, rebuilt from the AOF
+    seen: dict[bytes, bytes] = {}
+    for i in range(JOBS):  # after a crash jobs come back active: they are queued again by their retry
+        job = client.execute_command("SHOW", ids[i])
+        assert job is not None, f"job {i} lost"
+        fields = dict(zip(job[::2], job[1::2]))
+        seen[ids[i]] = fields[b"body"]
+    assert all(seen[ids[i]].startswith(b"%d:" % i) for i in range(JOBS))
+    client.execute_command("ENQUEUE", *ids)
+    assert client.execute_command("QLEN", "backlog") == JOBS
+    got = []
+    while len(got) < JOBS:
+        got += client.execute_command("GETJOB", "NOHANG", "COUNT", 500, "FROM", "backlog") or []
+    assert [g[1] for g in got] == ids  # in order
+    assert read_behind(client)["jobs_on_disk"] == 0
+    client.close()
+
+
+def test_replicas_on_disk_serve_their_jobs_when_the_creator_dies(tmp_path: Path):
+    with Cluster(tmp_path, 3, "--read-behind", "force", "--read-behind-prefetch", "5") as cluster:
+        ids = [cluster.addjob(0, "q", f"job-{i}", 5000, "REPLICATE", 3, "RETRY", 1) for i in range(200)]
+        for i in (1, 2):
+            assert read_behind(cluster.client(i))["active_jobs_on_disk"] == 200  # every replica here is on disk
+        cluster.kill(0)
+        bodies: dict[str, bytes] = {}
+
+        def drained() -> bool:
+            for i in (1, 2):
+                for _, job_id, body in cluster.call(i, "GETJOB", "NOHANG", "COUNT", 100, "FROM", "q") or []:
+                    bodies[job_id.decode()] = body
+                    cluster.call(i, "ACKJOB", job_id)
+            return len(bodies) == len(ids)
+
+        cluster.wait(drained, timeout=30, what="every job served by the surviving replicas")
+        assert {bodies[i] for i in ids} == {f"job-{n}".encode() for n in range(200)}
