@@ -16,7 +16,7 @@ RUN_STAMP  := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 STAMP      := $(VENV)/.installed
 
-.PHONY: run test bench venv tools tools-redis tools-java tools-net tools-browser tools-clock tools-systemd tools-memcached clean jepsen jepsen-long
+.PHONY: run test test-read-behind bench venv tools tools-redis tools-java tools-net tools-browser tools-clock tools-systemd tools-memcached clean jepsen jepsen-long
 
 $(RUN_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
@@ -82,6 +82,11 @@ run: $(RUN_STAMP)
 # The whole suite; the sans-IO core must stay fully covered (pyproject.toml).
 test: $(STAMP) tools
 	$(PY) -m pytest --cov --cov-report=term-missing
+
+# The suite again with read-behind forced on (docs/read-behind.md): every
+# queue keeps two jobs in memory, every replica waits on disk.
+test-read-behind: $(STAMP) tools
+	DISQUE_TEST_READ_BEHIND=force $(PY) -m pytest -p no:cacheprovider
 
 # Benchmarks print figures (ratios against redis-server measured in the same run).
 bench: $(STAMP) tools-redis tools-java tools-memcached

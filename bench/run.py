@@ -14,6 +14,7 @@ import common
 import groups
 import memcache
 import persistence
+import read_behind
 import security
 import single_node
 import spark as spark_bench
@@ -24,6 +25,7 @@ BENCHMARKS = {
     "memcache": memcache,
     "groups": groups,
     "persistence": persistence,
+    "read-behind": read_behind,
     "security": security,
     "spark": spark_bench,
 }

@@ -340,6 +340,7 @@ def start_cluster(args: argparse.Namespace, net: Any, workdir: Path) -> list[Nod
 
     conf = (
         f"protected-mode no\nappendonly yes\nappendfsync everysec\ncluster-node-timeout {args.node_timeout_ms}\n"
+        f"read-behind {args.read_behind}\n" + ("read-behind-prefetch 2\n" if args.read_behind == "force" else "")
     )
     nodes = []
     for i in range(args.nodes):
@@ -558,6 +559,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--think-ms", type=float, default=50, help="max pause between enqueues per producer")
     p.add_argument("--port", type=int, default=7711, help="client port of every node in netns mode")
     p.add_argument("--node-timeout-ms", type=int, default=1000)
+    p.add_argument("--read-behind", choices=("yes", "no", "force"), default="yes",
+                   help="force: every queue keeps two jobs in memory, every replica is on disk")
     p.add_argument("--addjob-timeout-ms", type=int, default=1000)
     p.add_argument("--client-timeout", type=float, default=3.0, help="socket timeout, seconds")
     p.add_argument("--after-s", type=float, default=5, help="seconds of producing after healing")

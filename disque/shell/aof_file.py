@@ -72,6 +72,7 @@ READ_CHUNK = 4 << 20
 LOAD_YIELD_EVERY = 1000  # records between two event-loop turns while loading
 SNAPSHOT_WRITE = 1 << 20  # write the snapshot in pieces of this size
 INCREMENTAL_FSYNC = 32 << 20
+DIFF_IN_MEMORY = 8 << 20  # a rewrite diff past this goes to a file (_Rewrite)
 CRON_PERIOD = 0.1
 POSTPONE_MAX = 2.0  # seconds a write may wait for a running everysec fsync
 
@@ -87,14 +88,58 @@ class _Cancelled(Exception):
 
 
 class _Rewrite:
-    __slots__ = ("tmp", "buf", "buf_len", "cancelled", "started")
+    """A background rewrite: its file, and the records appended meanwhile
+    (the diff, written to the new file at the end).  The diff goes to a file
+    of its own past DIFF_IN_MEMORY bytes: a rewrite of a large AOF takes
+    long enough for it to grow past the node's memory."""
+
+    __slots__ = ("tmp", "buf", "buf_len", "held", "diff_fd", "diff_error", "cancelled", "started")
 
     def __init__(self, tmp: str) -> None:
         self.tmp = tmp
         self.buf: list[bytes] = []
-        self.buf_len = 0
+        self.buf_len = 0  # the whole diff
+        self.held = 0  # its bytes in `buf`
+        self.diff_fd: int | None = None
+        self.diff_error: str | None = None
         self.cancelled = False
         self.started = time.monotonic()
+
+    def add(self, record: bytes) -> None:
+        self.buf.append(record)
+        self.buf_len += len(record)
+        self.held += len(record)
+        if self.held >= DIFF_IN_MEMORY and self.diff_error is None:
+            try:
+                if self.diff_fd is None:
+                    self.diff_fd = os.open(self.tmp + ".diff", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+                _write_all(self.diff_fd, b"".join(self.buf))
+            except OSError as e:
+                self.diff_error = e.strerror or str(e)  # the rewrite fails at its end; the AOF is not touched
+                return
+            self.buf.clear()
+            self.held = 0
+
+    def write_diff(self, fd: int) -> int:
+        """Append the diff to `fd`; its size."""
+        if self.diff_error is not None:
+            raise OSError(errno.EIO, self.diff_error)
+        if self.diff_fd is not None:
+            offset = 0
+            while chunk := os.pread(self.diff_fd, 1 << 20, offset):
+                _write_all(fd, chunk)
+                offset += len(chunk)
+        _write_all(fd, b"".join(self.buf))
+        return self.buf_len
+
+    def discard(self) -> None:
+        if self.diff_fd is not None:
+            os.close(self.diff_fd)
+            self.diff_fd = None
+            try:
+                os.unlink(self.tmp + ".diff")
+            except OSError:
+                pass
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -253,9 +298,8 @@ class AofFile:
                 self.sync_upto = self.appended
         rw = self.rewrite
         if rw is not None and state != "off":
-            rw.buf.append(record)
-            rw.buf_len += len(record)
-            self.status.rewrite_buffer_length = rw.buf_len
+            rw.add(record)
+            self.status.rewrite_buffer_length = rw.held
 
     def _fsync_allowed(self) -> bool:
         return not (self.rewrite is not None and self.config.no_appendfsync_on_rewrite)
@@ -705,8 +749,7 @@ class AofFile:
         fd = None
         try:
             fd = os.open(rw.tmp, os.O_WRONLY | os.O_APPEND)
-            diff = b"".join(rw.buf)
-            _write_all(fd, diff)
+            diff = rw.write_diff(fd)
             os.fdatasync(fd)
             os.rename(rw.tmp, self.path)
         except OSError as e:
@@ -714,9 +757,11 @@ class AofFile:
                 os.close(fd)
             self._rewrite_failed(rw, f"Error finishing the AOF rewrite: {e.strerror}")
             return
+        finally:
+            rw.discard()
         fsync_dir(self.path)
-        log.info("Residual parent diff successfully flushed to the rewritten AOF (%.2f MB)", len(diff) / (1 << 20))
-        size += len(diff)
+        log.info("Residual parent diff successfully flushed to the rewritten AOF (%.2f MB)", diff / (1 << 20))
+        size += diff
         if status.state != "off":
             old = self.fd
             self.fd = fd
@@ -749,6 +794,7 @@ class AofFile:
     def _rewrite_failed(self, rw: _Rewrite, message: str) -> None:
         log.warning("%s", message)
         self._remove(rw.tmp)
+        rw.discard()
         status = self.status
         if self.rewrite is rw:
             self.rewrite = None
@@ -768,6 +814,7 @@ class AofFile:
         rw.cancelled = True
         self.rewrite = None
         self._remove(rw.tmp)
+        rw.discard()
         status = self.status
         status.rewrite_in_progress = False
         status.rewrite_buffer_length = 0

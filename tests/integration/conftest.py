@@ -9,6 +9,15 @@ import pytest
 import redis
 
 from disque.devcluster import NodeProcess, free_port
+from support import FORCE_READ_BEHIND
+
+if FORCE_READ_BEHIND:  # every node of this suite with read-behind forced on (tests/support.py)
+    _init = NodeProcess.__init__
+
+    def _forced(self: NodeProcess, port: int, workdir: Path, *extra: str, **kwargs: object) -> None:
+        _init(self, port, workdir, *extra, "--read-behind", "force", "--read-behind-prefetch", "2", **kwargs)  # type: ignore[arg-type]
+
+    NodeProcess.__init__ = _forced  # type: ignore[method-assign]
 
 
 @pytest.fixture
