@@ -114,6 +114,17 @@ def read_behind(config: Config) -> dict[str, Any]:
     return {"bodies": body_store()} if config.read_behind == "force" else {}
 
 
+def all_jobs(core: NodeCore) -> list[Any]:
+    """Every job of a core: those in memory, then copies of those read-behind
+    keeps on disk (read where they are: changing a copy changes nothing)."""
+    jobs = list(core.jobs.values())
+    spill = core.read_behind
+    if spill is not None:
+        flags = spill.index.flags
+        jobs += [job for slot in range(len(flags)) if flags[slot] & 1 and (job := spill.peek(slot)) is not None]
+    return jobs
+
+
 def make_core(seed: int = 1, node_id: str = NODE_ID, **overrides: Any) -> tuple[NodeCore, FakeClock, FakeHost]:
     clock, host = FakeClock(), FakeHost()
     config = make_config(**overrides)

@@ -9,7 +9,9 @@ jobs move:
   jobs in memory pass its `max_memory_size` (Kestrel's setting) or the node
   passes `job-memory-limit` (default half of `maxmemory`).  While a queue
   has a tail, new jobs newer than the tail join it, as Kestrel's journal
-  takes new items in read-behind; the head keeps the oldest jobs;
+  takes new items in read-behind, and while the node is over its budget
+  the head's newest jobs go to the tail's front (the slots of a large
+  backlog count too); the head keeps the oldest jobs;
 * *active copies* received from peers (replicas) and replayed from the AOF,
   while the node is over its budget.
 
@@ -122,7 +124,7 @@ class ReadBehind:
             if writable and self._over():
                 for job in arrived:
                     if node.jobs.resident(job) and job.state == S_ACTIVE and self._spillable(job):
-                        self._spill(job, None)
+                        self._spill(job, False)
         if self.grown:
             grown, self.grown = self.grown, {}
             if writable:
@@ -139,49 +141,57 @@ class ReadBehind:
 
     def _settle_queue(self, queue: Queue) -> None:
         tail = queue.tail
-        moving: list[Job] = []
         if tail is not None and tail.live:
-            # read-behind in progress: what arrived after the tail joins it
+            # read-behind in progress: what arrived after the tail joins it...
+            arrived: list[Job] = []
             while (job := queue.newest_in_head()) is not None and job.ctime > tail.last_ctime and self._spillable(job):
-                moving.append(queue.pop_newest())
-        else:
-            node = self.node
-            limit = node.config.queue_config.settings(queue.name).max_memory_size
-            keep = node.config.read_behind_prefetch
-            mem = queue.nbytes - (tail.nbytes if tail is not None else 0)
-            over = self._over() or mem > limit
-            freed = 0
-            while over and queue.head_live() - len(moving) > keep:
-                job = queue.newest_in_head()
-                if job is None or not self._spillable(job):
-                    break
-                moving.append(queue.pop_newest())
-                mem -= len(job.body or b"")
-                freed += node.job_size(job) - SLOT_BYTES
-                over = self._over(freed) or mem > limit // 10 * 9
-        if not moving:
-            return
-        if tail is None:
+                arrived.append(queue.pop_newest())
+            for job in reversed(arrived):
+                tail.append(self._spill(job, True), job.ctime, len(job.body or b""))
+            # ... and while over budget, the head's newest jobs go to its front
+            front = tail.front()
+            older = self._overflow(queue, self.index.ctime[front] if front is not None else None)
+            if older:
+                tail.prepend([self._spill(job, True) for job in reversed(older)], sum(len(j.body or b"") for j in older))
+        elif moving := self._overflow(queue, None):
             tail = queue.tail = Tail(self.index, self.peek)
-        for job in reversed(moving):
-            self._spill(job, tail)
+            for job in reversed(moving):
+                tail.append(self._spill(job, True), job.ctime, len(job.body or b""))
 
-    def _spill(self, job: Job, tail: Tail | None, marks: int = 0) -> int:
-        """Move a job's record to disk (into `tail` when queued)."""
+    def _overflow(self, queue: Queue, before: int | None) -> list[Job]:
+        """Take the head's newest jobs out (created before `before`, if
+        given) while the queue or the node is over its budget, keeping
+        `prefetch` jobs; newest first."""
+        node = self.node
+        tail = queue.tail
+        limit = node.config.queue_config.settings(queue.name).max_memory_size
+        keep = node.config.read_behind_prefetch
+        mem = queue.nbytes - (tail.nbytes if tail is not None else 0)
+        over = self._over() or mem > limit
+        freed = 0
+        moving: list[Job] = []
+        while over and queue.head_live() - len(moving) > keep:
+            job = queue.newest_in_head()
+            if job is None or not self._spillable(job) or (before is not None and job.ctime > before):
+                break
+            moving.append(queue.pop_newest())
+            mem -= len(job.body or b"")
+            freed += node.job_size(job) - SLOT_BYTES
+            over = self._over(freed) or mem > limit // 10 * 9
+        return moving
+
+    def _spill(self, job: Job, queued: bool, marks: int = 0) -> int:
+        """Move a job's record to disk; its slot (the caller lists a queued
+        one in its queue's tail)."""
         node = self.node
         loc, size = self.bodies.append(job.qtime, encode_storage(job))
-        if tail is not None:
+        if queued:
             marks |= IN_TAIL
         if not node.journaled(job):
             marks |= UNJOURNALED
         index = self.index
-        blen = len(job.body or b"")
-        slot = index.add(job.id, job.queue or b"", loc, size, blen, job.ctime, marks)
-        if tail is not None:
-            tail.append(slot, job.ctime, blen)
-            index.wake_at(slot, job.etime + 1)  # when the scheduler would expire it (node.reschedule)
-        else:
-            index.wake_at(slot, job.awake // 1000)
+        slot = index.add(job.id, job.queue or b"", loc, size, len(job.body or b""), job.ctime, marks)
+        index.wake_at(slot, job.etime + 1 if queued else job.awake // 1000)  # (expiry: as node.reschedule)
         node.jobs.remove(job)
         node.account(SLOT_BYTES - node.job_size(job))
         self.spilled += 1
@@ -195,7 +205,7 @@ class ReadBehind:
         when over budget (True), with its `queued` mark for the replay's end."""
         if self.bodies.error is not None or not self._over() or not self._spillable(job):
             return False
-        self._spill(job, None, REPLAYED_QUEUED if was_queued else 0)
+        self._spill(job, False, REPLAYED_QUEUED if was_queued else 0)
         return True
 
     def replay_queued(self, trusted: bool) -> list[int]:
@@ -381,13 +391,6 @@ class ReadBehind:
         self._compact_cursor = 0 if end >= len(index.flags) else end
 
     # ------------------------------------------------------------ whole-node operations
-
-    def on_disk(self) -> Iterator[Job]:
-        """Copies of the spilled jobs, read where they are."""
-        flags = self.index.flags
-        for slot in range(len(flags)):
-            if flags[slot] & LIVE and (job := self.peek(slot)) is not None:
-                yield job
 
     def every_job(self) -> Iterator[Job]:
         """Every spilled job, loaded back one at a time (FLUSHALL deletes

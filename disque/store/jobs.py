@@ -41,7 +41,6 @@ class Spilled(Protocol):
     def holds(self, job_id: bytes) -> bool: ...
     def peek_id(self, job_id: bytes) -> Job | None: ...
     def scan(self, cursor: int, want: int) -> tuple[int, list[Job]]: ...
-    def on_disk(self) -> Iterator[Job]: ...
 
 
 class JobStore:
@@ -89,13 +88,6 @@ class JobStore:
     def values(self) -> Iterator[Job]:
         """The jobs in memory."""
         return self._jobs.values()
-
-    def every(self) -> Iterator[Job]:
-        """Every job: those in memory, then copies of those on disk, read
-        where they are (for reading only: changing a copy changes nothing)."""
-        yield from self._jobs.values()
-        if self.spilled is not None:
-            yield from self.spilled.on_disk()
 
     def scan(self, cursor: int, want: int, max_buckets: int | None) -> tuple[int, list[Job]]:
         """JSCAN: the buckets in memory, then (cursor NBUCKETS + slot) the

@@ -229,6 +229,18 @@ class Tail:
         self.nbytes += blen
         self.last_ctime = ctime
 
+    def prepend(self, slots: list[int], nbytes: int) -> None:
+        """List jobs older than every job listed, in order, before them."""
+        n = len(slots)
+        if n <= self.pos:
+            self.slots[self.pos - n : self.pos] = array("I", slots)
+            self.pos -= n
+        else:
+            self.slots = array("I", slots) + self.slots[self.pos :]
+            self.pos = 0
+        self.live += n
+        self.nbytes += nbytes
+
     def front(self) -> int | None:
         """The oldest live slot; dead ones passed on the way are released."""
         index = self.index

@@ -26,7 +26,7 @@ from disque.store.aof import (
     scan,
 )
 from disque.store.job import BCAST_QUEUED, BCAST_WILLQUEUE, DELIVERED, Job, State
-from support import NODE_ID, START_MS, Session, make_core
+from support import NODE_ID, START_MS, Session, all_jobs, make_core
 
 NOW_S = START_MS // 1000
 fuzz = settings(deadline=None, max_examples=200, suppress_health_check=[HealthCheck.too_slow])
@@ -316,7 +316,7 @@ def test_clean_marker_trusts_queued_states_in_order() -> None:
     ids = [bytes(s("ADDJOB", "q", f"b{i}", 0)) for i in range(5)]
     once = bytes(s("ADDJOB", "q", "once", 0, "RETRY", 0))
     s("GETJOB", "FROM", "q")  # ids[0] is now active (delivered)
-    blob = b"".join(encode_loadjob(job) for job in src.jobs.every()) + encode_clean_marker(START_MS)
+    blob = b"".join(encode_loadjob(job) for job in all_jobs(src)) + encode_clean_marker(START_MS)
     core, _, _ = make_core(seed=2)
     rep = replay(core, blob)
     assert rep.clean_marker is not None

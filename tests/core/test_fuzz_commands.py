@@ -18,7 +18,7 @@ from disque.core.errors import DisqueError
 from disque.core.types import BLOCKED, SILENT, Map, Status
 from disque.protocols.resp.encoder import encode
 from invariants import advance, check_core, quick_and_slow, slow_only_when_asked  # noqa: F401 (autouse fixture)
-from support import NODE_ID, Session, make_core
+from support import NODE_ID, Session, all_jobs, make_core
 
 KEYWORDS = [
     b"FROM", b"NOHANG", b"COUNT", b"TIMEOUT", b"WITHCOUNTERS", b"RETRY", b"TTL", b"DELAY", b"MAXLEN",
@@ -66,7 +66,7 @@ class CommandFuzz(RuleBasedStateMachine):
         assert self.watcher("MONITOR") == Status(b"OK")
 
     def job_ids(self) -> list[bytes]:
-        return sorted(job.id for job in self.core.jobs.every())
+        return sorted(job.id for job in all_jobs(self.core))
 
     def argument(self, data) -> bytes:
         known = self.job_ids()

@@ -26,7 +26,7 @@ from disque.core.errors import DisqueError
 from disque.core.types import BLOCKED, NIL_ARRAY, Status
 from disque.store.job import State
 from invariants import advance, check_core, quick_and_slow, slow_only_when_asked  # noqa: F401 (autouse fixture)
-from support import NODE_ID, Session, make_core
+from support import NODE_ID, Session, all_jobs, make_core
 
 QUEUES = (b"q1", b"q2", b"q3")
 IN, OUT = 1, 2
@@ -471,7 +471,7 @@ class CoreModel(RuleBasedStateMachine):
     def consistent(self):
         check_core(self.core)
         s, now = self.s, self.now
-        assert {job.id for job in self.core.jobs.every()} == set(self.jobs)
+        assert {job.id for job in all_jobs(self.core)} == set(self.jobs)
         assert set(self.core.blocked) == set(self.waiters)
         for job in self.jobs.values():
             shown = dict(s("SHOW", job.id))

@@ -19,7 +19,7 @@ from disque.store.job import Job
 from disque.store.spill import IN_TAIL, LIVE, SLOT_BYTES, SpillIndex, Tail
 from invariants import advance, check_core
 from mesh import Mesh
-from support import START_MS, Session, body_store, make_core
+from support import START_MS, Session, all_jobs, make_core
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -59,6 +59,23 @@ def test_the_index_finds_reuses_and_rebuilds():
     assert index.add(b"newer", b"q", 0, 10, 3, 0, 0) == 2000
     index.leave_tail(7)
     assert index.add(b"newest", b"q", 0, 10, 3, 0, 0) == 7
+
+
+def test_older_jobs_go_before_a_tail_in_order():
+    index = SpillIndex()
+    tail = Tail(index, lambda slot: None)
+    slots = [index.add(b"%d" % i, b"q", 0, 1, 2, i, IN_TAIL) for i in range(10)]
+    for slot in slots[6:]:
+        tail.append(slot, index.ctime[slot], 2)
+    tail.prepend(slots[3:6], 6)  # no room before the front: a new array
+    assert list(tail.oldest()) == slots[3:] and tail.pos == 0
+    tail.take(slots[3])
+    tail.take(slots[4])
+    index.kill(slots[3])
+    index.kill(slots[4])
+    assert tail.front() == slots[5] and tail.pos == 2
+    tail.prepend(slots[1:3], 4)  # in the room the consumed entries left
+    assert list(tail.oldest()) == [*slots[1:3], *slots[5:]] and tail.live == 7 and tail.nbytes == 14
 
 
 def test_the_wheel_gives_due_slots_once():
@@ -104,6 +121,7 @@ def test_a_long_queue_keeps_its_oldest_jobs_in_memory_and_serves_in_order():
     assert s("QLEN", "q") == 10
     figures = info(core)
     assert (figures["jobs_in_memory"], figures["jobs_on_disk"], figures["queued_jobs_on_disk"]) == (2, 8, 8)
+    assert ids[9] in core.jobs and info(core)["jobs_on_disk"] == 8  # `in` reads, does not load
     assert s("QPEEK", "q", 20) == [[b"q", i, b"body%d" % n] for n, i in enumerate(ids)]
     assert bodies(s("QPEEK", "q", -3)) == [b"body9", b"body8", b"body7"]
     assert bodies(s("GETJOB", "COUNT", 4, "FROM", "q")) == [b"body0", b"body1", b"body2", b"body3"]
@@ -218,7 +236,12 @@ def test_the_node_budget_starts_and_stops_spilling_with_hysteresis():
     add_big(10)  # the queue is in read-behind: new jobs go to its tail
     on_disk = info(core)["jobs_on_disk"]
     assert on_disk >= 10
-    for entry in s("GETJOB", "COUNT", 70, "FROM", "q"):
+    core.config.job_memory_limit = core.used_memory - 2000  # the jobs on disk count too: the head gives way
+    add_big(1)
+    assert info(core)["jobs_on_disk"] > on_disk + 1 and core.used_memory < core.config.job_memory_limit
+    assert bodies(s("QPEEK", "q", 1)) == [b"x" * 100]
+    check_core(core)
+    for entry in s("GETJOB", "COUNT", 80, "FROM", "q"):
         s("ACKJOB", entry[1])
     assert info(core)["read_behind_spilling"] == 0 and s("QLEN", "q") == 0
     check_core(core)
@@ -413,7 +436,6 @@ def test_a_job_on_disk_costs_less_than_120_bytes():
     assert info(core)["jobs_on_disk"] == n - 2
     assert traced <= 120, traced
     assert traced <= SLOT_BYTES * 1.25, traced  # the estimate `used_memory` counts is about right
-    assert body_store  # the helper other suites use for their own stores
 
 
 # ---------------------------------------------------------------- edges
@@ -440,7 +462,7 @@ def test_ids_that_share_a_hash_are_told_apart_by_their_record(monkeypatch):
     ids = add(s, 6)
     unknown = ids[0][:20] + (b"0" if ids[0][20:21] != b"0" else b"1") + ids[0][21:]
     assert dict(s("SHOW", ids[3]))[b"body"] == b"body3" and s("SHOW", unknown) is None
-    assert sorted(j.id for j in core.jobs.every()) == sorted(ids)
+    assert sorted(j.id for j in all_jobs(core)) == sorted(ids)
 
 
 def test_only_copies_that_can_move_go_to_disk():

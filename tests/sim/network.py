@@ -66,7 +66,7 @@ from disque.store.job import State
 from disque.protocols.resp.front import RESP
 from disque.shell.session import Conn, Sessions
 from core.invariants import check_core
-from support import START_MS, FakeHost, read_behind
+from support import START_MS, FakeHost, all_jobs, read_behind
 
 BUS_PORT_INCR = 10_000
 CONNECT_TIMEOUT = 1.0  # seconds: a connection into a partition fails after this
@@ -293,7 +293,7 @@ class SimNode:
     def held(self) -> list[str]:
         """IDs of every job the node holds now, in any state."""
         assert self.core is not None
-        return sorted(job.id.decode() for job in self.core.jobs.every())
+        return sorted(job.id.decode() for job in all_jobs(self.core))
 
     def __repr__(self) -> str:
         return f"<SimNode {self.index} {self.core.cluster.my_id[:8] if self.core else 'dead'}>"
@@ -676,6 +676,6 @@ def check_cluster_core(core: NodeCore) -> None:
     (or the ACK garbage collection could finish without it)."""
     check_core(core, settled=False)  # a job may be due at this very instant
     me = core.cluster.my_id
-    for job in core.jobs.every():
+    for job in all_jobs(core):
         if job.state != State.WAIT_REPL and not job.is_dummy_ack:
             assert me in job.nodes_delivered, f"{job}: holder {me} not in its nodes_delivered {job.nodes_delivered}"

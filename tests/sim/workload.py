@@ -49,6 +49,7 @@ from disque.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, NACK, OK,
 from disque.core.errors import DisqueError
 from disque.core.types import NIL_ARRAY
 from sim.network import CONNECTION_LOST, SimCluster, now_ms
+from support import all_jobs
 
 QUEUE = "jobs"
 DEAD = "jobs-dead"  # extensions: the dead-letter queue, consumed too
@@ -335,7 +336,7 @@ class Workload:
             await trio.sleep(5)
             waited += 5
         await self.scan()
-        dummies = [job for node in cluster.nodes for job in node.core.jobs.every() if job.is_dummy_ack]  # type: ignore[union-attr]
+        dummies = [job for node in cluster.nodes for job in all_jobs(node.core) if job.is_dummy_ack]  # type: ignore[union-attr]
         assert not dummies, f"dummy ACKs outlive the GC on a whole cluster: {dummies}"
         return self.history.records
 
