@@ -33,6 +33,7 @@ from disque.cluster.membership import Membership
 from disque.shell.nodes_file import NodesFile
 from disque.core.errors import DisqueError, err
 from disque.shell.gc_freeze import GcFreezer
+from disque.shell.heap_trim import trim_after_spills
 from disque.shell.http import HttpPort
 from disque.shell.session import Conn, Sessions
 from disque.core.types import Client, Status
@@ -179,6 +180,7 @@ class Server:
             nursery.start_soon(self._signals)
             nursery.start_soon(self.aof_file.run)  # loads the AOF, then its cron
             nursery.start_soon(GcFreezer.run)
+            nursery.start_soon(trim_after_spills, self.core)
             log.info("Ready to accept connections on port %s", self.ports[0] if self.ports else 0)
             task_status.started(self)
             await self.shutdown_requested.wait()

@@ -1,0 +1,38 @@
+"""shell/heap_trim.py: the heap is trimmed after jobs went to disk, and only then."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import trio
+import trio.testing
+
+from disque.shell.heap_trim import TRIM_EVERY_S, malloc_trim, trim_after_spills
+
+
+def test_glibc_has_malloc_trim():
+    trim = malloc_trim()
+    assert trim is not None and trim(0) in (0, 1)
+
+
+def test_the_heap_is_trimmed_once_per_period_in_which_jobs_moved_to_disk():
+    calls: list[int] = []
+    core = SimpleNamespace(read_behind=SimpleNamespace(spilled=0))
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trim_after_spills, core, calls.append)
+            await trio.sleep(TRIM_EVERY_S + 0.1)
+            assert calls == []  # nothing moved
+            core.read_behind.spilled = 10
+            await trio.sleep(TRIM_EVERY_S)
+            assert calls == [0]
+            await trio.sleep(TRIM_EVERY_S)
+            assert calls == [0]  # nothing more moved
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_without_read_behind_there_is_nothing_to_do():
+    trio.run(trim_after_spills, SimpleNamespace(read_behind=None), lambda n: 0)
