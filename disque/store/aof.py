@@ -31,7 +31,7 @@ it reports through INFO.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -455,12 +455,17 @@ class Replay:
         if was_queued:
             self.queued.append(job)
 
-    def _in_queue_order(self, spilled: list[int]) -> Iterator[Job | int]:
-        """The jobs stored queued, in memory and (slots) on disk, merged by ctime."""
+    def _in_queue_order(self, spilled: Sequence[int]) -> Iterator[Job | int]:
+        """The jobs stored queued, in memory and (slots) on disk, merged by
+        ctime.  Each job leaves `queued` as it is given: read-behind may move
+        it to disk, and the list must not keep it in memory."""
+        queued = self.queued
+        queued.sort(key=Job.sort_key, reverse=True)  # queue order, popped from the end
+        in_memory = (queued.pop() for _ in range(len(queued)))
         if not spilled:
-            return iter(self.queued)
+            return in_memory
         ctime = self.core.read_behind.index.ctime
-        return heapq.merge(self.queued, spilled, key=lambda e: e.ctime if isinstance(e, Job) else ctime[e])
+        return heapq.merge(in_memory, spilled, key=lambda e: e.ctime if isinstance(e, Job) else ctime[e])
 
     @property
     def trusted(self) -> bool:
@@ -471,13 +476,12 @@ class Replay:
         how many were queued."""
         core = self.core
         spill = core.read_behind
-        spilled = spill.replay_queued(self.trusted) if spill is not None else []
+        spilled: Sequence[int] = spill.replay_queued(self.trusted) if spill is not None else ()
         if not self.trusted:
             self.queued.clear()
             return 0
         count = 0
         self.refresh_time()
-        self.queued.sort(key=Job.sort_key)  # queue order; appending is cheap
         for n, entry in enumerate(self._in_queue_order(spilled)):
             job = entry if isinstance(entry, Job) else spill.load(entry) if spill.index.is_live(entry) else None
             if job is None or core.jobs.get(job.id) is not job or job.state != State.ACTIVE:

@@ -358,12 +358,13 @@ def test_mostly_dead_segments_are_compacted(monkeypatch):
 # ---------------------------------------------------------------- the AOF
 
 
-def _blob(n: int, marker: bool) -> tuple[bytes, list[bytes]]:
+def _blob(n: int, marker: bool, ordered: bool = False) -> tuple[bytes, list[bytes]]:
     src, _, _ = make_core(read_behind="no")
     s = Session(src)
     ids = add(s, n)
     s("GETJOB", "FROM", "q")  # the first one is active
-    blob = b"".join(encode_loadjob(job) for job in src.jobs.values())
+    jobs = sorted(src.jobs.values(), key=Job.sort_key) if ordered else src.jobs.values()  # (the table's order: not)
+    blob = b"".join(encode_loadjob(job) for job in jobs)
     return blob + (encode_clean_marker(START_MS) if marker else b""), ids
 
 
@@ -380,8 +381,9 @@ def replay(core, blob: bytes) -> int:
     return queued
 
 
-def test_a_replay_past_the_budget_spills_and_requeues_in_order_when_trusted():
-    blob, ids = _blob(30, marker=True)
+@pytest.mark.parametrize("ordered", [False, True])
+def test_a_replay_past_the_budget_spills_and_requeues_in_order_when_trusted(ordered):
+    blob, ids = _blob(30, marker=True, ordered=ordered)
     core, clock, _ = make_core(read_behind="force", read_behind_prefetch=2)
     assert replay(core, blob) == 29
     s = Session(core)
