@@ -654,7 +654,9 @@ class AofFile:
             )
             self._truncate(path, truncated_at)
             log.warning("AOF loaded anyway because aof-load-truncated is enabled")
-        queued = replay.finish()
+        for _ in replay.requeue():
+            yield
+        queued = replay.requeued
         if replay.clean_marker is not None:
             # trusted once: a crash after this start must not trust it again
             self._truncate(path, replay.clean_marker)

@@ -391,7 +391,7 @@ class Replay:
         self.trust_queued = trust_queued
         self.queued: list[Job] = []
         self.clean_marker: int | None = None
-        self.loaded = self.deleted = self.expired = self.duplicates = 0
+        self.loaded = self.deleted = self.expired = self.duplicates = self.requeued = 0
         self.now_ms = core.now
         self.known = core.cluster.nodes
         self.solo = core.cluster.solo
@@ -474,23 +474,28 @@ class Replay:
     def finish(self) -> int:
         """Re-queue the jobs stored queued if the file is trusted; returns
         how many were queued."""
+        for _ in self.requeue():
+            pass
+        return self.requeued
+
+    def requeue(self) -> Iterator[None]:
+        """`finish` in steps of 1,024 jobs (the shell's event loop runs
+        between them: a backlog on disk takes a while); `requeued` counts."""
         core = self.core
         spill = core.read_behind
         spilled: Sequence[int] = spill.replay_queued(self.trusted) if spill is not None else ()
         if not self.trusted:
             self.queued.clear()
-            return 0
-        count = 0
+            return
         self.refresh_time()
         for n, entry in enumerate(self._in_queue_order(spilled)):
             job = entry if isinstance(entry, Job) else spill.load(entry) if spill.index.is_live(entry) else None
-            if job is None or core.jobs.get(job.id) is not job or job.state != State.ACTIVE:
-                continue
-            if n % 1024 == 1023:
+            if job is not None and core.jobs.get(job.id) is job and job.state == State.ACTIVE:
+                if not job.retry:
+                    job.qtime = core.now  # queued once (upstream defect §9 fixed)
+                if core.enqueue(job):
+                    self.requeued += 1
+            if n % 1024 == 1023:  # (no job held across the pause: the loop may move it to disk)
                 core.settle()  # read-behind: a long queue goes back to disk as it forms
-            if not job.retry:
-                job.qtime = core.now  # queued once (upstream defect §9 fixed)
-            if core.enqueue(job):
-                count += 1
-        self.queued.clear()
-        return count
+                yield
+                self.refresh_time()
