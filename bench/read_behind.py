@@ -9,8 +9,8 @@ sampled twice a second all along and drawn as a chart.  Next to it, the
 same node with `read-behind no` takes and drains as many jobs as fit in its
 memory: the ADDJOB and GETJOB+ACKJOB rates of the two are the price of
 read-behind.  Finally, the memory a job costs while its body is on disk:
-the growth of RSS over the second half of the fill (when read-behind is
-long under way) divided by the jobs that went to disk meanwhile.
+the RSS the fill added, divided by the jobs (all but `read-behind-prefetch`
+of them are on disk by then).
 
 `python bench/read_behind.py [--jobs N] [--body BYTES] [--maxmemory MB]`
 runs it alone; `make bench` runs it with the others.
@@ -36,9 +36,12 @@ IN_MEMORY_SHARE = 0.4  # of maxmemory: the jobs the reference node takes, all in
 
 
 class RssSampler(threading.Thread):
-    def __init__(self, pid: int) -> None:
+    """RSS of `node`'s process (whichever it is: a restarted node is sampled
+    while it loads) twice a second, with the phase of the run."""
+
+    def __init__(self, node: Any) -> None:
         super().__init__(daemon=True)
-        self.pid, self.phase = pid, "fill"
+        self.node, self.phase = node, "fill"
         self.start_time = time.monotonic()
         self.samples: list[tuple[float, int, str]] = []
         self.stopped = threading.Event()
@@ -46,7 +49,7 @@ class RssSampler(threading.Thread):
     def run(self) -> None:
         while not self.stopped.wait(0.5):
             try:
-                self.samples.append((time.monotonic() - self.start_time, rss_bytes(self.pid), self.phase))
+                self.samples.append((time.monotonic() - self.start_time, rss_bytes(self.node.proc.pid), self.phase))
             except (OSError, RuntimeError):
                 pass  # between a kill and a start
 
@@ -139,27 +142,23 @@ def run(quick: bool, sizes: dict[str, int] | None = None) -> dict[str, Any]:
         figures["memory_jobs"] = fits
 
         node = start_node(Path(tmp) / "node", *common)
-        sampler = RssSampler(node.pid)
+        sampler = RssSampler(node)
         sampler.start()
         try:
             client = _client(node)
-            half = jobs // 2
-            first = fill(node, half, body)
-            rss_half, on_disk_half = rss_bytes(node.pid), client.info("read-behind")["jobs_on_disk"]
-            second = fill(node, jobs - half, body)
+            rss_idle = rss_bytes(node.pid)
+            figures["disk_addjob_per_sec"] = fill(node, jobs, body)
             rss_after, rb = rss_bytes(node.pid), client.info("read-behind")
             client.close()
-            figures["disk_addjob_per_sec"] = jobs / (half / first + (jobs - half) / second)
             figures["jobs_on_disk"] = rb["jobs_on_disk"]
-            figures["rss_after_fill"] = rss_after
-            figures["bytes_per_job_on_disk"] = (rss_after - rss_half) / max(1, rb["jobs_on_disk"] - on_disk_half)
+            figures["rss_idle"], figures["rss_after_fill"] = rss_idle, rss_after
+            figures["bytes_per_job_on_disk"] = (rss_after - rss_idle) / jobs
             figures["aof_bytes"] = os.path.getsize(node.workdir / "disque.aof")
             sampler.phase = "restart"
             os.kill(node.pid, signal.SIGKILL)
             node.proc.wait()
             started = time.monotonic()
-            node.start(wait=600)
-            sampler.pid = node.pid  # (its samples start once it answers PING)
+            node.start(wait=600)  # (PING answers once the AOF is loaded)
             wait_loaded(node)
             figures["restart_seconds"] = time.monotonic() - started
             figures["rss_after_restart"] = rss_bytes(node.pid)
@@ -194,7 +193,8 @@ def run(quick: bool, sizes: dict[str, int] | None = None) -> dict[str, Any]:
             ["peak RSS, MB", figures["rss_peak"] / mb],
             ["RSS after the fill, MB", rss_after / mb],
             ["jobs on disk after the fill", figures["jobs_on_disk"]],
-            ["RSS per job on disk (second half of the fill), bytes", figures["bytes_per_job_on_disk"]],
+            ["idle RSS, MB", figures["rss_idle"] / mb],
+            ["(RSS after the fill - idle RSS) / jobs, bytes", figures["bytes_per_job_on_disk"]],
             ["AOF size, MB", figures["aof_bytes"] / mb],
             ["restart (kill -9, AOF replay), s", figures["restart_seconds"]],
             ["RSS after the restart, MB", figures["rss_after_restart"] / mb],
