@@ -122,9 +122,13 @@ class ReadBehind:
         if self.arrived:
             arrived, self.arrived = self.arrived, []
             if writable and self._over():
+                now_s = node.now // 1000
                 for job in arrived:
                     if node.jobs.resident(job) and job.state == S_ACTIVE and self._spillable(job):
-                        self._spill(job, False)
+                        if job.awake // 1000 > now_s:
+                            self._spill(job, False)
+                        else:  # its timer is due within the second the wheel would load it back in
+                            self.arrived.append(job)
         if self.grown:
             grown, self.grown = self.grown, {}
             if writable:

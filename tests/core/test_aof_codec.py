@@ -307,6 +307,7 @@ def test_nack_delay_survives_a_restart() -> None:
         core.tick()  # WILLQUEUE, then the requeue
         core.tick()
         nacked = due > 5_000
+        job = core.jobs.get(job_id)  # (the same record: with read-behind forced on, a copy loaded back)
         assert t("QLEN", "q") == 1 and (job.nacks, job.deliv) == ((1, 0) if nacked else (0, 1))  # counted once
 
 
