@@ -574,3 +574,18 @@ def test_a_read_error_ends_when_nothing_is_left_to_read(monkeypatch):
 def test_a_cursor_past_the_buckets_ends_a_scan_without_read_behind():
     core, clock, _ = make_core(read_behind="no")
     assert Session(core)("JSCAN", "5000") == [b"0", []]
+
+
+def test_a_trusted_replay_queues_a_long_backlog_in_steps():
+    blob, ids = _blob(1100, marker=True)
+    core, clock, _ = make_core(read_behind="no")
+    rep = core.begin_load()
+    from disque.store.aof import RecordReader
+
+    reader = RecordReader()
+    reader.feed(blob)
+    for offset, args in reader:
+        rep.apply(offset, args)
+    steps = sum(1 for _ in rep.requeue())
+    core.end_load()
+    assert steps == 1 and rep.requeued == 1099 and Session(core)("QLEN", "q") == 1099
