@@ -252,3 +252,12 @@ def test_working_on_a_delayed_retry_0_job_due_for_willqueue_is_not_left_overdue(
     assert job.awake == START_MS + 1000 and job.state == State.ACTIVE
     advance(core, clock, 400)
     assert job.state == State.QUEUED and s("QLEN", "q") == 1
+
+
+def test_willqueue_from_a_node_the_job_did_not_list_adds_it_and_says_queued():
+    core, clock = duo()
+    s = Session(core)
+    job_id = bytes(s("ADDJOB", "q", "x", 0, "REPLICATE", 1, "RETRY", 10))  # queued here, listing only this node
+    bus_sent(core)
+    from_peer(core, m.WillQueue(job_id))
+    assert s.show(job_id)["nodes-delivered"] == [NODE_ID, PEER] and bus_sent(core) == [m.Queued(job_id)]

@@ -56,9 +56,9 @@ def test_a_backlog_past_the_budget_survives_kill_9(spawn):
 
 def test_replicas_on_disk_serve_their_jobs_when_the_creator_dies(tmp_path: Path):
     with Cluster(tmp_path, 3, "--read-behind", "force", "--read-behind-prefetch", "5") as cluster:
-        ids = [cluster.addjob(0, "q", f"job-{i}", 5000, "REPLICATE", 3, "RETRY", 1) for i in range(200)]
-        for i in (1, 2):
-            assert read_behind(cluster.client(i))["active_jobs_on_disk"] == 200  # every replica here is on disk
+        ids = [cluster.addjob(0, "q", f"job-{i}", 5000, "REPLICATE", 3, "RETRY", 2) for i in range(200)]
+        for i in (1, 2):  # every replica here is on disk (one whose timer is due within the second waits for it)
+            cluster.wait(lambda: read_behind(cluster.client(i))["active_jobs_on_disk"] == 200, what=f"node {i}'s copies on disk")
         cluster.kill(0)
         bodies: dict[str, bytes] = {}
 
