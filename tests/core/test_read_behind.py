@@ -270,8 +270,8 @@ def test_replicas_go_to_disk_and_come_back_when_their_time_comes(monkeypatch):
     mesh.advance(2_000)  # the copies' WILLQUEUE: the creator reads the jobs it has on disk, and leaves them there
     assert mesh.core(0).read_behind.counts() == (3, 0)
     mesh.kill(0)
-    mesh.advance(4_000)  # its retry comes: the copy is loaded and queued here
-    assert holder.read_behind.counts() == (0, 0)
+    mesh.advance(4_000)  # their retry comes: the copies are loaded and queued here (three go back to disk, queued)
+    assert holder.read_behind.counts() == (3, 0) and Session(holder)("QLEN", "q") == 5
     assert dict(Session(holder)("SHOW", job_id))[b"state"] == "queued"
 
 
