@@ -365,7 +365,7 @@ class NodeCore:
         calls[0] += 1
         calls[1] += elapsed
         calls[2 + min(elapsed.bit_length(), LATENCY_BUCKETS - 1)] += 1
-        if elapsed > self.config.slowlog_log_slower_than >= 0:
+        if elapsed >= self.config.slowlog_log_slower_than >= 0:  # as Redis: 0 logs every command
             self.slowlog_add(argv, elapsed)
         if client.reply_mode:
             return client.silence(reply)
