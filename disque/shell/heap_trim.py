@@ -7,7 +7,13 @@ scattered through the heap, and the compact slots that replace them grow
 elsewhere (large arrays are mapped apart), so the process would keep the
 freed memory in its RSS.  `malloc_trim(0)` releases the free pages inside
 the heap too, so every few seconds in which jobs moved to disk the server
-calls it.  On a C library without it (not glibc) this does nothing.
+calls it.  The slots' arrays grow by reallocation; glibc raises its mmap
+threshold each time a mapped block is freed, so after a few doublings the
+arrays would come from the heap and leave holes of their old size behind
+(RSS 14 % above `used_memory` at a full node).  With read-behind on, the
+server fixes the threshold at 128 KiB (`mallopt`), so large blocks stay
+mapped and go back to the system when freed or moved (`mremap`).  On a C
+library without these calls (not glibc) this does nothing.
 """
 
 from __future__ import annotations
@@ -20,14 +26,26 @@ from typing import Any
 import trio
 
 TRIM_EVERY_S = 5.0
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number in glibc's malloc.h
+MMAP_THRESHOLD = 128 << 10
+
+
+def _libc(name: str) -> Callable[..., int] | None:
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
 
 
 def malloc_trim() -> Callable[[int], int] | None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.malloc_trim  # type: ignore[no-any-return]
-    except (OSError, AttributeError):
-        return None
+    return _libc("malloc_trim")
+
+
+def map_large_blocks(mallopt: Callable[[int, int], int] | None = None) -> bool:
+    """Fix the size past which blocks are mapped apart (see above); whether
+    the C library took it."""
+    mallopt = mallopt or _libc("mallopt")
+    return mallopt is not None and mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
 
 
 async def trim_after_spills(core: Any, trim: Callable[[int], int] | None = None) -> None:

@@ -33,7 +33,7 @@ from disque.cluster.membership import Membership
 from disque.shell.nodes_file import NodesFile
 from disque.core.errors import DisqueError, err
 from disque.shell.gc_freeze import GcFreezer
-from disque.shell.heap_trim import trim_after_spills
+from disque.shell.heap_trim import map_large_blocks, trim_after_spills
 from disque.shell.http import HttpPort
 from disque.shell.session import Conn, Sessions
 from disque.core.types import Client, Status
@@ -151,6 +151,8 @@ class Server:
         http_listeners = await self._open_listeners(self.config.metrics_port)
         if announced_port(self.config):
             await self.bus.listen()
+        if self.core.read_behind is not None:
+            map_large_blocks()
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             self.ports = [ln.socket.getsockname()[1] for ln in listeners]

@@ -7,12 +7,19 @@ from types import SimpleNamespace
 import trio
 import trio.testing
 
-from disque.shell.heap_trim import TRIM_EVERY_S, malloc_trim, trim_after_spills
+from disque.shell.heap_trim import M_MMAP_THRESHOLD, MMAP_THRESHOLD, TRIM_EVERY_S, malloc_trim, map_large_blocks, trim_after_spills
 
 
 def test_glibc_has_malloc_trim():
     trim = malloc_trim()
     assert trim is not None and trim(0) in (0, 1)
+
+
+def test_large_blocks_stay_mapped_at_a_fixed_threshold():
+    calls: list[tuple[int, int]] = []
+    assert map_large_blocks(lambda param, value: calls.append((param, value)) or 1)
+    assert calls == [(M_MMAP_THRESHOLD, MMAP_THRESHOLD)]
+    assert not map_large_blocks(lambda param, value: 0)  # refused
 
 
 def test_the_heap_is_trimmed_once_per_period_in_which_jobs_moved_to_disk():
