@@ -87,7 +87,7 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
         assert waiter.client.id == client_id and waiter.client.waiter is waiter
         assert core.clients.get(client_id) is waiter.client
         for job_id in waiter.jobs or ():  # WAITJOB: indexed by every job it waits for, each still pending here
-            assert waiter in core.job_waits[job_id] and core.jobs.get(job_id) is not None
+            assert waiter in core.job_waits[job_id] and job_id in core.jobs  # (`get` would load a job on disk)
         for name in waiter.queues:
             queue = core.queues.get(name)
             assert queue is not None and queue.waiters.get(client_id) is waiter
