@@ -96,14 +96,29 @@ def make_config(**overrides: Any) -> Config:
 # two jobs in memory, every replica goes to disk.
 FORCE_READ_BEHIND = os.environ.get("DISQUE_TEST_READ_BEHIND") == "force"
 _bodies_root: list[str] = []
+_open_stores: list[Segments] = []
 
 
 def body_store() -> Segments:
-    """A body store in a directory of its own, removed at exit."""
+    """A body store in a directory of its own, removed at exit; its files
+    are closed after the test (`close_body_stores`)."""
     if not _bodies_root:
         _bodies_root.append(tempfile.mkdtemp(prefix="disque-bodies-"))
         atexit.register(shutil.rmtree, _bodies_root[0], True)
-    return Segments(tempfile.mkdtemp(dir=_bodies_root[0]))
+    store = Segments(tempfile.mkdtemp(dir=_bodies_root[0]))
+    _open_stores.append(store)
+    return store
+
+
+def close_body_stores() -> None:
+    """Close the segment files of the body stores made so far, as a node's
+    exit does: a forced-on run makes thousands of cores, and their open files
+    would pass select()'s limit of 1,024 descriptors in this process."""
+    for store in _open_stores:
+        for fd in store._fds.values():
+            os.close(fd)
+        store._fds.clear()
+    _open_stores.clear()
 
 
 def read_behind(config: Config) -> dict[str, Any]:
