@@ -52,6 +52,7 @@ as a damaged AOF record would be.
 
 from __future__ import annotations
 
+import heapq
 import logging
 from array import array
 from collections.abc import Iterator
@@ -71,6 +72,16 @@ log = logging.getLogger("disque.read_behind")
 S_ACTIVE, S_QUEUED = State.ACTIVE, State.QUEUED
 MAX_LOADS_PER_TICK = 10_000
 COMPACT_SLOTS_PER_TICK = 20_000
+
+
+SORT_RUN = 1 << 16  # slots sorted at once by `by_ctime`
+
+
+def by_ctime(slots: array[int], ctime: array[int]) -> array[int]:
+    """`slots` by creation time, without a Python int per slot (sorting a
+    4-million-job backlog at once took 450 MB): sorted runs, then merged."""
+    runs = [array("I", sorted(slots[i : i + SORT_RUN], key=ctime.__getitem__)) for i in range(0, len(slots), SORT_RUN)]
+    return array("I", heapq.merge(*runs, key=ctime.__getitem__))
 
 
 class ReadBehind:
@@ -224,7 +235,7 @@ class ReadBehind:
             return array("I")
         live = array("I", (slot for slot in marked if flags[slot] & LIVE))
         if any(ctime[a] > ctime[b] for a, b in zip(live, live[1:])):  # the file's order is not queue order
-            live = array("I", sorted(live, key=ctime.__getitem__))
+            live = by_ctime(live, ctime)
         return live
 
     # ------------------------------------------------------------ loading back

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import tracemalloc
+from array import array
 
 import pytest
 
@@ -394,6 +396,17 @@ def test_a_replay_past_the_budget_spills_and_requeues_in_order_when_trusted(orde
     assert info(core)["jobs_on_disk"] >= 27
     assert [e[1] for e in s("GETJOB", "COUNT", 30, "FROM", "q")] == ids[1:]
     check_core(core)
+
+
+def test_slots_are_sorted_by_creation_time_in_runs_then_merged(monkeypatch):
+    from disque.core import read_behind
+
+    monkeypatch.setattr(read_behind, "SORT_RUN", 7)
+    rng = random.Random(3)
+    ctime = array("Q", (rng.randrange(10**18) for _ in range(100)))
+    slots = array("I", rng.sample(range(100), 60))
+    ordered = read_behind.by_ctime(slots, ctime)
+    assert list(ordered) == sorted(slots, key=ctime.__getitem__) and ordered.typecode == "I"
 
 
 def test_an_untrusted_replay_leaves_the_jobs_on_disk_active():
