@@ -416,8 +416,8 @@ class Groups:
         found = self._event(msg.id or ask.job_id)  # granted: perhaps another event than the one asked for
         if msg.unknown and found is not None:  # it lost its copy (a restart without the AOF): not a holder any more
             found[1].nodes_delivered = tuple(n for n in found[1].nodes_delivered if n != sender)
-        if msg.granted and found is not None:  # its GROUPSET came first, unless this node is not among its holders
-            self._apply(found[0], ask.group, found[1], found[2], DONE if ask.ex_ms is None else ask.deadline)
+        if msg.granted and found is not None:  # told to the holders here too: the server may die before its GROUPSETs land
+            self._set(found[0], ask.group, found[1], found[2], DONE if ask.ex_ms is None else ask.deadline)
         if ask.ex_ms is None:  # a QACK: the server's word, or asked again of the next server
             reply = self.qack(client, ask.queue, ask.group, found[2]) if msg.unknown and found is not None else int(msg.granted)
             if reply is not BLOCKED:
