@@ -390,6 +390,7 @@ class Replay:
         self.core = core
         self.trust_queued = trust_queued
         self.queued: list[Job] = []
+        self.active: list[Job] = []  # with read-behind: the others kept in memory, which may have to make room
         self.clean_marker: int | None = None
         self.loaded = self.deleted = self.expired = self.duplicates = self.requeued = 0
         self.now_ms = core.now
@@ -450,10 +451,15 @@ class Replay:
         core.register(job)
         self.loaded += 1
         spill = core.read_behind
-        if spill is not None and spill.replayed(job, was_queued):
-            return  # on disk, marked queued if it was
-        if was_queued:
-            self.queued.append(job)
+        if spill is None:
+            if was_queued:
+                self.queued.append(job)
+            return
+        if not spill.replayed(job, was_queued):
+            (self.queued if was_queued else self.active).append(job)
+        elif spill.needs_room():  # the slots grow too: the jobs kept in memory so far make room, newest first
+            spill.make_room(self.active, False)
+            spill.make_room(self.queued, True)
 
     def _in_queue_order(self, spilled: Sequence[int]) -> Iterator[Job | int]:
         """The jobs stored queued, in memory and (slots) on disk, merged by
@@ -484,6 +490,7 @@ class Replay:
         core = self.core
         spill = core.read_behind
         spilled: Sequence[int] = spill.replay_queued(self.trusted) if spill is not None else ()
+        self.active.clear()
         if not self.trusted:
             self.queued.clear()
             return

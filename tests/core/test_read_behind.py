@@ -16,7 +16,7 @@ import support
 from disque.core.effects import AofAppend
 from disque.core.figures import node_figures
 from disque.shell import segments as seg
-from disque.store.aof import encode_clean_marker, encode_loadjob
+from disque.store.aof import encode_clean_marker, encode_deljob, encode_loadjob
 from disque.store.job import Job
 from disque.store.spill import IN_TAIL, LIVE, SLOT_BYTES, SpillIndex, Tail
 from invariants import advance, check_core
@@ -396,6 +396,31 @@ def test_a_replay_past_the_budget_spills_and_requeues_in_order_when_trusted(orde
     assert info(core)["jobs_on_disk"] >= 27
     assert [e[1] for e in s("GETJOB", "COUNT", 30, "FROM", "q")] == ids[1:]
     check_core(core)
+
+
+def test_a_replay_moves_the_jobs_it_kept_in_memory_to_disk_as_its_slots_outgrow_the_budget():
+    from disque.store.aof import RecordReader
+
+    src, _, _ = make_core(read_behind="no")
+    Session(src)("QADD", "events", 600, "e")  # an event: never on disk, kept
+    ids = add(Session(src), 1000)
+    jobs = sorted(src.jobs.values(), key=Job.sort_key)
+    records = [encode_loadjob(job) for job in jobs]
+    records.insert(4, encode_deljob(ids[2]))  # gone before the room is made
+    blob = b"".join(records) + encode_clean_marker(START_MS)
+    core, _, s = budgeted(2)
+    core.config.job_memory_limit = core.used_memory + 30_000  # room for about 50 jobs
+    rep = core.begin_load()
+    reader = RecordReader()
+    reader.feed(blob)
+    for offset, args in reader:
+        rep.apply(offset, args)
+    # 999 slots (72 KB) alone pass the 30 KB of room: no job stays in memory but the event
+    assert [job.queue for job in core.jobs.values()] == [b"events"] and info(core)["jobs_on_disk"] == 999
+    assert rep.finish() == 999
+    core.end_load()
+    check_core(core)
+    assert [e[1] for e in s("GETJOB", "COUNT", 1000, "FROM", "q")] == ids[:2] + ids[3:]
 
 
 def test_slots_are_sorted_by_creation_time_in_runs_then_merged(monkeypatch):
