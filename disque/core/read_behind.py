@@ -224,25 +224,21 @@ class ReadBehind:
         return True
 
     def needs_room(self) -> bool:
-        """Over budget though every job that may go is on disk (forced on,
-        they all went on arrival)."""
+        """Whether a replay must move the jobs it kept in memory (forced on,
+        none was kept that could go)."""
         return not self.force and self._over()
 
     def make_room(self, jobs: list[Job], queued: bool) -> None:
         """A replay's jobs kept in memory (newest last) go to disk while the
         node is over its budget: the slots of the jobs replayed after them
         grow past it (a 4-million-job restart reached 577 MB under
-        maxmemory 512 MB that way); `queued`: they were stored queued."""
-        node, kept = self.node, []
+        maxmemory 512 MB that way); `queued`: they were stored queued.  A
+        job that may not go (an event) leaves the list all the same."""
+        node = self.node
         while jobs and self._over():
             job = jobs.pop()
-            if not node.jobs.resident(job):
-                continue  # deleted by a later record
-            if self._spillable(job):
+            if node.jobs.resident(job) and self._spillable(job):  # (a later record may have deleted it)
                 self._spill(job, False, REPLAYED_QUEUED if queued else 0)
-            else:
-                kept.append(job)
-        jobs += reversed(kept)
 
     def replay_queued(self, trusted: bool) -> array[int]:
         """The end of a replay: the slots marked queued, oldest first

@@ -16,8 +16,9 @@ import support
 from disque.core.effects import AofAppend
 from disque.core.figures import node_figures
 from disque.shell import segments as seg
-from disque.store.aof import encode_clean_marker, encode_deljob, encode_loadjob
-from disque.store.job import Job
+from disque.store.aof import RecordReader, Replay, encode_clean_marker, encode_deljob, encode_loadjob
+from disque.store.job import DEQUEUE, ENQUEUE, Job, State
+from disque.store.queue import Queue
 from disque.store.spill import IN_TAIL, LIVE, SLOT_BYTES, SpillIndex, Tail
 from invariants import advance, check_core
 from mesh import Mesh
@@ -372,15 +373,18 @@ def _blob(n: int, marker: bool, ordered: bool = False) -> tuple[bytes, list[byte
     return blob + (encode_clean_marker(START_MS) if marker else b""), ids
 
 
-def replay(core, blob: bytes) -> int:
-    from disque.store.aof import RecordReader
-
+def applied(core, blob: bytes) -> Replay:
+    """A replay of `blob`'s records, not finished yet."""
     rep = core.begin_load()
     reader = RecordReader()
     reader.feed(blob)
     for offset, args in reader:
         rep.apply(offset, args)
-    queued = rep.finish()
+    return rep
+
+
+def replay(core, blob: bytes) -> int:
+    queued = applied(core, blob).finish()
     core.end_load()
     return queued
 
@@ -399,28 +403,24 @@ def test_a_replay_past_the_budget_spills_and_requeues_in_order_when_trusted(orde
 
 
 def test_a_replay_moves_the_jobs_it_kept_in_memory_to_disk_as_its_slots_outgrow_the_budget():
-    from disque.store.aof import RecordReader
-
     src, _, _ = make_core(read_behind="no")
     Session(src)("QADD", "events", 600, "e")  # an event: never on disk, kept
     ids = add(Session(src), 1000)
+    Session(src)("GETJOB", "FROM", "q")  # the first one is active
     jobs = sorted(src.jobs.values(), key=Job.sort_key)
     records = [encode_loadjob(job) for job in jobs]
     records.insert(4, encode_deljob(ids[2]))  # gone before the room is made
     blob = b"".join(records) + encode_clean_marker(START_MS)
     core, _, s = budgeted(2)
     core.config.job_memory_limit = core.used_memory + 30_000  # room for about 50 jobs
-    rep = core.begin_load()
-    reader = RecordReader()
-    reader.feed(blob)
-    for offset, args in reader:
-        rep.apply(offset, args)
+    rep = applied(core, blob)
     # 999 slots (72 KB) alone pass the 30 KB of room: no job stays in memory but the event
     assert [job.queue for job in core.jobs.values()] == [b"events"] and info(core)["jobs_on_disk"] == 999
-    assert rep.finish() == 999
+    assert rep.finish() == 998
     core.end_load()
     check_core(core)
-    assert [e[1] for e in s("GETJOB", "COUNT", 1000, "FROM", "q")] == ids[:2] + ids[3:]
+    assert [e[1] for e in s("GETJOB", "COUNT", 1000, "FROM", "q")] == ids[1:2] + ids[3:]
+    assert dict(s("SHOW", ids[0]))[b"state"] == "active"
 
 
 def test_slots_are_sorted_by_creation_time_in_runs_then_merged(monkeypatch):
@@ -545,8 +545,6 @@ def test_a_replay_under_the_budget_keeps_everything_in_memory_and_skips_deleted_
     core, clock, _ = make_core(read_behind="force", read_behind_prefetch=2)
     core.read_behind.force = False
     assert replay(core, blob) == 0 and core.read_behind.counts() == (0, 0)
-    from disque.store.aof import encode_deljob
-
     blob, ids = _blob(6, marker=False)
     core, clock, _ = make_core(read_behind="force", read_behind_prefetch=2)
     trusted = blob + encode_deljob(ids[3]) + encode_clean_marker(START_MS)
@@ -619,22 +617,11 @@ def test_a_cursor_past_the_buckets_ends_a_scan_without_read_behind():
 def test_a_trusted_replay_queues_a_long_backlog_in_steps():
     blob, ids = _blob(1100, marker=True)
     core, clock, _ = make_core(read_behind="no")
-    rep = core.begin_load()
-    from disque.store.aof import RecordReader
-
-    reader = RecordReader()
-    reader.feed(blob)
-    for offset, args in reader:
-        rep.apply(offset, args)
-    assert rep.finish() == 1099  # in two steps: the event loop runs between them (the shell's `requeue`)
-    core.end_load()
+    assert replay(core, blob) == 1099  # in two steps: the event loop runs between them (the shell's `requeue`)
     assert Session(core)("QLEN", "q") == 1099
 
 
 def test_the_newest_job_in_memory_skips_the_tombstones_at_the_end():
-    from disque.store.job import DEQUEUE, ENQUEUE, State
-    from disque.store.queue import Queue
-
     q = Queue(b"q", 0)
     jobs = [Job(b"%048d" % i, b"q", b"", State.ACTIVE, ctime=i) for i in range(3)]
     for job in jobs:
