@@ -59,7 +59,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from disque.cluster.codec import DecodeError, decode_storage, encode_storage
-from disque.store.job import DEQUEUE, EVENT, IN_LIST, Job, State
+from disque.store.job import BCAST_WILLQUEUE, DEQUEUE, EVENT, IN_LIST, Job, State
 from disque.store.spill import IN_TAIL, LIVE, REPLAYED_QUEUED, SLOT_BYTES, UNJOURNALED, SpillCorrupt, SpillIndex, Tail
 
 if TYPE_CHECKING:
@@ -323,9 +323,15 @@ class ReadBehind:
             queue.promote(job)
         elif job.queue is not None and (queue := node.queues.get(job.queue)) is not None:
             job.queue = queue.name
+        if job.state == S_QUEUED and job.retry and job.qtime and job.qtime <= node.now:
+            # The requeue timer visits it missed on disk, at their own times: every
+            # RETRY since its qtime, so it keeps the phase it had in memory.
+            period = job.retry * 1000
+            job.qtime += ((node.now - job.qtime) // period + 1) * period + node.jitter()
+            job.flags |= BCAST_WILLQUEUE
         node.reschedule(job)
         while job.awake <= node.now and job.etime * 1000 > node.now and node.jobs.resident(job):
-            node.process_job(job)  # the scheduler's visits it missed on disk (a queued job's requeue time moves on)
+            node.process_job(job)  # the other visits it missed on disk
 
     def load_id(self, job_id: bytes) -> Job | None:
         """JobStore.get's way to disk: the spilled job with this ID, loaded."""

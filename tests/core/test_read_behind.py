@@ -487,12 +487,15 @@ def failing_reads(monkeypatch) -> None:
     monkeypatch.setattr(os, "pread", lambda *a: (_ for _ in ()).throw(OSError(errno.EIO, "Input/output error")))
 
 
-def test_a_job_loaded_after_its_requeue_time_gets_the_visits_it_missed():
+def test_a_job_loaded_after_its_requeue_time_keeps_the_timer_phase_it_had_in_memory():
     core, clock, s = forced()
-    ids = add(s, 5, "q", "RETRY", 1)
-    advance(core, clock, 3_000)
-    shown = dict(s("SHOW", ids[4]))  # on disk all along: its requeue time had stood still
-    assert 0 < shown[b"next-requeue-within"] <= 1000
+    ids = add(s, 5, "q", "RETRY", 2)  # requeue visits at 2 s, 4 s, 6 s... (each +-250 ms of jitter)
+    advance(core, clock, 5_000)
+    shown = dict(s("SHOW", ids[4]))  # on disk all along: its requeue time had stood still at 2 s
+    assert 0 < shown[b"next-requeue-within"] <= 1_500  # the 6 s visit, not 5 s + RETRY
+    assert s("DEQUEUE", ids[4]) == 1
+    advance(core, clock, 1_500)
+    assert s("QLEN", "q") == 5  # requeued at the 6 s visit, as in memory
     check_core(core)
 
 
