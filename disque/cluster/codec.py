@@ -209,6 +209,7 @@ class _Field:
     check: _Check  # decoded value -> validated value
     dump: Callable[[Any], Any] | None = None  # our value -> msgpack-ready value (None: as it is)
     default: Any = None  # not None: the field may be left out, and is when it has this value
+    pos: tuple[_Check, Callable[[Any], Any]] | None = None  # (check, dump) of the positional form, when it differs
 
 
 _Fields = tuple[_Field, ...]
@@ -273,22 +274,69 @@ def _packer(fields: _Fields, *, items: bool = False) -> Callable[[Any], dict[str
     return _compile("pack", lines, names)
 
 
+def _pos_loader(fields: _Fields, offset: int = 0) -> Callable[[Any], dict[str, Any]]:
+    """`_loader` for the positional form: the check of array `a`, whose
+    items from `offset` on are the fields in table order (more items are
+    ignored, as unknown keys are)."""
+    names: dict[str, Any] = {"DecodeError": DecodeError}
+    lines = [
+        "def load(a):",
+        "    if type(a) is not list:",
+        "        raise DecodeError(f'expected an array, got {type(a).__name__}')",
+        "    try:",
+    ]
+    for i, f in enumerate(fields):
+        check = f.check if f.pos is None else f.pos[0]
+        names[f"c{i}"] = check
+        lines += [f"        k = {f.name!r}", f"        v = a[{offset + i}]", f"        x{i} = {getattr(check, 'fast', '')}c{i}(v)"]
+    lines += [
+        "    except IndexError:",
+        "        raise DecodeError(f'missing field {k!r}') from None",
+        "    except DecodeError as e:",
+        "        raise DecodeError(f'field {k!r}: {e}') from None",
+        "    return {" + ", ".join(f"{f.name!r}: x{i}" for i, f in enumerate(fields)) + "}",
+    ]
+    return _compile("load", lines, names)
+
+
+def _pos_packer(fields: _Fields, *, items: bool = False) -> Callable[..., list[Any]]:
+    """`_packer` for the positional form: `pack(o, head)` -> [*head, field, ...],
+    every field present."""
+    names: dict[str, Any] = {}
+    values = []
+    for i, f in enumerate(fields):
+        dump = f.dump if f.pos is None else f.pos[1]
+        names[f"u{i}"] = dump
+        get = f"o[{f.name!r}]" if items else f"o.{f.name}"
+        values.append(get if dump is None else f"u{i}({get})")
+    return _compile("pack", ["def pack(o, head=()):", f"    return [*head, {', '.join(values)}]"], names)
+
+
 def _record(fields: _Fields, build: Callable[..., Any]) -> _Check:
     load = _loader(fields)
     return lambda m: build(**load(m))
+
+
+def _pos_record(fields: _Fields, build: Callable[..., Any]) -> _Check:
+    load = _pos_loader(fields)
+    return lambda a: build(**load(a))
 
 
 def _each(dump: Callable[[Any], Any]) -> Callable[[Any], list[Any]]:
     return lambda items: [dump(item) for item in items]
 
 
-def _unpack_map(data: bytes) -> dict[Any, Any]:
+def _unpack(data: bytes) -> Any:
     try:
         # The default limits of unpackb are derived from len(data), so a
         # claimed array or string length cannot allocate more than that.
-        m = msgpack.unpackb(data, raw=False)
+        return msgpack.unpackb(data, raw=False)
     except (ValueError, msgpack.UnpackException) as e:
         raise DecodeError(f"undecodable msgpack: {e}") from None
+
+
+def _unpack_map(data: bytes) -> dict[Any, Any]:
+    m = _unpack(data)
     if type(m) is not dict:
         raise DecodeError(f"expected a map, got {type(m).__name__}")
     return m
@@ -330,6 +378,7 @@ _WIRE_JOB: _Fields = _JOB_COMMON + (_Field("ttl", "tl", _int_in(1, _U64)), _Fiel
 _STORED_JOB: _Fields = _JOB_COMMON + (_Field("etime", "et", _UINT), _Field("not_before", "nb", _UINT, default=0))
 _wire_job = _loader(_WIRE_JOB)  # checks the job of REPLJOB / YOURJOBS (a dict with our names)
 _dump_wire_job = _packer(_WIRE_JOB, items=True)
+_wire_job_pos, _dump_wire_job_pos = _pos_loader(_WIRE_JOB), _pos_packer(_WIRE_JOB, items=True)
 _load_stored_job, _load_stored_map = _loader(_STORED_JOB, named=True), _loader(_STORED_JOB)
 _pack_stored_job = _packer(_STORED_JOB, items=True)
 
@@ -415,12 +464,20 @@ class _Kind:
     cls: type
     fields: _Fields = ()
     mflags: tuple[tuple[str, int], ...] = ()  # boolean attribute -> mflags bit
+    code: int = 0  # its number in the positional form (its row in _KINDS, from 1)
     pack: Callable[[Any], dict[str, Any]] = field(init=False)
     load: Callable[[Any], dict[str, Any]] = field(init=False)  # with the mflags
+    pack_pos: Callable[..., list[Any]] = field(init=False)  # (message, head) -> [*head, field, ...]
+    load_pos: Callable[[Any], dict[str, Any]] = field(init=False)  # [code, mflags, field, ...] -> with the mflags
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pack", _packer(self.fields))
         object.__setattr__(self, "load", _loader(self.fields + (_MFLAGS,)))
+        object.__setattr__(self, "pack_pos", _pos_packer(self.fields))
+        object.__setattr__(self, "load_pos", _pos_loader((_MFLAGS, *self.fields), offset=1))
+
+    def mflags_of(self, msg: Message) -> int:
+        return sum(bit for attr, bit in self.mflags if getattr(msg, attr))
 
 
 _ENVELOPE: _Fields = (
@@ -439,7 +496,8 @@ _GOSSIP_ENTRY: _Fields = (
     _Field("flags", "f", _BITS),
 )
 _GOSSIP = _Field(
-    "gossip", "g", _list_of(_record(_GOSSIP_ENTRY, GossipEntry)), _each(_packer(_GOSSIP_ENTRY))
+    "gossip", "g", _list_of(_record(_GOSSIP_ENTRY, GossipEntry)), _each(_packer(_GOSSIP_ENTRY)),
+    pos=(_list_of(_pos_record(_GOSSIP_ENTRY, GossipEntry)), _each(_pos_packer(_GOSSIP_ENTRY))),
 )
 _ID = _Field("id", "i", _job_id)
 _OPT_ID = _Field("id", "i", _opt_job_id, default=b"")
@@ -447,48 +505,75 @@ _QUEUE = _Field("queue", "q", _bytes)
 _GROUP = _Field("group", "g", _bytes)
 _TICKET = _Field("ticket", "k", _UINT)
 
-# Short keys must not reuse the envelope keys v, t, s, p, f, m.
-_KINDS = (
-    _Kind("PING", Ping, (_GOSSIP,)),
-    _Kind("PONG", Pong, (_GOSSIP,)),
-    _Kind("MEET", Meet, (_GOSSIP,)),
-    _Kind("FAIL", Fail, (_Field("node", "n", _node_id),)),
-    _Kind("REPLJOB", ReplJob, (_Field("job", "j", _wire_job, _dump_wire_job),), (("noreply", NOREPLY),)),
-    _Kind("GOTJOB", GotJob, (_ID,)),
-    _Kind("ENQUEUE", Enqueue, (_ID, _Field("delay", "d", _UINT))),
-    _Kind("QUEUED", Queued, (_ID, _Field("delay", "d", _UINT, default=0)), (("incr_nacks", INCR_NACKS), ("incr_deliv", INCR_DELIV))),
-    _Kind("WORKING", Working, (_ID,)),
-    _Kind("WILLQUEUE", WillQueue, (_ID,)),
-    _Kind("SETACK", SetAck, (_ID, _Field("mayhave", "h", _UINT))),
-    _Kind("GOTACK", GotAck, (_ID, _Field("known", "k", _bool))),
-    _Kind("DELJOB", DelJob, (_ID, _Field("acked", "ak", _bool, default=True))),
-    _Kind("NEEDJOBS", NeedJobs, (_QUEUE, _Field("count", "c", _UINT))),
-    _Kind("YOURJOBS", YourJobs, (_Field("jobs", "j", _list_of(_wire_job, 1), _each(_dump_wire_job)),)),
-    _Kind("PAUSE", Pause, (_QUEUE, _Field("flags", "pf", _int_in(0, 3)))),
-    _Kind("FANOUT", Fanout, (_Field("child", "c", _fanout_child),), (("joined", JOINED),)),
-    _Kind("GROUPSET", GroupSet, (_ID, _GROUP, _Field("deadline", "d", _UINT))),
-    _Kind("CLAIM", Claim, (_ID, _GROUP, _Field("deadline", "d", _UINT), _TICKET)),
-    _Kind("GROUPACK", GroupAck, (_ID, _GROUP, _TICKET)),
-    _Kind("CLAIMED", Claimed, (_TICKET, _OPT_ID), (("granted", GRANTED), ("unknown", UNKNOWN))),
-    _Kind("NEEDEVENT", NeedEvent, (_QUEUE, _GROUP, _Field("deadline", "d", _UINT), _TICKET)),
-    _Kind("YOUREVENT", YourEvent, (_TICKET, _ID, _Field("body", "b", _bytes))),
-    _Kind("NEWEVENT", NewEvent, (_QUEUE,)),
-    _Kind("GROUPFLUSH", GroupFlush, (_QUEUE,)),
+# One row per message type: (name, class, fields, mflags).  Short keys must
+# not reuse the envelope keys v, t, s, p, f, m, pv; the positional code of a
+# type is its row number (from 1): new types go at the end.
+_ROWS: tuple[tuple[Any, ...], ...] = (
+    ("PING", Ping, (_GOSSIP,)),
+    ("PONG", Pong, (_GOSSIP,)),
+    ("MEET", Meet, (_GOSSIP,)),
+    ("FAIL", Fail, (_Field("node", "n", _node_id),)),
+    ("REPLJOB", ReplJob, (_Field("job", "j", _wire_job, _dump_wire_job, pos=(_wire_job_pos, _dump_wire_job_pos)),), (("noreply", NOREPLY),)),
+    ("GOTJOB", GotJob, (_ID,)),
+    ("ENQUEUE", Enqueue, (_ID, _Field("delay", "d", _UINT))),
+    ("QUEUED", Queued, (_ID, _Field("delay", "d", _UINT, default=0)), (("incr_nacks", INCR_NACKS), ("incr_deliv", INCR_DELIV))),
+    ("WORKING", Working, (_ID,)),
+    ("WILLQUEUE", WillQueue, (_ID,)),
+    ("SETACK", SetAck, (_ID, _Field("mayhave", "h", _UINT))),
+    ("GOTACK", GotAck, (_ID, _Field("known", "k", _bool))),
+    ("DELJOB", DelJob, (_ID, _Field("acked", "ak", _bool, default=True))),
+    ("NEEDJOBS", NeedJobs, (_QUEUE, _Field("count", "c", _UINT))),
+    ("YOURJOBS", YourJobs, (_Field("jobs", "j", _list_of(_wire_job, 1), _each(_dump_wire_job),
+                                pos=(_list_of(_wire_job_pos, 1), _each(_dump_wire_job_pos))),)),
+    ("PAUSE", Pause, (_QUEUE, _Field("flags", "pf", _int_in(0, 3)))),
+    ("FANOUT", Fanout, (_Field("child", "c", _fanout_child),), (("joined", JOINED),)),
+    ("GROUPSET", GroupSet, (_ID, _GROUP, _Field("deadline", "d", _UINT))),
+    ("CLAIM", Claim, (_ID, _GROUP, _Field("deadline", "d", _UINT), _TICKET)),
+    ("GROUPACK", GroupAck, (_ID, _GROUP, _TICKET)),
+    ("CLAIMED", Claimed, (_TICKET, _OPT_ID), (("granted", GRANTED), ("unknown", UNKNOWN))),
+    ("NEEDEVENT", NeedEvent, (_QUEUE, _GROUP, _Field("deadline", "d", _UINT), _TICKET)),
+    ("YOUREVENT", YourEvent, (_TICKET, _ID, _Field("body", "b", _bytes))),
+    ("NEWEVENT", NewEvent, (_QUEUE,)),
+    ("GROUPFLUSH", GroupFlush, (_QUEUE,)),
 )
+_KINDS = tuple(_Kind(*row, code=code) for code, row in enumerate(_ROWS, 1))
 _BY_NAME = {k.name: k for k in _KINDS}
 _BY_CLASS = {k.cls: k for k in _KINDS}
+_BY_CODE = {k.code: k for k in _KINDS}
+
+
+def _map_of(header: Header, msg: Message) -> dict[str, Any]:
+    kind = _BY_CLASS[type(msg)]
+    m = {"v": VERSION, "t": kind.name, "m": kind.mflags_of(msg)}
+    m |= _pack_envelope(header)
+    m |= kind.pack(msg)
+    return m
 
 
 def encode_body(header: Header, msg: Message) -> bytes:
-    kind = _BY_CLASS[type(msg)]
-    m = {"v": VERSION, "t": kind.name, "m": sum(bit for attr, bit in kind.mflags if getattr(msg, attr))}
-    m |= _pack_envelope(header)
-    m |= kind.pack(msg)
-    return _packb(m)
+    """The map form of a frame body (the form every link starts with)."""
+    return _packb(_map_of(header, msg))
+
+
+def _message(kind: _Kind, fields: dict[str, Any]) -> Message:
+    mflags = fields.pop("mflags")
+    for attr, bit in kind.mflags:
+        fields[attr] = bool(mflags & bit)
+    return kind.cls(**fields)  # type: ignore[no-any-return]
+
+
+def _from_map(m: dict[Any, Any]) -> tuple[Header, Message] | None:
+    if _version(m) != VERSION:
+        return None
+    name = m.get("t")
+    kind = _BY_NAME.get(name) if type(name) is str else None
+    if kind is None:
+        raise DecodeError(f"unknown message type {name[:40]!r}" if type(name) is str else "ill-typed type 't'")
+    return Header(**_load_envelope(m)), _message(kind, kind.load(m))
 
 
 def decode_body(body: bytes) -> tuple[Header, Message] | None:
-    """Decode one frame body; None for a frame of an unknown version.
+    """Decode one map-form frame body; None for a frame of an unknown version.
 
     Raises FrameError for anything else that is wrong, including a malformed
     field of a known message type: the link is dropped rather than the frame
@@ -496,28 +581,92 @@ def decode_body(body: bytes) -> tuple[Header, Message] | None:
     next.  Unknown extra keys are ignored.
     """
     try:
-        m = _unpack_map(body)
-        if _version(m) != VERSION:
-            return None
-        name = m.get("t")
-        kind = _BY_NAME.get(name) if type(name) is str else None
-        if kind is None:
-            raise DecodeError(f"unknown message type {name[:40]!r}" if type(name) is str else "ill-typed type 't'")
-        fields = kind.load(m)
-        mflags = fields.pop("mflags")
-        for attr, bit in kind.mflags:
-            fields[attr] = bool(mflags & bit)
-        return Header(**_load_envelope(m)), kind.cls(**fields)
+        return _from_map(_unpack_map(body))
     except DecodeError as e:
         raise FrameError(str(e)) from None
+
+
+# --- the positional form of one link ---------------------------------------------
+
+POSITIONAL = 1  # the positional form this node reads, told in the "pv" key of its map bodies
+_load_pos_header = _pos_loader(_ENVELOPE, offset=1)
+_last: list[Any] = [None, b""]  # the last message encoded without a header and its body: a broadcast packs once
+
+
+class LinkCodec:
+    """The frame bodies of one link, both directions.
+
+    A link starts in the map form, each body carrying "pv": the positional
+    form this node reads.  Once the peer is known to read it too (its map
+    bodies carry the same "pv", or it sent a positional body), bodies are
+    msgpack arrays, fields in table order (jobs and gossip entries arrays
+    too, optional fields always present):
+
+        [code, mflags, field, ...]                    a message (code: its row in _KINDS)
+        [0, sender, port, flags, code, mflags, ...]   the same, after a new header
+
+    The header goes only when it differs from the last one sent on the link;
+    the receiver keeps the last one it got.  A peer that never says "pv" (an
+    older node) gets map bodies only."""
+
+    __slots__ = ("positional", "_sent", "_header")
+
+    def __init__(self) -> None:
+        self.positional = False  # the peer reads the positional form
+        self._sent: Header | None = None
+        self._header: Header | None = None
+
+    def encode(self, header: Header, msg: Message) -> bytes:
+        if not self.positional:
+            m = _map_of(header, msg)
+            m["pv"] = POSITIONAL
+            return _packb(m)
+        kind = _BY_CLASS[type(msg)]
+        if header is self._sent or header == self._sent:
+            if msg is _last[0]:
+                return _last[1]  # the same message, sent on another link: the same body
+            body = _packb(kind.pack_pos(msg, (kind.code, kind.mflags_of(msg))))
+            _last[:] = msg, body
+            return body
+        self._sent = header
+        return _packb(kind.pack_pos(msg, (0, header.sender, header.port, header.flags, kind.code, kind.mflags_of(msg))))
+
+    def decode(self, body: bytes) -> tuple[Header, Message] | None:
+        """decode_body for either form; None for a map of an unknown version."""
+        try:
+            o = _unpack(body)
+            if type(o) is dict:
+                decoded = _from_map(o)
+                if decoded is not None and o.get("pv") == POSITIONAL:
+                    self.positional = True
+                return decoded
+            if type(o) is not list or not o:
+                raise DecodeError(f"expected a map or an array, got {type(o).__name__ if o != [] else 'an empty array'}")
+            code = o[0]
+            if code == 0 and type(code) is int:
+                self._header = Header(**_load_pos_header(o))
+                o = o[4:]
+                code = o[0] if o else None
+            if self._header is None:
+                raise DecodeError("a positional body before any header")
+            kind = _BY_CODE.get(code) if type(code) is int else None
+            if kind is None:
+                raise DecodeError(f"unknown message code {code!r:.40}")
+            self.positional = True
+            return self._header, _message(kind, kind.load_pos(o))
+        except DecodeError as e:
+            raise FrameError(str(e)) from None
 
 
 # --- framing ------------------------------------------------------------------
 
 
-def encode_frame(header: Header, msg: Message) -> bytes:
-    body = encode_body(header, msg)
+def framed(body: bytes) -> bytes:
     return len(body).to_bytes(_PREFIX, "big") + body
+
+
+def encode_frame(header: Header, msg: Message) -> bytes:
+    return framed(encode_body(header, msg))
 
 
 class FrameDecoder:
@@ -529,10 +678,11 @@ class FrameDecoder:
     FrameError the stream cannot be resynchronised: drop the link.
     """
 
-    __slots__ = ("max_frame", "_buf")
+    __slots__ = ("max_frame", "codec", "_buf")
 
-    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+    def __init__(self, max_frame: int = MAX_FRAME, codec: LinkCodec | None = None) -> None:
         self.max_frame = max_frame
+        self.codec = LinkCodec() if codec is None else codec
         self._buf = bytearray()
 
     def feed(self, data: bytes) -> None:
@@ -540,7 +690,7 @@ class FrameDecoder:
 
     def next_frame(self) -> tuple[Header, Message] | None:
         while (body := self._next_body()) is not None:
-            decoded = decode_body(body)
+            decoded = self.codec.decode(body)
             if decoded is not None:  # None: unknown version, skipped
                 return decoded
         return None

@@ -89,6 +89,7 @@ class Replication:
         if added:
             job.nodes_delivered = delivered + tuple(added)
         wire = job_to_wire(job, node.now)
+        msg = m.ReplJob(wire, noreply)  # one message for every target: the bus encodes it once
         confirmed = job.nodes_confirmed or ()
         for node_id in job.nodes_delivered:
             if node_id == node.cluster.my_id:
@@ -96,7 +97,7 @@ class Replication:
             done = node_id in confirmed
             if done and not added:
                 continue
-            node.send(node_id, m.ReplJob(wire, noreply or done))
+            node.send(node_id, m.ReplJob(wire, True) if done and not noreply else msg)
         return len(added)
 
     def on_got_job(self, sender: str, msg: m.GotJob) -> None:

@@ -145,6 +145,7 @@ class NodeCore:
         self.clients: dict[int, Client] = {}
         self.blocked: dict[int, Waiter] = {}
         self.repl_waiters: dict[bytes, Client] = {}
+        self._header = m.Header("", 0, -1)  # the last header made: links send one only when it changes
         self.job_waits: dict[bytes, list[Waiter]] = {}  # job ID -> WAITJOB clients waiting for it
         self.ready: dict[bytes, None] = {}
         self.effects: list[Any] = []
@@ -1027,8 +1028,11 @@ class NodeCore:
     # ------------------------------------------------------------ bus entry points
 
     def header(self) -> m.Header:
-        me = self.cluster.myself
-        return m.Header(me.id, self.config.port or self.config.tls_port, me.flags)  # TLS-only: the tls-port
+        me, h = self.cluster.myself, self._header
+        port = self.config.port or self.config.tls_port  # TLS-only: the tls-port
+        if h.flags != me.flags or h.port != port or h.sender != me.id:
+            h = self._header = m.Header(me.id, port, me.flags)
+        return h
 
     def bus_links(self) -> dict[int, tuple[str, int]]:
         return self.cluster.bus_links()

@@ -72,7 +72,7 @@ from typing import Any, Protocol
 import trio
 
 from disque.cluster.auth import AuthError, AuthLink
-from disque.cluster.codec import MAX_FRAME, FrameDecoder, FrameError, decode_body, encode_body, encode_frame
+from disque.cluster.codec import MAX_FRAME, FrameDecoder, FrameError, LinkCodec, framed
 from disque.cluster.messages import Header, Message
 from disque.shell.security import bus_protected_mode_refuses
 
@@ -101,7 +101,7 @@ class _Peer:
 
     __slots__ = (
         "addr", "label", "stream", "out", "queued", "wake", "scope", "closed", "ready", "auth", "identified",
-        "reactor", "fd", "writing", "decoder", "deliver", "identify",
+        "reactor", "fd", "writing", "codec", "decoder", "deliver", "identify",
     )  # fmt: skip
 
     def __init__(self, addr: tuple[str, int], label: str, stream: trio.abc.Stream | None = None) -> None:
@@ -119,6 +119,7 @@ class _Peer:
         self.reactor: Reactor | None = None
         self.fd = -1  # >= 0 while the reactor serves the socket
         self.writing = False  # the reactor waits for the socket to take the rest of `out`
+        self.codec = LinkCodec()  # the frame bodies of this connection, both ways
         self.decoder: Any = None
         self.deliver: Callable[[Header, Message], None] = _ignore
         self.identify = trio.CancelScope()  # the deadline of an unidentified connection
@@ -153,17 +154,18 @@ class Reactor(Protocol):
 class _AuthDecoder:
     """FrameDecoder's interface over an authenticated link."""
 
-    __slots__ = ("auth",)
+    __slots__ = ("auth", "codec")
 
-    def __init__(self, auth: AuthLink) -> None:
+    def __init__(self, auth: AuthLink, codec: LinkCodec) -> None:
         self.auth = auth
+        self.codec = codec
 
     def feed(self, data: bytes) -> None:
         self.auth.receive_data(data)
 
     def next_frame(self) -> tuple[Header, Message] | None:
         while (body := self.auth.next_body()) is not None:
-            decoded = decode_body(body)
+            decoded = self.codec.decode(body)
             if decoded is not None:  # None: unknown version, skipped
                 return decoded
         return None
@@ -295,10 +297,8 @@ class Bus:
     def _push(self, peer: _Peer | None, msg: Message) -> None:
         if peer is None or not peer.ready or peer.closed:
             return  # no link: dropped, as every bus message is best effort
-        if peer.auth is not None:
-            frame = peer.auth.seal(encode_body(self.core.header(), msg))
-        else:
-            frame = encode_frame(self.core.header(), msg)
+        body = peer.codec.encode(self.core.header(), msg)
+        frame = framed(body) if peer.auth is None else peer.auth.seal(body)
         peer.out.append(frame)
         peer.queued += len(frame)
         if peer.fd < 0:
@@ -481,8 +481,8 @@ class Bus:
         written once at the end of it (`flush`).  A TLS connection keeps a
         reader and a writer task."""
         assert peer.stream is not None
-        plain = FrameDecoder(self.max_frame if peer.identified else min(self.max_frame, FIRST_FRAME_MAX))
-        peer.decoder = _AuthDecoder(peer.auth) if peer.auth is not None else plain
+        plain = FrameDecoder(self.max_frame if peer.identified else min(self.max_frame, FIRST_FRAME_MAX), peer.codec)
+        peer.decoder = _AuthDecoder(peer.auth, peer.codec) if peer.auth is not None else plain
         peer.deliver = deliver
         # An unidentified connection has IDENTIFY_TIMEOUT to send a valid frame.
         peer.identify.deadline = trio.current_time() + IDENTIFY_TIMEOUT if not peer.identified else float("inf")

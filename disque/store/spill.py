@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from disque.store.job import Job
 
@@ -139,9 +139,11 @@ class SpillIndex:
     def queue_of(self, slot: int) -> bytes:
         return self.names[self.qid[slot]]
 
-    def find(self, job_id: bytes) -> Iterator[int]:
+    def find(self, job_id: bytes) -> Iterable[int]:
         """Live slots whose ID hash matches (candidates, in probe order)."""
-        h = id_hash(job_id)
+        return self._probe(id_hash(job_id)) if self.live else ()  # most lookups miss an empty index
+
+    def _probe(self, h: int) -> Iterator[int]:
         table, keyh = self._table, self.keyh
         mask = len(table) - 1
         i = h & mask

@@ -15,8 +15,8 @@ from disque.cluster import codec
 from disque.cluster.codec import (
     INCR_DELIV, INCR_NACKS, MAX_FRAME, NOREPLY, STORAGE_VERSION, DecodeError,
     FrameDecoder, FrameError, decode_body, decode_storage, encode_body,
-    encode_frame, encode_storage, job_from_storage, job_from_wire,
-    job_to_storage, job_to_wire,
+    encode_frame, encode_storage, framed, job_from_storage, job_from_wire,
+    job_to_storage, job_to_wire, LinkCodec, POSITIONAL,
 )  # fmt: skip
 from disque.cluster.messages import (
     DelJob, Enqueue, Fail, GossipEntry, GotAck, GotJob, Header, Meet, Message,
@@ -392,6 +392,123 @@ def test_fuzz_mutated_stream(pairs: list[tuple[Header, Message]], ops: list[tupl
         end += len(frame)
         intact += end <= first
     assert decode_stream(bytes(stream))[:intact] == pairs[:intact]
+
+
+# --- the positional form of a link ------------------------------------------------
+
+
+def positional_pair() -> tuple[LinkCodec, LinkCodec]:
+    """A sender that knows its peer reads the positional form, and that peer."""
+    sender, receiver = LinkCodec(), LinkCodec()
+    sender.positional = True
+    return sender, receiver
+
+
+@pytest.mark.parametrize("cls", MESSAGES, ids=lambda cls: cls.__name__)
+@relaxed
+@given(data=st.data())
+def test_positional_round_trip(cls: type, data: st.DataObject) -> None:
+    header, first, second = data.draw(headers), data.draw(MESSAGES[cls]), data.draw(MESSAGES[cls])
+    sender, receiver = positional_pair()
+    bodies = [sender.encode(header, first), sender.encode(header, second)]
+    arrays = [msgpack.unpackb(b, raw=False) for b in bodies]
+    assert arrays[0][:4] == [0, header.sender, header.port, header.flags]  # the header, once
+    assert type(arrays[1][0]) is int and arrays[1][0] > 0
+    decoded = [receiver.decode(b) for b in bodies]
+    assert decoded == [(header, first), (header, second)]
+    assert decoded[0][0] is decoded[1][0]  # the link's header, kept
+
+
+def test_a_link_goes_positional_once_the_peer_says_it_reads_it() -> None:
+    a, b = LinkCodec(), LinkCodec()
+    header = Header("a" * 40, 7711, 0)
+    first = a.encode(header, Fail("b" * 40))
+    assert msgpack.unpackb(first, raw=False)["pv"] == POSITIONAL  # a map that says so
+    assert b.decode(first) == (header, Fail("b" * 40)) and b.positional
+    answer = b.encode(header, Fail("c" * 40))
+    assert type(msgpack.unpackb(answer, raw=False)) is list
+    assert a.decode(answer) == (header, Fail("c" * 40)) and a.positional  # a positional body says it too
+    # An older node's bodies never say "pv": it gets maps only.
+    c = LinkCodec()
+    assert c.decode(encode_body(header, Fail("b" * 40))) == (header, Fail("b" * 40))
+    assert not c.positional and type(msgpack.unpackb(c.encode(header, Fail("b" * 40)), raw=False)) is dict
+    other, d = msgpack.unpackb(first, raw=False) | {"pv": POSITIONAL + 1}, LinkCodec()  # a form it does not read
+    assert d.decode(msgpack.packb(other)) == (header, Fail("b" * 40)) and not d.positional
+
+
+def test_a_new_header_goes_with_the_next_message_only() -> None:
+    sender, receiver = positional_pair()
+    old, new = Header("a" * 40, 7711, 0), Header("a" * 40, 7711, 128)  # LEAVING set
+    job_id = new_job_id("a" * 40, random.Random(1), 60, 30)
+    bodies = [sender.encode(h, GotJob(job_id)) for h in (old, old, new, new)]
+    assert [len(msgpack.unpackb(b)) for b in bodies] == [7, 3, 7, 3]  # [0, s, p, f,] code, mflags, id
+    assert [receiver.decode(b)[0] for b in bodies] == [old, old, new, new]
+
+
+def test_a_broadcast_is_packed_once() -> None:
+    (a, _), (b, _) = positional_pair(), positional_pair()
+    header, msg = Header("a" * 40, 7711, 0), Fail("b" * 40)
+    a.encode(header, msg), b.encode(header, msg)  # each link's header
+    assert a.encode(header, msg) is b.encode(header, msg)
+
+
+def _positional(header: Header, msg: Message) -> list[bytes]:
+    sender, _ = positional_pair()
+    return [sender.encode(header, msg), sender.encode(header, msg)]
+
+
+_HEADER = Header("a" * 40, 7711, 0)
+GOOD_GOTJOB = GotJob(GOOD_ID)
+BAD_POSITIONAL = {
+    "empty array": [msgpack.packb([])],
+    "a message before any header": [_positional(_HEADER, GOOD_GOTJOB)[1]],
+    "a header alone": [msgpack.packb([0, "a" * 40, 7711, 0])],
+    "bad header sender": [msgpack.packb([0, "z" * 40, 7711, 0, 6, 0, GOOD_GOTJOB.id])],
+    "short header": [msgpack.packb([0, "a" * 40])],
+    "unknown code": [_positional(_HEADER, GOOD_GOTJOB)[0], msgpack.packb([99, 0, GOOD_GOTJOB.id])],
+    "ill-typed code": [_positional(_HEADER, GOOD_GOTJOB)[0], msgpack.packb(["GOTJOB", 0, GOOD_GOTJOB.id])],
+    "missing field": [_positional(_HEADER, GOOD_GOTJOB)[0], msgpack.packb([6, 0])],
+    "bad field": [_positional(_HEADER, GOOD_GOTJOB)[0], msgpack.packb([6, 0, b"x"])],
+    "bad job field": [_positional(_HEADER, GOOD_GOTJOB)[0], msgpack.packb([5, 0, [b"x"]])],
+    "a scalar body": [msgpack.packb(7)],
+}
+
+
+@pytest.mark.parametrize("bodies", BAD_POSITIONAL.values(), ids=BAD_POSITIONAL)
+def test_malformed_positional_body_raises_frame_error(bodies: list[bytes]) -> None:
+    decoder = FrameDecoder()
+    decoder.feed(b"".join(framed(b) for b in bodies))
+    with pytest.raises(FrameError) as info:
+        drain(decoder)
+    assert info.value.reason
+
+
+def test_extra_trailing_items_are_ignored() -> None:
+    header, msg = _HEADER, GOOD_GOTJOB
+    first, _ = _positional(header, msg)
+    array = msgpack.unpackb(first, raw=False) + ["from a later version"]
+    assert LinkCodec().decode(msgpack.packb(array)) == (header, msg)
+
+
+@fuzz
+@given(frames, frames, st.data())
+def test_fuzz_mutated_positional_fields(one: tuple[Header, Message], two: tuple[Header, Message], data: st.DataObject) -> None:
+    """Replace or drop one value anywhere inside positional bodies: only
+    valid messages or FrameError come out."""
+    sender, _ = positional_pair()
+    arrays = [msgpack.unpackb(sender.encode(*f), raw=False) for f in (one, two)]
+    container, key = data.draw(st.sampled_from(_containers(arrays)))
+    if isinstance(container, list) and data.draw(st.booleans()):
+        del container[key]
+    else:
+        container[key] = data.draw(msgpack_values)
+    decoder = FrameDecoder()
+    decoder.feed(b"".join(framed(msgpack.packb(a, use_bin_type=True)) for a in arrays))
+    try:
+        for header, msg in drain(decoder):
+            assert decode_body(encode_body(header, msg)) == (header, msg)
+    except FrameError:
+        pass
 
 
 # --- jobs: bus form and storage form ------------------------------------------------
