@@ -185,17 +185,29 @@ _STATE_CODE = _int_in(min(State), max(State))
 _node_ids = _list_of(_node_id)
 
 
+_STATES = {s.value: s for s in State}
+
+
 def _job_state(v: Any) -> State:
-    return State(_STATE_CODE(v))
+    return _STATES[_STATE_CODE(v)]
+
+
+_job_state.fast = "_STATES[v] if type(v) is int and v in _STATES else "  # type: ignore[attr-defined]
 
 
 def _job_flags(v: Any) -> int:
     return _FLAG_BYTE(v) & WIRE_FLAGS
 
 
+_are_node_ids = re.compile("[0-9a-f]{40}(?:,[0-9a-f]{40})*").fullmatch
+
+
 def _nodes_delivered(v: Any) -> tuple[str, ...]:
-    if type(v) is list and all(type(n) is str and _is_node_id(n) for n in v):  # the common case, at once
-        return tuple(dict.fromkeys(v))  # a set: drop duplicates, keep order
+    try:
+        if type(v) is list and _are_node_ids(",".join(v)):  # the common case, in one match
+            return tuple(dict.fromkeys(v))  # a set: drop duplicates, keep order
+    except TypeError:  # not all strings
+        pass
     return tuple(dict.fromkeys(_node_ids(v)))
 
 
@@ -232,7 +244,7 @@ def _loader(fields: _Fields, *, named: bool = False) -> Callable[[Any], dict[str
     methods: one function, no loop, and the common case of each check (a
     plain int in range, a value of the exact type) inline, the check itself
     called only for anything else (which it normalises or refuses)."""
-    names: dict[str, Any] = {"DecodeError": DecodeError, "_MISSING": _MISSING, "_Missing": _Missing}
+    names: dict[str, Any] = {"DecodeError": DecodeError, "_MISSING": _MISSING, "_Missing": _Missing, "_STATES": _STATES}
     lines = [
         "def load(m):",
         "    if type(m) is not dict:",
@@ -278,7 +290,7 @@ def _pos_loader(fields: _Fields, offset: int = 0) -> Callable[[Any], dict[str, A
     """`_loader` for the positional form: the check of array `a`, whose
     items from `offset` on are the fields in table order (more items are
     ignored, as unknown keys are)."""
-    names: dict[str, Any] = {"DecodeError": DecodeError}
+    names: dict[str, Any] = {"DecodeError": DecodeError, "_STATES": _STATES}
     lines = [
         "def load(a):",
         "    if type(a) is not list:",

@@ -299,10 +299,17 @@ class Membership:
 
     # ------------------------------------------------------------ messages
 
-    @_mutates
     def receive(self, header: Header, msg: Any, key: int | None, conn: int | None, peer_ip: str, local_ip: str) -> bool:
         """Handle a membership message.  Returns whether the sender is known
         (job messages from unknown senders are ignored by the caller)."""
+        kind = type(msg)
+        if kind is Ping or kind is Meet or kind is Pong or kind is Fail:
+            return self._receive(header, msg, key, conn, peer_ip, local_ip)
+        sender = self.nodes.get(header.sender)  # a job message: the table stays as it is
+        return sender is not None and not sender.flags & HANDSHAKE
+
+    @_mutates
+    def _receive(self, header: Header, msg: Any, key: int | None, conn: int | None, peer_ip: str, local_ip: str) -> bool:
         kind = type(msg)
         sender = self.nodes.get(header.sender)
         if sender is not None and sender.flags & HANDSHAKE:
@@ -311,7 +318,7 @@ class Membership:
             self._receive_ping(header, msg, sender, conn, peer_ip, local_ip)
         elif kind is Pong:
             self._receive_pong(header, msg, key)
-        elif kind is Fail:
+        else:
             node = self.nodes.get(msg.node)
             if sender is not None and node is not None and not node.flags & (FAIL | MYSELF):
                 self._mark_fail(node, broadcast=False)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -1053,17 +1053,27 @@ class NodeCore:
         self, header: m.Header, msg: Any, *, key: int | None = None, conn: int | None = None,
         peer_ip: str = "", local_ip: str = "",
     ) -> None:  # fmt: skip
-        """A frame from a peer: membership first, then job messages from
-        known senders only (cluster.md §1)."""
+        """One frame from a peer (`handle_frames`)."""
+        self.handle_frames(((header, msg),), key=key, conn=conn, peer_ip=peer_ip, local_ip=local_ip)
+
+    def handle_frames(
+        self, frames: Iterable[tuple[m.Header, Any]], *, key: int | None = None, conn: int | None = None,
+        peer_ip: str = "", local_ip: str = "",
+    ) -> None:  # fmt: skip
+        """The frames one read brought from a peer, in order, as one step:
+        for each, membership first, then job messages from known senders
+        only (cluster.md §1)."""
         self.read_clock()
-        self.stats.bus_received += 1
-        known = self.cluster.receive(header, msg, key, conn, peer_ip, local_ip)
-        handler = self.on_bus.get(type(msg))
-        if handler is not None and known and not self.loading:
-            try:
-                handler(header.sender, msg)
-            except Exception:  # a bug must cost one message, not the node and its jobs
-                log.exception("Error handling %s from %s", type(msg).__name__, header.sender)
+        receive, on_bus, stats = self.cluster.receive, self.on_bus, self.stats
+        for header, msg in frames:
+            stats.bus_received += 1
+            known = receive(header, msg, key, conn, peer_ip, local_ip)
+            handler = on_bus.get(type(msg))
+            if handler is not None and known and not self.loading:
+                try:
+                    handler(header.sender, msg)
+                except Exception:  # a bug must cost one message, not the node and its jobs
+                    log.exception("Error handling %s from %s", type(msg).__name__, header.sender)
         if self.ready:
             self._serve_ready()
         self.settle()

@@ -5,7 +5,7 @@ which outgoing links it wants (`core.bus_links()`: link key -> (ip, bus
 port)); a cron every 100 ms connects the missing ones and closes those whose
 key disappeared or whose address changed.  Each outgoing link is one task:
 connect (with a timeout, from the first bind address if any), report
-`link_connected`, then read frames and hand them to `core.handle_bus(key=)`
+`link_connected`, then read frames and hand them to `core.handle_frames(key=)`
 until EOF, an I/O error, a bad frame or a `DropLink`; the task then reports
 `link_closed` and ends.  The next cron starts a new task if the key is still
 wanted.  Connection attempts of a key are spaced by a backoff of 1, 2, 4, 8
@@ -13,7 +13,7 @@ and at most 10 cron ticks (100 ms .. 1 s), reset by a successful connect.
 
 Incoming connections are only read from, except for the answers the core
 sends back on them (`Answer`, e.g. PONG to PING/MEET).  Each gets an int id
-passed to `core.handle_bus(conn=)` with the peer and local IPs of the socket.
+passed to `core.handle_frames(conn=)` with the peer and local IPs of the socket.
 An incoming connection is *unidentified* until it has sent one valid frame
 (a node's first frame is its PING or MEET): it must do so within
 IDENTIFY_TIMEOUT, its first frame may not declare more than
@@ -121,7 +121,7 @@ class _Peer:
         self.writing = False  # the reactor waits for the socket to take the rest of `out`
         self.codec = LinkCodec()  # the frame bodies of this connection, both ways
         self.decoder: Any = None
-        self.deliver: Callable[[Header, Message], None] = _ignore
+        self.deliver: Callable[[list[tuple[Header, Message]]], None] = _ignore
         self.identify = trio.CancelScope()  # the deadline of an unidentified connection
 
     def close(self) -> None:
@@ -138,7 +138,7 @@ class _Peer:
             self.fd = -1
 
 
-def _ignore(header: Header, msg: Message) -> None:
+def _ignore(frames: list[tuple[Header, Message]]) -> None:
     pass
 
 
@@ -353,7 +353,7 @@ class Bus:
                     retry.delay = 1
                 link.ready = True
                 self._call(core.link_connected, key)
-                await self._session(link, partial(core.handle_bus, key=key))
+                await self._session(link, partial(core.handle_frames, key=key))
         finally:
             if self.links.get(key) is link:
                 del self.links[key]
@@ -386,7 +386,7 @@ class Bus:
         peer.identified = False
         self.unidentified += 1
         self.conns[conn] = peer
-        deliver = partial(self.core.handle_bus, conn=conn, peer_ip=peer_ip, local_ip=_host(local_addr))
+        deliver = partial(self.core.handle_frames, conn=conn, peer_ip=peer_ip, local_ip=_host(local_addr))
         try:
             with peer.scope:
                 if await self._secure(peer, initiator=False):
@@ -472,7 +472,7 @@ class Bus:
             auth.receive_data(data)
             auth.handshake_step()
 
-    async def _session(self, peer: _Peer, deliver: Callable[[Header, Message], None]) -> None:
+    async def _session(self, peer: _Peer, deliver: Callable[[list[tuple[Header, Message]]], None]) -> None:
         """Read and write `peer` until either side fails; runs in `peer.scope`.
 
         A plain TCP connection is served by the reactor: its socket joins the
@@ -506,27 +506,34 @@ class Bus:
         peer.close()
 
     def _received(self, peer: _Peer, data: bytes) -> None:
-        """Hand every frame of `data` to the core, then apply their effects
-        once.  A bad frame closes the peer (logged)."""
+        """Hand every frame of `data` to the core as one step, then apply
+        their effects once.  A bad frame closes the peer (logged) after the
+        frames before it are handled."""
+        frames: list[tuple[Header, Message]] = []
+        error: FrameError | AuthError | None = None
         try:
             peer.decoder.feed(data)
-            try:
-                while not peer.closed and (frame := peer.decoder.next_frame()) is not None:
-                    if not peer.identified:
-                        peer.identified = True
-                        self.unidentified -= 1
-                        if isinstance(peer.decoder, FrameDecoder):
-                            peer.decoder.max_frame = self.max_frame
-                        peer.identify.deadline = float("inf")
-                    peer.deliver(*frame)
-            finally:
-                self.drain()
-        except FrameError as e:
-            self._warn("Closing %s: %s", peer.label, e.reason)
+            while not peer.closed and (frame := peer.decoder.next_frame()) is not None:
+                if not peer.identified:
+                    peer.identified = True
+                    self.unidentified -= 1
+                    if isinstance(peer.decoder, FrameDecoder):
+                        peer.decoder.max_frame = self.max_frame
+                    peer.identify.deadline = float("inf")
+                frames.append(frame)
+        except (FrameError, AuthError) as e:
+            error = e
+        try:
+            if frames:
+                peer.deliver(frames)
+        finally:
+            self.drain()
+        if isinstance(error, FrameError):
+            self._warn("Closing %s: %s", peer.label, error.reason)
             peer.close()
-        except AuthError as e:
-            self.security.count_auth_error(e.kind)
-            self.security.log("bus-auth-" + e.kind, logging.WARNING, "Closing %s: %s", peer.label, e.reason)
+        elif error is not None:
+            self.security.count_auth_error(error.kind)
+            self.security.log("bus-auth-" + error.kind, logging.WARNING, "Closing %s: %s", peer.label, error.reason)
             peer.close()
 
     async def _read_loop(self, peer: _Peer) -> None:

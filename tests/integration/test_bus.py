@@ -72,13 +72,14 @@ class FakeCore:
     def link_closed(self, key: int, connect_failed: bool) -> None:
         self._record(self.events, ("down", key, connect_failed, trio.current_time()))
 
-    def handle_bus(
-        self, header: Header, msg: Message, *, key: int | None = None, conn: int | None = None,
+    def handle_frames(
+        self, frames: list[tuple[Header, Message]], *, key: int | None = None, conn: int | None = None,
         peer_ip: str = "", local_ip: str = "",
     ) -> None:  # fmt: skip
-        self._record(self.frames, Frame(header, msg, key, conn, peer_ip, local_ip))
-        if isinstance(msg, Ping) and conn is not None:
-            self.effects.append(Answer(conn, Pong()))
+        for header, msg in frames:
+            self._record(self.frames, Frame(header, msg, key, conn, peer_ip, local_ip))
+            if isinstance(msg, Ping) and conn is not None:
+                self.effects.append(Answer(conn, Pong()))
 
     # queries for wait_for
 
