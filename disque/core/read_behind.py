@@ -38,6 +38,10 @@ Budget hysteresis: the node spills from the moment it passes its limit
 until a tenth of the room for jobs (the limit less the idle process) is
 free again; a queue without a tail starts one only
 when over its own limit or the node's, and keeps `prefetch` jobs in memory.
+Past a high mark a queue moves what it must at once; what the hysteresis
+adds below it goes at most SPILL_STEP jobs per SPILL_STEP_MS, the rest in
+later steps (a tick is one): a node passing its budget under a pipelined
+load must not stop for the time a tenth of its memory takes to write.
 `read-behind force` spills as if always over budget (the test suite's
 switch): every queue keeps only `prefetch` jobs in memory, every replica
 goes to disk.
@@ -71,6 +75,9 @@ log = logging.getLogger("disque.read_behind")
 
 S_ACTIVE, S_QUEUED = State.ACTIVE, State.QUEUED
 MAX_LOADS_PER_TICK = 10_000
+# Below the budget's high marks, what the hysteresis adds goes to disk at
+# most SPILL_STEP jobs per SPILL_STEP_MS, the rest in later steps.
+SPILL_STEP, SPILL_STEP_MS = 1_024, 50
 COMPACT_SLOTS_PER_TICK = 20_000
 
 
@@ -93,6 +100,8 @@ class ReadBehind:
         self.grown: dict[bytes, None] = {}  # queues that got jobs in this step
         self.arrived: list[Job] = []  # active copies received in this step
         self.drained: dict[bytes, None] = {}  # queues that gave jobs in this step
+        self.draining: dict[bytes, None] = {}  # queues whose move to disk goes on in a later step
+        self._room, self._room_at = SPILL_STEP, 0  # jobs the hysteresis may still move, since when
         self.spilling = False  # over the node's budget (see the hysteresis above)
         self.read_error: str | None = None  # the last read failed (until one succeeds)
         self.spilled = self.loaded = self.hits = self.misses = self.lost = self.compacted = 0
@@ -105,6 +114,11 @@ class ReadBehind:
     def limit(self) -> int:
         config = self.node.config
         return config.job_memory_limit or config.maxmemory // 2
+
+    def _above(self, freed: int) -> bool:
+        """Whether the node is past its limit itself, once `freed` more bytes are gone."""
+        limit = self.limit()
+        return self.force or bool(limit) and self.node.used_memory - freed > limit
 
     def _over(self, freed: int = 0) -> bool:
         """Whether the node is over its budget, once `freed` more bytes are gone."""
@@ -147,6 +161,8 @@ class ReadBehind:
                     queue = node.queues.get(name)
                     if queue is not None:
                         self._settle_queue(queue)
+                    else:
+                        self.draining.pop(name, None)
         if self.drained:
             drained, self.drained = self.drained, {}
             for name in drained:
@@ -182,17 +198,25 @@ class ReadBehind:
         limit = node.config.queue_config.settings(queue.name).max_memory_size
         keep = node.config.read_behind_prefetch
         mem = queue.nbytes - (tail.nbytes if tail is not None else 0)
-        over = self._over() or mem > limit
+        low = limit // 10 * 9
+        over = self._over() or mem > (low if queue.name in self.draining else limit)
+        if node.now - self._room_at >= SPILL_STEP_MS:
+            self._room, self._room_at = SPILL_STEP, node.now
         freed = 0
         moving: list[Job] = []
+        self.draining.pop(queue.name, None)
         while over and queue.head_live() - len(moving) > keep:
             job = queue.newest_in_head()
             if job is None or not self._spillable(job) or (before is not None and job.ctime > before):
                 break
+            if len(moving) >= self._room and mem <= limit and not self._above(freed):
+                self.draining[queue.name] = self.grown[queue.name] = None  # a later step goes on
+                break
             moving.append(queue.pop_newest())
             mem -= len(job.body or b"")
             freed += node.job_size(job) - SLOT_BYTES
-            over = self._over(freed) or mem > limit // 10 * 9
+            over = self._over(freed) or mem > low
+        self._room = max(0, self._room - len(moving))
         return moving
 
     def _spill(self, job: Job, queued: bool, marks: int = 0) -> int:

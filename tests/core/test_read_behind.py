@@ -261,6 +261,25 @@ def test_a_queue_past_its_max_memory_size_spills_alone():
     check_core(core)
 
 
+def test_below_its_limit_a_queue_moves_to_disk_a_few_jobs_at_a_time(monkeypatch):
+    from disque.core import read_behind
+
+    monkeypatch.setattr(read_behind, "SPILL_STEP", 2)
+    core, clock, s = budgeted(2)
+    ids = [bytes(s("ADDJOB", "big", "x" * 10, 0)) for _ in range(60)]
+    big = core.queues.get(b"big")
+    assert big.tail is None  # under every limit
+    core.config.queue_config.set_queue(["big", "max_memory_size", "400"])
+    ids.append(bytes(s("ADDJOB", "big", "x" * 10, 0)))
+    assert big.tail.live == 21  # down to the limit at once (610 -> 400 bytes), no further
+    assert core.read_behind.draining
+    advance(core, clock, 1_000)  # later steps (ticks) go on, 2 jobs per 50 ms, down to 90 %
+    assert big.tail.live == 25 and big.nbytes - big.tail.nbytes == 360
+    assert not core.read_behind.draining
+    check_core(core)
+    assert [e[1] for e in s("QPEEK", "big", 61)] == ids  # in order across memory and disk
+
+
 def test_replicas_go_to_disk_and_come_back_when_their_time_comes(monkeypatch):
     monkeypatch.setattr(support, "FORCE_READ_BEHIND", True)
     mesh = Mesh(2, node_timeout=1000)
