@@ -302,18 +302,17 @@ class Membership:
     def receive(self, header: Header, msg: Any, key: int | None, conn: int | None, peer_ip: str, local_ip: str) -> bool:
         """Handle a membership message.  Returns whether the sender is known
         (job messages from unknown senders are ignored by the caller)."""
-        kind = type(msg)
-        if kind is Ping or kind is Meet or kind is Pong or kind is Fail:
-            return self._receive(header, msg, key, conn, peer_ip, local_ip)
-        sender = self.nodes.get(header.sender)  # a job message: the table stays as it is
-        return sender is not None and not sender.flags & HANDSHAKE
-
-    @_mutates
-    def _receive(self, header: Header, msg: Any, key: int | None, conn: int | None, peer_ip: str, local_ip: str) -> bool:
-        kind = type(msg)
         sender = self.nodes.get(header.sender)
         if sender is not None and sender.flags & HANDSHAKE:
             sender = None  # a temporary ID is never a real sender
+        kind = type(msg)
+        if kind is Ping or kind is Meet or kind is Pong or kind is Fail:  # a job message leaves the table as it is
+            self._receive(header, msg, sender, key, conn, peer_ip, local_ip)
+        return sender is not None
+
+    @_mutates
+    def _receive(self, header: Header, msg: Any, sender: Node | None, key: int | None, conn: int | None, peer_ip: str, local_ip: str) -> None:
+        kind = type(msg)
         if kind is Ping or kind is Meet:
             self._receive_ping(header, msg, sender, conn, peer_ip, local_ip)
         elif kind is Pong:
@@ -322,7 +321,6 @@ class Membership:
             node = self.nodes.get(msg.node)
             if sender is not None and node is not None and not node.flags & (FAIL | MYSELF):
                 self._mark_fail(node, broadcast=False)
-        return sender is not None
 
     def _receive_ping(self, header: Header, msg: Any, sender: Node | None, conn: int | None, peer_ip: str, local_ip: str) -> None:
         is_meet = type(msg) is Meet
