@@ -488,17 +488,9 @@ class ReadBehind:
                 sizes.append(size[slot])
         return locs, sizes
 
-    def scan(self, cursor: int, want: int) -> tuple[int, list[Job]]:
-        """JSCAN past the jobs in memory: slot numbers as the cursor."""
-        index = self.index
-        flags = index.flags
-        out: list[Job] = []
-        slot = cursor
-        while slot < len(flags) and len(out) < want:
-            if flags[slot] & LIVE and (job := self.peek(slot)) is not None:
-                out.append(job)
-            slot += 1
-        return (slot if slot < len(flags) else 0), out
+    def in_bucket(self, bucket: int) -> list[Job]:
+        """JSCAN's jobs on disk in `bucket`, read and left there."""
+        return [job for slot in self.index.in_bucket(bucket) if (job := self.peek(slot)) is not None]
 
     def counts(self) -> tuple[int, int]:
         """(queued, active) jobs on disk."""

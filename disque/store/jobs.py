@@ -18,8 +18,8 @@ jobs that `due()` returns.
 
 With read-behind some jobs are on disk (core/read_behind.py): `spilled`
 answers for them, so a lookup by ID loads a spilled job back and returns it
-like any other, `in` and `len` count them, and a JSCAN cursor past the
-buckets of the jobs in memory walks the spilled ones.  `resident` tells a
+like any other, `in` and `len` count them, and a JSCAN cursor's bucket
+holds the spilled jobs of that bucket too.  `resident` tells a
 job object still registered in memory from one that left it.
 """
 
@@ -40,7 +40,7 @@ class Spilled(Protocol):
     def load_id(self, job_id: bytes) -> Job | None: ...
     def holds(self, job_id: bytes) -> bool: ...
     def peek_id(self, job_id: bytes) -> Job | None: ...
-    def scan(self, cursor: int, want: int) -> tuple[int, list[Job]]: ...
+    def in_bucket(self, bucket: int) -> list[Job]: ...
 
 
 class JobStore:
@@ -90,21 +90,20 @@ class JobStore:
         return self._jobs.values()
 
     def scan(self, cursor: int, want: int, max_buckets: int | None) -> tuple[int, list[Job]]:
-        """JSCAN: the buckets in memory, then (cursor NBUCKETS + slot) the
-        spilled jobs, read where they are."""
+        """JSCAN: the buckets from `cursor`, each with its jobs on disk (read
+        where they are) next to those in memory, so that a job moving
+        between the two keeps its bucket and is not missed."""
         spilled = self.spilled
+        if spilled is None or not len(spilled):
+            return self._jobs.scan(cursor, want, max_buckets)
         jobs: list[Job] = []
-        if cursor < NBUCKETS:
-            cursor, jobs = self._jobs.scan(cursor, want, max_buckets)
-            if cursor or spilled is None or not len(spilled):
-                return cursor, jobs
-            if max_buckets is not None or len(jobs) >= want:
-                return NBUCKETS, jobs
-            cursor = NBUCKETS  # BUSYLOOP: on to the disk in the same call
-        if spilled is None:
-            return 0, jobs
-        cursor, more = spilled.scan(cursor - NBUCKETS, want - len(jobs))
-        return (cursor + NBUCKETS if cursor else 0), jobs + more
+        examined = 0
+        while cursor < NBUCKETS and len(jobs) < want and (max_buckets is None or examined < max_buckets):
+            jobs += self._jobs.bucket(cursor)
+            jobs += spilled.in_bucket(cursor)
+            cursor += 1
+            examined += 1
+        return (cursor if cursor < NBUCKETS else 0), jobs
 
     def clear(self) -> None:
         self._jobs.clear()

@@ -78,6 +78,10 @@ class BucketedDict(Generic[K, V]):
         self._len = 0
         self._used = 0
 
+    def bucket(self, index: int) -> list[V]:
+        """The values of one bucket (a scan that walks every bucket itself)."""
+        return list(self._buckets[index].values())
+
     def scan(self, cursor: int, want: int, max_buckets: int | None) -> tuple[int, list[V]]:
         """Visit buckets from `cursor` until `want` values were collected or
         `max_buckets` non-empty buckets were examined (None: no limit).

@@ -34,6 +34,7 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator
 
 from disque.store.job import Job
+from disque.store.scan import NBUCKETS
 
 LIVE = 1
 IN_TAIL = 2  # listed by a queue's Tail
@@ -42,7 +43,7 @@ UNJOURNALED = 8  # its queue is not in the AOF (left out of rewrites)
 _MASK64 = (1 << 64) - 1
 _MIN_TABLE = 1024
 _DELETED = 0xFFFFFFFF
-SLOT_BYTES = 72  # memory accounted per spilled job: 41 in the arrays, 8-16 in the ID table, a tail and a wheel entry
+SLOT_BYTES = 72  # memory accounted per spilled job: 43 in the arrays, 8-16 in the ID table, a tail and a wheel entry
 
 
 class SpillCorrupt(Exception):
@@ -55,7 +56,7 @@ def id_hash(job_id: bytes) -> int:
 
 class SpillIndex:
     __slots__ = (
-        "loc", "size", "blen", "ctime", "keyh", "flags", "awake", "qid", "names", "_name_ids",
+        "loc", "size", "blen", "ctime", "keyh", "flags", "awake", "qid", "bucket", "names", "_name_ids",
         "live", "live_bytes", "_table", "_used", "_free", "wheel", "_heap",
     )  # fmt: skip
 
@@ -68,6 +69,7 @@ class SpillIndex:
         self.flags = bytearray()
         self.awake = array("I")  # second of its wheel entry (0: none)
         self.qid = array("I")  # its queue, as an index in `names`
+        self.bucket = array("H")  # its ID's JSCAN bucket, as in memory: a scan finds a job that moved
         self.names: list[bytes] = []
         self._name_ids: dict[bytes, int] = {}
         self.live = 0  # slots holding a job
@@ -98,7 +100,7 @@ class SpillIndex:
             slot = self._free.pop()
             self.loc[slot], self.size[slot], self.blen[slot] = loc, size, blen
             self.ctime[slot], self.keyh[slot], self.flags[slot], self.awake[slot] = ctime, h, flags, 0
-            self.qid[slot] = qid
+            self.qid[slot], self.bucket[slot] = qid, h % NBUCKETS
         else:
             slot = len(self.flags)
             self.loc.append(loc)
@@ -109,6 +111,7 @@ class SpillIndex:
             self.flags.append(flags)
             self.awake.append(0)
             self.qid.append(qid)
+            self.bucket.append(h % NBUCKETS)
         self.live += 1
         self.live_bytes += size
         self._insert(h, slot)
@@ -151,6 +154,19 @@ class SpillIndex:
             if v != _DELETED and keyh[v - 1] == h:
                 yield v - 1
             i = (i + 1) & mask
+
+    def in_bucket(self, bucket: int) -> Iterator[int]:
+        """The live slots whose ID falls in JSCAN bucket `bucket`."""
+        buckets, flags = self.bucket, self.flags
+        slot = 0
+        try:
+            while True:
+                slot = buckets.index(bucket, slot)  # a scan in C: slots of other buckets cost no Python
+                if flags[slot] & LIVE:
+                    yield slot
+                slot += 1
+        except ValueError:
+            return
 
     def live_slots(self) -> Iterator[int]:
         flags = self.flags
