@@ -69,7 +69,7 @@ class SpillIndex:
         self.flags = bytearray()
         self.awake = array("I")  # second of its wheel entry (0: none)
         self.qid = array("I")  # its queue, as an index in `names`
-        self.bucket = array("H")  # its ID's JSCAN bucket, as in memory: a scan finds a job that moved
+        self.bucket = bytearray()  # its ID's JSCAN bucket (2 bytes, little-endian), as in memory
         self.names: list[bytes] = []
         self._name_ids: dict[bytes, int] = {}
         self.live = 0  # slots holding a job
@@ -100,7 +100,8 @@ class SpillIndex:
             slot = self._free.pop()
             self.loc[slot], self.size[slot], self.blen[slot] = loc, size, blen
             self.ctime[slot], self.keyh[slot], self.flags[slot], self.awake[slot] = ctime, h, flags, 0
-            self.qid[slot], self.bucket[slot] = qid, h % NBUCKETS
+            self.qid[slot] = qid
+            self.bucket[2 * slot : 2 * slot + 2] = (h % NBUCKETS).to_bytes(2, "little")
         else:
             slot = len(self.flags)
             self.loc.append(loc)
@@ -111,7 +112,7 @@ class SpillIndex:
             self.flags.append(flags)
             self.awake.append(0)
             self.qid.append(qid)
-            self.bucket.append(h % NBUCKETS)
+            self.bucket += (h % NBUCKETS).to_bytes(2, "little")
         self.live += 1
         self.live_bytes += size
         self._insert(h, slot)
@@ -158,15 +159,15 @@ class SpillIndex:
     def in_bucket(self, bucket: int) -> Iterator[int]:
         """The live slots whose ID falls in JSCAN bucket `bucket`."""
         buckets, flags = self.bucket, self.flags
-        slot = 0
-        try:
-            while True:
-                slot = buckets.index(bucket, slot)  # a scan in C: slots of other buckets cost no Python
-                if flags[slot] & LIVE:
-                    yield slot
-                slot += 1
-        except ValueError:
-            return
+        pattern = bucket.to_bytes(2, "little")
+        pos = 0
+        while (pos := buckets.find(pattern, pos)) >= 0:  # a search in C: other buckets cost no Python
+            if pos & 1:  # across two entries
+                pos += 1
+                continue
+            if flags[pos >> 1] & LIVE:
+                yield pos >> 1
+            pos += 2
 
     def live_slots(self) -> Iterator[int]:
         flags = self.flags

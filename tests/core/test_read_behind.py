@@ -19,6 +19,7 @@ from disque.shell import segments as seg
 from disque.store.aof import RecordReader, Replay, encode_clean_marker, encode_deljob, encode_loadjob
 from disque.store.job import DEQUEUE, ENQUEUE, Job, State
 from disque.store.queue import Queue
+from disque.store.scan import NBUCKETS
 from disque.store.spill import IN_TAIL, LIVE, SLOT_BYTES, SpillIndex, Tail
 from invariants import advance, check_core
 from mesh import Mesh
@@ -62,6 +63,16 @@ def test_the_index_finds_reuses_and_rebuilds():
     assert index.add(b"newer", b"q", 0, 10, 3, 0, 0) == 2000
     index.leave_tail(7)
     assert index.add(b"newest", b"q", 0, 10, 3, 0, 0) == 7
+    assert [s for s in index.in_bucket(hash(b"newest") % NBUCKETS) if index.loc[s] == 0] == [7]  # as in memory
+    assert 1 not in index.in_bucket(hash(b"id1") % NBUCKETS + 1)
+
+
+def test_a_bucket_is_not_found_across_two_entries():
+    index = SpillIndex()
+    for i in range(3):
+        index.add(b"id%d" % i, b"q", 0, 10, 3, i, 0)
+    index.bucket[:] = b"".join(b.to_bytes(2, "little") for b in (256, 3, 769))  # 00 01|03 00|01 03
+    assert list(index.in_bucket(769)) == [2]  # not slot 0's high byte and slot 1's low byte
 
 
 def test_older_jobs_go_before_a_tail_in_order():
