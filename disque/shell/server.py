@@ -20,6 +20,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
 
@@ -143,52 +144,55 @@ class Server:
     # ------------------------------------------------------------ lifecycle
 
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        # Bind before the nursery: an OSError then reaches the caller unwrapped.
-        listeners = await self._open_listeners()
-        tls_listeners = await self._open_listeners(self.config.tls_port)
-        memcache_listeners = await self._open_listeners(self.config.memcache_port)
-        memcache_tls_listeners = await self._open_listeners(self.config.memcache_tls_port)
-        http_listeners = await self._open_listeners(self.config.metrics_port)
-        if announced_port(self.config):
-            await self.bus.listen()
-        if self.core.read_behind is not None:
-            map_large_blocks()
-        async with trio.open_nursery() as nursery:
-            self.nursery = nursery
-            self.ports = [ln.socket.getsockname()[1] for ln in listeners]
-            for listener in listeners:
-                self.tcp.listen(socket.socket(fileno=listener.socket.detach()))
-            for listener in memcache_listeners:
-                self.tcp.listen(socket.socket(fileno=listener.socket.detach()), MEMCACHE, self.memcache_refusal, True)
-            if memcache_listeners:
-                log.info("Ready to accept memcache (Kestrel) connections on port %s", self.config.memcache_port)
-            nursery.start_soon(self.tcp.run)
-            for listener in tls_listeners:
-                nursery.start_soon(trio.serve_listeners, self._handle_tls_client, [listener])
-            if tls_listeners:
-                log.info("Ready to accept TLS connections on port %s", self.config.tls_port)
-            memcache_tls = partial(self._handle_tls_client, front=MEMCACHE, refusal=self.memcache_refusal, trusted=True)
-            for listener in memcache_tls_listeners:
-                nursery.start_soon(trio.serve_listeners, memcache_tls, [listener])
-            if memcache_tls_listeners:
-                log.info("Ready to accept memcache (Kestrel) TLS connections on port %s", self.config.memcache_tls_port)
-            if http_listeners:
-                http = HttpPort(self.core, self.sessions, lambda: self.config.requirepass)
-                nursery.start_soon(http.serve, http_listeners)
-                log.info("Serving metrics and the dashboard on http port %s", self.config.metrics_port)
+        # Signals first: a SIGTERM or Ctrl-C once a port listens is a clean shutdown,
+        # even before the task that handles them has run (they wait in the receiver).
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            # Bind before the nursery: an OSError then reaches the caller unwrapped.
+            listeners = await self._open_listeners()
+            tls_listeners = await self._open_listeners(self.config.tls_port)
+            memcache_listeners = await self._open_listeners(self.config.memcache_port)
+            memcache_tls_listeners = await self._open_listeners(self.config.memcache_tls_port)
+            http_listeners = await self._open_listeners(self.config.metrics_port)
             if announced_port(self.config):
-                nursery.start_soon(self.bus.run)
-            nursery.start_soon(self._deadline_loop)
-            nursery.start_soon(self._signals)
-            nursery.start_soon(self.aof_file.run)  # loads the AOF, then its cron
-            nursery.start_soon(GcFreezer.run)
-            nursery.start_soon(trim_after_spills, self.core)
-            log.info("Ready to accept connections on port %s", self.ports[0] if self.ports else 0)
-            task_status.started(self)
-            await self.shutdown_requested.wait()
-            self.flush_all_nowait()
-            log.warning("Disque is now ready to exit, bye bye...")
-            nursery.cancel_scope.cancel()
+                await self.bus.listen()
+            if self.core.read_behind is not None:
+                map_large_blocks()
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                self.ports = [ln.socket.getsockname()[1] for ln in listeners]
+                for listener in listeners:
+                    self.tcp.listen(socket.socket(fileno=listener.socket.detach()))
+                for listener in memcache_listeners:
+                    self.tcp.listen(socket.socket(fileno=listener.socket.detach()), MEMCACHE, self.memcache_refusal, True)
+                if memcache_listeners:
+                    log.info("Ready to accept memcache (Kestrel) connections on port %s", self.config.memcache_port)
+                nursery.start_soon(self.tcp.run)
+                for listener in tls_listeners:
+                    nursery.start_soon(trio.serve_listeners, self._handle_tls_client, [listener])
+                if tls_listeners:
+                    log.info("Ready to accept TLS connections on port %s", self.config.tls_port)
+                memcache_tls = partial(self._handle_tls_client, front=MEMCACHE, refusal=self.memcache_refusal, trusted=True)
+                for listener in memcache_tls_listeners:
+                    nursery.start_soon(trio.serve_listeners, memcache_tls, [listener])
+                if memcache_tls_listeners:
+                    log.info("Ready to accept memcache (Kestrel) TLS connections on port %s", self.config.memcache_tls_port)
+                if http_listeners:
+                    http = HttpPort(self.core, self.sessions, lambda: self.config.requirepass)
+                    nursery.start_soon(http.serve, http_listeners)
+                    log.info("Serving metrics and the dashboard on http port %s", self.config.metrics_port)
+                if announced_port(self.config):
+                    nursery.start_soon(self.bus.run)
+                nursery.start_soon(self._deadline_loop)
+                nursery.start_soon(self._signals, signals)
+                nursery.start_soon(self.aof_file.run)  # loads the AOF, then its cron
+                nursery.start_soon(GcFreezer.run)
+                nursery.start_soon(trim_after_spills, self.core)
+                log.info("Ready to accept connections on port %s", self.ports[0] if self.ports else 0)
+                task_status.started(self)
+                await self.shutdown_requested.wait()
+                self.flush_all_nowait()
+                log.warning("Disque is now ready to exit, bye bye...")
+                nursery.cancel_scope.cancel()
 
     async def _open_listeners(self, port: int | None = None) -> list[trio.SocketListener]:
         port = self.config.port if port is None else port
@@ -200,16 +204,15 @@ class Server:
             listeners += await trio.open_tcp_listeners(port, host=host, backlog=self.config.tcp_backlog)
         return listeners
 
-    async def _signals(self) -> None:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for signum in signals:
-                name = "SIGINT" if signum == signal.SIGINT else "SIGTERM"
-                if self.shutdown_requested.is_set() and signum == signal.SIGINT:
-                    log.warning("You insist... exiting now.")
-                    os._exit(1)
-                log.warning("Received %s scheduling shutdown...", name)
-                if not self.shutdown(False):
-                    log.warning("SIGTERM received but errors trying to shut down the server, check the logs for more information")
+    async def _signals(self, signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            name = "SIGINT" if signum == signal.SIGINT else "SIGTERM"
+            if self.shutdown_requested.is_set() and signum == signal.SIGINT:
+                log.warning("You insist... exiting now.")
+                os._exit(1)
+            log.warning("Received %s scheduling shutdown...", name)
+            if not self.shutdown(False):
+                log.warning("SIGTERM received but errors trying to shut down the server, check the logs for more information")
 
     async def _deadline_loop(self) -> None:
         core, clock = self.core, self.clock

@@ -313,6 +313,7 @@ BAD_BODIES = {
     "job bad state": _body(ReplJob(GOOD_JOB), j=_job_map(s=4)),
     "job string body": _body(ReplJob(GOOD_JOB), j=_job_map(b="body")),
     "job bad delivered node": _body(ReplJob(GOOD_JOB), j=_job_map(nd=["z" * 40])),
+    "job delivered node not a string": _body(ReplJob(GOOD_JOB), j=_job_map(nd=["a" * 40, 7])),
     "bad second job": _body(YourJobs((GOOD_JOB,)), j=[_job_map(), _job_map(na=-1)]),
 }
 
