@@ -238,35 +238,48 @@ def _compile(name: str, lines: list[str], names: dict[str, Any]) -> Callable[...
     return scope[name]  # type: ignore[no-any-return]
 
 
-def _loader(fields: _Fields, *, named: bool = False) -> Callable[[Any], dict[str, Any]]:
-    """The check of map `m` (short keys, or our names when `named`) ->
-    {name: value}, generated from the table as dataclasses generate their
-    methods: one function, no loop, and the common case of each check (a
-    plain int in range, a value of the exact type) inline, the check itself
-    called only for anything else (which it normalises or refuses)."""
-    names: dict[str, Any] = {"DecodeError": DecodeError, "_MISSING": _MISSING, "_Missing": _Missing, "_STATES": _STATES}
+def _load_function(fields: _Fields, kind: type, reads: Callable[[int, _Field], list[str]], missing: str,
+                   names: dict[str, Any]) -> Callable[[Any], dict[str, Any]]:  # fmt: skip
+    """The generated check both forms share: `o` must be a `kind`, `reads`
+    gives the lines that set x<i> (and `k`, the field's name for errors)
+    from it, and `missing` is what a field left out raises."""
+    names |= {"DecodeError": DecodeError, "_STATES": _STATES}
+    word = "a map" if kind is dict else "an array"
     lines = [
-        "def load(m):",
-        "    if type(m) is not dict:",
-        "        raise DecodeError(f'expected a map, got {type(m).__name__}')",
+        "def load(o):",
+        f"    if type(o) is not {kind.__name__}:",
+        f"        raise DecodeError(f'expected {word}, got {{type(o).__name__}}')",
         "    try:",
     ]
     for i, f in enumerate(fields):
-        names[f"c{i}"], names[f"d{i}"] = f.check, f.default
-        lines += [f"        k = {(f.name if named else f.key)!r}", "        v = m.get(k, _MISSING)"]
-        if f.default is None:
-            lines += ["        if v is _MISSING:", "            raise _Missing"]
-            lines.append(f"        x{i} = {getattr(f.check, 'fast', '')}c{i}(v)")
-        else:
-            lines.append(f"        x{i} = d{i} if v is _MISSING else {getattr(f.check, 'fast', '')}c{i}(v)")
+        lines += reads(i, f)
     lines += [
-        "    except _Missing:",
+        f"    except {missing}:",
         "        raise DecodeError(f'missing field {k!r}') from None",
         "    except DecodeError as e:",
         "        raise DecodeError(f'field {k!r}: {e}') from None",
         "    return {" + ", ".join(f"{f.name!r}: x{i}" for i, f in enumerate(fields)) + "}",
     ]
     return _compile("load", lines, names)
+
+
+def _loader(fields: _Fields, *, named: bool = False) -> Callable[[Any], dict[str, Any]]:
+    """The check of map `o` (short keys, or our names when `named`) ->
+    {name: value}, generated from the table as dataclasses generate their
+    methods: one function, no loop, and the common case of each check (a
+    plain int in range, a value of the exact type) inline, the check itself
+    called only for anything else (which it normalises or refuses)."""
+    names: dict[str, Any] = {"_MISSING": _MISSING, "_Missing": _Missing}
+
+    def reads(i: int, f: _Field) -> list[str]:
+        names[f"c{i}"], names[f"d{i}"] = f.check, f.default
+        check = f"{getattr(f.check, 'fast', '')}c{i}(v)"
+        lines = [f"        k = {(f.name if named else f.key)!r}", "        v = o.get(k, _MISSING)"]
+        if f.default is None:
+            return [*lines, "        if v is _MISSING:", "            raise _Missing", f"        x{i} = {check}"]
+        return [*lines, f"        x{i} = d{i} if v is _MISSING else {check}"]
+
+    return _load_function(fields, dict, reads, "_Missing", names)
 
 
 def _packer(fields: _Fields, *, items: bool = False) -> Callable[[Any], dict[str, Any]]:
@@ -287,28 +300,16 @@ def _packer(fields: _Fields, *, items: bool = False) -> Callable[[Any], dict[str
 
 
 def _pos_loader(fields: _Fields, offset: int = 0) -> Callable[[Any], dict[str, Any]]:
-    """`_loader` for the positional form: the check of array `a`, whose
+    """`_loader` for the positional form: the check of array `o`, whose
     items from `offset` on are the fields in table order (more items are
     ignored, as unknown keys are)."""
-    names: dict[str, Any] = {"DecodeError": DecodeError, "_STATES": _STATES}
-    lines = [
-        "def load(a):",
-        "    if type(a) is not list:",
-        "        raise DecodeError(f'expected an array, got {type(a).__name__}')",
-        "    try:",
-    ]
-    for i, f in enumerate(fields):
-        check = f.check if f.pos is None else f.pos[0]
-        names[f"c{i}"] = check
-        lines += [f"        k = {f.name!r}", f"        v = a[{offset + i}]", f"        x{i} = {getattr(check, 'fast', '')}c{i}(v)"]
-    lines += [
-        "    except IndexError:",
-        "        raise DecodeError(f'missing field {k!r}') from None",
-        "    except DecodeError as e:",
-        "        raise DecodeError(f'field {k!r}: {e}') from None",
-        "    return {" + ", ".join(f"{f.name!r}: x{i}" for i, f in enumerate(fields)) + "}",
-    ]
-    return _compile("load", lines, names)
+    names: dict[str, Any] = {}
+
+    def reads(i: int, f: _Field) -> list[str]:
+        check = names[f"c{i}"] = f.check if f.pos is None else f.pos[0]
+        return [f"        k = {f.name!r}", f"        v = o[{offset + i}]", f"        x{i} = {getattr(check, 'fast', '')}c{i}(v)"]
+
+    return _load_function(fields, list, reads, "IndexError", names)
 
 
 def _pos_packer(fields: _Fields, *, items: bool = False) -> Callable[..., list[Any]]:
