@@ -46,8 +46,9 @@ from typing import Any
 import msgpack
 
 from disque.cluster.messages import (
-    Claim, Claimed, DelJob, Enqueue, Fail, Fanout, GossipEntry, GotAck, GotJob, GroupAck, GroupFlush, GroupSet, Header,
-    Meet, Message, NeedEvent, NeedJobs, NewEvent, Pause, Ping, Pong, Queued, ReplJob, SetAck, WillQueue, WireJob, Working, YourEvent, YourJobs,
+    Claim, Claimed, DelJob, Enqueue, Fail, Fanout, GossipEntry, GotAck, GotJob, GotJobs, GroupAck, GroupFlush, GroupSet,
+    Header, Meet, Message, NeedEvent, NeedJobs, NewEvent, Pause, Ping, Pong, Queued, ReplJob, SetAck, WillQueue, WireJob,
+    Working, YourEvent, YourJobs,
 )  # fmt: skip
 from disque.core.ids import valid_id
 from disque.store.job import DELIVERED, NACKED, WIRE_FLAGS, Job, State
@@ -548,6 +549,7 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("YOUREVENT", YourEvent, (_TICKET, _ID, _Field("body", "b", _bytes))),
     ("NEWEVENT", NewEvent, (_QUEUE,)),
     ("GROUPFLUSH", GroupFlush, (_QUEUE,)),
+    ("GOTJOBS", GotJobs, (_Field("ids", "i", _list_of(_job_id, 1)),)),
 )
 _KINDS = tuple(_Kind(*row, code=code) for code, row in enumerate(_ROWS, 1))
 _BY_NAME = {k.name: k for k in _KINDS}
@@ -601,7 +603,9 @@ def decode_body(body: bytes) -> tuple[Header, Message] | None:
 
 # --- the positional form of one link ---------------------------------------------
 
-POSITIONAL = 1  # the positional form this node reads, told in the "pv" key of its map bodies
+# The positional form this node reads, told in the "pv" key of its map bodies
+# (2: with GOTJOBS; a node that says another number gets maps).
+POSITIONAL = 2
 _load_pos_header = _pos_loader(_ENVELOPE, offset=1)
 _last: list[Any] = [None, b""]  # the last message encoded without a header and its body: a broadcast packs once
 

@@ -87,6 +87,14 @@ class GotJob:
 
 
 @dataclass(frozen=True, slots=True)
+class GotJobs:
+    """GOTJOB for several jobs in one body: what a link in the positional form
+    carries for the GOTJOBs one step sends a peer (shell/bus.py)."""
+
+    ids: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Enqueue:
     id: bytes
     delay: int  # seconds, counted from reception
@@ -231,7 +239,7 @@ class GroupFlush:
 
 
 Message = (
-    Ping | Pong | Meet | Fail | ReplJob | GotJob | Enqueue | Queued | Working
+    Ping | Pong | Meet | Fail | ReplJob | GotJob | GotJobs | Enqueue | Queued | Working
     | WillQueue | SetAck | GotAck | DelJob | NeedJobs | YourJobs | Pause | Fanout
     | GroupSet | Claim | GroupAck | Claimed | NeedEvent | YourEvent | NewEvent | GroupFlush
 )  # fmt: skip

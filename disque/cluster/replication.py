@@ -101,7 +101,15 @@ class Replication:
         return len(added)
 
     def on_got_job(self, sender: str, msg: m.GotJob) -> None:
-        job = self.node.jobs.get(msg.id)
+        self.got(sender, msg.id)
+
+    def on_got_jobs(self, sender: str, msg: m.GotJobs) -> None:
+        for job_id in msg.ids:
+            self.got(sender, job_id)
+
+    def got(self, sender: str, job_id: bytes) -> None:
+        """`sender` holds a copy of the job: count it toward the replication level."""
+        job = self.node.jobs.get(job_id)
         if job is None or job.state != State.WAIT_REPL or job.nodes_confirmed is None:
             return
         job.nodes_confirmed.add(sender)

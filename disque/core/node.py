@@ -178,6 +178,7 @@ class NodeCore:
         self.on_bus: dict[type, Callable[[str, Any], None]] = {
             **{kind: partial(handler, self) for kind, handler in HANDLERS.items()},
             m.GotJob: self.replication.on_got_job,
+            m.GotJobs: self.replication.on_got_jobs,
             m.SetAck: self.acks.on_set_ack,
             m.GotAck: self.acks.on_got_ack,
             m.DelJob: self.acks.on_del_job,

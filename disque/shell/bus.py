@@ -32,7 +32,10 @@ client requests of one wake-up are read together, and the frames they
 produce leave in one write per peer at the end of the wake-up (`flush`),
 the rest when the socket is writable again.  A TLS connection keeps a
 reader and a writer task.  Frames are encoded when the effect is applied,
-with the core's current header.  A peer
+with the core's current header, except the GOTJOBs for a peer that reads
+the positional form: they wait in `acks` and leave as one GOTJOBS body when
+the peer is written or another message for it follows (replicas answer a
+read of many REPLJOBs with one frame, not one each).  A peer
 whose queue grows past `max_queue` bytes is not reading and is dropped, as is
 a peer that sends a malformed or oversized frame (logged, rate-limited).
 Every close resets the connection, so frames still in the kernel are dropped
@@ -73,7 +76,7 @@ import trio
 
 from disque.cluster.auth import AuthError, AuthLink
 from disque.cluster.codec import MAX_FRAME, FrameDecoder, FrameError, LinkCodec, framed
-from disque.cluster.messages import Header, Message
+from disque.cluster.messages import GotJob, GotJobs, Header, Message
 from disque.shell.security import bus_protected_mode_refuses
 
 log = logging.getLogger("disque")
@@ -101,7 +104,7 @@ class _Peer:
 
     __slots__ = (
         "addr", "label", "stream", "out", "queued", "wake", "scope", "closed", "ready", "auth", "identified",
-        "reactor", "fd", "writing", "codec", "decoder", "deliver", "identify",
+        "reactor", "fd", "writing", "codec", "decoder", "deliver", "identify", "acks",
     )  # fmt: skip
 
     def __init__(self, addr: tuple[str, int], label: str, stream: trio.abc.Stream | None = None) -> None:
@@ -120,6 +123,7 @@ class _Peer:
         self.fd = -1  # >= 0 while the reactor serves the socket
         self.writing = False  # the reactor waits for the socket to take the rest of `out`
         self.codec = LinkCodec()  # the frame bodies of this connection, both ways
+        self.acks: list[bytes] = []  # GOTJOB IDs to send in one body (positional form)
         self.decoder: Any = None
         self.deliver: Callable[[list[tuple[Header, Message]]], None] = _ignore
         self.identify = trio.CancelScope()  # the deadline of an unidentified connection
@@ -297,10 +301,10 @@ class Bus:
     def _push(self, peer: _Peer | None, msg: Message) -> None:
         if peer is None or not peer.ready or peer.closed:
             return  # no link: dropped, as every bus message is best effort
-        body = peer.codec.encode(self.core.header(), msg)
-        frame = framed(body) if peer.auth is None else peer.auth.seal(body)
-        peer.out.append(frame)
-        peer.queued += len(frame)
+        if type(msg) is GotJob and peer.codec.positional:
+            peer.acks.append(msg.id)
+        else:
+            self._append(peer, msg)
         if peer.fd < 0:
             peer.wake.set()
         elif not peer.writing:
@@ -310,6 +314,19 @@ class Bus:
         if peer.queued > self.max_queue:
             self._warn("Closing %s: %d bytes queued, the peer is not reading", peer.label, peer.queued)
             peer.close()
+
+    def _append(self, peer: _Peer, msg: Message) -> None:
+        """Encode `msg` onto `peer.out`, after the GOTJOBs waiting."""
+        if peer.acks:
+            self._append_acks(peer)
+        body = peer.codec.encode(self.core.header(), msg)
+        frame = framed(body) if peer.auth is None else peer.auth.seal(body)
+        peer.out.append(frame)
+        peer.queued += len(frame)
+
+    def _append_acks(self, peer: _Peer) -> None:
+        acks, peer.acks = peer.acks, []
+        self._append(peer, GotJob(acks[0]) if len(acks) == 1 else GotJobs(tuple(acks)))
 
     # ------------------------------------------------------------ outgoing links
 
@@ -551,6 +568,8 @@ class Bus:
             while True:
                 await peer.wake.wait()
                 peer.wake = trio.Event()
+                if peer.acks:
+                    self._append_acks(peer)
                 data = b"".join(peer.out)
                 peer.out.clear()
                 await peer.stream.send_all(data)
@@ -588,6 +607,8 @@ class Bus:
         become writable for the rest."""
         if peer.fd < 0:
             return
+        if peer.acks:
+            self._append_acks(peer)
         out = peer.out
         if out:
             data = out[0] if len(out) == 1 else b"".join(out)

@@ -19,7 +19,7 @@ from disque.cluster.codec import (
     job_to_storage, job_to_wire, LinkCodec, POSITIONAL,
 )  # fmt: skip
 from disque.cluster.messages import (
-    DelJob, Enqueue, Fail, GossipEntry, GotAck, GotJob, Header, Meet, Message,
+    DelJob, Enqueue, Fail, GossipEntry, GotAck, GotJob, GotJobs, Header, Meet, Message,
     NeedJobs, Pause, Ping, Pong, Queued, ReplJob, SetAck, WillQueue, Working, Fanout, GroupSet, Claim, Claimed,
     GroupAck, GroupFlush, NeedEvent, YourEvent, NewEvent,
     YourJobs,
@@ -77,6 +77,7 @@ MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     Fail: st.builds(Fail, node_ids),
     ReplJob: st.builds(ReplJob, wire_jobs, st.booleans()),
     GotJob: st.builds(GotJob, job_ids),
+    GotJobs: st.builds(GotJobs, st.lists(job_ids, min_size=1, max_size=5).map(tuple)),
     Enqueue: st.builds(Enqueue, job_ids, uints),
     Queued: st.builds(Queued, job_ids, st.booleans(), st.booleans()),
     Working: st.builds(Working, job_ids),
@@ -296,6 +297,9 @@ BAD_BODIES = {
     "string job id": _body(GotJob(GOOD_ID), i=GOOD_ID.decode()),
     "bad id suffix": _body(GotJob(GOOD_ID), i=GOOD_ID[:-2] + b"XX"),
     "missing id": _body(DelJob(GOOD_ID), i=None),
+    "no gotjobs ids": _body(GotJobs((GOOD_ID,)), i=[]),
+    "bad id among gotjobs ids": _body(GotJobs((GOOD_ID,)), i=[GOOD_ID, GOOD_ID[:-1]]),
+    "gotjobs ids not a list": _body(GotJobs((GOOD_ID,)), i=GOOD_ID),
     "negative delay": _body(Enqueue(GOOD_ID, 1), d=-1),
     "integer known": _body(GotAck(GOOD_ID, True), k=1),
     "string queue": _body(NeedJobs(b"q", 1), q="q"),

@@ -574,6 +574,18 @@ def test_job_shared_with_peer(duo):
     assert duo.sent() == [m.DelJob(job_id)] and duo.show(job_id) is None
 
 
+def test_one_gotjobs_body_replicates_every_job_it_names(duo):
+    """GOTJOBS (the GOTJOBs of one step, in one body) counts for each job it
+    names, and skips an ID this node does not know."""
+    producers = [Session(duo.core) for _ in range(3)]
+    assert all(p("ADDJOB", "q", "x", 0) is BLOCKED for p in producers)
+    ids = [repl.job["id"] for repl in duo.sent()]
+    assert len(ids) == 3 and duo.s("QLEN", "q") == 0
+    from_peer(duo, m.GotJobs((ids[0], ODD_ID, ids[2])))
+    assert [p.pending() for p in producers] == [[Status(ids[0])], [], [Status(ids[2])]]
+    assert duo.s("QLEN", "q") == 2 and duo.state(ids[1]) == "wait-repl"
+
+
 def test_nack_delay_holds_the_job_back_and_counts_one_nack(env):
     job_id = env.add("q", "x", "RETRY", 30)
     assert env.s("GETJOB", "FROM", "q")[0][1] == job_id

@@ -9,6 +9,7 @@ on those records (`wait_for`), never on the clock.
 from __future__ import annotations
 
 import logging
+import random
 import socket
 import subprocess
 import sys
@@ -20,7 +21,9 @@ import pytest
 import trio
 
 from disque.shell.bus import Bus
-from disque.cluster.messages import Header, Message, Pause, Ping, Pong
+from disque.cluster.codec import FrameDecoder, encode_frame
+from disque.cluster.messages import GotJob, GotJobs, Header, Message, Pause, Ping, Pong
+from disque.core.ids import new_job_id
 from disque.devcluster import free_port
 from disque.core.effects import Answer, DropLink, Send
 
@@ -179,6 +182,31 @@ async def test_frames_round_trip_on_link_and_incoming_connection(nursery: trio.N
     # Messages for links that do not exist, or connections that are gone, vanish.
     a.apply(Send(99, Ping()), Answer(42, Pong()), DropLink(99))
     b.apply(Answer(ping.conn + 1, Pong()))
+
+
+async def test_the_gotjobs_of_one_step_leave_as_one_body(nursery: trio.Nursery) -> None:
+    """On a link in the positional form, the GOTJOBs of one step go as one
+    GOTJOBS body, before any message that follows them; a peer that never
+    said it reads that form gets them one by one."""
+    a, b = await pair(nursery)
+    conn = b.core.got(Ping)[0].conn
+    ids = [new_job_id("b" * 40, random.Random(i), 60, 30) for i in range(4)]
+    b.apply(Answer(conn, GotJob(ids[0])), Answer(conn, GotJob(ids[1])), Answer(conn, Pause(b"q", 1)), Answer(conn, GotJob(ids[2])))
+    got = await a.core.wait_for(lambda: len(a.core.frames) >= 4 and a.core.frames[1:])  # after the PONG
+    assert [f.msg for f in got] == [GotJobs((ids[0], ids[1])), Pause(b"q", 1), GotJob(ids[2])]
+
+    older = await trio.open_tcp_stream(*b.addr)  # its PING says nothing of the positional form
+    await older.send_all(encode_frame(Header("c" * 40, 7711, 0), Ping()))
+    conn = (await b.core.wait_for(lambda: b.core.got(Ping, conn=conn + 1)))[0].conn
+    b.apply(Answer(conn, GotJob(ids[0])), Answer(conn, GotJob(ids[3])))
+    decoder, received = FrameDecoder(), []
+    with trio.fail_after(5):
+        while len(received) < 3:
+            decoder.feed(await older.receive_some())
+            while (frame := decoder.next_frame()) is not None:
+                received.append(frame[1])
+    assert received == [Pong(), GotJob(ids[0]), GotJob(ids[3])]
+    await older.aclose()
 
 
 async def test_garbage_drops_only_that_connection(nursery: trio.Nursery, caplog: pytest.LogCaptureFixture) -> None:
