@@ -84,8 +84,7 @@ class Replication:
         node = self.node
         delivered = job.nodes_delivered
         candidates = [n.id for n in node.cluster.reachable() if n.link and n.id not in delivered]
-        node.rng.shuffle(candidates)
-        added = candidates[:count]
+        added = candidates if count >= len(candidates) else node.rng.sample(candidates, count)
         if added:
             job.nodes_delivered = delivered + tuple(added)
         wire = job_to_wire(job, node.now)
