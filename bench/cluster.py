@@ -48,7 +48,7 @@ def _sizes(quick: bool) -> dict[str, int]:
     scale = 5 if quick else 1
     return {
         "latency": 2000 // scale,
-        "throughput": 20_000 // scale,
+        "throughput": 100_000 // scale,  # a run of several seconds: shorter ones moved 20 % between runs
         "cycle": 10_000 // scale,
         "ack": 300 // scale,
     }
