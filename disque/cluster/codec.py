@@ -47,8 +47,8 @@ import msgpack
 
 from disque.cluster.messages import (
     Claim, Claimed, DelJob, Enqueue, Fail, Fanout, GossipEntry, GotAck, GotJob, GotJobs, GroupAck, GroupFlush, GroupSet,
-    Header, Meet, Message, NeedEvent, NeedJobs, NewEvent, Pause, Ping, Pong, Queued, ReplJob, SetAck, WillQueue, WireJob,
-    Working, YourEvent, YourJobs,
+    Header, Meet, Message, NeedEvent, NeedJobs, NewEvent, Pause, Ping, Pong, Queued, ReplJob, ReplJobs, SetAck, WillQueue,
+    WireJob, Working, YourEvent, YourJobs,
 )  # fmt: skip
 from disque.core.ids import valid_id
 from disque.store.job import DELIVERED, NACKED, WIRE_FLAGS, Job, State
@@ -514,6 +514,8 @@ _GOSSIP = _Field(
     pos=(_list_of(_pos_record(_GOSSIP_ENTRY, GossipEntry)), _each(_pos_packer(_GOSSIP_ENTRY))),
 )
 _ID = _Field("id", "i", _job_id)
+_JOBS = _Field("jobs", "j", _list_of(_wire_job, 1), _each(_dump_wire_job),
+               pos=(_list_of(_wire_job_pos, 1), _each(_dump_wire_job_pos)))  # fmt: skip
 _OPT_ID = _Field("id", "i", _opt_job_id, default=b"")
 _QUEUE = _Field("queue", "q", _bytes)
 _GROUP = _Field("group", "g", _bytes)
@@ -537,8 +539,7 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("GOTACK", GotAck, (_ID, _Field("known", "k", _bool))),
     ("DELJOB", DelJob, (_ID, _Field("acked", "ak", _bool, default=True))),
     ("NEEDJOBS", NeedJobs, (_QUEUE, _Field("count", "c", _UINT))),
-    ("YOURJOBS", YourJobs, (_Field("jobs", "j", _list_of(_wire_job, 1), _each(_dump_wire_job),
-                                pos=(_list_of(_wire_job_pos, 1), _each(_dump_wire_job_pos))),)),
+    ("YOURJOBS", YourJobs, (_JOBS,)),
     ("PAUSE", Pause, (_QUEUE, _Field("flags", "pf", _int_in(0, 3)))),
     ("FANOUT", Fanout, (_Field("child", "c", _fanout_child),), (("joined", JOINED),)),
     ("GROUPSET", GroupSet, (_ID, _GROUP, _Field("deadline", "d", _UINT))),
@@ -550,6 +551,7 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("NEWEVENT", NewEvent, (_QUEUE,)),
     ("GROUPFLUSH", GroupFlush, (_QUEUE,)),
     ("GOTJOBS", GotJobs, (_Field("ids", "i", _list_of(_job_id, 1)),)),
+    ("REPLJOBS", ReplJobs, (_JOBS,), (("noreply", NOREPLY),)),
 )
 _KINDS = tuple(_Kind(*row, code=code) for code, row in enumerate(_ROWS, 1))
 _BY_NAME = {k.name: k for k in _KINDS}
@@ -604,7 +606,7 @@ def decode_body(body: bytes) -> tuple[Header, Message] | None:
 # --- the positional form of one link ---------------------------------------------
 
 # The positional form this node reads, told in the "pv" key of its map bodies
-# (2: with GOTJOBS; a node that says another number gets maps).
+# (2: with GOTJOBS and REPLJOBS; a node that says another number gets maps).
 POSITIONAL = 2
 _load_pos_header = _pos_loader(_ENVELOPE, offset=1)
 _last: list[Any] = [None, b""]  # the last message encoded without a header and its body: a broadcast packs once

@@ -40,9 +40,20 @@ def handles(kind: type) -> Callable[[Handler], Handler]:
 
 @handles(m.ReplJob)
 def repl_job(node: Node, sender: str, msg: m.ReplJob) -> None:
+    _copy(node, sender, msg.job, msg.noreply)
+
+
+@handles(m.ReplJobs)
+def repl_jobs(node: Node, sender: str, msg: m.ReplJobs) -> None:
+    for wire in msg.jobs:
+        _copy(node, sender, wire, msg.noreply)
+
+
+def _copy(node: Node, sender: str, wire: m.WireJob, noreply: bool) -> None:
+    """Keep the copy a peer replicates here, and say so unless `noreply`."""
     if node.mem_level() > 0 or node.cluster.leaving:
         return
-    received = job_from_wire(msg.job, node.now)
+    received = job_from_wire(wire, node.now)
     if received.id in node.collected:
         return  # acknowledged and collected already: a late, stale copy
     queue = node.queues.get(received.queue)  # type: ignore[arg-type]
@@ -57,7 +68,7 @@ def repl_job(node: Node, sender: str, msg: m.ReplJob) -> None:
         for node_id in received.nodes_delivered:
             if node_id in node.cluster.nodes:
                 job.add_delivered(node_id)
-    if not msg.noreply:
+    if not noreply:
         node.send(sender, m.GotJob(job.id))
 
 

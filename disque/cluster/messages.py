@@ -87,11 +87,20 @@ class GotJob:
 
 
 @dataclass(frozen=True, slots=True)
-class GotJobs:
-    """GOTJOB for several jobs in one body: what a link in the positional form
-    carries for the GOTJOBs one step sends a peer (shell/bus.py)."""
+class ReplJobs:
+    """REPLJOB for several jobs in one body: what a link in the positional
+    form carries for the REPLJOBs (all with the same `noreply`) one step
+    sends a peer in a row (shell/bus.py)."""
 
-    ids: tuple[bytes, ...]
+    jobs: tuple[WireJob, ...]  # at least one
+    noreply: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GotJobs:
+    """GOTJOB for several jobs in one body, as ReplJobs is for REPLJOB."""
+
+    ids: tuple[bytes, ...]  # at least one
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +248,7 @@ class GroupFlush:
 
 
 Message = (
-    Ping | Pong | Meet | Fail | ReplJob | GotJob | GotJobs | Enqueue | Queued | Working
+    Ping | Pong | Meet | Fail | ReplJob | ReplJobs | GotJob | GotJobs | Enqueue | Queued | Working
     | WillQueue | SetAck | GotAck | DelJob | NeedJobs | YourJobs | Pause | Fanout
     | GroupSet | Claim | GroupAck | Claimed | NeedEvent | YourEvent | NewEvent | GroupFlush
 )  # fmt: skip

@@ -32,10 +32,11 @@ client requests of one wake-up are read together, and the frames they
 produce leave in one write per peer at the end of the wake-up (`flush`),
 the rest when the socket is writable again.  A TLS connection keeps a
 reader and a writer task.  Frames are encoded when the effect is applied,
-with the core's current header, except the GOTJOBs for a peer that reads
-the positional form: they wait in `acks` and leave as one GOTJOBS body when
-the peer is written or another message for it follows (replicas answer a
-read of many REPLJOBs with one frame, not one each).  A peer
+with the core's current header, except the REPLJOBs and GOTJOBs for a
+peer that reads the positional form: those of a kind in a row wait in
+`batch` and leave as one REPLJOBS or GOTJOBS body when the peer is written
+or a message of another kind for it follows (a replica gets the copies of
+one step in one frame, and answers them with one).  A peer
 whose queue grows past `max_queue` bytes is not reading and is dropped, as is
 a peer that sends a malformed or oversized frame (logged, rate-limited).
 Every close resets the connection, so frames still in the kernel are dropped
@@ -76,7 +77,7 @@ import trio
 
 from disque.cluster.auth import AuthError, AuthLink
 from disque.cluster.codec import MAX_FRAME, FrameDecoder, FrameError, LinkCodec, framed
-from disque.cluster.messages import GotJob, GotJobs, Header, Message
+from disque.cluster.messages import GotJob, GotJobs, Header, Message, ReplJob, ReplJobs
 from disque.shell.security import bus_protected_mode_refuses
 
 log = logging.getLogger("disque")
@@ -104,7 +105,7 @@ class _Peer:
 
     __slots__ = (
         "addr", "label", "stream", "out", "queued", "wake", "scope", "closed", "ready", "auth", "identified",
-        "reactor", "fd", "writing", "codec", "decoder", "deliver", "identify", "acks",
+        "reactor", "fd", "writing", "codec", "decoder", "deliver", "identify", "batch", "batch_kind",
     )  # fmt: skip
 
     def __init__(self, addr: tuple[str, int], label: str, stream: trio.abc.Stream | None = None) -> None:
@@ -123,7 +124,8 @@ class _Peer:
         self.fd = -1  # >= 0 while the reactor serves the socket
         self.writing = False  # the reactor waits for the socket to take the rest of `out`
         self.codec = LinkCodec()  # the frame bodies of this connection, both ways
-        self.acks: list[bytes] = []  # GOTJOB IDs to send in one body (positional form)
+        self.batch: list[Any] = []  # REPLJOBs or GOTJOBs to send in one body (positional form) ...
+        self.batch_kind: tuple[type, bool] = (GotJob, False)  # ... of this type and `noreply`
         self.decoder: Any = None
         self.deliver: Callable[[list[tuple[Header, Message]]], None] = _ignore
         self.identify = trio.CancelScope()  # the deadline of an unidentified connection
@@ -254,6 +256,7 @@ class Bus:
         self._log_skipped = 0
         self.reactor: Reactor | None = None  # set by the server: plain connections are served there
         self.unflushed: dict[_Peer, None] = {}  # reactor-served peers with frames to write
+        self._last_batch: tuple[list[Any], Any] = ([], None)  # the last REPLJOBs batched and their REPLJOBS
 
     # ------------------------------------------------------------ lifecycle
 
@@ -301,8 +304,13 @@ class Bus:
     def _push(self, peer: _Peer | None, msg: Message) -> None:
         if peer is None or not peer.ready or peer.closed:
             return  # no link: dropped, as every bus message is best effort
-        if type(msg) is GotJob and peer.codec.positional:
-            peer.acks.append(msg.id)
+        kind = type(msg)
+        if (kind is ReplJob or kind is GotJob) and peer.codec.positional:
+            batch_kind = (kind, kind is ReplJob and msg.noreply)  # type: ignore[union-attr]
+            if peer.batch and batch_kind != peer.batch_kind:
+                self._append_batch(peer)
+            peer.batch_kind = batch_kind
+            peer.batch.append(msg)
         else:
             self._append(peer, msg)
         if peer.fd < 0:
@@ -316,17 +324,28 @@ class Bus:
             peer.close()
 
     def _append(self, peer: _Peer, msg: Message) -> None:
-        """Encode `msg` onto `peer.out`, after the GOTJOBs waiting."""
-        if peer.acks:
-            self._append_acks(peer)
+        """Encode `msg` onto `peer.out`, after the batch waiting."""
+        if peer.batch:
+            self._append_batch(peer)
         body = peer.codec.encode(self.core.header(), msg)
         frame = framed(body) if peer.auth is None else peer.auth.seal(body)
         peer.out.append(frame)
         peer.queued += len(frame)
 
-    def _append_acks(self, peer: _Peer) -> None:
-        acks, peer.acks = peer.acks, []
-        self._append(peer, GotJob(acks[0]) if len(acks) == 1 else GotJobs(tuple(acks)))
+    def _append_batch(self, peer: _Peer) -> None:
+        batch, peer.batch = peer.batch, []
+        if len(batch) == 1:
+            msg = batch[0]
+        elif peer.batch_kind[0] is GotJob:
+            msg = GotJobs(tuple(m.id for m in batch))
+        else:
+            # The replicas of a job get the same REPLJOBs in a row: the same
+            # message, so that the codec packs its body once for all of them.
+            last, msg = self._last_batch
+            if len(last) != len(batch) or any(a is not b for a, b in zip(last, batch)):
+                msg = ReplJobs(tuple(m.job for m in batch), peer.batch_kind[1])
+                self._last_batch = (batch, msg)
+        self._append(peer, msg)
 
     # ------------------------------------------------------------ outgoing links
 
@@ -568,8 +587,8 @@ class Bus:
             while True:
                 await peer.wake.wait()
                 peer.wake = trio.Event()
-                if peer.acks:
-                    self._append_acks(peer)
+                if peer.batch:
+                    self._append_batch(peer)
                 data = b"".join(peer.out)
                 peer.out.clear()
                 await peer.stream.send_all(data)
@@ -607,8 +626,8 @@ class Bus:
         become writable for the rest."""
         if peer.fd < 0:
             return
-        if peer.acks:
-            self._append_acks(peer)
+        if peer.batch:
+            self._append_batch(peer)
         out = peer.out
         if out:
             data = out[0] if len(out) == 1 else b"".join(out)

@@ -166,6 +166,17 @@ def test_repljob_for_a_queue_paused_for_input_is_ignored():
     assert node.sent() == [(PEER, m.GotJob(job.id))] and node.state(job.id) == "active"
 
 
+@pytest.mark.parametrize("noreply", [False, True])
+def test_repljobs_keeps_every_copy_it_carries(noreply):
+    """REPLJOBS (a step's REPLJOBs to one peer, in one body) is a REPLJOB for
+    each of its jobs: each kept, and answered unless `noreply`."""
+    node = Node()
+    jobs = [origin_job(node, n) for n in (1, 2, 3)]
+    node.from_(PEER, m.ReplJobs(tuple(job_to_wire(job, node.clock.ms) for job in jobs), noreply))
+    assert node.sent() == ([] if noreply else [(PEER, m.GotJob(job.id)) for job in jobs])
+    assert [node.state(job.id) for job in jobs] == ["active"] * 3
+
+
 def test_repeated_repljob_merges_the_known_holders_only():
     node = Node(peers=(PEER, PEER2))
     job_id = replica(node, 1, delivered=(PEER, NODE_ID))

@@ -20,7 +20,7 @@ from disque.cluster.codec import (
 )  # fmt: skip
 from disque.cluster.messages import (
     DelJob, Enqueue, Fail, GossipEntry, GotAck, GotJob, GotJobs, Header, Meet, Message,
-    NeedJobs, Pause, Ping, Pong, Queued, ReplJob, SetAck, WillQueue, Working, Fanout, GroupSet, Claim, Claimed,
+    NeedJobs, Pause, Ping, Pong, Queued, ReplJob, ReplJobs, SetAck, WillQueue, Working, Fanout, GroupSet, Claim, Claimed,
     GroupAck, GroupFlush, NeedEvent, YourEvent, NewEvent,
     YourJobs,
 )  # fmt: skip
@@ -78,6 +78,7 @@ MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     ReplJob: st.builds(ReplJob, wire_jobs, st.booleans()),
     GotJob: st.builds(GotJob, job_ids),
     GotJobs: st.builds(GotJobs, st.lists(job_ids, min_size=1, max_size=5).map(tuple)),
+    ReplJobs: st.builds(ReplJobs, st.lists(wire_jobs, min_size=1, max_size=3).map(tuple), st.booleans()),
     Enqueue: st.builds(Enqueue, job_ids, uints),
     Queued: st.builds(Queued, job_ids, st.booleans(), st.booleans()),
     Working: st.builds(Working, job_ids),
@@ -310,6 +311,8 @@ BAD_BODIES = {
     "negative deadline": _body(Claim(GOOD_ID, b"g", 1, 1), d=-1),
     "ticket not a number": _body(Claimed(1), k=b"1"),
     "no jobs": _body(YourJobs((GOOD_JOB,)), j=[]),
+    "no repljobs jobs": _body(ReplJobs((GOOD_JOB,)), j=[]),
+    "bad second repljobs job": _body(ReplJobs((GOOD_JOB,)), j=[_job_map(), _job_map(na=-1)]),
     "job not a map": _body(ReplJob(GOOD_JOB), j=[1]),
     "job missing ttl": _body(ReplJob(GOOD_JOB), j=_job_map(tl=None)),
     "job zero ttl": _body(ReplJob(GOOD_JOB), j=_job_map(tl=0)),

@@ -21,8 +21,9 @@ import pytest
 import trio
 
 from disque.shell.bus import Bus
-from disque.cluster.codec import FrameDecoder, encode_frame
-from disque.cluster.messages import GotJob, GotJobs, Header, Message, Pause, Ping, Pong
+from disque.cluster.codec import FrameDecoder, encode_frame, job_to_wire
+from disque.cluster.messages import GotJob, GotJobs, Header, Message, Pause, Ping, Pong, ReplJob, ReplJobs
+from disque.store.job import Job
 from disque.core.ids import new_job_id
 from disque.devcluster import free_port
 from disque.core.effects import Answer, DropLink, Send
@@ -184,17 +185,29 @@ async def test_frames_round_trip_on_link_and_incoming_connection(nursery: trio.N
     b.apply(Answer(ping.conn + 1, Pong()))
 
 
-async def test_the_gotjobs_of_one_step_leave_as_one_body(nursery: trio.Nursery) -> None:
-    """On a link in the positional form, the GOTJOBs of one step go as one
-    GOTJOBS body, before any message that follows them; a peer that never
-    said it reads that form gets them one by one."""
+async def test_the_repljobs_and_gotjobs_of_one_step_leave_as_one_body(nursery: trio.Nursery) -> None:
+    """On a link in the positional form, REPLJOBs (of the same `noreply`) or
+    GOTJOBs in a row go as one REPLJOBS or GOTJOBS body, in their order with
+    the other messages; every link gets its own; a peer that never said it
+    reads that form gets them one by one."""
     a, b = await pair(nursery)
-    conn = b.core.got(Ping)[0].conn
-    ids = [new_job_id("b" * 40, random.Random(i), 60, 30) for i in range(4)]
-    b.apply(Answer(conn, GotJob(ids[0])), Answer(conn, GotJob(ids[1])), Answer(conn, Pause(b"q", 1)), Answer(conn, GotJob(ids[2])))
-    got = await a.core.wait_for(lambda: len(a.core.frames) >= 4 and a.core.frames[1:])  # after the PONG
-    assert [f.msg for f in got] == [GotJobs((ids[0], ids[1])), Pause(b"q", 1), GotJob(ids[2])]
+    c = await Node("c").start(nursery)
+    a.core.wanted[2] = c.addr
+    await a.core.wait_for(lambda: a.core.got(Pong, key=2))
+    ids = [new_job_id("a" * 40, random.Random(i), 60, 30) for i in range(4)]
+    wire = [job_to_wire(Job(job_id, b"q", b"body", repl=3, etime=2_000_000_000, retry=30), 1_790_000_000_000) for job_id in ids]
+    repl = [ReplJob(w) for w in wire]
+    a.apply(
+        *(Send(key, r) for r in repl[:2] for key in (1, 2)), Send(1, ReplJob(wire[2], noreply=True)),
+        Send(1, repl[3]), Send(1, GotJob(ids[0])), Send(1, GotJob(ids[1])), Send(1, Pause(b"q", 1)), Send(1, GotJob(ids[2])),
+    )  # fmt: skip
+    got = await b.core.wait_for(lambda: len(b.core.frames) >= 7 and b.core.frames[1:])  # after the PING
+    assert [f.msg for f in got] == [
+        ReplJobs(tuple(wire[:2])), ReplJob(wire[2], noreply=True), ReplJob(wire[3]), GotJobs((ids[0], ids[1])), Pause(b"q", 1), GotJob(ids[2]),
+    ]  # fmt: skip
+    assert [f.msg for f in await c.core.wait_for(lambda: c.core.got(ReplJobs))] == [ReplJobs(tuple(wire[:2]))]
 
+    conn = b.core.got(Ping)[0].conn
     older = await trio.open_tcp_stream(*b.addr)  # its PING says nothing of the positional form
     await older.send_all(encode_frame(Header("c" * 40, 7711, 0), Ping()))
     conn = (await b.core.wait_for(lambda: b.core.got(Ping, conn=conn + 1)))[0].conn
