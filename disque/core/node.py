@@ -710,8 +710,7 @@ class NodeCore:
         )  # fmt: skip
         job.qtime = now + (delay or retry) * 1000
         if max_attempts:
-            job.max_attempts = max_attempts
-            job.dead_letter = queue + b"-dead" if dead_letter is None else dead_letter
+            job.set_attempts(max_attempts, queue + b"-dead" if dead_letter is None else dead_letter)
         if additional:
             return self.replication.start(client, job, additional, timeout, is_async, extrepl)
         jobs.add(job)

@@ -9,7 +9,10 @@ scheduler visit) are plain fields that the scheduler in `jobs.py` reads.
 Memory matters (hundreds of thousands of queued jobs): the record uses
 `__slots__`, `nodes_delivered` is a tuple (shared between jobs while it is the
 single-node tuple), and `nodes_confirmed` exists only while replication or an
-ACK is being confirmed.
+ACK is being confirmed.  The creation time is kept as its millisecond (one
+int object shared by the jobs created in it) and the rest (a small int,
+which CPython does not allocate), not as one int object per job; the
+MAXATTEMPTS fields, rarely set, share one slot (`extra`).
 """
 
 from __future__ import annotations
@@ -59,11 +62,14 @@ TRANSITIONS: dict[State, dict[str, State]] = {
 }
 
 
+_last_ms = [0]  # the millisecond of the last creation time split: jobs of the same one share it
+
+
 class Job:
     __slots__ = (
-        "id", "state", "flags", "repl", "etime", "ctime", "delay", "retry",
+        "id", "state", "flags", "repl", "etime", "ctime_ms", "ctime_rest", "delay", "retry",
         "nacks", "deliv", "queue", "body", "nodes_delivered", "nodes_confirmed",
-        "qtime", "awake", "gc_retry", "max_attempts", "dead_letter", "origin",
+        "qtime", "awake", "gc_retry", "extra",
     )  # fmt: skip
 
     def __init__(
@@ -102,9 +108,39 @@ class Job:
         self.qtime = 0
         self.awake = 0
         self.gc_retry = 0
-        self.max_attempts = max_attempts  # ADDJOB MAXATTEMPTS (0: no limit): deliveries before `dead_letter`
-        self.dead_letter = dead_letter  # the queue a job out of attempts moves to
-        self.origin = origin  # a dead-lettered copy: the ID of the job it was
+        # ADDJOB MAXATTEMPTS (0: no limit): deliveries before `dead_letter`, the
+        # queue a job out of attempts moves to; `origin`: a dead-lettered copy's
+        # former ID.  None while all three are unset.
+        self.extra = (max_attempts, dead_letter, origin) if max_attempts or dead_letter or origin else None
+
+    @property
+    def ctime(self) -> int:
+        """Creation time in Disque's unit (ms x 1,000,000, + a tie breaker)."""
+        return self.ctime_ms * 1_000_000 + self.ctime_rest
+
+    @ctime.setter
+    def ctime(self, ctime: int) -> None:
+        ms, self.ctime_rest = divmod(ctime, 1_000_000)
+        if ms == _last_ms[0]:
+            ms = _last_ms[0]
+        else:
+            _last_ms[0] = ms
+        self.ctime_ms = ms
+
+    @property
+    def max_attempts(self) -> int:
+        return self.extra[0] if self.extra else 0
+
+    @property
+    def dead_letter(self) -> bytes:
+        return self.extra[1] if self.extra else b""
+
+    @property
+    def origin(self) -> bytes:
+        return self.extra[2] if self.extra else b""
+
+    def set_attempts(self, max_attempts: int, dead_letter: bytes) -> None:
+        self.extra = (max_attempts, dead_letter, self.origin)
 
     def move(self, event: str) -> None:
         """Apply a state transition; an unlisted one is a programming error."""
@@ -121,8 +157,8 @@ class Job:
         if node_id not in self.nodes_delivered:
             self.nodes_delivered = self.nodes_delivered + (node_id,)
 
-    def sort_key(self) -> tuple[int, bytes]:
-        return (self.ctime, self.id)
+    def sort_key(self) -> tuple[int, int, bytes]:
+        return (self.ctime_ms, self.ctime_rest, self.id)
 
     def __repr__(self) -> str:
         return f"<Job {self.id.decode()} {STATE_NAMES[self.state]} q={self.queue!r}>"

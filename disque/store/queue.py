@@ -44,8 +44,8 @@ PAUSE_NAMES = {0: "none", PAUSE_IN: "in", PAUSE_OUT: "out", PAUSE_IN | PAUSE_OUT
 _COMPACT_MIN = 64  # below this many tombstones compaction is not worth it
 
 
-def _key(job: Job) -> tuple[int, bytes]:
-    return (job.ctime, job.id)
+def _key(job: Job) -> tuple[int, int, bytes]:
+    return (job.ctime_ms, job.ctime_rest, job.id)  # Job.sort_key, without the call
 
 
 class Queue:
@@ -93,7 +93,7 @@ class Queue:
         job.flags |= IN_LIST
         items = self._items
         last = items[-1] if items else None
-        if last is None or last.ctime < job.ctime or (last.ctime == job.ctime and last.id < job.id):
+        if last is None or _key(last) < _key(job):
             items.append(job)
         else:
             items.insert(bisect_right(items, _key(job), key=_key), job)
