@@ -397,8 +397,13 @@ _load_stored_job, _load_stored_map = _loader(_STORED_JOB, named=True), _loader(_
 _pack_stored_job = _packer(_STORED_JOB, items=True)
 
 
+# A job's fields as a dict with their names, generated as the packers are
+# (one attribute read each, no loop).
+_read_job = _compile("read", ["def read(o):", "    return {" + ", ".join(f"{f.name!r}: o.{f.name}" for f in _JOB_COMMON) + "}"], {})
+
+
 def _job_fields(job: Job, flag_mask: int) -> dict[str, Any]:
-    d = {f.name: getattr(job, f.name) for f in _JOB_COMMON}
+    d = _read_job(job)
     d["flags"] = job.flags & flag_mask
     return d
 

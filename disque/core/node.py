@@ -419,7 +419,9 @@ class NodeCore:
 
     @staticmethod
     def job_size(job: Job) -> int:
-        return JOB_OVERHEAD + len(job.id) + len(job.body or b"") + len(job.queue or b"") + len(job.dead_letter) + len(job.origin)
+        extra = job.extra  # MAXATTEMPTS's dead-letter queue and former ID, when set
+        size = JOB_OVERHEAD + len(job.id) + len(job.body or b"") + len(job.queue or b"")
+        return size + len(extra[1]) + len(extra[2]) if extra else size
 
     def evict(self) -> bool:
         """Free memory at level >= 2 (cluster.md §11).  True when back under
