@@ -419,9 +419,7 @@ class NodeCore:
 
     @staticmethod
     def job_size(job: Job) -> int:
-        extra = job.extra  # MAXATTEMPTS's dead-letter queue and former ID, when set
-        size = JOB_OVERHEAD + len(job.id) + len(job.body or b"") + len(job.queue or b"")
-        return size + len(extra[1]) + len(extra[2]) if extra else size
+        return JOB_OVERHEAD + len(job.id) + len(job.body or b"") + len(job.queue or b"") + job.extra_size()
 
     def evict(self) -> bool:
         """Free memory at level >= 2 (cluster.md §11).  True when back under

@@ -142,6 +142,11 @@ class Job:
     def set_attempts(self, max_attempts: int, dead_letter: bytes) -> None:
         self.extra = (max_attempts, dead_letter, self.origin)
 
+    def extra_size(self) -> int:
+        """The bytes of `dead_letter` and `origin` (memory accounting)."""
+        extra = self.extra
+        return len(extra[1]) + len(extra[2]) if extra else 0
+
     def move(self, event: str) -> None:
         """Apply a state transition; an unlisted one is a programming error."""
         try:

@@ -42,10 +42,7 @@ PAUSE_OUT = 2
 PAUSE_NAMES = {0: "none", PAUSE_IN: "in", PAUSE_OUT: "out", PAUSE_IN | PAUSE_OUT: "all"}
 
 _COMPACT_MIN = 64  # below this many tombstones compaction is not worth it
-
-
-def _key(job: Job) -> tuple[int, int, bytes]:
-    return (job.ctime_ms, job.ctime_rest, job.id)  # Job.sort_key, without the call
+_key = Job.sort_key  # queue order: creation time, then ID
 
 
 class Queue:
