@@ -2,7 +2,9 @@
 # Each target installs what it runs and nothing more, into one .venv (a stamp
 # file per level) and, for system tools, with apt-get (Debian packages; apt-get
 # update only when a command is missing):
-#   run            the package alone: enough to run nodes
+#   run            the package alone: enough to run nodes, its core compiled
+#                  when gcc and Python's headers are there (`tools-cc` installs
+#                  them; without them the core runs as Python)
 #   jepsen(-long)  + the test extra (its plots) + iproute2, iptables (netns mode),
 #                  faketime (its clock fault)
 #   test, venv     + the spark extra; test also a JDK (Spark), redis-tools,
@@ -16,20 +18,28 @@ RUN_STAMP  := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 STAMP      := $(VENV)/.installed
 
-.PHONY: run test test-read-behind bench venv tools tools-redis tools-java tools-net tools-browser tools-clock tools-systemd tools-memcached clean jepsen jepsen-long
+.PHONY: run test test-read-behind bench venv tools tools-cc tools-redis tools-java tools-net tools-browser tools-clock tools-systemd tools-memcached clean jepsen jepsen-long
 
-$(RUN_STAMP): pyproject.toml
+# The modules setup.py compiles (disque/compiled.py): the install is redone
+# when one of them changes, so the extensions never lag behind their sources.
+COMPILED   := $(shell sed -n 's/^    "\(disque\/.*\.py\)",$$/\1/p' disque/compiled.py)
+
+$(RUN_STAMP): pyproject.toml setup.py disque/compiled.py $(COMPILED) | tools-cc
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e .
 	touch $@
 
+# An extra's requirements, one per line, read from pyproject.toml: installing
+# them alone spares a second build of the package.
+extra = $(PY) -c 'import sys, tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"][sys.argv[1]], sep="\n")' $(1) | xargs -d '\n' $(PY) -m pip install -q
+
 $(TEST_STAMP): $(RUN_STAMP)
-	$(PY) -m pip install -q -e '.[test]'
+	$(call extra,test)
 	touch $@
 
 $(STAMP): $(TEST_STAMP)
-	$(PY) -m pip install -q -e '.[test,spark]'
+	$(call extra,spark)
 	touch $@
 
 # Everything the test suite imports.
@@ -40,6 +50,15 @@ venv: $(STAMP)
 apt = missing=; $(foreach need,$(1),command -v $(word 1,$(subst :, ,$(need))) >/dev/null || missing="$$missing $(word 2,$(subst :, ,$(need)))";) \
 	[ -z "$$missing" ] || { echo "apt-get install$$missing"; apt-get update -qq && \
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; }
+
+# gcc and Python's headers, for the compiled core (setup.py); without them
+# the install builds the pure-Python core.
+tools-cc:
+	@$(call apt,gcc:gcc)
+	@$(PY3_HEADERS) || { echo "apt-get install python3-dev"; apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-dev >/dev/null; }
+
+PY3_HEADERS = $(PYTHON3) -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
 
 # redis-cli for the compatibility tests; redis-server and redis-benchmark (in
 # redis-tools) for the reference figures of the benchmarks.
@@ -79,9 +98,18 @@ tools: tools-redis tools-java tools-net tools-browser tools-clock tools-systemd
 run: $(RUN_STAMP)
 	$(PY) -m disque.devcluster --nodes 3 --port 7711 --metrics-port 9711 --memcache-port 22133
 
-# The whole suite; the sans-IO core must stay fully covered (pyproject.toml).
+# The in-process tests on the pure-Python core, which they must cover fully
+# (pyproject.toml), next to the whole suite on the compiled core: the two
+# runs share the cores (the whole suite mostly waits on its processes), and
+# the report of the first follows the second's.
 test: $(STAMP) tools
-	$(PY) -m pytest --cov --cov-report=term-missing
+	@DISQUE_PURE=1 $(PY) -m pytest -p no:cacheprovider --cov --cov-report=term-missing tests/core tests/sim \
+		> $(VENV)/pure-core.log 2>&1 & pure=$$!; \
+	$(PY) -m pytest; whole=$$?; \
+	wait $$pure; covered=$$?; \
+	echo "=== the same in-process tests on the pure-Python core, with coverage (tests/core, tests/sim)"; \
+	cat $(VENV)/pure-core.log; \
+	exit $$(( whole || covered ))
 
 # The suite again with read-behind forced on (docs/read-behind.md): every
 # queue keeps two jobs in memory, every replica waits on disk.

@@ -1,19 +1,29 @@
-"""Build hooks (everything else is in pyproject.toml): built from a git
-checkout, the sdist and the wheel record its revision in disque/REVISION,
-which `--version` and INFO read once installed (disque/version.py).  A wheel
-built from the sdist keeps the sdist's record."""
+"""Build hooks (everything else is in pyproject.toml).
 
+* Built from a git checkout, the sdist and the wheel record its revision in
+  disque/REVISION, which `--version` and INFO read once installed
+  (disque/version.py).  A wheel built from the sdist keeps the sdist's record.
+* Where a C compiler is found and DISQUE_PURE is not set, mypyc compiles the
+  core's job path (disque/compiled.py) into extensions next to the sources,
+  and disque/COMPILED records the hash of the sources compiled.
+"""
+
+import os
+import shutil
 import sys
+import sysconfig
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 from setuptools.command.sdist import sdist
 
 HERE = Path(__file__).parent.resolve()
 sys.path.insert(0, str(HERE))
 
-from disque.version import RECORD, from_git  # noqa: E402  (the source tree being built)
+from disque import compiled  # noqa: E402  (the source tree being built)
+from disque.version import RECORD, from_git  # noqa: E402
 
 
 def write_record(package_dir: Path) -> None:
@@ -37,4 +47,27 @@ class Sdist(sdist):
         write_record(Path(base_dir) / "disque")
 
 
-setup(cmdclass={"build_py": BuildPy, "sdist": Sdist})
+class BuildExt(build_ext):
+    def run(self) -> None:
+        super().run()
+        if not self.dry_run:
+            package_dir = HERE / "disque" if self.inplace else Path(self.build_lib) / "disque"
+            (package_dir / compiled.STAMP).write_text(compiled.sources_hash(HERE) + "\n")
+
+
+def can_compile() -> bool:
+    compiler = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    return shutil.which(compiler) is not None and headers.exists()
+
+
+def extensions() -> list:
+    if os.environ.get("DISQUE_PURE") or not can_compile():
+        print("disque: no C compiler or Python headers (or DISQUE_PURE set): the core stays pure Python")
+        return []
+    from mypyc.build import mypycify
+
+    return mypycify(list(compiled.MODULES), group_name=compiled.GROUP)
+
+
+setup(cmdclass={"build_py": BuildPy, "build_ext": BuildExt, "sdist": Sdist}, ext_modules=extensions())

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from disque import compiled
 from disque.client import encode_command
 from disque.devcluster import NodeProcess, command, free_port
 
@@ -40,6 +41,7 @@ def environment() -> dict[str, object]:
     return {
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
+        "core": "compiled" if compiled.active() else "pure Python",  # the nodes' (disque/compiled.py; DISQUE_PURE=1)
         "redis": next((w[2:] for w in version if w.startswith("v=")), "?"),
         "platform": platform.platform(),
         "load_average": os.getloadavg()[0],  # other work on the machine skews every figure

@@ -39,7 +39,7 @@ def main() -> None:
     common.require_tools()
     env = common.environment()
     print(
-        f"{env['cpus']} CPU(s), load average {env['load_average']:.1f}, Python {env['python']}, redis {env['redis']}."
+        f"{env['cpus']} CPU(s), load average {env['load_average']:.1f}, Python {env['python']} (core {env['core']}), redis {env['redis']}."
         "  redis-benchmark runs on the same machine as the server it measures: they share these cores,"
         " so compare ratios, not absolute ops/s."
     )

@@ -479,11 +479,11 @@ def decode_storage(data: bytes) -> Job:
 
 @dataclass(frozen=True, slots=True)
 class _Kind:
+    code: int  # its number in the positional form (its row in _KINDS, from 1)
     name: str  # wire type name
     cls: type
     fields: _Fields = ()
     mflags: tuple[tuple[str, int], ...] = ()  # boolean attribute -> mflags bit
-    code: int = 0  # its number in the positional form (its row in _KINDS, from 1)
     pack: Callable[[Any], dict[str, Any]] = field(init=False)
     load: Callable[[Any], dict[str, Any]] = field(init=False)  # with the mflags
     pack_pos: Callable[..., list[Any]] = field(init=False)  # (message, head) -> [*head, field, ...]
@@ -558,7 +558,7 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("GOTJOBS", GotJobs, (_Field("ids", "i", _list_of(_job_id, 1)),)),
     ("REPLJOBS", ReplJobs, (_JOBS,), (("noreply", NOREPLY),)),
 )
-_KINDS = tuple(_Kind(*row, code=code) for code, row in enumerate(_ROWS, 1))
+_KINDS = tuple(_Kind(code, *row) for code, row in enumerate(_ROWS, 1))
 _BY_NAME = {k.name: k for k in _KINDS}
 _BY_CLASS = {k.cls: k for k in _KINDS}
 _BY_CODE = {k.code: k for k in _KINDS}

@@ -133,7 +133,7 @@ class Membership:
         self.by_key: dict[int, Node] = {}
         self._next_key = 0
         self.myself = self._add(Node(myself_id, port=port, flags=MYSELF, link=True))
-        self.solo = (myself_id,)  # nodes_delivered of a job only this node holds, shared by all of them
+        self.solo: tuple[str, ...] = (myself_id,)  # nodes_delivered of a job only this node holds, shared by all of them
         self.blacklist: dict[str, int] = {}
         self.dirty = False  # nodes.conf must be saved
         self._ticks = 0

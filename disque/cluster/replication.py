@@ -32,11 +32,10 @@ from typing import TYPE_CHECKING, Any
 from disque.core import errors
 from disque.cluster import messages as m
 from disque.cluster.codec import job_to_wire
-from disque.core.types import BLOCKED, Status
+from disque.core.types import BLOCKED, Client, Status
 from disque.store.job import AWAIT_REPL, REPLICATED, Job, State
 
 if TYPE_CHECKING:
-    from disque.core.types import Client
     from disque.core.services import Node
 
 REPL_STEP_MS = 50

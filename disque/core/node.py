@@ -774,10 +774,7 @@ class NodeCore:
             took = False
             for name in names:
                 queue = self.queues.get(name)
-                job = None
-                if queue is not None and not queue.pause & PAUSE_OUT:
-                    job = self.fetch(queue)
-                if job is None:
+                if queue is None or queue.pause & PAUSE_OUT or (job := self.fetch(queue)) is None:
                     federation.need_jobs(queue or self._queue(name), CLIENTS_WAITING)
                     continue
                 took = True

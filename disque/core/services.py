@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import random
 
     from disque.cluster.membership import Membership
-    from disque.core.types import Client, Waiter
+    from disque.core.types import Client, Stats, Waiter
     from disque.store.collected import Collected
     from disque.store.job import Job
     from disque.store.jobs import JobStore
@@ -39,6 +39,7 @@ class Node(Protocol):
     repl_waiters: dict[bytes, Client]  # producers waiting for their job's replication
     ready: dict[bytes, None]  # queues with jobs and blocked clients, served at the end of the step
     clients: dict[int, Client]
+    stats: Stats
 
     # effects
     def send(self, node_id: str, msg: Any) -> None: ...
@@ -72,6 +73,7 @@ class Node(Protocol):
     def add_job(
         self, client: Client, queue: bytes, body: bytes, timeout: int, repl: int | None, ttl: int | None,
         retry: int | None, delay: int | None, maxlen: int | None, is_async: bool,
+        max_attempts: int = 0, dead_letter: bytes | None = None,
     ) -> Any: ...
     def get_jobs(
         self, client: Client, names: list[bytes], count: int, nohang: bool, withcounters: bool, timeout: int

@@ -47,9 +47,7 @@ class Memcache:
 
 @pytest.fixture
 def node() -> Any:
-    core, clock, host = make_core()
-    core.clock_ = clock
-    return core
+    return make_core()[0]
 
 
 def lines(*items: bytes) -> bytes:
@@ -110,7 +108,7 @@ def test_a_waiting_get_is_served_by_a_later_set_or_times_out(node: Any) -> None:
     assert waiting.pending() == b"VALUE q/open/t=500 0 2\r\nhi\r\nEND\r\n" and waiting.client.open_read is not None
     late = Memcache(node)
     assert late(b"get q/t=300\r\n") == b"<blocked>"
-    node.clock_.advance(400)
+    node.clock.advance(400)
     node.tick()
     assert late.pending() == b"END\r\n" and node.items.get_misses == 1
 
@@ -296,7 +294,7 @@ def test_move_expired_to_gives_expired_jobs_a_new_queue(node: Any) -> None:
     for body in ("b", "c"):
         resp("ADDJOB", "q", body, 0, "TTL", 1)
     assert resp("GETJOB", "FROM", "q")[0][2] == b"a"  # active when it expires: not moved
-    node.clock_.advance(2_100)
+    node.clock.advance(2_100)
     node.tick()
     node.tick()
     assert [entry[2] for entry in resp("QPEEK", "late", 5)] == [b"b"]  # c found `late` full: dropped

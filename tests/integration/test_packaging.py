@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import urllib.request
 import sys
+import sysconfig
 import tarfile
 import zipfile
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 
 from client_helpers import wait_for
 
-from disque import __version__
+from disque import __version__, compiled
 from disque.devcluster import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +55,8 @@ def test_sdist_and_wheel_are_named_and_record_the_revision(dist: Path) -> None:
     [sdist] = dist.glob("*.tar.gz")
     [wheel] = dist.glob("*.whl")
     assert sdist.name == f"disque_server-{__version__}.tar.gz"
-    assert wheel.name == f"disque_server-{__version__}-py3-none-any.whl"
+    python = f"cp{sys.version_info.major}{sys.version_info.minor}"  # the core is compiled: tools-cc installs gcc
+    assert wheel.name == f"disque_server-{__version__}-{python}-{python}-{sysconfig.get_platform().replace('-', '_')}.whl"
     with tarfile.open(sdist) as tar:
         sdist_record = tar.extractfile(f"disque_server-{__version__}/disque/REVISION").read().decode()  # type: ignore[union-attr]
     with zipfile.ZipFile(wheel) as whl:
@@ -66,6 +68,10 @@ def test_sdist_and_wheel_are_named_and_record_the_revision(dist: Path) -> None:
     if head is not None:
         assert re.fullmatch(rf"{head} [01]\n", wheel_record)
     assert {"disque/default.conf", "disque/cli/main.py", "disque/cli/server.py", "disque/shell/web/index.html", "disque/shell/web/app.js"} <= set(names)
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    extensions = {path.replace(".py", suffix) for path in compiled.MODULES} | {f"{compiled.GROUP}__mypyc{suffix}"}
+    assert extensions <= set(names) and "disque/COMPILED" in names  # with its sources, which stay in the wheel
+    assert set(compiled.MODULES) <= set(names)
     assert not [n for n in names if n.startswith("tests/")]
     assert "disque = disque.cli.main:main" in entry_points and "disque-server = disque.cli.server:server_main" in entry_points
 
@@ -77,6 +83,8 @@ def test_the_installed_wheel_runs_a_node(venv: Path, tmp_path: Path) -> None:
 
     location = run(str(venv / "python"), "-c", "import disque; print(disque.__file__)").stdout
     assert location.startswith(str(venv.parent)), location
+    which = run(str(venv / "python"), "-c", "from disque import compiled; print(compiled.active())")
+    assert (which.stdout, which.stderr) == ("True\n", "")  # the installed extensions are not taken for stale ones
     head = git_head() or "[0-9a-f]{8}"
     assert re.fullmatch(rf"disque {re.escape(__version__)} \(git {head}(, modified)?\)\n", run(str(venv / "disque"), "--version").stdout)
     assert re.fullmatch(rf"Disque server v={re.escape(__version__)} sha={head}:[01] .*\n", run(str(venv / "disque-server"), "--version").stdout)

@@ -369,7 +369,7 @@ def debug_command(node: NodeCore, argv: list[bytes]) -> Any:
     if sub == b"structsize" and not args:
         from disque.store.job import Job
 
-        return f"job:{Job.__basicsize__} slots:{len(Job.__slots__)}\r\n".encode()
+        return f"job:{Job.__basicsize__}\r\n".encode()
     if sub == b"sleep" and len(args) == 1:
         return node.host.debug("sleep", [str(_sleep_seconds(args[0])).encode()])
     if sub in (b"restart", b"crash-and-recover") and len(args) <= 1:

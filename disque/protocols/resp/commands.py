@@ -103,10 +103,12 @@ def cmd_addjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
         else:
             raise errors.syntax()
     timeout = parse_timeout(argv[3])
-    *values, max_attempts = values
+    repl, ttl, retry, delay, maxlen, max_attempts = values
     if dead_letter is not None and max_attempts is None:
         raise err("DEADLETTER needs MAXATTEMPTS")
-    return node.add_job(client, argv[1], argv[2], timeout, *values, is_async, max_attempts or 0, dead_letter)
+    return node.add_job(
+        client, argv[1], argv[2], timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter
+    )
 
 
 @command("getjob", -2, "wF")
@@ -348,7 +350,7 @@ def cmd_qpeek(node: NodeCore, client: Client, argv: list[bytes]) -> list[Any]:
     if queue is None or count == 0:
         return []
     source = queue.oldest() if count > 0 else queue.newest()
-    out = []
+    out: list[Any] = []
     for job in source:
         if len(out) == abs(count):
             break
