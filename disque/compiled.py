@@ -31,6 +31,7 @@ MODULES = (
     "disque/core/acks.py",
     "disque/core/items.py",
     "disque/core/read_behind.py",
+    "disque/core/types.py",
     "disque/store/job.py",
     "disque/store/jobs.py",
     "disque/store/queue.py",

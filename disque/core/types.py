@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from mypy_extensions import mypyc_attr
+
 
 class Clock(Protocol):
     def now_ms(self) -> int:
@@ -149,12 +151,14 @@ class Stats:
 BLOCKED = object()  # handle_command result: the client waits for a later Reply
 
 
+@mypyc_attr(native_class=False)  # the compiled build cannot make a builtin's subclass native
 class Status(bytes):
     """A status reply, `+text`; the text must hold no CR or LF."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Map(list):
     """A map reply: (key, value) pairs.  RESP2 sends a flat array k, v, k, v."""
 
