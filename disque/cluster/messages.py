@@ -75,15 +75,24 @@ class Fail:
     node: str
 
 
-@dataclass(frozen=True, slots=True)
+# The two the core makes for every replicated job write their own __init__:
+# the compiled build keeps a generated one interpreted (docs/performance.md).
+@dataclass(slots=True, init=False)
 class ReplJob:
     job: WireJob
-    noreply: bool = False
+    noreply: bool
+
+    def __init__(self, job: WireJob, noreply: bool = False) -> None:
+        self.job = job
+        self.noreply = noreply
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class GotJob:
     id: bytes
+
+    def __init__(self, id: bytes) -> None:
+        self.id = id
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,6 @@ A job that never reached its replication level is never written to the AOF.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from disque.core import errors
@@ -41,11 +40,13 @@ if TYPE_CHECKING:
 REPL_STEP_MS = 50
 
 
-@dataclass(slots=True, eq=False)
-class Pending:
-    client: Client
-    deadline: int  # 0 = wait forever
-    last_add: int
+class Pending:  # a plain class: the compiled build keeps a dataclass's __init__ interpreted
+    __slots__ = ("client", "deadline", "last_add")
+
+    def __init__(self, client: Client, deadline: int, last_add: int) -> None:
+        self.client = client
+        self.deadline = deadline  # 0 = wait forever
+        self.last_add = last_add
 
 
 class Replication:

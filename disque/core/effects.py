@@ -14,21 +14,32 @@ from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass(frozen=True, slots=True)
+# The two the node makes most write their own __init__: the compiled build
+# keeps a generated one interpreted (docs/performance.md, "The compiled core").
+@dataclass(slots=True, init=False)
 class Reply:
     """A reply value (resp types) for a client that is not the caller."""
 
     client_id: int
     value: Any
-    slot: bytes | None = None  # the answer of ADDJOB <slot> waiting for its replicas (the session keeps its place)
+    slot: bytes | None  # the answer of ADDJOB <slot> waiting for its replicas (the session keeps its place)
+
+    def __init__(self, client_id: int, value: Any, slot: bytes | None = None) -> None:
+        self.client_id = client_id
+        self.value = value
+        self.slot = slot
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class Send:
     """A bus message on our outgoing link `key` (dropped if not connected)."""
 
     key: int
     msg: Any
+
+    def __init__(self, key: int, msg: Any) -> None:
+        self.key = key
+        self.msg = msg
 
 
 @dataclass(frozen=True, slots=True)
