@@ -30,14 +30,15 @@ class State(IntEnum):
 STATE_NAMES = {State.WAIT_REPL: "wait-repl", State.ACTIVE: "active", State.QUEUED: "queued", State.ACKED: "acked"}
 STATE_BY_NAME = {v: k for k, v in STATE_NAMES.items()}
 
-# Job flags (cluster.md §8.0).  IN_LIST is local bookkeeping of queue.py and is
-# masked out whenever a job is serialized.
+# Job flags (cluster.md §8.0).  IN_LIST and IN_TIMER are local bookkeeping of
+# queue.py and jobs.py and are masked out whenever a job is serialized.
 BCAST_QUEUED = 1
 BCAST_WILLQUEUE = 2
 DELIVERED = 4
 IN_LIST = 8
 NACKED = 16  # NACK ... DELAY: the job's next enqueue here is that NACK's, not a redelivery (local, never sent)
 EVENT = 32  # a consumer-group event (core/groups.py): never queued, read through groups; travels with the job
+IN_TIMER = 64
 WIRE_FLAGS = BCAST_QUEUED | BCAST_WILLQUEUE | DELIVERED | EVENT
 
 # Events that change a job's state.

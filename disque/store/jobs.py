@@ -4,14 +4,21 @@ Theory of operation: `JobStore` owns every job record of the node, keyed by
 ID in a scannable `BucketedDict`.  Each job has one `awake` time, "when must
 the scheduler look at this job next" (cluster.md §8.3): expiry, the WILLQUEUE
 lead, the requeue time or the next ACK garbage-collection attempt, whichever
-comes first.  Jobs wait in millisecond buckets (`awake` -> insertion-ordered
-dict of jobs) whose keys sit in a min-heap; rescheduling moves a job between
-buckets in O(1), and many jobs share a bucket (expiry times are whole
-seconds), so the per-job cost is one dict slot.  A heap key whose bucket
-emptied is skipped when popped, and the heap is rebuilt from the buckets
-when such keys are most of it (jobs that leave long before their time,
-as read-behind's do, would otherwise leave one key each).  Iteration orders are deterministic, so a
-simulated cluster replays identically from a seed.
+comes first.  Jobs wait in millisecond buckets (`awake` -> `_Bucket`) whose
+keys sit in a min-heap, and many jobs share a bucket (expiry times are whole
+seconds).  A bucket is a list, so the per-job cost is one list slot (a dict
+slot, which would make leaving O(1), costs 30-40 bytes more per job, and most
+jobs sit in the timer for their whole life).  Leaving a bucket is therefore
+lazy: a job in the timer carries the IN_TIMER flag and its bucket is the one
+at `awake`; an entry whose job lost the flag or moved to another time is
+stale and skipped.  `live` counts a bucket's jobs, so it is dropped when the
+last leaves, and it is compacted when stale entries outnumber live ones,
+which keeps leaving amortized O(1) and bounds what the dead entries hold.
+A heap key whose bucket emptied is skipped when popped, and the heap is
+rebuilt from the buckets when such keys are most of it (jobs that leave long
+before their time, as read-behind's do, would otherwise leave one key each).
+Iteration orders are deterministic, so a simulated cluster replays
+identically from a seed.
 
 The store decides nothing: `NodeCore` computes awake times and processes the
 jobs that `due()` returns.
@@ -29,7 +36,7 @@ import heapq
 from collections.abc import Iterator
 from typing import Protocol
 
-from disque.store.job import Job
+from disque.store.job import IN_TIMER, Job
 from disque.store.scan import NBUCKETS, BucketedDict
 
 MAX_JOBS_PER_PASS = 10_000
@@ -43,12 +50,20 @@ class Spilled(Protocol):
     def in_bucket(self, bucket: int) -> list[Job]: ...
 
 
+class _Bucket:
+    __slots__ = ("jobs", "live")
+
+    def __init__(self) -> None:
+        self.jobs: list[Job] = []
+        self.live = 0
+
+
 class JobStore:
     __slots__ = ("_jobs", "_buckets", "_heap", "spilled")
 
     def __init__(self) -> None:
         self._jobs: BucketedDict[bytes, Job] = BucketedDict()
-        self._buckets: dict[int, dict[Job, None]] = {}
+        self._buckets: dict[int, _Bucket] = {}
         self._heap: list[int] = []
         self.spilled: Spilled | None = None
 
@@ -105,39 +120,43 @@ class JobStore:
             examined += 1
         return (cursor if cursor < NBUCKETS else 0), jobs
 
-    def clear(self) -> None:
-        self._jobs.clear()
-        self._buckets.clear()
-        self._heap.clear()
-
     # -- the timer ---------------------------------------------------------
 
     def schedule(self, job: Job, at: int) -> None:
-        old = self._buckets.get(job.awake)
-        if old is not None and job in old:
-            if job.awake == at:
+        old = job.awake
+        if job.flags & IN_TIMER:
+            if old == at:
                 return
-            del old[job]
-            if not old:
-                del self._buckets[job.awake]
-        job.awake = at
+            job.awake = at
+            self._leave(old)
+        else:
+            job.flags |= IN_TIMER
+            job.awake = at
         bucket = self._buckets.get(at)
         if bucket is None:
-            bucket = self._buckets[at] = {}
+            bucket = self._buckets[at] = _Bucket()
             heap = self._heap
             if len(heap) > 2 * len(self._buckets) + 1024:  # mostly keys of emptied buckets: rebuild
                 heap[:] = self._buckets
                 heapq.heapify(heap)
             else:
                 heapq.heappush(heap, at)
-        bucket[job] = None
+        bucket.jobs.append(job)
+        bucket.live += 1
 
     def unschedule(self, job: Job) -> None:
-        bucket = self._buckets.get(job.awake)
-        if bucket is not None and job in bucket:
-            del bucket[job]
-            if not bucket:
-                del self._buckets[job.awake]
+        if job.flags & IN_TIMER:
+            job.flags &= ~IN_TIMER
+            self._leave(job.awake)
+
+    def _leave(self, at: int) -> None:
+        """A job left the bucket at `at` (its flag or `awake` already says so)."""
+        bucket = self._buckets[at]
+        bucket.live -= 1
+        if not bucket.live:
+            del self._buckets[at]
+        elif len(bucket.jobs) > 2 * bucket.live + 16:  # (a job that came back twice is listed twice)
+            bucket.jobs = [job for job in dict.fromkeys(bucket.jobs) if job.flags & IN_TIMER and job.awake == at]
 
     def next_awake(self) -> int | None:
         heap = self._heap
@@ -157,12 +176,19 @@ class JobStore:
                 heapq.heappop(heap)
                 continue
             room = limit - len(out)
-            if len(bucket) <= room:
-                out.extend(bucket)
+            if bucket.live <= room:
                 del buckets[at]
                 heapq.heappop(heap)
-            else:  # split the bucket (rebuilt: deleting from a dict's front is slow)
-                jobs = list(bucket)
-                out.extend(jobs[:room])
-                buckets[at] = dict.fromkeys(jobs[room:])
+                room = bucket.live
+            taken = 0
+            for i, job in enumerate(bucket.jobs):  # pragma: no branch - `room` live entries are listed
+                if job.flags & IN_TIMER and job.awake == at:
+                    job.flags &= ~IN_TIMER
+                    out.append(job)
+                    taken += 1
+                    if taken == room:
+                        break
+            bucket.live -= taken
+            if bucket.live:  # split: the rest stays
+                bucket.jobs = bucket.jobs[i + 1 :]
         return out

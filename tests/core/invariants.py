@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 
 from disque.protocols.resp import admin
 from disque.core.node import QUEUE_OVERHEAD, NodeCore
-from disque.store.job import DELIVERED, IN_LIST, State
+from disque.store.job import DELIVERED, IN_LIST, IN_TIMER, State
 from disque.store.spill import IN_TAIL, LIVE, SLOT_BYTES
 
 
@@ -55,15 +55,19 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
 
     # -- every job: one state, consistent timers and flags -----------------
     buckets = core.jobs._buckets
-    scheduled = sum(len(b) for b in buckets.values())
-    assert scheduled == len(jobs), f"{scheduled} timer entries for {len(jobs)} jobs"
+    for at, bucket in buckets.items():
+        live = {id(job) for job in bucket.jobs if job.flags & IN_TIMER and job.awake == at}
+        assert bucket.live == len(live) > 0, f"bucket {at} counts {bucket.live} jobs, lists {len(live)}"
+    scheduled = sum(b.live for b in buckets.values())
+    assert scheduled == len(jobs), f"{scheduled} jobs in the timer, {len(jobs)} in the store"
     assert set(buckets) <= set(core.jobs._heap)
     for job in jobs.values():
         assert job.state in State
         assert (job.id in live_in) == (job.state == State.QUEUED), job
         if not job.flags & IN_LIST:
             assert id(job) not in listed
-        assert job in buckets.get(job.awake, ()), f"{job} has no awake time"
+        assert job.flags & IN_TIMER and job.awake in buckets, f"{job} has no awake time"
+        assert job in buckets[job.awake].jobs
         assert job.awake <= job.etime * 1000 + 1000
         if settled:
             assert job.awake > now, f"{job} overdue: awake {job.awake} <= now {now}"

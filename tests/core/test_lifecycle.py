@@ -210,10 +210,27 @@ def test_timer_reschedule_and_stale_heap_keys():
     assert store.due(25) == [] and store.next_awake() == 30
     store.remove(a)
     assert store.next_awake() is None and len(store) == 1  # b: registered, not scheduled
-    store.add(a)
-    store.schedule(a, 1)
-    store.clear()
-    assert len(store) == 0 and store.next_awake() is None and store.get(a.id) is None
+
+
+def test_timer_entries_of_jobs_that_left_are_skipped_and_compacted():
+    store = JobStore()
+    jobs = [Job(b"%048d" % i, b"q", b"") for i in range(60)]
+    for job in jobs:
+        store.add(job)
+        store.schedule(job, 10)
+    for job in jobs[:50]:  # leave bucket 10: its stale entries are dropped, not kept to its time
+        store.schedule(job, 20)
+    assert len(store._buckets[10].jobs) <= 2 * 10 + 16
+    back = jobs[0]
+    store.schedule(back, 10)
+    store.schedule(back, 20)
+    store.schedule(back, 10)  # listed twice at 10 now (and once more at 20): taken once
+    assert store.due(15) == jobs[50:] + [back]
+    assert store.next_awake() == 20
+    assert store.due(25, limit=3) == jobs[1:4]  # a split bucket keeps the rest, in order
+    store.schedule(jobs[1], 20)  # back into the split bucket
+    assert store.due(25) == jobs[4:50] + [jobs[1]]
+    assert store.next_awake() is None and store.due(30) == []
 
 
 def test_ttl_field_of_ids_is_minutes_and_parity_records_retry():
