@@ -568,6 +568,18 @@ def test_delivered_nodes_are_a_set() -> None:
     assert job_from_wire(msg.job, NOW_MS).nodes_delivered == ("a" * 40, "b" * 40)
 
 
+def test_jobs_that_came_with_the_same_delivery_list_share_its_checked_tuple() -> None:
+    nodes = ["a" * 40, "b" * 40, "c" * 40]
+    first, second = (decode_body(_body(ReplJob(GOOD_JOB), j=_job_map(nd=list(nodes))))[1].job for _ in range(2))
+    assert first["nodes_delivered"] == tuple(nodes) and first["nodes_delivered"] is second["nodes_delivered"]
+    for bad in ({"a" * 40: 1}, ["A" * 40], [["a" * 40]]):  # checked as ever, though the list above is known
+        with pytest.raises(DecodeError):
+            codec._nodes_delivered(bad)
+    for i in range(codec._DELIVERED_MAX + 1):  # lists a peer makes up do not grow it without bound
+        codec._nodes_delivered(["%040x" % i])
+    assert len(codec._delivered) <= codec._DELIVERED_MAX
+
+
 def test_job_from_wire_accepts_its_own_output() -> None:
     job = job_from_wire(GOOD_JOB, NOW_MS)
     assert job.etime == NOW + 60 == (NOW_MS + GOOD_JOB["ttl"]) // 1000 and job.flags & DELIVERED == 0
