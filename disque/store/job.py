@@ -8,11 +8,14 @@ scheduler visit) are plain fields that the scheduler in `jobs.py` reads.
 
 Memory matters (hundreds of thousands of queued jobs): the record uses
 `__slots__`, `nodes_delivered` is a tuple (shared between jobs while it is the
-single-node tuple), and `nodes_confirmed` exists only while replication or an
-ACK is being confirmed.  The creation time is kept as its millisecond (one
-int object shared by the jobs created in it) and the rest (a small int,
-which CPython does not allocate), not as one int object per job; the
-MAXATTEMPTS fields, rarely set, share one slot (`extra`).
+single-node tuple, or a received one: cluster/codec.py), and
+`nodes_confirmed` exists only while replication or an ACK is being
+confirmed.  The fields few jobs set (MAXATTEMPTS, a dead-lettered copy's
+origin, the ACK garbage collector's attempt count) share one slot,
+`rare`, None for most jobs.  In the compiled build (disque/compiled.py) an
+int field holds its value unboxed, so every field costs 8 bytes and
+dropping one from the 17 below changes the record's allocation only in
+steps of two (CPython rounds to 16 bytes).
 """
 
 from __future__ import annotations
@@ -63,14 +66,25 @@ TRANSITIONS: dict[State, dict[str, State]] = {
 }
 
 
-_last_ms = [0]  # the millisecond of the last creation time split: jobs of the same one share it
+class Rare:
+    """The fields of a job that few jobs set: ADDJOB MAXATTEMPTS (0: no
+    limit), the deliveries before `dead_letter`, the queue a job out of
+    attempts moves to; `origin`, a dead-lettered copy's former ID; and
+    `gc_retry`, the ACK garbage collector's attempts so far."""
+
+    __slots__ = ("max_attempts", "dead_letter", "origin", "gc_retry")
+
+    def __init__(self, max_attempts: int, dead_letter: bytes, origin: bytes) -> None:
+        self.max_attempts = max_attempts
+        self.dead_letter = dead_letter
+        self.origin = origin
+        self.gc_retry = 0
 
 
 class Job:
     __slots__ = (
-        "id", "state", "flags", "repl", "etime", "ctime_ms", "ctime_rest", "delay", "retry",
-        "nacks", "deliv", "queue", "body", "nodes_delivered", "nodes_confirmed",
-        "qtime", "awake", "gc_retry", "extra",
+        "id", "state", "flags", "repl", "etime", "ctime", "delay", "retry", "nacks", "deliv",
+        "queue", "body", "nodes_delivered", "nodes_confirmed", "qtime", "awake", "rare",
     )  # fmt: skip
 
     def __init__(
@@ -99,7 +113,7 @@ class Job:
         self.flags = flags
         self.repl = repl
         self.etime = etime
-        self.ctime = ctime
+        self.ctime = ctime  # creation time in Disque's unit (ms x 1,000,000, + a tie breaker)
         self.delay = delay
         self.retry = retry
         self.nacks = nacks
@@ -108,45 +122,42 @@ class Job:
         self.nodes_confirmed: set[str] | None = None
         self.qtime = 0
         self.awake = 0
-        self.gc_retry = 0
-        # ADDJOB MAXATTEMPTS (0: no limit): deliveries before `dead_letter`, the
-        # queue a job out of attempts moves to; `origin`: a dead-lettered copy's
-        # former ID.  None while all three are unset.
-        self.extra = (max_attempts, dead_letter, origin) if max_attempts or dead_letter or origin else None
-
-    @property
-    def ctime(self) -> int:
-        """Creation time in Disque's unit (ms x 1,000,000, + a tie breaker)."""
-        return self.ctime_ms * 1_000_000 + self.ctime_rest
-
-    @ctime.setter
-    def ctime(self, ctime: int) -> None:
-        ms, self.ctime_rest = divmod(ctime, 1_000_000)
-        if ms == _last_ms[0]:
-            ms = _last_ms[0]
-        else:
-            _last_ms[0] = ms
-        self.ctime_ms = ms
+        self.rare = Rare(max_attempts, dead_letter, origin) if max_attempts or dead_letter or origin else None
 
     @property
     def max_attempts(self) -> int:
-        return self.extra[0] if self.extra else 0
+        return self.rare.max_attempts if self.rare is not None else 0
 
     @property
     def dead_letter(self) -> bytes:
-        return self.extra[1] if self.extra else b""
+        return self.rare.dead_letter if self.rare is not None else b""
 
     @property
     def origin(self) -> bytes:
-        return self.extra[2] if self.extra else b""
+        return self.rare.origin if self.rare is not None else b""
+
+    @property
+    def gc_retry(self) -> int:
+        return self.rare.gc_retry if self.rare is not None else 0
+
+    @gc_retry.setter
+    def gc_retry(self, value: int) -> None:
+        if self.rare is None:
+            if not value:
+                return
+            self.rare = Rare(0, b"", b"")
+        self.rare.gc_retry = value
 
     def set_attempts(self, max_attempts: int, dead_letter: bytes) -> None:
-        self.extra = (max_attempts, dead_letter, self.origin)
+        if self.rare is None:
+            self.rare = Rare(max_attempts, dead_letter, b"")
+        else:
+            self.rare.max_attempts, self.rare.dead_letter = max_attempts, dead_letter
 
     def extra_size(self) -> int:
         """The bytes of `dead_letter` and `origin` (memory accounting)."""
-        extra = self.extra
-        return len(extra[1]) + len(extra[2]) if extra else 0
+        rare = self.rare
+        return len(rare.dead_letter) + len(rare.origin) if rare is not None else 0
 
     def move(self, event: str) -> None:
         """Apply a state transition; an unlisted one is a programming error."""
@@ -163,8 +174,8 @@ class Job:
         if node_id not in self.nodes_delivered:
             self.nodes_delivered = self.nodes_delivered + (node_id,)
 
-    def sort_key(self) -> tuple[int, int, bytes]:
-        return (self.ctime_ms, self.ctime_rest, self.id)
+    def sort_key(self) -> tuple[int, bytes]:
+        return (self.ctime, self.id)
 
     def __repr__(self) -> str:
         return f"<Job {self.id.decode()} {STATE_NAMES[self.state]} q={self.queue!r}>"
