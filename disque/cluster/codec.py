@@ -135,6 +135,10 @@ def _opt_job_id(v: Any) -> bytes:
     return v if v == b"" else _job_id(v)
 
 
+_job_id.fast = "v if type(v) is bytes and valid_id(v) else "  # type: ignore[attr-defined]
+_opt_job_id.fast = 'v if v == b"" or type(v) is bytes and valid_id(v) else '  # type: ignore[attr-defined]
+
+
 _is_node_id = re.compile("[0-9a-f]{40}").fullmatch
 
 
@@ -200,6 +204,9 @@ def _job_flags(v: Any) -> int:
     return _FLAG_BYTE(v) & WIRE_FLAGS
 
 
+_job_flags.fast = f"v & {WIRE_FLAGS} if type(v) is int and 0 <= v <= 255 else "  # type: ignore[attr-defined]
+
+
 _are_node_ids = re.compile("[0-9a-f]{40}(?:,[0-9a-f]{40})*").fullmatch
 
 
@@ -260,7 +267,7 @@ def _load_function(fields: _Fields, kind: type, reads: Callable[[int, _Field], l
     """The generated check both forms share: `o` must be a `kind`, `reads`
     gives the lines that set x<i> (and `k`, the field's name for errors)
     from it, and `missing` is what a field left out raises."""
-    names |= {"DecodeError": DecodeError, "_STATES": _STATES}
+    names |= {"DecodeError": DecodeError, "_STATES": _STATES, "valid_id": valid_id}
     word = "a map" if kind is dict else "an array"
     lines = [
         "def load(o):",
