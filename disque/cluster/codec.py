@@ -391,7 +391,8 @@ def _version(m: dict[Any, Any]) -> int:
 
 # --- jobs ---------------------------------------------------------------------
 
-# The fields both forms share; the names are those of Job's constructor.
+# The fields both forms share; the names are those of Job's constructor, the
+# keys of `Job.fields`.
 _JOB_COMMON: _Fields = (
     _Field("id", "i", _job_id),
     _Field("state", "s", _job_state),
@@ -420,17 +421,6 @@ _load_stored_job, _load_stored_map = _loader(_STORED_JOB, named=True), _loader(_
 _pack_stored_job = _packer(_STORED_JOB, items=True)
 
 
-# A job's fields as a dict with their names, generated as the packers are
-# (one attribute read each, no loop).
-_read_job = _compile("read", ["def read(o):", "    return {" + ", ".join(f"{f.name!r}: o.{f.name}" for f in _JOB_COMMON) + "}"], {})
-
-
-def _job_fields(job: Job, flag_mask: int) -> dict[str, Any]:
-    d = _read_job(job)
-    d["flags"] = job.flags & flag_mask
-    return d
-
-
 def job_to_wire(job: Job, now_ms: int) -> WireJob:
     """Bus form: DELIVERED (and local flags) cleared, the expiry both as the
     remaining TTL in milliseconds and as the sender's absolute `etime`.
@@ -441,7 +431,7 @@ def job_to_wire(job: Job, now_ms: int) -> WireJob:
     relative TTL such a job outlives its TTL by the time it waited).  The
     milliseconds keep a job moved between nodes many times from gaining a
     rounding second at every hop."""
-    d = _job_fields(job, WIRE_FLAGS & ~DELIVERED)
+    d = job.fields(WIRE_FLAGS & ~DELIVERED)
     d["ttl"] = max(1, job.etime * 1000 - now_ms)
     d["etime"] = job.etime
     return d
@@ -468,7 +458,7 @@ def _new_job(f: Any, etime: int) -> Job:
 def job_to_storage(job: Job) -> dict[str, Any]:
     """Storage form: absolute etime, state and flags kept (IN_LIST masked),
     and the pending requeue time of a NACK ... DELAY as `not_before`."""
-    d = _job_fields(job, WIRE_FLAGS)
+    d = job.fields(WIRE_FLAGS)
     d["etime"] = job.etime
     d["not_before"] = job.qtime if job.flags & NACKED else 0
     return d

@@ -21,6 +21,7 @@ steps of two (CPython rounds to 16 bytes).
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Any
 
 
 class State(IntEnum):
@@ -158,6 +159,16 @@ class Job:
         """The bytes of `dead_letter` and `origin` (memory accounting)."""
         rare = self.rare
         return len(rare.dead_letter) + len(rare.origin) if rare is not None else 0
+
+    def fields(self, flag_mask: int) -> dict[str, Any]:
+        """The constructor's arguments by name, flags masked by `flag_mask`:
+        what the codec's job forms carry (cluster/codec.py)."""
+        return {
+            "id": self.id, "state": self.state, "flags": self.flags & flag_mask, "repl": self.repl,
+            "ctime": self.ctime, "delay": self.delay, "retry": self.retry, "nacks": self.nacks,
+            "deliv": self.deliv, "queue": self.queue, "body": self.body, "nodes_delivered": self.nodes_delivered,
+            "max_attempts": self.max_attempts, "dead_letter": self.dead_letter, "origin": self.origin,
+        }  # fmt: skip
 
     def move(self, event: str) -> None:
         """Apply a state transition; an unlisted one is a programming error."""

@@ -580,6 +580,13 @@ def test_jobs_that_came_with_the_same_delivery_list_share_its_checked_tuple() ->
     assert len(codec._delivered) <= codec._DELIVERED_MAX
 
 
+def test_a_jobs_fields_are_what_the_job_forms_carry() -> None:
+    job = Job(GOOD_ID, b"q", b"b", flags=DELIVERED | BCAST_QUEUED | IN_LIST, max_attempts=3, dead_letter=b"d")
+    fields = job.fields(WIRE_FLAGS & ~DELIVERED)
+    assert list(fields) == [f.name for f in codec._JOB_COMMON]
+    assert fields["flags"] == BCAST_QUEUED and (fields["max_attempts"], fields["dead_letter"]) == (3, b"d")
+
+
 def test_job_from_wire_accepts_its_own_output() -> None:
     job = job_from_wire(GOOD_JOB, NOW_MS)
     assert job.etime == NOW + 60 == (NOW_MS + GOOD_JOB["ttl"]) // 1000 and job.flags & DELIVERED == 0
