@@ -22,17 +22,17 @@ the same message twice.  Treat a `WireJob` as read-only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 # Node flag bits, as kept in the node table and sent in headers and gossip.
-PFAIL = 1
-FAIL = 2
-MYSELF = 4
-HANDSHAKE = 8
-NOADDR = 16
-MEET = 32
-DELETED = 64
-LEAVING = 128
+PFAIL: Final = 1
+FAIL: Final = 2
+MYSELF: Final = 4
+HANDSHAKE: Final = 8
+NOADDR: Final = 16
+MEET: Final = 32
+DELETED: Final = 64
+LEAVING: Final = 128
 
 # A job in bus form: see codec.job_to_wire / codec.job_from_wire.
 WireJob = dict[str, Any]

@@ -39,7 +39,7 @@ import re
 from collections import deque
 from collections.abc import Callable, Iterable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from disque.core import errors
 from disque.core.acks import Acks
@@ -82,30 +82,33 @@ if TYPE_CHECKING:  # annotations only: the core draws from the injected rng
 log = logging.getLogger("disque")
 
 # Module-level aliases: attribute lookups on an IntEnum are slow in the hot path.
-S_WAIT_REPL, S_ACTIVE, S_QUEUED, S_ACKED = State.WAIT_REPL, State.ACTIVE, State.QUEUED, State.ACKED
+S_WAIT_REPL: Final = State.WAIT_REPL  # (Final: the compiled build reads these as C statics, not globals)
+S_ACTIVE: Final = State.ACTIVE
+S_QUEUED: Final = State.QUEUED
+S_ACKED: Final = State.ACKED
 
 # Memory estimate (cluster.md §11): the dataset size, not the process RSS.
 # Memory accounting: what objects really cost in CPython, measured with
 # tracemalloc (tests/core/test_memory_accounting.py keeps these honest), so
 # that `maxmemory` bounds the process's RSS and not a fiction.
 BASE_MEMORY = 800_000  # an idle node until the shell measures the real one (`set_base_memory`)
-JOB_OVERHEAD = 400  # per job (record, index entries, timers, copies of its strings) on top of id + queue + body bytes;
+JOB_OVERHEAD: Final = 400  # per job (record, index entries, timers, copies of its strings) on top of id + queue + body bytes;
 # between the compiled build (about 340) and the pure one (340-430: its record keeps ints as objects)
-QUEUE_OVERHEAD = 1030  # per queue object and its index entries, on top of its name
+QUEUE_OVERHEAD: Final = 1030  # per queue object and its index entries, on top of its name
 
-WILLQUEUE_LEAD = 500
+WILLQUEUE_LEAD: Final = 500
 EVENT_REPL_TIMEOUT = 5000  # ms a QADD waits for its replicas (then -NOREPL), as a Kestrel SET
 OK = Status(b"OK")
-GC_MAX_DELAY = 180_000
+GC_MAX_DELAY: Final = 180_000
 QUEUE_IDLE_MS = (300_000, 10_000, 2_000)  # by memory level 0, 1, >= 2
-BLOCKED_CRON_MS = 100
+BLOCKED_CRON_MS: Final = 100
 AUTH_FREE_TRIES = 3  # wrong passwords a connection may send before each further one is answered late
 AUTH_DELAY_MS = (100, 5_000)  # the first late answer's delay, doubled with each failure up to the second
 AUTH_LOG_EVERY_MS = 10_000  # at most one log line about failed AUTHs per period
 # Command latency histogram (Stats.calls): bucket i counts the calls that took
 # 2**(i-1) µs or more and less than 2**i µs (bucket 0: under 1 µs); the last
 # bucket also takes every longer call.
-LATENCY_BUCKETS = 22
+LATENCY_BUCKETS: Final = 22
 
 
 

@@ -21,7 +21,7 @@ steps of two (CPython rounds to 16 bytes).
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Any
+from typing import Any, Final
 
 
 class State(IntEnum):
@@ -36,27 +36,27 @@ STATE_BY_NAME = {v: k for k, v in STATE_NAMES.items()}
 
 # Job flags (cluster.md §8.0).  IN_LIST and IN_TIMER are local bookkeeping of
 # queue.py and jobs.py and are masked out whenever a job is serialized.
-BCAST_QUEUED = 1
-BCAST_WILLQUEUE = 2
-DELIVERED = 4
-IN_LIST = 8
-NACKED = 16  # NACK ... DELAY: the job's next enqueue here is that NACK's, not a redelivery (local, never sent)
-EVENT = 32  # a consumer-group event (core/groups.py): never queued, read through groups; travels with the job
-IN_TIMER = 64
-WIRE_FLAGS = BCAST_QUEUED | BCAST_WILLQUEUE | DELIVERED | EVENT
+BCAST_QUEUED: Final = 1
+BCAST_WILLQUEUE: Final = 2
+DELIVERED: Final = 4
+IN_LIST: Final = 8
+NACKED: Final = 16  # NACK ... DELAY: the job's next enqueue here is that NACK's, not a redelivery (local, never sent)
+EVENT: Final = 32  # a consumer-group event (core/groups.py): never queued, read through groups; travels with the job
+IN_TIMER: Final = 64
+WIRE_FLAGS: Final = BCAST_QUEUED | BCAST_WILLQUEUE | DELIVERED | EVENT
 
 # Events that change a job's state.
-REPLICATED = "replicated"  # synchronous replication achieved
-ENQUEUE = "enqueue"
-FETCH = "fetch"  # GETJOB, or handed to another node through YOURJOBS
-DEQUEUE = "dequeue"  # DEQUEUE, QUEUED/WORKING messages, WORKING command
-ACK = "ack"
-ABORT = "abort"  # sync replication gave up: the job is deleted right after
-AWAIT_REPL = "await-repl"  # ADDJOB: a new job waits for its synchronous replicas
+REPLICATED: Final = "replicated"  # synchronous replication achieved
+ENQUEUE: Final = "enqueue"
+FETCH: Final = "fetch"  # GETJOB, or handed to another node through YOURJOBS
+DEQUEUE: Final = "dequeue"  # DEQUEUE, QUEUED/WORKING messages, WORKING command
+ACK: Final = "ack"
+ABORT: Final = "abort"  # sync replication gave up: the job is deleted right after
+AWAIT_REPL: Final = "await-repl"  # ADDJOB: a new job waits for its synchronous replicas
 # A copy received from a peer (REPLJOB, YOURJOBS) or replayed from the AOF
 # becomes this node's active copy.  The record arrives carrying the state its
 # sender (or the file) had, which says nothing about this node: any state adopts.
-ADOPT = "adopt"
+ADOPT: Final = "adopt"
 
 W, A, Q, K = State.WAIT_REPL, State.ACTIVE, State.QUEUED, State.ACKED
 TRANSITIONS: dict[State, dict[str, State]] = {

@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Final, Protocol
 
 from disque.store.job import IN_TIMER, Job
 from disque.store.scan import NBUCKETS, BucketedDict
 
-MAX_JOBS_PER_PASS = 10_000
+MAX_JOBS_PER_PASS: Final = 10_000
 
 
 class Spilled(Protocol):

@@ -30,15 +30,15 @@ import heapq
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Final
 
 from disque.store.job import IN_LIST, Job, State
 from disque.store.spill import Tail
 
 S_WAIT_REPL, S_ACTIVE, S_QUEUED, S_ACKED = State.WAIT_REPL, State.ACTIVE, State.QUEUED, State.ACKED
 
-PAUSE_IN = 1
-PAUSE_OUT = 2
+PAUSE_IN: Final = 1
+PAUSE_OUT: Final = 2
 PAUSE_NAMES = {0: "none", PAUSE_IN: "in", PAUSE_OUT: "out", PAUSE_IN | PAUSE_OUT: "all"}
 
 _COMPACT_MIN = 64  # below this many tombstones compaction is not worth it
