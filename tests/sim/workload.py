@@ -8,8 +8,9 @@ RETRY 0), some with a short TTL or a DELAY; consumers GETJOB one job at a
 time on random live nodes and ACKJOB or FASTACK it, sometimes after a
 WORKING, or now and then NACK it or crash before acknowledging.  With
 `extensions`, the NACKs are NACK ... DELAY 1, at-least-once jobs get
-MAXATTEMPTS 3 with a dead-letter queue the consumers also read, and a tenth
-of the jobs added are followed by a WAITJOB (the checker's phantom_acks);
+MAXATTEMPTS 3 with a dead-letter queue the consumers also read, and the
+first job added and a tenth of the others are followed by a WAITJOB (the
+checker's phantom_acks; a run that added few jobs still waits for one);
 without it, the random choices are exactly those of a plain run.  The
 nemesis plays `plan.steps` (see `FaultPlan`): network faults (partitions,
 heals), crashes (kill -9, restart with or without the AOF), and
@@ -100,6 +101,7 @@ class Workload:
         self.acked: set[str] = set()
         self.dead: list[int] = []  # killed nodes, in order of death
         self._bodies = 0
+        self._waited = False  # a WAITJOB was sent
         self._processes = 0
 
     def _process(self) -> int:
@@ -138,7 +140,8 @@ class Workload:
             node, "ADDJOB", QUEUE, body, ADDJOB_TIMEOUT_MS, "REPLICATE", opts["replicate"],
             "RETRY", opts["retry"], "TTL", opts["ttl"], "DELAY", delay, *limits,
         )  # fmt: skip
-        if self.added(op, reply) and self.extensions and self.rng.random() < 0.1:  # checked by phantom_acks
+        if self.added(op, reply) and self.extensions and (not self._waited or self.rng.random() < 0.1):
+            self._waited = True  # (checked by phantom_acks)
             await self.job_command(process, node, WAITJOB, reply.decode(), "WAITJOB", reply.decode(), "TIMEOUT", 200)
 
     def added(self, op: Record, reply: Any) -> bool:
