@@ -10,12 +10,12 @@ Memory matters (hundreds of thousands of queued jobs): the record uses
 `__slots__`, `nodes_delivered` is a tuple (shared between jobs while it is the
 single-node tuple, or a received one: cluster/codec.py), and
 `nodes_confirmed` exists only while replication or an ACK is being
-confirmed.  The fields few jobs set (MAXATTEMPTS, a dead-lettered copy's
-origin, the ACK garbage collector's attempt count) share one slot,
-`rare`, None for most jobs.  In the compiled build (disque/compiled.py) an
-int field holds its value unboxed, so every field costs 8 bytes and
-dropping one from the 17 below changes the record's allocation only in
-steps of two (CPython rounds to 16 bytes).
+confirmed.  The fields few jobs set (DELAY, the NACK count, MAXATTEMPTS, a
+dead-lettered copy's origin, the ACK garbage collector's attempt count)
+share one slot, `rare`, None for most jobs.  In the compiled build
+(disque/compiled.py) an int field holds its value unboxed, so every field
+costs 8 bytes and dropping one from the 15 below changes the record's
+allocation only in steps of two (CPython rounds to 16 bytes).
 """
 
 from __future__ import annotations
@@ -67,25 +67,31 @@ TRANSITIONS: dict[State, dict[str, State]] = {
 }
 
 
+RARE_BYTES: Final = 96  # a Rare record (GC header included)
+
+
 class Rare:
-    """The fields of a job that few jobs set: ADDJOB MAXATTEMPTS (0: no
-    limit), the deliveries before `dead_letter`, the queue a job out of
-    attempts moves to; `origin`, a dead-lettered copy's former ID; and
-    `gc_retry`, the ACK garbage collector's attempts so far."""
+    """The fields of a job that few jobs set: `delay` (ADDJOB DELAY),
+    `nacks` (NACKed jobs), ADDJOB MAXATTEMPTS (0: no limit), the deliveries
+    before `dead_letter`, the queue a job out of attempts moves to; `origin`,
+    a dead-lettered copy's former ID; and `gc_retry`, the ACK garbage
+    collector's attempts so far."""
 
-    __slots__ = ("max_attempts", "dead_letter", "origin", "gc_retry")
+    __slots__ = ("delay", "nacks", "max_attempts", "dead_letter", "origin", "gc_retry")
 
-    def __init__(self, max_attempts: int, dead_letter: bytes, origin: bytes) -> None:
-        self.max_attempts = max_attempts
-        self.dead_letter = dead_letter
-        self.origin = origin
+    def __init__(self) -> None:
+        self.delay = 0
+        self.nacks = 0
+        self.max_attempts = 0
+        self.dead_letter = b""
+        self.origin = b""
         self.gc_retry = 0
 
 
 class Job:
     __slots__ = (
-        "id", "state", "flags", "repl", "etime", "ctime", "delay", "retry", "nacks", "deliv",
-        "queue", "body", "nodes_delivered", "nodes_confirmed", "qtime", "awake", "rare",
+        "id", "state", "flags", "repl", "etime", "ctime", "retry", "deliv", "queue", "body",
+        "nodes_delivered", "nodes_confirmed", "qtime", "awake", "rare",
     )  # fmt: skip
 
     def __init__(
@@ -115,15 +121,36 @@ class Job:
         self.repl = repl
         self.etime = etime
         self.ctime = ctime  # creation time in Disque's unit (ms x 1,000,000, + a tie breaker)
-        self.delay = delay
         self.retry = retry
-        self.nacks = nacks
         self.deliv = deliv
         self.nodes_delivered = nodes_delivered
         self.nodes_confirmed: set[str] | None = None
         self.qtime = 0
         self.awake = 0
-        self.rare = Rare(max_attempts, dead_letter, origin) if max_attempts or dead_letter or origin else None
+        self.rare: Rare | None = None
+        if delay or nacks or max_attempts or dead_letter or origin:
+            rare = self.rare = Rare()
+            rare.delay, rare.nacks, rare.max_attempts, rare.dead_letter, rare.origin = (
+                delay, nacks, max_attempts, dead_letter, origin
+            )
+
+    def _rare(self) -> Rare:
+        if self.rare is None:
+            self.rare = Rare()
+        return self.rare
+
+    @property
+    def delay(self) -> int:
+        return self.rare.delay if self.rare is not None else 0
+
+    @property
+    def nacks(self) -> int:
+        return self.rare.nacks if self.rare is not None else 0
+
+    @nacks.setter
+    def nacks(self, value: int) -> None:
+        if value or self.rare is not None:
+            self._rare().nacks = value
 
     @property
     def max_attempts(self) -> int:
@@ -143,22 +170,21 @@ class Job:
 
     @gc_retry.setter
     def gc_retry(self, value: int) -> None:
-        if self.rare is None:
-            if not value:
-                return
-            self.rare = Rare(0, b"", b"")
-        self.rare.gc_retry = value
+        if value or self.rare is not None:
+            self._rare().gc_retry = value
 
     def set_attempts(self, max_attempts: int, dead_letter: bytes) -> None:
-        if self.rare is None:
-            self.rare = Rare(max_attempts, dead_letter, b"")
-        else:
-            self.rare.max_attempts, self.rare.dead_letter = max_attempts, dead_letter
+        rare = self._rare()
+        rare.max_attempts, rare.dead_letter = max_attempts, dead_letter
 
     def extra_size(self) -> int:
-        """The bytes of `dead_letter` and `origin` (memory accounting)."""
+        """The bytes of the `rare` record when the job was made with one
+        (memory accounting: a job counts the same bytes all its life, so
+        one that gets it later, by a NACK or the collector, is not charged)."""
         rare = self.rare
-        return len(rare.dead_letter) + len(rare.origin) if rare is not None else 0
+        if rare is None or not (rare.delay or rare.max_attempts or rare.dead_letter or rare.origin):
+            return 0
+        return RARE_BYTES + len(rare.dead_letter) + len(rare.origin)
 
     def fields(self, flag_mask: int) -> dict[str, Any]:
         """The constructor's arguments by name, flags masked by `flag_mask`:

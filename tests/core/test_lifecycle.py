@@ -18,7 +18,7 @@ from disque.core.effects import AofAppend
 from disque.core.errors import DisqueError
 from disque.core.types import BLOCKED, NIL_ARRAY, SILENT, Status
 from disque.core.node import BASE_MEMORY, BLOCKED_CRON_MS, QUEUE_OVERHEAD
-from disque.store.job import ABORT, ACK, ADOPT, AWAIT_REPL, DEQUEUE, ENQUEUE, FETCH, IN_LIST, REPLICATED, TRANSITIONS, Job, State
+from disque.store.job import ABORT, ACK, ADOPT, AWAIT_REPL, DEQUEUE, ENQUEUE, FETCH, IN_LIST, RARE_BYTES, REPLICATED, TRANSITIONS, Job, State
 from disque.store.jobs import MAX_JOBS_PER_PASS, JobStore
 from disque.store.queue import Queue
 from disque.store.scan import NBUCKETS, BucketedDict
@@ -210,6 +210,18 @@ def test_timer_reschedule_and_stale_heap_keys():
     assert store.due(25) == [] and store.next_awake() == 30
     store.remove(a)
     assert store.next_awake() is None and len(store) == 1  # b: registered, not scheduled
+
+
+def test_the_fields_few_jobs_set_share_one_record_made_when_first_needed():
+    job = Job(b"a" * 48, b"q", b"")
+    job.nacks = job.gc_retry = 0  # (resetting what is unset makes nothing)
+    assert job.rare is None and (job.delay, job.nacks, job.max_attempts, job.gc_retry) == (0, 0, 0, 0)
+    job.nacks = 1  # a NACK
+    assert job.rare is not None and job.nacks == 1 and job.extra_size() == 0  # charged as it was made
+    delayed = Job(b"b" * 48, b"q", b"", delay=5)
+    assert delayed.delay == 5 and delayed.extra_size() == RARE_BYTES
+    delayed.set_attempts(3, b"dead")
+    assert (delayed.max_attempts, delayed.dead_letter, delayed.delay) == (3, b"dead", 5)
 
 
 def test_timer_entries_of_jobs_that_left_are_skipped_and_compacted():
