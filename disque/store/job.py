@@ -178,9 +178,10 @@ class Job:
         rare.max_attempts, rare.dead_letter = max_attempts, dead_letter
 
     def extra_size(self) -> int:
-        """The bytes of the `rare` record when the job was made with one
-        (memory accounting: a job counts the same bytes all its life, so
-        one that gets it later, by a NACK or the collector, is not charged)."""
+        """The bytes of the `rare` record when a field fixed at creation
+        needs it (DELAY, MAXATTEMPTS, `origin`), with their strings (memory
+        accounting: a job counts the same bytes all its life, so a record
+        that only holds a NACK count or the collector's is not charged)."""
         rare = self.rare
         if rare is None or not (rare.delay or rare.max_attempts or rare.dead_letter or rare.origin):
             return 0
