@@ -92,8 +92,9 @@ S_ACKED: Final = State.ACKED
 # tracemalloc (tests/core/test_memory_accounting.py keeps these honest), so
 # that `maxmemory` bounds the process's RSS and not a fiction.
 BASE_MEMORY = 800_000  # an idle node until the shell measures the real one (`set_base_memory`)
-JOB_OVERHEAD: Final = 380  # per job (record, index entries, timers, copies of its strings) on top of id + queue + body bytes;
-# between the compiled build (about 310) and the pure one (320-400: its record keeps ints as objects)
+JOB_OVERHEAD: Final = 380  # per job (record, index slot, timers, copies of its strings) on top of id + queue + body bytes;
+# between the compiled build (about 280 in a large store, 300-320 in one of 5,000 jobs, where the index's
+# 1,024 tables are small) and the pure one (330-410: its record keeps ints as objects)
 QUEUE_OVERHEAD: Final = 1030  # per queue object and its index entries, on top of its name
 
 WILLQUEUE_LEAD: Final = 500

@@ -1,7 +1,7 @@
 """The job registry and the one timer structure of the job lifecycle.
 
 Theory of operation: `JobStore` owns every job record of the node, keyed by
-ID in a scannable `BucketedDict`.  Each job has one `awake` time, "when must
+ID in a scannable `JobIndex`.  Each job has one `awake` time, "when must
 the scheduler look at this job next" (cluster.md §8.3): expiry, the WILLQUEUE
 lead, the requeue time or the next ACK garbage-collection attempt, whichever
 comes first.  Jobs wait in millisecond buckets (`awake` -> `_Bucket`) whose
@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from typing import Final, Protocol
 
 from disque.store.job import IN_TIMER, Job
-from disque.store.scan import NBUCKETS, BucketedDict
+from disque.store.scan import NBUCKETS, JobIndex
 
 MAX_JOBS_PER_PASS: Final = 10_000
 
@@ -62,7 +62,7 @@ class JobStore:
     __slots__ = ("_jobs", "_buckets", "_heap", "spilled")
 
     def __init__(self) -> None:
-        self._jobs: BucketedDict[bytes, Job] = BucketedDict()
+        self._jobs = JobIndex()
         self._buckets: dict[int, _Bucket] = {}
         self._heap: list[int] = []
         self.spilled: Spilled | None = None
@@ -91,7 +91,7 @@ class JobStore:
         return self._jobs.get(job.id) is job
 
     def add(self, job: Job) -> None:
-        self._jobs.add(job.id, job)
+        self._jobs.add(job)
 
     def remove(self, job: Job) -> None:
         self._jobs.pop(job.id)
