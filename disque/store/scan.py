@@ -149,9 +149,10 @@ def _tag(h: i64) -> int:
 class JobIndex(_Bucketed[Job]):
     """The jobs of a node by ID.  A job's home slot in its bucket's table
     comes from the hash bits above those that chose the bucket.  A table is
-    rebuilt at twice its jobs when its used slots pass three quarters, and
-    at half its size when under a sixth holds jobs.  Hashes are `i64`, so
-    that the compiled build does this arithmetic unboxed."""
+    rebuilt at 8/3 of its jobs when its used slots pass three quarters (a
+    job moves about once as its table grows: each move reads the record and
+    its ID), and at half its size when under a sixth holds jobs.  Hashes
+    are `i64`, so that the compiled build does this arithmetic unboxed."""
 
     __slots__ = ("_tables",)
 
