@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Iterator
-from itertools import chain
 from typing import Final, Generic, TypeVar
 
 from mypy_extensions import i64
@@ -50,12 +49,19 @@ class _Bucketed(Generic[V]):
     @abstractmethod
     def bucket(self, index: int) -> list[V]: ...  # the values of one bucket, as a list the caller may keep
 
+    def _next_used(self, index: int) -> int:
+        """The first non-empty bucket from `index` on, or NBUCKETS."""
+        used = self._used >> index  # bit 0 is bucket `index`
+        return index + (used & -used).bit_length() - 1 if used else NBUCKETS
+
     def values_from(self, start: int) -> Iterator[V]:
         """Every element once, bucket by bucket from bucket `start` round to
         it again.  Safe against deleting the element just returned."""
-        for index in chain(range(start, NBUCKETS), range(start)):
-            if self._used >> index & 1:
+        for first, stop in ((start, NBUCKETS), (0, start)):
+            index = self._next_used(first)
+            while index < stop:
                 yield from self.bucket(index)
+                index = self._next_used(index + 1)
 
     def values(self) -> Iterator[V]:
         return self.values_from(0)
@@ -65,20 +71,15 @@ class _Bucketed(Generic[V]):
         `max_buckets` non-empty buckets were examined (None: no limit).
         Returns the next cursor (0 when the iteration is complete)."""
         out: list[V] = []
-        if cursor >= NBUCKETS:
-            return 0, out
-        used = self._used >> cursor  # bit 0 is bucket `index`
-        index = cursor
         examined = 0
-        while used:
-            skip = (used & -used).bit_length()  # 1 + distance to the next non-empty bucket
-            index += skip
-            used >>= skip
-            out += self.bucket(index - 1)
+        index = self._next_used(cursor) if cursor < NBUCKETS else NBUCKETS
+        while index < NBUCKETS:
+            out += self.bucket(index)
             examined += 1
+            index = self._next_used(index + 1)
             if len(out) >= want or (max_buckets is not None and examined >= max_buckets):
                 break
-        return (index if used else 0), out
+        return (index if index < NBUCKETS else 0), out
 
 
 class BucketedDict(_Bucketed[V], Generic[K, V]):
