@@ -596,6 +596,7 @@ GOOD_STORED = job_to_storage(job_from_wire(GOOD_JOB, NOW_MS))
 BAD_JOB_FIELDS = [
     ("id", None),
     ("id", b"x" * 48),
+    ("origin", b"x" * 48),  # an optional ID: empty, or a valid one
     ("state", 4),
     ("state", "queued"),
     ("flags", 256),
