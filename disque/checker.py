@@ -56,7 +56,7 @@ existed),
 `phantom_acks` (a WAITJOB that answered 1 for a job no client had sent an
 ACK or FASTACK for before it answered), `at_most_once_duplicated` (RETRY 0 values dequeued twice), `late`
 (deliveries after the job's TTL, plus `ttl_grace_ms`: every node-to-node
-transfer may extend a job's life by up to a second, cluster.md §8.1) and
+transfer may extend a job's life by up to a second, spec/cluster.md §8.1) and
 `uncollected` (acknowledged job IDs that a final scan still found).
 
 A run is valid when lost, unexpected, at_most_once_duplicated, late,

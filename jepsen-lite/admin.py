@@ -29,7 +29,7 @@ wipe is recorded `info` (it may have happened), which the checker counts.
 After a RESET HARD the old ID is forgotten everywhere, yet the other nodes'
 acknowledged jobs may still list it among their holders: their garbage
 collection can never be confirmed by that ID and they stay until their TTL
-(cluster.md §7).  `run.py` therefore waits, after a run with a
+(spec/cluster.md §7).  `run.py` therefore waits, after a run with a
 RESET HARD, until the TTL of every job the node could have held has passed
 before it takes the final scans.
 """

@@ -1,7 +1,7 @@
 """The one msgpack codec: bus frames and the two serialized forms of a job.
 
 Theory of operation: a frame is a 4-byte big-endian body length followed by
-the body, a msgpack map (cluster.md §2.1):
+the body, a msgpack map (spec/cluster.md §2.1):
 
     {"v": 1, "t": "<TYPE>", "s": sender, "p": client port, "f": node flags,
      "m": mflags, ...short keys of the message's fields...}
@@ -21,10 +21,10 @@ Incoming frames are validated strictly: the core never sees an ill-typed or
 out-of-range field.  Bytes stay bytes (msgpack bin) and text stays str, so
 queue names and bodies are binary-safe.  A frame of an unknown version is
 skipped; anything else that is wrong raises `FrameError` and the caller drops
-the link (ARCHITECTURE habit 5).  Malformed serialized jobs raise
+the link (house rule 5).  Malformed serialized jobs raise
 `DecodeError` (a ValueError).
 
-Jobs have two forms with the same fields (cluster.md §8.1, persistence.md §4):
+Jobs have two forms with the same fields (spec/cluster.md §8.1, spec/persistence.md §4):
 the bus form (`job_to_wire`, a relative `ttl`, DELIVERED cleared) carried by
 REPLJOB and YOURJOBS, and the storage form (`job_to_storage`, absolute
 `etime`, state and flags kept) written to the AOF as `encode_storage` bytes.

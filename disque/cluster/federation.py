@@ -1,4 +1,4 @@
-"""Federation: feeding consumers from other nodes' queues (cluster.md §9).
+"""Federation: feeding consumers from other nodes' queues (spec/cluster.md §9).
 
 Theory of operation: a consumer blocked on a queue that is empty here makes
 the node ask for jobs with NEEDJOBS.  Nodes that answered recently (the
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 RESPONDER_TTL_S = 5
 YOURJOBS_MAX_BYTES = 32 << 20  # keep frames well under the codec's limit
-# need_jobs reasons (cluster.md §9.1)
+# need_jobs reasons (spec/cluster.md §9.1)
 CLIENTS_WAITING = 0
 REACHED_ZERO = 1
 

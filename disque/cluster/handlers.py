@@ -1,5 +1,5 @@
 """How a node reacts to the job messages that change a job's copy here
-(cluster.md §8.2-8.4, §8.8): REPLJOB, ENQUEUE, QUEUED, WORKING, WILLQUEUE,
+(spec/cluster.md §8.2-8.4, §8.8): REPLJOB, ENQUEUE, QUEUED, WORKING, WILLQUEUE,
 PAUSE.
 
 Theory of operation: `NodeCore.handle_bus` hands every job message from a
@@ -91,7 +91,9 @@ def enqueue(node: Node, sender: str, msg: m.Enqueue) -> None:
 
 
 def _postpone(node: Node, sender: str, msg: Any, working: bool) -> None:
-    """QUEUED and WORKING (cluster.md §8.4)."""
+    """QUEUED and WORKING (spec/cluster.md §8.4): another holder has queued
+    the job or a consumer works on it, so this node steps aside (dequeues it,
+    pushes its own requeue a retry period on) and one node queues it at a time."""
     job = node.jobs.get(msg.id)
     if job is None:
         return

@@ -1,7 +1,7 @@
 """The node table: joining, gossip, failure detection, nodes.conf.
 
 Theory of operation: `Membership` holds one `Node` per known node, myself
-included, with the flags of cluster.md §2.1.  It is driven by the core with
+included, with the flags of spec/cluster.md §2.1.  It is driven by the core with
 the three bus inputs (a link went up or down, a PING/PONG/MEET/FAIL arrived)
 and a 100 ms `cron`, and it answers the questions the job layer asks:
 `size()` (known nodes not in handshake, failing ones included), `reachable()`
@@ -429,7 +429,10 @@ class Membership:
 
     @_mutates
     def cron(self) -> None:
-        """The 100 ms cluster cron (cluster.md §4)."""
+        """The 100 ms cluster cron (spec/cluster.md §4): expire handshakes,
+        ping, drop stale links, flag PFAIL (FAIL once a majority agrees):
+        failures show only as unanswered PINGs, so this keeps the reachable
+        set, and with it replication, true."""
         now, timeout = self.now, self.timeout
         self._ticks += 1
         for node in list(self.nodes.values()):
@@ -474,7 +477,7 @@ class Membership:
 
     @classmethod
     def from_conf(cls, text: str, port: int, *, rng: random.Random, now: int) -> Membership:
-        """Parse nodes.conf (config.md §5.3); raises ConfError."""
+        """Parse nodes.conf (spec/config.md §5.3); raises ConfError."""
         entries = []
         for line in text.splitlines():
             parts = line.split()

@@ -1,4 +1,4 @@
-"""Cluster bus messages, one frozen dataclass per verb (cluster.md §2.2).
+"""Cluster bus messages, one frozen dataclass per verb (spec/cluster.md §2.2).
 
 Theory of operation: these are the values the core exchanges with the bus.
 `membership.py`, `replication.py` and `federation.py` build them and match on
@@ -14,7 +14,7 @@ Jobs travel in their bus form, a `WireJob`: the plain dict made by
 `codec.job_to_wire(job, now_ms)`, with a relative `ttl` (ms) instead of an absolute
 `etime`.  The receiver turns it into its own `Job` with
 `codec.job_from_wire(d, now_ms)` and then applies the receive rules of
-cluster.md §8.1.  Messages never hold a live `Job`: the sender keeps mutating
+spec/cluster.md §8.1.  Messages never hold a live `Job`: the sender keeps mutating
 its record after the message is built, and a simulated network may deliver
 the same message twice.  Treat a `WireJob` as read-only.
 """

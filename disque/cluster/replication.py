@@ -1,4 +1,4 @@
-"""Synchronous and asynchronous replication of new jobs (cluster.md §8.2).
+"""Synchronous and asynchronous replication of new jobs (spec/cluster.md §8.2).
 
 Theory of operation: ADDJOB with REPLICATE > 1 (or external replication,
 when this node is leaving or short of memory) hands the new job to
@@ -8,7 +8,7 @@ the sender to `nodes_confirmed`, and when REPLICATE nodes confirmed, the
 producer gets its ID and the job is queued (or, with external replication,
 ENQUEUE goes to one confirmed node and the local record is forgotten).
 
-The retry rule (cluster.md §8.2 step 3, as upstream): until the level is
+The retry rule (spec/cluster.md §8.2 step 3, as upstream): until the level is
 reached, on every cron visit at least 50 ms after a target was last added,
 `replicate(job, 1)` adds one more reachable node with a link, if any, and
 re-sends REPLJOB to every target that has not confirmed.  A target stays a

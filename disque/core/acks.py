@@ -1,4 +1,4 @@
-"""Acknowledgements and their garbage collection (cluster.md §8.5-§8.7).
+"""Acknowledgements and their garbage collection (spec/cluster.md §8.5-§8.7).
 
 Theory of operation: ACKJOB turns a job into an `acked` record (a "dummy"
 one, holding only the ID and its TTL, when this node never had the job and
@@ -38,7 +38,7 @@ class Acks:
         self.replication = replication
 
     def ack_job(self, job_id: bytes) -> bool:
-        """ACKJOB for one ID (commands.md §5.3).  True when it counts."""
+        """ACKJOB for one ID (spec/commands.md §5.3).  True when it counts."""
         node = self.node
         job = node.jobs.get(job_id)
         counted = False
@@ -83,7 +83,9 @@ class Acks:
         node.reschedule(job)
 
     def try_gc(self, job: Job) -> None:
-        """One ACK garbage-collection attempt (cluster.md §8.6)."""
+        """One ACK garbage-collection attempt (spec/cluster.md §8.6): a copy
+        may be deleted only once every node that may hold one has the ACK,
+        or a late requeue elsewhere would deliver an acknowledged job again."""
         node = self.node
         dummy = job.is_dummy_ack
         job.gc_retry = min(job.gc_retry + 1, 10)

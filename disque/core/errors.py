@@ -2,7 +2,7 @@
 
 Theory of operation: every failure a client can see is a `DisqueError` carrying
 its RESP prefix (`ERR`, `NOREPL`, `BADID`, ...) and the message text of the
-spec's error catalogue (commands.md §10).  Command handlers raise them; the
+spec's error catalogue (spec/commands.md §10).  Command handlers raise them; the
 dispatcher turns them into `-PREFIX message` replies.  The catalogue below holds
 the fixed texts so that every module quotes them identically.
 

@@ -1,4 +1,4 @@
-"""48-character job IDs (commands.md §2).
+"""48-character job IDs (spec/commands.md §2).
 
 Theory of operation: an ID is `DI` + the first 8 characters of the creating
 node's ID + 32 random lowercase hex characters + the TTL in minutes as 4 hex

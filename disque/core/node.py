@@ -18,7 +18,7 @@ Invariants kept here:
 * a job is in exactly one state (`store/job.py` transition table), and a
   queue holds only `queued` jobs;
 * every registered job has one awake time in the `JobStore` timer, recomputed
-  by `reschedule` after every change that matters (cluster.md §8.3);
+  by `reschedule` after every change that matters (spec/cluster.md §8.3);
 * a RETRY 0 job is queued at most once per node (`enqueue` refuses it once
   delivered, and `qtime = 0` afterwards);
 * clients blocked in GETJOB are served after every command, one job each, in
@@ -87,7 +87,7 @@ S_ACTIVE: Final = State.ACTIVE
 S_QUEUED: Final = State.QUEUED
 S_ACKED: Final = State.ACKED
 
-# Memory estimate (cluster.md §11): the dataset size, not the process RSS.
+# Memory estimate (spec/cluster.md §11): the dataset size, not the process RSS.
 # Memory accounting: what objects really cost in CPython, measured with
 # tracemalloc (tests/core/test_memory_accounting.py keeps these honest), so
 # that `maxmemory` bounds the process's RSS and not a fiction.
@@ -335,7 +335,7 @@ class NodeCore:
         return reply
 
     def execute(self, client: Client, cmd: Command, argv: list[bytes]) -> Any:
-        """The checks of commands.md §1.3 every front end shares (AUTH, memory,
+        """The checks of spec/commands.md §1.3 every front end shares (AUTH, memory,
         MISCONF, LOADING), then the handler, with statistics, MONITOR and the
         slow log.  A `DisqueError` becomes the result; any other exception is
         logged and costs this one request, not the node."""
@@ -427,7 +427,7 @@ class NodeCore:
         return JOB_OVERHEAD + len(job.id) + len(job.body or b"") + len(job.queue or b"") + job.extra_size()
 
     def evict(self) -> bool:
-        """Free memory at level >= 2 (cluster.md §11).  True when back under
+        """Free memory at level >= 2 (spec/cluster.md §11).  True when back under
         the 95 % threshold (or nothing needed)."""
         if self.mem_level() < 2:
             return True
@@ -514,7 +514,8 @@ class NodeCore:
             self.groups.add_event(job)
 
     def delete_job(self, job: Job, log: bool = True) -> None:
-        """Unregister a job, whatever the cause (cluster.md §8.7)."""
+        """Unregister a job, whatever the cause (spec/cluster.md §8.7): the one
+        way out, so the AOF, a waiting producer and the queue hear of it once."""
         if job.state == S_QUEUED:
             self._queue(job.queue).discard(job)  # type: ignore[arg-type]
             job.move(DEQUEUE)
@@ -549,8 +550,11 @@ class NodeCore:
         self.jobs.schedule(job, at)
 
     def process_job(self, job: Job) -> None:
-        """One scheduler visit (cluster.md §8.3)."""
+        """One scheduler visit (spec/cluster.md §8.3, Disque's processJob): do
+        what is due for this job (expire, announce, queue, push its timer, GC),
+        then book the next visit."""
         now = self.now
+        # Expired: every holder drops its copy on its own, with no message.
         if job.etime * 1000 <= now:
             if job.state == S_QUEUED:
                 self._queue(job.queue).expired += 1  # type: ignore[arg-type]
@@ -559,27 +563,40 @@ class NodeCore:
             return
         state = job.state
         if state in (S_ACTIVE, S_QUEUED) and job.qtime:
+            # Just before queueing it again, tell the other holders (WILLQUEUE):
+            # one that has it queued answers QUEUED, one that has it acked SETACK,
+            # so the job is not queued twice or revived; the next visit is at qtime.
             if job.flags & BCAST_WILLQUEUE and job.qtime - WILLQUEUE_LEAD <= now:
                 if state == S_ACTIVE:
                     self.broadcast(job.nodes_delivered, m.WillQueue(job.id))
                 job.flags &= ~BCAST_WILLQUEUE
             elif job.qtime <= now:
+                # Due: queue it (a delayed job's first queueing, or the retry of an
+                # undelivered or unacknowledged one).  A queue paused for input only
+                # postpones an at-least-once job by a retry period; an at-most-once
+                # job is queued anyway, since nothing would ever queue it again.
                 if state == S_ACTIVE:
                     queue = self.queues.get(job.queue)  # type: ignore[arg-type]
                     if job.retry and queue is not None and queue.pause & PAUSE_IN:
                         job.qtime = now + job.retry * 1000 + self.jitter()
                     else:
                         self.enqueue(job)
+                # Still waiting in this node's queue: only push the timer on, so a job
+                # nobody fetched grows no duplicate elsewhere.
                 elif job.retry:  # pragma: no branch - a queued RETRY 0 job has no qtime (enqueue clears it)
                     job.qtime = now + job.retry * 1000 + self.jitter()
                     job.flags |= BCAST_WILLQUEUE
+        # Acknowledged: one more garbage-collection attempt (SETACK to the
+        # holders that have not confirmed), backing off up to 3 minutes.
         elif state == S_ACKED:
             self.acks.try_gc(job)
         if job.id in self.jobs:
             self.reschedule(job)
 
     def enqueue(self, job: Job, nack: bool = False, queue: Queue | None = None) -> bool:
-        """Queue a job (cluster.md §8.3).  False when refused."""
+        """Queue a job (spec/cluster.md §8.3).  False when refused: already
+        queued, never to be queued again (qtime 0), or an at-most-once job
+        already handed out once, which queueing again would deliver twice."""
         if job.state == S_QUEUED or not job.qtime or (job.retry == 0 and job.flags & DELIVERED):
             if job.retry == 0:
                 # Callers set qtime for the one enqueue of an at-most-once job; once
@@ -649,7 +666,7 @@ class NodeCore:
         self.delete_job(job, log=False)
 
     def adopt(self, job: Job) -> Job:
-        """Register a job received from a peer (cluster.md §8.1 receive rules)."""
+        """Register a job received from a peer (spec/cluster.md §8.1 receive rules)."""
         job.move(ADOPT)
         job.gc_retry = 0
         job.flags &= EVENT
@@ -672,7 +689,7 @@ class NodeCore:
         retry: int | None, delay: int | None, maxlen: int | None, is_async: bool,
         max_attempts: int = 0, dead_letter: bytes | None = None,
     ) -> Any:  # fmt: skip
-        """ADDJOB after option parsing (commands.md §4.1 steps 3-8, creation);
+        """ADDJOB after option parsing (spec/commands.md §4.1 steps 3-8, creation);
         None stands for an option not given.  `max_attempts` (0: none) and
         `dead_letter` (default `<queue>-dead`) are the MAXATTEMPTS/DEADLETTER
         extension (`dead_letter_job`)."""
@@ -772,7 +789,7 @@ class NodeCore:
     def get_jobs(
         self, client: Client, names: list[bytes], count: int, nohang: bool, withcounters: bool, timeout: int
     ) -> Any:
-        """GETJOB after option parsing: rounds over the queues (commands.md §4.2)."""
+        """GETJOB after option parsing: rounds over the queues (spec/commands.md §4.2)."""
         out: list[Any] = []
         federation = self.federation
         while True:
@@ -849,7 +866,7 @@ class NodeCore:
             self.replication.replicate(copy, copy.repl - 1, noreply=True)
 
     def working(self, job: Job) -> int:
-        """WORKING (commands.md §5.2): postpone the next requeue."""
+        """WORKING (spec/commands.md §5.2): postpone the next requeue."""
         created_ms = job.ctime // 1_000_000
         ttl_ms = job.etime * 1000 - created_ms
         if ttl_ms > 0 and self.now - created_ms > ttl_ms / 2:
@@ -1069,7 +1086,7 @@ class NodeCore:
     ) -> None:  # fmt: skip
         """The frames one read brought from a peer, in order, as one step:
         for each, membership first, then job messages from known senders
-        only (cluster.md §1)."""
+        only (spec/cluster.md §1)."""
         self.read_clock()
         receive, on_bus, stats = self.cluster.receive, self.on_bus, self.stats
         for header, msg in frames:

@@ -181,5 +181,5 @@ class Command:
 
     name: str
     arity: int  # RESP's: n exactly, -n at least n (name included)
-    flags: str  # w r m a l F (commands.md §3)
+    flags: str  # w r m a l F (spec/commands.md §3)
     handler: Callable[[Any, Client, list[bytes]], Any]  # (NodeCore, client, argv) -> result

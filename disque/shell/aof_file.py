@@ -1,6 +1,6 @@
 """The AOF writer of a running node: files, fsync, rewrites, loading.
 
-Theory of operation (persistence.md §5-§9).  The core emits records as
+Theory of operation (spec/persistence.md §5-§9).  The core emits records as
 `AofAppend` effects; the server hands them to `append`, which adds them to
 the in-memory buffer (and to the rewrite buffer while a rewrite runs).  At
 the end of every batch of effects the server calls `flush`, which writes the
@@ -900,7 +900,7 @@ class AofFile:
 
     def debug_loadaof(self) -> Any:
         """DEBUG LOADAOF: flush, empty the dataset, reload the file.  The
-        flush does not log DELJOB records (upstream defect §12.5 fixed)."""
+        flush does not log DELJOB records (the upstream defect of spec/commands.md §12 item 5, fixed)."""
         if self.status.state == "on":
             self.flush(force=True)
             self._datasync_quietly()
@@ -918,7 +918,7 @@ class AofFile:
         return Status(b"OK")
 
     def prepare_shutdown(self, rewrite_aof: bool) -> bool:
-        """The AOF steps of SHUTDOWN / SIGTERM (persistence.md §8.1).  False
+        """The AOF steps of SHUTDOWN / SIGTERM (spec/persistence.md §8.1).  False
         refuses the shutdown.  When a snapshot was written the process exits
         here, so no command runs between the snapshot and the exit."""
         status = self.status

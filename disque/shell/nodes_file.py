@@ -1,6 +1,6 @@
 """nodes.conf on disk: locked for the life of the process, rewritten in place.
 
-Shell side of config.md §5: the file is opened (created if missing) and
+Shell side of spec/config.md §5: the file is opened (created if missing) and
 locked with a non-blocking exclusive flock, so two nodes can never share it.
 Saves pad the new content to the old size, write it with one write, then
 truncate, so the file is never seen empty or half-written.

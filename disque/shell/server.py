@@ -102,7 +102,8 @@ class Server:
         self.clock = NodeClock()
         rng = random.Random()
         self.security = Security(config)  # SecurityError: the node cannot start
-        # nodes.conf is locked and loaded before anything else (cluster.md §12.1)
+        # nodes.conf is locked and loaded before anything else, so the node keeps
+        # its ID and peers and no second process runs on it (spec/cluster.md §12.1)
         self.nodes_file = NodesFile(config.cluster_config_file)
         text = self.nodes_file.read()
         membership = None

@@ -1,6 +1,6 @@
 """The append-only file without I/O: INFO status, record codec, parser, replay.
 
-Theory of operation (persistence.md): the AOF is a concatenation of RESP
+Theory of operation (spec/persistence.md): the AOF is a concatenation of RESP
 multibulk records.  Two are written while the node runs, `LOADJOB <storage
 form>` ("this node now holds the job") and `DELJOB <id>` ("no longer").  A
 third one, `CLEANSHUTDOWN <unix ms>`, is written only as the last record of
@@ -17,7 +17,7 @@ of a write) unless `tail_is_corrupt` sees complete records after it, which
 means a damaged length field rather than a short file.  A tail of NUL bytes
 (a file extended but never written) also counts as truncated.
 
-`Replay` applies records to a `NodeCore` (persistence.md §7): every job
+`Replay` applies records to a `NodeCore` (spec/persistence.md §7): every job
 comes back `active` with the timers of a received job, and `queued` jobs are
 re-queued once only when the file is trusted.  The first record of a job
 wins, except that a later one carrying `not_before` (written by NACK ...
@@ -380,7 +380,7 @@ def scan(data: bytes, decode: bool = True) -> ScanReport:
 
 
 class Replay:
-    """Apply records to a NodeCore (persistence.md §7 items 5-6).
+    """Apply records to a NodeCore (spec/persistence.md §7 items 5-6).
 
     Jobs stored `queued` are remembered; `finish()` re-queues them when the
     file is trusted: `trust_queued` (aof-enqueue-jobs-once) or a

@@ -1,6 +1,6 @@
 """The job record and its state machine.
 
-Theory of operation: a `Job` is one node's copy of a job (cluster.md §8.0).
+Theory of operation: a `Job` is one node's copy of a job (spec/cluster.md §8.0).
 Its `state` moves only along `TRANSITIONS`; `Job.move(event)` is the one place
 that changes it, so an unlisted (state, event) pair is a bug that raises.
 Timers are not kept here: `qtime` (next requeue, 0 = never) and `awake` (next
@@ -34,7 +34,7 @@ class State(IntEnum):
 STATE_NAMES = {State.WAIT_REPL: "wait-repl", State.ACTIVE: "active", State.QUEUED: "queued", State.ACKED: "acked"}
 STATE_BY_NAME = {v: k for k, v in STATE_NAMES.items()}
 
-# Job flags (cluster.md §8.0).  IN_LIST and IN_TIMER are local bookkeeping of
+# Job flags (spec/cluster.md §8.0).  IN_LIST and IN_TIMER are local bookkeeping of
 # queue.py and jobs.py and are masked out whenever a job is serialized.
 BCAST_QUEUED: Final = 1
 BCAST_WILLQUEUE: Final = 2

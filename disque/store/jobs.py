@@ -2,7 +2,7 @@
 
 Theory of operation: `JobStore` owns every job record of the node, keyed by
 ID in a scannable `JobIndex`.  Each job has one `awake` time, "when must
-the scheduler look at this job next" (cluster.md §8.3): expiry, the WILLQUEUE
+the scheduler look at this job next" (spec/cluster.md §8.3): expiry, the WILLQUEUE
 lead, the requeue time or the next ACK garbage-collection attempt, whichever
 comes first.  Jobs wait in millisecond buckets (`awake` -> `_Bucket`) whose
 keys sit in a min-heap, and many jobs share a bucket (expiry times are whole

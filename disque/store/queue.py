@@ -1,7 +1,7 @@
 """Queues: jobs ordered by creation time, pause flags, counters, blocked clients.
 
 Theory of operation: a queue holds the jobs in state `queued` whose `queue`
-field names it, ordered by `(ctime, id)` (cluster.md §8.3).  New local jobs
+field names it, ordered by `(ctime, id)` (spec/cluster.md §8.3).  New local jobs
 arrive in ctime order, so the common insert is an append to a deque; an older
 job (a requeue, an import) is placed with a bisect.  Removing a job from the
 middle (DEQUEUE, an ACK, a QUEUED message) does not touch the deque: the entry

@@ -1,6 +1,6 @@
 """Tests for disque.protocols.resp.admin: the INFO sections, CONFIG, CLIENT, both HELLO
 forms, DEBUG and CLUSTER, driven through the command layer of one core
-with the exact replies and errors of commands.md §7-9 and config.md §3-4."""
+with the exact replies and errors of spec/commands.md §7-9 and spec/config.md §3-4."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """AOF records: codec round trips, the streaming parser on every prefix and
-under corruption, and the replay rules (persistence.md §2, §7, §9, §10)."""
+under corruption, and the replay rules (spec/persistence.md §2, §7, §9, §10)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """AOF edge cases: framing errors of the generic parser, record checks,
 unfinished tails with record signatures inside them, the replay rules for
-stale and at-most-once queued jobs (persistence.md §7), and `check-aof` on
+stale and at-most-once queued jobs (spec/persistence.md §7), and `check-aof` on
 the files a real crash or a damaged disk leaves: resynchronisation, NUL
 tails, a clean-shutdown marker followed by a torn record, a failed repair
 and the script entry point."""

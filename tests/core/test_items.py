@@ -1,4 +1,4 @@
-"""Kestrel's semantics over the core under the fake clock: the memcache
+"""Kestrel's semantics (spec/kestrel.md) over the core under the fake clock: the memcache
 command table (SET, GET and its reliable reads, FLUSH, the figures) and the
 queue settings that bind ADDJOB too."""
 

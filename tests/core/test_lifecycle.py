@@ -246,7 +246,7 @@ def test_timer_entries_of_jobs_that_left_are_skipped_and_compacted():
 
 
 def test_ttl_field_of_ids_is_minutes_and_parity_records_retry():
-    cases = [  # commands.md §2.2
+    cases = [  # spec/commands.md §2.2
         (86400, 1, b"05a1"), (86400, 0, b"05a0"), (59, 1, b"0001"), (59, 0, b"0000"),
         (180, 0, b"0002"), (120, 0, b"0002"), (300_000_000, 1, b"ffff"), (300_000_000, 0, b"fffe"),
     ]  # fmt: skip

@@ -195,7 +195,7 @@ class CoreModel(RuleBasedStateMachine):
             self.expected.setdefault(client_id, []).append([entry(job, waiter.withcounters)])
 
     def get_rounds(self, names: list[bytes], count: int, withcounters: bool) -> list:
-        """GETJOB's fetch rounds (commands.md §4.2) against the model."""
+        """GETJOB's fetch rounds (spec/commands.md §4.2) against the model."""
         out: list = []
         while True:
             took = False

@@ -1,4 +1,4 @@
-"""The cluster with real processes on loopback (cluster.md, commands.md).
+"""The cluster with real processes on loopback (spec/cluster.md, spec/commands.md).
 
 Most tests share one 5-node cluster (module fixture `c5`): before each test
 `heal()` restarts crashed nodes, resumes paused ones, clears LEAVING, waits

@@ -1,4 +1,4 @@
-"""Every client command of commands.md on one real node, with exact RESP2
+"""Every client command of spec/commands.md on one real node, with exact RESP2
 replies where the spec fixes them, and the error catalogue (§10) entries
 that apply to a single node."""
 

@@ -1,5 +1,5 @@
 """Persistence with real processes: crashes (kill -9), controlled restarts,
-rewrites under load, damaged files, a failing disk (persistence.md)."""
+rewrites under load, damaged files, a failing disk (spec/persistence.md)."""
 
 from __future__ import annotations
 
@@ -432,7 +432,7 @@ def test_failing_disk_gives_misconf_until_writes_succeed(spawn: Spawn, fsize_lim
 
 
 def test_rewrite_aof_shutdown_with_enqueue_jobs_once_and_aof_off(spawn: Spawn) -> None:
-    """The upstream upgrade procedure (persistence.md §9), AOF off."""
+    """The upstream upgrade procedure (spec/persistence.md §9), AOF off."""
     node = spawn()
     r = client(node)
     ids = [r.execute_command("ADDJOB", "q", f"x{i}", 0) for i in range(5)]

@@ -1,4 +1,4 @@
-"""The wire protocol of a real node, byte for byte (commands.md §1.1, §1.3)."""
+"""The wire protocol of a real node, byte for byte (spec/commands.md §1.1, §1.3)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from integration.rawsock import Raw, blocked_on, pack, q, raw, reply_end, rss, s
 RawFactory = Callable[..., Raw]
 KIB64 = 64 * 1024
 
-# Malformed requests and the error each gets (commands.md §1.3).
+# Malformed requests and the error each gets (spec/commands.md §1.3).
 MALFORMED = [
     (b"a" * (KIB64 + 1), "too big inline request"),
     (b'ECHO "abc\r\n', "unbalanced quotes in request"),

@@ -2,7 +2,7 @@
 DEBUG and CLUSTER.
 
 Theory of operation: these commands read the node's state and format it in
-the exact shapes of commands.md §7-9; anything that touches the outside world
+the exact shapes of spec/commands.md §7-9; anything that touches the outside world
 (the config file, the working directory, the process) is delegated to the
 shell's `host`.  Handlers in `commands.py` call the functions here; nothing
 here keeps state.
@@ -31,7 +31,7 @@ def _text(raw: bytes) -> str:
 
 
 def _strict_int(raw: bytes) -> int:
-    """Strict int64 (commands.md §1.2); ValueError otherwise."""
+    """Strict int64 (spec/commands.md §1.2); ValueError otherwise."""
     return parse_int(raw)
 
 

@@ -1,7 +1,7 @@
 """The client command table: arity, flags, argument validation, replies.
 
 Theory of operation: `run` answers QUIT, looks the command up and checks its
-arity, then `NodeCore.execute` runs the rest of commands.md §1.3 in order
+arity, then `NodeCore.execute` runs the rest of spec/commands.md §1.3 in order
 (AUTH, memory, MISCONF, LOADING) and calls the handler.  Handlers parse and validate their arguments exactly as the spec
 says (the first failing option decides the error), call the operations of
 `NodeCore`, and return a reply value of `resp.py` (or `BLOCKED`, or
@@ -43,7 +43,7 @@ log = logging.getLogger("disque")
 
 
 def run(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
-    """RESP's part of commands.md §1.3: QUIT, lookup and arity, before
+    """RESP's part of spec/commands.md §1.3: QUIT, lookup and arity, before
     `NodeCore.execute` applies the checks every front end shares."""
     name = argv[0].lower()
     if name == b"quit":

@@ -2,7 +2,7 @@
 
 Theory of operation: `@command(name, arity, flags)` registers a handler in
 `COMMANDS` (commands.py and admin.py hold the handlers; `commands.run` looks
-requests up here).  The parsers read arguments exactly as commands.md §1.2
+requests up here).  The parsers read arguments exactly as spec/commands.md §1.2
 says; each raises the spec's error.  Nothing here imports a handler module,
 so both can import this one without a loop.
 """
@@ -39,7 +39,7 @@ def command(name: str, arity: int, flags: str) -> Callable[[Handler], Handler]:
 
 
 def parse_int(raw: bytes) -> int:
-    """Strict int64 (commands.md §1.2): optional sign, digits only; the empty
+    """Strict int64 (spec/commands.md §1.2): optional sign, digits only; the empty
     string is 0 (upstream quirk).  ValueError otherwise."""
     if raw.isdigit() and len(raw) < 19:
         return int(raw)
@@ -92,7 +92,7 @@ def parse_cursor(raw: bytes) -> int:
 
 
 def job_ids(argv: list[bytes]) -> list[bytes]:
-    """Validate every ID before acting on any (commands.md §2.3)."""
+    """Validate every ID before acting on any (spec/commands.md §2.3)."""
     for job_id in argv:
         if not ids.valid_id(job_id):
             raise errors.badid()
