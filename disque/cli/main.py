@@ -24,6 +24,7 @@ runs, rich only to print tables, prompt_toolkit only for the prompt, and a
 from __future__ import annotations
 
 import importlib
+import itertools
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -36,7 +37,8 @@ from disque.cli.session import Failure, Session
 
 # name: (arguments, summary), for `help`, completion and the prompt's hint line.
 SERVER_COMMANDS: dict[str, tuple[str, str]] = {
-    "ADDJOB": ("queue body ms-timeout [REPLICATE n] [DELAY sec] [RETRY sec] [TTL sec] [MAXLEN n] [ASYNC]", "Add a job to a queue"),
+    "ADDJOB": ("queue body ms-timeout [REPLICATE n] [DELAY sec] [RETRY sec] [TTL sec] [MAXLEN n] [ASYNC] [MAXATTEMPTS n [DEADLETTER queue]]",
+               "Add a job to a queue (MAXATTEMPTS: after n failed deliveries the job moves to its dead-letter queue, by default <queue>-dead)"),
     "GETJOB": ("[NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] FROM queue [queue ...]", "Fetch jobs, blocking until one is available"),
     "ACKJOB": ("id [id ...]", "Acknowledge jobs as processed"),
     "FASTACK": ("id [id ...]", "Acknowledge and delete jobs everywhere at once"),
@@ -48,14 +50,28 @@ SERVER_COMMANDS: dict[str, tuple[str, str]] = {
     "DELJOB": ("id [id ...]", "Delete jobs from this node only"),
     "SHOW": ("id", "Everything this node knows about a job"),
     "JSCAN": ("[cursor] [COUNT n] [BUSYLOOP] [QUEUE q] [STATE s ...] [REPLY id|all]", "Iterate over jobs"),
-    "QLEN": ("queue", "Number of queued jobs"),
+    "QLEN": ("queue", "Number of jobs queued on this node"),
     "QPEEK": ("queue count", "Look at the oldest (count > 0) or newest jobs without taking them"),
-    "QSTAT": ("queue", "Queue statistics"),
+    "QSTAT": ("queue", "Statistics of a queue on this node"),
     "QSCAN": ("[cursor] [COUNT n] [BUSYLOOP] [MINLEN n] [MAXLEN n] [IMPORTRATE r]", "Iterate over queues"),
     "PAUSE": ("queue in|out|all|none|state|bcast ...", "Pause a queue for input and/or output"),
+    "QSETTINGS": ("queue", "The queue's effective Kestrel settings"),
+    "QADD": ("queue expire-sec contents [NOBLOCK]", "Add an event that every consumer group reads once (reply: its ID)"),
+    "QGET": ("queue group [EX sec]", "Hand the group's next event to this consumer, to acknowledge within sec (default 30)"),
+    "QACK": ("queue group id", "Acknowledge an event for a group"),
+    "QNOTIFY": ("group timeout-sec [queue ...]", "Wait until QGET would return an event for the group; reply the queue"),
+    "QFLUSH": ("queue", "Delete every event of a queue and every group's progress, on every node"),
+    "QSTATUS": ("[queue ...] [GROUPS group ...]", "Per queue and group: total, inprogress, redo, done, available, consumers"),
+    "QINFO": ("[queue ...] [GROUPS group ...]", "QSTATUS as one line of text per queue and group"),
+    "QRPOP": ("queue [EX sec]", "okq: QGET as the group okq"),
+    "QRPEEK": ("queue", "okq: the event QRPOP would return next, taking nothing"),
+    "QLPEEK": ("queue", "okq: the newest live event, taking nothing"),
+    "QREGISTER": ("[queue ...]", "okq: the queues of this connection's one-argument QNOTIFY"),
     "HELLO": ("", "This node and the cluster's nodes, with priorities"),
     "INFO": ("[section]", "Server information and statistics"),
     "PING": ("[message]", "Check the connection"),
+    "ECHO": ("message", "Reply the message"),
+    "SELECT": ("0", "Database 0, the only one (Redis compatibility)"),
     "AUTH": ("password", "Authenticate the connection"),
     "CLUSTER": ("MEET ip port | NODES | MYID | INFO | SAVECONFIG | FORGET id | RESET [SOFT|HARD] | LEAVING [yes|no]", "Cluster management"),
     "CONFIG": ("GET pattern | SET name value | RESETSTAT | REWRITE", "Read or change the configuration"),
@@ -97,6 +113,36 @@ class CommandGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         return self.subcommand(ctx, cmd_name) or server_command([*self.prefix, cmd_name])
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, self.hoist(ctx, args) if ctx.parent is None else args)
+
+    def hoist(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """`args` with the group's own options that follow the subcommand
+        moved in front of it (`qstat q --json` as `--json qstat q`).  The
+        subcommand's options win a name both have (`worker -v`); the words of
+        a server command, and of check-aof, go as typed (a body may be `--raw`)."""
+        ours = option_table(self.params)
+        at = command_position(args, ours)
+        command = self.subcommand(ctx, args[at]) if at < len(args) else None
+        if command is None or command.context_settings.get("ignore_unknown_options"):
+            return args
+        theirs = option_table(command.params)
+        moved: list[str] = []
+        kept: list[str] = []
+        rest = iter(args[at + 1 :])
+        for word in rest:
+            if word == "--":
+                kept += [word, *rest]
+                break
+            for table, out in ((theirs, kept), (ours, moved)):
+                option, inline = lookup(word, table)
+                if option is not None:
+                    out += [word, *itertools.islice(rest, 0 if inline or not takes_value(option) else 1)]
+                    break
+            else:
+                kept.append(word)
+        return [*args[:at], *moved, args[at], *kept]
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*self.commands, *self.lazy})
 
@@ -120,6 +166,35 @@ class CommandGroup(click.Group):
         finally:
             if ctx.parent is None and isinstance(ctx.obj, Session):
                 ctx.obj.close()
+
+
+def option_table(params: list[click.Parameter]) -> dict[str, click.Option]:
+    return {name: p for p in params if isinstance(p, click.Option) for name in (*p.opts, *p.secondary_opts)}
+
+
+def takes_value(option: click.Option) -> bool:
+    return not option.is_flag and not option.count
+
+
+def lookup(word: str, table: dict[str, click.Option]) -> tuple[click.Option | None, bool]:
+    """The option `word` names in `table`, and whether it carries its value (`--port=7712`, `-p7712`)."""
+    if word in table:
+        return table[word], False
+    if word.startswith("--"):
+        return table.get(word.partition("=")[0]) if "=" in word else None, True
+    option = table.get(word[:2]) if word.startswith("-") and len(word) > 2 else None
+    return (option, True) if option is not None and takes_value(option) else (None, False)
+
+
+def command_position(args: list[str], options: dict[str, click.Option]) -> int:
+    """Where the command word is in `args`, after the options in `options` (len(args): there is none)."""
+    at = 0
+    while at < len(args) and args[at].startswith("-") and args[at] != "-":
+        if args[at] == "--":
+            return len(args)
+        option, inline = lookup(args[at], options)
+        at += 2 if option is not None and takes_value(option) and not inline else 1
+    return at
 
 
 def server_command(words: list[str]) -> click.Command:
@@ -150,11 +225,17 @@ Output is drawn as tables on a terminal and bare, one value per line, when
 piped (as redis-cli does); --raw, --no-raw and --json choose.
 
 \b
---cluster (qstat, qscan, jscan, export, top) asks the node for HELLO, runs on
-every node listed and merges: queue lengths and counters add up, a job held
+The options above go before or after the subcommand (`disque qstat q
+--json`); after a server command its words go as typed.
+
+\b
+qlen, qstat and top add up the figures of every node the connected one lists
+in HELLO; --local shows the connected node's alone.  qscan, jscan and export
+show the connected node's jobs unless --cluster is given: then a job held
 by several nodes is listed once (the record of the node that has it furthest
-along: acked, queued, active, wait-repl); nodes that cannot be reached are
-named on stderr and the exit status is 1."""
+along: acked, queued, active, wait-repl).  Nodes that cannot be reached are
+named on stderr and the exit status is 1.  Server commands (QLEN, QSTAT,
+...) answer what the connected node answers."""
 
 
 @click.group("disque", cls=CommandGroup, aliases={"scanjobs": "jscan"}, invoke_without_command=True, help=HELP,
@@ -170,22 +251,32 @@ named on stderr and the exit status is 1."""
 @click.option("--json", "mode", flag_value="json", help="Print replies as JSON.")
 @click.option("--raw", "mode", flag_value="raw", help="Print bare reply values, one per line (the default when stdout is not a terminal).")
 @click.option("--no-raw", "mode", flag_value="pretty", help="Print tables even when stdout is not a terminal.")
+@click.option("--cluster/--local", default=None, help="Every node's figures, or the connected node's, for the subcommands that take this option.")
 @click.option("-v", "--version", is_flag=True, expose_value=False, is_eager=True, callback=print_version, help="Print the version and the git revision.")
 @click.pass_context
 def cli(ctx: click.Context, host: str, port: int, password: str | None, tls: bool, cacert: str | None,
-        cert: str | None, key: str | None, mode: str | None) -> None:  # fmt: skip
+        cert: str | None, key: str | None, mode: str | None, cluster: bool | None) -> None:  # fmt: skip
     if (cacert or cert or key) and not tls:
         raise click.UsageError("--cacert, --cert and --key need --tls")
+    if cluster is not None and ctx.invoked_subcommand is not None:
+        command = cli.get_command(ctx, ctx.invoked_subcommand)
+        if command is None or "cluster" not in {p.name for p in command.params}:
+            raise click.UsageError(f"--cluster and --local apply to {', '.join(SCOPED)}, not to {ctx.invoked_subcommand}")
     options = {"tls": True, "tls_ca_cert": cacert, "tls_cert": cert, "tls_key": key} if tls else {}
-    ctx.obj = Session(host, port, password, mode or ("pretty" if sys.stdout.isatty() else "raw"), options)
+    ctx.obj = Session(host, port, password, mode or ("pretty" if sys.stdout.isatty() else "raw"), options, cluster)
     if ctx.invoked_subcommand is None:
         from disque.cli.prompt import prompt_loop, script_loop
 
         (prompt_loop if sys.stdin.isatty() else script_loop)(ctx)
 
 
-def cluster_option(merge: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    return click.option("--cluster", is_flag=True, help=f"Every node HELLO lists, merged: {merge}.")
+SCOPED = ("qlen", "qstat", "top", "qscan", "jscan", "export")  # the views that take --cluster/--local
+
+
+def scope_option(wide: bool, merge: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    default = "--cluster" if wide else "--local"
+    return click.option("--cluster/--local", default=None,
+                        help=f"Every node HELLO lists ({merge}), or the connected node alone; default {default}.")  # fmt: skip
 
 
 GROUP_FIGURES = ("total", "inprogress", "redo", "done", "available", "consumers")
@@ -207,27 +298,51 @@ def show_groups(session: Session, rows: list[dict[str, Any]]) -> None:
 
 @cli.command()
 @click.argument("queue")
-@cluster_option("lengths and counters add up, one row per node follows")
+@scope_option(True, "the jobs queued on each add up")
+@click.pass_obj
+def qlen(session: Session, queue: str, cluster: bool | None) -> None:
+    """The number of jobs queued in QUEUE, over the cluster: a job is queued on one node at a time."""
+    if not session.wide(cluster, default=True):
+        session.run(["QLEN", queue])
+        return
+    found = per_node(session, lambda c: c.qlen(queue))
+    total = sum(n for _, _, n in found)
+    if session.mode == "json":
+        session.output("plain", {"queue": queue, "len": total, "nodes": [{"node": n, "address": a, "len": length} for n, a, length in found]})
+    else:
+        session.output("by-node", {"total": {"queue": queue, "len": total}, "nodes": [(n, a, {"len": length}) for n, a, length in found]}, raw=total)
+    session.check_nodes()
+
+
+def per_node(session: Session, call: Callable[[Any], Any]) -> list[tuple[str, str, Any]]:
+    """(node ID, address, what `call` returned) for every node that answered."""
+    from disque.client import format_address
+
+    return [(node.id, format_address(node.address), result) for node, result in session.each_node(call)]
+
+
+@cli.command()
+@click.argument("queue")
+@scope_option(True, "lengths and counters add up, one row per node follows")
 @click.option("--groups", is_flag=True, help="The queue's consumer groups (QSTATUS) instead of its jobs.")
 @click.pass_obj
-def qstat(session: Session, queue: str, cluster: bool, groups: bool) -> None:
-    """Statistics of a queue."""
+def qstat(session: Session, queue: str, cluster: bool | None, groups: bool) -> None:
+    """Statistics of a queue, added up over the cluster's nodes."""
     if groups:  # every holder of an event has its groups' progress: one node's view
         show_groups(session, group_rows(session.client(), [queue]))
         return
-    if not cluster:
+    if not session.wide(cluster, default=True):
         session.run(["QSTAT", queue])
         return
     from disque.cli.cluster import merge_stats
     from disque.cli.views import jsonable, record_fields
-    from disque.client import format_address
 
-    found = [(node.id, format_address(node.address), stats) for node, stats in session.each_node(lambda c: c.qstat(queue)) if stats is not None]
+    found = [(n, a, stats) for n, a, stats in per_node(session, lambda c: c.qstat(queue)) if stats is not None]
     total = merge_stats([stats for _, _, stats in found]) if found else None
     if total is None or session.mode == "json":
         session.output("plain", total and {**jsonable(total), "nodes": [{"node": n, "address": a, **jsonable(s)} for n, a, s in found]})
     else:  # --raw: the merged record, as QSTAT prints it
-        session.output("queue-by-node", {"total": total, "nodes": found}, raw=[v for item in record_fields(total).items() for v in item])
+        session.output("by-node", {"total": total, "nodes": found}, raw=[v for item in record_fields(total).items() for v in item])
     session.check_nodes()
 
 
@@ -245,15 +360,15 @@ def show(session: Session, job_id: str) -> None:
 @click.option("--count", type=int, help="Jobs per round trip (a hint).")
 @click.option("--busyloop", is_flag=True, help="Scan everything in one call.")
 @click.option("--ids", is_flag=True, help="Only the job IDs.")
-@cluster_option("each job once, --state filtering on each node's own state")
+@scope_option(False, "each job once, --state filtering on each node's own state")
 @click.pass_obj
-def jscan(session: Session, queue: str | None, states: tuple[str, ...], count: int | None, busyloop: bool, ids: bool, cluster: bool) -> None:
+def jscan(session: Session, queue: str | None, states: tuple[str, ...], count: int | None, busyloop: bool, ids: bool, cluster: bool | None) -> None:
     """Every job (alias: scanjobs), following the cursor to the end."""
 
     def scan(client: Any) -> list[Any]:
         return list(client.jscan(queue, states, count=count, busyloop=busyloop, details=not ids))
 
-    jobs = cluster_jobs(session, scan) if cluster else scan(session.client())
+    jobs = cluster_jobs(session, scan) if session.wide(cluster, default=False) else scan(session.client())
     session.output("job-infos", jobs, raw=jobs if ids else [j.id for j in jobs])
     session.check_nodes()
 
@@ -270,11 +385,11 @@ def cluster_jobs(session: Session, scan: Callable[[Any], list[Any]]) -> list[Any
 @click.option("--import-rate", type=int, help="Only queues importing at least this many jobs/s.")
 @click.option("--count", type=int, help="Queues per round trip (a hint).")
 @click.option("--busyloop", is_flag=True, help="Scan everything in one call.")
-@cluster_option("the lengths of a queue add up, and --minlen/--maxlen apply to the sum")
+@scope_option(False, "the lengths of a queue add up, and --minlen/--maxlen apply to the sum")
 @click.pass_obj
-def qscan(session: Session, minlen: int | None, maxlen: int | None, import_rate: int | None, count: int | None, busyloop: bool, cluster: bool) -> None:
+def qscan(session: Session, minlen: int | None, maxlen: int | None, import_rate: int | None, count: int | None, busyloop: bool, cluster: bool | None) -> None:
     """Every queue with its length, following the cursor to the end."""
-    if cluster:
+    if session.wide(cluster, default=False):
         from disque.cli.cluster import merge_lengths
 
         def lengths(client: Any) -> dict[str, int]:
@@ -323,14 +438,15 @@ def queue_stats(client: Any) -> list[Any]:
 @cli.command()
 @click.option("--interval", default=1.0, show_default=True, help="Seconds between refreshes.")
 @click.option("-n", "--iterations", default=0, help="Stop after N refreshes (0: until Ctrl-C).")
-@cluster_option("a queue's lengths, counters and rates add up")
+@scope_option(True, "a queue's lengths, counters and rates add up")
 @click.option("--groups", is_flag=True, help="The consumer groups of every queue (QSTATUS) instead of the job queues.")
 @click.pass_obj
-def top(session: Session, interval: float, iterations: int, cluster: bool, groups: bool) -> None:
-    """Live view of the queues: length, jobs in/out per second, blocked clients."""
+def top(session: Session, interval: float, iterations: int, cluster: bool | None, groups: bool) -> None:
+    """Live view of the queues over the cluster: length, jobs in/out per second, blocked clients."""
     from disque.cli.cluster import QueueRates, merge_queues
 
     rates = QueueRates()
+    cluster = session.wide(cluster, default=not groups)  # a group's progress is on every holder of its events: one node's view
 
     def sample() -> list[dict[str, Any]]:
         if groups:
@@ -399,14 +515,14 @@ def export_record(job: Any) -> dict[str, Any]:
 @click.argument("file", type=click.File("w", encoding="utf-8"))
 @click.option("--state", "states", multiple=True, default=["queued"], show_default=True,
               type=click.Choice(["wait-repl", "active", "queued", "acked"]), help="Job states to export (repeatable).")  # fmt: skip
-@cluster_option("each job once")
+@scope_option(False, "each job once")
 @click.pass_obj
-def export_jobs(session: Session, queue: str, file: IO[str], states: tuple[str, ...], cluster: bool) -> None:
+def export_jobs(session: Session, queue: str, file: IO[str], states: tuple[str, ...], cluster: bool | None) -> None:
     """Write the jobs of QUEUE to FILE as JSON lines (`-` for stdout); the jobs stay queued."""
     import json
 
     jobs: Any
-    if cluster:
+    if session.wide(cluster, default=False):
         jobs = cluster_jobs(session, lambda c: list(c.jscan(queue, states, details=True)))
         total = len(jobs)
     else:
@@ -554,7 +670,19 @@ def completions() -> dict[str, str]:
 
 
 def dispatch(root: click.Context, words: list[str]) -> None:
-    """Run one command line (already split) as `disque` would, in the prompt's session."""
+    """Run one command line (already split) as `disque` would: in the
+    prompt's session, or, when the line has options of `disque` itself
+    (`--json qstat q`, `qlen q -p 7712`), in a session of its own that takes
+    the prompt's options for those the line leaves out."""
+    words = cli.hoist(root, words)
+    if words[0].startswith("-"):
+        if command_position(words, option_table(cli.params)) == len(words):
+            raise click.UsageError("a command must follow the options")
+        session: Session = root.obj
+        defaults = {**root.params, "host": session.host, "port": session.port, "password": session.password}
+        with cli.make_context("disque", words, default_map=defaults) as ctx:
+            cli.invoke(ctx)
+        return
     name, *args = words
     command = cli.get_command(root, name)
     assert command is not None  # any word names a subcommand or a server command

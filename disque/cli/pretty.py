@@ -20,7 +20,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from disque.cli.views import plain_lines, record_fields, text
+from disque.cli.views import human_time, plain_lines, record_fields, text
 from disque.client import Job, JobInfo
 
 
@@ -34,7 +34,12 @@ def console(stderr: bool = False) -> Console:
 def kv_block(values: Any) -> Group:
     values = record_fields(values)
     width = max(map(len, values), default=0)
-    return Group(*(Text.assemble((key.ljust(width), "bold cyan"), "  ", text(value)) for key, value in values.items()))
+    return Group(*(Text.assemble((key.ljust(width), "bold cyan"), "  ", field_text(key, value)) for key, value in values.items()))
+
+
+def field_text(key: str, value: Any) -> str:
+    """A field as a table shows it: SHOW's ctime (ns since the epoch) as a local time."""
+    return human_time(value) if key == "ctime" and isinstance(value, int) else text(value)
 
 
 def titled(title: str, table: Table) -> Group:
@@ -73,13 +78,8 @@ def names_table(title: str, rows: Iterable[Iterable[Any]], columns: Iterable[str
 def render(kind: str, value: Any) -> RenderableType:
     if kind == "record":
         return kv_block(value)
-    if kind == "queue-by-node":  # qstat --cluster: {"total": QueueStats, "nodes": [(node ID, address, QueueStats)]}
-        table = Table()
-        for name in ("node", "address", "len", "age", "idle", "blocked", "jobs-in", "jobs-out", "pause"):
-            table.add_column(name, no_wrap=True, justify="left" if name in ("node", "address", "pause") else "right")
-        for node, address, s in value["nodes"]:
-            table.add_row(node, address, *map(str, (s.len, s.age, s.idle, s.blocked, s.jobs_in, s.jobs_out)), s.pause)
-        return Group(kv_block(value["total"]), Text(""), titled(f"on {len(value['nodes'])} node(s)", table))
+    if kind == "by-node":  # {"total": a record, "nodes": [(node ID, address, that node's record)]}
+        return by_node(value["total"], value["nodes"])
     if kind == "hello":
         table = Table()
         for name in ("node", "address", "priority", ""):
@@ -111,6 +111,24 @@ def render(kind: str, value: Any) -> RenderableType:
         items = value.get("queues", value.get("jobs"))
         return Group(Text(f"cursor: {value['cursor']}"), render("queues" if "queues" in value else "job-infos", items))
     return Text("\n".join(plain_lines(value)))
+
+
+NOT_PER_NODE = {"name", "queue", "import-from", "import-rate"}  # the same on every row, or too wide for one
+
+
+def by_node(total: Any, nodes: list[tuple[str, str, Any]]) -> Group:
+    """A figure added up over the cluster, then what each node holds (when there are several)."""
+    parts: list[RenderableType] = [Text(f"cluster-wide, {len(nodes)} node(s)", style="bold"), kv_block(total)]
+    if len(nodes) > 1:
+        columns = [name for name in record_fields(nodes[0][2]) if name not in NOT_PER_NODE]
+        table = Table()
+        for name in ("node", "address", *columns):
+            table.add_column(name, no_wrap=True, justify="left" if name in ("node", "address", "pause") else "right")
+        for node, address, record in nodes:
+            fields = record_fields(record)
+            table.add_row(node, address, *(text(fields[name]) for name in columns))
+        parts += [Text(""), titled("per node", table)]
+    return Group(*parts)
 
 
 def show(kind: str, value: Any) -> None:

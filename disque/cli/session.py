@@ -1,6 +1,7 @@
 """What one run of `disque` (a one-shot command, or a whole prompt) works
-with: the node it talks to, the output mode, and for `--cluster` a
-connection to every other node.
+with: the node it talks to, the output mode, and for the cluster-wide views
+(`qlen`, `qstat`, `top`; the others with `--cluster`) a connection to every
+other node.
 
 Theory of operation: `Session.client()` connects lazily, so `--help` and
 `--version` never load the client library; `each_node` asks the connected
@@ -41,6 +42,7 @@ class Session:
     password: str | None
     mode: str  # pretty | json | raw
     tls: dict[str, Any] = field(default_factory=dict)  # Client's tls, tls_ca_cert, tls_cert, tls_key
+    cluster: bool | None = None  # --cluster (True) or --local (False) given before the subcommand
     failed_nodes: list[str] = field(default_factory=list)  # since the last check_nodes
     _clients: dict[tuple[str, int], Client] = field(default_factory=dict, repr=False)
 
@@ -56,6 +58,11 @@ class Session:
         if address not in self._clients:
             self._clients[address] = Client(address, password=self.password, failover=False, **self.tls)
         return self._clients[address]
+
+    def wide(self, own: bool | None, default: bool) -> bool:
+        """Whether a view spans the cluster: its own --cluster/--local, else
+        the one given before the subcommand, else the view's default."""
+        return default if own is None and self.cluster is None else own if own is not None else bool(self.cluster)
 
     def close(self) -> None:
         for client in self._clients.values():

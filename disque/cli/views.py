@@ -14,6 +14,7 @@ library at start-up: a one-shot command pays only for what it prints.
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +80,11 @@ def text(value: Any) -> str:
     if isinstance(value, list):
         return ", ".join(text(v) for v in value) or "(empty)"
     return str(value)
+
+
+def human_time(ns: int) -> str:
+    """Nanoseconds since the epoch as a local time to the millisecond, with its UTC offset."""
+    return _dt.datetime.fromtimestamp(ns / 1e9).astimezone().isoformat(sep=" ", timespec="milliseconds")
 
 
 def record_fields(value: Any) -> dict[str, Any]:

@@ -10,7 +10,9 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import types
+from datetime import datetime
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -99,9 +101,9 @@ def test_errors_go_to_stderr_with_exit_status_1(disque: Callable[..., Result]) -
 
 
 def test_commands_piped_in(disque: Callable[..., Result], queue: str) -> None:
-    result = disque(input=f"ADDJOB {queue} 'a b' 0\n\nQLEN {queue}\nhelp qlen\n")
+    result = disque(input=f"ADDJOB {queue} 'a b' 0\n\nQLEN {queue}\nhelp qpeek\n")
     assert result.exit_code == 0
-    assert re.fullmatch(rf"{ID}\n1\nQLEN queue\n  Number of queued jobs\n", result.stdout)
+    assert re.fullmatch(rf"{ID}\n1\nQPEEK queue count\n  Look at the oldest .*\n", result.stdout)
     result = disque("--raw", input=f"nope\nQLEN {queue}\nquit\nQLEN {queue}\n")
     assert (result.exit_code, result.stdout, result.stderr) == (1, "1\n", "(error) ERR unknown command 'nope'\n")
 
@@ -134,6 +136,9 @@ def test_show(disque: Callable[..., Result], pretty: Callable[..., Result], clie
     assert set(data) >= {"nodes_delivered", "next_requeue_within", "additional_deliveries", "ctime"}
     raw = ok(disque("--raw", "SHOW", job_id)).splitlines()
     assert raw[:6] == ["id", job_id, "queue", queue, "state", "queued"] and raw[-2:] == ["body", "the body"]
+    ctime = data["ctime"]  # nanoseconds in --json and --raw, a local time in tables
+    assert raw[raw.index("ctime") + 1] == str(ctime) and abs(ctime / 1e9 - time.time()) < 60
+    assert shown["ctime"] == datetime.fromtimestamp(ctime / 1e9).astimezone().isoformat(sep=" ", timespec="milliseconds")
     assert ok(pretty("SHOW", "DI" + "0" * 44 + "SQ")) == "(nil)\n"
     assert disque("show").exit_code == 2  # usage error: ID missing
 
@@ -329,6 +334,39 @@ def test_help_lists_the_helpers_and_keeps_h_for_the_host(disque: Callable[..., R
     assert "meet" in CliRunner().invoke(cli, ["cluster", "--help"]).stdout
 
 
+def test_help_covers_every_command_of_the_node(disque: Callable[..., Result], client: Client) -> None:
+    from disque.cli.main import SERVER_COMMANDS
+
+    names = {entry[0].decode().upper() for entry in client.execute_command("COMMAND")}
+    assert names - {"SCANJOBS"} <= set(SERVER_COMMANDS)  # SCANJOBS: the alias of JSCAN, and of the subcommand jscan
+    listing = ok(disque("help"))
+    for name in ("QADD", "QGET", "QACK", "QNOTIFY", "QFLUSH", "QSTATUS", "QINFO"):  # the consumer groups' commands
+        assert re.search(rf"^  {name} ", listing, re.M), name
+    assert ok(disque("help", "QADD")).startswith("QADD queue expire-sec contents [NOBLOCK]\n")
+    assert "[MAXATTEMPTS n [DEADLETTER queue]]" in ok(disque("help", "ADDJOB"))
+
+
+def test_options_of_disque_go_before_or_after_the_subcommand(disque: Callable[..., Result], client: Client, queue: str, tmp_path: Path) -> None:
+    client.add_job(queue, "x")
+    before = json.loads(ok(disque("--json", "qstat", queue)))
+    after = json.loads(ok(disque("qstat", queue, "--json")))
+    assert (before["len"], after["len"], after["name"]) == (1, 1, queue)
+    assert json.loads(ok(disque("qlen", "--json", queue, "--local"))) == 1  # --local: QLEN's own reply
+    assert ok(disque("qlen", queue, "--raw")) == ok(disque("qlen", queue, "--port=1", "-p", str(client.address[1]))) == "1\n"  # the last -p wins
+    assert ok(disque("--cluster", "jscan", "--ids", "--queue", queue)).split() == ok(disque("jscan", "--queue", queue, "--ids")).split()
+    result = disque("--cluster", "QLEN", queue)  # a server command answers what the node answers: no --cluster for it
+    assert result.exit_code == 2 and "--cluster and --local apply to qlen, qstat, top, qscan, jscan, export, not to QLEN" in result.stderr
+    assert disque("show", "--local", "x").exit_code == 2
+    body = ok(disque("ADDJOB", queue, "--json", "0")).strip()  # after a server command, words go as typed
+    assert re.fullmatch(ID, body) and client.show(body).body == b"--json"  # type: ignore[union-attr]
+    keys = tmp_path / "keys"
+    assert "node.crt" in disque("tls-keygen", str(keys), "--host", "example.test").stderr  # its own --host, not the node's
+    from cryptography import x509
+
+    names = x509.load_pem_x509_certificate((keys / "node.crt").read_bytes()).extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    assert names.value.get_values_for_type(x509.DNSName) == ["example.test"]
+
+
 def test_help_and_clear_are_commands_of_the_table(disque: Callable[..., Result]) -> None:
     listing = ok(disque("help"))
     assert re.search(r"^  jscan +Every job", listing, re.M) and re.search(r"^  ADDJOB queue body ms-timeout", listing, re.M)
@@ -443,16 +481,18 @@ def test_prompt_runs_commands_with_completion_help_and_errors(prompt: Callable[.
     p = prompt()
     [added] = p.run(f"ADDJOB {queue} 'hello world' 0", f"({ID})")
     job_id = added.group(1).decode()
-    p.process.send("QST\t")  # Tab completes the command name: the subcommand qstat, which sends QSTAT
-    p.process.expect("qstat")
-    p.run(f" {queue}", rf"len\s+1\s")
-    p.run(f"show {job_id}", r"body\s+hello world")
+    p.process.send("SHO\t")  # Tab completes the command name: the subcommand show, which sends SHOW
+    p.process.expect("show")
+    p.run(f" {job_id}", r"body\s+hello world")
+    p.run(f"qstat {queue}", rf"len\s+1\s")
     p.run("help getjob", r"GETJOB \[NOHANG\] \[TIMEOUT ms\].*FROM queue.*\n\s+Fetch jobs")
     p.run("help", r"ADDJOB queue body ms-timeout", r"SHUTDOWN \[REWRITE-AOF\]")
     p.run("nope", r"\(error\) ERR unknown command 'nope'")
     p.run('ping "unbalanced', r"Invalid argument\(s\)")
-    p.run(f"--json qlen {queue}", r"\(error\) ERR unknown command '--json'")  # a prompt line is a server command
-    p.run(f"qlen {queue}", r"\(integer\) 1")
+    p.run(f"qlen {queue} --json", rf'{{"queue": "{queue}", "len": 1, "nodes": ')  # options of disque, for this line
+    p.run(f"--raw qlen {queue}", r"\n1\r?\n")
+    p.run(f"qlen {queue}", r"len\s+1\s")  # the prompt's own options again
+    p.run("--json", r"Error: a command must follow the options")
     p.process.send("exit\r")
     assert p.process.wait() == 0
     assert client.qlen(queue) == 1
@@ -464,7 +504,7 @@ def test_the_prompt_runs_the_subcommands_as_disque_does(prompt: Callable[..., Pr
     [listed] = p.run(f"jscan --queue {queue}", r"3 job\(s\)((?:.|\n)*?)└")  # every job, not one JSCAN page
     assert sorted(re.findall(ID.encode(), listed.group(1))) == [i.encode() for i in ids]
     assert listed.group(1).count(b"queued") == 3
-    p.run(f"qstat --cluster {queue}", r"on 1 node\(s\)")
+    p.run(f"qstat {queue}", r"cluster-wide, 1 node\(s\)")
     p.run("top -n 1", rf"{re.escape(queue)}\s*│\s*3\s*│")
     dump = tmp_path / "dump.jsonl"
     p.run(f"export {queue} {dump}", rf"exported 3 job\(s\) from {re.escape(queue)}")
@@ -474,7 +514,7 @@ def test_the_prompt_runs_the_subcommands_as_disque_does(prompt: Callable[..., Pr
     p.run("help", r"Subcommands", r"export", r"Server commands")
     p.run("qstat", r"Error: Missing argument 'QUEUE'")  # a usage error, and the prompt goes on
     p.run("clear")
-    p.run(f"qlen {queue}", r"\(integer\) 3")
+    p.run(f"QLEN {queue}", r"\(integer\) 3")
     assert b"unknown command" not in p.process.output
     p.process.send("exit\r")
     assert p.process.wait() == 0
@@ -527,7 +567,7 @@ def test_monitor_at_the_prompt_gives_the_prompt_back_on_ctrl_c(prompt: Callable[
     p.process.expect(rf'"ADDJOB" "{re.escape(queue)}" "seen" "0"')
     os.kill(p.process.proc.pid, signal.SIGINT)  # Ctrl-C (the test's pty is not a controlling terminal)
     p.process.expect(p.label)  # back at the prompt, on a fresh connection
-    p.run(f"qlen {queue}", r"\(integer\) 1")
+    p.run(f"QLEN {queue}", r"\(integer\) 1")
 
 
 def test_ctrl_c_ends_a_blocked_command_not_the_prompt(prompt: Callable[..., Prompt], client: Client, queue: str) -> None:
@@ -539,4 +579,4 @@ def test_ctrl_c_ends_a_blocked_command_not_the_prompt(prompt: Callable[..., Prom
     p.process.expect(p.label)
     wait_for(lambda: (s := client.qstat(queue)) is None or s.blocked == 0, what="the interrupted GETJOB's connection to close")
     client.add_job(queue, "after the interrupt")
-    p.run(f"qlen {queue}", r"\(integer\) 1")  # a new connection answers
+    p.run(f"QLEN {queue}", r"\(integer\) 1")  # a new connection answers

@@ -1,14 +1,18 @@
-"""`--cluster` on `disque qstat/qscan/jscan/export/top` against three real
-nodes: what every node holds, merged; and a node HELLO lists that cannot be
-reached, named on stderr with exit status 1.  The merge rules themselves are
-checked without nodes at the end."""
+"""The cluster-wide views against three real nodes: `disque qlen/qstat/top`
+by default and `qscan/jscan/export` with `--cluster` merge what every node
+holds, `--local` shows the connected node's figures, and the server commands
+(QLEN, QSTAT) answer what the node answers; a node HELLO lists that cannot be
+reached is named on stderr with exit status 1.  The merge rules themselves
+are checked without nodes at the end."""
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 from click.testing import CliRunner, Result
@@ -57,27 +61,49 @@ def ok(result: Result) -> str:
     return result.stdout
 
 
-def test_qstat_adds_up_every_node(disque: Callable[..., Result], clients: list[Client], queue: str) -> None:
-    for n, c in enumerate(clients):  # one job queued on each node (RETRY 0: no replica queued anywhere else)
+def queue_on_each(clients: list[Client], queue: str) -> dict[str, int]:
+    """1, 2 and 3 jobs queued on the three nodes (RETRY 0: no replica queued
+    anywhere else); the node IDs and their index."""
+    for n, c in enumerate(clients):
         for _ in range(n + 1):
             c.add_job(queue, f"on node {n}", retry=0, replicate=1)
-    assert json.loads(ok(disque("--json", "qstat", queue)))["len"] == 1  # the connected node alone
-    merged = json.loads(ok(disque("--json", "qstat", "--cluster", queue)))
-    assert (merged["name"], merged["len"], merged["jobs_in"], merged["pause"]) == (queue, 6, 6, "none")
-    ids = {c.hello().node_id: n for n, c in enumerate(clients)}
+    return {c.hello().node_id: n for n, c in enumerate(clients)}
+
+
+def test_qlen_adds_up_every_node(disque: Callable[..., Result], clients: list[Client], queue: str) -> None:
+    ids = queue_on_each(clients, queue)
+    assert ok(disque("qlen", queue)) == "6\n"  # piped: the sum, bare
+    assert ok(disque("qlen", queue, "--local")) == ok(disque("--local", "qlen", queue)) == ok(disque("QLEN", queue)) == "1\n"
+    merged = json.loads(ok(disque("--json", "qlen", queue)))
+    assert (merged["queue"], merged["len"]) == (queue, 6)
     assert sorted((ids[row["node"]], row["len"]) for row in merged["nodes"]) == [(0, 1), (1, 2), (2, 3)]
-    raw = ok(disque("qstat", "--cluster", queue)).splitlines()  # piped: the merged record, as QSTAT prints it
+    shown = ok(disque("--no-raw", "qlen", queue))
+    assert "cluster-wide, 3 node(s)" in shown and re.search(r"^len\s+6$", shown, re.M) and "per node" in shown
+    for node_id, n in ids.items():  # a row per node: its ID, address and length
+        assert re.search(rf"{node_id}\s*│\s*127\.0\.0\.1:{clients[n].address[1]}\s*│\s*{n + 1}\s*│", shown)
+    assert ok(disque("qlen", "missing-" + queue)) == "0\n"
+
+
+def test_qstat_adds_up_every_node(disque: Callable[..., Result], clients: list[Client], queue: str) -> None:
+    ids = queue_on_each(clients, queue)
+    assert json.loads(ok(disque("--json", "qstat", queue, "--local")))["len"] == 1  # the connected node alone
+    assert json.loads(ok(disque("--json", "QSTAT", queue)))["len"] == 1  # and the server command
+    merged = json.loads(ok(disque("--json", "qstat", queue)))
+    assert (merged["name"], merged["len"], merged["jobs_in"], merged["pause"]) == (queue, 6, 6, "none")
+    assert sorted((ids[row["node"]], row["len"]) for row in merged["nodes"]) == [(0, 1), (1, 2), (2, 3)]
+    assert json.loads(ok(disque("--cluster", "--json", "qstat", queue))) == {**merged, "age": ANY, "idle": ANY, "nodes": ANY}
+    raw = ok(disque("qstat", queue)).splitlines()  # piped: the merged record, as QSTAT prints it
     assert raw[:4] == ["name", queue, "len", "6"]
-    shown = ok(disque("--no-raw", "qstat", "--cluster", queue))
-    assert "on 3 node(s)" in shown and all(node_id in shown for node_id in ids)
-    assert ok(disque("--json", "qstat", "--cluster", "missing-" + queue)) == "null\n"
+    shown = ok(disque("--no-raw", "qstat", queue))
+    assert "cluster-wide, 3 node(s)" in shown and "per node" in shown and all(node_id in shown for node_id in ids)
+    assert ok(disque("--json", "qstat", "missing-" + queue)) == "null\n"
 
 
 def test_qscan_sums_lengths_and_filters_on_the_sum(disque: Callable[..., Result], clients: list[Client], queue: str) -> None:
     clients[1].add_job(queue, "a", retry=0, replicate=1)
     clients[2].add_job(queue, "b", retry=0, replicate=1)
     clients[2].add_job(queue + "-other", "c", retry=0, replicate=1)
-    rows = [r for r in json.loads(ok(disque("--json", "qscan", "--cluster"))) if r["queue"].startswith(queue)]
+    rows = [r for r in json.loads(ok(disque("--cluster", "--json", "qscan"))) if r["queue"].startswith(queue)]
     assert rows == [{"queue": queue, "len": 2}, {"queue": queue + "-other", "len": 1}]
     assert [r["queue"] for r in json.loads(ok(disque("--json", "qscan"))) if r["queue"].startswith(queue)] == []  # not on the first node
     long_ones = ok(disque("qscan", "--cluster", "--minlen", "2")).split()
@@ -100,11 +126,13 @@ def test_jscan_and_export_list_each_job_once(disque: Callable[..., Result], clie
 def test_top_merges_the_queues_of_every_node(disque: Callable[..., Result], clients: list[Client], queue: str) -> None:
     clients[1].add_job(queue, "x", retry=0, replicate=1)
     clients[2].add_job(queue, "y", retry=0, replicate=1)
-    frames = [json.loads(line) for line in ok(disque("--json", "top", "--cluster", "-n", "2", "--interval", "0.05")).splitlines()]
+    frames = [json.loads(line) for line in ok(disque("--json", "top", "-n", "2", "--interval", "0.05")).splitlines()]
     assert len(frames) == 2
     row = next(r for r in frames[1] if r["queue"] == queue)
     assert (row["len"], row["in_per_sec"], row["blocked"]) == (2, 0.0, 0)
-    assert "cluster via" in ok(disque("--no-raw", "top", "--cluster", "-n", "1"))
+    assert "cluster via" in ok(disque("--no-raw", "top", "-n", "1"))
+    [local] = [json.loads(line) for line in ok(disque("--json", "top", "-n", "1", "--local")).splitlines()]
+    assert queue not in {r["queue"] for r in local}  # the connected node has none of them
 
 
 def test_a_node_that_cannot_be_reached_is_named_and_fails_the_command(spawn: Callable[..., NodeProcess], queue: str) -> None:
@@ -118,6 +146,8 @@ def test_a_node_that_cannot_be_reached_is_named_and_fails_the_command(spawn: Cal
     assert result.exit_code == 1
     assert f"node {b_id} at {b.host}:{b.port}: " in result.stderr and "1 node(s) left out of the view" in result.stderr
     assert json.loads(result.stdout) == []  # what the reachable node holds
+    result = CliRunner().invoke(cli, ["-p", str(a.port), "qlen", queue])  # cluster-wide by default: the same
+    assert (result.exit_code, result.stdout) == (1, "0\n") and f"node {b_id} at " in result.stderr
 
 
 # --------------------------------------------------------------------------
