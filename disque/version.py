@@ -75,6 +75,7 @@ def describe(program: str) -> str:
 
 
 def server_line() -> str:
-    """`disque-server --version`, in the format of spec/config.md §1."""
+    """`disque-server --version`, in the format of spec/config.md §1, which
+    deployment tools parse."""
     rev = revision() or Revision("00000000", False)
     return f"Disque server v={__version__} sha={rev.sha}:{int(rev.dirty)} malloc=pymalloc bits=64 build=0"

@@ -32,7 +32,8 @@ MARKS = {logging.DEBUG: ".", logging.INFO: "*", logging.WARNING: "#", logging.ER
 
 
 class LogFormatter(logging.Formatter):
-    """`<pid>:P <dd Mon HH:MM:SS.mmm> <lvl> <message>` (spec/config.md §2.1)."""
+    """`<pid>:P <dd Mon HH:MM:SS.mmm> <lvl> <message>` (spec/config.md §2.1),
+    Disque's own log lines, so tools that read those read ours."""
 
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%d %b %H:%M:%S", time.localtime(record.created))

@@ -666,7 +666,10 @@ class NodeCore:
         self.delete_job(job, log=False)
 
     def adopt(self, job: Job) -> Job:
-        """Register a job received from a peer (spec/cluster.md §8.1 receive rules)."""
+        """Register a job received from a peer (spec/cluster.md §8.1 receive
+        rules): a copy starts active with timers of its own, whatever the
+        sender's, so it is queued here only if nobody queues it in time (a
+        RETRY 0 copy only when ENQUEUE or YOURJOBS hands it over)."""
         job.move(ADOPT)
         job.gc_retry = 0
         job.flags &= EVENT

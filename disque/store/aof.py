@@ -499,7 +499,7 @@ class Replay:
             job = entry if isinstance(entry, Job) else spill.load(entry) if spill.index.is_live(entry) else None
             if job is not None and core.jobs.get(job.id) is job and job.state == State.ACTIVE:
                 if not job.retry:
-                    job.qtime = core.now  # queued once (upstream defect §9 fixed)
+                    job.qtime = core.now  # its one queueing: enqueue refuses qtime 0 (upstream defect §9, fixed)
                 if core.enqueue(job):
                     self.requeued += 1
             if n % 1024 == 1023:  # (no job held across the pause: the loop may move it to disk)

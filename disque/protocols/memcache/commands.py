@@ -70,7 +70,10 @@ def overlaps(request: Any) -> bool:
 
 
 def _fatal(node: NodeCore, client: Client) -> bytes:
-    """ERROR, then the connection closes (spec §1.1)."""
+    """ERROR, then the connection closes (spec §1.1): the request contradicts
+    the connection's open read (a fetch over it, or a close or abort naming
+    another queue), and Kestrel ends such a connection; closing it puts the
+    read back at the head (§3.4)."""
     node.close_client(client)
     return reply.ERROR
 

@@ -92,7 +92,8 @@ def parse_cursor(raw: bytes) -> int:
 
 
 def job_ids(argv: list[bytes]) -> list[bytes]:
-    """Validate every ID before acting on any (spec/commands.md §2.3)."""
+    """Validate every ID before acting on any (spec/commands.md §2.3), so one
+    bad ID means nothing is done."""
     for job_id in argv:
         if not ids.valid_id(job_id):
             raise errors.badid()
