@@ -72,6 +72,7 @@ toolate = _fixed(
     "TOOLATE", "Half of job TTL already elapsed, you are no longer allowed to postpone the next delivery."
 )
 noauth = _fixed("NOAUTH", "Authentication required.")
+auth_refused = _fixed("ERR", "too many wrong passwords from this address, try again later")
 oom = _fixed("OOM", "command not allowed when used memory > 'maxmemory'.")
 loading = _fixed("LOADING", "Disque is loading the dataset in memory")
 leaving = _fixed("LEAVING", "This node is leaving the cluster, please connect to a different one")

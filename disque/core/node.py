@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from disque.core import errors
 from disque.core.acks import Acks
+from disque.core.auth_throttle import REFUSED, AuthThrottle
 from disque.core.errors import DisqueError
 from disque.core.groups import EVENT_COPIES, Groups
 from disque.core.items import Items
@@ -103,8 +104,6 @@ OK = Status(b"OK")
 GC_MAX_DELAY: Final = 180_000
 QUEUE_IDLE_MS = (300_000, 10_000, 2_000)  # by memory level 0, 1, >= 2
 BLOCKED_CRON_MS: Final = 100
-AUTH_FREE_TRIES = 3  # wrong passwords a connection may send before each further one is answered late
-AUTH_DELAY_MS = (100, 5_000)  # the first late answer's delay, doubled with each failure up to the second
 AUTH_LOG_EVERY_MS = 10_000  # at most one log line about failed AUTHs per period
 # Command latency histogram (Stats.calls): bucket i counts the calls that took
 # 2**(i-1) µs or more and less than 2**i µs (bucket 0: under 1 µs); the last
@@ -168,6 +167,7 @@ class NodeCore:
         self.client_pause_until = 0
         self._last_cron = 0
         self._auth_logged = -AUTH_LOG_EVERY_MS  # when a failed AUTH was last logged
+        self.auth_throttle = AuthThrottle()  # wrong passwords by source address
         self._gc_cursor = 0
         self.collected = Collected()
         self.federation = Federation(self)
@@ -900,27 +900,46 @@ class NodeCore:
     def import_from(self, queue: Queue) -> list[str]:
         return self.federation.import_from(queue)
 
-    def authenticate(self, client: Client, password: bytes | None, failure: DisqueError) -> Any:
-        """AUTH and HELLO's AUTH (`password` None: a user other than
-        `default`).  None when it is right; else `failure`, raised, or once
-        the connection has sent AUTH_FREE_TRIES wrong passwords returned after
-        a delay (BLOCKED: the client runs nothing meanwhile), so that guessing
-        costs time.  Failures are counted in INFO and logged, rate-limited."""
+    def authenticate(self, client: Client, password: bytes | None, failure: DisqueError, success: Any = OK) -> Any:
+        """AUTH (`password` None: a user other than `default`): None when it
+        is right and may be answered at once; else `failure` raised, or
+        BLOCKED when the answer (`failure`, or `success`) must wait
+        (`check_password`)."""
+        delay = self.check_password(client, password)
+        if client.authenticated and not delay:
+            return None
+        return self.answer_late(client, delay, success if client.authenticated else failure)
+
+    def check_password(self, client: Client, password: bytes | None) -> int:
+        """Check a password a client sent (setting `client.authenticated`);
+        the ms its answer must wait, so that guessing costs time
+        (core/auth_throttle.py: counted per source address, across
+        connections and ports).  Raises when the address has too many
+        attempts waiting already (the password is not looked at then).
+        Failures are counted in INFO and logged, rate-limited."""
         required = self.config.requirepass
         assert required
-        client.authenticated = password is not None and len(password) <= 512 and password == required.encode()
-        if client.authenticated:
-            return None
-        client.auth_failures += 1
-        self.stats.auth_failures += 1
-        if self.now - self._auth_logged >= AUTH_LOG_EVERY_MS:
-            self._auth_logged = self.now
-            log.warning("Failed AUTH from %s (%d failures since start)", client.addr, self.stats.auth_failures)
-        late = client.auth_failures - AUTH_FREE_TRIES
-        if late <= 0:
-            raise failure
-        first, cap = AUTH_DELAY_MS
-        self.block(client, (), False, min(first << min(late - 1, 16), cap), failure)
+        ok = password is not None and len(password) <= 512 and password == required.encode()
+        delay = self.auth_throttle.attempt(client.addr, self.now, ok)
+        if delay == REFUSED:
+            client.authenticated = False
+            raise errors.auth_refused()
+        client.authenticated = ok
+        if not ok:
+            self.stats.auth_failures += 1
+            if self.now - self._auth_logged >= AUTH_LOG_EVERY_MS:
+                self._auth_logged = self.now
+                log.warning("Failed AUTH from %s (%d failures since start)", client.addr, self.stats.auth_failures)
+        return delay
+
+    def answer_late(self, client: Client, delay: int, reply: Any) -> Any:
+        """`reply` (raised if it is an error) now, or BLOCKED when `delay`
+        ms must pass first: the client runs nothing meanwhile, then gets it."""
+        if not delay:
+            if isinstance(reply, DisqueError):
+                raise reply
+            return reply
+        self.block(client, (), False, delay, reply)
         return BLOCKED
 
     def feed_monitors(self, client: Client, argv: list[bytes]) -> None:

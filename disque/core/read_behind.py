@@ -10,8 +10,10 @@ jobs move:
   passes `job-memory-limit` (default half of `maxmemory`).  While a queue
   has a tail, new jobs newer than the tail join it, as Kestrel's journal
   takes new items in read-behind, and while the node is over its budget
-  the head's newest jobs go to the tail's front (the slots of a large
-  backlog count too); the head keeps the oldest jobs;
+  the head's newest jobs go into the tail at their place by creation time
+  (the slots of a large backlog count too): jobs queued again by a
+  requeue fall among the tail's jobs, not only before them; the head
+  keeps the oldest jobs;
 * *active copies* received from peers (replicas) and replayed from the AOF,
   while the node is over its budget.
 
@@ -150,9 +152,9 @@ class ReadBehind:
                 now_s = node.now // 1000
                 for job in arrived:
                     if node.jobs.resident(job) and job.state == S_ACTIVE and self._spillable(job):
-                        if job.awake // 1000 > now_s:
+                        if self._second(job.awake) > now_s:
                             self._spill(job, False)
-                        else:  # its timer is due within the second the wheel would load it back in
+                        else:  # due in the second the wheel would load it back in
                             self.arrived.append(job)
         if self.grown:
             grown, self.grown = self.grown, {}
@@ -173,26 +175,24 @@ class ReadBehind:
     def _settle_queue(self, queue: Queue) -> None:
         tail = queue.tail
         if tail is not None and tail.live:
-            # read-behind in progress: what arrived after the tail joins it...
+            # read-behind in progress: what arrived after the tail joins it
             arrived: list[Job] = []
             while (job := queue.newest_in_head()) is not None and job.ctime > tail.last_ctime and self._spillable(job):
                 arrived.append(queue.pop_newest())
             for job in reversed(arrived):
                 tail.append(self._spill(job, True), job.ctime, len(job.body or b""))
-            # ... and while over budget, the head's newest jobs go to its front
-            front = tail.front()
-            older = self._overflow(queue, self.index.ctime[front] if front is not None else None)
-            if older:
-                tail.prepend([self._spill(job, True) for job in reversed(older)], sum(len(j.body or b"") for j in older))
-        elif moving := self._overflow(queue, None):
-            tail = queue.tail = Tail(self.index, self.peek)
-            for job in reversed(moving):
-                tail.append(self._spill(job, True), job.ctime, len(job.body or b""))
+        # While over budget the head's newest jobs go to the tail, each at its
+        # place: jobs queued again (a requeue, the RETRY of jobs a restart
+        # replayed) fall among the tail's, not only before or after them.
+        moving = self._overflow(queue)
+        if moving:
+            if tail is None:
+                tail = queue.tail = Tail(self.index, self.peek)
+            tail.insert([self._spill(job, True) for job in reversed(moving)], sum(len(j.body or b"") for j in moving))
 
-    def _overflow(self, queue: Queue, before: int | None) -> list[Job]:
-        """Take the head's newest jobs out (created before `before`, if
-        given) while the queue or the node is over its budget, keeping
-        `prefetch` jobs; newest first."""
+    def _overflow(self, queue: Queue) -> list[Job]:
+        """Take the head's newest jobs out while the queue or the node is
+        over its budget, keeping `prefetch` jobs; newest first."""
         node = self.node
         tail = queue.tail
         limit = node.config.queue_config.settings(queue.name).max_memory_size
@@ -207,7 +207,7 @@ class ReadBehind:
         self.draining.pop(queue.name, None)
         while over and queue.head_live() - len(moving) > keep:
             job = queue.newest_in_head()
-            if job is None or not self._spillable(job) or (before is not None and job.ctime > before):
+            if job is None or not self._spillable(job):
                 break
             if len(moving) >= self._room and mem <= limit and not self._above(freed):
                 self.draining[queue.name] = self.grown[queue.name] = None  # a later step goes on
@@ -230,11 +230,20 @@ class ReadBehind:
             marks |= UNJOURNALED
         index = self.index
         slot = index.add(job.id, job.queue or b"", loc, size, len(job.body or b""), job.ctime, marks)
-        index.wake_at(slot, job.etime + 1 if queued else job.awake // 1000)  # (expiry: as node.reschedule)
+        index.wake_at(slot, job.etime + 1 if queued else self._second(job.awake))  # (expiry: as node.reschedule)
         node.jobs.remove(job)
         node.account(SLOT_BYTES - node.job_size(job))
         self.spilled += 1
         return slot
+
+    def _second(self, ms: int) -> int:
+        """The wheel's second for a timer due at `ms`: the one it is due in
+        under `force` (the timers of jobs on disk keep their time, to the
+        millisecond, as in memory), else the end of it (up to a second late,
+        but a job loaded back is due: none waits in memory for its time,
+        which, for a second's worth of a backlog's RETRY timers, would be
+        all of them at once)."""
+        return ms // 1000 if self.force else -(-ms // 1000)
 
     def note_arrival(self, job: Job) -> None:
         self.arrived.append(job)
@@ -414,7 +423,9 @@ class ReadBehind:
     def tick(self) -> None:
         """Load what the wheel says is due; the scheduler then handles it."""
         now_s = self.node.now // 1000
-        for slot in self.index.due(now_s, MAX_LOADS_PER_TICK):
+        limit = self.limit()  # a tick loads about what the hysteresis frees, at most
+        cap = max(1, (limit - self.node.base_memory) // 10) if limit else None
+        for slot in self.index.due(now_s, MAX_LOADS_PER_TICK, cap):
             if self.load(slot) is None and self.index.is_live(slot):
                 self.index.wake_at(slot, now_s + 1)  # the disk failed to read it: again in a second
 

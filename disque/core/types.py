@@ -88,7 +88,6 @@ class Client:
     laddr: str = ""
     name: bytes = b""
     authenticated: bool = False
-    auth_failures: int = 0  # wrong passwords sent on this connection
     proto: int = 2  # the reply dialect its front end negotiated (RESP: HELLO 2|3); the runner hands it to the encoder
     ctime: int = 0
     last: int = 0
@@ -119,7 +118,7 @@ class Client:
 @dataclass(slots=True, eq=False)
 class Waiter:
     """A client blocked in GETJOB; or, with no queues, in WAITJOB (`jobs`) or
-    waiting for the late answer to a failed AUTH."""
+    waiting for the late answer to an AUTH."""
 
     client: Client
     queues: tuple[bytes, ...]

@@ -19,7 +19,9 @@ once free: a slot is free when its job is no longer `LIVE` and no queue
 
 A `Tail` is the spilled end of one queue: slots in (ctime, id) order,
 consumed from the front (`pos`); a slot that died in the middle (an ACK, a
-job loaded back by ID) is skipped when the front reaches it.
+job loaded back by ID) is skipped when the front reaches it.  Dead entries
+keep their slot (and so its ctime) until the front passes them, so the
+listed slots stay sorted and new ones are merged in at their place.
 
 The awake *wheel* maps a second to the slots to look at then (expiry for a
 queued job, the requeue or expiry of an active copy), with a heap of the
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator
 
 from disque.store.job import Job
@@ -207,19 +210,22 @@ class SpillIndex:
         """The earliest second with a wheel entry."""
         return self._heap[0] if self._heap else None
 
-    def due(self, now_s: int, limit: int) -> list[int]:
-        """Live slots whose second has come (at most `limit`, earliest first);
-        they leave the wheel."""
+    def due(self, now_s: int, limit: int, max_bytes: int | None = None) -> list[int]:
+        """Live slots whose second has come (at most `limit`, and records of
+        about `max_bytes` if given; earliest first); they leave the wheel."""
         out: list[int] = []
-        heap, wheel, flags, awake = self._heap, self.wheel, self.flags, self.awake
-        while heap and heap[0] <= now_s and len(out) < limit:
+        heap, wheel, flags, awake, size = self._heap, self.wheel, self.flags, self.awake, self.size
+        left = max_bytes
+        while heap and heap[0] <= now_s and len(out) < limit and (left is None or left > 0):
             second = heap[0]
             bucket = wheel[second]
-            while bucket and len(out) < limit:
+            while bucket and len(out) < limit and (left is None or left > 0):
                 slot = bucket.pop()
                 if flags[slot] & LIVE and awake[slot] == second:
                     awake[slot] = 0  # taken: a second entry of the slot (reused meanwhile) is stale
                     out.append(slot)
+                    if left is not None:
+                        left -= size[slot]
             if not bucket:
                 del wheel[second]
                 heapq.heappop(heap)
@@ -248,17 +254,32 @@ class Tail:
         self.nbytes += blen
         self.last_ctime = ctime
 
-    def prepend(self, slots: list[int], nbytes: int) -> None:
-        """List jobs older than every job listed, in order, before them."""
-        n = len(slots)
-        if n <= self.pos:
-            self.slots[self.pos - n : self.pos] = array("I", slots)
-            self.pos -= n
+    def insert(self, slots: list[int], nbytes: int) -> None:
+        """List jobs (in order, `nbytes` of bodies) each at its place by
+        creation time.  Jobs queued again (a requeue, a restart's RETRY)
+        fall among those listed: a merge, one copy of the listed slots;
+        jobs all older than the front go in the room before it if there
+        is some, and jobs all newer than the last at the end."""
+        ctime = self.index.ctime
+        old, pos, n = self.slots, self.pos, len(slots)
+        if pos == len(old) or ctime[slots[0]] >= ctime[old[-1]]:
+            old.extend(slots)
+        elif ctime[slots[-1]] < ctime[old[pos]] and n <= pos:
+            old[pos - n : pos] = array("I", slots)
+            self.pos = pos - n
         else:
-            self.slots = array("I", slots) + self.slots[self.pos :]
-            self.pos = 0
+            key = ctime.__getitem__
+            merged, at = array("I"), pos
+            for slot in slots:
+                i = bisect_right(old, ctime[slot], at, len(old), key=key)
+                merged += old[at:i]
+                merged.append(slot)
+                at = i
+            merged += old[at:]
+            self.slots, self.pos = merged, 0
         self.live += n
         self.nbytes += nbytes
+        self.last_ctime = max(self.last_ctime, ctime[slots[-1]])
 
     def front(self) -> int | None:
         """The oldest live slot; dead ones passed on the way are released."""

@@ -429,3 +429,112 @@ def test_announced_port() -> None:
     assert announced_port(config) == 7711
     config.port = 0
     assert announced_port(config) == 7712
+
+
+# --------------------------------------------------------------------------
+# Password guessing, slowed per source address (disque.core.auth_throttle)
+
+
+def _addr_session(core, addr: str):
+    from support import Session
+
+    s = Session(core)
+    s.client.addr = addr
+    return s
+
+
+def _answered_after(core, clock, s, limit_ms: int = 20_000) -> int:
+    """ms until the late answer of `s` arrives (the core ticking every 10 ms)."""
+    from invariants import advance
+
+    waited = 0
+    while not s.pending():
+        assert waited < limit_ms, "no answer"
+        advance(core, clock, 10)
+        waited += 10
+    return waited
+
+
+def test_the_throttle_counts_per_address_and_serialises_parallel_attempts() -> None:
+    from disque.core.auth_throttle import DELAY_MS, FORGET_MS, FREE_TRIES, REFUSED, AuthThrottle
+
+    t = AuthThrottle()
+    assert [t.attempt(f"10.0.0.1:{port}", 0, False) for port in range(1, FREE_TRIES + 1)] == [0] * FREE_TRIES
+    # every further attempt, from any port of the address, waits behind the one before
+    assert [t.attempt("10.0.0.1:9", 0, False) for _ in range(6)] == [100, 300, 700, 1500, 3100, 6300]
+    assert t.attempt("10.0.0.1:9", 0, True) == REFUSED  # 6.3 s queued: not even looked at
+    assert t.attempt("10.0.0.2:9", 0, False) == 0  # another address has its own count
+    assert t.attempt("10.0.0.1:9", 1_400, True) == 6300 - 1_400  # right: answered at the next slot ...
+    assert t.attempt("10.0.0.1:9", 6300, False) == 0  # ... and the address is forgotten
+    # failures are forgotten FORGET_MS after the last one
+    t2 = AuthThrottle()
+    for _ in range(FREE_TRIES + 1):
+        t2.attempt("10.0.0.3:1", 0, False)
+    assert t2.attempt("10.0.0.3:1", DELAY_MS[0], False) == 200
+    assert t2.attempt("10.0.0.3:1", DELAY_MS[0] + FORGET_MS, False) == 0
+
+
+def test_the_throttle_table_is_bounded_and_ipv6_counts_by_64(monkeypatch) -> None:
+    from disque.core import auth_throttle
+    from disque.core.auth_throttle import FORGET_MS, AuthThrottle, address_key
+
+    assert address_key("[2001:db8::1:2]:7711") == address_key("[2001:db8::ffff]:1") == "2001:db8::/64"
+    assert address_key("[fe80::1%eth0]:5") == "fe80::/64" and address_key("[nonsense]:5") == "nonsense"
+    assert address_key("192.0.2.7:7711") == "192.0.2.7" and address_key("unix") == "unix"
+    monkeypatch.setattr(auth_throttle, "MAX_ADDRESSES", 100)
+    t = AuthThrottle()
+    for i in range(1000):
+        t.attempt(f"10.1.{i // 256}.{i % 256}:1", i, False)
+    assert len(t.addresses) == 100 and "10.1.3.231" in t.addresses and "10.1.0.0" not in t.addresses
+    t.attempt("10.9.9.9:1", 999 + FORGET_MS, False)  # every older entry has expired meanwhile
+    assert list(t.addresses) == ["10.9.9.9"]
+
+
+def test_fresh_connections_share_their_address_slowdown() -> None:
+    """Wrong passwords over new connections from one address are slowed as
+    on one connection; another address is not; a right password waits for
+    its address's slot too, then clears it."""
+    from support import make_core
+    from disque.core.types import BLOCKED
+
+    core, clock, _ = make_core(requirepass="secret")
+    for port in range(3):
+        assert _addr_session(core, f"10.0.0.1:{port}")("AUTH", "wrong").message == "invalid password"
+    delays = []
+    for port in range(3, 7):
+        s = _addr_session(core, f"10.0.0.1:{port}")
+        assert s("AUTH", "wrong") is BLOCKED
+        delays.append(_answered_after(core, clock, s))
+    assert all(want <= got <= want + 100 for want, got in zip([100, 200, 400, 800], delays, strict=True)), delays
+    elsewhere = _addr_session(core, "10.0.0.2:1")
+    assert elsewhere("AUTH", "wrong").message == "invalid password"
+    right = _addr_session(core, "10.0.0.1:99")
+    assert right("AUTH", "wrong") is BLOCKED and right.client.waiter is not None  # its connection runs nothing meanwhile
+    late = _addr_session(core, "10.0.0.1:100")
+    assert late("AUTH", "secret") is BLOCKED  # right, but told no sooner than a wrong one would be
+    assert not late.pending() and late.client.authenticated
+    _answered_after(core, clock, late)
+    assert late("QLEN", "q") == 0
+    assert _addr_session(core, "10.0.0.1:101")("AUTH", "wrong").message == "invalid password"  # cleared
+
+
+def test_a_flood_of_parallel_guesses_is_refused_unchecked_and_hello_waits_as_auth_does() -> None:
+    from support import make_core
+    from disque.core.types import BLOCKED
+
+    core, clock, _ = make_core(requirepass="secret")
+    guesses = [_addr_session(core, f"10.0.0.5:{port}") for port in range(20)]
+    replies = [s("AUTH", "wrong") for s in guesses]
+    assert [getattr(r, "message", r) for r in replies[:3]] == ["invalid password"] * 3
+    assert replies[3:9] == [BLOCKED] * 6
+    refused = "too many wrong passwords from this address, try again later"
+    assert {r.message for r in replies[9:]} == {refused}
+    assert core.stats.auth_failures == 9  # refusals are not wrong passwords
+    hello = _addr_session(core, "10.0.0.5:99")
+    assert hello("HELLO", "3", "AUTH", "default", "secret").message == refused
+    clock.advance(5_000)
+    # HELLO with the right password, waiting for its slot: its syntax error waits too
+    assert hello("HELLO", "3", "AUTH", "default", "secret", "BOGUS") is BLOCKED
+    _answered_after(core, clock, hello)
+    ok = _addr_session(core, "10.0.0.6:1")
+    assert ok("HELLO", "3", "AUTH", "default", "secret")[0] == (b"server", b"disque")

@@ -77,21 +77,27 @@ def test_a_bucket_is_not_found_across_two_entries():
     assert list(index.in_bucket(769)) == [2]  # not slot 0's high byte and slot 1's low byte
 
 
-def test_older_jobs_go_before_a_tail_in_order():
+def test_jobs_go_into_a_tail_at_their_place():
     index = SpillIndex()
     tail = Tail(index, lambda slot: None)
-    slots = [index.add(b"%d" % i, b"q", 0, 1, 2, i, IN_TAIL) for i in range(10)]
-    for slot in slots[6:]:
-        tail.append(slot, index.ctime[slot], 2)
-    tail.prepend(slots[3:6], 6)  # no room before the front: a new array
-    assert list(tail.oldest()) == slots[3:] and tail.pos == 0
-    tail.take(slots[3])
-    tail.take(slots[4])
-    index.kill(slots[3])
-    index.kill(slots[4])
+    slots = [index.add(b"%d" % i, b"q", 0, 1, 2, i, IN_TAIL) for i in range(14)]
+    tail.insert(slots[6:10], 8)  # an empty tail
+    tail.insert(slots[3:6], 6)  # older than the front, no room before it: a new array
+    assert list(tail.oldest()) == slots[3:10] and tail.pos == 0
+    for slot in slots[3:5]:
+        tail.take(slot)
+        index.kill(slot)
     assert tail.front() == slots[5] and tail.pos == 2
-    tail.prepend(slots[1:3], 4)  # in the room the consumed entries left
-    assert list(tail.oldest()) == [*slots[1:3], *slots[5:]] and tail.live == 7 and tail.nbytes == 14
+    tail.insert(slots[1:3], 4)  # in the room the consumed entries left
+    assert list(tail.oldest()) == [*slots[1:3], *slots[5:10]] and tail.live == 7 and tail.nbytes == 14
+    tail.insert(slots[12:14], 4)  # newer than the last: at the end
+    assert tail.last_ctime == 13
+    tail.take(slots[8])
+    index.kill(slots[8])  # a dead entry in the middle keeps its place
+    tail.insert([slots[0], slots[10], slots[11]], 6)  # one before the front, two among them: merged
+    assert list(tail.oldest()) == [slots[0], *slots[1:3], *slots[5:8], *slots[9:14]]
+    assert tail.live == 11 and tail.nbytes == 22 and tail.last_ctime == 13 and tail.pos == 0
+    assert list(tail.slots) == [slots[0], *slots[1:3], *slots[5:14]]  # the dead entry still listed, in order
 
 
 def test_the_wheel_gives_due_slots_once():
@@ -467,6 +473,41 @@ def test_a_replay_moves_the_jobs_it_kept_in_memory_to_disk_as_its_slots_outgrow_
     check_core(core)
     assert [e[1] for e in s("GETJOB", "COUNT", 1000, "FROM", "q")] == ids[1:2] + ids[3:]
     assert dict(s("SHOW", ids[0]))[b"state"] == "active"
+
+
+def test_jobs_a_crash_left_on_disk_stay_there_when_their_retry_queues_them_again():
+    """After kill -9 every job comes back active and its RETRY queues it
+    again: the jobs queued again fall among those the queue already has on
+    disk, and must go there too, while the RETRY timers of a whole second
+    must not bring its jobs into memory at once."""
+    src, _, _ = make_core(read_behind="no")
+    ids = [bytes(Session(src)("ADDJOB", "q", b"%04d" % i + b"x" * 1000, 0, "RETRY", 1)) for i in range(3000)]
+    blob = b"".join(encode_loadjob(job) for job in src.jobs.values())  # no clean marker: a crash
+    core, clock, s = budgeted(100)
+    room = 300 * core.job_size(src.jobs.get(ids[0]))
+    core.config.job_memory_limit = core.used_memory + room
+    rep = core.begin_load()
+    reader = RecordReader()
+    reader.feed(blob)
+    for n, (offset, args) in enumerate(reader):
+        rep.apply(offset, args)
+        if n % 100 == 99:  # a replay that takes 300 ms: every RETRY falls due within a second
+            clock.advance(10)
+            rep.refresh_time()
+    assert rep.finish() == 0
+    core.end_load()
+    most = 0
+
+    def bounded() -> None:
+        nonlocal most
+        most = max(most, info(core)["jobs_in_memory"])
+        assert core.used_memory <= core.read_behind.limit() + room // 10  # (a tick loads a tenth of the room)
+
+    advance(core, clock, 3_000, bounded)
+    assert s("QLEN", "q") == 3000 and info(core)["jobs_on_disk"] > 2800
+    assert most < 200  # the 100 kept for consumers, and what a tick loads (not 2,978 as before)
+    check_core(core)
+    assert [e[1] for e in s("GETJOB", "COUNT", 3000, "FROM", "q")] == ids  # in order
 
 
 def test_slots_are_sorted_by_creation_time_in_runs_then_merged(monkeypatch):

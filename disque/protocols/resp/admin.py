@@ -308,39 +308,43 @@ def redis_hello(node: NodeCore, client: Client, args: list[bytes]) -> Any:
         raise err("Protocol version is not an integer or out of range") from None
     if proto not in (2, 3):
         raise DisqueError("NOPROTO", "unsupported protocol version")
-    i, name = 1, None
-    while i < len(args):
-        opt = args[i].lower()
-        if opt == b"auth" and i + 2 < len(args):
-            wrong = DisqueError("WRONGPASS", "invalid username-password pair or user is disabled.")
-            if not node.config.requirepass:
-                raise wrong
-            late = node.authenticate(client, args[i + 2] if args[i + 1] == b"default" else None, wrong)
-            if late is not None:
-                return late
-            i += 3
-        elif opt == b"setname" and i + 1 < len(args):
-            name = args[i + 1]
-            i += 2
-        else:
-            raise err(f"Syntax error in HELLO option '{_text(args[i])}'")
-    if node.config.requirepass and not client.authenticated:
-        raise errors.noauth()
-    if name is not None:
-        client_command(node, client, [b"client", b"setname", name])
-    client.proto = proto
-    return Map(
-        [
-            (b"server", b"disque"),
-            (b"version", __version__.encode()),
-            (b"proto", proto),
-            (b"id", client.id),
-            (b"mode", b"cluster"),
-            (b"role", b"master"),
-            (b"modules", []),
-            (b"node-id", node.cluster.my_id.encode()),
-        ]
-    )
+    i, name, delay = 1, None, 0
+    try:
+        while i < len(args):
+            opt = args[i].lower()
+            if opt == b"auth" and i + 2 < len(args):
+                wrong = DisqueError("WRONGPASS", "invalid username-password pair or user is disabled.")
+                if not node.config.requirepass:
+                    raise wrong
+                delay = node.check_password(client, args[i + 2] if args[i + 1] == b"default" else None)
+                if not client.authenticated:
+                    raise wrong
+                i += 3
+            elif opt == b"setname" and i + 1 < len(args):
+                name = args[i + 1]
+                i += 2
+            else:
+                raise err(f"Syntax error in HELLO option '{_text(args[i])}'")
+        if node.config.requirepass and not client.authenticated:
+            raise errors.noauth()
+        if name is not None:
+            client_command(node, client, [b"client", b"setname", name])
+        client.proto = proto
+        reply: Any = Map(
+            [
+                (b"server", b"disque"),
+                (b"version", __version__.encode()),
+                (b"proto", proto),
+                (b"id", client.id),
+                (b"mode", b"cluster"),
+                (b"role", b"master"),
+                (b"modules", []),
+                (b"node-id", node.cluster.my_id.encode()),
+            ]
+        )
+    except DisqueError as e:  # after a password whose answer waits, so does whatever follows it
+        reply = e
+    return node.answer_late(client, delay, reply)
 
 
 # ---------------------------------------------------------------- DEBUG
