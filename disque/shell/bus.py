@@ -38,7 +38,9 @@ peer that reads the positional form: those of a kind in a row wait in
 or a message of another kind for it follows (a replica gets the copies of
 one step in one frame, and answers them with one).  A peer
 whose queue grows past `max_queue` bytes is not reading and is dropped, as is
-a peer that sends a malformed or oversized frame (logged, rate-limited).
+a peer that sends a malformed or oversized frame (logged, rate-limited), and
+one whose frames or task raise anything unexpected: every connection has its
+error boundary, so a bug costs that link, never the node.
 Every close resets the connection, so frames still in the kernel are dropped
 rather than delivered after a partition heals (`_reset_on_close`).
 
@@ -69,6 +71,7 @@ import logging
 import select
 import socket
 import struct
+import traceback
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Protocol
@@ -390,6 +393,8 @@ class Bus:
                 link.ready = True
                 self._call(core.link_connected, key)
                 await self._session(link, partial(core.handle_frames, key=key))
+        except Exception:  # a bug costs this link, not the node
+            self._warn("Closing %s: %s", link.label, traceback.format_exc().rstrip())
         finally:
             if self.links.get(key) is link:
                 del self.links[key]
@@ -428,6 +433,8 @@ class Bus:
                 if await self._secure(peer, initiator=False):
                     peer.ready = True
                     await self._session(peer, deliver)
+        except Exception:  # a bug costs this connection, not the node
+            self._warn("Closing %s: %s", label, traceback.format_exc().rstrip())
         finally:
             if not peer.identified:
                 self.unidentified -= 1
@@ -544,7 +551,15 @@ class Bus:
     def _received(self, peer: _Peer, data: bytes) -> None:
         """Hand every frame of `data` to the core as one step, then apply
         their effects once.  A bad frame closes the peer (logged) after the
-        frames before it are handled."""
+        frames before it are handled; so does any unexpected exception (a
+        bug costs that connection, not the node)."""
+        try:
+            self._receive(peer, data)
+        except Exception:
+            self._warn("Closing %s: error handling its frames: %s", peer.label, traceback.format_exc().rstrip())
+            peer.close()
+
+    def _receive(self, peer: _Peer, data: bytes) -> None:
         frames: list[tuple[Header, Message]] = []
         error: FrameError | AuthError | None = None
         try:

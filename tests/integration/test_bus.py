@@ -249,6 +249,37 @@ async def test_garbage_drops_only_that_connection(nursery: trio.Nursery, caplog:
     assert not b.core.frames[1:]  # nothing from the garbage reached the core
 
 
+async def test_a_bug_handling_frames_drops_that_connection_only(nursery: trio.Nursery, caplog: pytest.LogCaptureFixture) -> None:
+    """An unexpected exception while the core handles a peer's frames closes
+    that connection (logged with its traceback); the bus goes on serving."""
+    caplog.set_level(logging.WARNING, logger="disque")
+    b = await Node("b").start(nursery)
+    handle = b.core.handle_frames
+
+    def buggy(frames: list[tuple[Header, Message]], **where: Any) -> None:
+        if any(isinstance(msg, Pause) for _, msg in frames):
+            raise RuntimeError("a bug in a handler")
+        handle(frames, **where)
+
+    b.core.handle_frames = buggy  # type: ignore[method-assign]
+    stream = await trio.open_tcp_stream(*b.addr)
+    await stream.send_all(encode_frame(Header("c" * 40, 7711, 0), Ping()))
+    await b.core.wait_for(lambda: b.core.got(Ping))
+    await stream.send_all(encode_frame(Header("c" * 40, 7711, 0), Pause(b"q", 1)))
+    with trio.fail_after(5):
+        try:
+            while await stream.receive_some():  # its PONG, then the close
+                pass
+        except trio.BrokenResourceError:
+            pass
+    await stream.aclose()
+    [line] = [r.getMessage() for r in caplog.records if "error handling its frames" in r.getMessage()]
+    assert "RuntimeError: a bug in a handler" in line and "bus connection from 127.0.0.1" in line
+    a = await Node("a").start(nursery)
+    a.core.wanted[1] = b.addr
+    await a.core.wait_for(lambda: a.core.got(Pong, key=1))
+
+
 async def test_reconnect_with_backoff_after_peer_restart(nursery: trio.Nursery) -> None:
     a, b = await pair(nursery)
     await b.stop()
