@@ -11,6 +11,7 @@
 #                  redis-server, iproute2, iptables, chromium,
 #                  chromium-driver, faketime and systemd (`tools`)
 #   bench          the venv of test + a JDK, redis-tools, redis-server
+#   extras         + the extras named in EXTRAS (make extras EXTRAS=spark)
 VENV       := .venv
 PY         := $(VENV)/bin/python
 PYTHON3    ?= python3
@@ -18,21 +19,26 @@ RUN_STAMP  := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 STAMP      := $(VENV)/.installed
 
-.PHONY: run test test-read-behind bench venv tools tools-cc tools-redis tools-java tools-net tools-browser tools-clock tools-systemd tools-memcached clean jepsen jepsen-long
+.PHONY: run test test-read-behind bench venv extras tools tools-cc tools-redis tools-java tools-net tools-browser tools-clock tools-systemd tools-memcached clean jepsen jepsen-long
 
 # The modules setup.py compiles (disque/compiled.py): the install is redone
 # when one of them changes, so the extensions never lag behind their sources.
 COMPILED   := $(shell sed -n 's/^    "\(disque\/.*\.py\)",$$/\1/p' disque/compiled.py)
 
 $(RUN_STAMP): pyproject.toml setup.py disque/compiled.py $(COMPILED) | tools-cc
-	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e .
-	touch $@
+	@test -x $(PY) || { echo "creating the virtual environment $(VENV)"; $(PYTHON3) -m venv $(VENV); }
+	@echo "installing the package into $(VENV) (editable) and compiling its core with mypyc: a minute or two"
+	@$(PY) -m pip install -q --upgrade pip
+	@$(PY) -m pip install -q -e .
+	@touch $@
 
-# An extra's requirements, one per line, read from pyproject.toml: installing
-# them alone spares a second build of the package.
-extra = $(PY) -c 'import sys, tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"][sys.argv[1]], sep="\n")' $(1) | xargs -d '\n' $(PY) -m pip install -q
+# The requirements of extras ($(1): their names, comma-separated, as in
+# EXTRAS), read from pyproject.toml: installing them alone spares a second
+# build of the package.
+extra = reqs=$$($(PY) -c 'import sys, tomllib; known = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]; \
+	names = [n for n in sys.argv[1].split(",") if n]; bad = [n for n in names if n not in known] or not names; \
+	sys.exit("EXTRAS: one or more of " + ", ".join(known) + ", comma-separated") if bad else print(*(r for n in names for r in known[n]), sep="\n")' '$(1)') && \
+	echo "$$reqs" | xargs -d '\n' $(PY) -m pip install -q
 
 $(TEST_STAMP): $(RUN_STAMP)
 	$(call extra,test)
@@ -44,6 +50,15 @@ $(STAMP): $(TEST_STAMP)
 
 # Everything the test suite imports.
 venv: $(STAMP)
+
+# `make extras EXTRAS=spark,dramatiq`: the requirements of optional extras
+# into .venv, next to the editable install (`pip install '.[spark]'` would
+# replace it with a copy).  The package is installed first only when it is
+# not yet: this target never rebuilds it.
+extras:
+	@test -e $(RUN_STAMP) || $(MAKE) --no-print-directory $(RUN_STAMP)
+	@echo "installing the requirements of the extra(s) $(EXTRAS) into $(VENV)"
+	@$(call extra,$(EXTRAS))
 
 # `$(call apt,command:package ...)`: apt-get install the packages of the
 # commands that are missing, quietly and without questions.

@@ -3,9 +3,11 @@ the benchmarks and jepsen-lite all use this.
 
 `python -m disque.devcluster --nodes 3 --port 7711` starts three nodes on
 127.0.0.1:7711-7713 with the embedded default config, joins them with
-CLUSTER MEET, and stops them (by PID, SIGTERM) on Ctrl-C.  `--metrics-port
-9711` (what `make run` passes) gives them metrics and the dashboard on
-9711-9713, `--memcache-port 22133` Kestrel's memcache port on 22133-22135.
+CLUSTER MEET, and stops them (by PID, SIGTERM) on Ctrl-C; their directories
+(`--dir`, by default a new /tmp/disque-run-*) are kept, and it says where.
+`--metrics-port 9711` (what `make run` passes) gives them metrics and the
+dashboard on 9711-9713, `--memcache-port 22133` Kestrel's memcache port on
+22133-22135.
 """
 
 from __future__ import annotations
@@ -178,7 +180,8 @@ def main() -> None:
             node.start()
         if len(nodes) > 1:
             join(nodes)
-        print(f"{len(nodes)} node(s) on {args.host}:{args.port}-{args.port + len(nodes) - 1}, data in {base}.", flush=True)
+        print(f"{len(nodes)} node(s) on {args.host}:{args.port}-{args.port + len(nodes) - 1}.", flush=True)
+        print(f"Data (configs, logs, AOF files) in {base}: kept when the cluster stops.", flush=True)
         print("Try: .venv/bin/disque -p %d ADDJOB q hello 0   (Ctrl-C stops the cluster)" % args.port, flush=True)
         if args.metrics_port:
             print(f"Dashboard: http://{args.host}:{args.metrics_port}/   metrics: /metrics", flush=True)
@@ -193,6 +196,7 @@ def main() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan nodes
         for node in nodes:
             node.stop()
+        print(f"The data stays in {base} (rm -r {base} removes it).", flush=True)
 
 
 if __name__ == "__main__":
