@@ -5,13 +5,15 @@ dicts, lists, strings and numbers only, so the shell can render them
 (Prometheus text, JSON) without reaching into core objects.  It is a read:
 nothing changes.  Most figures are counters or sizes the node keeps anyway;
 jobs by state are counted by walking the job table (O(jobs), a few ms per
-100,000 jobs), the rest is O(queues + nodes).  INFO keeps its own text
-sections (protocols/resp/admin.py); the names here follow them where they
-overlap.
+100,000 jobs), the rest is O(queues + nodes); the metrics endpoint caps
+the queues and groups it shows in detail (`max_queues`, `group_figures`).
+INFO keeps its own text sections (protocols/resp/admin.py); the names here
+follow them where they overlap.
 """
 
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING, Any
 
 from disque.cluster.membership import MYSELF, flags_text
@@ -24,7 +26,10 @@ if TYPE_CHECKING:
 STATE_NAMES = {state: state.name.lower().replace("_", "-") for state in State}
 
 
-def node_figures(node: NodeCore) -> dict[str, Any]:
+def node_figures(node: NodeCore, max_queues: int | None = None) -> dict[str, Any]:
+    """The figures; with `max_queues`, "queues" holds at most that many, the
+    longest (ties: the first in the queue table), and "other_queues" the
+    sums of the rest."""
     jobs = dict.fromkeys(STATE_NAMES.values(), 0)
     for job in node.jobs.values():
         jobs[STATE_NAMES[job.state]] += 1
@@ -38,6 +43,7 @@ def node_figures(node: NodeCore) -> dict[str, Any]:
         "jobs": jobs,
         "used_memory": node.used_memory,
         "peak_memory": node.peak_memory,
+        "mem_level": node.mem_level(),
         "clients": len(node.clients),
         "blocked_clients": len(node.blocked) + len(node.repl_waiters),
         "connections_received": stats.connections,
@@ -67,8 +73,41 @@ def node_figures(node: NodeCore) -> dict[str, Any]:
             }
             for peer in node.cluster.nodes.values()
         ],
-        "queues": [queue_figures(node, queue) for queue in node.queues.values()],
+        **queues_figures(node, max_queues),
     }
+
+
+def queues_figures(node: NodeCore, max_queues: int | None) -> dict[str, Any]:
+    shown: Any = node.queues.values()
+    other = {"count": 0, "len": 0, "jobs_in": 0, "jobs_out": 0, "blocked": 0}
+    if max_queues is not None and len(node.queues) > max_queues:
+        shown = heapq.nlargest(max_queues, node.queues.values(), key=len)  # ties: the first in the table
+        chosen = {id(q) for q in shown}
+        for queue in node.queues.values():
+            if id(queue) not in chosen:
+                other["count"] += 1
+                other["len"] += len(queue)
+                other["jobs_in"] += queue.jobs_in
+                other["jobs_out"] += queue.jobs_out
+                other["blocked"] += len(queue.waiters)
+    return {"queues": [queue_figures(node, queue) for queue in shown], "queues_total": len(node.queues), "other_queues": other}
+
+
+def group_figures(node: NodeCore, max_groups: int) -> tuple[list[tuple[bytes, int, list[Any]]], int]:
+    """QSTATUS's figures of at most `max_groups` consumer groups (queues in
+    name order, their groups in name order), and how many groups there are."""
+    groups = node.groups
+    total = sum(len(q.groups) for q in groups.queues.values())
+    out: list[tuple[bytes, int, list[Any]]] = []
+    room = max_groups
+    for name in sorted(groups.queues):
+        if room <= 0:
+            break
+        names = sorted(groups.queues[name].groups)[:room]
+        if names:
+            out += groups.status([name], names)
+            room -= len(names)
+    return out, total
 
 
 def queue_figures(node: NodeCore, queue: Queue) -> dict[str, Any]:

@@ -1,12 +1,12 @@
 """The HTTP port (`metrics-port`): Prometheus metrics and the dashboard.
 
 Theory of operation: one trio task per HTTP connection, parsed with h11,
-one request at a time (keep-alive), each under a deadline so a slow client
-only holds its own task.  Routes:
+one request at a time (keep-alive).  Routes (HEAD answers as GET, without
+the body):
 
 * `GET /metrics`: Prometheus text exposition, rendered by prometheus_client
-  from the core's figures snapshot (`core.figures.node_figures`) plus the
-  process collector (CPU, RSS, file descriptors);
+  from the core's figures (`core.figures`) plus the process collector (CPU,
+  RSS, file descriptors);
 * `GET /`, `GET /static/<file>`: the dashboard, static files shipped in the
   package (`disque/shell/web/`), no build step;
 * `GET /api/overview`: the figures as JSON (what the dashboard polls);
@@ -14,12 +14,37 @@ only holds its own task.  Routes:
 * `POST /api/queues/<name>/pause` with `{"state": "in"|"out"|"all"|"none"}`:
   PAUSE ... BCAST.  With `requirepass` set it needs the same password, sent
   as `Authorization: Bearer <password>` (or HTTP basic auth, any user name),
-  and checked by the core's own AUTH.
+  checked by the core's own AUTH before the body is looked at.
 
-Commands run through the core's ordinary entry (`handle_command` with the
-RESP command table) on a client of their own, and their effects (a PAUSE
-broadcast) through the session runner, so the HTTP port adds no second way
-into the core.
+What one client can cost is bounded:
+
+* at most MAX_CONNECTIONS connections at once (the next ones are answered
+  503 and closed, counted with the refused connections);
+* REQUEST_TIMEOUT to send a whole request (an idle keep-alive connection
+  too) and MAX_REQUEST bytes of head or body; WRITE_TIMEOUT to take a whole
+  response, or the connection is closed.  A response is one bytes object
+  handed to the socket without a copy, and the metrics and overview are the
+  same object for every client, so a client that does not read holds no
+  memory of its own;
+* the figures are read from the core on the event loop (capped: at most
+  MAX_QUEUE_SERIES queues in detail, the longest, and MAX_GROUP_SERIES
+  consumer groups, with totals for the rest), rendered (Prometheus text and
+  JSON) in a worker thread so that the loop is not held meanwhile, and the
+  result is shared by every request for CACHE_SECONDS, or 20 times what
+  the last rendering took if that is longer (the port spends at most about
+  1/20 of the time on it); concurrent requests wait for the one rendering;
+* every connection has an error boundary: an unexpected exception is logged
+  (rate-limited), answered 500 when a response can still be sent, and costs
+  that connection, never the node.
+
+Commands (SHOW, AUTH, PAUSE) run through the core's ordinary entry
+(`handle_command` with the RESP command table) on a client of their own,
+registered with the session runner for the time of the request and bearing
+the connection's address, so that a late AUTH answer reaches it and wrong
+passwords count against the address as on any port (core/auth_throttle.py);
+they wait while CLIENT PAUSE is on, as a client's commands do.  Their effects
+(a PAUSE broadcast) go through the session runner, so the HTTP port adds no
+second way into the core.
 """
 
 from __future__ import annotations
@@ -27,40 +52,72 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import traceback
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from http import HTTPStatus
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 import h11
 import trio
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from disque.core import errors
 from disque.core.errors import DisqueError
-from disque.core.figures import node_figures
+from disque.core.figures import group_figures, node_figures
 from disque.core.node import NodeCore
-from disque.core.types import NIL_ARRAY, Map, Status
+from disque.core.types import BLOCKED, NIL_ARRAY, Map, Status
 from disque.protocols.resp.front import RESP
-from disque.shell.session import Sessions
+from disque.shell.session import Conn, Sessions
 
 log = logging.getLogger("disque")
 
 REQUEST_TIMEOUT = 10.0  # seconds for a client to send a whole request
+WRITE_TIMEOUT = 10.0  # seconds for a client to take a whole response
 MAX_REQUEST = 64 * 1024
+MAX_CONNECTIONS = 128  # HTTP connections open at once
 READ_SIZE = 16 * 1024
+CACHE_SECONDS = 1.0  # the figures are rendered at most this often ...
+CACHE_FACTOR = 20  # ... or this many times what rendering them last took
+MAX_QUEUE_SERIES = 1000  # queues with series of their own (the longest); totals for the rest
+MAX_GROUP_SERIES = 1000  # consumer groups with series of their own
+LOG_INTERVAL = 1.0  # seconds between two logged errors of the port
 WEB = resources.files("disque.shell") / "web"
 CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PAUSE_STATES = ("in", "out", "all", "none")
+BUSY = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+
+
+class Snapshot(NamedTuple):
+    """What the core and the session runner said, as plain data: what a
+    worker thread may render while the core goes on."""
+
+    figures: dict[str, Any]
+    groups: list[tuple[bytes, int, list[Any]]]
+    groups_total: int
+    events: tuple[int, int, int]  # added, handed out, acknowledged
+    net: tuple[int, int, int]  # bytes in, bytes out, refused connections
+    http_connections: int
+
+
+class Rendered(NamedTuple):
+    metrics: bytes
+    overview: bytes
 
 
 class NodeCollector:
-    """The node's figures as Prometheus metric families (read at each scrape)."""
+    """A snapshot's figures as Prometheus metric families."""
 
-    def __init__(self, core: NodeCore, sessions: Sessions) -> None:
-        self.core = core
-        self.sessions = sessions
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
 
     def collect(self) -> list[Metric]:
-        fig = node_figures(self.core)
+        snap = self.snapshot
+        fig = snap.figures
+        net_in, net_out, rejected = snap.net
         out: list[Metric] = []
 
         def gauge(name: str, doc: str, value: float) -> None:
@@ -75,13 +132,16 @@ class NodeCollector:
         out.append(jobs)
         gauge("used_memory_bytes", "The node's estimate of its dataset size (INFO used_memory).", fig["used_memory"])
         gauge("peak_memory_bytes", "The largest used_memory seen.", fig["peak_memory"])
+        gauge("memory_level", "0 ok, 1 warning (over 75 % of maxmemory: new jobs are stored on other nodes only), "
+              "2 oom (over 95 %: evicting, refusing what needs memory) (INFO mem_level).", fig["mem_level"])  # fmt: skip
         gauge("connected_clients", "Client connections open.", fig["clients"])
         gauge("blocked_clients", "Clients blocked in GETJOB or waiting for replication.", fig["blocked_clients"])
         counter("connections_received", "Client connections accepted.", fig["connections_received"])
         counter("commands_processed", "Commands executed.", fig["commands_processed"])
-        counter("net_input_bytes", "Bytes read from clients.", self.sessions.net_in)
-        counter("net_output_bytes", "Bytes written to clients.", self.sessions.net_out)
-        counter("rejected_connections", "Connections refused (maxclients).", self.sessions.rejected)
+        counter("net_input_bytes", "Bytes read from clients.", net_in)
+        counter("net_output_bytes", "Bytes written to clients.", net_out)
+        counter("rejected_connections", "Connections refused (maxclients, and the HTTP port's limit).", rejected)
+        gauge("http_connections", f"Connections open on this HTTP port (at most {MAX_CONNECTIONS}).", snap.http_connections)
         counter("auth_failures", "Wrong passwords sent with AUTH or HELLO.", fig["auth_failures"])
         counter("bus_messages_sent", "Cluster bus messages sent.", fig["bus_sent"])
         counter("bus_messages_received", "Cluster bus messages received.", fig["bus_received"])
@@ -109,11 +169,19 @@ class NodeCollector:
         counter("federation_jobs_imported", "Jobs received from other nodes and queued here.", fed["jobs_imported"])
         out += self._commands(fig["commands"])
         out += self._queues(fig["queues"])
-        groups = self.core.groups
-        counter("events_added", "Consumer-group events added here (QADD).", groups.added)
-        counter("events_handed_out", "Events this node handed to a group (QGET, claims, NEEDEVENT).", groups.handed)
-        counter("events_acked", "Events a group acknowledged, decided here.", groups.acked)
-        out += self._groups(groups.status([], None))
+        other = fig["other_queues"]
+        gauge("queues", "Queues known to this node.", fig["queues_total"])
+        gauge("other_queues", f"Queues without series of their own (beyond the {MAX_QUEUE_SERIES} longest).", other["count"])
+        gauge("other_queues_length", "Jobs queued in the queues without series of their own.", other["len"])
+        counter("other_queues_jobs_in", "Jobs queued in the queues without series of their own.", other["jobs_in"])
+        counter("other_queues_jobs_out", "Jobs delivered from the queues without series of their own.", other["jobs_out"])
+        gauge("other_queues_blocked_clients", "Clients blocked on the queues without series of their own.", other["blocked"])
+        added, handed, acked = snap.events
+        counter("events_added", "Consumer-group events added here (QADD).", added)
+        counter("events_handed_out", "Events this node handed to a group (QGET, claims, NEEDEVENT).", handed)
+        counter("events_acked", "Events a group acknowledged, decided here.", acked)
+        gauge("consumer_groups", f"Consumer groups known (series of their own for the first {MAX_GROUP_SERIES}).", snap.groups_total)
+        out += self._groups(snap.groups)
         return out
 
     @staticmethod
@@ -195,37 +263,89 @@ def to_json(value: Any) -> Any:
     return value
 
 
+def render(snapshot: Snapshot) -> Rendered:
+    """The Prometheus text and the overview JSON of a snapshot (in a worker thread)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NodeCollector(snapshot))  # type: ignore[arg-type]
+    registry.register(ProcessCollector(registry=None))
+    return Rendered(generate_latest(registry), json.dumps(snapshot.figures, default=_plain).encode())
+
+
+class RequestConn(Conn):
+    """A request's client as the session runner sees it: `kick` says that
+    a late answer (AUTH's) arrived."""
+
+    __slots__ = ("answered",)
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client, RESP)
+        self.answered = trio.Event()
+
+    def kick(self) -> None:
+        self.answered.set()
+
+    abort = kick
+
+
 class HttpPort:
     def __init__(self, core: NodeCore, sessions: Sessions, requirepass: Any) -> None:
         self.core = core
         self.sessions = sessions
         self.requirepass = requirepass  # () -> the current password, or None
-        self.registry = CollectorRegistry()
-        self.registry.register(NodeCollector(core, sessions))  # type: ignore[arg-type]
-        self.registry.register(ProcessCollector(registry=None))
+        self.open = 0  # connections
+        self.rendered: Rendered | None = None
+        self.rendered_at = float("-inf")
+        self.max_age = CACHE_SECONDS
+        self.rendering: trio.Event | None = None  # set when the rendering in progress ends
+        self._log_at = float("-inf")
+        self._log_skipped = 0
 
     async def serve(self, listeners: list[trio.SocketListener]) -> None:
         await trio.serve_listeners(self._connection, listeners)
 
     async def _connection(self, stream: trio.SocketStream) -> None:
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST)
-        try:
-            while True:
-                with trio.fail_after(REQUEST_TIMEOUT):
-                    request, body = await self._read_request(stream, conn)
-                if request is None:
-                    return
-                status, ctype, payload = self.respond(request.method.decode(), request.target.decode(), dict(request.headers), body)
-                headers = [("content-type", ctype), ("content-length", str(len(payload))), ("cache-control", "no-store")]
-                await stream.send_all(conn.send(h11.Response(status_code=status, headers=headers)))
-                await stream.send_all(conn.send(h11.Data(data=payload)) + conn.send(h11.EndOfMessage()))
-                if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
-                    return
-                conn.start_next_cycle()
-        except (h11.RemoteProtocolError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
+        """One connection, behind its error boundary."""
+        if self.open >= MAX_CONNECTIONS:
+            self.sessions.rejected += 1
+            with trio.move_on_after(1):
+                await stream.send_all(BUSY)
             await trio.aclose_forcefully(stream)
+            return
+        self.open += 1
+        try:
+            await self._serve(stream)
+        except (h11.ProtocolError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # a malformed request, a client too slow, or gone
+        except Exception:  # a bug costs this connection, not the node
+            self._log_error("Error serving an HTTP client")
+        finally:
+            self.open -= 1
+            await trio.aclose_forcefully(stream)
+
+    async def _serve(self, stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST)
+        peer, local = _addr(stream, local=False), _addr(stream, local=True)
+        while True:
+            with trio.fail_after(REQUEST_TIMEOUT):
+                request, body = await self._read_request(stream, conn)
+            if request is None:
+                return
+            method, target = request.method.decode(), request.target.decode("latin-1")
+            try:
+                status, ctype, payload = await self.respond(method, target, dict(request.headers), body, peer, local)
+            except Exception:  # a bug costs this reply
+                self._log_error(f"Error answering {method} {target[:200]!r}")
+                status, ctype, payload = self._json(500, {"error": "internal error, check the server logs"})
+            headers = [("content-type", ctype), ("content-length", str(len(payload))), ("cache-control", "no-store")]
+            with trio.fail_after(WRITE_TIMEOUT):
+                await stream.send_all(conn.send(h11.Response(status_code=status, headers=headers, reason=HTTPStatus(status).phrase)))
+                if method != "HEAD":  # the same headers as GET, no body
+                    for chunk in conn.send_with_data_passthrough(h11.Data(data=payload)):
+                        await stream.send_all(chunk)  # not joined: `payload` may be shared by every client
+                await stream.send_all(conn.send(h11.EndOfMessage()))
+            if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                return
+            conn.start_next_cycle()
 
     @staticmethod
     async def _read_request(stream: trio.SocketStream, conn: h11.Connection) -> tuple[Any, bytes]:
@@ -245,26 +365,39 @@ class HttpPort:
             else:  # ConnectionClosed
                 return None, b""
 
+    def _log_error(self, what: str) -> None:
+        """Log an unexpected exception with its traceback, at most one per LOG_INTERVAL."""
+        now = trio.current_time()
+        if now < self._log_at + LOG_INTERVAL:
+            self._log_skipped += 1
+            return
+        skipped = f" ({self._log_skipped} similar errors not logged)" if self._log_skipped else ""
+        log.error("%s%s: %s", what, skipped, traceback.format_exc().rstrip())  # the traceback in the line: the log shows messages only
+        self._log_at, self._log_skipped = now, 0
+
     # ------------------------------------------------------------ routes
 
-    def respond(self, method: str, target: str, headers: dict[bytes, bytes], body: bytes) -> tuple[int, str, bytes]:
+    async def respond(
+        self, method: str, target: str, headers: dict[bytes, bytes], body: bytes, peer: str = "http", local: str = ""
+    ) -> tuple[int, str, bytes]:
         path = target.split("?", 1)[0]
-        if method == "GET":
+        if method in ("GET", "HEAD"):
             if path == "/metrics":
-                return 200, "text/plain; version=0.0.4; charset=utf-8", generate_latest(self.registry)
+                return 200, METRICS_TYPE, (await self.figures()).metrics
+            if path == "/api/overview":
+                return 200, "application/json", (await self.figures()).overview
             if path == "/":
                 path = "/static/index.html"
             if path.startswith("/static/"):
                 return self._static(path.removeprefix("/static/"))
-            if path == "/api/overview":
-                return self._json(200, node_figures(self.core))
             if path.startswith("/api/jobs/"):
-                job = self.run(b"SHOW", path.removeprefix("/api/jobs/").encode())
+                async with self._client(peer, local) as conn:
+                    job = await self._command(conn, b"SHOW", path.removeprefix("/api/jobs/").encode())
                 if isinstance(job, DisqueError):
                     return self._json(400, {"error": str(job)})
                 return self._json(200, {"job": to_json(job)})
         if method == "POST" and path.startswith("/api/queues/") and path.endswith("/pause"):
-            return self._pause(path.removeprefix("/api/queues/").removesuffix("/pause"), headers, body)
+            return await self._pause(path.removeprefix("/api/queues/").removesuffix("/pause"), headers, body, peer, local)
         return self._json(404, {"error": "not found"})
 
     def _static(self, name: str) -> tuple[int, str, bytes]:
@@ -274,36 +407,100 @@ class HttpPort:
             return self._json(404, {"error": "not found"})
         return 200, CONTENT_TYPES[suffix], file.read_bytes()
 
-    def _pause(self, queue: str, headers: dict[bytes, bytes], body: bytes) -> tuple[int, str, bytes]:
-        try:
-            state = json.loads(body or b"{}").get("state")
-        except (ValueError, AttributeError):
-            state = None
-        if state not in PAUSE_STATES or not queue:
-            return self._json(400, {"error": f"state must be one of {', '.join(PAUSE_STATES)}"})
+    async def _pause(self, queue: str, headers: dict[bytes, bytes], body: bytes, peer: str, local: str) -> tuple[int, str, bytes]:
         password = _password(headers.get(b"authorization", b""))
-        reply = self.run(b"PAUSE", queue.encode(), state.encode(), b"BCAST", password=password)
+        if self.requirepass() and password is None:
+            return self._json(401, {"error": str(errors.noauth())})
+        async with self._client(peer, local) as conn:
+            if self.requirepass():  # the password first: nothing of the body is read for a client without it
+                reply = await self._command(conn, b"AUTH", password)  # type: ignore[arg-type]
+                if isinstance(reply, DisqueError) or not conn.client.authenticated:
+                    status = 429 if reply == errors.auth_refused() else 401
+                    return self._json(status, {"error": str(reply) if isinstance(reply, DisqueError) else "ERR invalid password"})
+            state = _pause_state(body)
+            if state is None or not queue:
+                return self._json(400, {"error": f"state must be one of {', '.join(PAUSE_STATES)}"})
+            reply = await self._command(conn, b"PAUSE", queue.encode(), state.encode(), b"BCAST")
         if isinstance(reply, DisqueError):
-            status = 401 if reply.code in ("NOAUTH", "WRONGPASS") or "password" in reply.message else 400
-            return self._json(status, {"error": str(reply)})
+            return self._json(400, {"error": str(reply)})
         return self._json(200, {"queue": queue, "pause": to_json(reply)})
 
-    def run(self, *argv: bytes, password: bytes | None = None) -> Any:
-        """One command on a client of its own, as a connection would run it."""
-        sessions, core = self.sessions, self.core
-        client = sessions.new_client("http", "http")
+    # ------------------------------------------------------------ commands
+
+    @asynccontextmanager
+    async def _client(self, peer: str, local: str) -> AsyncIterator[RequestConn]:
+        """A client for one request's commands, known to the session runner meanwhile."""
+        conn = RequestConn(self.sessions.new_client(peer, local))
+        self.sessions.opened(conn)
         try:
-            if self.requirepass() and password is not None:
-                core.handle_command(client, [b"AUTH", password], RESP.run)
-            reply = core.handle_command(client, list(argv), RESP.run)
+            yield conn
         finally:
-            core.disconnect(client.id)
-            sessions.apply_effects(None)
+            self.sessions.gone(conn)
+
+    async def _command(self, conn: RequestConn, *argv: bytes) -> Any:
+        """Run one command as a connection would: once CLIENT PAUSE is over;
+        a late answer (AUTH's) is waited for (then the reply is BLOCKED: the
+        client's state says the outcome)."""
+        core = self.core
+        while left := core.pause_left(core.clock.now_ms()):
+            await trio.sleep(left / 1000)
+        reply = core.handle_command(conn.client, list(argv), RESP.run)
+        self.sessions.apply_effects(conn)
+        if reply is BLOCKED:
+            await conn.answered.wait()
         return reply
+
+    # ------------------------------------------------------------ figures
+
+    async def figures(self) -> Rendered:
+        """The metrics and the overview, rendered at most once per max_age
+        and shared by every request meanwhile."""
+        while True:
+            if self.rendered is not None and trio.current_time() - self.rendered_at < self.max_age:
+                return self.rendered
+            if self.rendering is not None:
+                await self.rendering.wait()
+                continue
+            self.rendering = done = trio.Event()
+            start = trio.current_time()
+            try:
+                self.rendered = await trio.to_thread.run_sync(render, self.snapshot())
+            finally:
+                self.rendering = None
+                done.set()
+            self.rendered_at = now = trio.current_time()
+            self.max_age = max(CACHE_SECONDS, CACHE_FACTOR * (now - start))
+
+    def snapshot(self) -> Snapshot:
+        """The figures, read on the event loop (the core is not thread-safe)."""
+        core, sessions = self.core, self.sessions
+        groups, total = group_figures(core, MAX_GROUP_SERIES)
+        g = core.groups
+        return Snapshot(
+            node_figures(core, MAX_QUEUE_SERIES), groups, total, (g.added, g.handed, g.acked),
+            (sessions.net_in, sessions.net_out, sessions.rejected), self.open,
+        )  # fmt: skip
 
     @staticmethod
     def _json(status: int, value: Any) -> tuple[int, str, bytes]:
         return status, "application/json", json.dumps(value, default=_plain).encode()
+
+
+def _addr(stream: trio.SocketStream, local: bool) -> str:
+    try:
+        host, port = (stream.socket.getsockname() if local else stream.socket.getpeername())[:2]
+    except OSError:
+        return "?:0"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _pause_state(body: bytes) -> str | None:
+    """The state a pause request asks for, or None when its body does not say."""
+    try:
+        state = json.loads(body or b"{}").get("state")
+    except (ValueError, AttributeError, RecursionError):  # not JSON, not an object, nested too deep
+        return None
+    return state if state in PAUSE_STATES else None
 
 
 def _plain(value: Any) -> Any:

@@ -77,3 +77,30 @@ def test_cluster_figures_replication_and_federation():
 def job_id_of(core) -> bytes:
     [job] = core.jobs.values()
     return job.id
+
+
+def test_queues_beyond_the_cap_are_summed_and_groups_are_capped():
+    """With max_queues, the longest queues are listed (ties: the first in the
+    table) and the rest summed; group_figures lists groups in name order up
+    to its cap, and counts them all."""
+    from disque.core.figures import group_figures
+
+    core, _, _ = make_core()
+    s = Session(core)
+    for i, name in enumerate(["a", "b", "c", "d"]):
+        for _ in range(i + 1):
+            s("ADDJOB", name, "x", 0)
+    s("GETJOB", "FROM", "a")
+    every = node_figures(core)
+    assert every["queues_total"] == 4 and every["other_queues"]["count"] == 0 and len(every["queues"]) == 4
+    fig = node_figures(core, max_queues=2)
+    assert sorted(q["name"] for q in fig["queues"]) == ["c", "d"] and fig["queues_total"] == 4
+    assert fig["other_queues"] == {"count": 2, "len": 2, "jobs_in": 3, "jobs_out": 1, "blocked": 0}
+    s("QADD", "q0", 60, "e")  # an event queue no group read yet
+    for queue in ("q1", "q2"):
+        for group in ("g1", "g2", "g3"):
+            s("QADD", queue, 60, "e")
+            s("QGET", queue, group)
+    shown, total = group_figures(core, 4)
+    assert total == 6 and [(q, [g for g, _ in groups]) for q, _, groups in shown] == [(b"q1", [b"g1", b"g2", b"g3"]), (b"q2", [b"g1"])]
+    assert group_figures(core, 3)[0] == shown[:1] and group_figures(core, 0) == ([], 6)

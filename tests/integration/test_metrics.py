@@ -5,15 +5,19 @@ from __future__ import annotations
 import base64
 import json
 import socket
+import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from clusterkit import wait_for
 from disque.devcluster import NodeProcess, free_port
 
 PASSWORD = "s3cret"
@@ -72,8 +76,8 @@ def test_metrics_follow_jobs_queues_and_commands(metrics_node) -> None:
     assert before[("disque_queue_oldest_job_age_seconds", (("queue", "orders"),))] >= 0
     r.execute_command("ADDJOB", "orders", "one more", 0)
     r.execute_command("PAUSE", "orders", "out")
-    after = samples(port)
-    assert after[("disque_queue_length", (("queue", "orders"),))] == 3
+    # the figures are rendered at most once a second, shared by every scrape meanwhile
+    after = wait_for(lambda: got if (got := samples(port))[("disque_queue_length", (("queue", "orders"),))] == 3 else None)
     assert after[("disque_command_calls_total", (("command", "addjob"),))] == 4
     assert after[("disque_queue_paused", (("pause", "out"), ("queue", "orders")))] == 1
     assert after[("disque_net_input_bytes_total", ())] > before[("disque_net_input_bytes_total", ())]
@@ -158,3 +162,151 @@ def test_the_grafana_dashboard_only_asks_for_metrics_a_node_serves(metrics_node)
         for name in re.findall(r"\b((?:disque|process)_[a-z_]+)", target["expr"])
     }
     assert len(wanted) >= 10 and wanted <= served, sorted(wanted - served)
+
+
+# --------------------------------------------------------------------------
+# What a hostile or careless HTTP client can cost
+
+
+def test_head_answers_as_get_without_a_body(metrics_node) -> None:
+    """HEAD (load balancers, health checks) gets GET's status and headers,
+    no body, and the keep-alive connection goes on."""
+    import http.client
+
+    node, port, r = metrics_node
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    for path, status in (("/", 200), ("/metrics", 200), ("/api/overview", 200), ("/nowhere", 404)):
+        conn.request("GET", path)
+        response = conn.getresponse()
+        length = len(response.read())
+        conn.request("HEAD", path)
+        head = conn.getresponse()
+        assert head.status == response.status == status and head.read() == b""
+        if path != "/metrics":  # (the figures may have been rendered again in between)
+            assert int(head.headers["content-length"]) == length
+    conn.close()
+    result = subprocess.run(["curl", "-sSI", f"http://127.0.0.1:{port}/"], capture_output=True, text=True, timeout=10)
+    assert result.stdout.startswith("HTTP/1.1 200 OK")
+    deadline = time.monotonic() + 3  # what brought a node down did so about 2 s after the HEAD
+    while time.monotonic() < deadline:
+        assert r.ping() and node.proc.poll() is None
+        time.sleep(0.1)
+
+
+def test_the_password_is_checked_before_the_body_and_a_nested_body_is_refused(spawn) -> None:
+    """1,500 `[`: 401 without the password (the body is never parsed), 400
+    with it; the node answers throughout."""
+    port = free_port()
+    node = spawn("--metrics-port", str(port))
+    with redis.Redis(port=node.port) as setup:
+        assert setup.execute_command("CONFIG", "SET", "requirepass", PASSWORD) == b"OK"
+    nested = b"[" * 1500
+    for auth, status in ((None, 401), ("Bearer wrong", 401), (f"Bearer {PASSWORD}", 400)):
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/api/queues/q/pause", data=nested, method="POST")
+        if auth:
+            request.add_header("Authorization", auth)
+        try:
+            urllib.request.urlopen(request, timeout=10)
+            got = 200
+        except urllib.error.HTTPError as e:
+            got = e.code
+        assert got == status, auth
+    with redis.Redis(port=node.port, password=PASSWORD) as r:
+        assert r.ping() and r.execute_command("PAUSE", "q", "state") == b"none"
+
+
+def test_connections_beyond_the_limit_are_answered_503(metrics_node) -> None:
+    from disque.shell.http import MAX_CONNECTIONS
+
+    node, port, r = metrics_node
+    rejected = r.info("stats")["rejected_connections"]
+    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(MAX_CONNECTIONS)]
+    try:
+        wait_for(lambda: http(port, "/api/overview")[0] == 503, what="the limit to be reached")
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as extra:
+            extra.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert extra.recv(100).startswith(b"HTTP/1.1 503 ")
+        assert r.info("stats")["rejected_connections"] >= rejected + 2
+    finally:
+        for sock in held:
+            sock.close()
+    wait_for(lambda: http(port, "/api/overview")[0] == 200, what="room again")
+
+
+def test_the_pause_endpoint_waits_for_client_pause(metrics_node) -> None:
+    """During CLIENT PAUSE the pause request is held as a client's command
+    would be, and carried out after it; metrics are still served."""
+    node, port, r = metrics_node
+    assert r.execute_command("CLIENT", "PAUSE", 1500) == b"OK"
+    start = time.monotonic()
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(http, port, "/api/queues/q/pause", {"state": "in"})
+        assert http(port, "/metrics")[0] == 200 and time.monotonic() - start < 1.2  # reads go on
+        assert not pending.done()
+        status, body = pending.result(timeout=10)
+    assert status == 200 and json.loads(body)["pause"] == "in"
+    assert time.monotonic() - start >= 1.4
+    assert r.execute_command("PAUSE", "q", "state") == b"in"
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+@pytest.mark.slow
+def test_scrapes_of_many_queues_by_clients_that_never_read_cost_little(metrics_node) -> None:
+    """10,000 queues, 60 scrapers that never read their response: the node
+    renders the figures once per interval, off the event loop and capped
+    (MAX_QUEUE_SERIES queues in detail, totals for the rest), holds one copy
+    for all of them, keeps answering PING quickly, and drops the scrapers
+    once WRITE_TIMEOUT has passed."""
+    from disque.shell.http import MAX_QUEUE_SERIES, WRITE_TIMEOUT
+
+    node, port, r = metrics_node
+    pipe = r.pipeline(transaction=False)
+    for i in range(10_000):
+        pipe.execute_command("ADDJOB", f"queue-{i:05d}", "x" * (i % 3), 0)
+    pipe.execute()
+    text = http(port, "/metrics")[1].decode()
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert got[("disque_queues", ())] == 10_000 and got[("disque_other_queues", ())] == 10_000 - MAX_QUEUE_SERIES
+    assert sum(1 for name, _ in got if name == "disque_queue_length") == MAX_QUEUE_SERIES
+    shown = sum(v for (name, _), v in got.items() if name == "disque_queue_length")
+    assert shown + got[("disque_other_queues_length", ())] == 10_000
+    before = rss_mb(node.pid)
+    scrapers = []
+    for _ in range(60):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n" * 5)
+        scrapers.append(s)
+    try:
+        worst = 0.0
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            start = time.monotonic()
+            assert r.ping()
+            worst = max(worst, time.monotonic() - start)
+            time.sleep(0.01)
+        grown = rss_mb(node.pid) - before
+        assert worst < 0.25, f"a PING waited {worst:.2f} s"
+        assert grown < 40, f"the node grew by {grown:.0f} MB for 60 scrapers that do not read"
+
+        # the scrapers are dropped once WRITE_TIMEOUT has passed, cut short
+        wait_for(lambda: samples(port)[("disque_http_connections", ())] == 1, timeout=WRITE_TIMEOUT + 10,
+                 interval=0.5, what="the scrapers to be dropped")  # fmt: skip
+        s = scrapers[0]
+        got = 0
+        s.settimeout(5)
+        try:
+            while data := s.recv(1 << 20):
+                got += len(data)
+        except ConnectionResetError:
+            pass
+        assert 0 < got < 5 * len(text)
+    finally:
+        for s in scrapers:
+            s.close()
+    assert r.ping() and http(port, "/metrics")[0] == 200
