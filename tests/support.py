@@ -48,7 +48,7 @@ class FakeHost:
 
     def process_info(self) -> dict[str, Any]:
         return {
-            "pid": 1, "rss": 10_000_000, "os": "Test", "executable": "/bin/disque-server",
+            "pid": 1, "rss": 10_000_000, "rss_startup": 9_000_000, "os": "Test", "executable": "/bin/disque-server",
             "git_sha1": "1a2b3c4d", "git_dirty": 0, "arch_bits": 64,
             "used_cpu_sys": 0.0, "used_cpu_user": 0.0, "used_cpu_sys_children": 0.0, "used_cpu_user_children": 0.0,
         }  # fmt: skip

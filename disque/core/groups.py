@@ -29,6 +29,14 @@ answered by any holder.  QNOTIFY waits for an event QGET would return: the
 node that stores an event wakes its waiters, and the cron checks them for
 redo every 100 ms.  During a partition both sides may serve an event, so a
 group may get it twice: at-least-once per group wins over one holder.
+
+Memory: what this module keeps beyond the events' job records (each event's
+entry, each group, its progress entries, timers and redo entries) is counted
+in the node's `used_memory` as it changes (`size` recomputes it, for the
+tests), with costs measured with tracemalloc.  Over 95 % of `maxmemory` with
+nothing to evict, a client's command may not create a group (-OOM, as Redis
+refuses XGROUP CREATE), while the existing groups keep working; progress a
+peer sends is always kept.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from disque.cluster import messages as m
+from disque.core import errors
 from disque.core.types import BLOCKED, Client, Waiter
 from disque.store.aof import GROUPSET, encode_record
 from disque.store.job import EVENT, Job, State
@@ -53,6 +62,13 @@ CLAIM_MS = 1000  # how long a QGET waits for a remote server's answer (then nil)
 CLAIM_TRIES = 3  # denied claims a QGET retries with its refreshed view
 EVENT_COPIES = 3  # nodes QADD stores an event on (fewer in a smaller cluster)
 COUNTER_BITS = 20  # events per ms and node before the ms part runs ahead
+# Memory (tests/core/test_memory_accounting.py keeps these honest), bytes per
+EVENT_QUEUE_OVERHEAD = 470  # event queue (its object, dicts and list, its table entry)
+EVENT_ENTRY = 100  # ... event, on top of its job's estimate (its decimal ID's int, `events` and `ids` entries)
+GROUP_OVERHEAD = 430  # ... group, on top of its name (its object, dict and lists, its table entry)
+PROGRESS_ENTRY = 50  # ... (event, group) progress entry (a dict entry)
+TIMER_ENTRY = 100  # ... deadline in a group's timer heap (a tuple, a slot, the deadline's int)
+REDO_ENTRY = 8  # ... event in a group's redo heap (a slot: the int is the event's)
 
 
 def event_id(job_id: bytes) -> int:
@@ -68,9 +84,9 @@ def advanced(old: int | None, new: int) -> bool:
 class Group:
     __slots__ = ("progress", "cursor", "timers", "redo")
 
-    def __init__(self) -> None:
+    def __init__(self, cursor: int) -> None:
         self.progress: dict[int, int] = {}  # event -> deadline ms, or DONE
-        self.cursor = 0  # every event held here below it has progress in this group
+        self.cursor = cursor  # every event held here below it has progress in this group
         self.timers: list[tuple[int, int]] = []  # (deadline, event) heap: when in-progress events turn redo
         self.redo: list[int] = []  # heap of events whose deadline passed (checked against `progress` when used:
         # an entry acknowledged, handed out again or gone since is dropped when it reaches the top)
@@ -85,12 +101,13 @@ class EventQueue:
         self.events: dict[int, Job] = {}
         self.groups: dict[bytes, Group] = {}
 
-    def group(self, name: bytes) -> Group:
-        group = self.groups.get(name)
-        if group is None:
-            group = self.groups[name] = Group()
-            group.cursor = self.ids[0] if self.ids else 0
-        return group
+
+def group_size(name: bytes, group: Group) -> int:
+    """What a group costs (`used_memory`)."""
+    return (
+        GROUP_OVERHEAD + len(name) + PROGRESS_ENTRY * len(group.progress)
+        + TIMER_ENTRY * len(group.timers) + REDO_ENTRY * len(group.redo)
+    )  # fmt: skip
 
 
 @dataclass(slots=True, eq=False)
@@ -135,8 +152,10 @@ class Groups:
         q = self.queues.get(name)
         if q is None:
             q = self.queues[name] = EventQueue(name)
+            self.node.account(EVENT_QUEUE_OVERHEAD)
         e = event_id(job.id)
         q.events[e] = job
+        self.node.account(EVENT_ENTRY)
         ids = q.ids
         if not ids or ids[-1] < e:
             ids.append(e)
@@ -177,15 +196,45 @@ class Groups:
         q = self.queues[job.queue]  # type: ignore[index]
         e = event_id(job.id)
         del q.events[e]
-        for group in q.groups.values():
-            group.progress.pop(e, None)
+        dropped = sum(group.progress.pop(e, None) is not None for group in q.groups.values())
+        self.node.account(-EVENT_ENTRY - PROGRESS_ENTRY * dropped)
         if len(q.ids) > 2 * len(q.events) + 64:
             q.ids = [e for e in q.ids if e in q.events]
         self._maybe_forget(q)
 
     def _maybe_forget(self, q: EventQueue) -> None:
         if not q.events:
-            self.queues.pop(q.name, None)
+            del self.queues[q.name]
+            self._drop_groups(q)
+            self.node.account(-EVENT_QUEUE_OVERHEAD)
+
+    def _drop_groups(self, q: EventQueue) -> None:
+        self.node.account(-sum(group_size(name, group) for name, group in q.groups.items()))
+        q.groups.clear()
+
+    def _group(self, q: EventQueue, name: bytes) -> Group:
+        """The queue's group `name`, made on first use."""
+        group = q.groups.get(name)
+        if group is None:
+            group = q.groups[name] = Group(q.ids[0] if q.ids else 0)
+            self.node.account(GROUP_OVERHEAD + len(name))
+        return group
+
+    def _admit(self, names: list[bytes], group_name: bytes) -> None:
+        """A client's command that would make a new group: -OOM at the
+        refusal level (over 95 % of maxmemory with nothing to evict)."""
+        for name in names:
+            q = self.queues.get(name)
+            if q is not None and group_name not in q.groups and not self.node.evict():
+                raise errors.oom()
+
+    def size(self) -> int:
+        """What this module keeps, recomputed (it is counted as it changes)."""
+        return sum(
+            EVENT_QUEUE_OVERHEAD + EVENT_ENTRY * len(q.events)
+            + sum(group_size(name, group) for name, group in q.groups.items())
+            for q in self.queues.values()
+        )  # fmt: skip
 
     # ------------------------------------------------------------ QADD
 
@@ -238,6 +287,7 @@ class Groups:
         moved in); the first costs O(log n), the others a sort, needed only
         when the first one's server is out of reach."""
         timers, progress, redo = group.timers, group.progress, group.redo
+        before = TIMER_ENTRY * len(timers) + REDO_ENTRY * len(redo)
         while timers and timers[0][0] < now:
             deadline, e = heapq.heappop(timers)
             if progress.get(e) == deadline:
@@ -248,6 +298,7 @@ class Groups:
 
         while redo and not valid(redo[0]):
             heapq.heappop(redo)
+        self.node.account(TIMER_ENTRY * len(timers) + REDO_ENTRY * len(redo) - before)
         if redo:
             yield redo[0]
             yield from (e for e in sorted(set(redo[1:])) if e != redo[0] and valid(e))
@@ -284,11 +335,15 @@ class Groups:
                 return e, job, server  # type: ignore[return-value]
         return None
 
-    def qget(self, client: Client, name: bytes, group_name: bytes, ex_ms: int, tries: int = CLAIM_TRIES) -> Any:
+    def qget(self, client: Client, name: bytes, group_name: bytes, ex_ms: int) -> Any:
         """QGET: [id, body] of the next event for the group, None (nil) when
         there is none, or BLOCKED while the event's server is asked."""
+        self._admit([name], group_name)
+        return self._get(client, name, group_name, ex_ms, CLAIM_TRIES)
+
+    def _get(self, client: Client, name: bytes, group_name: bytes, ex_ms: int, tries: int) -> Any:
         q = self.queues.get(name)
-        picked = self._pick(q, q.group(group_name)) if q is not None else None
+        picked = self._pick(q, self._group(q, group_name)) if q is not None else None
         if picked is None:
             return self._need(client, name, group_name, ex_ms, None)
         e, job, server = picked
@@ -322,7 +377,7 @@ class Groups:
         """Another node found nothing for the group: hand it an event this node serves."""
         node = self.node
         q = self.queues.get(msg.queue)
-        picked = self._pick(q, q.group(msg.group), mine=True) if q is not None else None
+        picked = self._pick(q, self._group(q, msg.group), mine=True) if q is not None else None
         if picked is None:
             node.send(sender, m.Claimed(msg.ticket))
             return
@@ -368,7 +423,7 @@ class Groups:
             node.send(sender, m.Claimed(msg.ticket, False, msg.id not in node.jobs))
             return
         q, job, e = found
-        group = q.group(msg.group)
+        group = self._group(q, msg.group)
         old = group.progress.get(e)
         if old is not None and not 0 < old < node.now:
             node.send(sender, m.GroupSet(msg.id, msg.group, old))  # fixes its view: comes first on the same link
@@ -389,7 +444,7 @@ class Groups:
         if found is not None:
             q, job, e = found
             granted = self._ack(q, msg.group, job, e)
-            if not granted and e in q.group(msg.group).progress:
+            if not granted and e in self._group(q, msg.group).progress:
                 self.node.send(sender, m.GroupSet(msg.id, msg.group, q.groups[msg.group].progress[e]))
         self.node.send(sender, m.Claimed(msg.ticket, granted, msg.id not in self.node.jobs))
 
@@ -426,7 +481,7 @@ class Groups:
             node.reply_to(client, [b"%d" % found[2], found[1].body])
         else:
             tries = ask.tries if msg.unknown else ask.tries - 1  # a holder less is progress
-            reply = self.qget(client, ask.queue, ask.group, ask.ex_ms, tries) if tries else None
+            reply = self._get(client, ask.queue, ask.group, ask.ex_ms, tries) if tries else None
             if reply is not BLOCKED:
                 node.reply_to(client, reply)
 
@@ -436,11 +491,12 @@ class Groups:
         q = self.queues.get(name)
         if q is None:
             return None
+        self._admit([name], group_name)
         if newest:
             live = (e for e in reversed(q.ids) if (job := q.events.get(e)) is not None and job.state == State.ACTIVE and job.etime * 1000 > self.node.now)
             e = next(live, None)
         else:
-            picked = self._pick(q, q.group(group_name))
+            picked = self._pick(q, self._group(q, group_name))
             e = picked[0] if picked is not None else None
         return None if e is None else [b"%d" % e, q.events[e].body]
 
@@ -448,12 +504,16 @@ class Groups:
 
     def _apply(self, q: EventQueue, group_name: bytes, job: Job, e: int, deadline: int, log: bool = True) -> bool:
         """Record progress if it is ahead of what is known (in the AOF too, with `log`)."""
-        group = q.group(group_name)
-        if not advanced(group.progress.get(e), deadline):
+        group = self._group(q, group_name)
+        progress = group.progress
+        if not advanced(old := progress.get(e), deadline):
             return False
-        group.progress[e] = deadline
+        progress[e] = deadline
+        grown = 0 if old is not None else PROGRESS_ENTRY
         if deadline != DONE:
             heapq.heappush(group.timers, (deadline, e))
+            grown += TIMER_ENTRY
+        self.node.account(grown)
         if log:
             self.node.aof_record(job.queue, encode_record(GROUPSET, job.id, group_name, b"%d" % deadline))
         return True
@@ -537,11 +597,9 @@ class Groups:
         q = self.queues.get(name)
         if q is None:
             return
-        q.groups.clear()
-        for job in list(q.events.values()):
+        self._drop_groups(q)
+        for job in list(q.events.values()):  # the last one forgets the queue (`drop_event`)
             self.node.delete_job(job)
-        q.ids.clear()
-        self._maybe_forget(q)
 
     def on_group_flush(self, sender: str, msg: m.GroupFlush) -> None:
         self.flush(msg.queue)
@@ -555,9 +613,10 @@ class Groups:
         cron looks at those whose queues hold events, and at each waiting
         client once, however long its list."""
         names = list(dict.fromkeys(names))
+        self._admit(names, group_name)
         for name in names:
             q = self.queues.get(name)
-            if q is not None and self._pick(q, q.group(group_name)) is not None:
+            if q is not None and self._pick(q, self._group(q, group_name)) is not None:
                 return name
         if not timeout_ms:
             return None
@@ -573,7 +632,7 @@ class Groups:
     def _wake(self, name: bytes, client_id: int, group_name: bytes, waiter: Waiter) -> None:
         """Answer a QNOTIFY waiter with the queue's name if an event is there for it."""
         q = self.queues.get(name)
-        if waiter.client.waiter is waiter and q is not None and self._pick(q, q.group(group_name)) is not None:
+        if waiter.client.waiter is waiter and q is not None and self._pick(q, self._group(q, group_name)) is not None:
             self.node.unblock(waiter.client, name)
             self._forget_waiter(client_id)
 

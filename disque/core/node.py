@@ -88,11 +88,14 @@ S_ACTIVE: Final = State.ACTIVE
 S_QUEUED: Final = State.QUEUED
 S_ACKED: Final = State.ACKED
 
-# Memory estimate (spec/cluster.md §11): the dataset size, not the process RSS.
-# Memory accounting: what objects really cost in CPython, measured with
+# Memory estimate (spec/cluster.md §11): what the node's data takes, as Redis and
+# Disque count their allocator's bytes, not the process RSS (the idle
+# interpreter and its modules are a fixed cost the shell reports apart, INFO
+# used_memory_startup).  What objects really cost in CPython, measured with
 # tracemalloc (tests/core/test_memory_accounting.py keeps these honest), so
-# that `maxmemory` bounds the process's RSS and not a fiction.
-BASE_MEMORY = 800_000  # an idle node until the shell measures the real one (`set_base_memory`)
+# that `maxmemory` bounds the data and RSS stays within it plus that fixed cost.
+BASE_MEMORY: Final = 90_000  # the empty node's own tables (the job index's 1,024, the queue table, ...)
+MEM_LEVELS: Final = ("ok", "warning", "oom")  # mem_level(): as upstream's getMemoryWarningLevel
 JOB_OVERHEAD: Final = 380  # per job (record, index slot, timers, copies of its strings) on top of id + queue + body bytes;
 # between the compiled build (about 280 in a large store, 300-320 in one of 5,000 jobs, where the index's
 # 1,024 tables are small) and the pure one (330-410: its record keeps ints as objects)
@@ -405,17 +408,14 @@ class NodeCore:
     # ------------------------------------------------------------ memory
 
     def mem_level(self) -> int:
+        """0 (`ok`); 1 (`warning`, over 75 % of maxmemory: new jobs keep no
+        copy here, `add_job`); 2 (`oom`, over 95 %: `evict`, and commands
+        flagged `m` are refused when nothing can be evicted)."""
         limit = self.config.maxmemory
         used = self.used_memory
         if used > limit // 100 * 95:
             return 2
         return 1 if used > limit // 100 * 75 else 0
-
-    def set_base_memory(self, size: int) -> None:
-        """The memory of the idle process, measured by the shell at start:
-        `used_memory` counts it, so that `maxmemory` bounds the whole RSS."""
-        self.account(size - self.base_memory)
-        self.base_memory = size
 
     def account(self, delta: int) -> None:
         self.used_memory += delta

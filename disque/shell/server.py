@@ -116,11 +116,12 @@ class Server:
         self.core = NodeCore(
             config, node_id, clock=self.clock, rng=rng, host=self, membership=membership, bodies=self.bodies
         )
-        # used_memory counts the idle process, so that maxmemory bounds the RSS (docs/running.md).
-        self.core.set_base_memory(rss_bytes() or self.core.base_memory)
-        if config.maxmemory and self.core.used_memory > config.maxmemory // 100 * 75:
-            log.warning("maxmemory %d is close to or below the memory of the idle node (%d): jobs get little room",
-                        config.maxmemory, self.core.used_memory)  # fmt: skip
+        # The fixed cost of the process (interpreter, modules, empty node): maxmemory bounds the data
+        # on top of it, INFO shows both (used_memory_startup, used_memory; docs/running.md).
+        self.startup_rss = rss_bytes()
+        if 0 < config.maxmemory < 1 << 20:  # as upstream
+            log.warning("WARNING: You specified a maxmemory value that is less than 1MB (current value is %d bytes). "
+                        "Are you sure this is what you really want?", config.maxmemory)  # fmt: skip
         if membership is None:
             self.save_cluster_config(fsync=True)
             log.info("No cluster configuration found, I'm %s", node_id)
@@ -374,6 +375,7 @@ class Server:
             "git_dirty": int(rev.dirty),
             "arch_bits": 64 if sys.maxsize > 2**32 else 32,
             "rss": rss,
+            "rss_startup": self.startup_rss,
             "os": f"{uname.sysname} {uname.release} {uname.machine}",
             "executable": os.path.abspath(sys.argv[0]),
             "used_cpu_sys": times.system,

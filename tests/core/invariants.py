@@ -105,7 +105,7 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
 
     # -- memory estimate and INFO ------------------------------------------
     expected = core.base_memory + sum(core.job_size(j) for j in jobs.values()) + on_disk * SLOT_BYTES
-    expected += sum(QUEUE_OVERHEAD + len(q.name) for q in core.queues.values())
+    expected += sum(QUEUE_OVERHEAD + len(q.name) for q in core.queues.values()) + core.groups.size()
     assert core.used_memory == expected, (core.used_memory, expected)
     assert core.peak_memory >= core.used_memory
     info = admin.info(core, "jobs") + admin.info(core, "queues")

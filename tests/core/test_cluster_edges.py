@@ -143,7 +143,7 @@ def handlers_do_not_fail(caplog: pytest.LogCaptureFixture) -> Any:
 
 @pytest.mark.parametrize("condition", ["healthy", "leaving", "out of memory"])
 def test_repljob_is_ignored_by_a_leaving_or_full_node(condition):
-    node = Node(maxmemory=1_000_000 if condition == "out of memory" else 1 << 30)
+    node = Node(maxmemory=100_000 if condition == "out of memory" else 1 << 30)  # the empty node: 90 %
     if condition == "leaving":
         assert node.s("CLUSTER", "LEAVING", "yes") == OK
     job = origin_job(node, 1)

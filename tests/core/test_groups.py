@@ -18,6 +18,7 @@ from disque.core.types import BLOCKED, NIL_ARRAY
 from disque.protocols.resp.encoder import encode
 from disque.store.aof import AofCorrupt, Replay, RecordReader, check_record
 from disque.store.job import EVENT
+from invariants import check_core
 from mesh import Mesh
 from support import Session, make_core
 
@@ -204,6 +205,31 @@ def test_qflush_removes_events_and_progress(env):
     assert env("QFLUSH", "waited") == b"OK" and b"waited" in env.core.groups.waiting  # its waiter stays
     env("QADD", "waited", 60, "z")
     assert other.pending() == [b"waited"] and not env.core.groups.waiting
+
+
+@pytest.mark.parametrize("policy", ["acks", "noeviction"])
+def test_no_new_group_at_the_refusal_level_while_existing_groups_go_on(env, policy):
+    """Over 95 % of maxmemory with nothing to evict (events never are), a
+    client may not make a new group (-OOM, as Redis refuses a new consumer
+    group) but the groups there are keep reading, acknowledging and
+    waiting; progress a peer sends is kept whatever the level."""
+    first, second = (env("QADD", "q", 60, body) for body in ("a", "b"))
+    assert env("QGET", "q", "old", "EX", 60) == [first, b"a"]
+    env.core.config.maxmemory_policy = policy
+    env.core.config.maxmemory = (env.core.used_memory - 1) * 100 // 95 // 100 * 100
+    assert env.core.mem_level() == 2
+    for argv in (("QGET", "q", "new"), ("QNOTIFY", "new", 0, "q"), ("QRPEEK", "q"), ("QADD", "q", 60, "c")):
+        assert env(*argv).code == "OOM", argv
+    assert env("QGET", "unknown", "new") is None  # no queue: no group is made
+    assert env("QNOTIFY", "old", 0, "q") == b"q" and env("QGET", "q", "old") == [second, b"b"]
+    assert env("QACK", "q", "old", first) == 1
+    job_id = next(job.id for job in env.core.jobs.values() if event_id(job.id) == int(first))
+    env.core.groups.on_group_set("peer", m.GroupSet(job_id, b"theirs", 0))
+    assert [g for g, _ in env.core.groups.status([b"q"], None)[0][2]] == [b"old", b"theirs"]
+    check_core(env.core)
+    env.core.config.maxmemory = 1 << 30
+    assert env("QGET", "q", "new") == [first, b"a"]
+    check_core(env.core)
 
 
 def test_okq_commands_read_as_one_group(env):

@@ -366,7 +366,7 @@ def test_disconnect_is_idempotent_and_keeps_other_waiters(env):
 
 
 @pytest.mark.parametrize(
-    "maxmemory, level, idle_ms", [(1 << 30, 0, 300_000), (1_000_000, 1, 10_000), (800_000, 2, 2_000)]
+    "maxmemory, level, idle_ms", [(1 << 30, 0, 300_000), (100_000, 1, 10_000), (90_000, 2, 2_000)]
 )
 def test_idle_queue_threshold_follows_memory_level(maxmemory, level, idle_ms):
     env = make_env(maxmemory=maxmemory)
@@ -425,6 +425,29 @@ def test_level1_adds_need_external_replication(env):
     reply = env.s("ADDJOB", "q", "x", 0)
     assert reply.code == "NOREPL" and reply.message.endswith("reason: I'm out of memory")
     assert env.s("ADDJOB", "q", "x", 0, "REPLICATE", 3).message == errors.norepl_reach().message
+
+
+def test_info_memory_shows_the_data_the_fixed_part_and_the_level(env):
+    """used_memory is the data; the process's fixed part (the shell's
+    measure at start) and its RSS are shown apart; the level is named, in
+    INFO and in the figures."""
+
+    def memory() -> dict[bytes, bytes]:
+        lines = env.s("INFO", "memory").split(b"\r\n")[1:-1]
+        return dict(line.split(b":", 1) for line in lines)
+
+    env.add("q", "x" * 1000)
+    used = env.core.used_memory
+    fields = memory()
+    assert int(fields[b"used_memory"]) == used > BASE_MEMORY + 1000
+    assert (fields[b"used_memory_rss"], fields[b"used_memory_startup"]) == (b"10000000", b"9000000")
+    assert fields[b"mem_fragmentation_ratio"] == b"%.2f" % (10_000_000 / (9_000_000 + used))
+    assert (fields[b"maxmemory"], fields[b"maxmemory_policy"]) == (b"%d" % (1 << 30), b"acks")
+    for maxmemory, level, name in ((1 << 30, 0, b"ok"), (used * 100 // 80, 1, b"warning"), (level2_limit(used), 2, b"oom")):
+        env.core.config.maxmemory = maxmemory
+        fields = memory()
+        assert (fields[b"mem_level"], fields[b"mem_level_name"]) == (b"%d" % level, name)
+        assert figures.node_figures(env.core)["mem_level"] == level
 
 
 def test_eviction_drops_delivered_retry0_jobs_only(env):

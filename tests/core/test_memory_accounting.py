@@ -6,6 +6,7 @@ measured again."""
 from __future__ import annotations
 
 import tracemalloc
+from collections.abc import Callable
 
 import pytest
 
@@ -62,9 +63,61 @@ def test_a_queue_costs_what_the_estimate_says():
     assert 0.9 * traced_queue <= estimated_queue <= 1.25 * traced_queue, (traced_queue, estimated_queue)
 
 
-def test_the_base_is_what_the_shell_measured():
+def test_an_empty_node_costs_the_base():
+    make_core()  # the modules are imported: only the node is traced
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        core, _, _ = make_core()
+        traced = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert core.used_memory == core.peak_memory == BASE_MEMORY
+    assert 0.9 * traced <= BASE_MEMORY <= 1.25 * traced, traced
+
+
+# ---------------------------------------------------------------- consumer groups
+
+EVENTS = 3000
+
+
+def traced_and_estimated(setup: Callable[[Session], object], step: Callable[[Session, int], object]) -> tuple[float, float]:
+    """(bytes traced, bytes estimated) per `step`, run EVENTS times after
+    `setup`; effects (AOF records) are taken as the shell would."""
     core, _, _ = make_core()
-    core.set_base_memory(40_000_000)
-    assert core.used_memory == 40_000_000 and core.peak_memory == 40_000_000
-    core.set_base_memory(BASE_MEMORY)
-    assert core.used_memory == BASE_MEMORY
+    s = Session(core)
+    setup(s)
+    core.take_effects()
+    before_estimate = core.used_memory
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(EVENTS):
+            step(s, i)
+            core.take_effects()
+        traced = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert core.used_memory - BASE_MEMORY == core.groups.size() + sum(core.job_size(j) for j in core.jobs.values())
+    return traced / EVENTS, (core.used_memory - before_estimate) / EVENTS
+
+
+def events(s: Session, count: int = EVENTS, queues: int = 1) -> None:
+    for i in range(count):
+        s(b"QADD", b"q%d" % (i % queues), b"600", b"%099d" % i)
+
+
+@pytest.mark.parametrize(
+    "what, setup, step",
+    [
+        ("an event", lambda s: None, lambda s, i: events(s, 1)),
+        ("an event queue and its event", lambda s: None, lambda s, i: s(b"QADD", b"q%d" % i, b"600", b"%099d" % i)),
+        ("a group that took an event", lambda s: events(s, 1), lambda s, i: s(b"QGET", b"q0", b"g%06d" % i, b"EX", b"0")),
+        ("a group that holds an event", lambda s: events(s, 1), lambda s, i: s(b"QGET", b"q0", b"g%06d" % i, b"EX", b"60")),
+        ("an event acknowledged", events, lambda s, i: s(b"QGET", b"q0", b"g", b"EX", b"0")),
+        ("an event held", events, lambda s, i: s(b"QGET", b"q0", b"g", b"EX", b"60")),
+    ],
+)
+def test_consumer_groups_cost_what_the_estimate_says(what, setup, step):
+    traced, estimated = traced_and_estimated(setup, step)
+    assert 0.9 * traced <= estimated <= 1.25 * traced, (what, traced, estimated)

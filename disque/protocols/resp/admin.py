@@ -20,7 +20,7 @@ from disque.cluster.messages import FAIL, LEAVING, MYSELF, PFAIL
 from disque.core.config import ConfigError, config_get, config_set
 from disque.core.errors import DisqueError, err
 from disque.core.types import REPLY_OFF, REPLY_ON, REPLY_SKIP_NEXT, SILENT, Client, Map, Status
-from disque.core.node import NodeCore
+from disque.core.node import MEM_LEVELS, NodeCore
 from disque.protocols.resp.table import COMMANDS, int_or, parse_int, parse_timeout
 
 OK = Status(b"OK")
@@ -78,15 +78,24 @@ def _section_clients(node: NodeCore, proc: dict[str, Any]) -> list[tuple[str, An
 
 
 def _section_memory(node: NodeCore, proc: dict[str, Any]) -> list[tuple[str, Any]]:
-    used, rss = node.used_memory, proc["rss"]
+    """used_memory: the data (what maxmemory bounds); used_memory_startup:
+    the RSS of the idle process, the fixed part outside it (docs/running.md)."""
+    used, rss, startup, limit = node.used_memory, proc["rss"], proc["rss_startup"], node.config.maxmemory
+    level = node.mem_level()
     return [
         ("used_memory", used),
         ("used_memory_human", _human(used)),
         ("used_memory_rss", rss),
+        ("used_memory_startup", startup),
         ("used_memory_peak", node.peak_memory),
         ("used_memory_peak_human", _human(node.peak_memory)),
-        ("mem_fragmentation_ratio", f"{rss / used:.2f}"),
+        ("mem_fragmentation_ratio", f"{rss / (startup + used):.2f}"),
         ("mem_allocator", "pymalloc"),
+        ("maxmemory", limit),
+        ("maxmemory_human", _human(limit)),
+        ("maxmemory_policy", node.config.maxmemory_policy),
+        ("mem_level", level),
+        ("mem_level_name", MEM_LEVELS[level]),
     ]
 
 
