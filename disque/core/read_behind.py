@@ -266,11 +266,14 @@ class ReadBehind:
         node is over its budget: the slots of the jobs replayed after them
         grow past it (a 4-million-job restart reached 577 MB under
         maxmemory 512 MB that way); `queued`: they were stored queued.  A
-        job that may not go (an event) leaves the list all the same."""
+        job that may not go (an event) leaves the list all the same, and so
+        does one no longer active: a later record deleted it, or its RETRY
+        queued it while the replay ran (the ticks go on between its steps),
+        and a queued job goes to disk through its queue, if it goes."""
         node = self.node
         while jobs and self._over():
             job = jobs.pop()
-            if node.jobs.resident(job) and self._spillable(job):  # (a later record may have deleted it)
+            if node.jobs.resident(job) and job.state == S_ACTIVE and self._spillable(job):
                 self._spill(job, False, REPLAYED_QUEUED if queued else 0)
 
     def replay_queued(self, trusted: bool) -> array[int]:

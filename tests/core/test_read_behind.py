@@ -510,6 +510,30 @@ def test_jobs_a_crash_left_on_disk_stay_there_when_their_retry_queues_them_again
     assert [e[1] for e in s("GETJOB", "COUNT", 3000, "FROM", "q")] == ids  # in order
 
 
+def test_a_job_its_retry_queued_while_the_replay_ran_goes_to_disk_only_through_its_queue():
+    src, _, _ = make_core(read_behind="no")
+    ids = [bytes(Session(src)("ADDJOB", "q", b"%04d" % i + b"x" * 1000, 0, "RETRY", 1)) for i in range(1000)]
+    blob = b"".join(encode_loadjob(job) for job in src.jobs.values())
+    core, clock, s = budgeted(10)
+    core.config.job_memory_limit = core.used_memory + 100 * core.job_size(src.jobs.get(ids[0]))
+    rep = core.begin_load()
+    reader = RecordReader()
+    reader.feed(blob)
+    for n, (offset, args) in enumerate(reader):
+        rep.apply(offset, args)
+        if n % 50 == 49:  # a replay of 4 s, with the ticks the event loop runs between its steps
+            clock.advance(200)
+            core.tick()
+            rep.refresh_time()
+    rep.finish()
+    core.end_load()
+    check_core(core, settled=False)  # (the replay moved jobs queued meanwhile to disk as active ones, left in the queue too)
+    advance(core, clock, 2_000)
+    check_core(core)
+    got = [e[1] for e in s("GETJOB", "COUNT", 2000, "FROM", "q")]
+    assert sorted(got) == sorted(ids) and got == ids
+
+
 def test_slots_are_sorted_by_creation_time_in_runs_then_merged(monkeypatch):
     from disque.core import read_behind
 

@@ -1,9 +1,12 @@
 """Read-behind on real processes: a backlog past the memory budget survives
-kill -9, and replicas kept on disk serve their jobs when the node that
+kill -9 (and stays on disk when the RETRY timers queue it again after the
+restart), and replicas kept on disk serve their jobs when the node that
 created them dies."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import redis
@@ -50,6 +53,63 @@ def test_a_backlog_past_the_budget_survives_kill_9(spawn):
         got += client.execute_command("GETJOB", "NOHANG", "COUNT", 500, "FROM", "backlog") or []
     assert [g[1] for g in got] == ids  # in order
     assert read_behind(client)["jobs_on_disk"] == 0
+    client.close()
+
+
+def test_a_backlog_queued_again_after_kill_9_stays_within_the_budget(spawn):
+    """The RETRY timers queue again every job a crash left active: what they
+    queue must go back to disk as it comes, and the replay too must keep to
+    the budget (sampled from the start of the new process)."""
+    jobs, room = 20_000, 8 << 20
+    node: NodeProcess = spawn("--appendonly", "yes", "--appendfsync", "no")
+    client = redis.Redis(host=node.host, port=node.port, protocol=2)
+    client.execute_command("CONFIG", "SET", "job-memory-limit", client.info("memory")["used_memory"] + room)
+    client.execute_command("CONFIG", "REWRITE")  # the restarted process has the same budget
+    most_in_memory = room // BODY  # a job in memory costs more than its body
+    for start in range(0, jobs, 2000):
+        pipe = client.pipeline(transaction=False)
+        for i in range(start, start + 2000):
+            pipe.execute_command("ADDJOB", "backlog", b"%05d:" % i + b"x" * BODY, 0, "RETRY", 1)
+        pipe.execute()
+    assert read_behind(client)["jobs_in_memory"] <= most_in_memory
+    ids = [e[1] for e in client.execute_command("QPEEK", "backlog", jobs)]
+    client.close()
+    node.kill()
+    samples: list[tuple[int, int]] = []  # (jobs_in_memory, QLEN) from the restart on
+    done = threading.Event()
+
+    def sample() -> None:
+        probe = redis.Redis(host=node.host, port=node.port, protocol=2, socket_timeout=5)
+        while not done.is_set():
+            try:
+                figures = read_behind(probe)
+                samples.append((int(figures["jobs_in_memory"]), probe.execute_command("QLEN", "backlog")))
+            except (redis.ConnectionError, redis.ResponseError):  # not listening, or LOADING (QLEN)
+                time.sleep(0.01)
+        probe.close()
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        node.start(wait=30)
+        deadline = time.monotonic() + 30
+        while not samples or samples[-1][1] < jobs:  # every job queued again by its RETRY
+            assert time.monotonic() < deadline, f"requeued {samples[-1:] or 'none'} of {jobs}"
+            time.sleep(0.05)
+    finally:
+        done.set()
+        sampler.join()
+    assert max(n for n, _ in samples) <= most_in_memory, samples
+    client = redis.Redis(host=node.host, port=node.port, protocol=2)
+    assert read_behind(client)["jobs_on_disk"] >= jobs - most_in_memory
+    served: dict[bytes, bytes] = {}
+    while len(served) < jobs:  # (a job served more than a RETRY ago may come again: its first time counts)
+        batch = client.execute_command("GETJOB", "NOHANG", "COUNT", 1000, "FROM", "backlog") or []
+        for _, job_id, body in batch:
+            served.setdefault(job_id, body)
+        if batch:
+            client.execute_command("ACKJOB", *(job_id for _, job_id, _ in batch))
+    assert list(served) == ids and all(served[ids[i]].startswith(b"%05d:" % i) for i in range(jobs))  # in order
     client.close()
 
 
