@@ -349,7 +349,10 @@ class NodeCore:
         limit = self.config.maxmemory
         if limit and self.used_memory > limit // 100 * 95 and not self.evict() and "m" in flags:
             return errors.oom()
-        if (self.aof_error is not None or self.body_error is not None) and ("w" in flags or cmd.name == "ping"):
+        # A disk that fails (the AOF's or read-behind's: by default the same one)
+        # refuses what adds data (the `m` flag, as -OOM does) and PING, not the
+        # consumers: GETJOB and ACKJOB drain the backlog that filled it.
+        if (self.aof_error is not None or self.body_error is not None) and ("m" in flags or cmd.name == "ping"):
             if self.aof_error is not None:
                 return errors.misconf(self.aof_error)
             return errors.misconf(self.body_error, "reading or writing the read-behind segments")  # type: ignore[arg-type]

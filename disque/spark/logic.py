@@ -203,6 +203,7 @@ class ReadOptions:
     password: str | None
     group: str | None = None  # streams: read the queues' events as this consumer group (QGET/QACK)
     group_ack_timeout: int = DEFAULT_GROUP_ACK_TIMEOUT  # QGET's EX: seconds before an unacknowledged event is redo
+    text_bodies: bool = False  # option bodies=string: the body column as UTF-8 text
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool) -> ReadOptions:
@@ -222,7 +223,25 @@ class ReadOptions:
             poll_timeout_ms=_int(options, "pollTimeout", DEFAULT_POLL_TIMEOUT_MS, 0) or 0,
             discover=_bool(options, "discover", True),
             password=_get(options, "password") or None,
+            text_bodies=text_bodies(options),
         )
+
+    def body(self, raw: bytes | None) -> bytes | str | None:
+        """A job's body as the `body` column holds it (invalid UTF-8 as U+FFFD with bodies=string)."""
+        return raw.decode("utf-8", "replace") if self.text_bodies and raw is not None else raw
+
+
+def text_bodies(options: Mapping[str, str]) -> bool:
+    """Option `bodies`: "binary" (the default, like Kafka's value) or "string"."""
+    value = (_get(options, "bodies") or "binary").lower()
+    if value not in ("binary", "string"):
+        raise OptionError(f"option 'bodies' must be 'binary' or 'string', not {value!r}")
+    return value == "string"
+
+
+def read_schema(options: Mapping[str, str]) -> str:
+    """The rows a reader returns: `SCHEMA`, with a string body for bodies=string."""
+    return SCHEMA.replace("body binary", "body string") if text_bodies(options) else SCHEMA
 
 
 def projection(columns: Sequence[str]) -> list[int]:

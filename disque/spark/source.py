@@ -53,7 +53,6 @@ from pyspark.sql.types import StructType
 from disque.client import DisqueConnectionError, Job
 from disque.spark import _io
 from disque.spark.logic import (
-    SCHEMA,
     Budget,
     Offset,
     OptionError,
@@ -67,6 +66,7 @@ from disque.spark.logic import (
     event_of,
     jobs_to_add,
     projection,
+    read_schema,
     replayed,
     sink_marker_path,
 )
@@ -80,15 +80,16 @@ READ_ALL_CAP = 1_000_000  # jobs per batch when Spark asks for everything availa
 class DisqueDataSource(DataSource):
     """Read, consume and produce Disque jobs.
 
-    Rows read: queue string, id string, body binary, nacks long,
-    additional_deliveries long, ctime timestamp (null when streaming)."""
+    Rows read: queue string, id string, body binary (string with option
+    bodies=string), nacks long, additional_deliveries long, ctime timestamp
+    (null when streaming)."""
 
     @classmethod
     def name(cls) -> str:
         return "disque"
 
     def schema(self) -> str:
-        return SCHEMA
+        return read_schema(self.options)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return DisqueBatchReader(dict(self.options), schema)
@@ -138,7 +139,7 @@ class DisqueBatchReader(DataSourceReader):
         with _io.Conn(partition.address, self.opts.password) as conn:
             for queue in partition.queues or [None]:
                 for job in _io.jscan(conn, queue):
-                    record = (job.queue, job.id, job.body, job.nacks, job.additional_deliveries, ctime_datetime(job.ctime))
+                    record = (job.queue, job.id, self.opts.body(job.body), job.nacks, job.additional_deliveries, ctime_datetime(job.ctime))
                     yield _project(self.columns, record)
 
 
@@ -225,7 +226,7 @@ class DisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not jobs and len(failures) >= len(order):
             raise DisqueConnectionError("no Disque node reachable (" + "; ".join(failures) + ")")
         shown = (lambda key: event_of(key)[1]) if self.opts.group is not None else (lambda job_id: job_id)  # rows: the event ID
-        rows = [_project(self.columns, (j.queue, shown(j.id), j.body, j.nacks, j.additional_deliveries, None)) for _, j in jobs]
+        rows = [_project(self.columns, (j.queue, shown(j.id), self.opts.body(j.body), j.nacks, j.additional_deliveries, None)) for _, j in jobs]
         return Taken([(address, j.id) for address, j in jobs], rows)
 
     def _getjobs(self, address: str, wanted: int, wait_ms: int, out: list[tuple[str, Any]], failures: list[str]) -> None:
@@ -327,7 +328,7 @@ class DisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if job is None:
                     log.warning("job %s of a replayed batch is gone (acknowledged or expired)", job_id)
                     continue
-                yield _project(self.columns, (job.queue, job.id, job.body, job.nacks, job.additional_deliveries, None))
+                yield _project(self.columns, (job.queue, job.id, self.opts.body(job.body), job.nacks, job.additional_deliveries, None))
 
     def commit(self, end: dict[str, Any]) -> None:
         self._book.commit(end)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -13,7 +17,7 @@ pytest.importorskip("pyspark", reason="the spark extra is not installed (pip ins
 pa = pytest.importorskip("pyarrow", reason="the spark extra is not installed (pip install '.[spark]')")
 
 from disque.spark import _io  # noqa: E402
-from disque.spark.logic import WriteOptions  # noqa: E402
+from disque.spark.logic import SCHEMA, OptionError, ReadOptions, WriteOptions, read_schema  # noqa: E402
 from disque.spark.source import DisqueStreamWriter, _abort, _write  # noqa: E402
 
 
@@ -57,6 +61,31 @@ def test_batch_write_then_snapshot_read(spark, address, conn, queue_name):
     info = _io.show(conn, [rows[0].id])[0]
     assert (info.retry, info.state) == (120, "queued")
     assert info.ttl > 3500 and info.delay == 3599  # held by a DELAY of TTL - 1 until the write committed
+
+
+def test_bodies_as_strings(spark, address, conn, queue_name, tmp_path):
+    q = queue_name("text")
+    add(conn, q, ["héllo".encode(), b"\xff"])
+    reader = spark.read.format("disque").option("nodes", address).option("queues", q)
+    assert reader.load().schema["body"].dataType.simpleString() == "binary"
+    rows = reader.option("bodies", "string").load()
+    assert rows.schema["body"].dataType.simpleString() == "string"
+    assert sorted(r.body for r in rows.collect()) == sorted(["héllo", "\ufffd"])  # invalid UTF-8 as U+FFFD
+    stream = spark.readStream.format("disque").option("nodes", address).option("queues", q).option("bodies", "string").load()
+    query = stream.writeStream.format("memory").queryName(q.replace("-", "_")).trigger(availableNow=True) \
+        .option("checkpointLocation", str(tmp_path / "cp")).start()
+    query.awaitTermination()
+    assert sorted(r.body for r in spark.sql(f"select body from {q.replace('-', '_')}").collect()) == sorted(["héllo", "\ufffd"])
+
+
+def test_the_bodies_option() -> None:
+    assert (read_schema({}), read_schema({"bodies": "binary"})) == (SCHEMA, SCHEMA)
+    assert read_schema({"Bodies": "STRING"}) == SCHEMA.replace("body binary", "body string")
+    opts = ReadOptions.parse({"bodies": "string"}, streaming=False)
+    assert (opts.body(b"caf\xc3\xa9"), opts.body(None)) == ("café", None)
+    assert ReadOptions.parse({}, streaming=False).body(b"\xff") == b"\xff"
+    with pytest.raises(OptionError, match="option 'bodies' must be 'binary' or 'string', not 'text'"):
+        ReadOptions.parse({"bodies": "text"}, streaming=False)
 
 
 def test_binary_bodies_and_json_rows(spark, address, conn, queue_name):
@@ -294,3 +323,46 @@ def test_data_source_is_discoverable_by_spark():
 
     assert pyspark_disque.DefaultSource is DisqueDataSource and DisqueDataSource.name() == "disque"
     assert "pyspark_disque" in {m.name for m in pkgutil.iter_modules()}
+
+
+# -------------------------------------------------------------- first run
+
+
+def outside_the_venv() -> dict[str, str]:
+    """The environment of a user who runs the venv's python by its path: no
+    PYSPARK_PYTHON, and a PATH whose `python3` (if any) is not the venv's."""
+    venv_bin = str(Path(sys.executable).parent)
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != venv_bin)
+    drop = {"PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV", "PYTHONPATH"}
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, "PATH": path}
+
+
+def test_importing_disque_spark_chooses_the_workers_python_unless_the_user_did(tmp_path):
+    show = "import disque.spark, os; print(os.environ['PYSPARK_PYTHON'])"
+    env = outside_the_venv()
+    assert subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True, check=True).stdout == f"{sys.executable}\n"
+    chosen = {**env, "PYSPARK_PYTHON": "/opt/python/bin/python3"}
+    assert subprocess.run([sys.executable, "-c", show], env=chosen, capture_output=True, text=True, check=True).stdout == "/opt/python/bin/python3\n"
+
+
+@pytest.mark.slow  # a Spark driver of its own: about two minutes on two busy cores
+def test_the_quick_example_of_the_docs_runs_as_written(address, conn, queue_name, tmp_path):
+    """docs/spark.md's first example, in a fresh driver started the way a user
+    starts it (PYSPARK_PYTHON unset, the venv not on PATH), against the test's
+    node instead of make run's three and with queues of its own."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "spark.md").read_text()
+    example = re.search(r"```python\n(.*?)```", page, re.S).group(1)  # type: ignore[union-attr]
+    numbers, labels = queue_name("numbers"), queue_name("labels")
+    for old, new in {'"127.0.0.1:7711,127.0.0.1:7712,127.0.0.1:7713"': f'"{address}"', '"numbers"': f'"{numbers}"',
+                     '"labels"': f'"{labels}"', "/tmp/numbers-to-labels": str(tmp_path / "checkpoint")}.items():  # fmt: skip
+        assert old in example, old
+        example = example.replace(old, new)
+    script = tmp_path / "example.py"
+    script.write_text(example + "\nspark.stop()\n")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env={**outside_the_venv(), "SPARK_LOCAL_IP": "127.0.0.1"},
+                          capture_output=True, text=True, timeout=280)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    shown = done.stdout  # .show() of the snapshot: the bodies as text, not byte arrays
+    assert re.search(rf"^\|\s*{re.escape(numbers)}\|\s*DI[0-9a-f]+\.\.\.\|\s*\d+\|", shown, re.M), shown  # IDs cut at 20 characters
+    assert conn.call("QLEN", numbers) == 0 and conn.call("QLEN", labels) == 1000
+    assert sorted(j.body for j in _io.jscan(conn, labels))[:2] == [b"n=0", b"n=1"]
