@@ -23,9 +23,15 @@ second has changed; while one is running writes are postponed for up to 2 s
 A failing write (no space, file too large, I/O error) is undone with
 ftruncate, the data stays in the buffer, the node enters MISCONF
 (`core.aof_error`) and the cron retries every 100 ms until a write
-succeeds.  Replies of commands whose records are not written yet stay at
-the barrier meanwhile, so nothing acknowledged is lost.  A failing fsync
-schedules a rewrite instead (the kernel may have dropped the dirty pages).
+succeeds.  Replies held for records that could not be written are not
+sent: `when_safe`'s `on_error` callback has them answered with the error
+instead (`failed` says when), so nothing acknowledged is lost and no
+client waits for a disk that may stay full.  While the file fails, a reply
+waits only for the LOADJOBs among its records (`needed`): a DELJOB or a
+GROUPSET lost in a crash costs a redelivery, never a job, so consumers
+(ACKJOB, QACK) are answered and drain what filled the disk; their records
+are written once it has room.  A failing fsync schedules a rewrite instead
+(the kernel may have dropped the dirty pages).
 
 Rewrites (BGREWRITEAOF, automatic growth, CONFIG SET appendonly yes): the
 list of active/queued jobs is taken on the event loop, a worker thread
@@ -77,6 +83,7 @@ CRON_PERIOD = 0.1
 POSTPONE_MAX = 2.0  # seconds a write may wait for a running everysec fsync
 
 _ACTIVE, _QUEUED = State.ACTIVE, State.QUEUED
+_LOADJOB = b"*2\r\n$7\r\nLOADJOB\r\n"  # (store/aof.py's encode_loadjob)
 
 
 class AofLoadError(Exception):
@@ -263,8 +270,9 @@ class AofFile:
         self.written = 0
         self.synced = 0
         self.sync_upto = 0  # the end of the last record of a `sync_journal` queue
-        self.waiters: deque[tuple[int, Callable[[], None]]] = deque()
-        self.targets: dict[Any, int] = {}  # connection -> offset its next reply waits for
+        self.needed = 0  # the end of the last LOADJOB appended: what replies wait for while the file fails
+        self.waiters: deque[tuple[int, Callable[[], None], Callable[[], None] | None]] = deque()
+        self.targets: dict[Any, tuple[int, int]] = {}  # connection -> offsets its next reply waits for (all, needed)
         self.mark = 0  # `appended` at the end of the previous flush
         self.rewrite: _Rewrite | None = None
         self.fsync_running = False
@@ -293,6 +301,8 @@ class AofFile:
             self.buf.append(record)
             self.buf_len += len(record)
             self.appended += len(record)
+            if record.startswith(_LOADJOB):
+                self.needed = self.appended
             self.status.buffer_length = self.buf_len
             if sync:  # a `sync_journal` queue: replies after it wait for an fsync, whatever the policy
                 self.sync_upto = self.appended
@@ -315,20 +325,41 @@ class AofFile:
     def hold(self, conn: Any = None) -> int:
         """The offset the replies queued for a connection must wait for,
         or 0 when they may be sent now: the records of the connection's last
-        commands (`flush(conn)`), or else every record appended so far."""
-        target = self.targets.pop(conn, None) if conn is not None else None
+        commands (`flush(conn)`), or else every record appended so far;
+        while the file fails, their LOADJOBs only (see above)."""
+        targets = self.targets.pop(conn, None) if conn is not None else None
         if self.fd is None:
             return 0
-        if target is None:
-            target = self.appended
+        target, needed = (self.appended, self.needed) if targets is None else targets
+        if self.write_error is not None or self.fsync_error is not None:
+            target = needed
         return 0 if target <= self._level() else target
 
     def safe(self, target: int) -> bool:
         return target <= self._level()
 
-    def when_safe(self, target: int, callback: Callable[[], None]) -> None:
-        """Call `callback` (on the event loop) once `target` is safe."""
-        self.waiters.append((target, callback))
+    def failed(self, target: int) -> str | None:
+        """Why the records up to `target` cannot be safe for now (their
+        write, or the fsync they wait for, failed), or None."""
+        if self.write_error is not None and target > self.written:
+            return self.write_error
+        if self.fsync_error is not None and target > self._level():
+            return self.fsync_error
+        return None
+
+    def when_safe(self, target: int, callback: Callable[[], None], on_error: Callable[[], None] | None = None) -> None:
+        """Call `callback` (on the event loop) once `target` is safe, or
+        `on_error`, if given, once it `failed`."""
+        self.waiters.append((target, callback, on_error))
+
+    def _fail_waiters(self) -> None:
+        """A write or fsync failed: the waiters it leaves unsafe that can be
+        told hear it now."""
+        failed = [w for w in self.waiters if w[2] is not None and self.failed(w[0]) is not None]
+        if failed:
+            self.waiters = deque(w for w in self.waiters if w[2] is None or self.failed(w[0]) is None)
+            for waiter in failed:
+                waiter[2]()  # type: ignore[misc]
 
     async def barrier(self, conn: Any = None) -> None:
         """Wait until the replies queued for `conn` may be sent (`hold`)."""
@@ -355,7 +386,8 @@ class AofFile:
         if self.fd is None:
             return
         if current is not None:
-            self.targets[current] = self.appended if self.appended != self.mark else 0
+            appended, needed = self.appended, self.needed
+            self.targets[current] = (appended if appended != self.mark else 0, needed if needed > self.mark else 0)
         self.mark = self.appended
         policy = self.config.appendfsync
         if self.buf:
@@ -430,6 +462,7 @@ class AofFile:
             log.warning("Error writing to the AOF file: %s", strerror)
         self.write_error = strerror
         self._update_error()
+        self._fail_waiters()
 
     def _update_error(self) -> None:
         error = self.write_error or self.fsync_error
@@ -459,6 +492,7 @@ class AofFile:
         self.fsync_error = strerror
         self._update_error()
         self.status.rewrite_scheduled = True
+        self._fail_waiters()
 
     async def _fsync_loop(self) -> None:
         while True:

@@ -24,6 +24,8 @@ modes, which decide its epoll mask:
   the loop (`resume`), so that other clients are served in between.
 * parked (no events): the replies follow AOF records that are not safe yet
   (`AofFile.hold`); `AofFile.when_safe` calls back and the output is sent.
+  If those records cannot be written (the AOF's disk is full), each reply
+  held is answered with -MISCONF instead (`_refuse`), at once.
 
 Replies for other clients (a blocked GETJOB served, MONITOR lines) are sent
 at once by `kick`.  A connection is closed by this task only, when it handles
@@ -58,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from disque.core.errors import misconf
 from disque.core.types import Client, Clock
 from disque.protocols.base import FrontEnd
 from disque.protocols.resp.front import RESP
@@ -346,10 +349,30 @@ class TcpClients:
     def _park(self, conn: TcpConn, hold: int) -> None:
         if hold > conn.hold:
             conn.hold = hold
-        if not conn.parked:
+        if self.aof.failed(conn.hold) is not None:
+            self._refuse(conn)
+        elif not conn.parked:
             conn.parked = True
             self.set_mask(conn, 0)
-            self.aof.when_safe(conn.hold, lambda: self._unpark(conn))
+            self.aof.when_safe(conn.hold, lambda: self._unpark(conn), lambda: self._refuse(conn))
+
+    def _refuse(self, conn: TcpConn) -> None:
+        """The records the held output follows cannot be written for now:
+        each reply held is answered with -MISCONF instead.  The commands
+        took effect (their records are written once the disk has room):
+        for the client, as after a timeout, they may or may not have."""
+        reason = None if conn.gone else self.aof.failed(conn.hold)
+        if reason is None:  # a callback of an earlier park, answered since
+            return
+        error = conn.front.encode(misconf(reason), conn.client.proto)
+        out = conn.out
+        for i, reply in enumerate(out):  # one entry per reply; a memoryview is output being sent already
+            if reply and not isinstance(reply, memoryview):
+                conn.out_size += len(error) - len(reply)
+                out[i] = error
+        conn.parked = False
+        conn.hold = 0
+        self._send(conn)
 
     def _unpark(self, conn: TcpConn) -> None:
         if conn.gone:

@@ -1192,7 +1192,7 @@ def test_quit_closes_after_reply(env):
         ("requirepass", ("QLEN", "q"), "NOAUTH"),
         ("oom", ("ADDJOB", "q", "x", "0"), "OOM"),
         ("misconf", ("PING",), "MISCONF"),
-        ("misconf", ("ACKJOB",), "MISCONF"),
+        ("misconf", ("ADDJOB", "q", "x", "0"), "MISCONF"),  # what adds data; ACKJOB and GETJOB go on
         ("loading", ("QLEN", "q"), "LOADING"),
     ],
 )

@@ -350,6 +350,24 @@ def test_a_disk_that_cannot_write_keeps_the_jobs_and_refuses_writes(monkeypatch)
     assert s("QLEN", "q") == 6
 
 
+def test_consumers_drain_the_backlog_that_filled_the_disk(monkeypatch):
+    core, clock, s = forced()
+    ids = add(s, 6)
+    monkeypatch.setattr(os, "pwrite", lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")))
+    advance(core, clock, 200)  # the cron writes the buffer: the disk is full
+    assert info(core)["read_behind_error"] == "No space left on device"
+    for refused in (s("ADDJOB", "q", "more", 0), s("QADD", "events", 60, "e"), s("ENQUEUE", ids[0]), s("PING")):
+        assert refused.code == "MISCONF" and "read-behind" in str(refused)  # what adds data (and PING)
+    got = s("GETJOB", "COUNT", 10, "FROM", "q")  # read back from disk, two at a time, as usual
+    assert bodies(got) == [b"body%d" % i for i in range(6)]
+    assert s("ACKJOB", *(e[1] for e in got)) == 6 and s("QLEN", "q") == 0 and info(core)["jobs_on_disk"] == 0
+    assert s("DELJOB", ids[0]) == 0 and s("QLEN", "q") == 0 and s("WORKING", ids[1]).code == "NOJOB"
+    monkeypatch.undo()
+    advance(core, clock, 200)
+    assert info(core)["read_behind_error"] == "" and s("PING") == b"PONG"
+    check_core(core)
+
+
 def test_a_disk_that_cannot_read_leaves_the_jobs_there(monkeypatch):
     core, clock, s = forced()
     add(s, 8)
@@ -358,12 +376,13 @@ def test_a_disk_that_cannot_read_leaves_the_jobs_there(monkeypatch):
     monkeypatch.setattr(os, "pread", lambda *a: (_ for _ in ()).throw(OSError(errno.EIO, "Input/output error")))
     assert bodies(s("QPEEK", "q", 3)) == [b"body2", b"body3"]  # what can be read
     assert s("QLEN", "q") == 6 and info(core)["read_behind_error"] == "Input/output error"
-    refused = s("GETJOB", "FROM", "q")  # GETJOB changes state: refused as writes are
+    refused = s("ADDJOB", "q", "more", 0)  # what adds data is refused
     assert refused.code == "MISCONF" and "read-behind" in str(refused)
+    assert bodies(s("GETJOB", "COUNT", 9, "FROM", "q")) == [b"body2", b"body3"]  # consumers get what can be read
     monkeypatch.undo()
     advance(core, clock, 200)  # the cron reads again: the error is over
-    assert info(core)["read_behind_error"] == "" and s("QLEN", "q") == 6
-    assert bodies(s("GETJOB", "COUNT", 9, "FROM", "q")) == [b"body%d" % i for i in range(2, 8)]
+    assert info(core)["read_behind_error"] == "" and s("QLEN", "q") == 4
+    assert bodies(s("GETJOB", "COUNT", 9, "FROM", "q")) == [b"body%d" % i for i in range(4, 8)]
 
 
 def test_clients_kept_waiting_by_the_disk_are_served_once_it_reads_again(monkeypatch):
