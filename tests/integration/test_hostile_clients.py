@@ -121,10 +121,11 @@ def test_password_guessing_is_slowed_counted_and_logged(spawn: Callable[..., Nod
 def test_maxmemory_bounds_the_process(spawn: Callable[..., NodeProcess]) -> None:
     """Pipelined ADDJOBs until the node refuses them: the RSS stays within
     maxmemory plus the idle process (used_memory_startup) plus the margin
-    docs/running.md states, and what it grew is within 15 % of the
-    used_memory it reports."""
-    limit = 96 << 20
-    node = spawn("--maxmemory", "96mb")
+    docs/running.md states, and what it grew is within 20 % of the
+    used_memory it reports (jobs in memory: read-behind's slots are
+    measured by test_read_behind_processes.py)."""
+    limit = 64 << 20
+    node = spawn("--maxmemory", "64mb", "--read-behind", "no")
     r = redis.Redis(port=node.port)
     accepted, refusal = 0, None
     while refusal is None:
@@ -138,11 +139,11 @@ def test_maxmemory_bounds_the_process(spawn: Callable[..., NodeProcess]) -> None
             accepted += 1
     memory = r.info("memory")
     r.close()
-    assert "out of memory" in refusal and accepted > 100_000 and memory["mem_level_name"] == "warning"
+    assert "out of memory" in refusal and accepted > 90_000 and memory["mem_level_name"] == "warning"
     startup, used, rss = memory["used_memory_startup"], memory["used_memory"], rss_kb(node.pid) * 1024
     assert 0.75 * limit < used <= 0.76 * limit, memory
     assert rss <= limit + startup + limit // 10, memory
-    assert abs(rss - startup - used) <= 0.15 * used, (rss, memory)
+    assert abs(rss - startup - used) <= 0.2 * used, (rss, memory)
 
 
 def test_hostile_input_on_every_port_leaves_the_node_answering(spawn: Callable[..., NodeProcess]) -> None:
