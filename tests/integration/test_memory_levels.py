@@ -3,16 +3,19 @@ node in OOM, external replication (REPL 1)" and "(REPL 2)".  One node of
 seven gets `maxmemory 3mb` and ADDJOBs until SHOW there no longer finds the
 job just added: past 75 % of maxmemory (the warning level) it keeps no copy
 and places the job on REPLICATE other nodes, where it is queued.  With the
-limit reset, it keeps local copies again."""
+limit reset, it keeps local copies again.  Then consumer groups: their
+memory is counted, and a new one is refused at the refusal level."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 import pytest
+import redis
 
 from clusterkit import Cluster
+from disque.devcluster import NodeProcess
+from integration.rawsock import rss as rss_bytes
 
 FAST = ("--cluster-node-timeout", "1000")
 BATCH = 100  # ADDJOBs pipelined at a time (each one still waits for its replicas)
@@ -70,3 +73,30 @@ def test_a_node_past_the_warning_level_places_new_jobs_on_other_nodes(c7: Cluste
     assert memory(c7, full)["mem_level_name"] == "ok"
     job_id = c7.addjob(full, "oomq", "myjob", 5000, "REPLICATE", repl)
     assert c7.show(full, job_id)["state"] == b"queued"  # a local copy again
+
+
+def test_new_consumer_groups_are_counted_and_refused_at_the_refusal_level(spawn: Callable[..., NodeProcess]) -> None:
+    """QGETs with new group names fill the account until a new group is
+    refused with -OOM (the process grew with it, as much as the account
+    says, give or take 20 %); the groups made before keep reading."""
+    node = spawn("--maxmemory", "16mb")
+    r = redis.Redis(port=node.port)
+    for body in ("a", "b"):
+        r.execute_command("QADD", "events", 600, body)
+    made, refusal = 0, None
+    while refusal is None and made < 200_000:
+        pipe = r.pipeline(transaction=False)
+        for i in range(1000):
+            pipe.execute_command("QGET", "events", "g%d" % (made + i), "EX", 0)
+        for reply in pipe.execute(raise_on_error=False):
+            if isinstance(reply, Exception):
+                refusal = str(reply)
+                break
+            made += 1
+    fields = r.info("memory")
+    assert refusal == "command not allowed when used memory > 'maxmemory'." and fields["mem_level_name"] == "oom"
+    assert made > 20_000 and r.info("groups")["consumer_groups"] == made
+    grown = rss_bytes(node.pid) - fields["used_memory_startup"]
+    assert abs(grown - fields["used_memory"]) <= 0.2 * fields["used_memory"], (grown, fields)
+    assert r.execute_command("QGET", "events", "g0", "EX", 0)[1] == b"b"
+    r.close()
