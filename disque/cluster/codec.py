@@ -47,8 +47,8 @@ import msgpack
 
 from disque.cluster.messages import (
     Claim, Claimed, DelJob, Enqueue, Fail, Fanout, GossipEntry, GotAck, GotJob, GotJobs, GroupAck, GroupFlush, GroupSet,
-    Header, Meet, Message, NeedEvent, NeedJobs, NewEvent, Pause, Ping, Pong, Queued, ReplJob, ReplJobs, SetAck, WillQueue,
-    WireJob, Working, YourEvent, YourJobs,
+    Header, Meet, Message, NeedEvent, NeedJobs, NewEvent, Pause, Ping, Pong, Queued, ReplJob, ReplJobs, SetAck, WaitEntry,
+    Waiting, WillQueue, WireJob, Working, YourEvent, YourJobs,
 )  # fmt: skip
 from disque.core.ids import valid_id
 from disque.store.job import DELIVERED, NACKED, WIRE_FLAGS, Job, State
@@ -544,6 +544,11 @@ _OPT_ID = _Field("id", "i", _opt_job_id, default=b"")
 _QUEUE = _Field("queue", "q", _bytes)
 _GROUP = _Field("group", "g", _bytes)
 _TICKET = _Field("ticket", "k", _UINT)
+_WAIT_ENTRY: _Fields = (_QUEUE, _Field("count", "c", _UINT))
+_WAIT_ENTRIES = _Field(
+    "entries", "e", _list_of(_record(_WAIT_ENTRY, WaitEntry), 1), _each(_packer(_WAIT_ENTRY)),
+    pos=(_list_of(_pos_record(_WAIT_ENTRY, WaitEntry), 1), _each(_pos_packer(_WAIT_ENTRY))),
+)
 
 # One row per message type: (name, class, fields, mflags).  Short keys must
 # not reuse the envelope keys v, t, s, p, f, m, pv; the positional code of a
@@ -576,6 +581,7 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("GROUPFLUSH", GroupFlush, (_QUEUE,)),
     ("GOTJOBS", GotJobs, (_Field("ids", "i", _list_of(_job_id, 1)),)),
     ("REPLJOBS", ReplJobs, (_JOBS,), (("noreply", NOREPLY),)),
+    ("WAITING", Waiting, (_WAIT_ENTRIES,)),
 )
 _KINDS = tuple(_Kind(code, *row) for code, row in enumerate(_ROWS, 1))
 _BY_NAME = {k.name: k for k in _KINDS}

@@ -12,6 +12,22 @@ keeps an import rate (two one-second buckets) that sizes later requests.
 
 Per-queue state lives in a `QueueFed` attached lazily to the queue object,
 so queues that never federate pay nothing.
+
+This project adds a push path (spec/cluster.md §9.5), since asking alone
+leaves a consumer on an idle cluster waiting for the next broadcast
+(seconds): a node whose consumers block on a queue that is empty here tells
+every peer at once (WAITING: the queue and how many wait), and repeats it
+every WAIT_REFRESH_MS while they wait; it says 0 when none waits any more.
+A peer keeps each entry for WAIT_TTL_MS (`wanted`), and a job queued there
+with no consumer of its own goes at once to a node that waits for it, up to
+the count it announced, with the YOURJOBS mechanics of a NEEDJOBS answer:
+at-least-once jobs stay `active` on the sender (its retry timer covers them),
+at-most-once jobs move for good, and only over a link to a node not flagged
+failing or leaving.  Announcements are batched per step (one frame per peer
+for every queue whose count changed), and bounded: at most WAIT_MAX_QUEUES
+queues announced by a node and kept per peer (the others wait for NEEDJOBS
+as before), WAIT_BATCH entries a frame, and an increase, a drop to 0 or the
+refresh are sent, never a decrease, which the pushers' own count follows.
 """
 
 from __future__ import annotations
@@ -29,6 +45,11 @@ if TYPE_CHECKING:
     from disque.core.services import Node
 
 RESPONDER_TTL_S = 5
+WAIT_REFRESH_MS = 1000  # a node repeats its WAITING entries this often
+WAIT_TTL_MS = 3000  # ... and a peer drops one not repeated within this (two refreshes may be lost)
+WAIT_MAX_QUEUES = 1024  # queues a node announces, and keeps per peer
+WAIT_BATCH = 256  # entries per WAITING frame
+_SKIP_PEER = m.MYSELF | m.HANDSHAKE | m.PFAIL | m.FAIL | m.LEAVING  # never pushed to
 YOURJOBS_MAX_BYTES = 32 << 20  # keep frames well under the codec's limit
 # need_jobs reasons (spec/cluster.md §9.1)
 CLIENTS_WAITING = 0
@@ -48,6 +69,14 @@ class QueueFed:
     prev_count: int = 0
 
 
+@dataclass(slots=True)
+class Want:
+    """A peer's announced consumers for one queue."""
+
+    count: int
+    until: int  # ms: forgotten then unless announced again
+
+
 def _fed(queue: Queue) -> QueueFed:
     if queue.federation is None:
         queue.federation = QueueFed()
@@ -62,6 +91,17 @@ class Federation:
         self.needjobs_sent = 0
         self.jobs_exported = 0
         self.jobs_imported = 0
+        self.jobs_pushed = 0  # handed out to a node that announced waiting consumers
+        self.waiting_sent = 0  # WAITING entries sent
+        # Our side: queue -> the count last announced (> 0); the queues whose
+        # blocked clients changed in this step, announced at its end.
+        self.announced: dict[bytes, int] = {}
+        self.changed: dict[bytes, None] = {}
+        self._refreshed = 0
+        # The peers' side: queue -> peer -> its waiting consumers, and how
+        # many queues each peer has there (WAIT_MAX_QUEUES).
+        self.wanted: dict[bytes, dict[str, Want]] = {}
+        self._wanted_per_peer: dict[str, int] = {}
 
     # ------------------------------------------------------------ import rate
 
@@ -121,23 +161,160 @@ class Federation:
         n = msg.count
         if len(queue) < 2 * n:
             n = len(queue) // 2
-        n = max(n, 1)
+        self._hand_over(queue, sender, max(n, 1))
+
+    def _hand_over(self, queue: Queue, to: str, n: int) -> None:
+        """Send the `n` oldest jobs of `queue` (n <= its length) to `to`,
+        whose link the caller checked, in frames of bounded size."""
+        node = self.node
         batch, size = [], 0
         for _ in range(n):
             job = node.fetch(queue)
             if job is None:  # pragma: no cover - n <= len(queue): the queue cannot run dry here
                 break
-            job.add_delivered(sender)  # it may hold a copy now: GC and QUEUED must reach it
+            job.add_delivered(to)  # it may hold a copy now: GC and QUEUED must reach it
             batch.append(job_to_wire(job, node.now))
             self.jobs_exported += 1
             size += len(job.body or b"")
             if job.retry == 0:
                 node.delete_job(job)
             if size >= YOURJOBS_MAX_BYTES:
-                node.send(sender, m.YourJobs(tuple(batch)))
+                node.send(to, m.YourJobs(tuple(batch)))
                 batch, size = [], 0
         if batch:
-            node.send(sender, m.YourJobs(tuple(batch)))
+            node.send(to, m.YourJobs(tuple(batch)))
+
+    # ------------------------------------------------------------ waiting consumers: pushing
+
+    def on_waiting(self, sender: str, msg: m.Waiting) -> None:
+        """A peer's consumers wait for these queues: remember them, and hand
+        them what is queued here for no consumer of ours."""
+        node = self.node
+        until = node.now + WAIT_TTL_MS
+        per_peer = self._wanted_per_peer
+        for entry in msg.entries:
+            wants = self.wanted.get(entry.queue)
+            want = None if wants is None else wants.get(sender)
+            if not entry.count:
+                if want is not None:
+                    self._forget(entry.queue, sender)
+                continue
+            if want is not None:
+                want.count, want.until = entry.count, until
+            elif per_peer.get(sender, 0) < WAIT_MAX_QUEUES:
+                if wants is None:
+                    wants = self.wanted[entry.queue] = {}
+                wants[sender] = Want(entry.count, until)
+                per_peer[sender] = per_peer.get(sender, 0) + 1
+            else:
+                continue  # over the cap: that queue is fed by NEEDJOBS
+            queue = node.queues.get(entry.queue)
+            if queue is not None and len(queue) and not queue.waiters:
+                self.hand_out(queue)
+
+    def _forget(self, name: bytes, peer: str) -> None:
+        wants = self.wanted[name]
+        del wants[peer]
+        if not wants:
+            del self.wanted[name]
+        left = self._wanted_per_peer[peer] - 1
+        if left:
+            self._wanted_per_peer[peer] = left
+        else:
+            del self._wanted_per_peer[peer]
+
+    def hand_out(self, queue: Queue) -> None:
+        """Jobs queued here that no consumer here waits for go at once to the
+        peers whose consumers wait for them, oldest announcement first, each
+        up to its count (which this node lowers as it hands jobs out)."""
+        wants = self.wanted.get(queue.name)
+        if wants is None or queue.pause & PAUSE_OUT:
+            return
+        node = self.node
+        nodes = node.cluster.nodes
+        for peer, want in list(wants.items()):
+            if not len(queue):
+                return
+            if want.until <= node.now:
+                self._forget(queue.name, peer)
+                continue
+            info = nodes.get(peer)
+            if info is None or not info.link or info.flags & _SKIP_PEER:
+                continue  # a RETRY 0 job handed to a node that may not get it would be lost
+            n = min(want.count, len(queue))
+            self._hand_over(queue, peer, n)
+            self.jobs_pushed += n
+            want.count -= n
+            if not want.count:
+                self._forget(queue.name, peer)
+
+    # ------------------------------------------------------------ waiting consumers: announcing
+
+    def _waiting(self, name: bytes) -> int:
+        """The consumers blocked here that jobs from elsewhere would serve."""
+        queue = self.node.queues.get(name)
+        if queue is None or len(queue) or queue.pause & PAUSE_OUT:
+            return 0
+        return len(queue.waiters)
+
+    def announce(self) -> None:
+        """The end of a step: tell every peer about the queues whose waiting
+        consumers grew in number, or went to none."""
+        changed, self.changed = self.changed, {}
+        announced = self.announced
+        entries = []
+        for name in changed:
+            count = self._waiting(name)
+            last = announced.get(name, 0)
+            if count > last:
+                if not last and len(announced) >= WAIT_MAX_QUEUES:
+                    continue  # over the cap: that queue is fed by NEEDJOBS
+                entries.append(m.WaitEntry(name, count))
+            elif not count and last:
+                entries.append(m.WaitEntry(name, 0))
+            if count:
+                announced[name] = count
+            else:
+                announced.pop(name, None)
+        if entries:
+            self._send_waiting(self.node.cluster.linked_ids(), entries)
+
+    def _send_waiting(self, peers: list[str], entries: list[m.WaitEntry]) -> None:
+        node = self.node
+        for start in range(0, len(entries), WAIT_BATCH):
+            msg = m.Waiting(tuple(entries[start : start + WAIT_BATCH]))
+            for peer in peers:
+                node.send(peer, msg)
+                self.waiting_sent += len(msg.entries)
+
+    def announcements(self) -> list[m.Waiting]:
+        """Every queue announced now, for a peer whose link just came up."""
+        entries = [m.WaitEntry(name, count) for name, count in self.announced.items()]
+        return [m.Waiting(tuple(entries[i : i + WAIT_BATCH])) for i in range(0, len(entries), WAIT_BATCH)]
+
+    def cron(self) -> None:
+        """Every WAIT_REFRESH_MS: announce again what still waits (so that
+        a lost frame or a peer's expiry costs one period at most), and drop
+        the peers' entries that were not repeated in time."""
+        node = self.node
+        now = node.now
+        if now - self._refreshed < WAIT_REFRESH_MS:
+            return
+        self._refreshed = now
+        for name, wants in list(self.wanted.items()):
+            for peer in [p for p, want in wants.items() if want.until <= now]:
+                self._forget(name, peer)
+        announced = self.announced
+        if announced:
+            entries = []
+            for name in list(announced):
+                count = self._waiting(name)
+                entries.append(m.WaitEntry(name, count))
+                if count:
+                    announced[name] = count
+                else:
+                    del announced[name]
+            self._send_waiting(node.cluster.linked_ids(), entries)
 
     # ------------------------------------------------------------ importing
 

@@ -256,8 +256,23 @@ class GroupFlush:
     queue: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class WaitEntry:
+    queue: bytes
+    count: int  # consumers blocked on the queue on the sender (0: none any more)
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """Consumers blocked on the sender wait for jobs of these queues
+    (cluster/federation.py): the receiver hands them jobs it has queued,
+    with YOURJOBS, at once and as jobs come, until the entry expires."""
+
+    entries: tuple[WaitEntry, ...]  # at least one
+
+
 Message = (
     Ping | Pong | Meet | Fail | ReplJob | ReplJobs | GotJob | GotJobs | Enqueue | Queued | Working
     | WillQueue | SetAck | GotAck | DelJob | NeedJobs | YourJobs | Pause | Fanout
-    | GroupSet | Claim | GroupAck | Claimed | NeedEvent | YourEvent | NewEvent | GroupFlush
+    | GroupSet | Claim | GroupAck | Claimed | NeedEvent | YourEvent | NewEvent | GroupFlush | Waiting
 )  # fmt: skip

@@ -192,6 +192,7 @@ class NodeCore:
             m.DelJob: self.acks.on_del_job,
             m.NeedJobs: self.federation.on_need_jobs,
             m.YourJobs: self.federation.on_your_jobs,
+            m.Waiting: self.federation.on_waiting,
             m.Fanout: self.items.on_fanout,
             m.GroupSet: self.groups.on_group_set,
             m.Claim: self.groups.on_claim,
@@ -252,9 +253,12 @@ class NodeCore:
         self.settle()
 
     def settle(self) -> None:
-        """The end of a step: read-behind moves what it may to disk."""
+        """The end of a step: read-behind moves what it may to disk, and
+        peers hear of the queues whose blocked clients changed."""
         if self.read_behind is not None:
             self.read_behind.settle()
+        if self.federation.changed:
+            self.federation.announce()
 
     def _cron(self) -> None:
         now = self.now
@@ -268,6 +272,7 @@ class NodeCore:
             else:
                 for name in waiter.queues:
                     self.federation.need_jobs(self._queue(name), CLIENTS_WAITING)
+        self.federation.cron()
         self.groups.cron()
         if self.read_behind is not None:
             self.read_behind.cron()
@@ -636,8 +641,8 @@ class NodeCore:
             self.read_behind.grown[queue.name] = None
         queue.atime = self.now
         queue.jobs_in += 1
-        if not queue.pause & PAUSE_OUT and queue.waiters:
-            self.ready[queue.name] = None
+        if not queue.pause & PAUSE_OUT and (queue.waiters or queue.name in self.federation.wanted):
+            self.ready[queue.name] = None  # served at the end of the step, here or by a peer's consumer
         self.reschedule(job)
         return True
 
@@ -965,8 +970,10 @@ class NodeCore:
         waiter = Waiter(client, queues, withcounters, self.now + timeout if timeout else 0, expiry)
         client.waiter = waiter
         self.blocked[client.id] = waiter
+        changed = self.federation.changed  # peers hear of it at the end of the step
         for name in queues:
             self._queue(name).waiters[client.id] = waiter
+            changed[name] = None
         return waiter
 
     def wait_jobs(self, client: Client, ids: list[bytes], timeout: int) -> Any:
@@ -1017,6 +1024,7 @@ class NodeCore:
             queue = self.queues.get(name)
             if queue is not None:  # pragma: no branch - a queue with blocked clients is never destroyed
                 queue.waiters.pop(waiter.client.id, None)
+                self.federation.changed[name] = None
 
     def unblock(self, client: Client, value: Any) -> None:
         if client.waiter is not None:  # pragma: no branch - callers pass the client of a live waiter
@@ -1043,6 +1051,8 @@ class NodeCore:
                 self.unblock(waiter.client, [self.job_entry(job, waiter.withcounters)] if take is None else take(job))
                 if not len(queue):
                     self.federation.need_jobs(queue, REACHED_ZERO)
+            if len(queue) and not queue.waiters:
+                self.federation.hand_out(queue)
 
     @staticmethod
     def job_entry(job: Job, withcounters: bool) -> list[Any]:
@@ -1091,7 +1101,8 @@ class NodeCore:
         self.cluster.link_connected(key)
         peer = self.cluster.node_of_key(key)
         if peer is not None:  # a node it keeps: tell it every fanout child, and the groups' progress it may have missed
-            for msg in (*self.items.fanout_messages(), *self.groups.progress_for(peer.id)):
+            for msg in (*self.items.fanout_messages(), *self.groups.progress_for(peer.id),
+                        *self.federation.announcements()):  # fmt: skip
                 self.send_key(key, msg)
 
     def link_closed(self, key: int, connect_failed: bool) -> None:

@@ -22,7 +22,7 @@ from disque.cluster.messages import (
     DelJob, Enqueue, Fail, GossipEntry, GotAck, GotJob, GotJobs, Header, Meet, Message,
     NeedJobs, Pause, Ping, Pong, Queued, ReplJob, ReplJobs, SetAck, WillQueue, Working, Fanout, GroupSet, Claim, Claimed,
     GroupAck, GroupFlush, NeedEvent, YourEvent, NewEvent,
-    YourJobs,
+    WaitEntry, Waiting, YourJobs,
 )  # fmt: skip
 from disque.core.ids import new_job_id
 from disque.store.job import BCAST_QUEUED, BCAST_WILLQUEUE, DELIVERED, IN_LIST, NACKED, WIRE_FLAGS, Job, State
@@ -98,6 +98,7 @@ MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     NewEvent: st.builds(NewEvent, blobs),
     NeedEvent: st.builds(NeedEvent, blobs, blobs, uints, uints),
     YourEvent: st.builds(YourEvent, uints, job_ids, blobs),
+    Waiting: st.builds(Waiting, st.lists(st.builds(WaitEntry, blobs, uints), min_size=1, max_size=3).map(tuple)),
 }
 frames = st.tuples(headers, st.one_of(*MESSAGES.values()))
 one_of_each = st.tuples(*(st.tuples(headers, s) for s in MESSAGES.values())).map(list)
@@ -322,6 +323,9 @@ BAD_BODIES = {
     "job bad delivered node": _body(ReplJob(GOOD_JOB), j=_job_map(nd=["z" * 40])),
     "job delivered node not a string": _body(ReplJob(GOOD_JOB), j=_job_map(nd=["a" * 40, 7])),
     "bad second job": _body(YourJobs((GOOD_JOB,)), j=[_job_map(), _job_map(na=-1)]),
+    "no waiting entries": _body(Waiting((WaitEntry(b"q", 1),)), e=[]),
+    "negative waiting count": _body(Waiting((WaitEntry(b"q", 1),)), e=[{"q": b"q", "c": -1}]),
+    "waiting queue not bytes": _body(Waiting((WaitEntry(b"q", 1),)), e=[{"q": "q", "c": 1}]),
 }
 
 
