@@ -24,9 +24,13 @@ worker's memory:
   adds the message to `<queue>.XQ` itself and acknowledges the job.
 * `requeue` (prefetched messages a stopping worker did not run) is ENQUEUE.
 
-Every command about a delivered job is sent by the consumer's thread on the
-consumer's connection, the node that delivered the job.  `join`, `flush`
-and `flush_all` are not provided (use QLEN and the server's commands).
+Every command about a delivered job goes to the node that delivered the
+job, on a second connection of the consumer: Dramatiq's worker threads
+acknowledge while the consumer's thread waits in GETJOB, and on the GETJOB
+connection an ACK (and the worker thread that sends it, so the next message
+too) waited for that GETJOB to end: up to the worker timeout, a second.
+`join`, `flush` and `flush_all` are not provided (use QLEN and the server's
+commands).
 """
 
 from __future__ import annotations
@@ -117,6 +121,22 @@ class _Consumer(Consumer):
         self.prefetch = prefetch
         self.timeout = timeout
         self.client = Client(broker.nodes, **broker.client_options)
+        self._jobs_client: Client | None = None
+        self._jobs_lock = threading.Lock()
+
+    @property
+    def jobs_client(self) -> Client:
+        """The connection for commands about delivered jobs: to the node the
+        GETJOB connection is on (a new one if that moved)."""
+        address = self.client.address
+        with self._jobs_lock:
+            client = self._jobs_client
+            if client is None or (address is not None and client.address not in (None, address)):
+                if client is not None:
+                    client.close()
+                nodes = self.broker.nodes if address is None else [address]
+                client = self._jobs_client = Client(nodes, **self.broker.client_options)
+            return client
 
     def __next__(self) -> MessageProxy | None:
         job = self.client.get_job(self.queue_name, timeout_ms=self.timeout)
@@ -129,23 +149,25 @@ class _Consumer(Consumer):
     def ack(self, message: MessageProxy) -> None:
         assert isinstance(message, _Delivery)
         if message.retry_in is None:
-            self.client.ack(message.job_id)
+            self.jobs_client.ack(message.job_id)
         else:
-            self.client.nack(message.job_id, delay=message.retry_in or None)
+            self.jobs_client.nack(message.job_id, delay=message.retry_in or None)
 
     def nack(self, message: MessageProxy) -> None:
         assert isinstance(message, _Delivery)
         attempts = self.broker.max_attempts(message)
         if attempts is not None and message.deliveries >= attempts:
-            self.client.nack(message.job_id)  # the last attempt: the server dead-letters it
+            self.jobs_client.nack(message.job_id)  # the last attempt: the server dead-letters it
         else:
-            self.client.add_job(xq_name(self.queue_name), message.encode())
-            self.client.ack(message.job_id)
+            self.jobs_client.add_job(xq_name(self.queue_name), message.encode())
+            self.jobs_client.ack(message.job_id)
 
     def requeue(self, messages: Iterable[MessageProxy]) -> None:
         ids = [m.job_id for m in messages if isinstance(m, _Delivery)]
         if ids:
-            self.client.enqueue(*ids)
+            self.jobs_client.enqueue(*ids)
 
     def close(self) -> None:
         self.client.close()
+        if self._jobs_client is not None:
+            self._jobs_client.close()
