@@ -3,7 +3,7 @@
 In one terminal start the local cluster, in another run the pipeline:
 
     make run
-    .venv/bin/python examples/spark_pipeline.py        # needs: .venv/bin/pip install '.[spark]'
+    .venv/bin/python examples/spark_pipeline.py        # needs: make extras EXTRAS=spark
 
 * Producer threads add order jobs (JSON) to the queue `orders`, each through
   its own node of the cluster.
