@@ -11,6 +11,7 @@ import time
 
 import cluster
 import common
+import delivery
 import groups
 import memcache
 import persistence
@@ -22,6 +23,7 @@ import spark as spark_bench
 BENCHMARKS = {
     "single": single_node,
     "cluster": cluster,
+    "delivery": delivery,
     "memcache": memcache,
     "groups": groups,
     "persistence": persistence,

@@ -45,6 +45,7 @@ class FakeHost:
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
         self.shutdown_ok = True
+        self.wakes: list[int] = []  # the deadlines the core asked the shell to wake up for
 
     def process_info(self) -> dict[str, Any]:
         return {
@@ -79,6 +80,9 @@ class FakeHost:
     def debug(self, sub: str, args: list[bytes]) -> Any:
         self.calls.append(("debug", sub, tuple(args)))
         return Status(b"OK")
+
+    def wake(self, at_ms: int) -> None:
+        self.wakes.append(at_ms)
 
 
 NODE_ID = "c0a3e3babc92560eea6b873cbf463cf54921aa2d"

@@ -48,6 +48,7 @@ from disque.core.errors import DisqueError
 from disque.core.groups import EVENT_COPIES, Groups
 from disque.core.items import Items
 from disque.core.read_behind import ReadBehind
+from disque.core.timeouts import Timeouts
 from disque.cluster import messages as m
 from disque.cluster.federation import CLIENTS_WAITING, REACHED_ZERO, Federation
 from disque.cluster.handlers import HANDLERS
@@ -169,6 +170,8 @@ class NodeCore:
         self.run_id = "%040x" % rng.getrandbits(160)
         self.client_pause_until = 0
         self._last_cron = 0
+        self.timeouts = Timeouts()  # blocked clients' deadlines
+        self._promised = 0  # the last next_deadline() the shell was given (it sleeps until then)
         self._auth_logged = -AUTH_LOG_EVERY_MS  # when a failed AUTH was last logged
         self.auth_throttle = AuthThrottle()  # wrong passwords by source address
         self._gc_cursor = 0
@@ -219,6 +222,9 @@ class NodeCore:
             at = min(at, awake)
         if self.read_behind is not None and (awake := self.read_behind.next_awake()) is not None:
             at = min(at, awake)
+        if (awake := self.timeouts.next()) is not None:
+            at = min(at, awake)
+        self._promised = at
         return at
 
     def read_clock(self) -> int:
@@ -243,6 +249,8 @@ class NodeCore:
             self.read_behind.tick()
         for job in self.jobs.due(now):
             self.process_job(job)
+        for waiter in self.timeouts.due(now):
+            self.unblock(waiter.client, waiter.timeout_reply() if waiter.take is None else waiter.take(None))
         if now - self._last_cron >= BLOCKED_CRON_MS:
             self._last_cron = now
             self.cluster.timeout = self.config.cluster_node_timeout
@@ -263,11 +271,9 @@ class NodeCore:
     def _cron(self) -> None:
         now = self.now
         for waiter in list(self.blocked.values()):
-            if waiter.deadline and waiter.deadline <= now:
-                self.unblock(waiter.client, waiter.timeout_reply() if waiter.take is None else waiter.take(None))
-            elif not waiter.queues:  # WAITJOB, or a late AUTH answer
+            if not waiter.queues:  # WAITJOB, or a late AUTH answer
                 continue
-            elif self.cluster.leaving:
+            if self.cluster.leaving:
                 self.unblock(waiter.client, errors.leaving())
             else:
                 for name in waiter.queues:
@@ -974,6 +980,11 @@ class NodeCore:
         for name in queues:
             self._queue(name).waiters[client.id] = waiter
             changed[name] = None
+        if waiter.deadline:
+            self.timeouts.add(waiter)
+            if waiter.deadline < self._promised:  # the shell sleeps past it: it must ask next_deadline() again
+                self._promised = waiter.deadline
+                self.host.wake(waiter.deadline)
         return waiter
 
     def wait_jobs(self, client: Client, ids: list[bytes], timeout: int) -> Any:
@@ -1015,6 +1026,8 @@ class NodeCore:
     def drop_waiter(self, waiter: Waiter) -> None:
         waiter.client.waiter = None
         self.blocked.pop(waiter.client.id, None)
+        if waiter.deadline:
+            self.timeouts.dropped()
         for job_id in waiter.jobs or ():
             waits = self.job_waits[job_id]
             waits.remove(waiter)

@@ -53,6 +53,10 @@ class Host(Protocol):
 
     def debug(self, sub: str, args: list[bytes]) -> Any: ...
 
+    def wake(self, at_ms: int) -> None:
+        """A client blocked until `at_ms`, earlier than the last
+        `next_deadline()`: the shell's deadline loop must run by then."""
+
 
 class BodyStore(Protocol):
     """Where read-behind keeps job records (shell/segments.py): synchronous

@@ -40,7 +40,7 @@ from disque.shell.session import Conn, Sessions
 from disque.core.types import Client, Status
 from disque.core.node import NodeCore
 from disque.protocols.memcache import encoder as memcache_reply
-from disque.protocols.memcache.front import MEMCACHE
+from disque.protocols.memcache.front import memcache_front
 from disque.protocols.base import FrontEnd
 from disque.protocols.resp.front import RESP
 from disque.protocols.resp.encoder import encode_error
@@ -66,7 +66,10 @@ def rss_bytes() -> int:
 
 MAXCLIENTS = "max number of clients reached"
 # The memcache port's line for a refused client (RESP clients get upstream's DENIED).
-LOOPBACK_ONLY = "DENIED the memcache port only accepts loopback clients while requirepass is set, or protected mode is on"
+LOOPBACK_ONLY = (
+    "DENIED the memcache port only accepts loopback clients while protected mode is on, "
+    "or requirepass is set with memcache-auth loopback"
+)
 
 
 class TlsConn(Conn):
@@ -126,6 +129,7 @@ class Server:
             self.save_cluster_config(fsync=True)
             log.info("No cluster configuration found, I'm %s", node_id)
         self.nursery: trio.Nursery | None = None
+        self._sleep: trio.CancelScope | None = None  # the deadline loop's, while it sleeps
         self.shutdown_requested = trio.Event()
         self.ports: list[int] = []
         self.bus = Bus(
@@ -164,8 +168,10 @@ class Server:
                 self.ports = [ln.socket.getsockname()[1] for ln in listeners]
                 for listener in listeners:
                     self.tcp.listen(socket.socket(fileno=listener.socket.detach()))
+                memcache = memcache_front(self.config)
+                trusted = self.config.memcache_auth == "loopback"  # else they authenticate (memcached's ASCII auth)
                 for listener in memcache_listeners:
-                    self.tcp.listen(socket.socket(fileno=listener.socket.detach()), MEMCACHE, self.memcache_refusal, True)
+                    self.tcp.listen(socket.socket(fileno=listener.socket.detach()), memcache, self.memcache_refusal, trusted)
                 if memcache_listeners:
                     log.info("Ready to accept memcache (Kestrel) connections on port %s", self.config.memcache_port)
                 nursery.start_soon(self.tcp.run)
@@ -173,7 +179,7 @@ class Server:
                     nursery.start_soon(trio.serve_listeners, self._handle_tls_client, [listener])
                 if tls_listeners:
                     log.info("Ready to accept TLS connections on port %s", self.config.tls_port)
-                memcache_tls = partial(self._handle_tls_client, front=MEMCACHE, refusal=self.memcache_refusal, trusted=True)
+                memcache_tls = partial(self._handle_tls_client, front=memcache, refusal=self.memcache_refusal, trusted=trusted)
                 for listener in memcache_tls_listeners:
                     nursery.start_soon(trio.serve_listeners, memcache_tls, [listener])
                 if memcache_tls_listeners:
@@ -221,7 +227,9 @@ class Server:
         while True:
             wait_ms = core.next_deadline() - clock.now_ms()
             if wait_ms > 0:
-                await trio.sleep(wait_ms / 1000)
+                with trio.move_on_after(wait_ms / 1000) as self._sleep:  # `wake` may bring it forward
+                    await trio.sleep_forever()
+                self._sleep = None
             else:  # due already: still let the other tasks run between ticks
                 await trio.lowlevel.checkpoint()
             wait_until = core.pause_left(clock.now_ms())
@@ -313,10 +321,10 @@ class Server:
         return None if why is None else encode_error(MAXCLIENTS) if why == MAXCLIENTS else DENIED
 
     def memcache_refusal(self, peer_ip: str, peer: str) -> bytes | None:
-        """The memcache port has no AUTH: while a password is set it takes
-        loopback clients only (which start authenticated); otherwise the
-        rules of the client port apply."""
-        why = self._refused(peer_ip, peer, needs_auth=False)
+        """The rules of the client port (its clients authenticate with
+        memcached's ASCII auth); with `memcache-auth loopback`, while a
+        password is set, loopback clients only, which start authenticated."""
+        why = self._refused(peer_ip, peer, needs_auth=self.config.memcache_auth != "loopback")
         return None if why is None else memcache_reply.server_error(why)
 
     def _refused(self, peer_ip: str, peer: str, needs_auth: bool) -> str | None:
@@ -363,6 +371,13 @@ class Server:
         self.tcp.flush_all_nowait()
 
     # ------------------------------------------------------------ Host services
+
+    def wake(self, at_ms: int) -> None:
+        """A client blocked until `at_ms` (a memcache `get q/t=30`), sooner
+        than the deadline loop sleeps: it wakes up then instead."""
+        if self._sleep is not None:
+            at = trio.current_time() + max(at_ms - self.clock.now_ms(), 0) / 1000
+            self._sleep.deadline = min(self._sleep.deadline, at)
 
     def process_info(self) -> dict[str, Any]:
         times = os.times()

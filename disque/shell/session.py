@@ -34,7 +34,11 @@ runner does the rest, once for all of them:
   `client-output-buffer-limit` closes a client whose pending output is over
   it;
 * AOF hold: not here but in the transport, which asks `AofFile.hold` before
-  writing (a reply may only leave once the records it follows are safe).
+  writing (a reply may only leave once the records it follows are safe);
+* input in the memory account: what a connection's parser still holds
+  after a run (an unfinished request: a large SET or ADDJOB on its way) is
+  counted in the node's used_memory (`count_input`), so that maxmemory sees
+  client buffers too.
 
 The network counters of INFO (bytes in and out, refused connections) are
 the runner's: they are the shell's business, not the core's.
@@ -71,7 +75,9 @@ class Conn:
     else's command: send them once the AOF allows) and `abort` (the output
     was dropped: close as soon as possible)."""
 
-    __slots__ = ("client", "front", "parser", "out", "out_size", "soft_since", "closing", "held", "slots", "next")
+    __slots__ = (
+        "client", "front", "parser", "out", "out_size", "soft_since", "closing", "held", "slots", "next", "input_counted"
+    )  # fmt: skip
 
     def __init__(self, client: Client, front: FrontEnd) -> None:
         self.client = client
@@ -86,6 +92,7 @@ class Conn:
         # or None, the output queued after it].
         self.slots: dict[bytes, list[Any]] = {}
         self.next: Any = None  # a request parsed, that waits for the ADDJOBs before it
+        self.input_counted = 0  # the parser's bytes counted in the node's used_memory (`Sessions.count_input`)
 
     def fill(self, job_id: bytes, data: bytes) -> bool:
         """The answer of a waiting ADDJOB with a place; False if it has none
@@ -154,6 +161,7 @@ class Sessions:
     def gone(self, conn: Conn) -> None:
         """The transport closed `conn`: the core forgets its client."""
         del self.conns[conn.client.id]
+        self.core.account(-conn.input_counted)
         self.core.disconnect(conn.client.id)
         self.apply_effects(None)
 
@@ -174,6 +182,16 @@ class Sessions:
         is written if `conn.held`."""
         self.run_commands(conn)
         self.apply_effects(conn)
+        self.count_input(conn)
+
+    def count_input(self, conn: Conn) -> None:
+        """Count what `conn`'s parser holds in the node's memory account, by
+        its change since the last count (a pipeline read whole and run leaves
+        nothing: no call)."""
+        held = conn.parser.buffered()
+        if held != conn.input_counted:
+            self.core.account(held - conn.input_counted)
+            conn.input_counted = held
 
     def run_commands(self, conn: Conn) -> None:
         """Execute buffered requests until the client blocks, none is left, or

@@ -1,10 +1,14 @@
 """The Kestrel (memcache) port on real processes: a real memcache client
 (pymemcache), raw sockets for exact bytes, the same jobs seen from RESP, bad
-input, the password rule, and a reliable read across a 3-node cluster."""
+input, oversized items against real memcached, authentication, waits to the
+millisecond, and a reliable read across a 3-node cluster."""
 
 from __future__ import annotations
 
+import shutil
 import socket
+import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 from pymemcache.client.base import Client as Memcache
-from pymemcache.exceptions import MemcacheUnexpectedCloseError
+from pymemcache.exceptions import MemcacheClientError, MemcacheUnexpectedCloseError
 
 from clusterkit import Cluster, wait_for
 from disque.devcluster import NodeProcess, free_port
@@ -86,8 +90,10 @@ def closed(sock: socket.socket) -> bool:
         return True
 
 
-def test_a_memcache_client_works_unchanged(kestrel) -> None:
-    node, port = kestrel()
+def test_a_memcache_client_works_unchanged_with_the_key_echoed(kestrel) -> None:
+    """pymemcache checks that a VALUE line names the key it asked for:
+    `memcache-value-key echo` is its setting (docs/kestrel.md)."""
+    node, port = kestrel("--memcache-value-key", "echo")
     cache = mc(port)
     assert cache.set("work", b"hello", noreply=False) and cache.set("work", b"world", noreply=False)
     assert cache.get("work/peek") == b"hello"
@@ -101,15 +107,24 @@ def test_a_memcache_client_works_unchanged(kestrel) -> None:
     assert cache.get("many") == b"x" * 100_000
 
 
+def test_in_kestrels_mode_pymemcache_reads_plain_gets_only(kestrel) -> None:
+    _, port = kestrel()
+    cache = mc(port)
+    assert cache.set("work", b"hello", noreply=False) and cache.get("work") == b"hello"
+    cache.set("work", b"again", noreply=False)
+    with pytest.raises(KeyError):  # `VALUE work ...` answers another key than "work/peek" to it
+        cache.get("work/peek")
+
+
 def test_exact_bytes_of_the_worked_exchange(kestrel) -> None:
     _, port = kestrel()
     a = raw(port)
     expect(a, b"set work 0 0 5\r\nhello\r\n", b"STORED\r\n")
-    expect(a, b"get work/open\r\n", b"VALUE work/open 0 5\r\nhello\r\nEND\r\n")
+    expect(a, b"get work/open\r\n", b"VALUE work 0 5\r\nhello\r\nEND\r\n")
     expect(a, b"get work\r\n", b"ERROR\r\n")
     assert closed(a)
     b = raw(port)  # the item is back at the head
-    expect(b, b"get work/close/open\r\n", b"VALUE work/close/open 0 5\r\nhello\r\nEND\r\n")
+    expect(b, b"get work/close/open\r\n", b"VALUE work 0 5\r\nhello\r\nEND\r\n")
     expect(b, b"get work/close\r\ndelete work\r\nget work\r\n", b"END\r\nEND\r\nEND\r\n")
     assert exchange(b, b"version\r\n", 9).startswith(b"VERSION ")
 
@@ -132,7 +147,22 @@ def test_a_waiting_get_is_served_by_a_resp_producer(kestrel) -> None:
     waiting.sendall(b"get q/t=5000\r\n")
     wait_for(lambda: r(node).execute_command("INFO", "clients")["blocked_clients"] == 1, what="the GET to wait")
     r(node).execute_command("ADDJOB", "q", "late", 0)
-    expect(waiting, b"", b"VALUE q/t=5000 0 4\r\nlate\r\nEND\r\n")
+    expect(waiting, b"", b"VALUE q 0 4\r\nlate\r\nEND\r\n")
+
+
+@pytest.mark.parametrize("mode", ["bare", "echo"])
+def test_exact_value_lines_in_both_modes(kestrel, mode: str) -> None:
+    node, port = kestrel("--memcache-value-key", mode)
+    sock = raw(port)
+    for key in (b"q", b"q/t=10", b"q/open", b"q/t=100/close/open", b"q/peek", b"q/peek/t=5", b"q+c/open/close"):
+        queue = key.split(b"/")[0]
+        expect(sock, b"set %s 0 0 2\r\nhi\r\n" % queue, b"STORED\r\n")
+        named = queue if mode == "bare" else key
+        expect(sock, b"get %s\r\n" % key, b"VALUE %s 0 2\r\nhi\r\nEND\r\n" % named)
+        expect(sock, b"get %s/close\r\ndelete %s\r\n" % (queue, queue), b"END\r\nEND\r\n")
+    r(node).execute_command("CONFIG", "SET", "memcache-value-key", "echo" if mode == "bare" else "bare")
+    expect(sock, b"set q 0 0 1\r\nx\r\n", b"STORED\r\n")
+    expect(sock, b"get q/peek\r\n", b"VALUE %s 0 1\r\nx\r\nEND\r\n" % (b"q/peek" if mode == "bare" else b"q"))
 
 
 def test_bad_input_closes_that_connection_only(kestrel) -> None:
@@ -173,8 +203,28 @@ def test_queue_settings_bind_both_protocols(kestrel) -> None:
     assert b"  max_items=2\r\n" in until_end(sock, b"dump_config\r\n")
 
 
-def test_with_a_password_loopback_clients_need_no_auth(kestrel) -> None:
+def test_with_a_password_every_client_authenticates_as_with_memcached(kestrel) -> None:
+    """memcached's ASCII authentication: the first SET carries `default
+    <password>`; until then even a loopback client can neither read, write,
+    FLUSH_ALL nor SHUTDOWN."""
     node, port = kestrel()
+    r(node).execute_command("ADDJOB", "q", "precious", 0)
+    r(node).execute_command("CONFIG", "SET", "requirepass", "s3cret")
+    sock = raw(port)
+    expect(sock, b"flush_all\r\nshutdown\r\n", b"CLIENT_ERROR unauthenticated\r\n" * 2)
+    expect(sock, b"set auth 0 0 13\r\ndefault wrong\r\n", b"CLIENT_ERROR authentication failure\r\n")
+    cache = mc(port)
+    with pytest.raises(MemcacheClientError, match="unauthenticated"):
+        cache.get("q")
+    assert cache.set("auth", b"default s3cret", noreply=False)  # pymemcache, unchanged
+    assert cache.get("q") == b"precious"
+    client = redis.Redis(HOST, node.port, password="s3cret", socket_timeout=10)
+    _opened.append(client)
+    assert client.execute_command("INFO", "security")["auth_failures"] == 1  # the core's AUTH path counted it
+
+
+def test_memcache_auth_loopback_trusts_loopback_clients(kestrel) -> None:
+    node, port = kestrel("--memcache-auth", "loopback")
     r(node).execute_command("CONFIG", "SET", "requirepass", "s3cret")
     cache = mc(port)
     assert cache.set("q", b"x", noreply=False) and cache.get("q") == b"x"
@@ -187,7 +237,7 @@ def trio_nodes(tmp_path: Path) -> Iterator[tuple[Cluster, list[int]]]:
     ports = [free_port() for _ in range(3)]
     cluster = Cluster(tmp_path, 3)
     for node, port in zip(cluster.nodes, ports):
-        node.extra += ["--memcache-port", str(port)]
+        node.extra += ["--memcache-port", str(port), "--memcache-value-key", "echo"]  # for pymemcache
     with cluster:
         yield cluster, ports
 
@@ -203,19 +253,29 @@ def test_a_reliable_read_on_another_node_comes_back_when_its_connection_dies(tri
     cluster.wait(lambda: not any(cluster.registered_jobs(i) for i in range(3)), what="the item gone from every node")
 
 
-def test_with_a_password_the_port_refuses_other_hosts(tmp_path: Path) -> None:
-    """memcache has no AUTH: while requirepass is set, a client from another
-    host is turned away with a SERVER_ERROR line; loopback still works."""
+def test_with_a_password_other_hosts_authenticate_or_with_loopback_trust_are_refused(tmp_path: Path) -> None:
+    """While requirepass is set: with `memcache-auth password` a client from
+    another host is served once it authenticates; with `loopback` it is
+    turned away with a SERVER_ERROR line, and loopback clients need nothing."""
     from netns import ADDRS, namespace_pair
 
-    code = ("import socket, sys; s = socket.create_connection((sys.argv[1], 22133), timeout=10); "
-            "s.sendall(b'get q\\r\\n'); sys.stdout.write(s.recv(1000).decode())")  # fmt: skip
+    code = ("import socket, sys; s = socket.create_connection((HOST, 22133), timeout=10); s.sendall(DATA); "
+            "sys.stdout.write(s.recv(1000).decode())")  # fmt: skip
+
+    def send(side: int, host: str, data: bytes) -> str:
+        """What a client in namespace `side` is answered (in text mode: CRLF read as LF)."""
+        return pair.run(side, code.replace("HOST", repr(host)).replace("DATA", repr(data)))
+
     with namespace_pair() as pair:
-        pair.start_node(0, tmp_path, "memcache-port 22133\nrequirepass pw\n")
-        wait_for(lambda: pair.ask(0, "127.0.0.1", "PING").startswith(b"-NOAUTH"), timeout=20, what="the node to start")
-        denied = pair.run(1, code.replace("sys.argv[1]", repr(ADDRS[0])))
-        assert denied.startswith("SERVER_ERROR DENIED") and denied.count("\n") == 1  # (text mode: CRLF read as LF)
-        assert pair.run(0, code.replace("sys.argv[1]", "'127.0.0.1'")) == "END\n"
+        pair.start_node(0, tmp_path / "trusting", "memcache-port 22133\nrequirepass pw\nmemcache-auth loopback\n")
+        pair.start_node(1, tmp_path / "asking", "memcache-port 22133\nrequirepass pw\n")
+        for side in (0, 1):
+            wait_for(lambda: pair.ask(side, "127.0.0.1", "PING").startswith(b"-NOAUTH"), timeout=20, what="the nodes to start")  # noqa: B023
+        denied = send(1, ADDRS[0], b"get q\r\n")
+        assert denied.startswith("SERVER_ERROR DENIED") and denied.count("\n") == 1
+        assert send(0, "127.0.0.1", b"get q\r\n") == "END\n"
+        assert send(0, ADDRS[1], b"get q\r\n") == "CLIENT_ERROR unauthenticated\n"
+        assert send(0, ADDRS[1], b"set a 0 0 10\r\ndefault pw\r\n") == "STORED\n"
 
 
 def test_fanout_children_named_on_one_node_receive_sets_on_another(trio_nodes) -> None:
@@ -245,7 +305,7 @@ def test_the_memcache_tls_port(tmp_path: Path, spawn) -> None:
 
     subprocess.run([sys.executable, "-m", "disque.cli", "tls-keygen", str(tmp_path)], capture_output=True, check=True)
     port = free_port()
-    spawn("--memcache-tls-port", str(port), "--tls-cert-file", str(tmp_path / "node.crt"),
+    spawn("--memcache-tls-port", str(port), "--memcache-value-key", "echo", "--tls-cert-file", str(tmp_path / "node.crt"),
           "--tls-key-file", str(tmp_path / "node.key"), "--tls-ca-cert-file", str(tmp_path / "ca.crt"))  # fmt: skip
     context = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
     context.load_cert_chain(str(tmp_path / "client.crt"), str(tmp_path / "client.key"))
@@ -267,3 +327,90 @@ def test_a_node_that_dies_with_an_open_read_loses_no_item(trio_nodes) -> None:
     expect(reader, b"get work/open/t=5000\r\n", b"VALUE work/open/t=5000 0 8\r\nprecious\r\nEND\r\n")
     cluster.kill(1)
     assert mc(ports[2]).get("work/t=10000") == b"precious"
+
+
+@pytest.fixture
+def memcached() -> Iterator[int]:
+    """A real memcached 1.6 on a free loopback port (`make tools-memcached`)."""
+    binary = shutil.which("memcached")
+    if binary is None:
+        pytest.skip("memcached is not installed (make tools-memcached)")
+    port = free_port()
+    proc = subprocess.Popen([binary, "-u", "root", "-l", HOST, "-p", str(port), "-U", "0"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+
+    def listening() -> bool:
+        try:
+            socket.create_connection((HOST, port), timeout=1).close()
+        except OSError:
+            return False
+        return True
+
+    try:
+        wait_for(listening, what="memcached to listen")
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def answers(port: int, data: bytes, end: bytes) -> bytes:
+    """Send `data` on a new connection; read until the answers end with `end`."""
+    sock = raw(port)
+    sock.sendall(data)
+    out = b""
+    while not out.endswith(end) and (chunk := sock.recv(65536)):
+        out += chunk
+    return out
+
+
+def test_an_oversized_set_is_answered_and_swallowed_as_real_memcached_does(kestrel, memcached: int) -> None:
+    """Both at their default item size (1 MB): the same bytes in, the same
+    bytes out, and the connection goes on."""
+    _, port = kestrel()
+    big = b"x" * (2 << 20)
+    exchanges = [
+        b"set big 0 0 %d\r\n%s\r\nget big\r\n" % (len(big), big),
+        b"set big 0 0 %d noreply\r\n%s\r\nget big\r\n" % (len(big), big),  # noreply silences the error too
+        b"set big 0 0 %d\r\n%sZZget big\r\n" % (len(big), big),  # the two bytes after the block go unchecked
+    ]
+    for data in exchanges:
+        theirs = answers(memcached, data, b"END\r\n")
+        assert answers(port, data, b"END\r\n") == theirs and theirs.endswith(b"END\r\n")
+    assert theirs == b"SERVER_ERROR object too large for cache\r\nEND\r\n"
+
+
+def rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_huge_sets_are_not_buffered(kestrel) -> None:
+    """Three connections each announcing 500 MB and sending 40 MB of it: the
+    node's memory does not grow with what they send."""
+    node, port = kestrel()
+    before = rss(node.pid)
+    socks = [raw(port) for _ in range(3)]
+    chunk = b"x" * (1 << 20)
+    for sock in socks:
+        sock.sendall(b"set big 0 0 500000000\r\n")
+    for _ in range(40):
+        for sock in socks:
+            sock.sendall(chunk)
+    stats = lambda: r(node).execute_command("INFO", "stats")["total_net_input_bytes"]  # noqa: E731
+    wait_for(lambda: stats() >= 3 * 40 * len(chunk), what="the node to read all of it")
+    assert rss(node.pid) - before < 20 << 20, (before, rss(node.pid))
+    assert r(node).execute_command("INFO", "memory")["used_memory"] < 20 << 20
+
+
+def test_a_waiting_get_ends_at_its_millisecond_not_at_the_next_100_ms_cron(kestrel) -> None:
+    """`get q/t=20` answered END after 20 ms and well before 80, five times in
+    a row: each starts right after the previous answer, which under a 100 ms
+    cron would make every one after the first wait about 100 ms."""
+    _, port = kestrel()
+    sock = raw(port)
+    for _ in range(5):
+        start = time.monotonic()
+        expect(sock, b"get q/t=20\r\n", b"END\r\n")
+        elapsed = time.monotonic() - start
+        assert 0.020 <= elapsed < 0.080, elapsed

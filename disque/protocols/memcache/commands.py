@@ -6,9 +6,18 @@ checks, statistics, MONITOR and the slow log apply as for RESP.  Handlers
 return either finished reply bytes or the core's own results, which
 `encode` turns into Kestrel's lines: a job ID (an ADDJOB done) is STORED,
 GETJOB's entries are VALUE ... END, its nil is END, -MAXLEN and -TOOLARGE
-are NOT_STORED, any other error is SERVER_ERROR <message>.  A SET waits
-for its replicas as ADDJOB does, and pipelined SETs replicate together
-(`overlaps`).
+are NOT_STORED, -NOAUTH is `CLIENT_ERROR unauthenticated`, any other error
+is SERVER_ERROR <message>.  A SET waits for its replicas as ADDJOB does, and
+pipelined SETs replicate together (`overlaps`).
+
+Authentication (`memcache-auth password`, the default, while requirepass is
+set): memcached's ASCII authentication.  A client that has not
+authenticated sends `<user> <password>` as the data of a SET (any key; the
+user is `default`), answered STORED, or `CLIENT_ERROR authentication
+failure`, even with `noreply`, as memcached does.  It runs as the command
+`auth` through `NodeCore.authenticate`, the path of RESP's AUTH, so failures
+are counted and slowed down alike; any other command before it is refused
+by `execute` (-NOAUTH) and the connection stays open.
 
 Choices (README, "Kestrel clients"): a SET with no expiry lives ITEM_TTL;
 its replication level is ADDJOB's default and it waits at most
@@ -37,15 +46,22 @@ if TYPE_CHECKING:
     from disque.core.node import NodeCore
 
 SET_TIMEOUT_MS = 5000  # how long a SET waits for its replicas (then SERVER_ERROR NOREPL ...)
-NOT_STORED_CODES = ("MAXLEN", "TOOLARGE")
+# error code -> its memcache line (any other error: SERVER_ERROR <message>)
+ERROR_LINES = {
+    "MAXLEN": reply.NOT_STORED, "TOOLARGE": reply.NOT_STORED,
+    "NOAUTH": reply.UNAUTHENTICATED, "WRONGPASS": reply.AUTH_FAILURE,
+}  # fmt: skip
 
 
 def run(node: NodeCore, client: Client, request: Any) -> Any:
     """The front end's command table (base.FrontEnd.run)."""
-    if type(request) is Quit:
+    kind = type(request)
+    if kind is Quit:
         node.close_client(client)
         return SILENT
-    name, flags, handler = TABLE[type(request)]
+    if kind is Set and not client.authenticated and node.config.requirepass:
+        return node.execute(client, Command("auth", 0, "l", lambda n, c, argv: _auth(n, c, request)), [b"auth"])
+    name, flags, handler = TABLE[kind]
     cmd = Command(name, 0, flags, lambda n, c, argv: handler(n, c, request))
     result = node.execute(client, cmd, [name.encode(), getattr(request, "queue", b"")])
     if getattr(request, "noreply", False):  # memcache's noreply: as CLIENT REPLY SKIP for this request
@@ -62,7 +78,7 @@ def encode(value: Any, proto: int = 2) -> bytes:
     if isinstance(value, Status):
         return reply.STORED
     assert isinstance(value, DisqueError), value  # what the handlers and the core's deferred answers give
-    return reply.NOT_STORED if value.code in NOT_STORED_CODES else reply.server_error(str(value))
+    return ERROR_LINES.get(value.code) or reply.server_error(str(value))
 
 
 def overlaps(request: Any) -> bool:
@@ -94,9 +110,16 @@ def _set(node: NodeCore, client: Client, req: Set) -> Any:
     return node.add_job(client, req.queue, req.data, SET_TIMEOUT_MS, None, ttl, None, None, None, False)
 
 
+def _auth(node: NodeCore, client: Client, req: Set) -> Any:
+    """The credentials SET: `default <password>` (another user never matches)."""
+    user, _, password = req.data.partition(b" ")
+    failure = DisqueError("WRONGPASS", "invalid username-password pair or user is disabled.")
+    return node.authenticate(client, password if user == b"default" else None, failure) or reply.STORED
+
+
 def _set_too_large(node: NodeCore, client: Client, req: SetTooLarge) -> bytes:
     node.items.cmd_set += 1
-    return reply.NOT_STORED
+    return reply.TOO_LARGE
 
 
 def _get(node: NodeCore, client: Client, req: Get) -> Any:
@@ -111,7 +134,9 @@ def _get(node: NodeCore, client: Client, req: Get) -> Any:
                 return reply.END
     except OpenReadMismatch:
         return _fatal(node, client)
-    key = req.key or req.queue
+    # Kestrel's VALUE line names the bare queue; `memcache-value-key echo` names
+    # the key as sent, for clients that match the answer to the key they asked.
+    key = req.key if node.config.memcache_value_key == "echo" and req.key else req.queue
 
     def answer(entry: list[Any] | None) -> bytes:
         return reply.END if entry is None else reply.value(key, entry[2])

@@ -35,6 +35,9 @@ ERROR = b"ERROR\r\n"
 CLIENT_ERROR = b"CLIENT_ERROR\r\n"
 FLUSHED_ALL = b"Flushed all queues.\r\n"
 RELOADED = b"Reloaded config.\r\n"
+TOO_LARGE = b"SERVER_ERROR object too large for cache\r\n"  # memcached's, for a SET over memcache-max-item-size
+UNAUTHENTICATED = b"CLIENT_ERROR unauthenticated\r\n"  # memcached's, for a command before authentication
+AUTH_FAILURE = b"CLIENT_ERROR authentication failure\r\n"  # memcached's, for wrong credentials
 
 GLOBAL_STATS = (
     "uptime", "time", "version", "curr_items", "total_items", "bytes", "curr_connections",
@@ -67,9 +70,9 @@ def _line(text: str) -> bytes:
     return text.replace("\r", " ").replace("\n", " ").encode(*_ENCODING)
 
 
-def value(queue: bytes, data: bytes) -> bytes:
-    """A fetched item: the bare queue name, flags 0, the body, END."""
-    return b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (queue, len(data), data)
+def value(key: bytes, data: bytes) -> bytes:
+    """A fetched item: its key (Kestrel's: the bare queue name), flags 0, the body, END."""
+    return b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (key, len(data), data)
 
 
 def client_error(message: str = "") -> bytes:

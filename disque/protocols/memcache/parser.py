@@ -19,10 +19,12 @@ data block of exactly `<bytes>` bytes and CRLF.  Extra tokens are ignored
 Limits, so that a hostile client cannot make the parser hold memory without
 bound: a line longer than `max_line` bytes is an error as soon as that many
 bytes have come without an LF, and a SET announcing more than `max_data`
-bytes is not buffered: its block is discarded as it arrives and the request
-comes out as `SetTooLarge` (answered NOT_STORED, like an item above
-`max_item_size`).  Whenever `next_request()` returns None, `buffered()` is at
-most `max(max_line, max_data + 2)`.  The result never depends on how the
+bytes (memcache-max-item-size, which the connection may change between two
+feeds) is not buffered: as memcached 1.6 does, its block and the two bytes
+after it are swallowed unchecked as they arrive, then the request comes out
+as `SetTooLarge` (answered `SERVER_ERROR object too large for cache`) and the
+connection goes on.  Whenever `next_request()` returns None, `buffered()` is
+at most `max(max_line, max_data + 2)`.  The result never depends on how the
 input was split into chunks.
 
 Choices where Kestrel 1.2 is undefined or buggy (§1.1, §11), all replies
@@ -54,7 +56,7 @@ from dataclasses import dataclass, field
 from disque.protocols.memcache.encoder import CLIENT_ERROR, ERROR
 
 MAX_LINE = 64 * 1024  # longest request line, CR included
-MAX_DATA = 512 * 1024 * 1024  # largest SET data block buffered (the RESP job body limit)
+MAX_DATA = 1 << 20  # largest SET data block buffered by default (memcache-max-item-size, memcached's -I)
 
 INT32_MIN, INT32_MAX, UINT32_MAX = -(1 << 31), (1 << 31) - 1, (1 << 32) - 1
 EXPTIME_RELATIVE_MAX = 1_000_000  # below this an exptime is relative seconds (§4.2)
@@ -111,7 +113,7 @@ class Set:
 @dataclass(frozen=True, slots=True)
 class SetTooLarge:
     """A SET whose data block exceeded the parser's `max_data`; the block was
-    read and discarded."""
+    read and discarded, with the two bytes after it."""
 
     queue: bytes
     size: int
@@ -360,7 +362,7 @@ class Parser:
         self._buf = bytearray()
         self._scan = 0  # bytes of the pending line already searched for LF
         self._set: _SetHeader | None = None  # reading this SET's data block
-        self._skip = 0  # bytes of an oversized data block still to discard
+        self._skip = 0  # bytes of an oversized data block (and its CRLF) still to swallow
         self._error: ProtocolError | None = None
 
     def feed(self, data: bytes) -> None:
@@ -395,22 +397,21 @@ class Parser:
         if isinstance(result, _SetHeader):
             self._set = result
             if result.size > self.max_data:
-                self._skip = result.size
+                self._skip = result.size + 2
             return self._data_block(result)
         return result
 
     def _data_block(self, header: _SetHeader) -> Set | SetTooLarge | ProtocolError | None:
         buf = self._buf
-        too_large = header.size > self.max_data
-        if too_large:
+        if self._skip:  # too large: swallowed, never buffered
             dropped = min(self._skip, len(buf))
             del buf[:dropped]
             self._skip -= dropped
             if self._skip:
                 return None
-            size = 0  # the block itself is gone; only its CRLF is left
-        else:
-            size = header.size
+            self._set = None
+            return SetTooLarge(header.queue, header.size, header.noreply)
+        size = header.size
         if len(buf) < size + 2:
             return None
         if buf[size : size + 2] != b"\r\n":
@@ -418,8 +419,6 @@ class Parser:
         data = bytes(buf[:size])
         del buf[: size + 2]
         self._set = None
-        if too_large:
-            return SetTooLarge(header.queue, header.size, header.noreply)
         return Set(header.queue, header.flags, header.exptime, data, header.noreply)
 
     def _fail(self, error: ProtocolError) -> ProtocolError:
