@@ -244,7 +244,7 @@ class Server:
         self, tcp: trio.SocketStream, front: FrontEnd = RESP, refusal: Refusal | None = None, trusted: bool = False
     ) -> None:
         """A client of a TLS port (tls-port, or memcache-tls-port for `front`
-        MEMCACHE, with its `refusal` and `trusted` as for the plain port)."""
+        the memcache front end, with its `refusal` and `trusted` as for the plain port)."""
         ctx = self.security.tls.clients
         assert ctx is not None
         stream = trio.SSLStream(tcp, ctx, server_side=True)

@@ -7,8 +7,11 @@ return either finished reply bytes or the core's own results, which
 `encode` turns into Kestrel's lines: a job ID (an ADDJOB done) is STORED,
 GETJOB's entries are VALUE ... END, its nil is END, -MAXLEN and -TOOLARGE
 are NOT_STORED, -NOAUTH is `CLIENT_ERROR unauthenticated`, any other error
-is SERVER_ERROR <message>.  A SET waits for its replicas as ADDJOB does, and
-pipelined SETs replicate together (`overlaps`).
+is SERVER_ERROR <message>; a SET the parser swallowed for being over
+memcache-max-item-size is memcached's `SERVER_ERROR object too large for
+cache`.  The VALUE line names the bare queue, as Kestrel does, or the key as
+sent with `memcache-value-key echo`.  A SET waits for its replicas as ADDJOB
+does, and pipelined SETs replicate together (`overlaps`).
 
 Authentication (`memcache-auth password`, the default, while requirepass is
 set): memcached's ASCII authentication.  A client that has not
