@@ -1,8 +1,9 @@
-"""Cluster-wide views for `--cluster`, and the rates `top` shows.
+"""The cluster-wide views (`qlen`, `qstat`, `top`; the others with
+`--cluster`), and the rates `top` shows.
 
-Theory of operation: with `--cluster`, a subcommand runs on every node the
-connected one lists in HELLO (`Session.each_node`) and merges the answers
-with the functions here, which do no I/O:
+Theory of operation: a cluster-wide view runs on every node the connected
+one lists in HELLO (`Session.each_node`) and merges the answers with the
+functions here, which do no I/O (`qlen` simply adds up):
 
 - a queue (`merge_stats`): a job is queued on one node at a time, so lengths,
   jobs in and out, blocked clients and import rates add up; the age is the

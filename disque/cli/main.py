@@ -2,14 +2,21 @@
 
 Theory of operation: one click group, `cli`, is the command table of both
 the one-shot commands and the prompt.  Its global options (`-h/-p/-a`, TLS,
-the output mode) make a `Session`; the next word picks a subcommand by its
+the output mode, `--cluster/--local`) make a `Session`; they may follow the
+subcommand too (`CommandGroup.hoist` moves them in front of it before click
+parses the line).  The next word picks a subcommand by its
 exact lowercase name (`qstat`, `show`, `jscan`, `top`, `export`, `help`,
 ...), and any other word is a server command sent as typed (`disque ADDJOB q
 body 0`, or `disque JSCAN 0 COUNT 10` for one raw page).  Without a command,
 a prompt (`prompt.py`) reads lines, splits them like redis-cli and runs each
 through `dispatch`, the same lookup: what works as `disque [options] <line>`
-works at the prompt (the options are the prompt's own), and `help <name>`
+works at the prompt (with the prompt's options, or a line's own), and `help <name>`
 shows the same help as `disque <name> --help`.
+
+`qlen`, `qstat` and `top` are cluster-wide views by default (every node
+HELLO lists, added up, `cluster.py`); `--local` narrows them to the node
+connected to, and `qscan`, `jscan` and `export` widen with `--cluster`.
+Server commands (QLEN, QSTAT) always answer what the node answers.
 
 Output follows redis-cli: pretty (tables) on a terminal, bare values one per
 line (`--raw`) when stdout is not one; `--no-raw` and `--json` choose.  Server
@@ -48,6 +55,7 @@ SERVER_COMMANDS: dict[str, tuple[str, str]] = {
     "ENQUEUE": ("id [id ...]", "Queue active jobs again"),
     "DEQUEUE": ("id [id ...]", "Take queued jobs out of their queue"),
     "DELJOB": ("id [id ...]", "Delete jobs from this node only"),
+    "DEADLETTER": ("REQUEUE queue [COUNT n]", "Put this node's dead letters queued in queue back into their own queues"),
     "SHOW": ("id", "Everything this node knows about a job"),
     "JSCAN": ("[cursor] [COUNT n] [BUSYLOOP] [QUEUE q] [STATE s ...] [REPLY id|all]", "Iterate over jobs"),
     "QLEN": ("queue", "Number of jobs queued on this node"),
