@@ -6,7 +6,9 @@ dicts, lists, strings and numbers only, so the shell can render them
 nothing changes.  Most figures are counters or sizes the node keeps anyway;
 jobs by state are counted by walking the job table (O(jobs), a few ms per
 100,000 jobs), the rest is O(queues + nodes); the metrics endpoint caps
-the queues and groups it shows in detail (`max_queues`, `group_figures`).
+the queues and groups it shows in detail (`max_queues`, `group_figures`);
+the dashboard's clients and dead letters are capped too (`client_figures`,
+`dead_letter_figures`).
 INFO keeps its own text sections (protocols/resp/admin.py); the names here
 follow them where they overlap.
 """
@@ -14,6 +16,7 @@ follow them where they overlap.
 from __future__ import annotations
 
 import heapq
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from disque.cluster.membership import MYSELF, flags_text
@@ -22,8 +25,10 @@ from disque.store.queue import PAUSE_NAMES, Queue
 
 if TYPE_CHECKING:
     from disque.core.node import NodeCore
+    from disque.core.types import Client
 
 STATE_NAMES = {state: state.name.lower().replace("_", "-") for state in State}
+BODY_PREVIEW = 120  # bytes of a dead letter's body in its figures
 
 
 def node_figures(node: NodeCore, max_queues: int | None = None) -> dict[str, Any]:
@@ -44,6 +49,7 @@ def node_figures(node: NodeCore, max_queues: int | None = None) -> dict[str, Any
         "used_memory": node.used_memory,
         "peak_memory": node.peak_memory,
         "mem_level": node.mem_level(),
+        "maxmemory": node.config.maxmemory,
         "clients": len(node.clients),
         "blocked_clients": len(node.blocked) + len(node.repl_waiters),
         "connections_received": stats.connections,
@@ -108,6 +114,50 @@ def group_figures(node: NodeCore, max_groups: int) -> tuple[list[tuple[bytes, in
             out += groups.status([name], names)
             room -= len(names)
     return out, total
+
+
+def dead_letter_figures(node: NodeCore, max_queues: int, sample: int) -> list[dict[str, Any]]:
+    """The dead-letter queues (those whose oldest queued job is a
+    dead-lettered copy, MAXATTEMPTS), at most `max_queues`: their length and
+    their `sample` oldest jobs, bodies cut to BODY_PREVIEW bytes."""
+    out: list[dict[str, Any]] = []
+    for queue in node.queues.values():
+        oldest = queue.oldest()
+        first = next(oldest, None)
+        if first is None or not first.origin:
+            continue
+        jobs = [first, *islice(oldest, sample - 1)]
+        out.append({"name": _text(queue.name), "len": len(queue), "jobs": [
+            {"id": _text(job.id), "from": _text(job.dead_letter), "nacks": job.nacks, "deliveries": job.deliv,
+             "age_ms": max(0, node.now - job.ctime // 1_000_000), "body": _text((job.body or b"")[:BODY_PREVIEW])}
+            for job in jobs
+        ]})  # fmt: skip
+        if len(out) == max_queues:
+            break
+    return out
+
+
+def client_figures(node: NodeCore, max_clients: int) -> list[dict[str, Any]]:
+    """CLIENT LIST's fields of at most `max_clients` clients: the blocked
+    ones first (waiting in GETJOB: `queues`), then the named ones (a worker
+    that sets CLIENT SETNAME), then by age."""
+    now = node.now
+
+    def order(client: Client) -> tuple[bool, bool, int]:
+        return client.waiter is None, not client.name, client.id
+
+    return [
+        {
+            "id": c.id, "addr": c.addr, "name": _text(c.name), "lib": _text(c.lib_name), "age_s": (now - c.ctime) // 1000,
+            "idle_s": (now - c.last) // 1000, "cmd": c.last_cmd,
+            "queues": [_text(q) for q in c.waiter.queues] if c.waiter is not None else [],
+        }  # fmt: skip
+        for c in heapq.nsmallest(max_clients, node.clients.values(), key=order)
+    ]
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "backslashreplace")
 
 
 def queue_figures(node: NodeCore, queue: Queue) -> dict[str, Any]:

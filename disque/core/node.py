@@ -39,6 +39,7 @@ import re
 from collections import deque
 from collections.abc import Callable, Iterable
 from functools import partial
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Final
 
 from disque.core import errors
@@ -856,25 +857,53 @@ class NodeCore:
     @staticmethod
     def _last_attempt(job: Job) -> bool:
         """MAXATTEMPTS: the delivery that just failed was the job's last
-        (deliveries counted as Disque counts them: nacks + additional + 1)."""
-        return 0 < job.max_attempts <= job.nacks + job.deliv + 1
+        (deliveries counted as Disque counts them: nacks + additional + 1);
+        never for a dead-lettered copy, whose MAXATTEMPTS is its origin's."""
+        return 0 < job.max_attempts <= job.nacks + job.deliv + 1 and not job.origin
 
     def dead_letter_job(self, job: Job) -> None:
         """MAXATTEMPTS (an extension, docs/commands.md): the job's last
         delivery failed.  It moves, here and once, to its dead-letter queue
-        as a new job (same body, counters, expiry, RETRY and replication
-        level; `origin` is the old ID), replicated asynchronously as an
-        ADDJOB ... ASYNC is; the old job is deleted on every node that holds
-        it, as FASTACK does."""
+        as a new job (`move_job`) with the same counters and `origin` the old
+        ID.  The copy keeps, for DEADLETTER REQUEUE, the job's MAXATTEMPTS
+        and the queue it came from (as `dead_letter`: a copy is never
+        dead-lettered again, `_last_attempt`)."""
+        self._queue(job.queue).dead_lettered += 1  # type: ignore[arg-type]
+        self.stats.dead_lettered += 1
+        self.move_job(job, job.dead_letter, job.nacks, job.deliv, job.max_attempts, job.queue, job.id)  # type: ignore[arg-type]
+
+    def requeue_dead_letters(self, name: bytes, count: int) -> int:
+        """DEADLETTER REQUEUE (an extension, docs/commands.md): at most
+        `count` of the dead-lettered copies queued here in `name`, oldest
+        first, go back to the queue they came from as new jobs with fresh
+        attempt counts, their MAXATTEMPTS, and `name` as their dead-letter
+        queue.  Copies that do not say where they came from (made by an
+        older version) stay.  Returns how many went."""
+        queue = self.queues.get(name)
+        if queue is None:
+            return 0
+        ids = [job.id for job in islice((j for j in queue.oldest() if j.origin and j.dead_letter), count)]
+        for done, job_id in enumerate(ids):
+            job = self.jobs.get(job_id)  # read-behind loads a copy it keeps on disk
+            if job is None:  # a disk that fails to read (MISCONF): the rest stay for another call
+                return done
+            self.move_job(job, job.dead_letter, 0, 0, job.max_attempts, name, b"")
+        return len(ids)
+
+    def move_job(
+        self, job: Job, queue: bytes, nacks: int, deliv: int, max_attempts: int, dead_letter: bytes, origin: bytes
+    ) -> None:  # fmt: skip
+        """Put `job` in `queue` as a new job (same body, expiry, RETRY and
+        replication level), replicated asynchronously as an ADDJOB ... ASYNC
+        is; the old job is deleted on every node that holds it, as FASTACK
+        does.  Queued before the old one goes: at least once."""
         cluster = self.cluster
         ttl = max(1, job.etime - self.now // 1000)
         copy = Job(
-            new_job_id(cluster.my_id, self.rng, ttl, job.retry), job.dead_letter, job.body, S_ACTIVE, 0, job.repl,
-            job.etime, self.new_ctime(), 0, job.retry, job.nacks, job.deliv, cluster.solo, origin=job.id,
+            new_job_id(cluster.my_id, self.rng, ttl, job.retry), queue, job.body, S_ACTIVE, 0, job.repl,
+            job.etime, self.new_ctime(), 0, job.retry, nacks, deliv, cluster.solo, max_attempts, dead_letter, origin,
         )  # fmt: skip
         copy.qtime = self.now  # due: queue_new_job queues it (and enqueue sets its RETRY timer)
-        self._queue(job.queue).dead_lettered += 1  # type: ignore[arg-type]
-        self.stats.dead_lettered += 1
         self.broadcast(job.nodes_delivered, m.DelJob(job.id, acked=False))
         self.delete_job(job)
         self.register(copy)

@@ -188,6 +188,21 @@ def cmd_nack(node: NodeCore, client: Client, argv: list[bytes]) -> int:
     return _each_known(node, argv, lambda job: job.state == State.ACTIVE and node.enqueue(job, nack=True))
 
 
+@command("deadletter", -3, "wm")
+def cmd_deadletter(node: NodeCore, client: Client, argv: list[bytes]) -> int:
+    """DEADLETTER REQUEUE <queue> [COUNT n] (an extension, node.requeue_dead_letters):
+    this node's dead letters queued in <queue> back to their queues; the
+    CLI and the dashboard ask every node (docs/commands.md)."""
+    if argv[1].lower() != b"requeue" or len(argv) not in (3, 5) or (len(argv) == 5 and argv[3].lower() != b"count"):
+        raise err("Syntax error, try DEADLETTER REQUEUE <queue> [COUNT <n>]")
+    count = INT64_MAX
+    if len(argv) == 5:
+        count = int_or(argv[4], errors.not_integer)
+        if count <= 0:
+            raise err("COUNT must be a number greater than zero")
+    return node.requeue_dead_letters(argv[2], count)
+
+
 @command("dequeue", -1, "wF")
 def cmd_dequeue(node: NodeCore, client: Client, argv: list[bytes]) -> int:
     return _each_known(node, argv, node.dequeue)
@@ -242,9 +257,11 @@ def show(node: NodeCore, job: Job) -> Map:
             (b"next-awake-within", max(0, job.awake - now) if job.awake else None),
             (b"body", job.body),
         ]
-        # The MAXATTEMPTS extension, only for the jobs that use it.
-        + ([(b"max-attempts", job.max_attempts), (b"dead-letter", job.dead_letter)] if job.max_attempts else [])
+        # The MAXATTEMPTS extension, only for the jobs that use it: a dead-lettered
+        # copy keeps its origin's MAXATTEMPTS and queue for DEADLETTER REQUEUE.
+        + ([(b"max-attempts", job.max_attempts), (b"dead-letter", job.dead_letter)] if job.max_attempts and not job.origin else [])
         + ([(b"dead-letter-of", job.origin)] if job.origin else [])
+        + ([(b"dead-letter-from", job.dead_letter)] if job.origin and job.dead_letter else [])
     )
 
 
