@@ -1,7 +1,8 @@
 """The package as a user gets it: an sdist and a wheel built from this
 checkout (`python -m build`, which builds the wheel from the sdist), the
 wheel installed in a fresh venv (pip may fetch the dependencies), and a node
-started from that venv answering the client installed with it."""
+started from that venv answering the client installed with it and redis-py;
+and `make extras`, which adds an extra's requirements to the checkout's venv."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import redis
 
 from client_helpers import wait_for
 
@@ -33,9 +35,15 @@ def git_head() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def built_head() -> str | None:
+    """HEAD when the build starts: commits made in this work tree while it runs do not count."""
+    return git_head()
+
+
+@pytest.fixture(scope="module")
+def dist(built_head: str | None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    done = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], capture_output=True, text=True, timeout=800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out
 
@@ -51,7 +59,10 @@ def venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return bin_dir
 
 
-def test_sdist_and_wheel_are_named_and_record_the_revision(dist: Path) -> None:
+# Building compiles the core with mypyc: one to several minutes on a busy machine.
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_sdist_and_wheel_are_named_and_record_the_revision(dist: Path, built_head: str | None) -> None:
     [sdist] = dist.glob("*.tar.gz")
     [wheel] = dist.glob("*.whl")
     assert sdist.name == f"disque_server-{__version__}.tar.gz"
@@ -64,10 +75,10 @@ def test_sdist_and_wheel_are_named_and_record_the_revision(dist: Path) -> None:
         wheel_record = whl.read("disque/REVISION").decode()
         entry_points = whl.read(f"disque_server-{__version__}.dist-info/entry_points.txt").decode()
     assert wheel_record == sdist_record  # the wheel is built from the sdist and keeps its record
-    head = git_head()
-    if head is not None:
-        assert re.fullmatch(rf"{head} [01]\n", wheel_record)
-    assert {"disque/default.conf", "disque/cli/main.py", "disque/cli/server.py", "disque/shell/web/index.html", "disque/shell/web/app.js"} <= set(names)
+    if built_head is not None:
+        assert re.fullmatch(rf"{built_head} [01]\n", wheel_record)
+    assert {"disque/default.conf", "disque/cli/main.py", "disque/cli/server.py", "disque/shell/web/index.html", "disque/shell/web/app.js",
+            "disque/py.typed"} <= set(names)  # fmt: skip
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     extensions = {path.replace(".py", suffix) for path in compiled.MODULES} | {f"{compiled.GROUP}__mypyc{suffix}"}
     assert extensions <= set(names) and "disque/COMPILED" in names  # with its sources, which stay in the wheel
@@ -76,7 +87,9 @@ def test_sdist_and_wheel_are_named_and_record_the_revision(dist: Path) -> None:
     assert "disque = disque.cli.main:main" in entry_points and "disque-server = disque.cli.server:server_main" in entry_points
 
 
-def test_the_installed_wheel_runs_a_node(venv: Path, tmp_path: Path) -> None:
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_installed_wheel_runs_a_node(venv: Path, built_head: str | None, tmp_path: Path) -> None:
     # Run away from the checkout, so nothing can be imported from it.
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=60)
@@ -85,7 +98,7 @@ def test_the_installed_wheel_runs_a_node(venv: Path, tmp_path: Path) -> None:
     assert location.startswith(str(venv.parent)), location
     which = run(str(venv / "python"), "-c", "from disque import compiled; print(compiled.active())")
     assert (which.stdout, which.stderr) == ("True\n", "")  # the installed extensions are not taken for stale ones
-    head = git_head() or "[0-9a-f]{8}"
+    head = built_head or "[0-9a-f]{8}"
     assert re.fullmatch(rf"disque {re.escape(__version__)} \(git {head}(, modified)?\)\n", run(str(venv / "disque"), "--version").stdout)
     assert re.fullmatch(rf"Disque server v={re.escape(__version__)} sha={head}:[01] .*\n", run(str(venv / "disque-server"), "--version").stdout)
 
@@ -103,6 +116,8 @@ def test_the_installed_wheel_runs_a_node(venv: Path, tmp_path: Path) -> None:
             return done.stdout if done.returncode == 0 else None
 
         assert wait_for(ping, timeout=30, what="the node to answer") == "PONG\n"
+        with redis.Redis(port=port, socket_timeout=10) as r:  # any Redis client, from the test's venv
+            assert r.ping() is True and r.execute_command("QLEN", "q") == 0
         job = run(str(venv / "disque"), "-p", str(port), "ADDJOB", "q", "from the wheel", "0").stdout.strip()
         assert run(str(venv / "disque"), "-p", str(port), "--json", "show", job).stdout.count('"body": "from the wheel"') == 1
         with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/", timeout=10) as page:  # the dashboard ships
@@ -113,6 +128,29 @@ def test_the_installed_wheel_runs_a_node(venv: Path, tmp_path: Path) -> None:
         if node.stderr:
             node.stderr.close()
 
+
+
+def make_extras(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), "extras", *args], capture_output=True, text=True, timeout=300)
+
+
+def installed_record() -> str:
+    """The RECORD of the package installed in this venv: a reinstall writes a new one."""
+    return (Path(sysconfig.get_paths()["purelib"]) / f"disque_server-{__version__}.dist-info" / "RECORD").read_text()
+
+
+@pytest.mark.skipif(Path(sys.prefix) != ROOT / ".venv" or not (ROOT / ".venv" / ".installed-run").exists(),
+                    reason="make extras installs into this checkout's .venv, which is not the one running the tests")  # fmt: skip
+def test_make_extras_adds_requirements_and_keeps_the_editable_install() -> None:
+    before = installed_record()
+    assert "__editable__" in before  # make run's editable install
+    done = make_extras("EXTRAS=dramatiq")  # installed already (the test extra has it): pip has nothing to fetch
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "installing the requirements of the extra(s) dramatiq into .venv" in done.stdout
+    assert installed_record() == before  # the package was not reinstalled, as a copy or at all
+    done = make_extras("EXTRAS=dramatiq,nope")
+    assert done.returncode != 0 and "EXTRAS: one or more of test, spark, dramatiq, comma-separated" in done.stderr
+    assert make_extras().returncode != 0  # EXTRAS is required
 
 
 def test_revision_record_and_git(tmp_path: Path) -> None:
