@@ -182,10 +182,12 @@ class NodeCore:
         self.acks = Acks(self, self.replication)
         self.items = Items(self, self.acks)
         self.groups = Groups(self)
-        # Read-behind, when the shell gives a body store (core/read_behind.py).
-        self.read_behind = None
+        # Read-behind, when the shell gives a body store (core/read_behind.py):
+        # the job store keeps jobs on disk through it; the shell and INFO report it.
+        self.read_behind: ReadBehind | None = None
         if bodies is not None and config.read_behind != "no":
-            self.read_behind = self.jobs.spilled = ReadBehind(self, bodies, config.read_behind == "force")
+            self.read_behind = ReadBehind(self, bodies, config.read_behind == "force")
+            self.jobs.spill_to(self.read_behind)
         # The bus table: the handler of each job message, by type.
         self.on_bus: dict[type, Callable[[str, Any], None]] = {
             **{kind: partial(handler, self) for kind, handler in HANDLERS.items()},
@@ -221,7 +223,7 @@ class NodeCore:
         awake = self.jobs.next_awake()
         if awake is not None:
             at = min(at, awake)
-        if self.read_behind is not None and (awake := self.read_behind.next_awake()) is not None:
+        if (awake := self.jobs.spilled.next_awake()) is not None:
             at = min(at, awake)
         if (awake := self.timeouts.next()) is not None:
             at = min(at, awake)
@@ -246,8 +248,7 @@ class NodeCore:
 
     def tick(self) -> None:
         now = self.read_clock()
-        if self.read_behind is not None:
-            self.read_behind.tick()
+        self.jobs.spilled.tick()
         for job in self.jobs.due(now):
             self.process_job(job)
         for waiter in self.timeouts.due(now):
@@ -264,8 +265,7 @@ class NodeCore:
     def settle(self) -> None:
         """The end of a step: read-behind moves what it may to disk, and
         peers hear of the queues whose blocked clients changed."""
-        if self.read_behind is not None:
-            self.read_behind.settle()
+        self.jobs.spilled.settle()
         if self.federation.changed:
             self.federation.announce()
 
@@ -281,8 +281,7 @@ class NodeCore:
                     self.federation.need_jobs(self._queue(name), CLIENTS_WAITING)
         self.federation.cron()
         self.groups.cron()
-        if self.read_behind is not None:
-            self.read_behind.cron()
+        self.jobs.spilled.cron()
         self._collect_idle_queues()
         self.collected.expire(now)
         if self.config.timeout:
@@ -476,8 +475,7 @@ class NodeCore:
         return queue
 
     def destroy_queue(self, queue: Queue) -> None:
-        if self.read_behind is not None:
-            self.read_behind.forget_queue(queue)
+        self.jobs.spilled.forget_queue(queue)
         for job in queue.drain():  # only when flushing: GC never drops live jobs
             job.move(DEQUEUE)
         self.queues.pop(queue.name)
@@ -644,8 +642,7 @@ class NodeCore:
         else:
             job.flags |= BCAST_QUEUED
         queue.push(job)
-        if self.read_behind is not None:
-            self.read_behind.grown[queue.name] = None
+        self.jobs.spilled.grew(queue.name)
         queue.atime = self.now
         queue.jobs_in += 1
         if not queue.pause & PAUSE_OUT and (queue.waiters or queue.name in self.federation.wanted):
@@ -662,8 +659,8 @@ class NodeCore:
 
     def fetch(self, queue: Queue) -> Job | None:
         """Take the oldest job for delivery (GETJOB, or YOURJOBS)."""
-        if queue.tail is not None:
-            self.read_behind.ready(queue)  # type: ignore[union-attr]
+        if queue.tail is not None:  # its newest jobs are on disk: the oldest must be in memory
+            self.jobs.spilled.ready(queue)
         job = queue.pop()
         if job is None:
             return None
@@ -696,8 +693,7 @@ class NodeCore:
         known = self.cluster.nodes
         job.nodes_delivered = tuple(n for n in job.nodes_delivered if n in known)
         self.register(job)
-        if self.read_behind is not None:
-            self.read_behind.note_arrival(job)
+        self.jobs.spilled.note_arrival(job)
         return job
 
     # ------------------------------------------------------------ client operations
@@ -1209,9 +1205,8 @@ class NodeCore:
         """DEBUG FLUSHALL / CLUSTER RESET: every job and queue goes."""
         for job in list(self.jobs.values()):
             self.delete_job(job)
-        if self.read_behind is not None:
-            for job in self.read_behind.every_job():
-                self.delete_job(job)
+        for job in self.jobs.spilled.every_job():
+            self.delete_job(job)
         self.unblock_all(NIL_ARRAY)
         for queue in list(self.queues.values()):
             self.destroy_queue(queue)

@@ -245,6 +245,9 @@ class ReadBehind:
         all of them at once)."""
         return ms // 1000 if self.force else -(-ms // 1000)
 
+    def grew(self, queue: bytes) -> None:
+        self.grown[queue] = None
+
     def note_arrival(self, job: Job) -> None:
         self.arrived.append(job)
 
@@ -308,6 +311,13 @@ class ReadBehind:
             self.lost += 1
             self._forget(slot, lost=True)
         return None
+
+    def load_live(self, slot: int) -> Job | None:
+        """`load`, for a slot that may have gone since it was listed."""
+        return self.load(slot) if self.index.is_live(slot) else None
+
+    def slot_ctime(self, slot: int) -> int:
+        return self.index.ctime[slot]
 
     def peek(self, slot: int) -> Job | None:
         """A spilled job, read but left on disk (QPEEK, JSCAN)."""

@@ -450,11 +450,7 @@ class Replay:
             job.nodes_delivered = tuple(n for n in nodes if n in self.known)
         core.register(job)
         self.loaded += 1
-        spill = core.read_behind
-        if spill is None:
-            if was_queued:
-                self.queued.append(job)
-            return
+        spill = core.jobs.spilled
         if not spill.replayed(job, was_queued):
             (self.queued if was_queued else self.active).append(job)
         elif spill.needs_room():  # the slots grow too: the jobs kept in memory so far make room, newest first
@@ -470,8 +466,8 @@ class Replay:
         in_memory = (queued.pop() for _ in range(len(queued)))
         if not spilled:
             return in_memory
-        ctime = self.core.read_behind.index.ctime
-        return heapq.merge(in_memory, spilled, key=lambda e: e.ctime if isinstance(e, Job) else ctime[e])
+        ctime = self.core.jobs.spilled.slot_ctime
+        return heapq.merge(in_memory, spilled, key=lambda e: e.ctime if isinstance(e, Job) else ctime(e))
 
     @property
     def trusted(self) -> bool:
@@ -488,15 +484,15 @@ class Replay:
         """`finish` in steps of 1,024 jobs (the shell's event loop runs
         between them: a backlog on disk takes a while); `requeued` counts."""
         core = self.core
-        spill = core.read_behind
-        spilled: Sequence[int] = spill.replay_queued(self.trusted) if spill is not None else ()
+        spill = core.jobs.spilled
+        spilled = spill.replay_queued(self.trusted)
         self.active.clear()
         if not self.trusted:
             self.queued.clear()
             return
         self.refresh_time()
         for n, entry in enumerate(self._in_queue_order(spilled)):
-            job = entry if isinstance(entry, Job) else spill.load(entry) if spill.index.is_live(entry) else None
+            job = entry if isinstance(entry, Job) else spill.load_live(entry)
             if job is not None and core.jobs.get(job.id) is job and job.state == State.ACTIVE:
                 if not job.retry:
                     job.qtime = core.now  # its one queueing: enqueue refuses qtime 0 (upstream defect §9, fixed)

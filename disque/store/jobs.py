@@ -27,27 +27,126 @@ With read-behind some jobs are on disk (core/read_behind.py): `spilled`
 answers for them, so a lookup by ID loads a spilled job back and returns it
 like any other, `in` and `len` count them, and a JSCAN cursor's bucket
 holds the spilled jobs of that bucket too.  `resident` tells a
-job object still registered in memory from one that left it.
+job object still registered in memory from one that left it.  `spilled`
+is always there: without read-behind it is `NO_SPILL`, which keeps nothing
+and does nothing, so the rest of the core calls the same `Spill` methods
+(the end of a step, the tick, a queue that grew, a copy that arrived, a
+replay's jobs) and never asks whether read-behind is on.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
-from typing import Final, Protocol
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Final, Protocol
 
 from disque.store.job import IN_TIMER, Job
 from disque.store.scan import NBUCKETS, JobIndex
 
+if TYPE_CHECKING:
+    from disque.store.queue import Queue
+
 MAX_JOBS_PER_PASS: Final = 10_000
 
 
-class Spilled(Protocol):
+class Spill(Protocol):
+    """Where jobs that left memory are kept (core/read_behind.py), as the
+    rest of the core sees it."""
+
+    # lookups (JobStore)
     def __len__(self) -> int: ...
     def load_id(self, job_id: bytes) -> Job | None: ...
     def holds(self, job_id: bytes) -> bool: ...
     def peek_id(self, job_id: bytes) -> Job | None: ...
     def in_bucket(self, bucket: int) -> list[Job]: ...
+
+    # the job lifecycle's notes, acted on at the end of the step
+    def grew(self, queue: bytes) -> None: ...
+    def note_arrival(self, job: Job) -> None: ...
+    def ready(self, queue: Queue) -> None: ...
+    def forget_queue(self, queue: Queue) -> None: ...
+    def every_job(self) -> Iterator[Job]: ...
+
+    # time and the end of a step
+    def next_awake(self) -> int | None: ...
+    def tick(self) -> None: ...
+    def cron(self) -> None: ...
+    def settle(self) -> None: ...
+
+    # an AOF replay
+    def replayed(self, job: Job, was_queued: bool) -> bool: ...
+    def needs_room(self) -> bool: ...
+    def make_room(self, jobs: list[Job], queued: bool) -> None: ...
+    def replay_queued(self, trusted: bool) -> Sequence[int]: ...
+    def load_live(self, slot: int) -> Job | None: ...
+    def slot_ctime(self, slot: int) -> int: ...
+
+
+class NoSpill:
+    """The `Spill` of a node without read-behind: every job stays in memory."""
+
+    def __len__(self) -> int:
+        return 0
+
+    def load_id(self, job_id: bytes) -> Job | None:
+        return None
+
+    def holds(self, job_id: bytes) -> bool:
+        return False
+
+    def peek_id(self, job_id: bytes) -> Job | None:
+        return None
+
+    def in_bucket(self, bucket: int) -> list[Job]:
+        return []
+
+    def grew(self, queue: bytes) -> None:
+        pass
+
+    def note_arrival(self, job: Job) -> None:
+        pass
+
+    def ready(self, queue: Queue) -> None:
+        pass
+
+    def forget_queue(self, queue: Queue) -> None:
+        pass
+
+    def every_job(self) -> Iterator[Job]:
+        return iter(())
+
+    def next_awake(self) -> int | None:
+        return None
+
+    def tick(self) -> None:
+        pass
+
+    def cron(self) -> None:
+        pass
+
+    def settle(self) -> None:
+        pass
+
+    def replayed(self, job: Job, was_queued: bool) -> bool:
+        return False
+
+    def needs_room(self) -> bool:
+        return False
+
+    def make_room(self, jobs: list[Job], queued: bool) -> None:
+        pass
+
+    def replay_queued(self, trusted: bool) -> Sequence[int]:
+        return ()
+
+    def load_live(self, slot: int) -> Job | None:
+        return None  # pragma: no cover - no slot is ever given out
+
+    def slot_ctime(self, slot: int) -> int:
+        return 0  # pragma: no cover - no slot is ever given out
+
+
+NO_SPILL: Final = NoSpill()
 
 
 class _Bucket:
@@ -65,17 +164,21 @@ class JobStore:
         self._jobs = JobIndex()
         self._buckets: dict[int, _Bucket] = {}
         self._heap: list[int] = []
-        self.spilled: Spilled | None = None
+        self.spilled: Spill = NO_SPILL
+
+    def spill_to(self, spill: Spill) -> None:
+        """Read-behind is on: jobs may leave memory for `spill`."""
+        self.spilled = spill
 
     def __len__(self) -> int:
-        return len(self._jobs) + (len(self.spilled) if self.spilled is not None else 0)
+        return len(self._jobs) + len(self.spilled)
 
     def __contains__(self, job_id: bytes) -> bool:
-        return job_id in self._jobs or (self.spilled is not None and self.spilled.holds(job_id))
+        return job_id in self._jobs or self.spilled.holds(job_id)
 
     def get(self, job_id: bytes) -> Job | None:
         job = self._jobs.get(job_id)
-        if job is None and self.spilled is not None:
+        if job is None:
             return self.spilled.load_id(job_id)
         return job
 
@@ -83,7 +186,7 @@ class JobStore:
         """`get` for a read that changes nothing: a job on disk is read, not
         loaded (the copy returned must not be changed)."""
         job = self._jobs.get(job_id)
-        if job is None and self.spilled is not None:
+        if job is None:
             return self.spilled.peek_id(job_id)
         return job
 
@@ -109,7 +212,7 @@ class JobStore:
         where they are) next to those in memory, so that a job moving
         between the two keeps its bucket and is not missed."""
         spilled = self.spilled
-        if spilled is None or not len(spilled):
+        if not len(spilled):
             return self._jobs.scan(cursor, want, max_buckets)
         jobs: list[Job] = []
         examined = 0
