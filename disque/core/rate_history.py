@@ -10,10 +10,11 @@ them up); a ring of SLOTS slots per queue keeps the last hour.
 
 Bounded: at most `max_queues` queues have a series of their own.  A queue
 gets one when it is first seen with room left, or in the place of a queue
-idle for the whole window; its counts start from that sample, and a series
-is shown until it has been idle for the whole window.  What the
-queues without a series (and a queue's first interval) did goes into
-`other`: the growth of the sum of every queue's counters less what the
+idle for the whole window, and a series is shown until it has been idle for
+the whole window.  Its counts start from zero when every queue had a series
+at the last sample (the queue is new: its counters started at zero), else
+from that sample.  What the queues without a series (and such a queue's
+first interval) did goes into `other`: the growth of the sum of every queue's counters less what the
 series took.  A queue destroyed meanwhile (an idle, empty queue collected)
 takes its counters out of that sum, so `other` can miss what the others did
 in that one slot; it never goes below zero.  A counter lower than the last
@@ -67,6 +68,7 @@ class RateHistory:
         self.slot: int | None = None  # the newest slot (wall-clock seconds // slot_seconds); None before a sample
         self.series: dict[str, Series] = {}
         self.other = Series(slots, 0, 0, 0)  # last_in / last_out: the sums of every queue's counters
+        self.complete = False  # every queue had a series at the last sample
 
     def sample(self, now_s: float, counters: Iterable[tuple[str, int, int]]) -> None:
         """Count what every queue did since the last sample (`counters`:
@@ -78,16 +80,18 @@ class RateHistory:
             self._advance(slot)
         index = self.slot % self.slots  # type: ignore[operator]
         total_in = total_out = taken_in = taken_out = 0
-        seen = set()
+        seen, complete = set(), True
         for name, jobs_in, jobs_out in counters:
             total_in += jobs_in
             total_out += jobs_out
             seen.add(name)
             series = self.series.get(name)
             if series is None:
-                if self._room():
-                    self.series[name] = Series(self.slots, jobs_in, jobs_out, self.slot)  # type: ignore[arg-type]
-                continue
+                if not self._room():
+                    complete = False
+                    continue
+                new = self.complete and not first  # made since the last sample: counted from zero
+                series = self.series[name] = Series(self.slots, 0 if new else jobs_in, 0 if new else jobs_out, self.slot)  # type: ignore[arg-type]
             grew_in = jobs_in - series.last_in if jobs_in >= series.last_in else jobs_in
             grew_out = jobs_out - series.last_out if jobs_out >= series.last_out else jobs_out
             series.last_in, series.last_out = jobs_in, jobs_out
@@ -99,6 +103,7 @@ class RateHistory:
             other.add(index, self.slot, max(0, total_in - other.last_in - taken_in),  # type: ignore[arg-type]
                       max(0, total_out - other.last_out - taken_out))  # fmt: skip
         other.last_in, other.last_out = total_in, total_out
+        self.complete = complete
         for name in [name for name, series in self.series.items() if name not in seen and self._idle(series)]:
             del self.series[name]  # gone, and nothing left to show
 

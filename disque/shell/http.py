@@ -9,12 +9,28 @@ the body):
   RSS, file descriptors);
 * `GET /`, `GET /static/<file>`: the dashboard, static files shipped in the
   package (`disque/shell/web/`), no build step;
-* `GET /api/overview`: the figures as JSON (what the dashboard polls);
-* `GET /api/jobs/<id>`: SHOW of one job as JSON;
+* `GET /api/overview`: this node's figures as JSON, with its consumer
+  groups, clients (CLIENT LIST's fields), dead-letter queues, memory and
+  read-behind state;
+* `GET /api/cluster`: every node's overview (what the dashboard polls):
+  this node's, and the others' asked over their HTTP ports
+  (shell/dashboard.py), shared for CACHE_SECONDS;
+* `GET /api/history`: this node's per-queue rate history, the last hour in
+  10 s slots (core/rate_history.py); `GET /api/cluster/history`: every
+  node's, added up (shared for HISTORY_SECONDS);
+* `GET /api/jobs/<id>`: SHOW of one job as JSON, asked of the other nodes
+  when this one does not know it (`?local`: this one only), with the node;
 * `POST /api/queues/<name>/pause` with `{"state": "in"|"out"|"all"|"none"}`:
-  PAUSE ... BCAST.  With `requirepass` set it needs the same password, sent
-  as `Authorization: Bearer <password>` (or HTTP basic auth, any user name),
-  checked by the core's own AUTH before the body is looked at.
+  PAUSE ... BCAST;
+* `POST /api/deadletters/<queue>/requeue` with `{"scope": "cluster"|"node"}`
+  (default cluster): DEADLETTER REQUEUE here, in batches, then the same
+  request to every other node's HTTP port with scope `node`; the answer
+  says how many each node requeued, or its error.
+
+The two POSTs need, with `requirepass` set, the same password, sent as
+`Authorization: Bearer <password>` (or HTTP basic auth, any user name),
+checked by the core's own AUTH before the body is looked at; the requeue
+hands the same header to the other nodes.
 
 What one client can cost is bounded:
 
@@ -37,7 +53,7 @@ What one client can cost is bounded:
   (rate-limited), answered 500 when a response can still be sent, and costs
   that connection, never the node.
 
-Commands (SHOW, AUTH, PAUSE) run through the core's ordinary entry
+Commands (SHOW, AUTH, PAUSE, DEADLETTER) run through the core's ordinary entry
 (`handle_command` with the RESP command table) on a client of their own,
 registered with the session runner for the time of the request and bearing
 the connection's address, so that a late AUTH answer reaches it and wrong
@@ -53,10 +69,12 @@ import base64
 import json
 import logging
 import traceback
+from urllib.parse import quote, unquote_to_bytes
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from http import HTTPStatus
 from importlib import resources
+from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
 import h11
@@ -66,10 +84,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from disque.core import errors
 from disque.core.errors import DisqueError
-from disque.core.figures import group_figures, node_figures
+from disque.core.figures import client_figures, dead_letter_figures, group_figures, node_figures
 from disque.core.node import NodeCore
+from disque.core.rate_history import merge
 from disque.core.types import BLOCKED, NIL_ARRAY, Map, Status
 from disque.protocols.resp.front import RESP
+from disque.shell.dashboard import History, Peers, Shared
 from disque.shell.session import Conn, Sessions
 
 log = logging.getLogger("disque")
@@ -83,6 +103,12 @@ CACHE_SECONDS = 1.0  # the figures are rendered at most this often ...
 CACHE_FACTOR = 20  # ... or this many times what rendering them last took
 MAX_QUEUE_SERIES = 1000  # queues with series of their own (the longest); totals for the rest
 MAX_GROUP_SERIES = 1000  # consumer groups with series of their own
+MAX_CLIENTS_SHOWN = 200  # clients in the overview (blocked ones first)
+MAX_DEAD_LETTER_QUEUES = 100  # dead-letter queues in the overview ...
+DEAD_LETTER_SAMPLE = 5  # ... with their oldest jobs
+HISTORY_SECONDS = 5.0  # the cluster's rate history is gathered at most this often
+REQUEUE_BATCH = 1000  # dead letters per DEADLETTER REQUEUE: the loop runs between two batches
+REQUEUE_TIMEOUT = 60.0  # seconds for another node to requeue its dead letters
 LOG_INTERVAL = 1.0  # seconds between two logged errors of the port
 WEB = resources.files("disque.shell") / "web"
 CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
@@ -101,6 +127,10 @@ class Snapshot(NamedTuple):
     events: tuple[int, int, int]  # added, handed out, acknowledged
     net: tuple[int, int, int]  # bytes in, bytes out, refused connections
     http_connections: int
+    clients: list[dict[str, Any]]
+    dead_letters: list[dict[str, Any]]
+    read_behind: list[tuple[str, Any]]
+    rss_startup: int
 
 
 class Rendered(NamedTuple):
@@ -267,8 +297,23 @@ def render(snapshot: Snapshot) -> Rendered:
     """The Prometheus text and the overview JSON of a snapshot (in a worker thread)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodeCollector(snapshot))  # type: ignore[arg-type]
-    registry.register(ProcessCollector(registry=None))
-    return Rendered(generate_latest(registry), json.dumps(snapshot.figures, default=_plain).encode())
+    process = ProcessCollector(registry=None)
+    registry.register(process)
+    rss = next((s.value for f in process.collect() for s in f.samples if s.name == "process_resident_memory_bytes"), 0)
+    overview = {
+        **snapshot.figures,
+        "groups": [
+            {"queue": to_json(queue), "group": to_json(group), **{key.decode(): value for key, value in figures}}
+            for queue, _, groups in snapshot.groups for group, figures in groups
+        ],
+        "groups_total": snapshot.groups_total,
+        "clients_shown": snapshot.clients,
+        "dead_letters": snapshot.dead_letters,
+        "memory": {"used_memory_rss": int(rss), "used_memory_startup": snapshot.rss_startup},
+        "read_behind": dict(snapshot.read_behind),
+        "http_connections": snapshot.http_connections,
+    }  # fmt: skip
+    return Rendered(generate_latest(registry), json.dumps(overview, default=_plain).encode())
 
 
 class RequestConn(Conn):
@@ -299,9 +344,24 @@ class HttpPort:
         self.rendering: trio.Event | None = None  # set when the rendering in progress ends
         self._log_at = float("-inf")
         self._log_skipped = 0
+        self.rss_startup: int | None = None  # the host's, asked once
+        self.peers = Peers(core)
+        self.history = History(core)
+        self.cluster = Shared(self._gather, CACHE_SECONDS)
+        self.cluster_history = Shared(self._gather_history, HISTORY_SECONDS)
 
     async def serve(self, listeners: list[trio.SocketListener]) -> None:
-        await trio.serve_listeners(self._connection, listeners)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._sample_history)
+            await trio.serve_listeners(self._connection, listeners)
+
+    async def _sample_history(self) -> None:
+        while True:
+            try:
+                await self.history.run()
+            except Exception:  # a bug costs a sample, not the port
+                self._log_error("Error sampling the rate history")
+                await trio.sleep(self.history.history.slot_seconds)
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         """One connection, behind its error boundary."""
@@ -386,19 +446,36 @@ class HttpPort:
                 return 200, METRICS_TYPE, (await self.figures()).metrics
             if path == "/api/overview":
                 return 200, "application/json", (await self.figures()).overview
+            if path == "/api/cluster":
+                return 200, "application/json", await self.cluster.get()
+            if path == "/api/history":
+                return 200, "application/json", self.history.rendered
+            if path == "/api/cluster/history":
+                return 200, "application/json", await self.cluster_history.get()
             if path == "/":
                 path = "/static/index.html"
             if path.startswith("/static/"):
                 return self._static(path.removeprefix("/static/"))
             if path.startswith("/api/jobs/"):
-                async with self._client(peer, local) as conn:
-                    job = await self._command(conn, b"SHOW", path.removeprefix("/api/jobs/").encode())
-                if isinstance(job, DisqueError):
-                    return self._json(400, {"error": str(job)})
-                return self._json(200, {"job": to_json(job)})
+                return await self._show(path.removeprefix("/api/jobs/"), target.endswith("?local"), peer, local)
         if method == "POST" and path.startswith("/api/queues/") and path.endswith("/pause"):
             return await self._pause(path.removeprefix("/api/queues/").removesuffix("/pause"), headers, body, peer, local)
+        if method == "POST" and path.startswith("/api/deadletters/") and path.endswith("/requeue"):
+            queue = unquote_to_bytes(path.removeprefix("/api/deadletters/").removesuffix("/requeue"))
+            return await self._requeue(queue, headers, body, peer, local)
         return self._json(404, {"error": "not found"})
+
+    async def _show(self, job_id: str, local_only: bool, peer: str, local: str) -> tuple[int, str, bytes]:
+        """SHOW here; a job this node does not know is looked for on the others (`?local` asks this one only)."""
+        async with self._client(peer, local) as conn:
+            job = await self._command(conn, b"SHOW", job_id.encode())
+        if isinstance(job, DisqueError):
+            return self._json(400, {"error": str(job)})
+        if job is None and not local_only:
+            for answer in await self.peers.each("GET", f"/api/jobs/{quote(job_id, safe='')}?local"):
+                if answer.status == 200 and isinstance(answer.value, dict) and answer.value.get("job"):
+                    return self._json(200, {"job": answer.value["job"], "node": answer.peer.id})
+        return self._json(200, {"job": to_json(job), "node": self.core.cluster.my_id})
 
     def _static(self, name: str) -> tuple[int, str, bytes]:
         file = WEB / name
@@ -407,23 +484,68 @@ class HttpPort:
             return self._json(404, {"error": "not found"})
         return 200, CONTENT_TYPES[suffix], file.read_bytes()
 
-    async def _pause(self, queue: str, headers: dict[bytes, bytes], body: bytes, peer: str, local: str) -> tuple[int, str, bytes]:
+    async def _authorized(
+        self, headers: dict[bytes, bytes], peer: str, local: str, act: Callable[[RequestConn], Awaitable[tuple[int, str, bytes]]]
+    ) -> tuple[int, str, bytes]:  # fmt: skip
+        """`act` on a client of the request once the password (with
+        `requirepass`) is right: checked first, so that nothing of the body
+        is read for a client without it."""
         password = _password(headers.get(b"authorization", b""))
         if self.requirepass() and password is None:
             return self._json(401, {"error": str(errors.noauth())})
         async with self._client(peer, local) as conn:
-            if self.requirepass():  # the password first: nothing of the body is read for a client without it
+            if self.requirepass():
                 reply = await self._command(conn, b"AUTH", password)  # type: ignore[arg-type]
                 if isinstance(reply, DisqueError) or not conn.client.authenticated:
                     status = 429 if reply == errors.auth_refused() else 401
                     return self._json(status, {"error": str(reply) if isinstance(reply, DisqueError) else "ERR invalid password"})
-            state = _pause_state(body)
+            return await act(conn)
+
+    async def _pause(self, queue: str, headers: dict[bytes, bytes], body: bytes, peer: str, local: str) -> tuple[int, str, bytes]:
+        async def pause(conn: RequestConn) -> tuple[int, str, bytes]:
+            state = _body_field(body, "state", PAUSE_STATES)
             if state is None or not queue:
                 return self._json(400, {"error": f"state must be one of {', '.join(PAUSE_STATES)}"})
             reply = await self._command(conn, b"PAUSE", queue.encode(), state.encode(), b"BCAST")
-        if isinstance(reply, DisqueError):
-            return self._json(400, {"error": str(reply)})
-        return self._json(200, {"queue": queue, "pause": to_json(reply)})
+            if isinstance(reply, DisqueError):
+                return self._json(400, {"error": str(reply)})
+            return self._json(200, {"queue": queue, "pause": to_json(reply)})
+
+        return await self._authorized(headers, peer, local, pause)
+
+    async def _requeue(self, queue: bytes, headers: dict[bytes, bytes], body: bytes, peer: str, local: str) -> tuple[int, str, bytes]:
+        """DEADLETTER REQUEUE here in batches (the loop runs between them),
+        then, for the cluster, on every other node through its HTTP port."""
+
+        async def requeue(conn: RequestConn) -> tuple[int, str, bytes]:
+            scope = _body_field(body, "scope", ("cluster", "node"), default="cluster")
+            if scope is None or not queue:
+                return self._json(400, {"error": "scope must be cluster or node"})
+            done = 0
+            while True:
+                reply = await self._command(conn, b"DEADLETTER", b"REQUEUE", queue, b"COUNT", b"%d" % REQUEUE_BATCH)
+                if isinstance(reply, DisqueError):
+                    return self._json(400, {"error": str(reply), "requeued": done})
+                done += reply
+                if reply < REQUEUE_BATCH:
+                    break
+                await trio.sleep(0)
+            nodes: list[dict[str, Any]] = [{"id": self.core.cluster.my_id, "requeued": done}]
+            if scope == "cluster":
+                forward: tuple[tuple[str, str], ...] = (("content-type", "application/json"),)
+                if b"authorization" in headers:
+                    forward += (("authorization", headers[b"authorization"].decode("latin-1")),)
+                target = f"/api/deadletters/{quote(queue, safe='')}/requeue"
+                for answer in await self.peers.each("POST", target, forward, b'{"scope": "node"}', REQUEUE_TIMEOUT):
+                    value = answer.value if isinstance(answer.value, dict) else {}
+                    if answer.status == 200 and isinstance(value.get("requeued"), int):
+                        nodes.append({"id": answer.peer.id, "requeued": value["requeued"]})
+                    else:
+                        nodes.append({"id": answer.peer.id, "error": answer.error or str(value.get("error", answer.status))})
+            total = sum(n.get("requeued", 0) for n in nodes)
+            return self._json(200, {"queue": to_json(queue), "requeued": total, "nodes": nodes})
+
+        return await self._authorized(headers, peer, local, requeue)
 
     # ------------------------------------------------------------ commands
 
@@ -476,10 +598,57 @@ class HttpPort:
         core, sessions = self.core, self.sessions
         groups, total = group_figures(core, MAX_GROUP_SERIES)
         g = core.groups
+        if self.rss_startup is None:  # fixed at start; the host's process_info is costly (it asks git)
+            self.rss_startup = int(core.host.process_info().get("rss_startup", 0))
+        read_behind = [("read_behind", "no")] if core.read_behind is None else core.read_behind.info_fields()
         return Snapshot(
             node_figures(core, MAX_QUEUE_SERIES), groups, total, (g.added, g.handed, g.acked),
             (sessions.net_in, sessions.net_out, sessions.rejected), self.open,
+            client_figures(core, MAX_CLIENTS_SHOWN), dead_letter_figures(core, MAX_DEAD_LETTER_QUEUES, DEAD_LETTER_SAMPLE),
+            read_behind, self.rss_startup,
         )  # fmt: skip
+
+    # ------------------------------------------------------------ the cluster
+
+    async def _gather(self) -> bytes:
+        """Every node's overview: this one's, then the others' in the node table's order."""
+        cluster = self.core.cluster
+        mine = (await self.figures()).overview
+        answers = await self.peers.each("GET", "/api/overview")
+        nodes: list[dict[str, Any]] = [{"id": cluster.my_id, "myself": True, "http": f":{self.core.config.metrics_port}"}]
+        for answer in answers:
+            entry = {"id": answer.peer.id, "myself": False, "http": f"{answer.peer.host}:{answer.peer.port}"}
+            if answer.status == 200 and isinstance(answer.value, dict):
+                entry["overview"] = answer.value
+            else:
+                entry["error"] = answer.error or f"HTTP {answer.status}"
+            nodes.append(entry)
+
+        def dump() -> bytes:
+            nodes[0]["overview"] = json.loads(mine)
+            return json.dumps({"nodes": nodes}).encode()
+
+        return await trio.to_thread.run_sync(dump)
+
+    async def _gather_history(self) -> bytes:
+        """Every node's rate history added up; the nodes that gave none are listed with their error."""
+        answers = await self.peers.each("GET", "/api/history")
+        mine = self.history.rendered
+
+        def dump() -> bytes:
+            total = json.loads(mine)
+            nodes: list[dict[str, Any]] = [{"id": self.core.cluster.my_id}]
+            for answer in answers:
+                try:
+                    if answer.status != 200:
+                        raise ValueError(answer.error or f"HTTP {answer.status}")
+                    total = merge([total, answer.value])
+                    nodes.append({"id": answer.peer.id})
+                except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:  # a peer's answer of another shape
+                    nodes.append({"id": answer.peer.id, "error": str(e) or type(e).__name__})
+            return json.dumps({"history": total, "nodes": nodes}).encode()
+
+        return await trio.to_thread.run_sync(dump)
 
     @staticmethod
     def _json(status: int, value: Any) -> tuple[int, str, bytes]:
@@ -494,13 +663,14 @@ def _addr(stream: trio.SocketStream, local: bool) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _pause_state(body: bytes) -> str | None:
-    """The state a pause request asks for, or None when its body does not say."""
+def _body_field(body: bytes, name: str, allowed: tuple[str, ...], default: str | None = None) -> str | None:
+    """The field `name` of a JSON object body (`default` when the body or
+    the field is missing), or None when it is not one of `allowed`."""
     try:
-        state = json.loads(body or b"{}").get("state")
+        value = json.loads(body or b"{}").get(name, default)
     except (ValueError, AttributeError, RecursionError):  # not JSON, not an object, nested too deep
         return None
-    return state if state in PAUSE_STATES else None
+    return value if value in allowed else None
 
 
 def _plain(value: Any) -> Any:

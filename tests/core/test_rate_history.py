@@ -15,13 +15,13 @@ def small(max_queues: int = 3) -> RateHistory:
 def test_each_slot_counts_what_the_counters_grew():
     h = small()
     h.sample(T0 + 9, [("a", 100, 90)])  # the counters before the history began: not counted
-    h.sample(T0 + 19, [("a", 105, 92), ("b", 3, 0)])  # b is new: its first interval goes to `other`
+    h.sample(T0 + 19, [("a", 105, 92), ("b", 3, 0)])  # b is new: counted from zero
     h.sample(T0 + 29, [("a", 105, 95), ("b", 7, 1)])
     snap = h.snapshot()
     assert snap["slot_seconds"] == 10 and snap["end"] == T0 + 30
     assert snap["queues"]["a"] == {"in": [0, 0, 0, 0, 5, 0], "out": [0, 0, 0, 0, 2, 3]}
-    assert snap["queues"]["b"] == {"in": [0, 0, 0, 0, 0, 4], "out": [0, 0, 0, 0, 0, 1]}
-    assert snap["other"] == {"in": [0, 0, 0, 0, 3, 0], "out": [0] * 6}
+    assert snap["queues"]["b"] == {"in": [0, 0, 0, 0, 3, 4], "out": [0, 0, 0, 0, 0, 1]}
+    assert snap["other"] == {"in": [0] * 6, "out": [0] * 6}
 
 
 def test_two_samples_in_a_slot_add_up_and_a_clock_that_went_back_counts_in_the_newest():

@@ -1,12 +1,20 @@
 """The dashboard in a real browser: headless Chromium (Debian's chromium and
-chromium-driver, installed by `make test`) against a real 3-node cluster."""
+chromium-driver, installed by `make tools-browser`) against a real 3-node
+cluster whose HTTP ports sit as far from their client ports as `make run`'s
+(the node serving the page finds the others' that way)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import threading
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -16,21 +24,36 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from disque.devcluster import NodeProcess, free_port, join
+from disque.devcluster import NodeProcess, _bindable, join, ports_below_ephemeral
 
 # `DISQUE_SCREENSHOT=docs/dashboard.png pytest tests/integration/test_dashboard.py`
 # refreshes the picture in the docs; every run saves one under tmp_path.
 SCREENSHOT = os.environ.get("DISQUE_SCREENSHOT")
+Cluster = list[tuple[NodeProcess, int]]  # (node, its HTTP port)
+
+
+def start_cluster(tmp_path: Path, *extra: str) -> Cluster:
+    """Three joined nodes; node i's HTTP port is its client port less the same offset for all."""
+    first = ports_below_ephemeral(3)
+    offset = next(o for o in range(-500, -20_000, -500) if all(_bindable("127.0.0.1", first + o + i) for i in range(3)))
+    nodes: Cluster = []
+    try:
+        for i in range(3):
+            port = first + i
+            node = NodeProcess(port, tmp_path / f"node{i}", "--metrics-port", str(port + offset), *extra)
+            nodes.append((node.start(), port + offset))
+        join([node for node, _ in nodes])
+    except BaseException:
+        for node, _ in nodes:
+            node.stop()
+        raise
+    return nodes
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[list[tuple[NodeProcess, int]]]:
-    nodes = []
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    nodes = start_cluster(tmp_path)
     try:
-        for i in range(3):
-            http = free_port()
-            nodes.append((NodeProcess(free_port(), tmp_path / f"node{i}", "--metrics-port", str(http)).start(), http))
-        join([node for node, _ in nodes])
         yield nodes
     finally:
         for node, _ in nodes:
@@ -41,7 +64,7 @@ def cluster(tmp_path: Path) -> Iterator[list[tuple[NodeProcess, int]]]:
 def browser() -> Iterator[webdriver.Chrome]:
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1200,900"):
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1300,1900"):
         options.add_argument(arg)
     service = Service(executable_path=shutil.which("chromedriver") or "/usr/bin/chromedriver")
     driver = webdriver.Chrome(options=options, service=service)
@@ -51,47 +74,153 @@ def browser() -> Iterator[webdriver.Chrome]:
         driver.quit()
 
 
-def test_the_dashboard_shows_the_cluster_and_acts_on_it(cluster, browser, tmp_path: Path) -> None:
-    (node, http), (other, _), _ = cluster
-    r = redis.Redis(port=node.port)
-    for i in range(3):
-        r.execute_command("ADDJOB", "orders", f"order {i}", 0, "REPLICATE", 1)
-    job_id = r.execute_command("ADDJOB", "invoices", "invoice 7", 0, "REPLICATE", 1).decode()
+def api(http: int, path: str, body: Any = None, password: str | None = None) -> tuple[int, Any]:
+    headers = {"content-type": "application/json"} | ({"authorization": f"Bearer {password}"} if password else {})
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{http}{path}", data=data, headers=headers, method="POST" if data else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def until(condition, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.1)
+    return value
+
+
+def dead_letter(client: redis.Redis, queue: str, body: str) -> None:
+    """A job of `queue` out of attempts at once: dead-lettered into <queue>-dead on this node."""
+    job_id = client.execute_command("ADDJOB", queue, body, 0, "REPLICATE", 1, "RETRY", 30, "MAXATTEMPTS", 1)
+    [[_, got, _]] = client.execute_command("GETJOB", "FROM", queue)
+    assert got == job_id and client.execute_command("NACK", job_id) == 1
+
+
+def test_the_dashboard_shows_the_whole_cluster_and_acts_on_it(cluster: Cluster, browser, tmp_path: Path) -> None:
+    (a, http), (b, _), (c, _) = cluster
+    ra, rb, rc = (redis.Redis(port=n.port) for n in (a, b, c))
+    for client, n in ((ra, 3), (rb, 2)):
+        for i in range(n):
+            client.execute_command("ADDJOB", "orders", f"order {i}", 0, "REPLICATE", 1)
+    job_id = rc.execute_command("ADDJOB", "invoices", "invoice 7", 0, "REPLICATE", 1).decode()
+    for client, n in ((ra, 2), (rb, 1)):
+        for i in range(n):
+            dead_letter(client, "payments", f"payment {i} on {client.connection_pool.connection_kwargs['port']}")
+    rc.execute_command("QADD", "events", 60, "e1")
+    assert rc.execute_command("QGET", "events", "billing")  # a group with one event in progress
+    worker = redis.Redis(port=b.port, socket_timeout=None)  # blocked for as long as the test runs
+    worker.execute_command("CLIENT", "SETNAME", "worker-7")
+    waiting = threading.Thread(target=worker.execute_command, args=("GETJOB", "TIMEOUT", 60_000, "FROM", "idle"), daemon=True)
+    waiting.start()
+
     browser.get(f"http://127.0.0.1:{http}/")
-    wait = WebDriverWait(browser, 10, ignored_exceptions=[StaleElementReferenceException])  # the tables are redrawn live
+    wait = WebDriverWait(browser, 15, ignored_exceptions=[StaleElementReferenceException])  # the tables are redrawn live
 
     def rows(table: str) -> list[list[str]]:
-        return [[td.text for td in tr.find_elements(By.TAG_NAME, "td")] for tr in browser.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr")]
+        """The cells' text, read at once (the page redraws its tables every second)."""
+        script = "return [...document.querySelectorAll(arguments[0])].map(tr => [...tr.cells].map(td => td.innerText.trim()))"
+        return browser.execute_script(script, f"#{table} tbody tr")
+
+    def text(selector: str) -> str:
+        return browser.execute_script("const e = document.querySelector(arguments[0]); return e ? e.innerText.trim() : ''", selector)
 
     def click(selector: str) -> None:
         """Click an element of a table that may be redrawn under the click (retried then)."""
         wait.until(lambda _: browser.find_element(By.CSS_SELECTOR, selector).click() or True)
 
-    # the three nodes, this one marked, the bus links to the two others up
-    nodes = wait.until(lambda _: found if len(found := rows("nodes")) == 3 else None)
+    # the three nodes, this one marked, every node's figures reached through this one
+    nodes = wait.until(lambda _: found if len(found := rows("nodes")) == 3 and all(r[4] == "ok" for r in found) else None)
     assert sum("(this node)" in row[0] for row in nodes) == 1
     assert sorted(row[3] for row in nodes) == ["-", "connected", "connected"]
-    # the queues with their lengths, updated live
-    wait.until(lambda _: {row[0]: row[1] for row in rows("queues")} == {"invoices": "1", "orders": "3"})
-    r.execute_command("ADDJOB", "orders", "order 3", 0, "REPLICATE", 1)
-    wait.until(lambda _: {row[0]: row[1] for row in rows("queues")}.get("orders") == "4")
-    wait.until(lambda _: browser.find_element(By.CSS_SELECTOR, '#jobs span[data-state="queued"]').text == "queued: 5")
-    # a job looked up by ID (SHOW)
+    # queues added up over the nodes: 3 + 2 orders on two nodes
+    wait.until(lambda _: {row[0]: row[1] for row in rows("queues")}.get("orders") == "5")
+    orders = next(row for row in rows("queues") if row[0] == "orders")
+    assert sorted(orders[2].split(" / ")) == ["2", "3"]
+    wait.until(lambda _: text('#jobs span[data-state="queued"]') == "queued: 9")  # 5 orders, 1 invoice, 3 dead letters
+    # a queue served on another node: its rates show here
+    for i in range(30):
+        rc.execute_command("ADDJOB", "orders", f"more {i}", 0, "REPLICATE", 1)
+    assert len(rb.execute_command("GETJOB", "COUNT", 2, "FROM", "orders")) == 2
+    wait.until(lambda _: float(text('tr[data-queue="orders"] td.rate-in')) > 0 and float(text('tr[data-queue="orders"] td.rate-out')) > 0)
+    # dead letters of two nodes, the consumer group, the named worker waiting, every node's health
+    wait.until(lambda _: {row[0]: row[1] for row in rows("deadletters")} == {"payments-dead": "3"})
+    assert next(row for row in rows("deadletters"))[3] == "payments"
+    wait.until(lambda _: any(row[:2] == ["events", "billing"] and row[3] == "1" for row in rows("groups")))
+    wait.until(lambda _: any(row[2] == "worker-7" and row[7] == "idle" for row in rows("clients")))
+    health = wait.until(lambda _: found if len(found := rows("health")) == 3 else None)
+    assert {row[5] for row in health} == {"ok"} and all(row[2] != "0" for row in health)
+    # pause a queue (PAUSE ... BCAST: the other nodes follow)
+    click('tr[data-queue="orders"] button.toggle')
+    wait.until(lambda _: text('tr[data-queue="orders"] td.pause') == "in")
+    until(lambda: rc.execute_command("PAUSE", "orders", "state") == b"in", what="pause on another node")
+    # the history of the last hour, added up over the nodes, drawn once a slot has passed
+    for i in range(5):
+        rb.execute_command("ADDJOB", "invoices", f"invoice {i}", 0, "REPLICATE", 1)
+    def invoices_in() -> int:
+        merged = api(http, "/api/cluster/history")[1]
+        assert len(merged["nodes"]) == 3 and not any("error" in n for n in merged["nodes"])
+        return sum(merged["history"]["queues"].get("invoices", {"in": []})["in"])
+
+    until(lambda: invoices_in() >= 5, timeout=40, what="history of the jobs added")  # sampled every 10 s
+    wait_history = WebDriverWait(browser, 15, ignored_exceptions=[StaleElementReferenceException])
+    wait_history.until(lambda _: browser.find_elements(By.CSS_SELECTOR, 'tr[data-queue="invoices"] td.spark polyline.in'))
+    assert browser.find_elements(By.CSS_SELECTOR, "#chart polyline.in")
+    path = Path(SCREENSHOT) if SCREENSHOT else tmp_path / "dashboard.png"
+    assert browser.save_screenshot(str(path)) and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    click('tr[data-queue="orders"] button.toggle')
+    wait.until(lambda _: text('tr[data-queue="orders"] td.pause') == "none")
+    # requeue the dead letters of every node from the page
+    click('tr[data-queue="payments-dead"] button.requeue')
+    wait.until(lambda _: text("#requeue-result").startswith("payments-dead: 3 requeued"))
+    wait.until(lambda _: rows("deadletters") == [])
+    assert sum(client.execute_command("QLEN", "payments") for client in (ra, rb, rc)) == 3
+    assert sum(client.execute_command("QLEN", "payments-dead") for client in (ra, rb, rc)) == 0
+    # a job looked up by ID: SHOW on the node that has it
     browser.find_element(By.ID, "job-id").send_keys(job_id)
     browser.find_element(By.CSS_SELECTOR, "#lookup button").click()
     wait.until(lambda _: browser.find_elements(By.CSS_SELECTOR, '#job tr[data-field="body"]'))
     fields = {row[0]: row[1] for row in rows("job")}
-    assert fields["id"] == job_id and fields["queue"] == "invoices" and fields["body"] == "invoice 7"
-    # pause a queue (PAUSE ... BCAST: the other nodes follow), then resume it
-    click('tr[data-queue="orders"] button.toggle')
-    wait.until(lambda _: browser.find_element(By.CSS_SELECTOR, 'tr[data-queue="orders"] td.pause').text == "in")
-    other_client = redis.Redis(port=other.port)
-    wait.until(lambda _: other_client.execute_command("PAUSE", "orders", "state") == b"in")
-    assert r.execute_command("PAUSE", "orders", "state") == b"in"
-    path = Path(SCREENSHOT) if SCREENSHOT else tmp_path / "dashboard.png"
-    assert browser.save_screenshot(str(path)) and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    click('tr[data-queue="orders"] button.toggle')
-    wait.until(lambda _: browser.find_element(By.CSS_SELECTOR, 'tr[data-queue="orders"] td.pause').text == "none")
-    assert r.execute_command("PAUSE", "orders", "state") == b"none"
-    r.close()
-    other_client.close()
+    assert (fields["id"], fields["queue"], fields["body"]) == (job_id, "invoices", "invoice 7")
+    assert fields["node"] == rc.execute_command("CLUSTER", "MYID").decode()[:8]  # asked of the others
+    rb.execute_command("ADDJOB", "idle", "wake up", 0, "REPLICATE", 1)  # the worker's GETJOB returns
+    waiting.join(10)
+    assert not waiting.is_alive()
+    for client in (ra, rb, rc, worker):
+        client.close()
+
+
+def test_requeue_needs_the_password_and_reaches_every_node(tmp_path: Path) -> None:
+    """The requeue endpoint: the password first (as the pause endpoint), then
+    DEADLETTER REQUEUE on this node and, through their HTTP ports, on the others;
+    a node that does not answer is listed with its error."""
+    cluster = start_cluster(tmp_path)
+    try:
+        (a, http), (b, _), (c, _) = cluster
+        for node, _ in cluster:
+            with redis.Redis(port=node.port) as admin:
+                assert admin.execute_command("CONFIG", "SET", "requirepass", "s3cret") == b"OK"
+        clients = [redis.Redis(port=n.port, password="s3cret") for n in (a, b, c)]
+        for client, n in zip(clients, (2, 1, 0)):
+            for i in range(n):
+                dead_letter(client, "mail", f"m{i}")
+        assert api(http, "/api/deadletters/mail-dead/requeue", {"scope": "cluster"})[0] == 401
+        assert api(http, "/api/deadletters/mail-dead/requeue", {"scope": "cluster"}, "wrong")[0] == 401
+        assert api(http, "/api/deadletters/mail-dead/requeue", {"scope": "all"}, "s3cret")[0] == 400
+        status, reply = api(http, "/api/deadletters/mail-dead/requeue", {"scope": "node"}, "s3cret")
+        assert status == 200 and reply["requeued"] == 2 and len(reply["nodes"]) == 1
+        c.stop()
+        status, reply = api(http, "/api/deadletters/mail-dead/requeue", {}, "s3cret")  # the cluster by default
+        assert status == 200 and reply["requeued"] == 1
+        assert sorted("error" in n for n in reply["nodes"]) == [False, False, True]
+        assert [client.execute_command("QLEN", "mail") for client in clients[:2]] == [2, 1]
+        status, overview = api(http, "/api/cluster")
+        assert status == 200 and sorted("error" in n for n in overview["nodes"]) == [False, False, True]
+        for client in clients[:2]:
+            client.close()
+    finally:
+        for node, _ in cluster:
+            node.stop()
