@@ -52,10 +52,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from hmac import compare_digest
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, hmac
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from typing import Any
 
 from disque.cluster.codec import MAX_FRAME
 
@@ -82,12 +79,26 @@ class AuthError(Exception):
         self.reason = reason
 
 
+# cryptography is imported by the functions that use it, when a secret is
+# first derived: a node without a cluster secret never loads it (8 MB of RSS
+# per node, docs/performance.md "Scale").
+
+
 def _hkdf(secret: bytes, info: bytes, length: int = 32, salt: bytes = _SALT) -> bytes:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
     return HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=info).derive(secret)
 
 
+def _hmac_sha256(key: bytes) -> Any:
+    from cryptography.hazmat.primitives import hashes, hmac
+
+    return hmac.HMAC(key, hashes.SHA256())
+
+
 def _mac(key: bytes, *parts: bytes) -> bytes:
-    h = hmac.HMAC(key, hashes.SHA256())
+    h = _hmac_sha256(key)
     for part in parts:
         h.update(part)
     return h.finalize()
@@ -134,7 +145,7 @@ class _Direction:
     __slots__ = ("_hmac", "seq")
 
     def __init__(self, key: bytes) -> None:
-        self._hmac = hmac.HMAC(key, hashes.SHA256())
+        self._hmac = _hmac_sha256(key)
         self.seq = 0
 
     def mac(self, seq: bytes, body: bytes | memoryview) -> bytes:
@@ -144,14 +155,7 @@ class _Direction:
         return h.finalize()
 
     def verify(self, seq: bytes, body: bytes | memoryview, mac: bytes) -> bool:
-        h = self._hmac.copy()
-        h.update(seq)
-        h.update(body)
-        try:
-            h.verify(mac)
-        except InvalidSignature:
-            return False
-        return True
+        return compare_digest(self.mac(seq, body), mac)
 
 
 class AuthLink:

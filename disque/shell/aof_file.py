@@ -79,7 +79,6 @@ LOAD_YIELD_EVERY = 1000  # records between two event-loop turns while loading
 SNAPSHOT_WRITE = 1 << 20  # write the snapshot in pieces of this size
 INCREMENTAL_FSYNC = 32 << 20
 DIFF_IN_MEMORY = 8 << 20  # a rewrite diff past this goes to a file (_Rewrite)
-CRON_PERIOD = 0.1
 POSTPONE_MAX = 2.0  # seconds a write may wait for a running everysec fsync
 
 _ACTIVE, _QUEUED = State.ACTIVE, State.QUEUED
@@ -284,6 +283,7 @@ class AofFile:
         self.fsync_error: str | None = None
         self.bus_seen = 0
         self.nursery: trio.Nursery | None = None
+        self.started = False  # loaded: the cron may run
         self.rewrites = 0
         if hasattr(signal, "SIGXFSZ"):
             # a file-size limit must give EFBIG (MISCONF), not kill the node
@@ -535,16 +535,15 @@ class AofFile:
     # ------------------------------------------------------------ main task
 
     async def run(self) -> None:
-        """Load the AOF (start-up), then the cron; owns the fsync task and
-        the rewrite tasks."""
+        """Load the AOF (start-up); owns the fsync task and the rewrite
+        tasks.  Once loaded, the server's deadline loop runs `cron`."""
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             self.fsync_wanted = trio.Event()
             nursery.start_soon(self._fsync_loop)
             await self._startup()
-            while True:
-                await trio.sleep(CRON_PERIOD)
-                self.cron()
+            self.started = True  # the server's deadline loop runs `cron` every 100 ms from now on
+            await trio.sleep_forever()
 
     async def _startup(self) -> None:
         config, core = self.config, self.core

@@ -276,15 +276,25 @@ class Bus:
             raise
         self.listeners = listeners
 
-    async def run(self) -> None:
+    async def run(self, own_cron: bool = True) -> None:
+        """Serve until cancelled.  With `own_cron` false the caller runs
+        `cron()` every CRON_PERIOD (the server's deadline loop does: one
+        timer for the node instead of one per task, as every timer that
+        expires costs a trio cancellation)."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             if self.listeners:
                 nursery.start_soon(trio.serve_listeners, self._serve_conn, self.listeners)
-            while True:
-                self._reconcile()
-                self._tick += 1
+            while own_cron:
+                self.cron()
                 await trio.sleep(CRON_PERIOD)
+            await trio.sleep_forever()
+
+    def cron(self) -> None:
+        """Reconcile the links with those the core wants (once running)."""
+        if self._nursery is not None:
+            self._reconcile()
+            self._tick += 1
 
     # ------------------------------------------------------------ effects
 

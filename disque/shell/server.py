@@ -8,6 +8,11 @@ the effects; all the replies go out with one send (pipelining), once the
 AOF records they depend on are safe.  A single loop sleeps until
 `NodeCore.next_deadline()` and calls `tick()`.  `Host` services (process
 statistics, config rewrite, shutdown) are methods of `Server`.
+
+What a configuration leaves off is not imported: the HTTP port (metrics,
+dashboard) and the memcache front end load with their ports, TLS and the
+cluster secret's cryptography when configured (an idle node's RSS,
+docs/performance.md "Scale").
 """
 
 from __future__ import annotations
@@ -35,12 +40,9 @@ from disque.shell.nodes_file import NodesFile
 from disque.core.errors import DisqueError, err
 from disque.shell.gc_freeze import GcFreezer
 from disque.shell.heap_trim import map_large_blocks, trim_after_spills
-from disque.shell.http import HttpPort
 from disque.shell.session import Conn, Sessions
 from disque.core.types import Client, Status
 from disque.core.node import NodeCore
-from disque.protocols.memcache import encoder as memcache_reply
-from disque.protocols.memcache.front import memcache_front
 from disque.protocols.base import FrontEnd
 from disque.protocols.resp.front import RESP
 from disque.protocols.resp.encoder import encode_error
@@ -53,6 +55,7 @@ from disque.shell.tcp import READ_SIZE, Refusal, TcpClients, format_addr
 log = logging.getLogger("disque")
 
 TLS_HANDSHAKE_TIMEOUT = 10.0  # seconds a new TLS client has to complete its handshake
+SHELL_CRON_MS = 100  # the bus links' and the AOF's cron
 
 
 def rss_bytes() -> int:
@@ -168,8 +171,11 @@ class Server:
                 self.ports = [ln.socket.getsockname()[1] for ln in listeners]
                 for listener in listeners:
                     self.tcp.listen(socket.socket(fileno=listener.socket.detach()))
-                memcache = memcache_front(self.config)
                 trusted = self.config.memcache_auth == "loopback"  # else they authenticate (memcached's ASCII auth)
+                if memcache_listeners or memcache_tls_listeners:
+                    from disque.protocols.memcache.front import memcache_front
+
+                    memcache = memcache_front(self.config)
                 for listener in memcache_listeners:
                     self.tcp.listen(socket.socket(fileno=listener.socket.detach()), memcache, self.memcache_refusal, trusted)
                 if memcache_listeners:
@@ -179,17 +185,19 @@ class Server:
                     nursery.start_soon(trio.serve_listeners, self._handle_tls_client, [listener])
                 if tls_listeners:
                     log.info("Ready to accept TLS connections on port %s", self.config.tls_port)
-                memcache_tls = partial(self._handle_tls_client, front=memcache, refusal=self.memcache_refusal, trusted=trusted)
                 for listener in memcache_tls_listeners:
+                    memcache_tls = partial(self._handle_tls_client, front=memcache, refusal=self.memcache_refusal, trusted=trusted)
                     nursery.start_soon(trio.serve_listeners, memcache_tls, [listener])
                 if memcache_tls_listeners:
                     log.info("Ready to accept memcache (Kestrel) TLS connections on port %s", self.config.memcache_tls_port)
                 if http_listeners:
+                    from disque.shell.http import HttpPort  # h11, prometheus_client
+
                     http = HttpPort(self.core, self.sessions, lambda: self.config.requirepass)
                     nursery.start_soon(http.serve, http_listeners)
                     log.info("Serving metrics and the dashboard on http port %s", self.config.metrics_port)
                 if announced_port(self.config):
-                    nursery.start_soon(self.bus.run)
+                    nursery.start_soon(self.bus.run, False)  # its cron runs in the deadline loop
                 nursery.start_soon(self._deadline_loop)
                 nursery.start_soon(self._signals, signals)
                 nursery.start_soon(self.aof_file.run)  # loads the AOF, then its cron
@@ -223,20 +231,32 @@ class Server:
                 log.warning("SIGTERM received but errors trying to shut down the server, check the logs for more information")
 
     async def _deadline_loop(self) -> None:
+        """The node's one timer: it sleeps until the core's next deadline or
+        the shell's next 100 ms cron (the bus links, the AOF), whichever
+        comes first.  Each expired trio timer costs a cancellation, which
+        for an idle node is most of its CPU: so the bus and the AOF have no
+        timer of their own.  During CLIENT PAUSE the core is not ticked; the
+        shell's cron goes on."""
         core, clock = self.core, self.clock
+        next_cron = clock.now_ms()
         while True:
-            wait_ms = core.next_deadline() - clock.now_ms()
+            now = clock.now_ms()
+            if now >= next_cron:
+                next_cron = now + SHELL_CRON_MS
+                self.bus.cron()
+                if self.aof_file.started:
+                    self.aof_file.cron()
+            paused = core.pause_left(now)
+            wait_ms = min(next_cron, now + paused if paused else core.next_deadline()) - now
             if wait_ms > 0:
                 with trio.move_on_after(wait_ms / 1000) as self._sleep:  # `wake` may bring it forward
                     await trio.sleep_forever()
                 self._sleep = None
             else:  # due already: still let the other tasks run between ticks
                 await trio.lowlevel.checkpoint()
-            wait_until = core.pause_left(clock.now_ms())
-            if wait_until:
-                await trio.sleep(wait_until / 1000)
-            core.tick()
-            self.sessions.apply_effects(None)
+            if not core.pause_left(clock.now_ms()):
+                core.tick()
+                self.sessions.apply_effects(None)
 
     # ------------------------------------------------------------ clients
 
@@ -325,7 +345,9 @@ class Server:
         memcached's ASCII auth); with `memcache-auth loopback`, while a
         password is set, loopback clients only, which start authenticated."""
         why = self._refused(peer_ip, peer, needs_auth=self.config.memcache_auth != "loopback")
-        return None if why is None else memcache_reply.server_error(why)
+        from disque.protocols.memcache.encoder import server_error
+
+        return None if why is None else server_error(why)
 
     def _refused(self, peer_ip: str, peer: str, needs_auth: bool) -> str | None:
         """Why a new client is turned away (counted and logged), or None.
