@@ -119,14 +119,23 @@ def expect_success(port: int, *args: str | bytes) -> bytes:
 
 def redis_benchmark(port: int, requests: int, pipeline: int, *args: str | bytes) -> float:
     """Requests per second of `redis-benchmark -c 50 -n requests -P pipeline <args>`."""
+    return redis_benchmark_row(port, requests, pipeline, *args)["rps"]
+
+
+def redis_benchmark_row(port: int, requests: int, pipeline: int, *args: str | bytes) -> dict[str, float]:
+    """The figures of `redis-benchmark -c 50 -n requests -P pipeline <args>`:
+    rps and, from redis-benchmark >= 6, the latency columns in ms
+    (avg_latency_ms, p50_latency_ms, p99_latency_ms, ...)."""
     argv = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-c", str(CLIENTS), "-n", str(requests),
             "-P", str(pipeline), "--csv", *args]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, check=True)
     rows = [row for row in csv.reader(done.stdout.decode().splitlines()) if len(row) >= 2]
     try:
-        return float(rows[-1][1])  # the last row; redis-benchmark >= 6 puts a header first
+        values = [float(v) for v in rows[-1][1:]]  # the last row; redis-benchmark >= 6 puts a header first
     except (IndexError, ValueError):
         raise RuntimeError(f"unexpected redis-benchmark output: {done.stdout!r} {done.stderr!r}") from None
+    names = rows[0][1:] if len(rows) > 1 else ["rps"]
+    return dict(zip(names, values))
 
 
 def send_pipelined(port: int, argv: list[str | bytes], count: int, batch: int = 1000, timeout: float = 30) -> list[bytes]:

@@ -16,11 +16,13 @@ import groups
 import memcache
 import persistence
 import read_behind
+import request_path
 import security
 import single_node
 import spark as spark_bench
 
 BENCHMARKS = {
+    "path": request_path,
     "single": single_node,
     "cluster": cluster,
     "delivery": delivery,
