@@ -2,7 +2,11 @@
 their Python sources run instead.
 
 Theory of operation: where a C compiler is found, the install (setup.py)
-compiles MODULES, the sans-IO core's job path, with mypyc.  Each extension
+compiles MODULES with mypyc: the sans-IO core's job path, and the shell's
+per-request path (the epoll client loop, the session runner, the node
+clock, the RESP encoder and argument parsers).  The RESP request parser
+stays Python: it is mostly calls into hiredis, and it works on bytearrays,
+which the compiled build would treat as bytes.  Each extension
 sits next to its source and Python's import system prefers it; the sources
 stay the plain typed modules they are.  Next to the extensions the build
 writes STAMP, a hash of the sources it compiled.  `choose()` runs when
@@ -43,6 +47,11 @@ MODULES = (
     "disque/cluster/membership.py",
     "disque/cluster/federation.py",
     "disque/protocols/resp/commands.py",
+    "disque/protocols/resp/table.py",
+    "disque/protocols/resp/encoder.py",
+    "disque/shell/clock.py",
+    "disque/shell/session.py",
+    "disque/shell/tcp.py",
 )
 STAMP = "COMPILED"  # in the package directory: the hash of the sources the extensions were built from
 GROUP = "disque_core"  # mypyc's shared library is disque_core__mypyc, a top-level module

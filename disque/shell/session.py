@@ -51,6 +51,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from mypy_extensions import mypyc_attr
+
 from disque.core.config import Config
 from disque.core.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
 from disque.core.node import NodeCore
@@ -68,6 +70,7 @@ OUTPUT_PAUSE = 1 << 20
 UNAUTHENTICATED_REQUEST_MAX = 16 * 1024
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # TLS and simulated connections subclass it in Python
 class Conn:
     """A client connection as the runner sees it.  `out` holds encoded
     replies not yet written; `out_size` counts their bytes (and those being
@@ -140,7 +143,7 @@ class Sessions:
         on_output_limit: Callable[[], None] = lambda: None,
     ) -> None:
         self.core = core
-        self.config = config
+        self.config: Any = config  # Config's attributes are its directives, set at run time
         self.bus = bus
         self.aof = aof
         self.save_conf = save_conf  # nodes.conf changed: write it (it exits the node if it cannot)
@@ -301,7 +304,7 @@ class Sessions:
         """client-output-buffer-limit: close a client whose pending output is
         over the limits, dropping that output (logged, counted in INFO)."""
         limits = self.config.client_output_buffer_limit
-        if not any(limits[:2]) or conn.closing:
+        if not (limits[0] or limits[1]) or conn.closing:
             return
         close, conn.soft_since = output_limit_exceeded(conn.out_size, limits, conn.soft_since, time.monotonic())
         if close:

@@ -178,30 +178,33 @@ class TcpClients:
                 self.in_pass = True
                 for fd, events in epoll.poll(0, MAX_EVENTS):
                     conn = conns.get(fd)
-                    if conn is None:
-                        if fd == self.wakeup:
-                            self._woken()
-                        elif fd in self.watched:
-                            self.watched[fd](events)
-                        elif fd in self.listeners:
-                            await self._accept(*self.listeners[fd])
-                        # else: a bus socket taken out by an earlier event of this batch (a dropped link)
-                    elif conn.mask & EPOLLIN:
-                        self._read(conn)
-                    elif conn.parked:
-                        if events & (EPOLLERR | EPOLLHUP):  # the output cannot go anywhere
-                            self._close(conn)
-                    else:
-                        self._send(conn)
-                        if conn.closing and not conn.out:
-                            self._close(conn)
+                    try:
+                        if conn is None:
+                            if fd == self.wakeup:
+                                self._woken()
+                            elif fd in self.watched:
+                                self.watched[fd](events)
+                            elif fd in self.listeners:
+                                await self._accept(*self.listeners[fd])
+                            # else: a bus socket taken out by an earlier event of this batch (a dropped link)
+                        elif conn.mask & EPOLLIN:
+                            self._read(conn)
+                        elif conn.parked:
+                            if events & (EPOLLERR | EPOLLHUP):  # the output cannot go anywhere
+                                self._close(conn)
+                        else:
+                            self._send(conn)
+                            if conn.closing and not conn.out:
+                                self._close(conn)
+                    except Exception:
+                        self._failed(conn)
                 if self.paused and not self.core.pause_left(self.clock.now_ms()):
                     self._run_paused()
                 if self.resume:  # one more slice of each held pipeline, after everyone else
                     resume, self.resume = self.resume, []
                     for conn in resume:
                         if not conn.gone:
-                            self._run(conn)
+                            self._run_guarded(conn)
                 self.in_pass = False
                 self.after_pass()
         finally:
@@ -252,6 +255,21 @@ class TcpClients:
 
     # ------------------------------------------------------------ reading
 
+    def _failed(self, conn: TcpConn | None) -> None:
+        """The error boundary of one socket: an unexpected exception while
+        serving it is logged, and costs that client its connection (its
+        unsent output with it), never the loop or the node."""
+        log.exception("Error serving %s", f"client id={conn.client.id} addr={conn.client.addr}" if conn else "a socket")
+        if conn is not None and not conn.gone:
+            conn.out.clear()
+            self._close(conn)
+
+    def _run_guarded(self, conn: TcpConn) -> None:
+        try:
+            self._run(conn)
+        except Exception:
+            self._failed(conn)
+
     def _read(self, conn: TcpConn) -> None:
         try:
             data = conn.sock.recv(READ_SIZE)
@@ -262,7 +280,8 @@ class TcpClients:
         if not data or not self.sessions.received(conn, data):
             self._close(conn)
             return
-        if self.core.pause_left(self.clock.now_ms()):
+        core = self.core
+        if core.client_pause_until and core.pause_left(self.clock.now_ms()):  # no clock read unless paused once
             self.paused[conn] = None
             return
         self._run(conn)
@@ -283,7 +302,7 @@ class TcpClients:
         paused, self.paused = self.paused, {}
         for conn in paused:
             if not conn.gone:
-                self._run(conn)
+                self._run_guarded(conn)
 
     # ------------------------------------------------------------ writing
 

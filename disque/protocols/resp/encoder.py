@@ -9,6 +9,8 @@ knows how RESP writes them.
 
 from __future__ import annotations
 
+from typing import Any
+
 from disque.core.errors import DisqueError, err
 from disque.core.types import NIL_ARRAY, Map, Status
 
@@ -18,7 +20,7 @@ _BULK = [b"$%d\r\n" % n for n in range(_CACHED)]
 _ARRAY = [b"*%d\r\n" % n for n in range(_CACHED)]
 
 
-def encode(value: object, proto: int = 2) -> bytes:
+def encode(value: Any, proto: int = 2) -> bytes:
     """The wire form of a reply value for protocol version `proto` (2 or 3).
 
     TypeError for anything else, bool included: that is a bug in the caller.
@@ -40,7 +42,7 @@ def encode_error(text: str) -> bytes:
     return b"-%s\r\n" % err(text).wire()
 
 
-def _encode_into(out: list[bytes], value: object, resp3: bool) -> None:
+def _encode_into(out: list[bytes], value: Any, resp3: bool) -> None:
     kind = type(value)
     if kind is list or kind is tuple:
         n = len(value)

@@ -166,7 +166,9 @@ class RequestParser:
     def _feed_more(self) -> None:
         # Slices grow with what hiredis holds, so a restart wastes little.
         size = min(len(self._buf) - self._fed, max(_FEED_MIN, self._fed))
-        self._reader.feed(self._buf, self._fed, size)
+        reader = self._reader
+        assert reader is not None
+        reader.feed(self._buf, self._fed, size)  # type: ignore[arg-type]  # hiredis takes any buffer
         self._fed += size
         self._held += size
 
