@@ -140,7 +140,7 @@ def _cluster(base: Path, sizes: dict[int, int]) -> dict[str, dict[str, dict[str,
                 if nodes:
                     out[side][figure] = _measure(nodes[0], args, sizes[pipeline], pipeline)
                     for node in nodes:  # the next figure starts from empty nodes
-                        command("127.0.0.1", node.port, "DEBUG", "FLUSHALL")
+                        command("127.0.0.1", node.port, "DEBUG", "FLUSHALL", timeout=120)
     finally:
         for node in [*ours, *c]:
             node.stop()
