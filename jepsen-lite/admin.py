@@ -16,7 +16,7 @@ when the fault ends:
 | `restart-noaof` | kill -9, AOF file deleted | start with no jobs, same node ID |
 
 Operations that destroy the node's jobs on purpose (flushall, both resets,
-restart-noaof) are recorded as `wipe` records (disque/checker.py) listing
+restart-noaof) are recorded as `wipe` records (disque/testing/checker.py) listing
 every job ID the node held at that instant, so the checker excuses a job
 wiped on as many nodes as it had copies, and only those.  To make the list
 exact the node is cut off from its peers first (the network's partition),
@@ -40,7 +40,7 @@ import random
 from typing import Any
 
 from cluster import Node, call_once
-from disque.checker import INFO, OK, WIPE
+from disque.testing.checker import INFO, OK, WIPE
 
 OPERATIONS = ("flushall", "reset-soft", "reset-hard", "forget", "leaving", "node-timeout", "restart", "restart-noaof")
 TIMEOUTS_MS = (200, 3000, 10_000)

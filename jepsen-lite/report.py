@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from disque import checker_stats  # noqa: E402
+from disque.testing import checker_stats  # noqa: E402
 
 COLORS = {
     "halves": "#f4a582", "majority": "#92c5de", "bridge": "#c2a5cf", "kill": "#d6604d",

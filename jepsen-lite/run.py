@@ -27,9 +27,9 @@ from hiredis import ReplyError  # noqa: E402
 
 import admin  # noqa: E402
 from cluster import Conn, Node, call_once, join, wait_mesh  # noqa: E402
-from disque import checker_stats  # noqa: E402
-from disque.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, NACK, OK, SCAN, WAITJOB, History, check  # noqa: E402
-from disque.checker_groups import QACK, QADD, QGET, check_groups  # noqa: E402
+from disque.testing import checker_stats  # noqa: E402
+from disque.testing.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, NACK, OK, SCAN, WAITJOB, History, check  # noqa: E402
+from disque.testing.checker_groups import QACK, QADD, QGET, check_groups  # noqa: E402
 
 ALL_FAULTS = ("halves", "majority", "bridge", "kill", "pause", "netem", "admin", "clock")
 CLOCK_STEPS = (-3600, -60, 60, 600)  # seconds a node's wall clock is stepped by (the clock fault)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from disque.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, OK, SCAN, WAITJOB, WIPE, History, check, load
+from disque.testing.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, OK, SCAN, WAITJOB, WIPE, History, check, load
 
 AT_LEAST_ONCE = {"queue": "q", "replicate": 3, "retry": 2, "ttl": 60}
 AT_MOST_ONCE = {"queue": "q", "replicate": 1, "retry": 0, "ttl": 60}

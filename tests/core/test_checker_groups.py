@@ -1,10 +1,10 @@
-"""The consumer-group checker (disque/checker_groups.py) on hand-written histories."""
+"""The consumer-group checker (disque/testing/checker_groups.py) on hand-written histories."""
 
 from __future__ import annotations
 
-from disque.checker import FAIL, INFO, OK, History
-from disque.checker_groups import QACK, QADD, QGET, check_groups
-from disque.checker_stats import NEMESIS
+from disque.testing.checker import FAIL, INFO, OK, History
+from disque.testing.checker_groups import QACK, QADD, QGET, check_groups
+from disque.testing.checker_stats import NEMESIS
 
 
 class Script:

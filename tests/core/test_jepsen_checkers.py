@@ -1,6 +1,6 @@
 """The checkers jepsen-lite runs, on hand-written JSON-lines histories in the
-form the harness writes (nemesis records included): `disque.checker.check`
-for safety and `disque.checker_stats` for latency, throughput and faults."""
+form the harness writes (nemesis records included): `disque.testing.checker.check`
+for safety and `disque.testing.checker_stats` for latency, throughput and faults."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from disque import checker_stats
-from disque.checker import check, load
+from disque.testing import checker_stats
+from disque.testing.checker import check, load
 
 ALO = {"queue": "jepsen", "replicate": 3, "retry": 1, "ttl": 300}
 AMO = {"queue": "jepsen", "replicate": 1, "retry": 0, "ttl": 300}

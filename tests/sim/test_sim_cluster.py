@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from trio.testing import MockClock
 
 from disque.core import errors
-from disque.checker import check
+from disque.testing.checker import check
 from disque.cluster.messages import FAIL, LEAVING, PFAIL, Ping
 from disque.core.types import NIL_ARRAY, Status
 from core.invariants import slow_only_when_asked  # noqa: F401 (autouse fixture)

@@ -1,5 +1,5 @@
 """Consumer groups on the simulated network (tests/sim/workload_groups.py):
-the checker of disque/checker_groups.py over random fault schedules."""
+the checker of disque/testing/checker_groups.py over random fault schedules."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from trio.testing import MockClock
 
-from disque.checker_groups import check_groups
+from disque.testing.checker_groups import check_groups
 from core.invariants import slow_only_when_asked  # noqa: F401 (autouse fixture)
 from sim.test_sim_cluster import NETWORK_FAULTS, TTL_GRACE_MS, fault_plans
 from sim.workload import FaultPlan

@@ -24,7 +24,7 @@ What the nemesis destroys on purpose is recorded as `wipe` records: the IDs
 the node held at the instant of a FLUSHALL or RESET (read in the same
 scheduler step as the command, so nothing can arrive in between), or at
 its death for a restart without the AOF.  The checker excuses a job wiped
-on as many nodes as it had copies (disque/checker.py); any other job the
+on as many nodes as it had copies (disque/testing/checker.py); any other job the
 cluster loses is a loss.
 
 After the schedule the cluster heals, every dead node comes back with its
@@ -33,8 +33,8 @@ producers stop a little later; consumers keep going while a drainer polls
 every node, until no job has turned up for a while.  The run then waits for
 ACK garbage collection to settle, ends with a `scan` of every node, and
 asserts that no dummy ACK survived (the scan cannot see them).  Every client
-operation is recorded in a `disque.checker.History`, whose records
-`run_workload` returns for `disque.checker.check`.
+operation is recorded in a `disque.testing.checker.History`, whose records
+`run_workload` returns for `disque.testing.checker.check`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from typing import Any
 import trio
 
 from disque.core import errors
-from disque.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, NACK, OK, SCAN, WAITJOB, WIPE, History, Record
+from disque.testing.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, NACK, OK, SCAN, WAITJOB, WIPE, History, Record
 from disque.core.errors import DisqueError
 from disque.core.types import NIL_ARRAY
 from sim.network import CONNECTION_LOST, SimCluster, now_ms

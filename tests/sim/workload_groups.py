@@ -6,9 +6,9 @@ live nodes (most events live 300 s, some 15 s); consumers pick one of three
 groups and a random live node, QGET with an ack window of 1 to 5 s, and
 QACK, except now and then, when they crash before acknowledging (the event
 turns redo at its deadline).  The nemesis plays the plan's steps between a
-`nemesis` start and stop record (disque/checker_stats.py), and a network
+`nemesis` start and stop record (disque/testing/checker_stats.py), and a network
 that drops messages is a fault window of the whole run, so the checker
-(disque/checker_groups.py) knows when the cluster was under a fault.  After
+(disque/testing/checker_groups.py) knows when the cluster was under a fault.  After
 recovery drainers (one per node and group, each going round all of them)
 ask until no delivery has happened for a while; the history then goes to `check_groups`.
 """
@@ -19,9 +19,9 @@ from typing import Any
 
 import trio
 
-from disque.checker import FAIL, INFO, OK, Record
-from disque.checker_groups import QACK, QADD, QGET
-from disque.checker_stats import NEMESIS
+from disque.testing.checker import FAIL, INFO, OK, Record
+from disque.testing.checker_groups import QACK, QADD, QGET
+from disque.testing.checker_stats import NEMESIS
 from sim.network import CONNECTION_LOST, SimCluster
 from sim.workload import PRODUCE_AFTER_S, FaultPlan, Workload
 

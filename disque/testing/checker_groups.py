@@ -1,6 +1,6 @@
 """The checker of consumer-group histories (docs/consumer-groups.md).
 
-Theory of operation: the same harnesses that judge jobs (disque/checker.py)
+Theory of operation: the same harnesses that judge jobs (disque/testing/checker.py)
 record a groups workload with their own operations, in the same record
 format:
 
@@ -11,7 +11,7 @@ format:
   that group, an empty answer is `fail`.
 * `qack`: `job` and `value` {"group"} on the invoke; `ok` carries the reply
   (1: acknowledged, 0: the deadline had passed) in `value`.
-* `nemesis` records (disque/checker_stats.py) name the fault windows.
+* `nemesis` records (disque/testing/checker_stats.py) name the fault windows.
 
 The guarantees checked, for every event whose QADD said ok and every group
 of `groups`:
@@ -34,8 +34,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from disque.checker import FAIL, INFO, INVOKE, OK, Record, Result
-from disque.checker_stats import NEMESIS, fault_windows
+from disque.testing.checker import FAIL, INFO, INVOKE, OK, Record, Result
+from disque.testing.checker_stats import NEMESIS, fault_windows
 
 QADD, QGET, QACK = "qadd", "qget", "qack"
 

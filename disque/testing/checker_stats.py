@@ -1,7 +1,7 @@
-"""Performance views of a `disque.checker` history: latency per operation and
+"""Performance views of a `disque.testing.checker` history: latency per operation and
 throughput over time, plus the fault windows a harness recorded.
 
-These complement `disque.checker.check` (which judges safety) and read the
+These complement `disque.testing.checker.check` (which judges safety) and read the
 same records.  A harness may add nemesis records to a history:
 
     {"op": "nemesis", "type": "info", "value": {"fault": name, "phase":
@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from disque.checker import INVOKE, Record
+from disque.testing.checker import INVOKE, Record
 
 NEMESIS = "nemesis"
 

@@ -1,0 +1,4 @@
+"""What the test suite and jepsen-lite share with the package, as trio.testing
+does: the history checkers (checker: queue semantics; checker_groups:
+consumer groups; checker_stats: latency, throughput and fault windows).
+Nothing in the server imports it."""
