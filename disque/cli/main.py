@@ -434,6 +434,46 @@ def nodes(session: Session) -> None:
     session.run(["CLUSTER", "NODES"])
 
 
+@cli.group(cls=CommandGroup, prefix=("DEADLETTER",), context_settings={"ignore_unknown_options": True})  # its words go to its subcommands
+def deadletter() -> None:
+    """Dead letters: jobs out of attempts (ADDJOB ... MAXATTEMPTS)."""
+
+
+REQUEUE_BATCH = 1000  # dead letters per DEADLETTER REQUEUE: the node serves others between two
+
+
+@deadletter.command()
+@click.argument("queue")
+@click.option("--count", type=click.IntRange(min=1), help="At most this many on each node (default: all).")
+@scope_option(True, "DEADLETTER REQUEUE on each, how many each requeued")
+@click.pass_obj
+def requeue(session: Session, queue: str, count: int | None, cluster: bool | None) -> None:
+    """Put the dead letters queued in QUEUE back into the queues they came from,
+    as new jobs with fresh attempt counts (DEADLETTER REQUEUE on every node)."""
+
+    def requeue_on(client: Any) -> int:
+        done = 0
+        while count is None or done < count:
+            batch = REQUEUE_BATCH if count is None else min(REQUEUE_BATCH, count - done)
+            moved = client.execute_command("DEADLETTER", "REQUEUE", queue, "COUNT", batch)
+            done += moved
+            if moved < batch:
+                break
+        return done
+
+    if session.wide(cluster, default=True):
+        found = per_node(session, requeue_on)
+    else:
+        client = session.client()
+        found = [(client.hello().node_id, session.label, requeue_on(client))]
+    total = sum(n for _, _, n in found)
+    if session.mode == "json":
+        session.output("plain", {"queue": queue, "requeued": total, "nodes": [{"node": n, "address": a, "requeued": k} for n, a, k in found]})
+    else:
+        session.output("by-node", {"total": {"queue": queue, "requeued": total}, "nodes": [(n, a, {"requeued": k}) for n, a, k in found]}, raw=total)
+    session.check_nodes()
+
+
 # --------------------------------------------------------------------------
 # top
 

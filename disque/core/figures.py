@@ -122,6 +122,8 @@ def dead_letter_figures(node: NodeCore, max_queues: int, sample: int) -> list[di
     their `sample` oldest jobs, bodies cut to BODY_PREVIEW bytes."""
     out: list[dict[str, Any]] = []
     for queue in node.queues.values():
+        if not len(queue):
+            continue
         oldest = queue.oldest()
         first = next(oldest, None)
         if first is None or not first.origin:

@@ -56,21 +56,21 @@ class Series:
     def clear(self, index: int) -> None:
         self.ins[index] = self.outs[index] = 0
 
-    def window(self, first: int, slots: int) -> dict[str, list[int]]:
+    def window(self, first: int) -> dict[str, list[int]]:
         """Oldest first: the ring read from index `first`."""
-        order = [(first + i) % slots for i in range(slots)]
-        return {"in": [self.ins[i] for i in order], "out": [self.outs[i] for i in order]}
+        ins, outs = self.ins, self.outs
+        return {"in": (ins[first:] + ins[:first]).tolist(), "out": (outs[first:] + outs[:first]).tolist()}
 
 
 class RateHistory:
     def __init__(self, slot_seconds: int = SLOT_SECONDS, slots: int = SLOTS, max_queues: int = MAX_QUEUES) -> None:
         self.slot_seconds, self.slots, self.max_queues = slot_seconds, slots, max_queues
         self.slot: int | None = None  # the newest slot (wall-clock seconds // slot_seconds); None before a sample
-        self.series: dict[str, Series] = {}
+        self.series: dict[bytes, Series] = {}
         self.other = Series(slots, 0, 0, 0)  # last_in / last_out: the sums of every queue's counters
         self.complete = False  # every queue had a series at the last sample
 
-    def sample(self, now_s: float, counters: Iterable[tuple[str, int, int]]) -> None:
+    def sample(self, now_s: float, counters: Iterable[tuple[bytes, int, int]]) -> None:
         """Count what every queue did since the last sample (`counters`:
         name, jobs_in, jobs_out) in the slot of `now_s`.  A clock that went
         back counts in the newest slot."""
@@ -80,14 +80,14 @@ class RateHistory:
             self._advance(slot)
         index = self.slot % self.slots  # type: ignore[operator]
         total_in = total_out = taken_in = taken_out = 0
-        seen, complete = set(), True
+        seen, complete = set(), True  # complete: no queue was left without a series (then none has room)
         for name, jobs_in, jobs_out in counters:
             total_in += jobs_in
             total_out += jobs_out
             seen.add(name)
             series = self.series.get(name)
             if series is None:
-                if not self._room():
+                if not complete or not self._room():  # once a queue found no room, none does in this sample
                     complete = False
                     continue
                 new = self.complete and not first  # made since the last sample: counted from zero
@@ -133,14 +133,17 @@ class RateHistory:
     def snapshot(self) -> dict[str, Any]:
         """The window as plain data, oldest slot first: `end` is when the
         newest slot ends (wall-clock seconds); only the queues with a job
-        counted in the window are listed."""
+        counted in the window are listed, by name as text."""
         if self.slot is None:
             return {"slot_seconds": self.slot_seconds, "end": 0, "queues": {}, "other": {"in": [], "out": []}}
         first = (self.slot + 1) % self.slots
-        queues = {name: series.window(first, self.slots) for name, series in self.series.items() if not self._idle(series)}
+        queues = {
+            name.decode("utf-8", "backslashreplace"): series.window(first)
+            for name, series in self.series.items() if not self._idle(series)
+        }  # fmt: skip
         return {
             "slot_seconds": self.slot_seconds, "end": (self.slot + 1) * self.slot_seconds,
-            "queues": queues, "other": self.other.window(first, self.slots),
+            "queues": queues, "other": self.other.window(first),
         }  # fmt: skip
 
 

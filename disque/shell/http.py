@@ -106,6 +106,7 @@ MAX_GROUP_SERIES = 1000  # consumer groups with series of their own
 MAX_CLIENTS_SHOWN = 200  # clients in the overview (blocked ones first)
 MAX_DEAD_LETTER_QUEUES = 100  # dead-letter queues in the overview ...
 DEAD_LETTER_SAMPLE = 5  # ... with their oldest jobs
+DEAD_LETTER_SECONDS = 5.0  # the dead-letter queues are looked for at most this often (a walk of every queue)
 HISTORY_SECONDS = 5.0  # the cluster's rate history is gathered at most this often
 REQUEUE_BATCH = 1000  # dead letters per DEADLETTER REQUEUE: the loop runs between two batches
 REQUEUE_TIMEOUT = 60.0  # seconds for another node to requeue its dead letters
@@ -333,7 +334,7 @@ class RequestConn(Conn):
 
 
 class HttpPort:
-    def __init__(self, core: NodeCore, sessions: Sessions, requirepass: Any) -> None:
+    def __init__(self, core: NodeCore, sessions: Sessions, requirepass: Any, startup_rss: int = 0) -> None:
         self.core = core
         self.sessions = sessions
         self.requirepass = requirepass  # () -> the current password, or None
@@ -344,7 +345,8 @@ class HttpPort:
         self.rendering: trio.Event | None = None  # set when the rendering in progress ends
         self._log_at = float("-inf")
         self._log_skipped = 0
-        self.rss_startup: int | None = None  # the host's, asked once
+        self.startup_rss = startup_rss  # the process's RSS when it started (INFO used_memory_startup)
+        self.dead_letters: tuple[float, list[dict[str, Any]]] = (float("-inf"), [])  # when found, what
         self.peers = Peers(core)
         self.history = History(core)
         self.cluster = Shared(self._gather, CACHE_SECONDS)
@@ -475,7 +477,7 @@ class HttpPort:
             for answer in await self.peers.each("GET", f"/api/jobs/{quote(job_id, safe='')}?local"):
                 if answer.status == 200 and isinstance(answer.value, dict) and answer.value.get("job"):
                     return self._json(200, {"job": answer.value["job"], "node": answer.peer.id})
-        return self._json(200, {"job": to_json(job), "node": self.core.cluster.my_id})
+        return self._json(200, {"job": to_json(job)} | ({"node": self.core.cluster.my_id} if job is not None else {}))
 
     def _static(self, name: str) -> tuple[int, str, bytes]:
         file = WEB / name
@@ -530,6 +532,8 @@ class HttpPort:
                 if reply < REQUEUE_BATCH:
                     break
                 await trio.sleep(0)
+            self.dead_letters = (float("-inf"), [])  # looked for again at the next rendering ...
+            self.rendered_at = float("-inf")  # ... which is the next request's
             nodes: list[dict[str, Any]] = [{"id": self.core.cluster.my_id, "requeued": done}]
             if scope == "cluster":
                 forward: tuple[tuple[str, str], ...] = (("content-type", "application/json"),)
@@ -598,14 +602,13 @@ class HttpPort:
         core, sessions = self.core, self.sessions
         groups, total = group_figures(core, MAX_GROUP_SERIES)
         g = core.groups
-        if self.rss_startup is None:  # fixed at start; the host's process_info is costly (it asks git)
-            self.rss_startup = int(core.host.process_info().get("rss_startup", 0))
         read_behind = [("read_behind", "no")] if core.read_behind is None else core.read_behind.info_fields()
+        if trio.current_time() - self.dead_letters[0] >= DEAD_LETTER_SECONDS:
+            self.dead_letters = (trio.current_time(), dead_letter_figures(core, MAX_DEAD_LETTER_QUEUES, DEAD_LETTER_SAMPLE))
         return Snapshot(
             node_figures(core, MAX_QUEUE_SERIES), groups, total, (g.added, g.handed, g.acked),
             (sessions.net_in, sessions.net_out, sessions.rejected), self.open,
-            client_figures(core, MAX_CLIENTS_SHOWN), dead_letter_figures(core, MAX_DEAD_LETTER_QUEUES, DEAD_LETTER_SAMPLE),
-            read_behind, self.rss_startup,
+            client_figures(core, MAX_CLIENTS_SHOWN), self.dead_letters[1], read_behind, self.startup_rss,
         )  # fmt: skip
 
     # ------------------------------------------------------------ the cluster

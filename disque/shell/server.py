@@ -193,7 +193,7 @@ class Server:
                 if http_listeners:
                     from disque.shell.http import HttpPort  # h11, prometheus_client
 
-                    http = HttpPort(self.core, self.sessions, lambda: self.config.requirepass)
+                    http = HttpPort(self.core, self.sessions, lambda: self.config.requirepass, self.startup_rss)
                     nursery.start_soon(http.serve, http_listeners)
                     log.info("Serving metrics and the dashboard on http port %s", self.config.metrics_port)
                 if announced_port(self.config):

@@ -173,3 +173,22 @@ def test_merge_jobs_keeps_the_record_furthest_along() -> None:
     merged = merge_jobs([[info("A", "active"), info("B", "wait-repl")], [info("B", "queued"), info("A", "acked")], [info("C", "active")]])
     assert [(j.id, j.state) for j in merged] == [("A", "acked"), ("B", "queued"), ("C", "active")]
     assert merge_jobs([["A", "B"], ["B", "C"]]) == ["A", "B", "C"]
+
+
+def test_deadletter_requeue_asks_every_node(disque: Callable[..., Result], clients: list[Client], queue: str) -> None:
+    """`disque deadletter requeue` runs DEADLETTER REQUEUE on every node (in
+    batches), or on the connected one with --local; each dead letter goes
+    back to its queue."""
+    ids = {c.hello().node_id: n for n, c in enumerate(clients)}
+    for n, c in enumerate(clients):
+        for i in range(n + 1):
+            job_id = c.add_job(queue, f"{n}.{i}", retry=30, replicate=1, max_attempts=1)
+            [job] = c.get_jobs(queue, count=1)
+            assert job.id == job_id and c.execute_command("NACK", job_id) == 1
+    dead = f"{queue}-dead"
+    assert ok(disque("deadletter", "requeue", dead, "--local")) == "1\n"
+    merged = json.loads(ok(disque("--json", "deadletter", "requeue", dead)))
+    assert merged["requeued"] == 5 and sorted((ids[row["node"]], row["requeued"]) for row in merged["nodes"]) == [(0, 0), (1, 2), (2, 3)]
+    assert [c.qlen(queue) for c in clients] == [1, 2, 3] and sum(c.qlen(dead) for c in clients) == 0
+    assert "requeued" in ok(disque("--no-raw", "deadletter", "requeue", dead))
+    assert ok(disque("deadletter", "requeue", dead, "--count", "1")) == "0\n"
