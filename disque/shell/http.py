@@ -49,6 +49,10 @@ What one client can cost is bounded:
   result is shared by every request for CACHE_SECONDS, or 20 times what
   the last rendering took if that is longer (the port spends at most about
   1/20 of the time on it); concurrent requests wait for the one rendering;
+* the cluster views ask the other nodes at most once per CACHE_SECONDS
+  (HISTORY_SECONDS for the history), whoever asks, each peer within its
+  timeout and byte cap (shell/dashboard.py); a job unknown here and a
+  requeue ask them once per request;
 * every connection has an error boundary: an unexpected exception is logged
   (rate-limited), answered 500 when a response can still be sent, and costs
   that connection, never the node.
