@@ -52,7 +52,7 @@ import anyio
 import hiredis
 
 from disque.core.errors import DisqueError
-from disque.core.ids import node_prefix
+from disque.store.ids import node_prefix
 
 if TYPE_CHECKING:  # only annotations: disque.shell.tls makes the contexts, and importing ssl is slow
     import ssl

@@ -162,7 +162,7 @@ def linked_core(
     core = NodeCore(config, NODE_ID, clock=clock, rng=rng, host=host, membership=members, **read_behind(config))
     for node_id in linked:
         core.link_connected(members.nodes[node_id].key)
-    core.effects.clear()
+    core.out.effects.clear()
     return core, clock, host
 
 
@@ -195,8 +195,8 @@ class Session:
         """Replies the core produced for this client since the last call."""
         from disque.core.effects import Reply
 
-        mine = [e.value for e in self.core.effects if isinstance(e, Reply) and e.client_id == self.client.id]
-        self.core.effects[:] = [e for e in self.core.effects if not (isinstance(e, Reply) and e.client_id == self.client.id)]
+        mine = [e.value for e in self.core.out.effects if isinstance(e, Reply) and e.client_id == self.client.id]
+        self.core.out.effects[:] = [e for e in self.core.out.effects if not (isinstance(e, Reply) and e.client_id == self.client.id)]
         return mine
 
 
@@ -218,8 +218,8 @@ def bus_sent(core: NodeCore) -> list[Any]:
     """The bus messages the core sent since the last call (taken out of its effects)."""
     from disque.core.effects import Send
 
-    out = [e.msg for e in core.effects if isinstance(e, Send)]
-    core.effects[:] = [e for e in core.effects if not isinstance(e, Send)]
+    out = [e.msg for e in core.out.effects if isinstance(e, Send)]
+    core.out.effects[:] = [e for e in core.out.effects if not isinstance(e, Send)]
     return out
 
 

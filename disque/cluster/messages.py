@@ -11,9 +11,9 @@ messages they belong to (`ReplJob.noreply`, `Queued.incr_nacks`,
 `Queued.incr_deliv`).
 
 Jobs travel in their bus form, a `WireJob`: the plain dict made by
-`codec.job_to_wire(job, now_ms)`, with a relative `ttl` (ms) instead of an absolute
+`records.job_to_wire(job, now_ms)` (store/records.py), with a relative `ttl` (ms) instead of an absolute
 `etime`.  The receiver turns it into its own `Job` with
-`codec.job_from_wire(d, now_ms)` and then applies the receive rules of
+`records.job_from_wire(d, now_ms)` and then applies the receive rules of
 spec/cluster.md §8.1.  Messages never hold a live `Job`: the sender keeps mutating
 its record after the message is built, and a simulated network may deliver
 the same message twice.  Treat a `WireJob` as read-only.
@@ -22,7 +22,9 @@ the same message twice.  Treat a `WireJob` as read-only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
+
+from disque.store.records import WireJob
 
 # Node flag bits, as kept in the node table and sent in headers and gossip.
 PFAIL: Final = 1
@@ -34,8 +36,6 @@ MEET: Final = 32
 DELETED: Final = 64
 LEAVING: Final = 128
 
-# A job in bus form: see codec.job_to_wire / codec.job_from_wire.
-WireJob = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +265,7 @@ class WaitEntry:
 @dataclass(frozen=True, slots=True)
 class Waiting:
     """Consumers blocked on the sender wait for jobs of these queues
-    (cluster/federation.py): the receiver hands them jobs it has queued,
+    (core/federation.py): the receiver hands them jobs it has queued,
     with YOURJOBS, at once and as jobs come, until the entry expires."""
 
     entries: tuple[WaitEntry, ...]  # at least one

@@ -5,7 +5,7 @@ one, holding only the ID and its TTL, when this node never had the job and
 other nodes may), and the record's timer drives GC attempts: SETACK goes to
 every owner not yet confirmed, each answers GOTACK, and once every owner has
 confirmed, DELJOB goes to all of them and the record is deleted.  The delay
-between attempts doubles up to three minutes (node.py's `reschedule`).
+between attempts doubles up to three minutes (lifecycle.py's `reschedule`).
 FASTACK skips all that: DELJOB to every owner (every linked node for an
 unknown job) and the job goes at once.  A peer's DELJOB deletes the local
 copy and remembers the ID as collected, so a late REPLJOB cannot bring it
@@ -13,8 +13,10 @@ back.  A job still waiting for its replication level is acknowledged only
 once the level is reached (`Replication.achieved`); if it was handed to a
 replica and forgotten here, the ACK has nothing left to do.
 
-Owned by NodeCore as `node.acks`; called by the ACK commands of the front
-ends, the node's timer (`try_gc`) and the bus table (SETACK/GOTACK/DELJOB).
+Owned by NodeCore as `life.acks`; called by the ACK commands of the front
+ends, the job lifecycle's timer (`try_gc`) and the bus table
+(SETACK/GOTACK/DELJOB).  It works on jobs through the lifecycle, emits
+through the outbox and tells WAITJOB clients through `Blocking`.
 """
 
 from __future__ import annotations
@@ -22,30 +24,34 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from disque.cluster import messages as m
-from disque.core.ids import ttl_minutes
+from disque.store.ids import ttl_minutes
 from disque.store.job import ACK, Job, State
 
 if TYPE_CHECKING:
-    from disque.cluster.replication import Replication
-    from disque.core.services import Node
+    from disque.core.blocking import Blocking
+    from disque.core.lifecycle import Lifecycle
+    from disque.core.outbox import Outbox
+    from disque.core.replication import Replication
 
 S_ACTIVE, S_ACKED, S_WAIT_REPL = State.ACTIVE, State.ACKED, State.WAIT_REPL
 
 
 class Acks:
-    def __init__(self, node: Node, replication: Replication) -> None:
-        self.node = node
+    def __init__(self, life: Lifecycle, out: Outbox, replication: Replication, waits: Blocking) -> None:
+        self.life = life
+        self.out = out
         self.replication = replication
+        self.waits = waits
 
     def ack_job(self, job_id: bytes) -> bool:
         """ACKJOB for one ID (spec/commands.md §5.3).  True when it counts."""
-        node = self.node
-        job = node.jobs.get(job_id)
+        life = self.life
+        job = life.jobs.get(job_id)
         counted = False
         if job is None:
-            if node.cluster.size() > 1 and not node.cluster.leaving and ttl_minutes(job_id) & 1:
-                job = Job(job_id, None, None, state=S_ACKED, etime=node.now // 1000 + ttl_minutes(job_id) * 60)
-                node.register(job)
+            if life.membership.size() > 1 and not life.membership.leaving and ttl_minutes(job_id) & 1:
+                job = Job(job_id, None, None, state=S_ACKED, etime=life.now // 1000 + ttl_minutes(job_id) * 60)
+                life.register(job)
         elif job.state != S_ACKED:
             if job.state == S_WAIT_REPL and not self.replication.achieved(job):
                 return True  # handed to a replica and forgotten here (external replication)
@@ -57,92 +63,92 @@ class Acks:
 
     def fast_ack(self, job_id: bytes) -> bool:
         """FASTACK for one ID.  True when the job was known here."""
-        node = self.node
-        job = node.jobs.get(job_id)
+        life = self.life
+        job = life.jobs.get(job_id)
         if job is None:
-            for node_id in node.cluster.linked_ids():
-                node.send(node_id, m.DelJob(job_id))
+            for node_id in life.membership.linked_ids():
+                self.out.send(node_id, m.DelJob(job_id))
             return False
-        node.broadcast(job.nodes_delivered, m.DelJob(job_id))
-        node.settle_waits(job_id, True)
-        node.delete_job(job)
-        node.collected.remember(job_id, node.now)  # acknowledged: a late REPLJOB must not revive it
+        self.out.broadcast(job.nodes_delivered, m.DelJob(job_id))
+        self.waits.settle_waits(job_id, True)
+        life.delete_job(job)
+        life.collected.remember(job_id, life.now)  # acknowledged: a late REPLJOB must not revive it
         return True
 
     def acknowledge(self, job: Job) -> None:
         if job.state == S_ACKED:
             return
-        node = self.node
-        node.dequeue(job)
+        life = self.life
+        life.dequeue(job)
         was_active = job.state == S_ACTIVE
         job.move(ACK)
-        node.settle_waits(job.id, True)
+        self.waits.settle_waits(job.id, True)
         job.nodes_confirmed = None
         if was_active:  # pragma: no branch - callers make a wait-repl job active first (achieved)
-            node.aof_deljob(job)
-        node.reschedule(job)
+            self.out.aof_deljob(job)
+        life.reschedule(job)
 
     def try_gc(self, job: Job) -> None:
         """One ACK garbage-collection attempt (spec/cluster.md §8.6): a copy
         may be deleted only once every node that may hold one has the ACK,
         or a late requeue elsewhere would deliver an acknowledged job again."""
-        node = self.node
+        life = self.life
         dummy = job.is_dummy_ack
         job.gc_retry = min(job.gc_retry + 1, 10)
         if job.nodes_confirmed is None:
-            job.nodes_confirmed = {node.cluster.my_id}
+            job.nodes_confirmed = {life.membership.my_id}
         if (not dummy and len(job.nodes_delivered) == len(job.nodes_confirmed)) or (
-            dummy and node.cluster.size() == 1
+            dummy and life.membership.size() == 1
         ):
-            node.delete_job(job)
+            life.delete_job(job)
             return
-        targets = list(node.cluster.nodes) if dummy else job.nodes_delivered
+        targets = list(life.membership.nodes) if dummy else job.nodes_delivered
         msg = m.SetAck(job.id, len(job.nodes_delivered))
-        node.broadcast([n for n in targets if n not in job.nodes_confirmed], msg)
+        self.out.broadcast([n for n in targets if n not in job.nodes_confirmed], msg)
 
     # ------------------------------------------------------------ bus messages
 
     def on_set_ack(self, sender: str, msg: m.SetAck) -> None:
-        node = self.node
-        job = node.jobs.get(msg.id)
+        life = self.life
+        job = life.jobs.get(msg.id)
         if job is not None:
             if job.state == S_WAIT_REPL and not self.replication.achieved(job):
                 job = None  # handed to a replica and forgotten (external replication)
             else:
                 self.acknowledge(job)
         if job is None or len(job.nodes_delivered) <= msg.mayhave:
-            node.send(sender, m.GotAck(msg.id, job is not None))
+            self.out.send(sender, m.GotAck(msg.id, job is not None))
             return
         if msg.mayhave == 0:
-            node.send(sender, m.GotAck(msg.id, True))
+            self.out.send(sender, m.GotAck(msg.id, True))
         self.try_gc(job)  # we know more possible holders: we run the GC
 
     def on_got_ack(self, sender: str, msg: m.GotAck) -> None:
-        node = self.node
-        job = node.jobs.get(msg.id)
+        life = self.life
+        job = life.jobs.get(msg.id)
         if job is None or job.state != S_ACKED:
             return
         dummy = job.is_dummy_ack
         if dummy and msg.known:
-            node.delete_job(job)  # somebody who really has it now runs the GC
+            life.delete_job(job)  # somebody who really has it now runs the GC
             return
         if job.nodes_confirmed is None:
-            job.nodes_confirmed = {node.cluster.my_id}
+            job.nodes_confirmed = {life.membership.my_id}
         if msg.known or sender in job.nodes_delivered:
             job.add_delivered(sender)
             job.nodes_confirmed.add(sender)
         if dummy:
             job.nodes_confirmed.add(sender)
-            if len(job.nodes_confirmed) >= len(node.cluster.nodes):
-                node.delete_job(job)  # nobody knows the job
+            if len(job.nodes_confirmed) >= len(life.membership.nodes):
+                life.delete_job(job)  # nobody knows the job
         elif len(job.nodes_confirmed) >= len(job.nodes_delivered):
-            node.broadcast(job.nodes_delivered, m.DelJob(job.id))
-            node.delete_job(job)
+            self.out.broadcast(job.nodes_delivered, m.DelJob(job.id))
+            life.delete_job(job)
 
     def on_del_job(self, sender: str, msg: m.DelJob) -> None:
-        node = self.node
-        job = node.jobs.get(msg.id)
+        life = self.life
+        job = life.jobs.get(msg.id)
         if job is not None:
-            node.settle_waits(msg.id, msg.acked)  # a FASTACK or the end of a GC; or not (dead-lettered, aborted)
-            node.delete_job(job)
-        node.collected.remember(msg.id, node.now, msg.acked)
+            self.waits.settle_waits(msg.id, msg.acked)  # a FASTACK or the end of a GC; or not (dead-lettered, aborted)
+            life.delete_job(job)
+        life.collected.remember(msg.id, life.now, msg.acked)

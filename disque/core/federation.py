@@ -37,12 +37,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from disque.cluster import messages as m
-from disque.cluster.codec import job_from_wire, job_to_wire
+from disque.store.records import job_from_wire, job_to_wire
 from disque.store.job import BCAST_QUEUED, State
 from disque.store.queue import PAUSE_OUT, Queue
 
 if TYPE_CHECKING:
-    from disque.core.services import Node
+    from disque.core.lifecycle import Lifecycle
+    from disque.core.outbox import Outbox
 
 RESPONDER_TTL_S = 5
 WAIT_REFRESH_MS = 1000  # a node repeats its WAITING entries this often
@@ -84,8 +85,9 @@ def _fed(queue: Queue) -> QueueFed:
 
 
 class Federation:
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, life: Lifecycle, out: Outbox) -> None:
+        self.life = life
+        self.out = out
         # Counters (INFO-like figures, metrics): NEEDJOBS sent, jobs handed out
         # with YOURJOBS, jobs received and queued here.
         self.needjobs_sent = 0
@@ -107,7 +109,7 @@ class Federation:
 
     def import_rate(self, queue: Queue) -> int:
         fed = queue.federation
-        now = self.node.now
+        now = self.life.now
         if fed is None or not fed.cur_start or now - fed.cur_start > 5000:
             return 0
         elapsed = max(50, now - (fed.prev_start or fed.cur_start))
@@ -118,7 +120,7 @@ class Federation:
         return [] if fed is None else self._responders(fed)
 
     def _responders(self, fed: QueueFed) -> list[str]:
-        horizon = self.node.now // 1000 - RESPONDER_TTL_S
+        horizon = self.life.now // 1000 - RESPONDER_TTL_S
         for node_id in [n for n, t in fed.responders.items() if t < horizon]:
             del fed.responders[node_id]
         return list(fed.responders)
@@ -126,8 +128,8 @@ class Federation:
     # ------------------------------------------------------------ asking
 
     def need_jobs(self, queue: Queue, reason: int) -> None:
-        node = self.node
-        if node.cluster.leaving or node.cluster.size() == 1:
+        life = self.life
+        if life.membership.leaving or life.membership.size() == 1:
             return
         rate = self.import_rate(queue)
         if reason == REACHED_ZERO and rate == 0:
@@ -135,28 +137,28 @@ class Federation:
         fed = _fed(queue)
         responders = self._responders(fed)
         to_fetch = min(100, max(5, rate // len(responders) if responders else 5))
-        now = node.now
+        now = life.now
         if now - fed.bcast_time > min(2000 * 2**fed.bcast_attempt, 30_000):
             fed.bcast_time = now
             fed.bcast_attempt += 1
-            for node_id in node.cluster.linked_ids():
-                node.send(node_id, m.NeedJobs(queue.name, 1))
+            for node_id in life.membership.linked_ids():
+                self.out.send(node_id, m.NeedJobs(queue.name, 1))
                 self.needjobs_sent += 1
         if responders and (reason == REACHED_ZERO or now - fed.adhoc_time > min(25 * 2**fed.adhoc_attempt, 2000)):
             fed.adhoc_time = now
             fed.adhoc_attempt += 1
             for node_id in responders:
-                node.send(node_id, m.NeedJobs(queue.name, to_fetch))
+                self.out.send(node_id, m.NeedJobs(queue.name, to_fetch))
                 self.needjobs_sent += 1
 
     # ------------------------------------------------------------ answering
 
     def on_need_jobs(self, sender: str, msg: m.NeedJobs) -> None:
-        node = self.node
-        queue = node.queues.get(msg.queue)
+        life = self.life
+        queue = life.queues.get(msg.queue)
         if queue is None or not len(queue) or self.import_rate(queue) > 0 or queue.pause & PAUSE_OUT:
             return
-        if not node.cluster.has_link(sender):
+        if not life.membership.has_link(sender):
             return  # checked first: a RETRY 0 job handed to nobody would be lost
         n = msg.count
         if len(queue) < 2 * n:
@@ -166,31 +168,31 @@ class Federation:
     def _hand_over(self, queue: Queue, to: str, n: int) -> None:
         """Send the `n` oldest jobs of `queue` (n <= its length) to `to`,
         whose link the caller checked, in frames of bounded size."""
-        node = self.node
+        life = self.life
         batch, size = [], 0
         for _ in range(n):
-            job = node.fetch(queue)
+            job = life.fetch(queue)
             if job is None:  # pragma: no cover - n <= len(queue): the queue cannot run dry here
                 break
             job.add_delivered(to)  # it may hold a copy now: GC and QUEUED must reach it
-            batch.append(job_to_wire(job, node.now))
+            batch.append(job_to_wire(job, life.now))
             self.jobs_exported += 1
             size += len(job.body or b"")
             if job.retry == 0:
-                node.delete_job(job)
+                life.delete_job(job)
             if size >= YOURJOBS_MAX_BYTES:
-                node.send(to, m.YourJobs(tuple(batch)))
+                self.out.send(to, m.YourJobs(tuple(batch)))
                 batch, size = [], 0
         if batch:
-            node.send(to, m.YourJobs(tuple(batch)))
+            self.out.send(to, m.YourJobs(tuple(batch)))
 
     # ------------------------------------------------------------ waiting consumers: pushing
 
     def on_waiting(self, sender: str, msg: m.Waiting) -> None:
         """A peer's consumers wait for these queues: remember them, and hand
         them what is queued here for no consumer of ours."""
-        node = self.node
-        until = node.now + WAIT_TTL_MS
+        life = self.life
+        until = life.now + WAIT_TTL_MS
         per_peer = self._wanted_per_peer
         for entry in msg.entries:
             wants = self.wanted.get(entry.queue)
@@ -208,7 +210,7 @@ class Federation:
                 per_peer[sender] = per_peer.get(sender, 0) + 1
             else:
                 continue  # over the cap: that queue is fed by NEEDJOBS
-            queue = node.queues.get(entry.queue)
+            queue = life.queues.get(entry.queue)
             if queue is not None and len(queue) and not queue.waiters:
                 self.hand_out(queue)
 
@@ -230,12 +232,12 @@ class Federation:
         wants = self.wanted.get(queue.name)
         if wants is None or queue.pause & PAUSE_OUT:
             return
-        node = self.node
-        nodes = node.cluster.nodes
+        life = self.life
+        nodes = life.membership.nodes
         for peer, want in list(wants.items()):
             if not len(queue):
                 return
-            if want.until <= node.now:
+            if want.until <= life.now:
                 self._forget(queue.name, peer)
                 continue
             info = nodes.get(peer)
@@ -252,7 +254,7 @@ class Federation:
 
     def _waiting(self, name: bytes) -> int:
         """The consumers blocked here that jobs from elsewhere would serve."""
-        queue = self.node.queues.get(name)
+        queue = self.life.queues.get(name)
         if queue is None or len(queue) or queue.pause & PAUSE_OUT:
             return 0
         return len(queue.waiters)
@@ -277,14 +279,13 @@ class Federation:
             else:
                 announced.pop(name, None)
         if entries:
-            self._send_waiting(self.node.cluster.linked_ids(), entries)
+            self._send_waiting(self.life.membership.linked_ids(), entries)
 
     def _send_waiting(self, peers: list[str], entries: list[m.WaitEntry]) -> None:
-        node = self.node
         for start in range(0, len(entries), WAIT_BATCH):
             msg = m.Waiting(tuple(entries[start : start + WAIT_BATCH]))
             for peer in peers:
-                node.send(peer, msg)
+                self.out.send(peer, msg)
                 self.waiting_sent += len(msg.entries)
 
     def announcements(self) -> list[m.Waiting]:
@@ -296,8 +297,8 @@ class Federation:
         """Every WAIT_REFRESH_MS: announce again what still waits (so that
         a lost frame or a peer's expiry costs one period at most), and drop
         the peers' entries that were not repeated in time."""
-        node = self.node
-        now = node.now
+        life = self.life
+        now = life.now
         if now - self._refreshed < WAIT_REFRESH_MS:
             return
         self._refreshed = now
@@ -314,25 +315,25 @@ class Federation:
                     announced[name] = count
                 else:
                     del announced[name]
-            self._send_waiting(node.cluster.linked_ids(), entries)
+            self._send_waiting(life.membership.linked_ids(), entries)
 
     # ------------------------------------------------------------ importing
 
     def on_your_jobs(self, sender: str, msg: m.YourJobs) -> None:
-        node = self.node
-        now = node.now
+        life = self.life
+        now = life.now
         for wire in msg.jobs:
             received = job_from_wire(wire, now)
-            job = node.jobs.get(received.id)
+            job = life.jobs.get(received.id)
             if job is None:
-                job = node.adopt(received)
+                job = life.receive(received)
             job.flags &= ~BCAST_QUEUED  # moving between queues is not a requeue
             if job.retry == 0:
                 job.qtime = now
-            if job.state == State.ACKED or not node.enqueue(job):
+            if job.state == State.ACKED or not life.enqueue(job):
                 continue
             self.jobs_imported += 1
-            queue = node.queues.get(job.queue)  # type: ignore[arg-type]
+            queue = life.queues.get(job.queue)  # type: ignore[arg-type]
             if queue is None:  # pragma: no cover - enqueue() just created the queue
                 continue
             fed = _fed(queue)

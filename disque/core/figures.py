@@ -20,14 +20,13 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from disque.cluster.membership import MYSELF, flags_text
-from disque.store.job import State
+from disque.store.job import STATE_NAMES
 from disque.store.queue import PAUSE_NAMES, Queue
 
 if TYPE_CHECKING:
     from disque.core.node import NodeCore
     from disque.core.types import Client
 
-STATE_NAMES = {state: state.name.lower().replace("_", "-") for state in State}
 BODY_PREVIEW = 120  # bytes of a dead letter's body in its figures
 
 
@@ -46,12 +45,12 @@ def node_figures(node: NodeCore, max_queues: int | None = None) -> dict[str, Any
     return {
         "node_id": node.cluster.my_id,
         "jobs": jobs,
-        "used_memory": node.used_memory,
-        "peak_memory": node.peak_memory,
-        "mem_level": node.mem_level(),
+        "used_memory": node.memory.used,
+        "peak_memory": node.memory.peak,
+        "mem_level": node.memory.level(),
         "maxmemory": node.config.maxmemory,
         "clients": len(node.clients),
-        "blocked_clients": len(node.blocked) + len(node.repl_waiters),
+        "blocked_clients": node.blocking.count(),
         "connections_received": stats.connections,
         "commands_processed": stats.commands,
         "auth_failures": stats.auth_failures,
@@ -174,6 +173,6 @@ def queue_figures(node: NodeCore, queue: Queue) -> dict[str, Any]:
         "nacks": queue.nacks,
         "redeliveries": queue.redeliveries,
         "dead_lettered": queue.dead_lettered,
-        "import_rate": node.import_rate(queue),
+        "import_rate": node.federation.import_rate(queue),
         "pause": PAUSE_NAMES[queue.pause],
     }

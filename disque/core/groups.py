@@ -55,7 +55,10 @@ from disque.store.aof import GROUPSET, encode_record
 from disque.store.job import EVENT, Job, State
 
 if TYPE_CHECKING:
-    from disque.core.services import Node
+    from disque.core.blocking import Blocking
+    from disque.core.lifecycle import Lifecycle
+    from disque.core.memory import Memory
+    from disque.core.outbox import Outbox
 
 DONE = 0  # progress of an event a group acknowledged (deadlines are > 0)
 CLAIM_MS = 1000  # how long a QGET waits for a remote server's answer (then nil)
@@ -131,8 +134,11 @@ class _Ask:
 
 
 class Groups:
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, life: Lifecycle, out: Outbox, memory: Memory, waits: Blocking) -> None:
+        self.life = life
+        self.out = out
+        self.memory = memory
+        self.waits = waits
         self.queues: dict[bytes, EventQueue] = {}
         self.last_stamp = 0  # (ms << 20 | counter) of the last event created here
         self.asks: dict[int, _Ask] = {}  # ticket -> the QGET or QACK waiting for the event's server
@@ -152,10 +158,10 @@ class Groups:
         q = self.queues.get(name)
         if q is None:
             q = self.queues[name] = EventQueue(name)
-            self.node.account(EVENT_QUEUE_OVERHEAD)
+            self.memory.account(EVENT_QUEUE_OVERHEAD)
         e = event_id(job.id)
         q.events[e] = job
-        self.node.account(EVENT_ENTRY)
+        self.memory.account(EVENT_ENTRY)
         ids = q.ids
         if not ids or ids[-1] < e:
             ids.append(e)
@@ -179,17 +185,17 @@ class Groups:
         way there).  In a cluster larger than its copies, the other nodes
         hear of it (NEWEVENT), so their QNOTIFY waiters wake too."""
         self.stored(job)
-        cluster = self.node.cluster
+        cluster = self.life.membership
         if cluster.size() > EVENT_COPIES:
             others = [n for n in cluster.linked_ids() if n not in job.nodes_delivered]
-            self.node.broadcast(others, m.NewEvent(job.queue))  # type: ignore[arg-type]
+            self.out.broadcast(others, m.NewEvent(job.queue))  # type: ignore[arg-type]
 
     def on_new_event(self, sender: str, msg: m.NewEvent) -> None:
         """An event was added on another node, which this one may not hold:
         its queue's waiters may go and QGET it (QGET asks the other nodes)."""
         for client_id, (_, waiter) in list(self.waiting.get(msg.queue, {}).items()):
             if waiter.client.waiter is waiter:
-                self.node.unblock(waiter.client, msg.queue)
+                self.waits.unblock(waiter.client, msg.queue)
                 self._forget_waiter(client_id)
 
     def drop_event(self, job: Job) -> None:
@@ -197,7 +203,7 @@ class Groups:
         e = event_id(job.id)
         del q.events[e]
         dropped = sum(group.progress.pop(e, None) is not None for group in q.groups.values())
-        self.node.account(-EVENT_ENTRY - PROGRESS_ENTRY * dropped)
+        self.memory.account(-EVENT_ENTRY - PROGRESS_ENTRY * dropped)
         if len(q.ids) > 2 * len(q.events) + 64:
             q.ids = [e for e in q.ids if e in q.events]
         self._maybe_forget(q)
@@ -206,10 +212,10 @@ class Groups:
         if not q.events:
             del self.queues[q.name]
             self._drop_groups(q)
-            self.node.account(-EVENT_QUEUE_OVERHEAD)
+            self.memory.account(-EVENT_QUEUE_OVERHEAD)
 
     def _drop_groups(self, q: EventQueue) -> None:
-        self.node.account(-sum(group_size(name, group) for name, group in q.groups.items()))
+        self.memory.account(-sum(group_size(name, group) for name, group in q.groups.items()))
         q.groups.clear()
 
     def _group(self, q: EventQueue, name: bytes) -> Group:
@@ -217,7 +223,7 @@ class Groups:
         group = q.groups.get(name)
         if group is None:
             group = q.groups[name] = Group(q.ids[0] if q.ids else 0)
-            self.node.account(GROUP_OVERHEAD + len(name))
+            self.memory.account(GROUP_OVERHEAD + len(name))
         return group
 
     def _admit(self, names: list[bytes], group_name: bytes) -> None:
@@ -225,7 +231,7 @@ class Groups:
         refusal level (over 95 % of maxmemory with nothing to evict)."""
         for name in names:
             q = self.queues.get(name)
-            if q is not None and group_name not in q.groups and not self.node.evict():
+            if q is not None and group_name not in q.groups and not self.memory.evict():
                 raise errors.oom()
 
     def size(self) -> int:
@@ -240,23 +246,23 @@ class Groups:
 
     def _stamp(self) -> int:
         """The (ms << 20 | counter) part of the next event ID made here."""
-        self.last_stamp = max(self.node.now << COUNTER_BITS, self.last_stamp + 1)
+        self.last_stamp = max(self.life.now << COUNTER_BITS, self.last_stamp + 1)
         return self.last_stamp
 
     def expired_id(self) -> bytes:
         """The ID of an event created already expired (QADD's expiry <= 0):
         nothing is stored, nobody will ever see it."""
-        return b"%d" % (self._stamp() << 32 | int(self.node.cluster.my_id[:8], 16))
+        return b"%d" % (self._stamp() << 32 | int(self.life.membership.my_id[:8], 16))
 
     def new_event(self, queue: bytes, body: bytes, ttl: int, repl: int) -> Job:
         """The job record of a new event (`ttl` in whole seconds, > 0)."""
-        node = self.node
-        now = node.now
+        life = self.life
+        now = life.now
         minutes = min(ttl // 60, 65535) & ~1  # the ID's TTL field, even: never requeued
-        job_id = b"DI%s%016x%016x%04xSQ" % (node.cluster.my_id[:8].encode(), self._stamp(), node.rng.getrandbits(64), minutes)
+        job_id = b"DI%s%016x%016x%04xSQ" % (life.membership.my_id[:8].encode(), self._stamp(), life.rng.getrandbits(64), minutes)
         self.added += 1
         # positional: state, flags, repl, etime, ctime, delay, retry, nacks, deliv, nodes_delivered
-        return Job(job_id, queue, body, State.ACTIVE, EVENT, repl, now // 1000 + ttl, node.new_ctime(), 0, 0, 0, 0, node.cluster.solo)
+        return Job(job_id, queue, body, State.ACTIVE, EVENT, repl, now // 1000 + ttl, life.new_ctime(), 0, 0, 0, 0, life.membership.solo)
 
     @staticmethod
     def reply(job: Job) -> bytes:
@@ -268,12 +274,12 @@ class Groups:
     def _server(self, job: Job) -> str | None:
         """The node that hands this event out: its creator, or while the
         creator is flagged FAIL, the lowest holder not flagged."""
-        cluster = self.node.cluster
+        cluster = self.life.membership
         me, nodes = cluster.my_id, cluster.nodes
 
         def alive(node_id: str) -> bool:
-            node = nodes.get(node_id)
-            return node_id == me or (node is not None and not node.flags & m.FAIL)
+            peer = nodes.get(node_id)
+            return node_id == me or (peer is not None and not peer.flags & m.FAIL)
 
         prefix = job.id[2:10].decode()
         holders = job.nodes_delivered
@@ -298,7 +304,7 @@ class Groups:
 
         while redo and not valid(redo[0]):
             heapq.heappop(redo)
-        self.node.account(TIMER_ENTRY * len(timers) + REDO_ENTRY * len(redo) - before)
+        self.memory.account(TIMER_ENTRY * len(timers) + REDO_ENTRY * len(redo) - before)
         if redo:
             yield redo[0]
             yield from (e for e in sorted(set(redo[1:])) if e != redo[0] and valid(e))
@@ -323,8 +329,8 @@ class Groups:
     def _pick(self, q: EventQueue, group: Group, mine: bool = False) -> tuple[int, Job, str] | None:
         """What QGET would hand `group` now: (event, job, its server); with
         `mine`, among the events this node serves only."""
-        now = self.node.now
-        cluster = self.node.cluster
+        now = self.life.now
+        cluster = self.life.membership
         me = cluster.my_id
         for e in chain(self._redo(q, group, now), self._fresh(q, group)):
             job = q.events[e]
@@ -347,9 +353,9 @@ class Groups:
         if picked is None:
             return self._need(client, name, group_name, ex_ms, None)
         e, job, server = picked
-        node = self.node
-        deadline = node.now + ex_ms if ex_ms else DONE
-        if server == node.cluster.my_id:
+        life = self.life
+        deadline = life.now + ex_ms if ex_ms else DONE
+        if server == life.membership.my_id:
             self._set(q, group_name, job, e, deadline)
             self.handed += 1
             return [b"%d" % e, job.body]
@@ -361,49 +367,48 @@ class Groups:
         a random order) for an event they serve; nil once none has one.  In
         a cluster of EVENT_COPIES nodes or fewer every node holds every event:
         nobody to ask."""
-        node = self.node
+        life = self.life
         if peers is None:
-            if node.cluster.size() <= EVENT_COPIES:
+            if life.membership.size() <= EVENT_COPIES:
                 return None
-            peers = [n.id for n in node.cluster.reachable() if n.link]
-            node.rng.shuffle(peers)
+            peers = [n.id for n in life.membership.reachable() if n.link]
+            life.rng.shuffle(peers)
         if not peers:
             return None
-        deadline = node.now + ex_ms if ex_ms else DONE
+        deadline = life.now + ex_ms if ex_ms else DONE
         ask = _Ask(client, name, group_name, b"", deadline, ex_ms, 0, peers=peers)
         return self._ask(peers.pop(), ask, m.NeedEvent(name, group_name, deadline, 0))
 
     def on_need_event(self, sender: str, msg: m.NeedEvent) -> None:
         """Another node found nothing for the group: hand it an event this node serves."""
-        node = self.node
+        life = self.life
         q = self.queues.get(msg.queue)
         picked = self._pick(q, self._group(q, msg.group), mine=True) if q is not None else None
         if picked is None:
-            node.send(sender, m.Claimed(msg.ticket))
+            self.out.send(sender, m.Claimed(msg.ticket))
             return
         e, job, _ = picked
-        self._set(q, msg.group, job, e, msg.deadline and max(msg.deadline, node.now + 1))  # type: ignore[arg-type]
+        self._set(q, msg.group, job, e, msg.deadline and max(msg.deadline, life.now + 1))  # type: ignore[arg-type]
         self.handed += 1
-        node.send(sender, m.YourEvent(msg.ticket, job.id, job.body))  # type: ignore[arg-type]
+        self.out.send(sender, m.YourEvent(msg.ticket, job.id, job.body))  # type: ignore[arg-type]
 
     def on_your_event(self, sender: str, msg: m.YourEvent) -> None:
         ask = self.asks.pop(msg.ticket, None)
         if ask is None or ask.client.waiter is not ask.waiter:
             return  # answered too late, or the client went away: the event turns redo at its deadline
-        self.node.drop_waiter(ask.waiter)  # type: ignore[arg-type]
+        self.waits.drop_waiter(ask.waiter)  # type: ignore[arg-type]
         e = event_id(msg.id)
         if ask.deadline:  # its QACK goes to the node that handed it out
             self.lent[e, ask.group] = (msg.id, sender, ask.deadline)
-        self.node.reply_to(ask.client, [b"%d" % e, msg.body])
+        self.out.reply_to(ask.client, [b"%d" % e, msg.body])
 
     def _ask(self, server: str, ask: _Ask, msg: m.Claim | m.GroupAck | m.NeedEvent) -> Any:
         """Send a claim or an acknowledgement to the event's server; the
         client waits for the answer at most CLAIM_MS (then nil, or 0)."""
-        node = self.node
         self.tickets += 1
         ticket = self.tickets
-        node.send(server, replace(msg, ticket=ticket))
-        ask.waiter = node.block(ask.client, (), False, CLAIM_MS)
+        self.out.send(server, replace(msg, ticket=ticket))
+        ask.waiter = self.waits.block(ask.client, (), False, CLAIM_MS)
         ask.waiter.take = lambda _: self._unanswered(ticket)
         self.asks[ticket] = ask
         return BLOCKED
@@ -417,25 +422,25 @@ class Groups:
         """A holder asks this node, the event's server, for it.  Taken
         already (the asker's view is behind), the next event this node
         serves for the group is granted instead, if any."""
-        node = self.node
+        life = self.life
         found = self._event(msg.id)
         if found is None:
-            node.send(sender, m.Claimed(msg.ticket, False, msg.id not in node.jobs))
+            self.out.send(sender, m.Claimed(msg.ticket, False, msg.id not in life.jobs))
             return
         q, job, e = found
         group = self._group(q, msg.group)
         old = group.progress.get(e)
-        if old is not None and not 0 < old < node.now:
-            node.send(sender, m.GroupSet(msg.id, msg.group, old))  # fixes its view: comes first on the same link
+        if old is not None and not 0 < old < life.now:
+            self.out.send(sender, m.GroupSet(msg.id, msg.group, old))  # fixes its view: comes first on the same link
             picked = self._pick(q, group, mine=True)
             if picked is None or sender not in picked[1].nodes_delivered:
-                node.send(sender, m.Claimed(msg.ticket))
+                self.out.send(sender, m.Claimed(msg.ticket))
                 return
             e, job, _ = picked
         # a clock behind this one must not hand out a deadline already passed here
-        self._set(q, msg.group, job, e, msg.deadline and max(msg.deadline, node.now + 1))
+        self._set(q, msg.group, job, e, msg.deadline and max(msg.deadline, life.now + 1))
         self.handed += 1
-        node.send(sender, m.Claimed(msg.ticket, True, id=job.id))
+        self.out.send(sender, m.Claimed(msg.ticket, True, id=job.id))
 
     def on_group_ack(self, sender: str, msg: m.GroupAck) -> None:
         """A holder passes on a QACK to this node, the event's server."""
@@ -445,13 +450,13 @@ class Groups:
             q, job, e = found
             granted = self._ack(q, msg.group, job, e)
             if not granted and e in self._group(q, msg.group).progress:
-                self.node.send(sender, m.GroupSet(msg.id, msg.group, q.groups[msg.group].progress[e]))
-        self.node.send(sender, m.Claimed(msg.ticket, granted, msg.id not in self.node.jobs))
+                self.out.send(sender, m.GroupSet(msg.id, msg.group, q.groups[msg.group].progress[e]))
+        self.out.send(sender, m.Claimed(msg.ticket, granted, msg.id not in self.life.jobs))
 
     def _event(self, job_id: bytes) -> tuple[EventQueue, Job, int] | None:
         """A live event held here: its queue, job and ID."""
-        job = self.node.jobs.get(job_id)
-        if job is None or not job.flags & EVENT or job.state != State.ACTIVE or job.etime * 1000 <= self.node.now:
+        job = self.life.jobs.get(job_id)
+        if job is None or not job.flags & EVENT or job.state != State.ACTIVE or job.etime * 1000 <= self.life.now:
             return None
         return self.queues[job.queue], job, event_id(job_id)  # type: ignore[index]
 
@@ -459,14 +464,14 @@ class Groups:
         ask = self.asks.pop(msg.ticket, None)
         if ask is None:
             return  # answered too late: the client was told nil (or 0)
-        node, client = self.node, ask.client
+        client = ask.client
         if client.waiter is not ask.waiter:  # the client went away meanwhile
             return
-        node.drop_waiter(ask.waiter)
+        self.waits.drop_waiter(ask.waiter)
         if ask.peers is not None:  # a NEEDEVENT the peer had nothing for: the next one
             reply = self._need(client, ask.queue, ask.group, ask.ex_ms, ask.peers)  # type: ignore[arg-type]
             if reply is not BLOCKED:
-                node.reply_to(client, reply)
+                self.out.reply_to(client, reply)
             return
         found = self._event(msg.id or ask.job_id)  # granted: perhaps another event than the one asked for
         if msg.unknown and found is not None:  # it lost its copy (a restart without the AOF): not a holder any more
@@ -476,14 +481,14 @@ class Groups:
         if ask.ex_ms is None:  # a QACK: the server's word, or asked again of the next server
             reply = self.qack(client, ask.queue, ask.group, found[2]) if msg.unknown and found is not None else int(msg.granted)
             if reply is not BLOCKED:
-                node.reply_to(client, reply)
+                self.out.reply_to(client, reply)
         elif msg.granted and found is not None:
-            node.reply_to(client, [b"%d" % found[2], found[1].body])
+            self.out.reply_to(client, [b"%d" % found[2], found[1].body])
         else:
             tries = ask.tries if msg.unknown else ask.tries - 1  # a holder less is progress
             reply = self._get(client, ask.queue, ask.group, ask.ex_ms, tries) if tries else None
             if reply is not BLOCKED:
-                node.reply_to(client, reply)
+                self.out.reply_to(client, reply)
 
     def peek(self, name: bytes, group_name: bytes, newest: bool) -> Any:
         """[id, body] of the event the group would get next (`newest`: of
@@ -493,7 +498,7 @@ class Groups:
             return None
         self._admit([name], group_name)
         if newest:
-            live = (e for e in reversed(q.ids) if (job := q.events.get(e)) is not None and job.state == State.ACTIVE and job.etime * 1000 > self.node.now)
+            live = (e for e in reversed(q.ids) if (job := q.events.get(e)) is not None and job.state == State.ACTIVE and job.etime * 1000 > self.life.now)
             e = next(live, None)
         else:
             picked = self._pick(q, self._group(q, group_name))
@@ -513,15 +518,15 @@ class Groups:
         if deadline != DONE:
             heapq.heappush(group.timers, (deadline, e))
             grown += TIMER_ENTRY
-        self.node.account(grown)
+        self.memory.account(grown)
         if log:
-            self.node.aof_record(job.queue, encode_record(GROUPSET, job.id, group_name, b"%d" % deadline))
+            self.out.aof_record(job.queue, encode_record(GROUPSET, job.id, group_name, b"%d" % deadline))
         return True
 
     def _set(self, q: EventQueue, group_name: bytes, job: Job, e: int, deadline: int) -> None:
         """Progress decided here (always ahead): recorded and told to the other holders."""
         self._apply(q, group_name, job, e, deadline)
-        self.node.broadcast(job.nodes_delivered, m.GroupSet(job.id, group_name, deadline))
+        self.out.broadcast(job.nodes_delivered, m.GroupSet(job.id, group_name, deadline))
 
     def progress_for(self, node_id: str) -> list[m.GroupSet]:
         """Every group's progress on the events `node_id` holds, for it when
@@ -533,13 +538,13 @@ class Groups:
         ]  # fmt: skip
 
     def on_group_set(self, sender: str, msg: m.GroupSet) -> None:
-        job = self.node.jobs.get(msg.id)
+        job = self.life.jobs.get(msg.id)
         if job is not None and job.flags & EVENT:
             self._apply(self.queues[job.queue], msg.group, job, event_id(job.id), msg.deadline)  # type: ignore[index]
 
     def replay(self, job_id: bytes, group_name: bytes, deadline: int) -> None:
         """A GROUPSET record of the AOF (an event not loaded is gone)."""
-        job = self.node.jobs.get(job_id)
+        job = self.life.jobs.get(job_id)
         if job is not None and job.flags & EVENT:
             self._apply(self.queues[job.queue], group_name, job, event_id(job_id), deadline, log=False)  # type: ignore[index]
 
@@ -547,7 +552,7 @@ class Groups:
         """Every group's progress as GROUPSET records (an AOF rewrite)."""
         out = []
         for q in self.queues.values():
-            if not self.node.config.queue_config.settings(q.name).journal:
+            if not self.life.config.queue_config.settings(q.name).journal:
                 continue
             for group_name, group in q.groups.items():
                 for e, deadline in group.progress.items():  # progress leaves with its event (`drop_event`)
@@ -561,28 +566,28 @@ class Groups:
         as the event's server sees it (BLOCKED while it is asked; 0 when it
         does not answer in time).  A server out of reach leaves this node
         to decide, as a holder, and tell the others."""
-        node = self.node
+        life = self.life
         q = self.queues.get(name)
         job = q.events.get(e) if q is not None else None
         if q is None or job is None:  # perhaps handed out here by the node that serves it (NEEDEVENT)
             lent = self.lent.get((e, group_name))
-            if lent is None or lent[2] < node.now or not node.cluster.has_link(lent[1]):
+            if lent is None or lent[2] < life.now or not life.membership.has_link(lent[1]):
                 return 0
             return self._ask(lent[1], _Ask(client, name, group_name, lent[0], 0, None, 0), m.GroupAck(lent[0], group_name, 0))
-        if job.etime * 1000 <= node.now:
+        if job.etime * 1000 <= life.now:
             return 0
         server = self._server(job)
-        if server is None or server == node.cluster.my_id or not node.cluster.has_link(server):
+        if server is None or server == life.membership.my_id or not life.membership.has_link(server):
             return int(self._ack(q, group_name, job, e))
         deadline = q.groups[group_name].progress.get(e) if group_name in q.groups else None
-        if not deadline or deadline < node.now:  # this view cannot be ahead of the server's
+        if not deadline or deadline < life.now:  # this view cannot be ahead of the server's
             return 0
         return self._ask(server, _Ask(client, name, group_name, job.id, 0, None, 0), m.GroupAck(job.id, group_name, 0))
 
     def _ack(self, q: EventQueue, group_name: bytes, job: Job, e: int) -> bool:
         group = q.groups.get(group_name)
         deadline = group.progress.get(e) if group is not None else None
-        if not deadline or deadline < self.node.now:
+        if not deadline or deadline < self.life.now:
             return False
         self._set(q, group_name, job, e, DONE)
         self.acked += 1
@@ -590,7 +595,7 @@ class Groups:
 
     def qflush(self, name: bytes) -> None:
         """Every event of the queue and all progress go, cluster-wide."""
-        self.node.broadcast(self.node.cluster.linked_ids(), m.GroupFlush(name))
+        self.out.broadcast(self.life.membership.linked_ids(), m.GroupFlush(name))
         self.flush(name)
 
     def flush(self, name: bytes) -> None:
@@ -599,7 +604,7 @@ class Groups:
             return
         self._drop_groups(q)
         for job in list(q.events.values()):  # the last one forgets the queue (`drop_event`)
-            self.node.delete_job(job)
+            self.life.delete_job(job)
 
     def on_group_flush(self, sender: str, msg: m.GroupFlush) -> None:
         self.flush(msg.queue)
@@ -622,7 +627,7 @@ class Groups:
             return None
         if client.id in self.notified:  # its last QNOTIFY ended since the last cron
             self._forget_waiter(client.id)
-        waiter = self.node.block(client, (), False, timeout_ms)
+        waiter = self.waits.block(client, (), False, timeout_ms)
         waiter.take = lambda _: None
         for name in names:
             self.waiting.setdefault(name, {})[client.id] = (group_name, waiter)
@@ -633,7 +638,7 @@ class Groups:
         """Answer a QNOTIFY waiter with the queue's name if an event is there for it."""
         q = self.queues.get(name)
         if waiter.client.waiter is waiter and q is not None and self._pick(q, self._group(q, group_name)) is not None:
-            self.node.unblock(waiter.client, name)
+            self.waits.unblock(waiter.client, name)
             self._forget_waiter(client_id)
 
     def _forget_waiter(self, client_id: int) -> None:
@@ -651,7 +656,7 @@ class Groups:
             if ask.client.waiter is not ask.waiter:
                 del self.asks[ticket]
         if self.lent:
-            now = self.node.now
+            now = self.life.now
             self.lent = {key: lent for key, lent in self.lent.items() if lent[2] >= now}
         for client_id, (waiter, _) in list(self.notified.items()):
             if waiter.client.waiter is not waiter:  # answered by a timeout, or gone
@@ -667,7 +672,7 @@ class Groups:
         """Per queue (all known, sorted, when `names` is empty): its live
         events, and per group (all known, sorted, when None) bananaq's six
         figures as (name, value) pairs."""
-        now = self.node.now
+        now = self.life.now
         out = []
         for name in names or sorted(self.queues):
             q = self.queues.get(name)

@@ -50,7 +50,9 @@ from disque.store.queue_config import QueueSettings, fanout_parent
 
 if TYPE_CHECKING:
     from disque.core.acks import Acks
-    from disque.core.services import Node
+    from disque.core.blocking import Blocking
+    from disque.core.lifecycle import Lifecycle
+    from disque.core.outbox import Outbox
     from disque.store.job import Job
 
 ITEM_TTL = 30 * 86400  # seconds: the TTL of an item SET without an expiry (a job needs one)
@@ -62,9 +64,12 @@ class OpenReadMismatch(Exception):
 
 
 class Items:
-    def __init__(self, node: Node, acks: Acks) -> None:
-        self.node = node
+    def __init__(self, life: Lifecycle, out: Outbox, acks: Acks, waits: Blocking, clients: dict[int, Client]) -> None:
+        self.life = life
+        self.out = out
         self.acks = acks
+        self.waits = waits
+        self.clients = clients  # the node's, by ID (open reads)
         # Kestrel's global counters (memcache STATS)
         self.cmd_get = self.cmd_set = self.cmd_peek = self.get_hits = self.get_misses = 0
         self.children: dict[bytes, dict[bytes, None]] = {}  # fanout: parent -> its children, in joining order
@@ -78,13 +83,13 @@ class Items:
         parent = fanout_parent(queue)
         if parent is not None and queue not in self.children.get(parent, ()):
             self.children.setdefault(parent, {})[queue] = None
-            self.node.broadcast(self.node.cluster.linked_ids(), m.Fanout(queue, True))
+            self.out.broadcast(self.life.membership.linked_ids(), m.Fanout(queue, True))
 
     def forget(self, queue: bytes) -> None:
         """DELETE: a child leaves its parent's set, cluster-wide."""
         parent = fanout_parent(queue)
         if parent is not None and self.children.get(parent, {}).pop(queue, 0) is None:
-            self.node.broadcast(self.node.cluster.linked_ids(), m.Fanout(queue, False))
+            self.out.broadcast(self.life.membership.linked_ids(), m.Fanout(queue, False))
 
     def on_fanout(self, sender: str, msg: m.Fanout) -> None:
         parent = fanout_parent(msg.child)
@@ -107,7 +112,7 @@ class Items:
         """Add `body` to `queue` as ADDJOB ... ASYNC does; a copy refused (a
         full queue, no reachable replicas now) is dropped."""
         try:
-            self.node.add_job(client, queue, body, 0, None, ttl, None, None, None, True)
+            self.life.add_job(client, queue, body, 0, None, ttl, None, None, None, True)
         except errors.DisqueError:
             pass
 
@@ -118,7 +123,7 @@ class Items:
         TTL capped by `max_age`.  Raises -TOOLARGE or -MAXLEN."""
         if len(body) > limits.max_item_size:
             raise errors.too_large()
-        existing = self.node.queues.get(queue)
+        existing = self.life.queues.get(queue)
         while existing is not None and limits.full(len(existing), existing.nbytes):
             if not limits.discard_old_when_full or not len(existing):
                 raise errors.queue_full()
@@ -131,7 +136,7 @@ class Items:
 
     def expired(self, job: Job) -> None:
         """A job queued here expired: `move_expired_to` of its queue."""
-        target = self.node.config.queue_config.settings(job.queue).move_expired_to  # type: ignore[arg-type]
+        target = self.life.config.queue_config.settings(job.queue).move_expired_to  # type: ignore[arg-type]
         if target is not None and job.body is not None:
             self._add_copy(self.mover, target, job.body, ITEM_TTL)
 
@@ -142,12 +147,12 @@ class Items:
         (0: no wait) if there is none; the reply is `answer(entry)` with the
         job's GETJOB entry [queue, id, body], or `answer(None)` when none came
         (BLOCKED meanwhile)."""
-        reply = self.node.get_jobs(client, [queue], 1, timeout_ms == 0, False, timeout_ms)
+        reply = self.waits.get_jobs(client, [queue], 1, timeout_ms == 0, False, timeout_ms)
         if reply is BLOCKED:
             assert client.waiter is not None
             client.waiter.take = lambda job: self._taken(client, job, reliable, answer)
             return BLOCKED
-        job = None if reply is NIL_ARRAY else self.node.jobs.get(reply[0][1])
+        job = None if reply is NIL_ARRAY else self.life.jobs.get(reply[0][1])
         return self._taken(client, job, reliable, answer)
 
     def _taken(self, client: Client, job: Job | None, reliable: bool, answer: Answer) -> Any:
@@ -156,7 +161,7 @@ class Items:
             self.get_misses += 1
             return answer(None)
         self.get_hits += 1
-        entry = self.node.job_entry(job, False)
+        entry = self.waits.job_entry(job, False)
         if reliable:
             client.open_read = (job.queue, job.id)  # type: ignore[assignment]
         else:
@@ -165,21 +170,21 @@ class Items:
 
     def open_reads(self, queue: bytes) -> int:
         """Clients holding an open read on `queue` (STATS open_transactions)."""
-        return sum(1 for c in self.node.clients.values() if c.open_read is not None and c.open_read[0] == queue)
+        return sum(1 for c in self.clients.values() if c.open_read is not None and c.open_read[0] == queue)
 
     def flush(self, queue: bytes) -> None:
         """FLUSH and DELETE: every job queued in `queue` here is taken away
         everywhere, as FASTACK does (open reads are left alone)."""
-        found = self.node.queues.get(queue)
+        found = self.life.queues.get(queue)
         while found is not None and (batch := list(islice(found.oldest(), 1000))):  # a tail on disk: not all at once
             if not sum(self.acks.fast_ack(job.id) for job in batch):
                 break  # what is left cannot be read now (read-behind's disk failing)
 
     def peek(self, queue: bytes, answer: Answer) -> Any:
         """`answer` with the entry of the oldest queued job of `queue` (None: none)."""
-        found = self.node.queues.get(queue)
+        found = self.life.queues.get(queue)
         job = next(found.oldest(), None) if found is not None else None
-        return answer(None if job is None else self.node.job_entry(job, False))
+        return answer(None if job is None else self.waits.job_entry(job, False))
 
     def close(self, client: Client, queue: bytes) -> None:
         """/close: acknowledge the client's open read on `queue` (none: nothing)."""
@@ -192,9 +197,9 @@ class Items:
         goes back to its queue here, at the head (an at-most-once job that
         was delivered stays out, as NACK leaves it)."""
         job_id = self._open_read(client, queue)
-        job = self.node.jobs.get(job_id) if job_id is not None else None
+        job = self.life.jobs.get(job_id) if job_id is not None else None
         if job is not None and job.state == State.ACTIVE:
-            self.node.enqueue(job, nack=True)
+            self.life.enqueue(job, nack=True)
 
     @staticmethod
     def _open_read(client: Client, queue: bytes | None) -> bytes | None:
@@ -214,19 +219,19 @@ class Items:
         return [
             ("cmd_get", self.cmd_get), ("cmd_set", self.cmd_set), ("cmd_peek", self.cmd_peek),
             ("get_hits", self.get_hits), ("get_misses", self.get_misses),
-            ("open_reads", sum(1 for c in self.node.clients.values() if c.open_read is not None)),
+            ("open_reads", sum(1 for c in self.clients.values() if c.open_read is not None)),
             ("fanout_children", sum(map(len, self.children.values()))),
         ]  # fmt: skip
 
     def queue_names(self) -> list[bytes]:
         """The queues this node knows, by name (STATS, DUMP_STATS, DUMP_CONFIG)."""
-        return sorted(q.name for q in self.node.queues.values())
+        return sorted(q.name for q in self.life.queues.values())
 
     def queue_stats(self) -> list[tuple[bytes, dict[str, Any]]]:
         """Kestrel's per-queue figures; `mem_*` leave out the jobs read-behind keeps on disk."""
         out = []
         for name in self.queue_names():
-            q = self.node.queues.get(name)
+            q = self.life.queues.get(name)
             assert q is not None
             items, nbytes = len(q), q.nbytes
             tail = q.tail
@@ -240,13 +245,13 @@ class Items:
         return out
 
     def global_stats(self, version: str, start_ms: int, net_in: int, net_out: int) -> dict[str, Any]:
-        node = self.node
+        life = self.life
         queues = self.queue_stats()
         return {
-            "uptime": (node.now - start_ms) // 1000, "time": node.now // 1000, "version": version,
+            "uptime": (life.now - start_ms) // 1000, "time": life.now // 1000, "version": version,
             "curr_items": sum(q["items"] for _, q in queues), "total_items": sum(q["total_items"] for _, q in queues),
-            "bytes": sum(q["bytes"] for _, q in queues), "curr_connections": len(node.clients),
-            "total_connections": node.stats.connections, "cmd_get": self.cmd_get, "cmd_set": self.cmd_set,
+            "bytes": sum(q["bytes"] for _, q in queues), "curr_connections": len(self.clients),
+            "total_connections": self.life.stats.connections, "cmd_get": self.cmd_get, "cmd_set": self.cmd_set,
             "cmd_peek": self.cmd_peek, "get_hits": self.get_hits, "get_misses": self.get_misses,
             "bytes_read": net_in, "bytes_written": net_out,
         }  # fmt: skip

@@ -64,12 +64,12 @@ from array import array
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from disque.cluster.codec import DecodeError, decode_storage, encode_storage
+from disque.store.records import DecodeError, decode_storage, encode_storage
 from disque.store.job import BCAST_WILLQUEUE, DEQUEUE, EVENT, IN_LIST, Job, State
 from disque.store.spill import IN_TAIL, LIVE, REPLAYED_QUEUED, SLOT_BYTES, UNJOURNALED, SpillCorrupt, SpillIndex, Tail
 
 if TYPE_CHECKING:
-    from disque.core.services import Node
+    from disque.core.lifecycle import Lifecycle
     from disque.core.types import BodyStore
     from disque.store.queue import Queue
 
@@ -94,13 +94,16 @@ def by_ctime(slots: array[int], ctime: array[int]) -> array[int]:
 
 
 class ReadBehind:
-    def __init__(self, node: Node, bodies: BodyStore, force: bool) -> None:
-        self.node = node
+    def __init__(self, life: Lifecycle, bodies: BodyStore, force: bool) -> None:
+        self.life = life
+        self.memory = life.memory
+        self.out = life.out
         self.bodies = bodies
         self.force = force
         self.index = SpillIndex()
         self.grown: dict[bytes, None] = {}  # queues that got jobs in this step
         self.arrived: list[Job] = []  # active copies received in this step
+        self.replay_kept: list[Job] = []  # active jobs an AOF replay kept in memory so far
         self.drained: dict[bytes, None] = {}  # queues that gave jobs in this step
         self.draining: dict[bytes, None] = {}  # queues whose move to disk goes on in a later step
         self._room, self._room_at = SPILL_STEP, 0  # jobs the hysteresis may still move, since when
@@ -114,44 +117,43 @@ class ReadBehind:
     # ------------------------------------------------------------ budget
 
     def limit(self) -> int:
-        config = self.node.config
+        config = self.life.config
         return config.job_memory_limit or config.maxmemory // 2
 
     def _above(self, freed: int) -> bool:
         """Whether the node is past its limit itself, once `freed` more bytes are gone."""
         limit = self.limit()
-        return self.force or bool(limit) and self.node.used_memory - freed > limit
+        return self.force or bool(limit) and self.memory.used - freed > limit
 
     def _over(self, freed: int = 0) -> bool:
         """Whether the node is over its budget, once `freed` more bytes are gone."""
         if self.force:
             return True
         limit = self.limit()
-        used = self.node.used_memory - freed
+        used = self.memory.used - freed
         if limit and used > limit:
             self.spilling = True
-        elif used < limit - max(0, limit - self.node.base_memory) // 10:  # 10 % of the room for jobs
+        elif used < limit - max(0, limit - self.memory.base) // 10:  # 10 % of the room for jobs
             self.spilling = False
         return self.spilling
 
     def _spillable(self, job: Job) -> bool:
-        return job.nodes_confirmed is None and not job.flags & EVENT and job.id not in self.node.repl_waiters
+        return job.nodes_confirmed is None and not job.flags & EVENT and job.id not in self.out.repl_waiters
 
     # ------------------------------------------------------------ the end of a step
 
     def settle(self) -> None:
         """Move what the step made movable to disk, refill drained heads."""
-        node = self.node
+        life = self.life
         if self.bodies.error is not None:
             self.bodies.flush()  # retry: the disk may have room again
         writable = self.bodies.error is None
-        node.body_error = self.bodies.error or self.read_error
         if self.arrived:
             arrived, self.arrived = self.arrived, []
             if writable and self._over():
-                now_s = node.now // 1000
+                now_s = life.now // 1000
                 for job in arrived:
-                    if node.jobs.resident(job) and job.state == S_ACTIVE and self._spillable(job):
+                    if life.jobs.resident(job) and job.state == S_ACTIVE and self._spillable(job):
                         if self._second(job.awake) > now_s:
                             self._spill(job, False)
                         else:  # due in the second the wheel would load it back in
@@ -160,7 +162,7 @@ class ReadBehind:
             grown, self.grown = self.grown, {}
             if writable:
                 for name in grown:
-                    queue = node.queues.get(name)
+                    queue = life.queues.get(name)
                     if queue is not None:
                         self._settle_queue(queue)
                     else:
@@ -168,7 +170,7 @@ class ReadBehind:
         if self.drained:
             drained, self.drained = self.drained, {}
             for name in drained:
-                queue = node.queues.get(name)
+                queue = life.queues.get(name)
                 if queue is not None and queue.tail is not None:
                     self._refill(queue)
 
@@ -193,15 +195,15 @@ class ReadBehind:
     def _overflow(self, queue: Queue) -> list[Job]:
         """Take the head's newest jobs out while the queue or the node is
         over its budget, keeping `prefetch` jobs; newest first."""
-        node = self.node
+        life = self.life
         tail = queue.tail
-        limit = node.config.queue_config.settings(queue.name).max_memory_size
-        keep = node.config.read_behind_prefetch
+        limit = life.config.queue_config.settings(queue.name).max_memory_size
+        keep = life.config.read_behind_prefetch
         mem = queue.nbytes - (tail.nbytes if tail is not None else 0)
         low = limit // 10 * 9
         over = self._over() or mem > (low if queue.name in self.draining else limit)
-        if node.now - self._room_at >= SPILL_STEP_MS:
-            self._room, self._room_at = SPILL_STEP, node.now
+        if life.now - self._room_at >= SPILL_STEP_MS:
+            self._room, self._room_at = SPILL_STEP, life.now
         freed = 0
         moving: list[Job] = []
         self.draining.pop(queue.name, None)
@@ -214,7 +216,7 @@ class ReadBehind:
                 break
             moving.append(queue.pop_newest())
             mem -= len(job.body or b"")
-            freed += node.job_size(job) - SLOT_BYTES
+            freed += self.memory.job_size(job) - SLOT_BYTES
             over = self._over(freed) or mem > low
         self._room = max(0, self._room - len(moving))
         return moving
@@ -222,17 +224,17 @@ class ReadBehind:
     def _spill(self, job: Job, queued: bool, marks: int = 0) -> int:
         """Move a job's record to disk; its slot (the caller lists a queued
         one in its queue's tail)."""
-        node = self.node
+        life = self.life
         loc, size = self.bodies.append(job.qtime, encode_storage(job))
         if queued:
             marks |= IN_TAIL
-        if not node.journaled(job):
+        if not self.out.journaled(job):
             marks |= UNJOURNALED
         index = self.index
         slot = index.add(job.id, job.queue or b"", loc, size, len(job.body or b""), job.ctime, marks)
-        index.wake_at(slot, job.etime + 1 if queued else self._second(job.awake))  # (expiry: as node.reschedule)
-        node.jobs.remove(job)
-        node.account(SLOT_BYTES - node.job_size(job))
+        index.wake_at(slot, job.etime + 1 if queued else self._second(job.awake))  # (expiry: as life.reschedule)
+        life.jobs.remove(job)
+        self.memory.account(SLOT_BYTES - self.memory.job_size(job))
         self.spilled += 1
         return slot
 
@@ -253,8 +255,11 @@ class ReadBehind:
 
     def replayed(self, job: Job, was_queued: bool) -> bool:
         """A job the AOF replay just registered (active): spilled at once
-        when over budget (True), with its `queued` mark for the replay's end."""
+        when over budget (True), with its `queued` mark for the replay's
+        end; else an active one is kept in memory for now (`make_room`)."""
         if self.bodies.error is not None or not self._over() or not self._spillable(job):
+            if not was_queued:
+                self.replay_kept.append(job)
             return False
         self._spill(job, False, REPLAYED_QUEUED if was_queued else 0)
         return True
@@ -264,25 +269,31 @@ class ReadBehind:
         none was kept that could go)."""
         return not self.force and self._over()
 
-    def make_room(self, jobs: list[Job], queued: bool) -> None:
-        """A replay's jobs kept in memory (newest last) go to disk while the
-        node is over its budget: the slots of the jobs replayed after them
-        grow past it (a 4-million-job restart reached 577 MB under
-        maxmemory 512 MB that way); `queued`: they were stored queued.  A
-        job that may not go (an event) leaves the list all the same, and so
-        does one no longer active: a later record deleted it, or its RETRY
-        queued it while the replay ran (the ticks go on between its steps),
-        and a queued job goes to disk through its queue, if it goes."""
-        node = self.node
+    def make_room(self, queued: list[Job]) -> None:
+        """A replay's jobs kept in memory (newest last: the active ones,
+        then `queued`, those stored queued) go to disk while the node is
+        over its budget: the slots of the jobs replayed after them grow
+        past it (a 4-million-job restart reached 577 MB under maxmemory
+        512 MB that way)."""
+        self._make_room(self.replay_kept, False)
+        self._make_room(queued, True)
+
+    def _make_room(self, jobs: list[Job], queued: bool) -> None:
+        """A job that may not go (an event) leaves the list all the same,
+        and so does one no longer active: a later record deleted it, or its
+        RETRY queued it while the replay ran (the ticks go on between its
+        steps), and a queued job goes to disk through its queue, if it goes."""
+        life = self.life
         while jobs and self._over():
             job = jobs.pop()
-            if node.jobs.resident(job) and job.state == S_ACTIVE and self._spillable(job):
+            if life.jobs.resident(job) and job.state == S_ACTIVE and self._spillable(job):
                 self._spill(job, False, REPLAYED_QUEUED if queued else 0)
 
     def replay_queued(self, trusted: bool) -> array[int]:
         """The end of a replay: the slots marked queued, oldest first
         (none unless `trusted`); the marks go.  An array: a backlog's
         slots as Python ints would take several times its memory."""
+        self.replay_kept.clear()
         flags, ctime = self.index.flags, self.index.ctime
         marked = array("I", (slot for slot in range(len(flags)) if flags[slot] & REPLAYED_QUEUED))
         for slot in marked:
@@ -304,13 +315,17 @@ class ReadBehind:
             self.read_error = None
             return qtime, job
         except OSError as e:
-            self.read_error = self.node.body_error = e.strerror or str(e)
+            self.read_error = e.strerror or str(e)
             log.warning("Read-behind: cannot read a job record: %s", self.read_error)
         except (SpillCorrupt, DecodeError) as e:
             log.warning("Read-behind: a job record is damaged (%s): this node's copy is lost", e)
             self.lost += 1
             self._forget(slot, lost=True)
         return None
+
+    def error(self) -> str | None:
+        """Why the disk fails, writing or reading (MISCONF), or None."""
+        return self.bodies.error or self.read_error
 
     def load_live(self, slot: int) -> Job | None:
         """`load`, for a slot that may have gone since it was listed."""
@@ -337,14 +352,14 @@ class ReadBehind:
         """The slot's job is no longer on disk (loaded back, or `lost`)."""
         index = self.index
         if index.flags[slot] & IN_TAIL:
-            queue = self.node.queues.get(index.queue_of(slot))
+            queue = self.life.queues.get(index.queue_of(slot))
             assert queue is not None and queue.tail is not None  # a queue with jobs is never collected
             queue.tail.take(slot)
             if lost:
                 queue.lose(index.blen[slot])
         self.bodies.release(index.loc[slot], index.size[slot])
         index.kill(slot)
-        self.node.account(-SLOT_BYTES)
+        self.memory.account(-SLOT_BYTES)
 
     def _bring_back(self, slot: int, qtime: int, job: Job) -> None:
         in_tail = bool(self.index.flags[slot] & IN_TAIL)
@@ -354,30 +369,30 @@ class ReadBehind:
             self.arrived.append(job)  # an active copy: back to disk at the end of the step if it may
 
     def _register(self, job: Job, qtime: int, in_tail: bool) -> None:
-        node = self.node
+        life = self.life
         job.qtime = qtime
         job.flags &= ~IN_LIST
-        node.jobs.add(job)
-        node.account(node.job_size(job))
+        life.jobs.add(job)
+        self.memory.account(self.memory.job_size(job))
         self.loaded += 1
         if job.state == S_QUEUED and not in_tail:
             job.move(DEQUEUE)  # its queue went while it could not be read: it left it, as the others did
         if job.state == S_QUEUED:
-            queue = node.queues.get(job.queue)  # type: ignore[arg-type]
+            queue = life.queues.get(job.queue)  # type: ignore[arg-type]
             assert queue is not None  # a queue with jobs is never collected
             job.queue = queue.name
             queue.promote(job)
-        elif job.queue is not None and (queue := node.queues.get(job.queue)) is not None:
+        elif job.queue is not None and (queue := life.queues.get(job.queue)) is not None:
             job.queue = queue.name
-        if job.state == S_QUEUED and job.retry and job.qtime and job.qtime <= node.now:
+        if job.state == S_QUEUED and job.retry and job.qtime and job.qtime <= life.now:
             # The requeue timer visits it missed on disk, at their own times: every
             # RETRY since its qtime, so it keeps the phase it had in memory.
             period = job.retry * 1000
-            job.qtime += ((node.now - job.qtime) // period + 1) * period + node.jitter()
+            job.qtime += ((life.now - job.qtime) // period + 1) * period + life.jitter()
             job.flags |= BCAST_WILLQUEUE
-        node.reschedule(job)
-        while job.awake <= node.now and job.etime * 1000 > node.now and node.jobs.resident(job):
-            node.process_job(job)  # the other visits it missed on disk
+        life.reschedule(job)
+        while job.awake <= life.now and job.etime * 1000 > life.now and life.jobs.resident(job):
+            life.process_job(job)  # the other visits it missed on disk
 
     def load_id(self, job_id: bytes) -> Job | None:
         """JobStore.get's way to disk: the spilled job with this ID, loaded."""
@@ -419,7 +434,7 @@ class ReadBehind:
     def _refill(self, queue: Queue) -> None:
         tail = queue.tail
         assert tail is not None
-        want = self.node.config.read_behind_prefetch - queue.head_live()
+        want = self.life.config.read_behind_prefetch - queue.head_live()
         while want > 0 and (slot := tail.front()) is not None:
             if self.load(slot) is None and self.read_error is not None:
                 return
@@ -435,9 +450,9 @@ class ReadBehind:
 
     def tick(self) -> None:
         """Load what the wheel says is due; the scheduler then handles it."""
-        now_s = self.node.now // 1000
+        now_s = self.life.now // 1000
         limit = self.limit()  # a tick loads about what the hysteresis frees, at most
-        cap = max(1, (limit - self.node.base_memory) // 10) if limit else None
+        cap = max(1, (limit - self.memory.base) // 10) if limit else None
         for slot in self.index.due(now_s, MAX_LOADS_PER_TICK, cap):
             if self.load(slot) is None and self.index.is_live(slot):
                 self.index.wake_at(slot, now_s + 1)  # the disk failed to read it: again in a second
@@ -448,10 +463,10 @@ class ReadBehind:
             slot = next(self.index.live_slots(), None)
             if slot is None or self._read(slot) is not None:
                 self.read_error = None
-                for queue in self.node.queues.values():  # clients the disk kept waiting
+                for queue in self.life.queues.values():  # clients the disk kept waiting
                     if queue.tail is not None and queue.waiters:
-                        self.node.ready[queue.name] = None
-        now = self.node.now
+                        self.life.consumers.ready[queue.name] = None
+        now = self.life.now
         then, reads = self._reads_then
         if now - then >= 1000:
             self.reads_per_sec = (self.bodies.reads - reads) * 1000 // (now - then)
@@ -518,18 +533,18 @@ class ReadBehind:
 
     def counts(self) -> tuple[int, int]:
         """(queued, active) jobs on disk."""
-        queued = sum(q.tail.live for q in self.node.queues.values() if q.tail is not None)
+        queued = sum(q.tail.live for q in self.life.queues.values() if q.tail is not None)
         return queued, self.index.live - queued
 
     def info_fields(self) -> list[tuple[str, Any]]:
-        node = self.node
+        life = self.life
         disk = self.bodies.figures()
         queued, active = self.counts()
         return [
             ("read_behind", "force" if self.force else "yes"),
             ("read_behind_limit", self.limit()),
             ("read_behind_spilling", int(self._over())),
-            ("jobs_in_memory", len(node.jobs) - self.index.live),
+            ("jobs_in_memory", len(life.jobs) - self.index.live),
             ("jobs_on_disk", self.index.live),
             ("queued_jobs_on_disk", queued),
             ("active_jobs_on_disk", active),

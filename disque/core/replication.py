@@ -18,7 +18,7 @@ of the level, the wait ends only with the ADDJOB timeout (`NOREPL Timeout
 reached`), the job's removal (TTL, DELJOB, flush), the producer leaving or
 this node turning LEAVING; each deletes the job everywhere (DELJOB to
 `nodes_delivered`).  The up-front `NOREPL Not enough reachable nodes` is
-ADDJOB's (node.py): it counts the nodes reachable at that moment, failing
+ADDJOB's (lifecycle.py): it counts the nodes reachable at that moment, failing
 ones excluded, as upstream does.
 
 A job that never reached its replication level is never written to the AOF.
@@ -28,14 +28,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from disque.core import errors
 from disque.cluster import messages as m
-from disque.cluster.codec import job_to_wire
+from disque.store.records import job_to_wire
+from disque.core import errors
 from disque.core.types import BLOCKED, Client, Status
 from disque.store.job import AWAIT_REPL, REPLICATED, Job, State
 
 if TYPE_CHECKING:
-    from disque.core.services import Node
+    from disque.core.lifecycle import Lifecycle
+    from disque.core.outbox import Outbox
 
 REPL_STEP_MS = 50
 
@@ -50,53 +51,54 @@ class Pending:  # a plain class: the compiled build keeps a dataclass's __init__
 
 
 class Replication:
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, life: Lifecycle, out: Outbox) -> None:
+        self.life = life
+        self.out = out
         self.pending: dict[bytes, Pending] = {}
         self.achieved_count = 0  # synchronous replications that reached their level
         self.aborted_count = 0  # ... and those given up (timeout, LEAVING, producer gone)
 
     def start(self, client: Client, job: Job, additional: int, timeout: int, is_async: bool, extrepl: bool) -> Any:
-        node = self.node
-        me = node.cluster.my_id
+        life, out = self.life, self.out
+        me = life.membership.my_id
         if is_async:
             if extrepl:  # not registered here: replicas only, one of them queues it
                 self.replicate(job, additional, noreply=True)
                 targets = [n for n in job.nodes_delivered if n != me]
                 if targets:
-                    node.send(node.rng.choice(targets), m.Enqueue(job.id, job.delay))
+                    out.send(life.rng.choice(targets), m.Enqueue(job.id, job.delay))
             else:
-                node.register(job)
-                node.queue_new_job(job)
+                life.register(job)
+                life.queue_new_job(job)
                 self.replicate(job, additional, noreply=True)
             return Status(job.id)
         job.move(AWAIT_REPL)
         job.nodes_confirmed = set() if extrepl else {me}
-        node.register(job)
+        life.register(job)
         self.replicate(job, additional, noreply=False)
         client.repl_jobs[job.id] = None
-        node.repl_waiters[job.id] = client
-        self.pending[job.id] = Pending(client, node.now + timeout if timeout else 0, node.now)
+        out.repl_waiters[job.id] = client
+        self.pending[job.id] = Pending(client, life.now + timeout if timeout else 0, life.now)
         return BLOCKED
 
     def replicate(self, job: Job, count: int, noreply: bool) -> int:
         """Add up to `count` new targets, then (re)send REPLJOB (§8.2 step 1)."""
-        node = self.node
+        life, out = self.life, self.out
         delivered = job.nodes_delivered
-        candidates = [n.id for n in node.cluster.reachable() if n.link and n.id not in delivered]
-        added = candidates if count >= len(candidates) else node.rng.sample(candidates, count)
+        candidates = [n.id for n in life.membership.reachable() if n.link and n.id not in delivered]
+        added = candidates if count >= len(candidates) else life.rng.sample(candidates, count)
         if added:
             job.nodes_delivered = delivered + tuple(added)
-        wire = job_to_wire(job, node.now)
+        wire = job_to_wire(job, life.now)
         msg = m.ReplJob(wire, noreply)  # one message for every target: the bus encodes it once
         confirmed = job.nodes_confirmed or ()
         for node_id in job.nodes_delivered:
-            if node_id == node.cluster.my_id:
+            if node_id == life.membership.my_id:
                 continue
             done = node_id in confirmed
             if done and not added:
                 continue
-            node.send(node_id, m.ReplJob(wire, True) if done and not noreply else msg)
+            out.send(node_id, m.ReplJob(wire, True) if done and not noreply else msg)
         return len(added)
 
     def on_got_job(self, sender: str, msg: m.GotJob) -> None:
@@ -108,7 +110,7 @@ class Replication:
 
     def got(self, sender: str, job_id: bytes) -> None:
         """`sender` holds a copy of the job: count it toward the replication level."""
-        job = self.node.jobs.get(job_id)
+        job = self.life.jobs.get(job_id)
         if job is None or job.state != State.WAIT_REPL or job.nodes_confirmed is None:
             return
         job.nodes_confirmed.add(sender)
@@ -118,42 +120,42 @@ class Replication:
     def achieved(self, job: Job) -> bool:
         """Replication level reached: answer the producer.  Returns False when
         the job was handed to a replica and forgotten here (external)."""
-        node = self.node
+        life, out = self.life, self.out
         self.pending.pop(job.id, None)
         self.achieved_count += 1
         job.move(REPLICATED)
-        node.answer_producer(job.id, node.stored_reply(job))
-        if node.cluster.my_id not in job.nodes_delivered:
+        out.answer_producer(job.id, life.stored_reply(job))
+        if life.membership.my_id not in job.nodes_delivered:
             confirmed = sorted(job.nodes_confirmed or ())
             if confirmed:
-                node.send(node.rng.choice(confirmed), m.Enqueue(job.id, job.delay))
-            node.delete_job(job, log=False)
+                out.send(life.rng.choice(confirmed), m.Enqueue(job.id, job.delay))
+            life.delete_job(job, log=False)
             return False
         job.nodes_confirmed = None
-        node.queue_new_job(job)
+        life.queue_new_job(job)
         return True
 
     def abort(self, job: Job, reply: Any) -> None:
         """Give up: the producer gets `reply`, every copy is deleted."""
-        node = self.node
+        life, out = self.life, self.out
         self.pending.pop(job.id, None)
         self.aborted_count += 1
-        node.answer_producer(job.id, reply)
-        node.abort_replication(job)
+        out.answer_producer(job.id, reply)
+        life.abort_replication(job)
 
     def forget(self, job_id: bytes) -> None:
         self.pending.pop(job_id, None)
 
     def cron(self) -> None:
-        node = self.node
-        now = node.now
+        life = self.life
+        now = life.now
         for job_id, pending in list(self.pending.items()):
-            job = node.jobs.get(job_id)
+            job = life.jobs.get(job_id)
             if job is None or job.state != State.WAIT_REPL:
                 self.pending.pop(job_id, None)
             elif pending.deadline and now >= pending.deadline:
                 self.abort(job, errors.norepl_timeout())
-            elif node.cluster.leaving:
+            elif life.membership.leaving:
                 self.abort(job, errors.leaving())
             elif now - pending.last_add >= REPL_STEP_MS and self.replicate(job, 1, noreply=False):
                 pending.last_add = now

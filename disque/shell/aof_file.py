@@ -58,11 +58,11 @@ from typing import Any
 import trio
 
 from disque.core.errors import DisqueError, err
+from disque.core.replay import Replay
 from disque.core.types import Status
 from disque.store.aof import (
     AofCorrupt,
     RecordReader,
-    Replay,
     all_nul,
     encode_clean_marker,
     encode_loadjob,

@@ -17,12 +17,9 @@ of a write) unless `tail_is_corrupt` sees complete records after it, which
 means a damaged length field rather than a short file.  A tail of NUL bytes
 (a file extended but never written) also counts as truncated.
 
-`Replay` applies records to a `NodeCore` (spec/persistence.md §7): every job
-comes back `active` with the timers of a received job, and `queued` jobs are
-re-queued once only when the file is trusted.  The first record of a job
-wins, except that a later one carrying `not_before` (written by NACK ...
-DELAY) brings its counters and that requeue time.  `scan` runs the parser and the
-record checks over a whole byte string, for `disque check-aof` and tests.
+Applying the records to a node is core/replay.py's (`Replay`); `scan` runs
+the parser and the record checks over a whole byte string, for `disque
+check-aof` and tests.
 
 The shell (`disque/shell/aof_file.py`) owns files, fsync and rewrites; `AofStatus` is what
 it reports through INFO.
@@ -30,14 +27,13 @@ it reports through INFO.
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from disque.cluster.codec import DecodeError, decode_storage, encode_storage
-from disque.core.ids import valid_id
-from disque.store.job import ADOPT, BCAST_WILLQUEUE, NACKED, Job, State
+from disque.store.records import DecodeError, decode_storage, encode_storage
+from disque.store.ids import valid_id
+from disque.store.job import Job
 
 LOADJOB = b"LOADJOB"
 DELJOB = b"DELJOB"
@@ -377,128 +373,3 @@ def scan(data: bytes, decode: bool = True) -> ScanReport:
 
 
 # --------------------------------------------------------------------- replay
-
-
-class Replay:
-    """Apply records to a NodeCore (spec/persistence.md §7 items 5-6).
-
-    Jobs stored `queued` are remembered; `finish()` re-queues them when the
-    file is trusted: `trust_queued` (aof-enqueue-jobs-once) or a
-    CLEANSHUTDOWN marker as the very last record."""
-
-    def __init__(self, core: Any, *, trust_queued: bool = False) -> None:
-        self.core = core
-        self.trust_queued = trust_queued
-        self.queued: list[Job] = []
-        self.active: list[Job] = []  # with read-behind: the others kept in memory, which may have to make room
-        self.clean_marker: int | None = None
-        self.loaded = self.deleted = self.expired = self.duplicates = self.requeued = 0
-        self.now_ms = core.now
-        self.known = core.cluster.nodes
-        self.solo = core.cluster.solo
-
-    def refresh_time(self) -> None:
-        self.now_ms = self.core.read_clock()
-
-    def apply(self, offset: int, args: list[bytes]) -> None:
-        name = args[0].upper()
-        self.clean_marker = None
-        if name == LOADJOB:
-            job = check_record(offset, args)
-            assert job is not None
-            self._loadjob(job)
-        elif name == DELJOB:
-            check_record(offset, args)
-            job = self.core.jobs.get(args[1])
-            if job is not None:
-                self.core.delete_job(job, log=False)
-                self.deleted += 1
-        elif name == GROUPSET:
-            check_record(offset, args)
-            self.core.groups.replay(args[1], args[2], int(args[3]))
-        else:
-            check_record(offset, args)
-            self.clean_marker = offset
-
-    def _loadjob(self, job: Job) -> None:
-        core, now = self.core, self.now_ms
-        if job.etime * 1000 <= now:
-            self.expired += 1
-            return
-        not_before = job.qtime if job.flags & NACKED else 0
-        known = core.jobs.get(job.id)
-        if known is not None:
-            self.duplicates += 1  # the first record wins, but for what a NACK ... DELAY logged
-            if not_before:
-                known.nacks, known.deliv = job.nacks, job.deliv
-                known.flags |= NACKED
-                known.qtime = max(known.qtime, not_before)
-                core.reschedule(known)
-            return
-        was_queued = job.state == State.QUEUED
-        job.move(ADOPT)
-        job.gc_retry = 0
-        if job.retry:
-            job.flags |= BCAST_WILLQUEUE
-            job.qtime = max(now + (job.delay + job.retry) * 1000 + core.jitter(), not_before)
-        else:
-            job.qtime = 0
-        nodes = job.nodes_delivered
-        if nodes == self.solo:
-            job.nodes_delivered = self.solo
-        else:
-            job.nodes_delivered = tuple(n for n in nodes if n in self.known)
-        core.register(job)
-        self.loaded += 1
-        spill = core.jobs.spilled
-        if not spill.replayed(job, was_queued):
-            (self.queued if was_queued else self.active).append(job)
-        elif spill.needs_room():  # the slots grow too: the jobs kept in memory so far make room, newest first
-            spill.make_room(self.active, False)
-            spill.make_room(self.queued, True)
-
-    def _in_queue_order(self, spilled: Sequence[int]) -> Iterator[Job | int]:
-        """The jobs stored queued, in memory and (slots) on disk, merged by
-        ctime.  Each job leaves `queued` as it is given: read-behind may move
-        it to disk, and the list must not keep it in memory."""
-        queued = self.queued
-        queued.sort(key=Job.sort_key, reverse=True)  # queue order, popped from the end
-        in_memory = (queued.pop() for _ in range(len(queued)))
-        if not spilled:
-            return in_memory
-        ctime = self.core.jobs.spilled.slot_ctime
-        return heapq.merge(in_memory, spilled, key=lambda e: e.ctime if isinstance(e, Job) else ctime(e))
-
-    @property
-    def trusted(self) -> bool:
-        return self.trust_queued or self.clean_marker is not None
-
-    def finish(self) -> int:
-        """Re-queue the jobs stored queued if the file is trusted; returns
-        how many were queued."""
-        for _ in self.requeue():
-            pass
-        return self.requeued
-
-    def requeue(self) -> Iterator[None]:
-        """`finish` in steps of 1,024 jobs (the shell's event loop runs
-        between them: a backlog on disk takes a while); `requeued` counts."""
-        core = self.core
-        spill = core.jobs.spilled
-        spilled = spill.replay_queued(self.trusted)
-        self.active.clear()
-        if not self.trusted:
-            self.queued.clear()
-            return
-        self.refresh_time()
-        for n, entry in enumerate(self._in_queue_order(spilled)):
-            job = entry if isinstance(entry, Job) else spill.load_live(entry)
-            if job is not None and core.jobs.get(job.id) is job and job.state == State.ACTIVE:
-                if not job.retry:
-                    job.qtime = core.now  # its one queueing: enqueue refuses qtime 0 (upstream defect §9, fixed)
-                if core.enqueue(job):
-                    self.requeued += 1
-            if n % 1024 == 1023:  # (no job held across the pause: the loop may move it to disk)
-                core.settle()  # read-behind: a long queue goes back to disk as it forms
-                yield
-                self.refresh_time()

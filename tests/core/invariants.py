@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine
 
 from disque.protocols.resp import admin
-from disque.core.node import QUEUE_OVERHEAD, NodeCore
+from disque.core.memory import QUEUE_OVERHEAD
+from disque.core.node import NodeCore
 from disque.store.job import DELIVERED, IN_LIST, IN_TIMER, State
 from disque.store.spill import IN_TAIL, LIVE, SLOT_BYTES
 
@@ -51,7 +52,7 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
             live_in[job.id] = queue.name
         if queue.waiters and not queue.pause & 2:  # PAUSE_OUT
             assert not len(queue), f"queue {queue.name!r} has both waiters and jobs"
-    assert not core.ready, "ready queues left unserved"
+    assert not core.blocking.ready, "ready queues left unserved"
 
     # -- every job: one state, consistent timers and flags -----------------
     buckets = core.jobs._buckets
@@ -87,27 +88,27 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
     assert awake == (min(j.awake for j in jobs.values()) if jobs else None)
 
     # -- blocked clients ---------------------------------------------------
-    for client_id, waiter in core.blocked.items():
+    for client_id, waiter in core.blocking.blocked.items():
         assert waiter.client.id == client_id and waiter.client.waiter is waiter
         assert core.clients.get(client_id) is waiter.client
         for job_id in waiter.jobs or ():  # WAITJOB: indexed by every job it waits for, each still pending here
-            assert waiter in core.job_waits[job_id] and job_id in core.jobs  # (`get` would load a job on disk)
+            assert waiter in core.blocking.job_waits[job_id] and job_id in core.jobs  # (`get` would load a job on disk)
         for name in waiter.queues:
             queue = core.queues.get(name)
             assert queue is not None and queue.waiters.get(client_id) is waiter
     for queue in core.queues.values():
         for client_id, waiter in queue.waiters.items():
-            assert core.blocked.get(client_id) is waiter and queue.name in waiter.queues
+            assert core.blocking.blocked.get(client_id) is waiter and queue.name in waiter.queues
     for client in core.clients.values():
-        assert client.waiter is None or core.blocked.get(client.id) is client.waiter
-    for job_id, waits in core.job_waits.items():
-        assert waits and all(core.blocked.get(w.client.id) is w and job_id in (w.jobs or ()) for w in waits)
+        assert client.waiter is None or core.blocking.blocked.get(client.id) is client.waiter
+    for job_id, waits in core.blocking.job_waits.items():
+        assert waits and all(core.blocking.blocked.get(w.client.id) is w and job_id in (w.jobs or ()) for w in waits)
 
     # -- memory estimate and INFO ------------------------------------------
-    expected = core.base_memory + sum(core.job_size(j) for j in jobs.values()) + on_disk * SLOT_BYTES
+    expected = core.memory.base + sum(core.memory.job_size(j) for j in jobs.values()) + on_disk * SLOT_BYTES
     expected += sum(QUEUE_OVERHEAD + len(q.name) for q in core.queues.values()) + core.groups.size()
-    assert core.used_memory == expected, (core.used_memory, expected)
-    assert core.peak_memory >= core.used_memory
+    assert core.memory.used == expected, (core.memory.used, expected)
+    assert core.memory.peak >= core.memory.used
     info = admin.info(core, "jobs") + admin.info(core, "queues")
     assert b"registered_jobs:%d\r\n" % (len(jobs) + on_disk) in info
     assert b"registered_queues:%d\r\n" % len(core.queues) in info

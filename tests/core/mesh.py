@@ -172,7 +172,7 @@ class Mesh:
             for i, core in enumerate(self.cores):
                 if core is None:
                     continue
-                effects, core.effects = core.effects, []
+                effects, core.out.effects = core.out.effects, []
                 for effect in effects:
                     self._apply(i, core, effect)
                 if core.cluster.dirty:

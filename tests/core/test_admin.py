@@ -46,7 +46,7 @@ def error(reply: object) -> str:
 
 def closed(core: NodeCore) -> list[int]:
     """IDs of the clients the core asked the shell to close."""
-    return [e.client_id for e in core.effects if isinstance(e, CloseClient)]
+    return [e.client_id for e in core.out.effects if isinstance(e, CloseClient)]
 
 
 @pytest.fixture
@@ -587,7 +587,7 @@ def test_cluster_forget_removes_and_blacklists(mesh):
     assert mesh.s("CLUSTER", "FORGET", PEER) == OK
     assert PEER not in mesh.core.cluster.nodes
     assert mesh.core.cluster.blacklist[PEER] == START_MS + FORGET_BLACKLIST_MS
-    assert DropLink(key) in mesh.core.effects
+    assert DropLink(key) in mesh.core.out.effects
     assert b"cluster_known_nodes:5\r\n" in mesh.s("CLUSTER", "INFO")
 
 

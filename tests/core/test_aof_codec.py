@@ -10,14 +10,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from disque.core.effects import AofAppend
-from disque.core.ids import new_job_id
+from disque.store.ids import new_job_id
+from disque.core.replay import Replay
 from disque.store.aof import (
     CLEANSHUTDOWN,
     DELJOB,
     LOADJOB,
     AofCorrupt,
     RecordReader,
-    Replay,
     encode_clean_marker,
     encode_deljob,
     encode_loadjob,
@@ -84,7 +84,7 @@ def test_loadjob_round_trip(job: Job) -> None:
     assert end == len(data) and args[0] == LOADJOB
     report = scan(data)
     assert report.status == "ok" and report.records == 1
-    from disque.cluster.codec import decode_storage
+    from disque.store.records import decode_storage
 
     assert fields(decode_storage(args[1])) == fields(job)
 
@@ -237,11 +237,11 @@ def stored(core, queue=b"q", body=b"b", *, state=State.QUEUED, retry=5, delay=0,
            nodes=None, ctime=0) -> Job:  # fmt: skip
     job_id = new_job_id(core.cluster.my_id, core.rng, ttl, retry)
     return Job(job_id, queue, body, state=state, flags=flags, etime=core.now // 1000 + ttl, retry=retry, delay=delay,
-               ctime=ctime or core.new_ctime(), nodes_delivered=(core.cluster.my_id,) if nodes is None else nodes)  # fmt: skip
+               ctime=ctime or core.lifecycle.new_ctime(), nodes_delivered=(core.cluster.my_id,) if nodes is None else nodes)  # fmt: skip
 
 
 def replay(core, blob: bytes, *, trust: bool = False) -> Replay:
-    rep = Replay(core, trust_queued=trust)
+    rep = Replay(core.lifecycle, core.groups, core.settle, core.read_clock, trust_queued=trust)
     reader = RecordReader()
     reader.feed(blob)
     for offset, args in reader:
@@ -262,7 +262,7 @@ def test_crash_replay_makes_every_job_active_with_retry_timer() -> None:
     assert ja.state == jb.state == State.ACTIVE
     assert ja.flags & BCAST_WILLQUEUE and abs(ja.qtime - (clock.ms + 12_000)) <= 250
     assert jb.qtime == 0  # at-most-once: never re-queued after a crash
-    assert not core.enqueue(jb)
+    assert not core.lifecycle.enqueue(jb)
     assert len(core.queues) == 0 or all(len(q) == 0 for q in core.queues.values())
 
 
@@ -290,7 +290,7 @@ def test_nack_delay_survives_a_restart() -> None:
     job_id = bytes(s("ADDJOB", "q", "x", 0, "RETRY", 5))
     s("GETJOB", "FROM", "q")
     assert s("NACK", job_id, "DELAY", 600) == 1
-    records = [e.record for e in src.effects if isinstance(e, AofAppend)]
+    records = [e.record for e in src.out.effects if isinstance(e, AofAppend)]
     assert len(records) == 2
     for blob, due in ((records[0], 5_000), (b"".join(records), 600_000)):
         core, clock, _ = make_core(seed=2)

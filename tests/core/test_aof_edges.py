@@ -13,15 +13,15 @@ import sys
 
 import pytest
 
-from disque.core.ids import new_job_id
+from disque.store.ids import new_job_id
 from disque.cli import check_aof
 from disque.store import aof_repair
+from disque.core.replay import Replay
 from disque.store.aof import (
     CLEANSHUTDOWN,
     DELJOB,
     AofCorrupt,
     RecordReader,
-    Replay,
     check_record,
     encode_clean_marker,
     encode_deljob,
@@ -131,7 +131,7 @@ def test_clean_marker_with_a_non_numeric_time_is_corrupt() -> None:
     assert report.error is not None and report.error.message == "corrupted CLEANSHUTDOWN data"
     core, _, _ = make_core()
     with pytest.raises(AofCorrupt, match="corrupted CLEANSHUTDOWN data"):
-        Replay(core).apply(0, parse_record(bad, 0)[0])  # type: ignore[index]
+        Replay(core.lifecycle, core.groups, core.settle, core.read_clock).apply(0, parse_record(bad, 0)[0])  # type: ignore[index]
 
 
 # --------------------------------------------------------------------- replay
@@ -139,11 +139,11 @@ def test_clean_marker_with_a_non_numeric_time_is_corrupt() -> None:
 
 def queued_job(core, body: bytes, *, retry: int = 5, flags: int = BCAST_QUEUED) -> Job:
     return Job(new_job_id(NODE_ID, core.rng, 3600, retry), b"q", body, state=State.QUEUED, flags=flags,
-               etime=core.now // 1000 + 3600, retry=retry, ctime=core.new_ctime(), nodes_delivered=(NODE_ID,))  # fmt: skip
+               etime=core.now // 1000 + 3600, retry=retry, ctime=core.lifecycle.new_ctime(), nodes_delivered=(NODE_ID,))  # fmt: skip
 
 
 def replay(core, blob: bytes) -> tuple[Replay, int]:
-    rep = Replay(core)
+    rep = Replay(core.lifecycle, core.groups, core.settle, core.read_clock)
     reader = RecordReader()
     reader.feed(blob)
     for offset, args in reader:

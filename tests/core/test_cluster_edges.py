@@ -4,7 +4,7 @@ federation, membership and the bus handshake.
 Most tests drive one real `NodeCore` that knows a few peers from a nodes.conf
 (the peers' links are up unless a test says otherwise): bus messages are fed
 with `handle_bus` exactly as the shell delivers them, and everything the node
-sends comes out of `core.effects`.  Flows that only make sense end to end
+sends comes out of `core.out.effects`.  Flows that only make sense end to end
 (a LEAVING node handing its new jobs to replicas) run on the simulated
 network of tests/sim/network.py.
 """
@@ -22,8 +22,8 @@ import pytest
 from disque.core import errors
 from disque.cluster import messages as m
 from disque.cluster.auth import PREFIX, AuthError, AuthLink, Keyring
-from disque.cluster.codec import job_to_wire
-from disque.cluster.federation import YOURJOBS_MAX_BYTES
+from disque.store.records import job_to_wire
+from disque.core.federation import YOURJOBS_MAX_BYTES
 from disque.cluster.membership import ConfError, Membership
 from disque.cluster.messages import FAIL, HANDSHAKE, LEAVING, NOADDR, PFAIL, GossipEntry
 from disque.core.effects import Answer, DropLink, Send
@@ -81,8 +81,8 @@ class Node:
         self.core.handle_bus(m.Header(sender, PORTS.get(sender, 7730), 0), msg, **kw)
 
     def take(self, kind: type) -> list[Any]:
-        out = [e for e in self.core.effects if isinstance(e, kind)]
-        self.core.effects[:] = [e for e in self.core.effects if not isinstance(e, kind)]
+        out = [e for e in self.core.out.effects if isinstance(e, kind)]
+        self.core.out.effects[:] = [e for e in self.core.out.effects if not isinstance(e, kind)]
         return out
 
     def sent(self) -> list[tuple[str, Any]]:
@@ -418,7 +418,7 @@ def test_yourjobs_for_a_job_held_here_is_not_an_import(held):
     assert node.state(job_id) == held and node.s("QLEN", "q") == (1 if held == "queued" else 0)
     if held == "queued":  # PEER is not recorded as a source of jobs for the queue
         queue = node.core.queues.get(b"q")
-        assert node.core.import_from(queue) == [] and node.core.import_rate(queue) == 0
+        assert node.core.federation.import_from(queue) == [] and node.core.federation.import_rate(queue) == 0
 
 
 # ---------------------------------------------------------------- membership: messages
@@ -586,7 +586,7 @@ def test_link_up_to_a_node_forgotten_meanwhile_is_dropped():
     assert node.s("CLUSTER", "FORGET", PEER) == OK
     assert node.drops() == []  # it had no link
     node.core.link_connected(key)  # the connect the shell had started completes
-    assert node.core.effects == [DropLink(key)]
+    assert node.core.out.effects == [DropLink(key)]
 
 
 @pytest.mark.parametrize("mode", ["soft", "hard"])

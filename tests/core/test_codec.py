@@ -12,11 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from disque.cluster import codec
+from disque.store import records
 from disque.cluster.codec import (
-    INCR_DELIV, INCR_NACKS, MAX_FRAME, NOREPLY, STORAGE_VERSION, DecodeError,
-    FrameDecoder, FrameError, decode_body, decode_storage, encode_body,
-    encode_frame, encode_storage, framed, job_from_storage, job_from_wire,
-    job_to_storage, job_to_wire, LinkCodec, POSITIONAL,
+    INCR_DELIV, INCR_NACKS, MAX_FRAME, NOREPLY, FrameDecoder, FrameError, decode_body, encode_body, encode_frame,
+    framed, LinkCodec, POSITIONAL,
+)  # fmt: skip
+from disque.store.records import (
+    STORAGE_VERSION, DecodeError, decode_storage, encode_storage, job_from_storage, job_from_wire, job_to_storage,
+    job_to_wire,
 )  # fmt: skip
 from disque.cluster.messages import (
     DelJob, Enqueue, Fail, GossipEntry, GotAck, GotJob, GotJobs, Header, Meet, Message,
@@ -24,7 +27,7 @@ from disque.cluster.messages import (
     GroupAck, GroupFlush, NeedEvent, YourEvent, NewEvent,
     WaitEntry, Waiting, YourJobs,
 )  # fmt: skip
-from disque.core.ids import new_job_id
+from disque.store.ids import new_job_id
 from disque.store.job import BCAST_QUEUED, BCAST_WILLQUEUE, DELIVERED, IN_LIST, NACKED, WIRE_FLAGS, Job, State
 
 NOW = 1_700_000_000
@@ -578,16 +581,16 @@ def test_jobs_that_came_with_the_same_delivery_list_share_its_checked_tuple() ->
     assert first["nodes_delivered"] == tuple(nodes) and first["nodes_delivered"] is second["nodes_delivered"]
     for bad in ({"a" * 40: 1}, ["A" * 40], [["a" * 40]]):  # checked as ever, though the list above is known
         with pytest.raises(DecodeError):
-            codec._nodes_delivered(bad)
-    for i in range(codec._DELIVERED_MAX + 1):  # lists a peer makes up do not grow it without bound
-        codec._nodes_delivered(["%040x" % i])
-    assert len(codec._delivered) <= codec._DELIVERED_MAX
+            records._nodes_delivered(bad)
+    for i in range(records._DELIVERED_MAX + 1):  # lists a peer makes up do not grow it without bound
+        records._nodes_delivered(["%040x" % i])
+    assert len(records._delivered) <= records._DELIVERED_MAX
 
 
 def test_a_jobs_fields_are_what_the_job_forms_carry() -> None:
     job = Job(GOOD_ID, b"q", b"b", flags=DELIVERED | BCAST_QUEUED | IN_LIST, max_attempts=3, dead_letter=b"d")
     fields = job.fields(WIRE_FLAGS & ~DELIVERED)
-    assert list(fields) == [f.name for f in codec._JOB_COMMON]
+    assert list(fields) == [f.name for f in records._JOB_COMMON]
     assert fields["flags"] == BCAST_QUEUED and (fields["max_attempts"], fields["dead_letter"]) == (3, b"d")
 
 
@@ -618,7 +621,7 @@ BAD_JOB_FIELDS = [
 def test_malformed_wire_job_raises_frame_error(kind: type, field: str, value: Any) -> None:
     """The codec checks a received job once, as it decodes the frame;
     job_from_wire then trusts it."""
-    key = {f.name: f.key for f in codec._WIRE_JOB}[field]
+    key = {f.name: f.key for f in records._WIRE_JOB}[field]
     msg = kind(GOOD_JOB) if kind is ReplJob else kind((GOOD_JOB,))
     body = _body(msg, j=_job_map(**{key: value}) if kind is ReplJob else [_job_map(), _job_map(**{key: value})])
     with pytest.raises(FrameError):

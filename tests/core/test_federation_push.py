@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from disque.cluster import messages as m
-from disque.cluster.codec import job_to_wire
-from disque.cluster.federation import WAIT_BATCH, WAIT_MAX_QUEUES, WAIT_REFRESH_MS, WAIT_TTL_MS
+from disque.store.records import job_to_wire
+from disque.core.federation import WAIT_BATCH, WAIT_MAX_QUEUES, WAIT_REFRESH_MS, WAIT_TTL_MS
 from disque.core.effects import Reply, Send
 from disque.core.types import BLOCKED, Status
 from disque.store.job import Job
@@ -150,9 +150,9 @@ class Node:
 
     def sent(self) -> list[tuple[str, Any]]:
         """(peer, message) sent since the last call, PINGs left out."""
-        out = [(self.core.cluster.by_key[e.key].id, e.msg) for e in self.core.effects
+        out = [(self.core.cluster.by_key[e.key].id, e.msg) for e in self.core.out.effects
                if isinstance(e, Send) and not isinstance(e.msg, m.Ping)]  # fmt: skip
-        self.core.effects.clear()
+        self.core.out.effects.clear()
         return out
 
     def waiting_sent(self) -> dict[str, list[tuple[bytes, int]]]:
@@ -203,7 +203,7 @@ def test_announcements_are_refreshed_and_given_to_a_link_that_comes_up():
     assert node.waiting_sent()[PEER] == [(b"q", 1), (b"r", 1)]
     node.wait(WAIT_REFRESH_MS)
     assert node.waiting_sent()[PEER] == [(b"q", 1), (b"r", 1)]
-    node.core.set_pause(b"r", 2)  # paused for output: jobs from elsewhere would not serve it
+    node.core.lifecycle.set_pause(b"r", 2)  # paused for output: jobs from elsewhere would not serve it
     node.wait(WAIT_REFRESH_MS)
     assert node.waiting_sent()[PEER] == [(b"q", 1), (b"r", 0)]
     node.wait(WAIT_REFRESH_MS)
@@ -250,7 +250,7 @@ def test_local_consumers_come_first():
     local = Session(node.core)
     assert local("GETJOB", "FROM", "q") is BLOCKED
     node.add()
-    assert [e.value[0][0] for e in node.core.effects if isinstance(e, Reply)] == [b"q"]
+    assert [e.value[0][0] for e in node.core.out.effects if isinstance(e, Reply)] == [b"q"]
     assert node.pushed() == {}
 
 

@@ -100,11 +100,11 @@ class CommandFuzz(RuleBasedStateMachine):
         """Check replies to other connections; close what the core closed."""
         core = self.core
         clients = {s.client.id: s for s in [*self.sessions, self.watcher]}
-        for effect in core.effects:
+        for effect in core.out.effects:
             if isinstance(effect, Reply) and effect.client_id in clients:
                 replies_ok(effect.value, clients[effect.client_id].client.proto)
-        closed = {e.client_id for e in core.effects if isinstance(e, CloseClient)}
-        core.effects.clear()
+        closed = {e.client_id for e in core.out.effects if isinstance(e, CloseClient)}
+        core.out.effects.clear()
         for client_id in closed & set(clients):
             core.disconnect(client_id)
             if clients[client_id] is self.watcher:

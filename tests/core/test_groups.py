@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 
 from disque.cluster import messages as m
-from disque.cluster.codec import job_from_wire, job_to_wire
+from disque.store.records import job_from_wire, job_to_wire
 from disque.core.effects import AofAppend
 from disque.core.groups import CLAIM_MS, EventQueue, _Ask, event_id
 from disque.core.types import BLOCKED, NIL_ARRAY
 from disque.protocols.resp.encoder import encode
-from disque.store.aof import AofCorrupt, Replay, RecordReader, check_record
+from disque.core.replay import Replay
+from disque.store.aof import AofCorrupt, RecordReader, check_record
 from disque.store.job import EVENT
 from invariants import check_core
 from mesh import Mesh
@@ -195,7 +196,7 @@ def test_qstatus_and_qinfo_shapes(env):
 def test_qflush_removes_events_and_progress(env):
     e = env("QADD", "q", 60, "x")
     env("QGET", "q", "g")
-    env.core.effects.clear()
+    env.core.out.effects.clear()
     assert env("QFLUSH", "q") == b"OK" and env("QFLUSH", "unknown") == b"OK"
     assert env("QACK", "q", "g", e) == 0 and env("QSTATUS") == [] and len(env.core.jobs) == 0
     env("QADD", "q", 60, "y")
@@ -216,8 +217,8 @@ def test_no_new_group_at_the_refusal_level_while_existing_groups_go_on(env, poli
     first, second = (env("QADD", "q", 60, body) for body in ("a", "b"))
     assert env("QGET", "q", "old", "EX", 60) == [first, b"a"]
     env.core.config.maxmemory_policy = policy
-    env.core.config.maxmemory = (env.core.used_memory - 1) * 100 // 95 // 100 * 100
-    assert env.core.mem_level() == 2
+    env.core.config.maxmemory = (env.core.memory.used - 1) * 100 // 95 // 100 * 100
+    assert env.core.memory.level() == 2
     for argv in (("QGET", "q", "new"), ("QNOTIFY", "new", 0, "q"), ("QRPEEK", "q"), ("QADD", "q", 60, "c")):
         assert env(*argv).code == "OOM", argv
     assert env("QGET", "unknown", "new") is None  # no queue: no group is made
@@ -328,7 +329,7 @@ def test_progress_is_logged_and_replayed(env):
     env("QGET", "q", "g", "EX", 60)
     env("QGET", "q", "h")
     env("QACK", "q", "h", a)
-    log = b"".join(e.record for e in env.core.effects if isinstance(e, AofAppend))
+    log = b"".join(e.record for e in env.core.out.effects if isinstance(e, AofAppend))
     assert log.count(b"GROUPSET") == 4 and log.count(b"LOADJOB") == 3
     snapshot = env.core.groups.snapshot_records()  # a rewrite: the latest progress of each pair
     assert len(snapshot) == 3 and all(r.startswith(b"*4\r\n$8\r\nGROUPSET\r\n") for r in snapshot)
@@ -352,7 +353,7 @@ def test_a_queue_kept_out_of_the_journal_leaves_its_progress_out(env):
     env.core.config.queue_config.set_queue(["scratch", "journal", "false"])
     env("QADD", "scratch", 600, "a")
     env("QGET", "scratch", "g")
-    assert not [e for e in env.core.effects if isinstance(e, AofAppend)]
+    assert not [e for e in env.core.out.effects if isinstance(e, AofAppend)]
     assert env.core.groups.snapshot_records() == []
 
 
@@ -362,7 +363,7 @@ def test_groupset_records_are_checked(env):
     for bad in ([b"GROUPSET", job_id, b"g"], [b"GROUPSET", b"x", b"g", b"1"], [b"GROUPSET", job_id, b"g", b"-1"]):
         with pytest.raises(AofCorrupt):
             check_record(0, bad)
-    replay = Replay(env.core)
+    replay = Replay(env.core.lifecycle, env.core.groups, env.core.settle, env.core.read_clock)
     replay.apply(0, [b"GROUPSET", job_id, b"g", b"1"])  # an event that is not loaded: nothing to do
     assert env.core.groups.queues == {}
 
@@ -388,7 +389,7 @@ def test_an_older_event_arriving_late_is_still_fresh(env):
     peer.read_clock()
     job = peer.groups.new_event(b"q", b"old", 600, 1)
     job.nodes_delivered = (peer.cluster.my_id, env.core.cluster.my_id)
-    env.core.adopt(job_from_wire(job_to_wire(job, peer_clock.ms), env.clock.ms))
+    env.core.lifecycle.adopt(job_from_wire(job_to_wire(job, peer_clock.ms), env.clock.ms))
     assert event_id(job.id) < int(env("QADD", "q", 600, "newer"))
     assert env.core.groups.queues[b"q"].ids[1] == event_id(job.id)
     # found below the group's cursor; its creator is unknown here, so this holder serves it
@@ -467,10 +468,10 @@ def test_denied_claims_give_up_after_a_few_tries():
     assert mesh.reply(client) is None and held(mesh, 1, b"q", b"g")  # the server's view arrived with the denial
     job = next(iter(core.groups.queues[b"q"].events.values()))
     c = core.clients[client]
-    core.groups.asks[7] = _Ask(c, b"q", b"g", job.id, 0, 0, 1, core.block(c, (), False, 0))
+    core.groups.asks[7] = _Ask(c, b"q", b"g", job.id, 0, 0, 1, core.blocking.block(c, (), False, 0))
     core.handle_bus(core.header(), m.Claimed(7, False))
     assert mesh.reply(client) is None
-    core.groups.asks[8] = _Ask(c, b"gone", b"g", b"DI" + b"0" * 44 + b"SQ", 0, 0, 2, core.block(c, (), False, 0))
+    core.groups.asks[8] = _Ask(c, b"gone", b"g", b"DI" + b"0" * 44 + b"SQ", 0, 0, 2, core.blocking.block(c, (), False, 0))
     core.handle_bus(core.header(), m.Claimed(8, True))  # granted, but the event is gone here: picks again
     assert mesh.reply(client) is None and not core.groups.asks
 
@@ -556,7 +557,7 @@ def test_messages_about_unknown_events_change_nothing():
     core.handle_bus(header, m.GroupSet(job_id, b"g", 0), key=core.cluster.nodes[header.sender].key)
     core.handle_bus(header, m.Claimed(12345, True), key=core.cluster.nodes[header.sender].key)
     core.handle_bus(header, m.Claim(job_id, b"g", 0, 5), key=core.cluster.nodes[header.sender].key)
-    assert [e.msg for e in core.effects if hasattr(e, "msg")] == [m.Claimed(5, False, True)]
+    assert [e.msg for e in core.out.effects if hasattr(e, "msg")] == [m.Claimed(5, False, True)]
     assert core.groups.queues == {} and not core.groups.asks
 
 
@@ -653,7 +654,7 @@ def test_a_node_without_the_event_asks_the_others_for_one():
     assert not mesh.core(outsider).groups.lent
     core = mesh.core(outsider)
     core.handle_bus(mesh.core(0).header(), m.YourEvent(12345, job_id, b"a"))  # nobody asked: ignored
-    assert not core.groups.lent and not [e for e in core.effects if hasattr(e, "value")]
+    assert not core.groups.lent and not [e for e in core.out.effects if hasattr(e, "value")]
 
 
 def test_a_qnotify_on_a_node_without_the_event_is_woken_too():

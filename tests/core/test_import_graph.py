@@ -4,9 +4,12 @@ The core is every module under `disque/core`, `disque/store`,
 `disque/cluster` and `disque/protocols` (the front ends).  It
 must not reach the outside world (no trio, sockets, files, clocks, random
 sources or processes: the shell injects those), must not import the shell
-or the tools built on it, and must not import in a loop.  Imports inside
-functions count, and so do `if TYPE_CHECKING:` ones for cycles: a type-only
-back reference is still a loop a reader has to hold in their head.
+or the tools built on it, and must not import in a loop.  The folders are
+layers, store <- cluster <- core <- protocols (<- shell): a module imports
+only from its own layer or the layers below.  Imports inside functions
+count, and so do `if TYPE_CHECKING:` ones, for the layers and for cycles: a
+type-only back reference is still a dependency a reader has to hold in
+their head.
 
 `python tests/core/test_import_graph.py` prints the graph, one module and
 what it imports per line.
@@ -24,6 +27,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "disque"
 CORE_FOLDERS = ("core", "store", "cluster", "protocols")
+LAYERS = ("store", "cluster", "core", "protocols")  # bottom up: each may import the ones before it
 
 FORBIDDEN = {
     "trio", "anyio", "socket", "os", "sys", "time", "random", "select", "selectors", "ssl", "signal",
@@ -142,9 +146,31 @@ def test_every_core_module_imports(name: str) -> None:
 
 def test_the_core_imports_one_way() -> None:
     """No import loop, counting imports inside functions and those made for
-    annotations only (TYPE_CHECKING): concerns see the node through
-    core/services.py, never by importing the entry module back."""
+    annotations only (TYPE_CHECKING): a concern gets its collaborators
+    passed in and sees the ones above it through a small protocol of its
+    own (core/lifecycle.py's hooks), never by importing them back."""
     assert cycles(graph()) == []
+
+
+def layer(module: str) -> int:
+    return LAYERS.index(module.split(".")[1])
+
+
+def upward_imports(edges: dict[str, set[str]]) -> list[str]:
+    """`a -> b` for every import of a module from a layer above its own."""
+    return [f"{a} -> {b}" for a in sorted(edges) if a.count(".") > 1 for b in sorted(edges[a])
+            if b.count(".") > 1 and layer(b) > layer(a)]  # fmt: skip
+
+
+def test_the_folders_are_layers() -> None:
+    """store <- cluster <- core <- protocols: nothing imports upward (the
+    package markers `disque.core` etc. hold nothing and are left out)."""
+    assert upward_imports(graph()) == []
+
+
+def test_upward_imports_are_found() -> None:
+    edges = {"disque.store.a": {"disque.cluster.b"}, "disque.cluster.b": {"disque.store.a"}, "disque.core.c": {"disque.core"}}
+    assert upward_imports(edges) == ["disque.store.a -> disque.cluster.b"]
 
 
 def state_assignments(path: Path) -> list[int]:

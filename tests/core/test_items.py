@@ -40,8 +40,8 @@ class Memcache:
     def pending(self) -> bytes:
         from disque.core.effects import Reply
 
-        mine = [e for e in self.core.effects if isinstance(e, Reply) and e.client_id == self.client.id]
-        self.core.effects[:] = [e for e in self.core.effects if e not in mine]
+        mine = [e for e in self.core.out.effects if isinstance(e, Reply) and e.client_id == self.client.id]
+        self.core.out.effects[:] = [e for e in self.core.out.effects if e not in mine]
         return b"".join(MEMCACHE.encode(e.value, 2) for e in mine if e.value is not SILENT)
 
 
@@ -249,7 +249,7 @@ def test_fanout_children_join_cluster_wide_and_get_copies() -> None:
     assert m.Fanout(b"jobs+audit", True) in sent(core)
     core.handle_bus(m.Header(peer, 7712, 0), m.Fanout(b"jobs+billing"), key=core.cluster.nodes[peer].key)
     assert core.items.children == {b"jobs": {b"jobs+audit": None, b"jobs+billing": None}}
-    core.effects.clear()
+    core.out.effects.clear()
     core.link_connected(core.cluster.nodes[peer].key)  # a node that links up learns every child
     assert [msg for msg in sent(core) if isinstance(msg, m.Fanout)] == [m.Fanout(b"jobs+audit"), m.Fanout(b"jobs+billing")]
     mc(b"set jobs 0 0 2 noreply\r\nhi\r\n")
@@ -281,7 +281,7 @@ def test_journal_settings_choose_what_goes_to_the_aof(node: Any) -> None:
     resp = Session(node)
     for queue in ("scratch", "durable", "plain"):
         resp("ACKJOB", resp("ADDJOB", queue, "x", 0))
-    records = [(e.record.split(b"\r\n")[2], e.sync) for e in node.effects if isinstance(e, AofAppend)]
+    records = [(e.record.split(b"\r\n")[2], e.sync) for e in node.out.effects if isinstance(e, AofAppend)]
     assert records == [(b"LOADJOB", True), (b"DELJOB", True), (b"LOADJOB", False), (b"DELJOB", False)]
     from disque.store.job import Job
 

@@ -11,13 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from disque.core import errors, figures, ids
+from disque.core import errors, figures
+from disque.store import ids
 from disque.cluster import messages as m
 from disque.protocols.resp.table import COMMANDS
 from disque.core.effects import AofAppend
 from disque.core.errors import DisqueError
 from disque.core.types import BLOCKED, NIL_ARRAY, SILENT, Status
-from disque.core.node import BASE_MEMORY, BLOCKED_CRON_MS, QUEUE_OVERHEAD
+from disque.core.memory import BASE_MEMORY, QUEUE_OVERHEAD
+from disque.core.node import BLOCKED_CRON_MS
 from disque.store.job import ABORT, ACK, ADOPT, AWAIT_REPL, DEQUEUE, ENQUEUE, FETCH, IN_LIST, RARE_BYTES, REPLICATED, TRANSITIONS, Job, State
 from disque.store.jobs import MAX_JOBS_PER_PASS, JobStore
 from disque.store.queue import Queue
@@ -308,7 +310,7 @@ def test_clearing_out_pause_serves_blocked_clients(env):
 def test_blocked_on_several_queues_gets_one_job_with_counters(env):
     c1 = Session(env.core)
     assert c1("GETJOB", "WITHCOUNTERS", "COUNT", 3, "FROM", "a", "b", "a") is BLOCKED
-    assert env.core.blocked[c1.client.id].queues == (b"a", b"b")
+    assert env.core.blocking.blocked[c1.client.id].queues == (b"a", b"b")
     job_id = env.add("b", "x")
     assert c1.pending() == [[[b"b", job_id, b"x", b"nacks", 0, b"additional-deliveries", 0]]]
     assert dict(env.s("QSTAT", "a"))[b"blocked"] == 0
@@ -347,7 +349,7 @@ def test_flushall_answers_blocked_clients_and_forgets_queues(env):
     assert env.s("DEBUG", "FLUSHALL") == Status(b"OK")
     assert c1.pending() == [NIL_ARRAY]
     assert env.s("QSCAN", "BUSYLOOP") == [b"0", []] and env.s("PAUSE", "p", "state") == Status(b"none")
-    assert env.core.used_memory == BASE_MEMORY
+    assert env.core.memory.used == BASE_MEMORY
     env.check()
 
 
@@ -371,7 +373,7 @@ def test_disconnect_is_idempotent_and_keeps_other_waiters(env):
 def test_idle_queue_threshold_follows_memory_level(maxmemory, level, idle_ms):
     env = make_env(maxmemory=maxmemory)
     env.s("GETJOB", "NOHANG", "FROM", "tmp")
-    assert env.core.mem_level() == level
+    assert env.core.memory.level() == level
     env.wait(idle_ms - 1)
     assert env.s("QSTAT", "tmp") is not NIL_ARRAY
     env.wait(100)
@@ -404,7 +406,7 @@ def test_destroying_a_queue_with_jobs_leaves_them_active(env):
     """Only flushes destroy a non-empty queue; its jobs must not stay queued."""
     ids_ = [env.add("q", str(i)) for i in range(3)]
     env.s("DEQUEUE", ids_[1])
-    env.core.destroy_queue(env.core.queues.get(b"q"))
+    env.core.lifecycle.destroy_queue(env.core.queues.get(b"q"))
     assert [env.core.jobs.get(i).state for i in ids_] == [State.ACTIVE] * 3
     assert not any(env.core.jobs.get(i).flags & IN_LIST for i in ids_)
     assert env.s("ENQUEUE", *ids_) == 3 and [e[1] for e in env.s("QPEEK", "q", 10)] == ids_
@@ -420,8 +422,8 @@ def level2_limit(used: int) -> int:
 
 
 def test_level1_adds_need_external_replication(env):
-    env.core.config.maxmemory = env.core.used_memory * 100 // 80
-    assert env.core.mem_level() == 1
+    env.core.config.maxmemory = env.core.memory.used * 100 // 80
+    assert env.core.memory.level() == 1
     reply = env.s("ADDJOB", "q", "x", 0)
     assert reply.code == "NOREPL" and reply.message.endswith("reason: I'm out of memory")
     assert env.s("ADDJOB", "q", "x", 0, "REPLICATE", 3).message == errors.norepl_reach().message
@@ -437,7 +439,7 @@ def test_info_memory_shows_the_data_the_fixed_part_and_the_level(env):
         return dict(line.split(b":", 1) for line in lines)
 
     env.add("q", "x" * 1000)
-    used = env.core.used_memory
+    used = env.core.memory.used
     fields = memory()
     assert int(fields[b"used_memory"]) == used > BASE_MEMORY + 1000
     assert (fields[b"used_memory_rss"], fields[b"used_memory_startup"]) == (b"10000000", b"9000000")
@@ -456,11 +458,11 @@ def test_eviction_drops_delivered_retry0_jobs_only(env):
     env.s("GETJOB", "COUNT", 2, "FROM", "q")
     kept = [env.add("q", "never delivered", "RETRY", 0), env.add("r", "at least once", "RETRY", 5)]
     env.s("GETJOB", "FROM", "r")
-    env.core.config.maxmemory = level2_limit(env.core.used_memory - 2 * 49_000)
-    assert env.core.mem_level() == 2
+    env.core.config.maxmemory = level2_limit(env.core.memory.used - 2 * 49_000)
+    assert env.core.memory.level() == 2
     assert env.s("PING") == Status(b"PONG")  # any command evicts
     assert [env.show(i) for i in delivered] == [None, None]
-    assert env.core.mem_level() < 2 and all(env.show(i) for i in kept)
+    assert env.core.memory.level() < 2 and all(env.show(i) for i in kept)
     env.check()
 
 
@@ -471,7 +473,7 @@ def test_oom_when_nothing_can_be_evicted(env, policy):
     env.s("DEQUEUE", job_id)
     env.s("GETJOB", "FROM", "q")
     env.core.config.maxmemory_policy = policy
-    env.core.config.maxmemory = level2_limit(env.core.used_memory - 5_000)
+    env.core.config.maxmemory = level2_limit(env.core.memory.used - 5_000)
     for argv in (("ADDJOB", "q", "z", 0), ("ENQUEUE", job_id), ("NACK", job_id)):
         assert env.s(*argv).code == "OOM"
     assert env.s("QLEN", "q") == 0 and env.s("DEQUEUE", job_id) == 0  # not deny-OOM
@@ -485,7 +487,7 @@ def test_eviction_stops_when_under_95_percent_or_after_10_misses(env, evictable)
         env.add("keep", f"k{i}")
     doomed = [env.add("q", body, "RETRY", 0) for _ in range(evictable)]
     env.s("GETJOB", "COUNT", 100, "FROM", "q")
-    env.core.config.maxmemory = level2_limit(env.core.used_memory - 5 * 10_000 - 1_000)
+    env.core.config.maxmemory = level2_limit(env.core.memory.used - 5 * 10_000 - 1_000)
     reply = env.s("ADDJOB", "keep", "x", 0)
     if evictable:  # only as many as needed go, then it stops
         gone = sum(env.show(i) is None for i in doomed)
@@ -498,13 +500,13 @@ def test_eviction_without_jobs_collects_every_idle_queue(env):
     for i in range(40):
         env.s("GETJOB", "NOHANG", "FROM", f"q{i}")
     env.clock.advance(2_000)  # no tick: the command itself must do it
-    env.core.config.maxmemory = level2_limit(env.core.used_memory)
+    env.core.config.maxmemory = level2_limit(env.core.memory.used)
     assert env.s("INFO", "queues") == b"# Queues\r\nregistered_queues:0\r\n"
 
 
 def test_maxmemory_zero_never_answers_oom(env):
     env.core.config.maxmemory = 0
-    assert env.core.mem_level() == 2 and env.core.evict()
+    assert env.core.memory.level() == 2 and env.core.memory.evict()
     assert env.s("ADDJOB", "q", "x", 0).message.endswith("reason: I'm out of memory")
     assert env.s("ADDJOB", "q", "x", 0, "REPLICATE", 2).message == errors.norepl_reach().message
 
@@ -512,16 +514,16 @@ def test_maxmemory_zero_never_answers_oom(env):
 def test_acked_jobs_are_evicted(duo):
     assert duo.s("ACKJOB", ODD_ID) == 0  # a dummy ACK: acked, kept for GC
     assert duo.state(ODD_ID) == "acked"
-    duo.core.config.maxmemory = level2_limit(duo.core.used_memory)
+    duo.core.config.maxmemory = level2_limit(duo.core.memory.used)
     duo.s("PING")
     assert duo.show(ODD_ID) is None
 
 
 def test_peak_memory_tracks_the_maximum(env):
     job_id = env.add("q", "x" * 1000)
-    peak = env.core.peak_memory
+    peak = env.core.memory.peak
     env.s("DELJOB", job_id)
-    assert env.core.peak_memory == peak > env.core.used_memory == BASE_MEMORY + QUEUE_OVERHEAD + 1
+    assert env.core.memory.peak == peak > env.core.memory.used == BASE_MEMORY + QUEUE_OVERHEAD + 1
 
 
 # ---------------------------------------------------------------- AOF records
@@ -544,7 +546,7 @@ def test_aof_records_follow_the_job(env, prepare, command, logged):
     if prepare:
         env.s(*prepare, *([] if prepare[0] == "GETJOB" else [job_id]))
     env.s(command, job_id)
-    records = [e.record for e in env.core.effects if isinstance(e, AofAppend)]
+    records = [e.record for e in env.core.out.effects if isinstance(e, AofAppend)]
     deljob = b"*2\r\n$6\r\nDELJOB\r\n$48\r\n%s\r\n" % job_id
     assert len(records) == 1 + logged and records[1:] == ([deljob] if logged else [])
     assert records[0].startswith(b"*2\r\n$7\r\nLOADJOB\r\n") and job_id in records[0]
@@ -552,7 +554,7 @@ def test_aof_records_follow_the_job(env, prepare, command, logged):
 
 def test_no_aof_records_when_off(env):
     env.s("ACKJOB", env.add())
-    assert not any(isinstance(e, AofAppend) for e in env.core.effects)
+    assert not any(isinstance(e, AofAppend) for e in env.core.out.effects)
 
 
 def test_expiry_is_logged_and_acked_jobs_are_not(duo):
@@ -560,10 +562,10 @@ def test_expiry_is_logged_and_acked_jobs_are_not(duo):
     job_id = duo.add("q", "x", "TTL", 2, "REPLICATE", 1)
     duo.wait(3_100)
     assert duo.show(job_id) is None
-    assert [e.record for e in duo.core.effects if isinstance(e, AofAppend)][-1].startswith(b"*2\r\n$6\r\nDELJOB")
-    duo.core.effects.clear()
+    assert [e.record for e in duo.core.out.effects if isinstance(e, AofAppend)][-1].startswith(b"*2\r\n$6\r\nDELJOB")
+    duo.core.out.effects.clear()
     duo.s("ACKJOB", ODD_ID)
-    assert not any(isinstance(e, AofAppend) for e in duo.core.effects)
+    assert not any(isinstance(e, AofAppend) for e in duo.core.out.effects)
 
 
 # ---------------------------------------------------------------- with a peer
@@ -807,7 +809,7 @@ def test_waitjob_stops_waiting_for_a_job_that_goes_unacknowledged(env):
     env.core.disconnect(gone.client.id)  # a client that leaves stops waiting
     env.s("ACKJOB", b)
     env.wait(6_000)  # `a` expires
-    assert waiter.pending() == [1] and env.core.job_waits == {}
+    assert waiter.pending() == [1] and env.core.blocking.job_waits == {}
     env.check()
 
 
@@ -862,7 +864,7 @@ def test_producer_waiting_for_replication(duo, how):
     if how == "disconnect":
         duo.core.disconnect(producer.client.id)
         assert duo.sent() == [m.DelJob(job_id, acked=False)] and duo.show(job_id) is None
-        assert duo.core.effects == []  # no reply for a connection that is gone
+        assert duo.core.out.effects == []  # no reply for a connection that is gone
     elif how == "ackjob":
         assert duo.s("ACKJOB", job_id) == 1 and duo.state(job_id) == "acked"
         duo.wait(2_000)
@@ -1183,7 +1185,7 @@ def test_command_table_lists_every_command(env):
 
 def test_quit_closes_after_reply(env):
     assert env.s("QUIT", "whatever") == OK
-    assert env.core.effects[-1].client_id == env.s.client.id
+    assert env.core.out.effects[-1].client_id == env.s.client.id
 
 
 @pytest.mark.parametrize(
@@ -1205,7 +1207,7 @@ def test_dispatch_checks(env, setup, argv, code):
         s = env.s
         if setup == "oom":
             core.config.maxmemory_policy = "noeviction"
-            core.config.maxmemory = level2_limit(core.used_memory)
+            core.config.maxmemory = level2_limit(core.memory.used)
         elif setup == "misconf":
             core.aof_error = "No space left on device"
         else:
@@ -1344,14 +1346,14 @@ def test_idle_clients_are_closed_per_timeout_directive(env):
     watcher("MONITOR")
     env.wait(1_500)
     env.s("PING")
-    env.core.effects.clear()
+    env.core.out.effects.clear()
     env.wait(600)
-    closed = {e.client_id for e in env.core.effects if type(e).__name__ == "CloseClient"}
+    closed = {e.client_id for e in env.core.out.effects if type(e).__name__ == "CloseClient"}
     assert closed == {idle.client.id}
 
 
 def test_evict_is_a_no_op_below_95_percent(env):
-    assert env.core.mem_level() == 0 and env.core.evict()
+    assert env.core.memory.level() == 0 and env.core.memory.evict()
 
 
 # ---------------------------------------------------------------- bus entry points
@@ -1362,7 +1364,7 @@ def test_replica_received_from_peer(duo, retry):
     """REPLJOB: the copy is active and unqueued.  An at-least-once copy is
     queued after delay + retry unless the owner announces it, and that
     re-queueing is announced; an at-most-once copy is never queued here."""
-    from disque.cluster.codec import job_to_wire
+    from disque.store.records import job_to_wire
 
     origin = Job(b"DI" + PEER[:8].encode() + b"1" * 32 + b"05a1SQ", b"q", b"x", etime=duo.clock.ms // 1000 + 60,
                  ctime=duo.clock.ms * 1_000_000, retry=retry, nodes_delivered=(PEER, NODE_ID, "c" * 40))  # fmt: skip
@@ -1394,8 +1396,8 @@ def test_link_state_and_answers(duo):
     assert core.header() == m.Header(NODE_ID, 7711, core.cluster.myself.flags)
     assert core.bus_links() == {key: ("127.0.0.1", 17712)}
     core.handle_bus(m.Header(PEER, 7712, 0), m.Ping(), conn=99)
-    assert [type(e).__name__ for e in core.effects] == ["Answer"] and core.effects[0].conn == 99
-    core.effects.clear()
+    assert [type(e).__name__ for e in core.out.effects] == ["Answer"] and core.out.effects[0].conn == 99
+    core.out.effects.clear()
     core.link_closed(key, connect_failed=False)
     from_peer(duo, m.SetAck(ODD_ID, 1))  # an answer to a peer without a link is dropped
     assert duo.sent() == []
@@ -1425,7 +1427,7 @@ def test_silenced_blocking_command_stays_silent_when_served(env, mode):
 def test_late_repljob_does_not_revive_a_collected_job(duo):
     """Regression (jepsen-lite): a REPLJOB delayed in a stalled link arrived
     after the job was acknowledged and collected, and re-created it here."""
-    from disque.cluster.codec import job_to_wire
+    from disque.store.records import job_to_wire
 
     origin = Job(b"DI" + PEER[:8].encode() + b"2" * 32 + b"05a1SQ", b"q", b"x", etime=duo.clock.ms // 1000 + 60,
                  ctime=duo.clock.ms * 1_000_000, retry=2, nodes_delivered=(PEER, NODE_ID))  # fmt: skip

@@ -106,11 +106,11 @@ def test_the_mode_is_config_set_able_and_applies_to_the_next_get() -> None:
 def test_a_set_over_the_item_size_is_swallowed_unbuffered_and_refused_as_memcached_does() -> None:
     runner = sessions(memcache_max_item_size=1000)
     port = Port(runner)
-    before = runner.core.used_memory
+    before = runner.core.memory.used
     port(b"set big 0 0 10000\r\n")
     for _ in range(3):  # 9,000 of the 10,000 bytes: none of them held
         assert port(b"x" * 3000) == b""
-        assert port.conn.parser.buffered() == 0 and runner.core.used_memory == before
+        assert port.conn.parser.buffered() == 0 and runner.core.memory.used == before
     assert port(b"x" * 1000 + b"\r\nget big\r\n") == TOO_LARGE + b"END\r\n"
     assert port(b"set big 0 0 10000 noreply\r\n" + b"x" * 10002 + b"get big\r\n") == b"END\r\n"  # silent
     assert runner.core.items.cmd_set == 2 and not port.conn.closing
@@ -140,18 +140,18 @@ def test_a_partial_request_counts_in_used_memory_until_it_is_run_or_gone() -> No
     runner = sessions()
     core = runner.core
     port = Port(runner)
-    before = core.used_memory
+    before = core.memory.used
     assert port(b"set q 0 0 100000\r\n" + b"x" * 60_000) == b""
     held = port.conn.parser.buffered()
-    assert held >= 60_000 and core.used_memory == before + held
+    assert held >= 60_000 and core.memory.used == before + held
     assert port(b"x" * 40_000 + b"\r\n") == b"STORED\r\n"
     assert port.conn.parser.buffered() == 0 and port.conn.input_counted == 0
-    job_cost = core.used_memory - before  # the job (and its queue), no input left
+    job_cost = core.memory.used - before  # the job (and its queue), no input left
     other = Port(runner)
     other(b"set r 0 0 100000\r\n" + b"y" * 50_000)
-    assert core.used_memory == before + job_cost + other.conn.parser.buffered()
+    assert core.memory.used == before + job_cost + other.conn.parser.buffered()
     runner.gone(other.conn)  # its input goes with it
-    assert core.used_memory == before + job_cost
+    assert core.memory.used == before + job_cost
 
 
 # ------------------------------------------------------------------ authentication
@@ -221,7 +221,7 @@ def test_getjob_timeout_is_kept_to_the_millisecond_too() -> None:
     assert resp.pending() == []
     core.clock.advance(1)  # type: ignore[attr-defined]
     core.tick()
-    assert len(resp.pending()) == 1 and not core.blocked
+    assert len(resp.pending()) == 1 and not core.blocking.blocked
 
 
 def test_served_waits_leave_no_wake_up_behind_and_their_entries_are_compacted() -> None:
@@ -237,9 +237,9 @@ def test_served_waits_leave_no_wake_up_behind_and_their_entries_are_compacted() 
     for _ in range(3 * COMPACT_SLACK):  # many waits served before their deadline
         Port(runner)(b"get q/t=5000\r\n")
         producer(b"set q 0 0 1\r\nb\r\n")
-    assert len(core.timeouts.heap) <= 2 * core.timeouts.live + COMPACT_SLACK and core.timeouts.live == 1
+    assert len(core.blocking.timeouts.heap) <= 2 * core.blocking.timeouts.live + COMPACT_SLACK and core.blocking.timeouts.live == 1
     tick(runner, 60)
-    assert second.answered() == b"END\r\n" and core.timeouts.live == 0
+    assert second.answered() == b"END\r\n" and core.blocking.timeouts.live == 0
     core.clock.advance(5000)  # type: ignore[attr-defined]
     core.tick()  # the served waits' deadlines pass: nobody is answered twice
-    assert core.timeouts.heap == [] and core.timeouts.next() is None
+    assert core.blocking.timeouts.heap == [] and core.blocking.timeouts.next() is None

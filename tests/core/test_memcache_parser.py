@@ -19,7 +19,7 @@ from disque.protocols.memcache.parser import (
     Get,
     GetOptions,
     Parser,
-    ProtocolError,
+    BadRequest,
     Quit,
     Reload,
     Set,
@@ -46,7 +46,7 @@ def run(chunks: list[bytes], parser: Parser | None = None) -> list[object]:
         parser.feed(chunk)
         while (result := parser.next_request()) is not None:
             out.append(result)
-            if isinstance(result, ProtocolError):
+            if isinstance(result, BadRequest):
                 return out
     return out
 
@@ -70,7 +70,7 @@ def one(line: bytes) -> object:
 
 def error_reason(data: bytes) -> str:
     result = parse(data)[-1]
-    assert isinstance(result, ProtocolError)
+    assert isinstance(result, BadRequest)
     return result.reason
 
 
@@ -165,7 +165,7 @@ def test_each_command(line: bytes, expected: object) -> None:
     ],
 )
 def test_unknown_commands(line: bytes) -> None:
-    assert parse(line + b"get q\r\n") == [ProtocolError(CLIENT_ERROR, "unknown command")]
+    assert parse(line + b"get q\r\n") == [BadRequest(CLIENT_ERROR, "unknown command")]
 
 
 @pytest.mark.parametrize("command", [b"get", b"delete", b"flush", b"flush_expired"])
@@ -273,8 +273,8 @@ def test_get_options(key: bytes, options: GetOptions, fetches: bool) -> None:
     ],
 )
 def test_bad_get_keys(key: bytes, reason: str) -> None:
-    assert parse(b"get " + key + b"\r\nget q\r\n") == [ProtocolError(CLIENT_ERROR, reason)]
-    assert parse_get_key(key) == ProtocolError(CLIENT_ERROR, reason)
+    assert parse(b"get " + key + b"\r\nget q\r\n") == [BadRequest(CLIENT_ERROR, reason)]
+    assert parse_get_key(key) == BadRequest(CLIENT_ERROR, reason)
 
 
 # ------------------------------------------------------------------ SET
@@ -326,7 +326,7 @@ def test_set_waits_for_its_whole_block() -> None:
     ],
 )
 def test_set_errors_store_nothing(data: bytes, reply: bytes, reason: str) -> None:
-    assert parse(data + b"get q\r\n") == [ProtocolError(reply, reason)]
+    assert parse(data + b"get q\r\n") == [BadRequest(reply, reason)]
 
 
 def test_a_short_block_waits_then_fails_on_the_next_request() -> None:
@@ -334,7 +334,7 @@ def test_a_short_block_waits_then_fails_on_the_next_request() -> None:
     parser.feed(b"set q 0 0 10\r\nhello\r\n")
     assert parser.next_request() is None  # only 7 of the 12 bytes: still waiting
     parser.feed(b"get q\r\n")
-    assert parser.next_request() == ProtocolError(CLIENT_ERROR, "data block not followed by CRLF")
+    assert parser.next_request() == BadRequest(CLIENT_ERROR, "data block not followed by CRLF")
 
 
 # ------------------------------------------------------------------ limits
@@ -344,7 +344,7 @@ def test_line_limit_is_exact_whether_or_not_the_lf_has_come() -> None:
     ok = b"get " + b"q" * (MAX_LINE - 5) + b"\r"  # MAX_LINE bytes before the LF
     assert len(ok) == MAX_LINE
     assert run([ok + b"\n"]) == [Get(b"q" * (MAX_LINE - 5))]
-    too_long = ProtocolError(CLIENT_ERROR, "request line too long")
+    too_long = BadRequest(CLIENT_ERROR, "request line too long")
     assert run([ok + b"x\n"]) == [too_long]
     parser = Parser()
     parser.feed(ok)
@@ -355,7 +355,7 @@ def test_line_limit_is_exact_whether_or_not_the_lf_has_come() -> None:
 
 def test_small_limits_byte_by_byte() -> None:
     assert parse(b"get abcde\r\n", max_line=10) == [Get(b"abcde")]
-    assert parse(b"get abcdef\r\n", max_line=10) == [ProtocolError(CLIENT_ERROR, "request line too long")]
+    assert parse(b"get abcdef\r\n", max_line=10) == [BadRequest(CLIENT_ERROR, "request line too long")]
 
 
 def test_an_oversized_block_is_swallowed_as_it_arrives() -> None:
@@ -381,7 +381,7 @@ def test_an_oversized_block_and_the_two_bytes_after_it_are_swallowed_unchecked()
     two): the block's size plus two bytes go, whatever they are."""
     assert parse(b"set q 0 0 5\r\n01234XXversion\r\n", max_data=4) == [SetTooLarge(b"q", 5), Version()]
     assert parse(b"set q 0 0 5\r\n012345\r\nversion\r\n", max_data=4) == [
-        SetTooLarge(b"q", 5), ProtocolError(CLIENT_ERROR, "unknown command")
+        SetTooLarge(b"q", 5), BadRequest(CLIENT_ERROR, "unknown command")
     ]  # fmt: skip
 
 
@@ -407,7 +407,7 @@ def test_an_error_is_final() -> None:
     parser.feed(b"get q\r\nbogus\r\nget q\r\n")
     assert parser.next_request() == Get(b"q")
     error = parser.next_request()
-    assert error == ProtocolError(CLIENT_ERROR, "unknown command")
+    assert error == BadRequest(CLIENT_ERROR, "unknown command")
     assert parser.buffered() == 0
     parser.feed(b"get q\r\n")
     assert parser.buffered() == 0
@@ -459,9 +459,9 @@ def check_run(data: bytes, cuts: list[int], max_line: int, max_data: int) -> lis
             if result is None:
                 assert parser.buffered() <= bound
                 break
-            assert isinstance(result, (ProtocolError, *REQUEST_TYPES))
+            assert isinstance(result, (BadRequest, *REQUEST_TYPES))
             out.append(result)
-            if isinstance(result, ProtocolError):
+            if isinstance(result, BadRequest):
                 assert parser.next_request() is result
                 assert parser.buffered() == 0
                 return out
@@ -614,7 +614,7 @@ def test_fuzz_a_limit_changed_between_feeds_never_breaks_the_framing(
         parser.max_data = limits[i % len(limits)]
         parser.feed(chunk)
         while (result := parser.next_request()) is not None:
-            assert not isinstance(result, ProtocolError)
+            assert not isinstance(result, BadRequest)
             if isinstance(result, Set):
                 assert len(result.data) <= max(limits)
             elif isinstance(result, SetTooLarge):

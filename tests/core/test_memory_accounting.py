@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from disque.core.node import BASE_MEMORY
+from disque.core.memory import BASE_MEMORY
 from support import FORCE_READ_BEHIND, Session, make_core
 
 # These measure jobs in memory; read-behind's slots have their own test (test_read_behind.py).
@@ -25,7 +25,7 @@ def allocated_per_job(size: int, *opts: bytes, queues: int = 1) -> tuple[float, 
     makes them."""
     core, _, _ = make_core()
     s = Session(core)
-    before_estimate = core.used_memory
+    before_estimate = core.memory.used
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
@@ -35,7 +35,7 @@ def allocated_per_job(size: int, *opts: bytes, queues: int = 1) -> tuple[float, 
         traced = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    return traced / JOBS, (core.used_memory - before_estimate) / JOBS
+    return traced / JOBS, (core.memory.used - before_estimate) / JOBS
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,7 @@ def test_an_empty_node_costs_the_base():
         traced = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert core.used_memory == core.peak_memory == BASE_MEMORY
+    assert core.memory.used == core.memory.peak == BASE_MEMORY
     assert 0.9 * traced <= BASE_MEMORY <= 1.25 * traced, traced
 
 
@@ -88,7 +88,7 @@ def traced_and_estimated(setup: Callable[[Session], object], step: Callable[[Ses
     s = Session(core)
     setup(s)
     core.take_effects()
-    before_estimate = core.used_memory
+    before_estimate = core.memory.used
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
@@ -98,8 +98,8 @@ def traced_and_estimated(setup: Callable[[Session], object], step: Callable[[Ses
         traced = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert core.used_memory - BASE_MEMORY == core.groups.size() + sum(core.job_size(j) for j in core.jobs.values())
-    return traced / EVENTS, (core.used_memory - before_estimate) / EVENTS
+    assert core.memory.used - BASE_MEMORY == core.groups.size() + sum(core.memory.job_size(j) for j in core.jobs.values())
+    return traced / EVENTS, (core.memory.used - before_estimate) / EVENTS
 
 
 def events(s: Session, count: int = EVENTS, queues: int = 1) -> None:

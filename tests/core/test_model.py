@@ -213,10 +213,10 @@ class CoreModel(RuleBasedStateMachine):
 
     def drain_replies(self) -> dict[int, list]:
         got: dict[int, list] = {}
-        for effect in self.core.effects:
+        for effect in self.core.out.effects:
             if isinstance(effect, Reply):
                 got.setdefault(effect.client_id, []).append(effect.value)
-        self.core.effects.clear()
+        self.core.out.effects.clear()
         return got
 
     def settle(self) -> None:
@@ -472,7 +472,7 @@ class CoreModel(RuleBasedStateMachine):
         check_core(self.core)
         s, now = self.s, self.now
         assert {job.id for job in all_jobs(self.core)} == set(self.jobs)
-        assert set(self.core.blocked) == set(self.waiters)
+        assert set(self.core.blocking.blocked) == set(self.waiters)
         for job in self.jobs.values():
             shown = dict(s("SHOW", job.id))
             assert shown[b"state"] == job.state and shown[b"queue"] == job.queue and shown[b"body"] == job.body
@@ -496,7 +496,7 @@ class CoreModel(RuleBasedStateMachine):
             assert stat[b"idle"] == (now - q.atime) // 1000
         info = s("INFO", "jobs")
         assert info == b"# Jobs\r\nregistered_jobs:%d\r\n" % len(self.jobs)
-        assert not self.core.effects
+        assert not self.core.out.effects
 
 
 TestCoreModel, TestCoreModelLong = quick_and_slow(CoreModel, quick=(60, 35), slow=(600, 80))

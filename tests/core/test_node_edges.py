@@ -10,12 +10,13 @@ import logging
 import random
 
 from disque.cluster import messages as m
-from disque.cluster.codec import job_to_wire
-from disque.core.ids import mixed, new_job_id
+from disque.store.records import job_to_wire
+from disque.store.ids import mixed, new_job_id
 from disque.core.types import BLOCKED, Status
 from disque.core.node import NodeCore
 from disque.store import collected as collected_module
-from disque.store.aof import RecordReader, Replay, encode_clean_marker, encode_loadjob
+from disque.core.replay import Replay
+from disque.store.aof import RecordReader, encode_clean_marker, encode_loadjob
 from disque.store.job import BCAST_QUEUED, DELIVERED, Job, State
 from invariants import advance, check_core
 from support import NODE_ID, START_MS, FakeClock, Session, bus_sent, linked_core, make_core
@@ -67,17 +68,17 @@ def test_ackjob_of_an_externally_replicated_job_answers_the_producer():
     here in wait-repl without a local copy.  An ACKJOB for it counts, gives
     the producer its ID (as SETACK would) and forgets the record."""
     core, _ = duo(maxmemory=100_000)
-    assert core.mem_level() == 1
+    assert core.memory.level() == 1
     producer, consumer = Session(core), Session(core)
     assert producer("ADDJOB", "q", "x", 0, "REPLICATE", 1) is BLOCKED
-    [job_id] = list(core.repl_waiters)
+    [job_id] = list(core.out.repl_waiters)
     assert consumer.show(job_id)["state"] == "wait-repl"
     [repl] = bus_sent(core)
     assert isinstance(repl, m.ReplJob) and repl.job["id"] == job_id and not repl.noreply
 
     assert consumer("ACKJOB", job_id) == 1
     assert producer.pending() == [Status(job_id)]
-    assert consumer.show(job_id) is None and not core.repl_waiters and not producer.client.repl_jobs
+    assert consumer.show(job_id) is None and not core.out.repl_waiters and not producer.client.repl_jobs
     assert bus_sent(core) == []  # nobody confirmed: no ENQUEUE to send
     assert consumer("ACKJOB", job_id) == 0  # gone; an even TTL field (RETRY > 0) makes no dummy ACK
     check_core(core)
@@ -131,8 +132,8 @@ def test_replayed_delivered_retry0_job_is_never_due_again():
     core, clock, _ = make_core()
     job_id = new_job_id(NODE_ID, core.rng, 3600, 0)
     job = Job(job_id, b"q", b"once", state=State.QUEUED, flags=BCAST_QUEUED | DELIVERED,
-              etime=core.now // 1000 + 3600, ctime=core.new_ctime(), nodes_delivered=(NODE_ID,))  # fmt: skip
-    replay = Replay(core)
+              etime=core.now // 1000 + 3600, ctime=core.lifecycle.new_ctime(), nodes_delivered=(NODE_ID,))  # fmt: skip
+    replay = Replay(core.lifecycle, core.groups, core.settle, core.read_clock)
     reader = RecordReader()
     reader.feed(encode_loadjob(job) + encode_clean_marker(START_MS))
     for offset, args in reader:
@@ -160,13 +161,13 @@ def test_queue_paused_before_the_next_event_keeps_loaded_jobs_from_consumers():
     assert consumer("GETJOB", "FROM", "q") is BLOCKED
     job_id = new_job_id(NODE_ID, core.rng, 3600, 5)
     job = Job(job_id, b"q", b"loaded", state=State.QUEUED, flags=BCAST_QUEUED, etime=core.now // 1000 + 3600,
-              retry=5, ctime=core.new_ctime(), nodes_delivered=(NODE_ID,))  # fmt: skip
-    replay = Replay(core)
+              retry=5, ctime=core.lifecycle.new_ctime(), nodes_delivered=(NODE_ID,))  # fmt: skip
+    replay = Replay(core.lifecycle, core.groups, core.settle, core.read_clock)
     reader = RecordReader()
     reader.feed(encode_loadjob(job) + encode_clean_marker(START_MS))
     for offset, args in reader:
         replay.apply(offset, args)
-    assert replay.finish() == 1 and core.ready  # queued outside any command: served by the next event
+    assert replay.finish() == 1 and core.blocking.ready  # queued outside any command: served by the next event
 
     assert admin("PAUSE", "q", "out") == Status(b"out")
     assert consumer.pending() == [] and admin("QLEN", "q") == 1

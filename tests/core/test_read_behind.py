@@ -18,7 +18,8 @@ from disque.core.effects import AofAppend
 from disque.core.figures import node_figures
 from disque.core.read_behind import ReadBehind
 from disque.shell import segments as seg
-from disque.store.aof import RecordReader, Replay, encode_clean_marker, encode_deljob, encode_loadjob
+from disque.core.replay import Replay
+from disque.store.aof import RecordReader, encode_clean_marker, encode_deljob, encode_loadjob
 from disque.store.job import DEQUEUE, ENQUEUE, Job, State
 from disque.store.queue import Queue
 from disque.store.scan import NBUCKETS
@@ -235,7 +236,7 @@ def test_kestrel_figures_tell_memory_from_disk():
 def test_destroying_a_queue_brings_its_jobs_back_first():
     core, clock, s = forced()
     ids = add(s, 5)
-    core.destroy_queue(core.queues.get(b"q"))
+    core.lifecycle.destroy_queue(core.queues.get(b"q"))
     assert {dict(s("SHOW", i))[b"state"] for i in ids} == {"active"}
     assert info(core)["jobs_on_disk"] == 0
 
@@ -263,18 +264,18 @@ def budgeted(prefetch: int):
 
 def test_the_node_budget_starts_and_stops_spilling_with_hysteresis():
     core, clock, s = budgeted(10)
-    core.config.job_memory_limit = core.used_memory + 50 * core.job_size(Job(b"D" * 48, b"q", b"x" * 100))
+    core.config.job_memory_limit = core.memory.used + 50 * core.memory.job_size(Job(b"D" * 48, b"q", b"x" * 100))
     add_big = lambda n: [s("ADDJOB", "q", "x" * 100, 0) for _ in range(n)]  # noqa: E731
     add_big(40)
     assert info(core)["jobs_on_disk"] == 0 and info(core)["read_behind_spilling"] == 0
     add_big(20)  # past the limit: spilled until a tenth of the room was free again
-    assert info(core)["jobs_on_disk"] > 0 and core.used_memory < core.read_behind.limit()
+    assert info(core)["jobs_on_disk"] > 0 and core.memory.used < core.read_behind.limit()
     add_big(10)  # the queue is in read-behind: new jobs go to its tail
     on_disk = info(core)["jobs_on_disk"]
     assert on_disk >= 10
-    core.config.job_memory_limit = core.used_memory - 2000  # the jobs on disk count too: the head gives way
+    core.config.job_memory_limit = core.memory.used - 2000  # the jobs on disk count too: the head gives way
     add_big(1)
-    assert info(core)["jobs_on_disk"] > on_disk + 1 and core.used_memory < core.config.job_memory_limit
+    assert info(core)["jobs_on_disk"] > on_disk + 1 and core.memory.used < core.config.job_memory_limit
     assert bodies(s("QPEEK", "q", 1)) == [b"x" * 100]
     check_core(core)
     for entry in s("GETJOB", "COUNT", 80, "FROM", "q"):
@@ -483,7 +484,7 @@ def test_a_replay_moves_the_jobs_it_kept_in_memory_to_disk_as_its_slots_outgrow_
     records.insert(4, encode_deljob(ids[2]))  # gone before the room is made
     blob = b"".join(records) + encode_clean_marker(START_MS)
     core, _, s = budgeted(2)
-    core.config.job_memory_limit = core.used_memory + 30_000  # room for about 50 jobs
+    core.config.job_memory_limit = core.memory.used + 30_000  # room for about 50 jobs
     rep = applied(core, blob)
     # 999 slots (72 KB) alone pass the 30 KB of room: no job stays in memory but the event
     assert [job.queue for job in core.jobs.values()] == [b"events"] and info(core)["jobs_on_disk"] == 999
@@ -503,8 +504,8 @@ def test_jobs_a_crash_left_on_disk_stay_there_when_their_retry_queues_them_again
     ids = [bytes(Session(src)("ADDJOB", "q", b"%04d" % i + b"x" * 1000, 0, "RETRY", 1)) for i in range(3000)]
     blob = b"".join(encode_loadjob(job) for job in src.jobs.values())  # no clean marker: a crash
     core, clock, s = budgeted(100)
-    room = 300 * core.job_size(src.jobs.get(ids[0]))
-    core.config.job_memory_limit = core.used_memory + room
+    room = 300 * core.memory.job_size(src.jobs.get(ids[0]))
+    core.config.job_memory_limit = core.memory.used + room
     rep = core.begin_load()
     reader = RecordReader()
     reader.feed(blob)
@@ -520,7 +521,7 @@ def test_jobs_a_crash_left_on_disk_stay_there_when_their_retry_queues_them_again
     def bounded() -> None:
         nonlocal most
         most = max(most, info(core)["jobs_in_memory"])
-        assert core.used_memory <= core.read_behind.limit() + room // 10  # (a tick loads a tenth of the room)
+        assert core.memory.used <= core.read_behind.limit() + room // 10  # (a tick loads a tenth of the room)
 
     advance(core, clock, 3_000, bounded)
     assert s("QLEN", "q") == 3000 and info(core)["jobs_on_disk"] > 2800
@@ -534,7 +535,7 @@ def test_a_job_its_retry_queued_while_the_replay_ran_goes_to_disk_only_through_i
     ids = [bytes(Session(src)("ADDJOB", "q", b"%04d" % i + b"x" * 1000, 0, "RETRY", 1)) for i in range(1000)]
     blob = b"".join(encode_loadjob(job) for job in src.jobs.values())
     core, clock, s = budgeted(10)
-    core.config.job_memory_limit = core.used_memory + 100 * core.job_size(src.jobs.get(ids[0]))
+    core.config.job_memory_limit = core.memory.used + 100 * core.memory.job_size(src.jobs.get(ids[0]))
     rep = core.begin_load()
     reader = RecordReader()
     reader.feed(blob)
@@ -586,7 +587,7 @@ def test_a_rewrite_snapshot_lists_the_journaled_jobs_on_disk():
 
 
 def decode_queue(payload: bytes) -> bytes:
-    from disque.cluster.codec import decode_storage
+    from disque.store.records import decode_storage
 
     return decode_storage(payload).queue  # type: ignore[return-value]
 
@@ -673,7 +674,7 @@ def test_only_copies_that_can_move_go_to_disk():
     rb.grown[b"r"] = None
     core.settle()  # the newest cannot move: none of those before it does either
     assert rb.counts() == (0, 0)
-    core.destroy_queue(core.queues.get(b"r"))  # no tail: nothing to bring back
+    core.lifecycle.destroy_queue(core.queues.get(b"r"))  # no tail: nothing to bring back
     core, clock, s = forced()
     rb = core.read_behind
     ids = add(s, 3)
@@ -712,7 +713,7 @@ def test_reads_that_fail_are_tried_again(monkeypatch):
     assert sorted(s("JSCAN", "0", "BUSYLOOP")[1]) == sorted(ids[:2])  # those on disk cannot be read
     advance(core, clock, 3_000)  # due to expire, but unreadable: tried again every second
     assert s("QLEN", "q") == 2
-    core.destroy_queue(core.queues.get(b"q"))  # its jobs on disk cannot come back: they stay there
+    core.lifecycle.destroy_queue(core.queues.get(b"q"))  # its jobs on disk cannot come back: they stay there
     assert core.read_behind.counts() == (0, 2)
     monkeypatch.undo()
     advance(core, clock, 1_000)

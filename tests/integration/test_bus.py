@@ -21,10 +21,11 @@ import pytest
 import trio
 
 from disque.shell.bus import Bus
-from disque.cluster.codec import FrameDecoder, encode_frame, job_to_wire
+from disque.cluster.codec import FrameDecoder, encode_frame
+from disque.store.records import job_to_wire
 from disque.cluster.messages import GotJob, GotJobs, Header, Message, Pause, Ping, Pong, ReplJob, ReplJobs
 from disque.store.job import Job
-from disque.core.ids import new_job_id
+from disque.store.ids import new_job_id
 from disque.devcluster import free_port
 from disque.core.effects import Answer, DropLink, Send
 

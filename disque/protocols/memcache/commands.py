@@ -60,7 +60,7 @@ def run(node: NodeCore, client: Client, request: Any) -> Any:
     """The front end's command table (base.FrontEnd.run)."""
     kind = type(request)
     if kind is Quit:
-        node.close_client(client)
+        node.out.close_client(client)
         return SILENT
     if kind is Set and not client.authenticated and node.config.requirepass:
         return node.execute(client, Command("auth", 0, "l", lambda n, c, argv: _auth(n, c, request)), [b"auth"])
@@ -93,7 +93,7 @@ def _fatal(node: NodeCore, client: Client) -> bytes:
     the connection's open read (a fetch over it, or a close or abort naming
     another queue), and Kestrel ends such a connection; closing it puts the
     read back at the head (§3.4)."""
-    node.close_client(client)
+    node.out.close_client(client)
     return reply.ERROR
 
 
@@ -110,14 +110,14 @@ def _set(node: NodeCore, client: Client, req: Set) -> Any:
         return reply.STORED  # expired already: Kestrel stores it and drops it at once
     ttl = -(-(expiry - now) // 1000) if expiry else ITEM_TTL
     items.copy_to_children(client, req.queue, req.data, ttl)
-    return node.add_job(client, req.queue, req.data, SET_TIMEOUT_MS, None, ttl, None, None, None, False)
+    return node.lifecycle.add_job(client, req.queue, req.data, SET_TIMEOUT_MS, None, ttl, None, None, None, False)
 
 
 def _auth(node: NodeCore, client: Client, req: Set) -> Any:
     """The credentials SET: `default <password>` (another user never matches)."""
     user, _, password = req.data.partition(b" ")
     failure = DisqueError("WRONGPASS", "invalid username-password pair or user is disabled.")
-    return node.authenticate(client, password if user == b"default" else None, failure) or reply.STORED
+    return node.gate.authenticate(client, password if user == b"default" else None, failure) or reply.STORED
 
 
 def _set_too_large(node: NodeCore, client: Client, req: SetTooLarge) -> bytes:

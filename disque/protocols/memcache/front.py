@@ -35,7 +35,7 @@ class Requests:
 
     def next_command(self) -> Any:
         request = self.parser.next_request()
-        if isinstance(request, parser.ProtocolError):
+        if isinstance(request, parser.BadRequest):
             raise ProtocolError(request.reply.decode("latin-1"))
         return request
 

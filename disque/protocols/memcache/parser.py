@@ -5,7 +5,7 @@ Theory of operation
 `Parser` works like h11: the connection `feed()`s what it receives, then
 calls `next_request()` until it returns None (more bytes needed).  Each call
 returns one request value (a frozen dataclass per command) or a
-`ProtocolError` value; it never raises.  A protocol error is fatal: the
+`BadRequest` value; it never raises.  A protocol error is fatal: the
 connection writes `error.reply` and closes, and the parser keeps returning
 the same error and drops anything fed after it.
 
@@ -70,7 +70,7 @@ _NOREPLY = b"noreply"
 
 
 @dataclass(frozen=True, slots=True)
-class ProtocolError:
+class BadRequest:
     """A malformed request: write `reply`, then close.  `reason` is for logs."""
 
     reply: bytes
@@ -240,11 +240,11 @@ def _noreply(tokens: list[bytes], required: int) -> bool:
     return len(tokens) > required and tokens[-1] == _NOREPLY
 
 
-def _client_error(reason: str) -> ProtocolError:
-    return ProtocolError(CLIENT_ERROR, reason)
+def _client_error(reason: str) -> BadRequest:
+    return BadRequest(CLIENT_ERROR, reason)
 
 
-def parse_get_key(key: bytes) -> Get | ProtocolError:
+def parse_get_key(key: bytes) -> Get | BadRequest:
     """`<queue>[/<option>...]`, checked in Kestrel's order (§3.1)."""
     queue, *pieces = key.split(b"/")
     opened = closed = aborted = peeked = False
@@ -276,18 +276,18 @@ def parse_get_key(key: bytes) -> Get | ProtocolError:
     return Get(queue, GetOptions(opened, closed, aborted, peeked, timeout), key)
 
 
-def _get(tokens: list[bytes]) -> Get | ProtocolError:
+def _get(tokens: list[bytes]) -> Get | BadRequest:
     if len(tokens) < 2:
         return _client_error("missing queue name")
     return parse_get_key(tokens[1])
 
 
-def _set(tokens: list[bytes]) -> _SetHeader | ProtocolError:
+def _set(tokens: list[bytes]) -> _SetHeader | BadRequest:
     if len(tokens) < 5:
         return _client_error("set needs a queue, flags, exptime and a byte count")
     size = _java_int(tokens[4])
     if size is None:
-        return ProtocolError(ERROR, "byte count is not an integer")
+        return BadRequest(ERROR, "byte count is not an integer")
     if size < 0:
         return _client_error("negative byte count")
     flags = _java_int(tokens[2], high=UINT32_MAX)
@@ -300,13 +300,13 @@ def _set(tokens: list[bytes]) -> _SetHeader | ProtocolError:
     return _SetHeader(tokens[1], flags, exptime, size, _noreply(tokens, 5))
 
 
-_Command = Callable[[list[bytes]], "Request | _SetHeader | ProtocolError"]  # a command line's parser
+_Command = Callable[[list[bytes]], "Request | _SetHeader | BadRequest"]  # a command line's parser
 
 
 def _queue_command(make: Callable[[bytes, bool], Request]) -> _Command:
     """A command whose one argument is a queue name, with an optional `noreply`."""
 
-    def parse(tokens: list[bytes]) -> Request | ProtocolError:
+    def parse(tokens: list[bytes]) -> Request | BadRequest:
         if len(tokens) < 2:
             return _client_error("missing queue name")
         reason = _bad_name(tokens[1])
@@ -335,7 +335,7 @@ _COMMANDS: dict[bytes, _Command] = {
 }
 
 
-def _parse_line(line: bytes) -> Request | _SetHeader | ProtocolError:
+def _parse_line(line: bytes) -> Request | _SetHeader | BadRequest:
     """One request line, without its LF (a trailing CR is dropped here)."""
     if line.endswith(b"\r"):
         line = line[:-1]
@@ -363,7 +363,7 @@ class Parser:
         self._scan = 0  # bytes of the pending line already searched for LF
         self._set: _SetHeader | None = None  # reading this SET's data block
         self._skip = 0  # bytes of an oversized data block (and its CRLF) still to swallow
-        self._error: ProtocolError | None = None
+        self._error: BadRequest | None = None
 
     def feed(self, data: bytes) -> None:
         """Take received bytes (dropped once the parser has failed)."""
@@ -374,7 +374,7 @@ class Parser:
         """Bytes received and not yet consumed."""
         return len(self._buf)
 
-    def next_request(self) -> Request | ProtocolError | None:
+    def next_request(self) -> Request | BadRequest | None:
         """The next request, the protocol error, or None until more data."""
         if self._error is not None:
             return self._error
@@ -392,7 +392,7 @@ class Parser:
         result = _parse_line(bytes(buf[:lf]))
         del buf[: lf + 1]
         self._scan = 0
-        if isinstance(result, ProtocolError):
+        if isinstance(result, BadRequest):
             return self._fail(result)
         if isinstance(result, _SetHeader):
             self._set = result
@@ -401,7 +401,7 @@ class Parser:
             return self._data_block(result)
         return result
 
-    def _data_block(self, header: _SetHeader) -> Set | SetTooLarge | ProtocolError | None:
+    def _data_block(self, header: _SetHeader) -> Set | SetTooLarge | BadRequest | None:
         buf = self._buf
         if self._skip:  # too large: swallowed, never buffered
             dropped = min(self._skip, len(buf))
@@ -421,7 +421,7 @@ class Parser:
         self._set = None
         return Set(header.queue, header.flags, header.exptime, data, header.noreply)
 
-    def _fail(self, error: ProtocolError) -> ProtocolError:
+    def _fail(self, error: BadRequest) -> BadRequest:
         self._error = error
         self._buf = bytearray()
         return error

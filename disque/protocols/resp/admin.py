@@ -20,7 +20,8 @@ from disque.cluster.messages import FAIL, LEAVING, MYSELF, PFAIL
 from disque.core.config import ConfigError, config_get, config_set
 from disque.core.errors import DisqueError, err
 from disque.core.types import REPLY_OFF, REPLY_ON, REPLY_SKIP_NEXT, SILENT, Client, Map, Status
-from disque.core.node import MEM_LEVELS, NodeCore
+from disque.core.memory import MEM_LEVELS
+from disque.core.node import NodeCore
 from disque.protocols.resp.table import COMMANDS, int_or, parse_int, parse_timeout
 
 OK = Status(b"OK")
@@ -73,22 +74,22 @@ def _section_clients(node: NodeCore, proc: dict[str, Any]) -> list[tuple[str, An
         ("connected_clients", len(node.clients)),
         ("client_longest_output_list", proc.get("longest_output", 0)),
         ("client_biggest_input_buf", proc.get("biggest_input", 0)),
-        ("blocked_clients", len(node.blocked) + len(node.repl_waiters)),
+        ("blocked_clients", node.blocking.count()),
     ]
 
 
 def _section_memory(node: NodeCore, proc: dict[str, Any]) -> list[tuple[str, Any]]:
     """used_memory: the data (what maxmemory bounds); used_memory_startup:
     the RSS of the idle process, the fixed part outside it (docs/running.md)."""
-    used, rss, startup, limit = node.used_memory, proc["rss"], proc["rss_startup"], node.config.maxmemory
-    level = node.mem_level()
+    used, rss, startup, limit = node.memory.used, proc["rss"], proc["rss_startup"], node.config.maxmemory
+    level = node.memory.level()
     return [
         ("used_memory", used),
         ("used_memory_human", _human(used)),
         ("used_memory_rss", rss),
         ("used_memory_startup", startup),
-        ("used_memory_peak", node.peak_memory),
-        ("used_memory_peak_human", _human(node.peak_memory)),
+        ("used_memory_peak", node.memory.peak),
+        ("used_memory_peak_human", _human(node.memory.peak)),
         ("mem_fragmentation_ratio", f"{rss / (startup + used):.2f}"),
         ("mem_allocator", "pymalloc"),
         ("maxmemory", limit),
@@ -240,7 +241,7 @@ def _kill_filters(node: NodeCore, me: Client, args: list[bytes]) -> int:
     killed = 0
     for c in targets:
         if c is not me or not skipme:
-            node.close_client(c)
+            node.out.close_client(c)
             killed += 1
     return killed
 
@@ -268,7 +269,7 @@ def client_command(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
     if sub == b"kill" and len(args) == 1:
         for c in node.clients.values():
             if c.addr == _text(args[0]):
-                node.close_client(c)
+                node.out.close_client(c)
                 return OK
         raise err("No such client")
     if sub == b"kill" and args:
@@ -325,7 +326,7 @@ def redis_hello(node: NodeCore, client: Client, args: list[bytes]) -> Any:
                 wrong = DisqueError("WRONGPASS", "invalid username-password pair or user is disabled.")
                 if not node.config.requirepass:
                     raise wrong
-                delay = node.check_password(client, args[i + 2] if args[i + 1] == b"default" else None)
+                delay = node.gate.check_password(client, args[i + 2] if args[i + 1] == b"default" else None)
                 if not client.authenticated:
                     raise wrong
                 i += 3
@@ -353,7 +354,7 @@ def redis_hello(node: NodeCore, client: Client, args: list[bytes]) -> Any:
         )
     except DisqueError as e:  # after a password whose answer waits, so does whatever follows it
         reply = e
-    return node.answer_late(client, delay, reply)
+    return node.blocking.answer_late(client, delay, reply)
 
 
 # ---------------------------------------------------------------- DEBUG

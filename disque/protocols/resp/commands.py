@@ -47,7 +47,7 @@ def run(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
     `NodeCore.execute` applies the checks every front end shares."""
     name = argv[0].lower()
     if name == b"quit":
-        node.close_client(client)
+        node.out.close_client(client)
         return OK
     cmd = COMMANDS.get(name)
     if cmd is None:
@@ -106,7 +106,7 @@ def cmd_addjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
     repl, ttl, retry, delay, maxlen, max_attempts = values
     if dead_letter is not None and max_attempts is None:
         raise err("DEADLETTER needs MAXATTEMPTS")
-    return node.add_job(
+    return node.lifecycle.add_job(
         client, argv[1], argv[2], timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter
     )
 
@@ -141,7 +141,7 @@ def cmd_getjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
     queues = argv[i + 1 :]
     if i >= n or not queues:
         raise errors.syntax()
-    return node.get_jobs(client, queues, count, nohang, withcounters, timeout)
+    return node.blocking.get_jobs(client, queues, count, nohang, withcounters, timeout)
 
 
 @command("ackjob", -1, "wF")
@@ -166,7 +166,7 @@ def _each_known(node: NodeCore, argv: list[bytes], action: Callable[[Job], bool]
 @command("deljob", -1, "wF")
 def cmd_deljob(node: NodeCore, client: Client, argv: list[bytes]) -> int:
     def delete(job: Job) -> bool:
-        node.delete_job(job)
+        node.lifecycle.delete_job(job)
         return True
 
     return _each_known(node, argv, delete)
@@ -174,7 +174,7 @@ def cmd_deljob(node: NodeCore, client: Client, argv: list[bytes]) -> int:
 
 @command("enqueue", -1, "mwF")
 def cmd_enqueue(node: NodeCore, client: Client, argv: list[bytes]) -> int:
-    return _each_known(node, argv, lambda job: job.state == State.ACTIVE and node.enqueue(job))
+    return _each_known(node, argv, lambda job: job.state == State.ACTIVE and node.lifecycle.enqueue(job))
 
 
 @command("nack", -1, "mwF")
@@ -183,9 +183,9 @@ def cmd_nack(node: NodeCore, client: Client, argv: list[bytes]) -> int:
     if len(argv) >= 3 and argv[-2].lower() == b"delay":
         delay = _option(b"delay", argv[-1])  # as ADDJOB's
         if delay:
-            return _each_known(node, argv[:-2], lambda job: node.nack_later(job, delay))
+            return _each_known(node, argv[:-2], lambda job: node.lifecycle.nack_later(job, delay))
         argv = argv[:-2]
-    return _each_known(node, argv, lambda job: job.state == State.ACTIVE and node.enqueue(job, nack=True))
+    return _each_known(node, argv, lambda job: job.state == State.ACTIVE and node.lifecycle.enqueue(job, nack=True))
 
 
 @command("deadletter", -3, "wm")
@@ -200,12 +200,12 @@ def cmd_deadletter(node: NodeCore, client: Client, argv: list[bytes]) -> int:
         count = int_or(argv[4], errors.not_integer)
         if count <= 0:
             raise err("COUNT must be a number greater than zero")
-    return node.requeue_dead_letters(argv[2], count)
+    return node.lifecycle.requeue_dead_letters(argv[2], count)
 
 
 @command("dequeue", -1, "wF")
 def cmd_dequeue(node: NodeCore, client: Client, argv: list[bytes]) -> int:
-    return _each_known(node, argv, node.dequeue)
+    return _each_known(node, argv, node.lifecycle.dequeue)
 
 
 @command("working", 2, "wF")
@@ -214,7 +214,7 @@ def cmd_working(node: NodeCore, client: Client, argv: list[bytes]) -> int:
     job = node.jobs.get(job_id)
     if job is None:
         raise errors.nojob()
-    return node.working(job)
+    return node.lifecycle.working(job)
 
 
 @command("waitjob", -2, "rF")
@@ -226,7 +226,7 @@ def cmd_waitjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
         argv = argv[:-2]
     if len(argv) < 2:
         raise errors.wrong_arity("waitjob")
-    return node.wait_jobs(client, job_ids(argv[1:]), timeout)
+    return node.blocking.wait_jobs(client, job_ids(argv[1:]), timeout)
 
 
 @command("show", 2, "rF")
@@ -346,7 +346,7 @@ def cmd_qscan(node: NodeCore, client: Client, argv: list[bytes]) -> list[Any]:
         for q in queues
         if (minlen is None or len(q) >= minlen)
         and (maxlen is None or len(q) <= maxlen)
-        and (rate is None or node.import_rate(q) >= rate)
+        and (rate is None or node.federation.import_rate(q) >= rate)
     ]
     return [str(cursor).encode(), names]
 
@@ -371,7 +371,7 @@ def cmd_qpeek(node: NodeCore, client: Client, argv: list[bytes]) -> list[Any]:
     for job in source:
         if len(out) == abs(count):
             break
-        out.append(node.job_entry(job, False))
+        out.append(node.blocking.job_entry(job, False))
     return out
 
 
@@ -388,8 +388,8 @@ def cmd_qstat(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
             (b"age", max(0, (now - queue.ctime) // 1000)),
             (b"idle", max(0, (now - queue.atime) // 1000)),
             (b"blocked", len(queue.waiters)),
-            (b"import-from", node.import_from(queue)),
-            (b"import-rate", node.import_rate(queue)),
+            (b"import-from", node.federation.import_from(queue)),
+            (b"import-rate", node.federation.import_rate(queue)),
             (b"jobs-in", queue.jobs_in),
             (b"jobs-out", queue.jobs_out),
             (b"pause", PAUSE_NAMES[queue.pause]),
@@ -425,13 +425,13 @@ def cmd_pause(node: NodeCore, client: Client, argv: list[bytes]) -> Status:
             raise errors.syntax()
     name = argv[1]
     if change:
-        node.set_pause(name, flags)
+        node.lifecycle.set_pause(name, flags)
     queue = node.queues.get(name)
     result = 0 if queue is None else queue.pause
     if bcast:
         msg = m.Pause(name, result)
         for node_id in node.cluster.linked_ids():
-            node.send(node_id, msg)
+            node.out.send(node_id, msg)
     return Status(PAUSE_NAMES[result].encode())
 
 
@@ -442,7 +442,7 @@ def cmd_pause(node: NodeCore, client: Client, argv: list[bytes]) -> Status:
 def cmd_auth(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
     if not node.config.requirepass:
         raise errors.err("Client sent AUTH, but no password is set")
-    return node.authenticate(client, argv[1], errors.err("invalid password")) or OK
+    return node.gate.authenticate(client, argv[1], errors.err("invalid password")) or OK
 
 
 @command("ping", -1, "rF")
@@ -504,7 +504,7 @@ def _command_entry(cmd: Command) -> list[Any]:
 
 @command("monitor", 1, "ar")
 def cmd_monitor(node: NodeCore, client: Client, argv: list[bytes]) -> Status:
-    node.monitors[client.id] = client
+    node.gate.monitors[client.id] = client
     return OK
 
 
@@ -546,13 +546,13 @@ def cmd_debug(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
 def cmd_slowlog(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
     sub = argv[1].lower()
     if sub == b"len" and len(argv) == 2:
-        return len(node.slowlog)
+        return len(node.gate.slowlog)
     if sub == b"reset" and len(argv) == 2:
-        node.slowlog.clear()
+        node.gate.slowlog.clear()
         return OK
     if sub == b"get" and len(argv) <= 3:
         count = int_or(argv[2], errors.not_integer) if len(argv) == 3 else 10
-        return [list(entry) for entry in list(node.slowlog)[:count]]
+        return [list(entry) for entry in list(node.gate.slowlog)[:count]]
     raise err("Unknown SLOWLOG subcommand or wrong # of args. Try GET, RESET, LEN.")
 
 

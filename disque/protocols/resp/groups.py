@@ -63,7 +63,7 @@ def cmd_qadd(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
     if expire <= 0:
         event = node.groups.expired_id()
         return OK if noblock else event
-    return node.add_event(client, argv[1], argv[3], -(-expire // 1000), noblock)
+    return node.lifecycle.add_event(client, argv[1], argv[3], -(-expire // 1000), noblock)
 
 
 def _ex_ms(argv: list[bytes], at: int) -> int:

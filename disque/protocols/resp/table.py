@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from disque.core import errors, ids
+from disque.core import errors
+from disque.store import ids
 from disque.core.errors import DisqueError
 from disque.core.node import NodeCore
 from disque.core.types import Client, Command, Status

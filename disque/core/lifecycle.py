@@ -1,0 +1,593 @@
+"""The job lifecycle: the registry, the queues and the scheduler (Disque's job.c and queue.c).
+
+Theory of operation: `Lifecycle` owns the node's jobs (`jobs`, a `JobStore`
+that may keep some on disk) and queues, and is the one place their rules
+live: a job enters through `register` (created here), `adopt` (a copy from a
+peer or a record replayed from the AOF: one rule for both), and leaves
+through `delete_job`; it is queued by `enqueue`, taken by `fetch`, and its
+one timer is set by `reschedule` and served by `process_job` (spec/cluster.md
+§8.3, Disque's processJob).  The producer's operations (`add_job`,
+`add_event`, NACK ... DELAY, WORKING, dead letters) are built on those.
+
+Invariants kept here:
+* a job is in exactly one state (`store/job.py` transition table), and a
+  queue holds only `queued` jobs;
+* every registered job has one awake time in the `JobStore` timer,
+  recomputed by `reschedule` after every change that matters;
+* a RETRY 0 job is queued at most once per node (`enqueue` refuses it once
+  delivered, and `qtime = 0` afterwards);
+* the node's identity is `membership.myself` alone: its ID and `solo` tuple
+  are read when needed, never copied, so CLUSTER RESET HARD changes them
+  everywhere at once.
+
+Collaborators: it emits through the `Outbox` and accounts in `Memory`
+(both concrete: they are below it).  The concerns built on it (consumer
+groups, ACK GC, Kestrel's items, replication, federation, blocked clients)
+are above it, so it sees each through the small protocol below of the hooks
+it calls, bound once they exist (`bind`).
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from disque.cluster import messages as m
+from disque.core import errors
+from disque.core.types import Client, Stats, Status
+from disque.store.ids import new_job_id
+from disque.store.job import (
+    ABORT,
+    ADOPT,
+    BCAST_QUEUED,
+    BCAST_WILLQUEUE,
+    DELIVERED,
+    DEQUEUE,
+    ENQUEUE,
+    EVENT,
+    FETCH,
+    NACKED,
+    Job,
+    State,
+)
+from disque.store.jobs import JobStore
+from disque.store.queue import PAUSE_IN, PAUSE_OUT, Queue
+from disque.store.queue_config import DEFAULTS as NO_LIMITS, QueueSettings
+from disque.store.scan import BucketedDict
+
+if TYPE_CHECKING:
+    import random
+
+    from disque.cluster.membership import Membership
+    from disque.core.memory import Memory
+    from disque.core.outbox import Outbox
+    from disque.store.collected import Collected
+
+# Module-level aliases: attribute lookups on an IntEnum are slow in the hot path.
+S_WAIT_REPL: Final = State.WAIT_REPL  # (Final: the compiled build reads these as C statics, not globals)
+S_ACTIVE: Final = State.ACTIVE
+S_QUEUED: Final = State.QUEUED
+S_ACKED: Final = State.ACKED
+
+WILLQUEUE_LEAD: Final = 500
+GC_MAX_DELAY: Final = 180_000
+EVENT_REPL_TIMEOUT = 5000  # ms a QADD waits for its replicas (then -NOREPL), as a Kestrel SET
+EVENT_COPIES: Final = 3  # an event lives on min(3, cluster size) nodes
+OK = Status(b"OK")
+
+
+# ------------------------------------------------------------------ the hooks it calls above it
+
+
+class Events(Protocol):  # consumer groups (core/groups.py)
+    def add_event(self, job: Job) -> None: ...
+    def drop_event(self, job: Job) -> None: ...
+    def created(self, job: Job) -> None: ...
+    def reply(self, job: Job) -> Any: ...
+    def new_event(self, queue: bytes, body: bytes, ttl: int, repl: int) -> Job: ...
+
+
+class Collector(Protocol):  # ACK garbage collection (core/acks.py)
+    def try_gc(self, job: Job) -> None: ...
+
+
+class Kestrel(Protocol):  # Kestrel's queue limits (core/items.py)
+    def make_room(self, limits: QueueSettings, queue: bytes, body: bytes, ttl: int) -> int: ...
+    def expired(self, job: Job) -> None: ...
+
+
+class Replicas(Protocol):  # replication (core/replication.py)
+    def start(self, client: Client, job: Job, additional: int, timeout: int, is_async: bool, extrepl: bool) -> Any: ...
+    def replicate(self, job: Job, count: int, noreply: bool) -> int: ...
+    def forget(self, job_id: bytes) -> None: ...
+
+
+class Consumers(Protocol):  # who waits for jobs: blocked clients here (core/blocking.py), peers' (federation)
+    ready: dict[bytes, None]  # queues with jobs and someone to serve, served at the end of the step
+    job_waits: dict[bytes, Any]
+
+    def settle_waits(self, job_id: bytes, acked: bool) -> None: ...
+
+
+class Wanted(Protocol):
+    wanted: dict[bytes, Any]  # queues that consumers on other nodes wait for (core/federation.py)
+
+
+class Lifecycle:
+    # The concerns above it, bound by `bind` once they exist.
+    events: Events
+    collector: Collector
+    kestrel: Kestrel
+    replicas: Replicas
+    consumers: Consumers
+    wanted: Wanted
+
+    def __init__(
+        self, config: Any, rng: random.Random, membership: Membership, out: Outbox, memory: Memory,
+        stats: Stats, collected: Collected, now: int,
+    ) -> None:  # fmt: skip
+        self.config = config
+        self.rng = rng
+        self.membership = membership
+        self.out = out
+        self.memory = memory
+        self.stats = stats
+        self.collected = collected
+        self.now = now  # ms, the time of the current step (NodeCore.read_clock)
+        self.jobs = JobStore()
+        self.queues: BucketedDict[bytes, Queue] = BucketedDict()
+        self.last_ctime = 0
+        self._expiry = (0, 1000)  # (etime, its expiry awake time) of the last job scheduled
+        memory.hold(self)
+
+    def bind(
+        self, events: Events, collector: Collector, kestrel: Kestrel, replicas: Replicas, consumers: Consumers,
+        wanted: Wanted,
+    ) -> None:  # fmt: skip
+        self.events = events
+        self.collector = collector
+        self.kestrel = kestrel
+        self.replicas = replicas
+        self.consumers = consumers
+        self.wanted = wanted
+
+    # ------------------------------------------------------------ draws
+
+    def jitter(self) -> int:
+        """randrange(-250, 250), the same draws inlined (it costs three calls)."""
+        bits = self.rng.getrandbits
+        r = bits(9)
+        while r >= 500:
+            r = bits(9)
+        return r - 250
+
+    def new_ctime(self) -> int:
+        ctime = self.now * 1_000_000
+        if ctime <= self.last_ctime:
+            ctime = self.last_ctime + 1
+        self.last_ctime = ctime
+        return ctime
+
+    # ------------------------------------------------------------ queues
+
+    def queue(self, name: bytes) -> Queue:
+        """The queue `name`, made if it does not exist."""
+        queue = self.queues.get(name)
+        if queue is None:
+            queue = Queue(name, self.now)
+            self.queues.add(name, queue)
+            self.memory.account(self.memory.queue_size(name))
+        return queue
+
+    def destroy_queue(self, queue: Queue) -> None:
+        self.jobs.spilled.forget_queue(queue)
+        for job in queue.drain():  # only when flushing: GC never drops live jobs
+            job.move(DEQUEUE)
+        self.queues.pop(queue.name)
+        self.consumers.ready.pop(queue.name, None)
+        self.memory.account(-self.memory.queue_size(queue.name))
+
+    def set_pause(self, name: bytes, flags: int) -> None:
+        queue = self.queues.get(name)
+        if queue is None:
+            if not flags:
+                return
+            queue = self.queue(name)
+        queue.pause = flags
+        if not flags & PAUSE_OUT and queue.waiters and len(queue):
+            self.consumers.ready[name] = None
+
+    # ------------------------------------------------------------ in and out of the registry
+
+    def register(self, job: Job) -> None:
+        """Add a job to the registry and the timer."""
+        if job.queue is not None:
+            queue = self.queues.get(job.queue)
+            if queue is not None:
+                job.queue = queue.name  # share the name bytes between jobs
+        self.jobs.add(job)
+        self.memory.account(self.memory.job_size(job))
+        self.reschedule(job)
+        if job.flags & EVENT:
+            self.events.add_event(job)
+
+    def adopt(self, job: Job, not_before: int = 0, keep_flags: int = EVENT) -> Job:
+        """Register a job this node did not create (spec/cluster.md §8.1
+        receive rules; spec/persistence.md §7 for the AOF): a copy starts
+        active with timers of its own, whatever its holder's were, so it is
+        queued here only if nobody queues it in time (a RETRY 0 copy only
+        when ENQUEUE or YOURJOBS hands it over), and never before
+        `not_before` (a NACK ... DELAY the AOF logged).  A peer's copy keeps
+        of its flags only EVENT, a replayed record (`keep_flags` all) its
+        own; nodes this one does not know leave `nodes_delivered`."""
+        job.move(ADOPT)
+        job.gc_retry = 0
+        job.flags &= keep_flags
+        if job.retry:
+            job.flags |= BCAST_WILLQUEUE
+            job.qtime = max(self.now + (job.delay + job.retry) * 1000 + self.jitter(), not_before)
+        else:
+            job.qtime = 0
+        solo = self.membership.solo
+        if job.nodes_delivered == solo:
+            job.nodes_delivered = solo  # shared, as the jobs made here share it
+        else:
+            known = self.membership.nodes
+            job.nodes_delivered = tuple(n for n in job.nodes_delivered if n in known)
+        self.register(job)
+        return job
+
+    def receive(self, job: Job) -> Job:
+        """A copy from a peer (REPLJOB, YOURJOBS): adopted, and noted for
+        read-behind, which may move it to disk at the end of the step."""
+        self.adopt(job)
+        self.jobs.spilled.note_arrival(job)
+        return job
+
+    def delete_job(self, job: Job, log: bool = True) -> None:
+        """Unregister a job, whatever the cause (spec/cluster.md §8.7): the one
+        way out, so the AOF, a waiting producer and the queue hear of it once."""
+        out = self.out
+        if job.state == S_QUEUED:
+            self.queue(job.queue).discard(job)  # type: ignore[arg-type]
+            job.move(DEQUEUE)
+        if log and job.state == S_ACTIVE:
+            out.aof_deljob(job)
+        if job.state == S_WAIT_REPL:
+            self.replicas.forget(job.id)
+            out.answer_producer(job.id, errors.norepl_removed())
+            out.broadcast(job.nodes_delivered, m.DelJob(job.id, acked=False))
+        if job.state == S_ACKED:
+            self.collected.remember(job.id, self.now)
+        if self.consumers.job_waits:
+            self.consumers.settle_waits(job.id, job.state == S_ACKED)
+        self.jobs.remove(job)
+        self.memory.account(-self.memory.job_size(job))
+        if job.flags & EVENT:
+            self.events.drop_event(job)
+
+    def abort_replication(self, job: Job) -> None:
+        """A job that never reached its replication level: delete every copy."""
+        job.move(ABORT)
+        self.out.broadcast(job.nodes_delivered, m.DelJob(job.id, acked=False))
+        self.delete_job(job, log=False)
+
+    # ------------------------------------------------------------ the scheduler
+
+    def reschedule(self, job: Job) -> None:
+        etime, at = self._expiry
+        if job.etime == etime:  # jobs created in the same second share these int objects (memory)
+            job.etime = etime
+        else:
+            at = job.etime * 1000 + 1000
+            self._expiry = (job.etime, at)
+        state = job.state
+        if state == S_ACKED:
+            gc_at = self.now + min(1000 << job.gc_retry, GC_MAX_DELAY) + self.jitter()
+            at = min(at, gc_at)
+        elif state != S_WAIT_REPL and job.qtime:
+            at = min(at, job.qtime - (WILLQUEUE_LEAD if job.flags & BCAST_WILLQUEUE else 0))
+        self.jobs.schedule(job, at)
+
+    def process_job(self, job: Job) -> None:
+        """One scheduler visit (spec/cluster.md §8.3, Disque's processJob): do
+        what is due for this job (expire, announce, queue, push its timer, GC),
+        then book the next visit."""
+        now = self.now
+        # Expired: every holder drops its copy on its own, with no message.
+        if job.etime * 1000 <= now:
+            if job.state == S_QUEUED:
+                self.queue(job.queue).expired += 1  # type: ignore[arg-type]
+                self.kestrel.expired(job)
+            self.delete_job(job)
+            return
+        state = job.state
+        if state in (S_ACTIVE, S_QUEUED) and job.qtime:
+            # Just before queueing it again, tell the other holders (WILLQUEUE):
+            # one that has it queued answers QUEUED, one that has it acked SETACK,
+            # so the job is not queued twice or revived; the next visit is at qtime.
+            if job.flags & BCAST_WILLQUEUE and job.qtime - WILLQUEUE_LEAD <= now:
+                if state == S_ACTIVE:
+                    self.out.broadcast(job.nodes_delivered, m.WillQueue(job.id))
+                job.flags &= ~BCAST_WILLQUEUE
+            elif job.qtime <= now:
+                # Due: queue it (a delayed job's first queueing, or the retry of an
+                # undelivered or unacknowledged one).  A queue paused for input only
+                # postpones an at-least-once job by a retry period; an at-most-once
+                # job is queued anyway, since nothing would ever queue it again.
+                if state == S_ACTIVE:
+                    queue = self.queues.get(job.queue)  # type: ignore[arg-type]
+                    if job.retry and queue is not None and queue.pause & PAUSE_IN:
+                        job.qtime = now + job.retry * 1000 + self.jitter()
+                    else:
+                        self.enqueue(job)
+                # Still waiting in this node's queue: only push the timer on, so a job
+                # nobody fetched grows no duplicate elsewhere.
+                elif job.retry:  # pragma: no branch - a queued RETRY 0 job has no qtime (enqueue clears it)
+                    job.qtime = now + job.retry * 1000 + self.jitter()
+                    job.flags |= BCAST_WILLQUEUE
+        # Acknowledged: one more garbage-collection attempt (SETACK to the
+        # holders that have not confirmed), backing off up to 3 minutes.
+        elif state == S_ACKED:
+            self.collector.try_gc(job)
+        if job.id in self.jobs:
+            self.reschedule(job)
+
+    # ------------------------------------------------------------ queueing
+
+    def enqueue(self, job: Job, nack: bool = False) -> bool:
+        """Queue a job (spec/cluster.md §8.3).  False when refused: already
+        queued, never to be queued again (qtime 0), or an at-most-once job
+        already handed out once, which queueing again would deliver twice."""
+        if job.state == S_QUEUED or not job.qtime or (job.retry == 0 and job.flags & DELIVERED):
+            if job.retry == 0:
+                # Callers set qtime for the one enqueue of an at-most-once job; once
+                # refused it would stay in the past, due at every tick, forever.
+                job.qtime = 0
+            return False
+        if (nack or job.flags & BCAST_QUEUED) and not job.flags & NACKED and self._last_attempt(job):
+            self.dead_letter_job(job)  # a redelivery (NACK, RETRY, ENQUEUE) past MAXATTEMPTS
+            return True
+        job.move(ENQUEUE)
+        if job.retry:
+            job.flags |= BCAST_WILLQUEUE
+            job.qtime = self.now + job.retry * 1000 + self.jitter()
+        else:
+            job.qtime = 0
+        queue = self.queue(job.queue)  # type: ignore[arg-type]
+        job.queue = queue.name
+        if job.flags & NACKED:  # the delayed requeue of a NACK ... DELAY, counted then
+            job.flags = (job.flags & ~NACKED) | BCAST_QUEUED
+            self.out.broadcast(job.nodes_delivered, m.Queued(job.id))
+        elif job.flags & BCAST_QUEUED or nack:
+            self.out.broadcast(job.nodes_delivered, m.Queued(job.id, incr_nacks=nack, incr_deliv=not nack))
+            if nack:
+                job.nacks = min(job.nacks + 1, 0xFFFF)
+                queue.nacks += 1
+            else:
+                job.deliv = min(job.deliv + 1, 0xFFFF)
+                queue.redeliveries += 1
+        else:
+            job.flags |= BCAST_QUEUED
+        queue.push(job)
+        self.jobs.spilled.grew(queue.name)
+        queue.atime = self.now
+        queue.jobs_in += 1
+        if not queue.pause & PAUSE_OUT and (queue.waiters or queue.name in self.wanted.wanted):
+            self.consumers.ready[queue.name] = None  # served at the end of the step, here or by a peer's consumer
+        self.reschedule(job)
+        return True
+
+    def dequeue(self, job: Job) -> bool:
+        if job.state != S_QUEUED:
+            return False
+        self.queue(job.queue).discard(job)  # type: ignore[arg-type]
+        job.move(DEQUEUE)
+        return True
+
+    def fetch(self, queue: Queue) -> Job | None:
+        """Take the oldest job for delivery (GETJOB, or YOURJOBS)."""
+        if queue.tail is not None:  # its newest jobs are on disk: the oldest must be in memory
+            self.jobs.spilled.ready(queue)
+        job = queue.pop()
+        if job is None:
+            return None
+        job.move(FETCH)
+        job.flags |= DELIVERED
+        queue.atime = now = self.now
+        queue.jobs_out += 1
+        queue.last_wait = now - job.ctime // 1_000_000
+        return job
+
+    # ------------------------------------------------------------ producers
+
+    def add_job(
+        self, client: Client, queue: bytes, body: bytes, timeout: int, repl: int | None, ttl: int | None,
+        retry: int | None, delay: int | None, maxlen: int | None, is_async: bool,
+        max_attempts: int = 0, dead_letter: bytes | None = None,
+    ) -> Any:  # fmt: skip
+        """ADDJOB after option parsing (spec/commands.md §4.1 steps 3-8, creation);
+        None stands for an option not given.  `max_attempts` (0: none) and
+        `dead_letter` (default `<queue>-dead`) are the MAXATTEMPTS/DEADLETTER
+        extension (`dead_letter_job`)."""
+        membership = self.membership
+        if repl is None:
+            repl = min(3, membership.size())
+        if ttl is None:
+            ttl = 86400
+        limits = self.config.queue_config.settings(queue)
+        if limits is not NO_LIMITS:  # `queue-defaults` / `queue` lines (Kestrel's options)
+            ttl = self.kestrel.make_room(limits, queue, body, ttl)
+        if delay is None:
+            delay = 0
+        if repl > 1 and retry == 0:
+            raise errors.err(
+                "With RETRY set to 0 please explicitly set  REPLICATE to 1 (at-most-once delivery)"
+            )
+        if delay >= ttl:
+            raise errors.err(
+                "The specified DELAY is greater than TTL. Job refused since would never be delivered"
+            )
+        if retry is None:
+            retry = min(ttl // 10, 300) or 1
+        additional, extrepl = self._replicas(repl, membership.leaving or self.memory.level() >= 1)
+        existing = self.queues.get(queue)
+        if existing is not None:
+            if maxlen is not None and len(existing) >= maxlen:
+                raise errors.maxlen()
+            if existing.pause & PAUSE_IN:
+                raise errors.paused()
+        job_id = new_job_id(membership.my_id, self.rng, ttl, retry)
+        if job_id in self.jobs:
+            raise errors.err("Internal error creating the job, check server logs")
+        now = self.now
+        job = Job(  # positional, cheaper than keywords: state, flags, repl, etime, ctime, delay, retry, nacks, deliv
+            job_id, queue, body, S_ACTIVE, 0, repl, now // 1000 + ttl, self.new_ctime(), delay, retry, 0, 0,
+            () if extrepl else membership.solo,
+        )  # fmt: skip
+        job.qtime = now + (delay or retry) * 1000
+        if max_attempts:
+            job.set_attempts(max_attempts, queue + b"-dead" if dead_letter is None else dead_letter)
+        if additional:
+            return self.replicas.start(client, job, additional, timeout, is_async, extrepl)
+        self.register(job)
+        self.queue_new_job(job)
+        return Status(job_id)
+
+    def _replicas(self, repl: int, extrepl: bool) -> tuple[int, bool]:
+        """How many other nodes a new job of level `repl` goes to; with
+        external replication (`extrepl`: leaving, or short of memory) all
+        `repl` copies are elsewhere.  -NOREPL when too few are reachable."""
+        membership = self.membership
+        additional = repl if extrepl else repl - 1
+        if additional and additional > (reachable := len(membership.reachable())):  # none: no peer to count
+            if extrepl and additional - 1 == reachable:
+                raise errors.noreply_reason("I'm leaving the cluster" if membership.leaving else "I'm out of memory")
+            raise errors.norepl_reach()
+        return additional, extrepl
+
+    def add_event(self, client: Client, queue: bytes, body: bytes, ttl: int, is_async: bool) -> Any:
+        """QADD (core/groups.py): a new event on min(3, cluster size) nodes,
+        this one included; the reply is its ID, or OK when `is_async`."""
+        if self.membership.leaving:
+            raise errors.leaving()
+        job = self.events.new_event(queue, body, ttl, min(EVENT_COPIES, self.membership.size()))
+        additional, _ = self._replicas(job.repl, False)
+        if additional:
+            reply = self.replicas.start(client, job, additional, EVENT_REPL_TIMEOUT, is_async, False)
+        else:
+            self.register(job)
+            self.queue_new_job(job)
+            reply = self.stored_reply(job)
+        return OK if is_async else reply
+
+    def stored_reply(self, job: Job) -> Any:
+        """What the producer of a new job gets once it is stored: its ID (an event's, decimal)."""
+        return self.events.reply(job) if job.flags & EVENT else Status(job.id)
+
+    def queue_new_job(self, job: Job) -> None:
+        """A new job with a local copy, registered, becomes queued (or stays
+        scheduled; an event, readable) and logged."""
+        if job.flags & EVENT:
+            self.events.created(job)
+        elif job.delay == 0:
+            self.enqueue(job)
+        else:
+            self.reschedule(job)  # its state changed since `register` (a replication just reached its level)
+        self.out.aof_loadjob(job)
+
+    # ------------------------------------------------------------ consumers' answers
+
+    def working(self, job: Job) -> int:
+        """WORKING (spec/commands.md §5.2): postpone the next requeue."""
+        created_ms = job.ctime // 1_000_000
+        ttl_ms = job.etime * 1000 - created_ms
+        if ttl_ms > 0 and self.now - created_ms > ttl_ms / 2:
+            raise errors.toolate()
+        self.dequeue(job)
+        job.flags |= BCAST_WILLQUEUE
+        if job.retry and job.qtime:
+            job.qtime = self.now + job.retry * 1000 + self.jitter()
+        self.out.broadcast(job.nodes_delivered, m.Working(job.id))
+        self.reschedule(job)
+        if job.awake <= self.now:  # a delayed job whose WILLQUEUE is due now: send it now, as a tick would
+            self.process_job(job)
+        return job.retry
+
+    def nack_later(self, job: Job, delay: int) -> bool:
+        """NACK ... DELAY (an extension, docs/commands.md): count the failed
+        delivery now, and queue the job again only once `delay` seconds have
+        passed: here at that time, on the other nodes that hold it no sooner
+        than their RETRY after it (the delay travels in QUEUED).  Refused as
+        NACK is: only active jobs, never an at-most-once job delivered once."""
+        if job.state != S_ACTIVE or not job.qtime or (job.retry == 0 and job.flags & DELIVERED):
+            return False
+        if self._last_attempt(job):
+            self.dead_letter_job(job)
+            return True
+        job.nacks = min(job.nacks + 1, 0xFFFF)
+        self.queue(job.queue).nacks += 1  # type: ignore[arg-type]  # (the job goes back to it)
+        job.flags |= NACKED | BCAST_WILLQUEUE  # the others are told 500 ms before, as for a RETRY requeue
+        job.qtime = self.now + delay * 1000
+        self.out.broadcast(job.nodes_delivered, m.Queued(job.id, incr_nacks=True, delay=delay))
+        self.reschedule(job)
+        self.out.aof_loadjob(job)  # the delay survives a restart (a later record with `not_before` updates the first)
+        return True
+
+    @staticmethod
+    def _last_attempt(job: Job) -> bool:
+        """MAXATTEMPTS: the delivery that just failed was the job's last
+        (deliveries counted as Disque counts them: nacks + additional + 1);
+        never for a dead-lettered copy, whose MAXATTEMPTS is its origin's."""
+        return 0 < job.max_attempts <= job.nacks + job.deliv + 1 and not job.origin
+
+    def dead_letter_job(self, job: Job) -> None:
+        """MAXATTEMPTS (an extension, docs/commands.md): the job's last
+        delivery failed.  It moves, here and once, to its dead-letter queue
+        as a new job (`move_job`) with the same counters and `origin` the old
+        ID.  The copy keeps, for DEADLETTER REQUEUE, the job's MAXATTEMPTS
+        and the queue it came from (as `dead_letter`: a copy is never
+        dead-lettered again, `_last_attempt`)."""
+        self.queue(job.queue).dead_lettered += 1  # type: ignore[arg-type]
+        self.stats.dead_lettered += 1
+        self.move_job(job, job.dead_letter, job.nacks, job.deliv, job.max_attempts, job.queue, job.id)  # type: ignore[arg-type]
+
+    def requeue_dead_letters(self, name: bytes, count: int) -> int:
+        """DEADLETTER REQUEUE (an extension, docs/commands.md): at most
+        `count` of the dead-lettered copies queued here in `name`, oldest
+        first, go back to the queue they came from as new jobs with fresh
+        attempt counts, their MAXATTEMPTS, and `name` as their dead-letter
+        queue.  Copies that do not say where they came from (made by an
+        older version) stay.  Returns how many went."""
+        queue = self.queues.get(name)
+        if queue is None:
+            return 0
+        ids = [job.id for job in islice((j for j in queue.oldest() if j.origin and j.dead_letter), count)]
+        for done, job_id in enumerate(ids):
+            job = self.jobs.get(job_id)  # read-behind loads a copy it keeps on disk
+            if job is None:  # a disk that fails to read (MISCONF): the rest stay for another call
+                return done
+            self.move_job(job, job.dead_letter, 0, 0, job.max_attempts, name, b"")
+        return len(ids)
+
+    def move_job(
+        self, job: Job, queue: bytes, nacks: int, deliv: int, max_attempts: int, dead_letter: bytes, origin: bytes
+    ) -> None:  # fmt: skip
+        """Put `job` in `queue` as a new job (same body, expiry, RETRY and
+        replication level), replicated asynchronously as an ADDJOB ... ASYNC
+        is; the old job is deleted on every node that holds it, as FASTACK
+        does.  Queued before the old one goes: at least once."""
+        membership = self.membership
+        ttl = max(1, job.etime - self.now // 1000)
+        copy = Job(
+            new_job_id(membership.my_id, self.rng, ttl, job.retry), queue, job.body, S_ACTIVE, 0, job.repl,
+            job.etime, self.new_ctime(), 0, job.retry, nacks, deliv, membership.solo, max_attempts, dead_letter,
+            origin,
+        )  # fmt: skip
+        copy.qtime = self.now  # due: queue_new_job queues it (and enqueue sets its RETRY timer)
+        self.out.broadcast(job.nodes_delivered, m.DelJob(job.id, acked=False))
+        self.delete_job(job)
+        self.register(copy)
+        self.queue_new_job(copy)
+        if copy.repl > 1:
+            self.replicas.replicate(copy, copy.repl - 1, noreply=True)
