@@ -19,7 +19,7 @@ RUN_STAMP  := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 STAMP      := $(VENV)/.installed
 
-.PHONY: run test test-read-behind bench venv extras tools tools-cc tools-redis tools-java tools-net tools-browser tools-clock tools-systemd tools-memcached clean jepsen jepsen-long
+.PHONY: run test test-slow test-read-behind bench venv extras tools tools-cc tools-redis tools-java tools-net tools-browser tools-clock tools-systemd tools-memcached clean jepsen jepsen-long
 
 # The modules setup.py compiles (disque/compiled.py): the install is redone
 # when one of them changes, so the extensions never lag behind their sources.
@@ -127,6 +127,12 @@ test: $(STAMP) tools
 	exit $$(( whole || covered ))
 
 # The suite again with read-behind forced on (docs/read-behind.md): every
+# The tests marked `slow` alone (tests/conftest.py skips them elsewhere):
+# the long hypothesis and simulation runs, read-behind at 100k jobs, Spark's
+# own driver, jepsen-lite's admin run, the metrics of 10,000 queues.
+test-slow: $(STAMP) tools
+	$(PY) -m pytest -p no:cacheprovider -m slow
+
 # queue keeps two jobs in memory, every replica waits on disk.
 test-read-behind: $(STAMP) tools
 	DISQUE_TEST_READ_BEHIND=force $(PY) -m pytest -p no:cacheprovider

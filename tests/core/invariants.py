@@ -158,13 +158,6 @@ def advance(core: NodeCore, clock, ms: int, on_tick=None) -> None:
             on_tick()
 
 
-@pytest.fixture(autouse=True)
-def slow_only_when_asked(request: pytest.FixtureRequest) -> None:
-    """Tests marked `slow` (the long hypothesis runs) run with `-m slow` only."""
-    if request.node.get_closest_marker("slow") and "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("slow: run with -m slow")
-
-
 def quick_and_slow(machine: type[RuleBasedStateMachine], quick: tuple[int, int], slow: tuple[int, int]) -> tuple[type, type]:
     """Test cases for a stateful machine: one run by default and a longer one
     marked slow, each with its (examples, steps per example)."""

@@ -17,7 +17,7 @@ from disque.core.effects import CloseClient, Reply
 from disque.core.errors import DisqueError
 from disque.core.types import BLOCKED, SILENT, Map, Status
 from disque.protocols.resp.encoder import encode
-from invariants import advance, check_core, quick_and_slow, slow_only_when_asked  # noqa: F401 (autouse fixture)
+from invariants import advance, check_core, quick_and_slow
 from support import NODE_ID, Session, all_jobs, make_core
 
 KEYWORDS = [

@@ -25,7 +25,7 @@ from disque.core.effects import Reply
 from disque.core.errors import DisqueError
 from disque.core.types import BLOCKED, NIL_ARRAY, Status
 from disque.store.job import State
-from invariants import advance, check_core, quick_and_slow, slow_only_when_asked  # noqa: F401 (autouse fixture)
+from invariants import advance, check_core, quick_and_slow
 from support import NODE_ID, Session, all_jobs, make_core
 
 QUEUES = (b"q1", b"q2", b"q3")

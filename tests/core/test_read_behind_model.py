@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from disque.core.node import NodeCore
-from invariants import advance, check_core, quick_and_slow, slow_only_when_asked  # noqa: F401 (autouse fixture)
+from invariants import advance, check_core, quick_and_slow
 from support import NODE_ID, FakeClock, FakeHost, Session, body_store, make_config
 
 QUEUES = ("q1", "q2")

@@ -60,7 +60,6 @@ def venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # Building compiles the core with mypyc: one to several minutes on a busy machine.
-@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_sdist_and_wheel_are_named_and_record_the_revision(dist: Path, built_head: str | None) -> None:
     [sdist] = dist.glob("*.tar.gz")
@@ -87,7 +86,6 @@ def test_sdist_and_wheel_are_named_and_record_the_revision(dist: Path, built_hea
     assert "disque = disque.cli.main:main" in entry_points and "disque-server = disque.cli.server:server_main" in entry_points
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_installed_wheel_runs_a_node(venv: Path, built_head: str | None, tmp_path: Path) -> None:
     # Run away from the checkout, so nothing can be imported from it.

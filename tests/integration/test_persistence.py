@@ -201,7 +201,6 @@ def test_sigterm_snapshot_and_retry0_queued_once(spawn: Spawn) -> None:
     assert r.execute_command("ENQUEUE", gone, again) == 0  # at-most-once after a crash
 
 
-@pytest.mark.slow
 def test_cluster_killed_at_once_still_delivers_every_job(spawn: Spawn) -> None:
     nodes = [spawn(*AOF_EVERYSEC) for _ in range(3)]
     join(nodes)

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from core.invariants import slow_only_when_asked  # noqa: F401 (autouse fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "jepsen-lite"))

@@ -20,7 +20,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SHORT = ["--extensions", "--faults", "halves,majority,bridge,kill,clock", "--duration", "60", "--fault-s", "8", "--gap-s", "4", "--seed", "1"]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_short_run_loses_nothing(tmp_path: Path) -> None:
     argv = [sys.executable, str(ROOT / "jepsen-lite" / "run.py"), *SHORT, "--runs-dir", str(tmp_path)]
@@ -42,7 +41,6 @@ def test_short_run_loses_nothing(tmp_path: Path) -> None:
 GROUPS_RUN = ["--workload", "groups", "--faults", "halves,kill", "--nodes", "3", "--duration", "24", "--fault-s", "6", "--gap-s", "4", "--seed", "1"]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_groups_run_loses_nothing(tmp_path: Path) -> None:
     """`--workload groups`: three consumer groups read events added on every

@@ -16,7 +16,6 @@ from disque.core import errors
 from disque.testing.checker import check
 from disque.cluster.messages import FAIL, LEAVING, PFAIL, Ping
 from disque.core.types import NIL_ARRAY, Status
-from core.invariants import slow_only_when_asked  # noqa: F401 (autouse fixture)
 from sim.network import SimCluster
 from sim.workload import FaultPlan, run_workload
 

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 from trio.testing import MockClock
 
 from disque.testing.checker_groups import check_groups
-from core.invariants import slow_only_when_asked  # noqa: F401 (autouse fixture)
 from sim.test_sim_cluster import NETWORK_FAULTS, TTL_GRACE_MS, fault_plans
 from sim.workload import FaultPlan
 from sim.workload_groups import GROUPS, run_groups_workload
