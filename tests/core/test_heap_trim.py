@@ -42,4 +42,12 @@ def test_the_heap_is_trimmed_once_per_period_in_which_jobs_moved_to_disk():
 
 
 def test_without_read_behind_there_is_nothing_to_do():
-    trio.run(trim_after_spills, SimpleNamespace(read_behind=None), lambda n: 0)
+    calls: list[int] = []
+
+    async def main() -> None:
+        with trio.move_on_after(10 * TRIM_EVERY_S) as waited:
+            await trim_after_spills(SimpleNamespace(read_behind=None), calls.append)
+        assert not waited.cancelled_caught and trio.current_time() == 0  # the task returned at once: no timer left running
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert calls == []
