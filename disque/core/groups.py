@@ -6,7 +6,7 @@ AOF keeps it, and it is never queued (no requeue time), so GETJOB never sees
 it.  Its decimal ID is written in its job ID (`event_id`): the creation ms
 and a per-node counter in the random part, the creator's 8-hex prefix in
 the node part, so every holder derives the same ID and IDs sort by
-creation time.  `NodeCore.register` / `delete_job` tell this module
+creation time.  `Lifecycle.register` / `delete_job` tell this module
 (`add_event` / `drop_event`); it keeps, per queue, the events held here in ID
 order and, per group, the progress of each event the group touched: a
 deadline in ms (held by a consumer until then, *redo* once passed) or DONE.

@@ -126,13 +126,8 @@ class Lifecycle:
         self, config: Any, rng: random.Random, membership: Membership, out: Outbox, memory: Memory,
         stats: Stats, collected: Collected, now: int,
     ) -> None:  # fmt: skip
-        self.config = config
-        self.rng = rng
-        self.membership = membership
-        self.out = out
-        self.memory = memory
-        self.stats = stats
-        self.collected = collected
+        self.config, self.rng, self.membership, self.stats = config, rng, membership, stats
+        self.out, self.memory, self.collected = out, memory, collected  # below it: emitted to, accounted in, remembered
         self.now = now  # ms, the time of the current step (NodeCore.read_clock)
         self.jobs = JobStore()
         self.queues: BucketedDict[bytes, Queue] = BucketedDict()
@@ -144,12 +139,8 @@ class Lifecycle:
         self, events: Events, collector: Collector, kestrel: Kestrel, replicas: Replicas, consumers: Consumers,
         wanted: Wanted,
     ) -> None:  # fmt: skip
-        self.events = events
-        self.collector = collector
-        self.kestrel = kestrel
-        self.replicas = replicas
-        self.consumers = consumers
-        self.wanted = wanted
+        self.events, self.collector, self.kestrel = events, collector, kestrel
+        self.replicas, self.consumers, self.wanted = replicas, consumers, wanted
 
     # ------------------------------------------------------------ draws
 

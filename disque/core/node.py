@@ -52,6 +52,7 @@ from disque.core.items import Items
 from disque.core.lifecycle import Lifecycle
 from disque.core.memory import Memory
 from disque.core.outbox import Outbox
+from disque.core import read_behind
 from disque.core.read_behind import ReadBehind
 from disque.core.replay import Replay
 from disque.core.replication import Replication
@@ -109,12 +110,8 @@ class NodeCore:
         self.items = Items(life, self.out, self.acks, self.blocking, self.clients)
         self.groups = Groups(life, self.out, self.memory, self.blocking)
         life.bind(self.groups, self.acks, self.items, self.replication, self.blocking, self.federation)
-        # Read-behind, when the shell gives a body store (core/read_behind.py):
-        # the job store keeps jobs on disk through it; the shell and INFO report it.
-        self.read_behind: ReadBehind | None = None
-        if bodies is not None and config.read_behind != "no":
-            self.read_behind = ReadBehind(life, bodies, config.read_behind == "force")
-            self.jobs.spill_to(self.read_behind)
+        # Read-behind (core/read_behind.py) sits behind the job store; kept here for the shell and INFO.
+        self.read_behind: ReadBehind | None = read_behind.install(life, bodies, config.read_behind)
         self.gate = Gate(config, clock, self.stats, life, self.out, self.memory, self.blocking, self.jobs.spilled)
         # The bus table: the handler of each job message, by type.
         self.on_bus: dict[type, Callable[[str, Any], None]] = {

@@ -93,6 +93,16 @@ def by_ctime(slots: array[int], ctime: array[int]) -> array[int]:
     return array("I", heapq.merge(*runs, key=ctime.__getitem__))
 
 
+def install(life: Lifecycle, bodies: BodyStore | None, mode: str) -> ReadBehind | None:
+    """Read-behind for a node whose shell gives a body store, unless the
+    config says `no`: its job store keeps jobs on disk through it from now on."""
+    if bodies is None or mode == "no":
+        return None
+    spill = ReadBehind(life, bodies, mode == "force")
+    life.jobs.spill_to(spill)
+    return spill
+
+
 class ReadBehind:
     def __init__(self, life: Lifecycle, bodies: BodyStore, force: bool) -> None:
         self.life = life

@@ -148,7 +148,7 @@ class Stats:
     bus_received: int = 0
     auth_failures: int = 0
     dead_lettered: int = 0  # jobs moved to a dead-letter queue (MAXATTEMPTS)
-    calls: dict[str, list[int]] = field(default_factory=dict)  # name -> [calls, usec, *latency buckets (node.py)]
+    calls: dict[str, list[int]] = field(default_factory=dict)  # name -> [calls, usec, *latency buckets (gate.py)]
 
 
 BLOCKED = object()  # handle_command result: the client waits for a later Reply
