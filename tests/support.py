@@ -9,9 +9,10 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from disque.cluster.membership import Membership
 from disque.core.config import Config
@@ -20,6 +21,22 @@ from disque.core.types import Status
 from disque.protocols.resp.front import RESP
 from disque.shell.segments import Segments
 from disque.shell.session import Conn
+
+T = TypeVar("T")
+
+
+def wait_for(condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "condition",
+             logs: Callable[[], str] | None = None) -> T:  # fmt: skip
+    """Poll `condition` until it returns something truthy, and return that;
+    fail after `timeout` s, with `logs()` (the nodes' log tails) when given."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f"\n{logs()}" if logs else ""))
+        time.sleep(interval)
 
 START_MS = 1_790_000_000_000  # a fixed, realistic unix time
 

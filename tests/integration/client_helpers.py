@@ -17,29 +17,14 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from fcntl import ioctl
-from typing import TypeVar
 
 import pytest
 
 from disque.client import Address, Client, NodePlanner
 from disque.devcluster import NodeProcess, command, free_port, join
 
-T = TypeVar("T")
-
 # CSI/OSC escape sequences, and the other control bytes a full-screen prompt emits.
 _ANSI = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\x1b[()][0-9A-Za-z]|\x1b[=>78]|[\x00-\x08\x0e-\x1f]")
-
-
-def wait_for(condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "condition") -> T:
-    """Poll `condition` until it returns something truthy; fail after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(interval)
 
 
 class PtyProcess:

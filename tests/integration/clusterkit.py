@@ -16,7 +16,6 @@ carries the tail of every node's log.
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,22 +24,11 @@ from typing import Any, TypeVar
 import redis
 
 from disque.devcluster import NodeProcess, command, free_port
+from support import wait_for
 
 T = TypeVar("T")
 HOST = "127.0.0.1"
 
-
-def wait_for(condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "condition",
-             logs: Callable[[], str] | None = None) -> T:  # fmt: skip
-    """Poll `condition` until it returns something truthy; fail after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f"\n{logs()}" if logs else ""))
-        time.sleep(interval)
 
 
 def show_dict(reply: Any) -> dict[str, Any] | None:

@@ -163,14 +163,6 @@ class Raw:
         self.sock.close()
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = TIMEOUT, what: str = "condition") -> Any:
-    """Poll until `predicate()` is truthy; its value is returned."""
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-    return value
 
 
 def rss(pid: int) -> int:

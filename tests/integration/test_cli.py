@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from client_helpers import PtyProcess, client, queue, shared_node, wait_for  # noqa: F401  (fixtures)
+from client_helpers import PtyProcess, client, queue, shared_node  # noqa: F401  (fixtures)
+from support import wait_for
 
 from disque.client import Client, QueueStats
 from disque.cli.cluster import QueueRates

@@ -12,7 +12,8 @@ from contextlib import aclosing
 
 import pytest
 import trio
-from client_helpers import client, queue, rng_trying_first, shared_node, wait_for  # noqa: F401  (fixtures)
+from client_helpers import client, queue, rng_trying_first, shared_node  # noqa: F401  (fixtures)
+from support import wait_for
 
 from disque.client import (
     Affinity,

@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from click.testing import CliRunner
-from client_helpers import mesh, start_all, wait_for
+from client_helpers import mesh, start_all
+from support import wait_for
 
 from disque.client import Client, DisqueReplyError, Job
 from disque.cli.main import cli

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from clusterkit import wait_for
+from support import wait_for
 from disque.devcluster import NodeProcess
 
 LIBFAKETIME = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))

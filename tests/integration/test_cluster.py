@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import redis
 
-from clusterkit import Cluster, wait_for
+from clusterkit import Cluster
+from support import wait_for
 
 FAST = ("--cluster-node-timeout", "1000")
 NOREPL_REACH = "NOREPL Not enough reachable nodes for the requested replication level"

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from disque.devcluster import NodeProcess, free_port
-from integration.rawsock import NIL, Error, Raw, Status, as_dict, blocked_on, q, raw, shared_node, wait_for  # noqa: F401
+from integration.rawsock import NIL, Error, Raw, Status, as_dict, blocked_on, q, raw, shared_node  # noqa: F401
+from support import wait_for
 
 RawFactory = Callable[..., Raw]
 Spawn = Callable[..., NodeProcess]

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from clusterkit import Cluster, wait_for
+from clusterkit import Cluster
+from support import wait_for
 from disque.devcluster import NodeProcess
 
 Spawn = Callable[..., NodeProcess]

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 import redis
-from clusterkit import Cluster, parse_info, wait_for
+from clusterkit import Cluster, parse_info
+from support import wait_for
 
 from disque.contrib.dramatiq import DisqueBroker
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
-from clusterkit import wait_for
+from support import wait_for
 from dramatiq.message import Message
 
 from disque.devcluster import NodeProcess, command, join

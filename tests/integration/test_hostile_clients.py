@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from clusterkit import wait_for
+from support import wait_for
 from disque.devcluster import NodeProcess
 
 

@@ -18,7 +18,8 @@ import redis
 from pymemcache.client.base import Client as Memcache
 from pymemcache.exceptions import MemcacheClientError, MemcacheUnexpectedCloseError
 
-from clusterkit import Cluster, wait_for
+from clusterkit import Cluster
+from support import wait_for
 from disque.devcluster import NodeProcess, free_port
 
 HOST = "127.0.0.1"

@@ -17,7 +17,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from clusterkit import wait_for
+from support import wait_for
 from disque.devcluster import NodeProcess, free_port
 
 PASSWORD = "s3cret"

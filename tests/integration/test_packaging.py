@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from client_helpers import wait_for
+from support import wait_for
 
 from disque import __version__, compiled
 from disque.devcluster import free_port

@@ -10,7 +10,8 @@ from collections.abc import Callable
 import pytest
 
 from disque.devcluster import NodeProcess
-from integration.rawsock import Raw, blocked_on, pack, q, raw, reply_end, rss, shared_node, wait_for  # noqa: F401
+from integration.rawsock import Raw, blocked_on, pack, q, raw, reply_end, rss, shared_node  # noqa: F401
+from support import wait_for
 
 RawFactory = Callable[..., Raw]
 KIB64 = 64 * 1024

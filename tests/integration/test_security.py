@@ -30,7 +30,8 @@ from typing import Any
 import pytest
 import redis
 import trio
-from clusterkit import parse_nodes, wait_for
+from clusterkit import parse_nodes
+from support import wait_for
 
 from disque import devcluster
 from disque.client import AsyncClient, Client, DisqueConnectionError, DisqueReplyError

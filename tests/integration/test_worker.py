@@ -21,7 +21,8 @@ from pathlib import Path
 
 import anyio
 import pytest
-from client_helpers import client, mesh, queue, shared_node, start_all, wait_for  # noqa: F401  (fixtures)
+from client_helpers import client, mesh, queue, shared_node, start_all  # noqa: F401  (fixtures)
+from support import wait_for
 
 from disque.client import Client, Job
 from disque.devcluster import NodeProcess
