@@ -21,11 +21,12 @@ STAMP      := $(VENV)/.installed
 
 .PHONY: run test test-slow test-read-behind bench venv extras tools tools-cc tools-redis tools-java tools-net tools-browser tools-clock tools-systemd tools-memcached clean jepsen jepsen-long
 
-# The modules setup.py compiles (disque/compiled.py): the install is redone
-# when one of them changes, so the extensions never lag behind their sources.
-COMPILED   := $(shell sed -n 's/^    "\(disque\/.*\.py\)",$$/\1/p' disque/compiled.py)
+# The modules setup.py compiles (disque/compiled.txt, its lines that are
+# paths): the install is redone when one of them changes, so the extensions
+# never lag behind their sources.
+COMPILED   := $(shell grep '^disque/.*\.py$$' disque/compiled.txt)
 
-$(RUN_STAMP): pyproject.toml setup.py disque/compiled.py $(COMPILED) | tools-cc
+$(RUN_STAMP): pyproject.toml setup.py disque/compiled.py disque/compiled.txt $(COMPILED) | tools-cc
 	@test -x $(PY) || { echo "creating the virtual environment $(VENV)"; $(PYTHON3) -m venv $(VENV); }
 	@echo "installing the package into $(VENV) (editable) and compiling its core with mypyc: a minute or two"
 	@$(PY) -m pip install -q --upgrade pip

@@ -4,8 +4,9 @@
   disque/REVISION, which `--version` and INFO read once installed
   (disque/version.py).  A wheel built from the sdist keeps the sdist's record.
 * Where a C compiler is found and DISQUE_PURE is not set, mypyc compiles the
-  core's job path (disque/compiled.py) into extensions next to the sources,
-  and disque/COMPILED records the hash of the sources compiled.
+  modules listed in disque/compiled.txt into extensions next to the sources,
+  and disque/COMPILED records the hash, sizes and mtimes of the sources
+  compiled (disque/compiled.py).
 """
 
 import os
@@ -52,7 +53,7 @@ class BuildExt(build_ext):
         super().run()
         if not self.dry_run:
             package_dir = HERE / "disque" if self.inplace else Path(self.build_lib) / "disque"
-            (package_dir / compiled.STAMP).write_text(compiled.sources_hash(HERE) + "\n")
+            (package_dir / compiled.STAMP).write_text(compiled.stamp(HERE))
 
 
 def can_compile() -> bool:

@@ -4,71 +4,70 @@ their Python sources run instead.
 Theory of operation: where a C compiler is found, the install (setup.py)
 compiles MODULES with mypyc: the sans-IO core's job path, and the shell's
 per-request path (the epoll client loop, the session runner, the node
-clock, the RESP encoder and argument parsers).  The RESP request parser
-stays Python: it is mostly calls into hiredis, and it works on bytearrays,
-which the compiled build would treat as bytes.  Each extension
-sits next to its source and Python's import system prefers it; the sources
-stay the plain typed modules they are.  Next to the extensions the build
-writes STAMP, a hash of the sources it compiled.  `choose()` runs when
-`disque` is first imported: when DISQUE_PURE is set in the environment, or
-when the sources no longer hash to STAMP (edited since the build: the
-extensions are stale), it makes the import system load every module under
-`disque/` from its source, so a stale extension never runs.  Without
-extensions (no compiler, or DISQUE_PURE set at install) there is nothing
-to choose.  docs/performance.md, "The compiled core".
+clock, the RESP encoder and argument parsers).  The list is LIST, a plain
+text file the Makefile reads too.  The RESP request parser stays Python:
+it is mostly calls into hiredis, and it works on bytearrays, which the
+compiled build would treat as bytes.  Each extension sits next to its
+source and Python's import system prefers it; the sources stay the plain
+typed modules they are.  Next to the extensions the build writes STAMP: a
+hash of the sources it compiled, then each source's size and mtime.
+
+`choose()` runs when `disque` is first imported and costs a few stat calls:
+with DISQUE_PURE set it makes the import system load every module under
+`disque/` from its source; otherwise it only puts a finder in front of the
+import system, which checks the build when the first compiled module is
+imported (a program that imports only the client checks nothing it does not
+load).  The sources are fresh when their sizes and mtimes are the recorded
+ones (the rule Python's own bytecode cache follows) or, failing that, when
+they hash to the recorded hash; stale (edited since the build), they run
+instead of the extensions, with a warning, so a stale extension never runs.
+Without extensions (no compiler, or DISQUE_PURE set at install) there is
+nothing to choose.  docs/running.md, "The compiled core".
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import sys
-from importlib.abc import PathEntryFinder
-from importlib.machinery import EXTENSION_SUFFIXES, SOURCE_SUFFIXES, FileFinder, SourceFileLoader
+import threading
+from collections.abc import Iterable, Sequence
+from importlib.abc import MetaPathFinder, PathEntryFinder
+from importlib.machinery import EXTENSION_SUFFIXES, SOURCE_SUFFIXES, FileFinder, ModuleSpec, SourceFileLoader
 from pathlib import Path
 
-MODULES = (
-    "disque/core/node.py",
-    "disque/core/outbox.py",
-    "disque/core/memory.py",
-    "disque/core/lifecycle.py",
-    "disque/core/blocking.py",
-    "disque/core/gate.py",
-    "disque/store/ids.py",
-    "disque/core/effects.py",
-    "disque/core/acks.py",
-    "disque/core/items.py",
-    "disque/core/read_behind.py",
-    "disque/core/types.py",
-    "disque/store/job.py",
-    "disque/store/jobs.py",
-    "disque/store/queue.py",
-    "disque/store/collected.py",
-    "disque/store/scan.py",
-    "disque/core/replication.py",
-    "disque/core/handlers.py",
-    "disque/cluster/messages.py",
-    "disque/cluster/membership.py",
-    "disque/core/federation.py",
-    "disque/protocols/resp/commands.py",
-    "disque/protocols/resp/table.py",
-    "disque/protocols/resp/encoder.py",
-    "disque/shell/clock.py",
-    "disque/shell/session.py",
-    "disque/shell/tcp.py",
-)
-STAMP = "COMPILED"  # in the package directory: the hash of the sources the extensions were built from
+LIST = "compiled.txt"  # in the package directory: the modules to compile, one path a line
+STAMP = "COMPILED"  # in the package directory: what the extensions were built from
 GROUP = "disque_core"  # mypyc's shared library is disque_core__mypyc, a top-level module
 
 ROOT = Path(__file__).resolve().parent.parent  # the directory `disque/` is in
 
 
+def read_list(root: Path = ROOT) -> tuple[str, ...]:
+    lines = (line.strip() for line in (root / "disque" / LIST).read_text().splitlines())
+    return tuple(line for line in lines if line.startswith("disque/") and line.endswith(".py"))
+
+
+MODULES = read_list()
+
+
 def sources_hash(root: Path = ROOT) -> str:
+    import hashlib  # only when a stamp is written or the sizes and mtimes differ
+
     digest = hashlib.sha256()
     for path in MODULES:
         digest.update((root / path).read_bytes())
     return digest.hexdigest()
+
+
+def sources_stats(root: Path = ROOT) -> list[str]:
+    stats = [((root / path).stat(), path) for path in MODULES]
+    return [f"{stat.st_size} {stat.st_mtime_ns} {path}" for stat, path in stats]
+
+
+def stamp(root: Path = ROOT) -> str:
+    """What the build records in STAMP."""
+    return "\n".join([sources_hash(root), *sources_stats(root)]) + "\n"
 
 
 def built(root: Path = ROOT) -> bool:
@@ -78,19 +77,45 @@ def built(root: Path = ROOT) -> bool:
 
 
 def stale(root: Path = ROOT) -> bool:
-    stamp = root / "disque" / STAMP
-    return not stamp.exists() or stamp.read_text().strip() != sources_hash(root)
+    try:
+        recorded = (root / "disque" / STAMP).read_text().splitlines()
+        return recorded[1:] != sources_stats(root) and recorded[:1] != [sources_hash(root)]
+    except FileNotFoundError:  # no stamp, or a compiled source gone: nothing is known to match
+        return True
 
 
 def choose() -> None:
     if not built():
         return
-    if not os.environ.get("DISQUE_PURE"):
-        if not stale():
-            return
-        logging.getLogger("disque").warning(
-            "the compiled core is older than its sources: running the sources (reinstall, or `make`, to rebuild)"
-        )
+    if os.environ.get("DISQUE_PURE"):
+        run_sources()
+    else:
+        sys.meta_path.insert(0, FirstCompiledImport(p[:-3].replace("/", ".") for p in MODULES))
+
+
+class FirstCompiledImport(MetaPathFinder):
+    """Checks the build when a compiled module is first imported, then steps
+    aside: it finds nothing itself."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = frozenset(names)
+        self.lock = threading.Lock()  # two threads importing two compiled modules: one check
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: object = None) -> ModuleSpec | None:
+        if fullname in self.names:
+            with self.lock:
+                if self in sys.meta_path:
+                    sys.meta_path.remove(self)
+                    if stale():
+                        logging.getLogger("disque").warning(
+                            "the compiled core is older than its sources: running the sources (reinstall, or `make`, to rebuild)"
+                        )
+                        run_sources()
+        return None
+
+
+def run_sources() -> None:
+    """Every module under `disque/` not imported yet loads from its source."""
     package = str(ROOT / "disque")
     sources = FileFinder.path_hook((SourceFileLoader, SOURCE_SUFFIXES))
 
