@@ -8,12 +8,21 @@ CLUSTER MEET, and stops them (by PID, SIGTERM) on Ctrl-C; their directories
 `--metrics-port 9711` (what `make run` passes) gives them metrics and the
 dashboard on 9711-9713, `--memcache-port 22133` Kestrel's memcache port on
 22133-22135.
+
+Ports stay below Linux's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range,
+32768-60999 by default), where the kernel takes the source ports of outgoing
+connections, the cluster bus's own included: a node whose port sits there
+finds it taken by some connection sooner or later.  A `--port` whose ports
+(client, bus = client + 10000, metrics, memcache) overlap the range is
+refused with a clear error; `--port auto` picks free ports below it.
+`free_port()` draws from below the range too.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,26 +34,74 @@ from pathlib import Path
 DEFAULT_CONF = Path(__file__).with_name("default.conf")
 
 
+PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+LINUX_EPHEMERAL = (32768, 60999)  # the kernel's default, where the file cannot be read
+BUS_OFFSET = 10000
+LOWEST_PORT = 1024  # below: privileged ports
 _handed_out: set[int] = set()  # ports (client and bus) free_port gave: free now, taken once their nodes start
 
 
+def ephemeral_range(path: str = PORT_RANGE_FILE) -> tuple[int, int]:
+    """The kernel's range of source ports for outgoing connections."""
+    try:
+        with open(path) as f:
+            low, high = (int(word) for word in f.read().split())
+    except (OSError, ValueError):
+        return LINUX_EPHEMERAL
+    return low, high
+
+
+def overlap(ports: list[int], ephemeral: tuple[int, int] | None = None) -> list[int]:
+    """The ports among `ports` that sit in the ephemeral range."""
+    low, high = ephemeral or ephemeral_range()
+    return [p for p in ports if low <= p <= high]
+
+
+def node_ports(first: int, n: int, *firsts: int) -> list[int]:
+    """Every port n nodes from `first` take: client and bus ports, and the
+    ranges of the other per-node ports starting at `firsts` (0: off)."""
+    ports = [first + i for i in range(n)] + [first + BUS_OFFSET + i for i in range(n)]
+    return ports + [f + i for f in firsts if f for i in range(n)]
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A client port whose bus port (+10000) is free too, and neither of them
-    given before by this process (a node not started yet has not bound its
-    ports: another node must not get one of them as its client port)."""
+    """A free client port below the ephemeral range whose bus port (+10000)
+    is free and below it too, neither of them given before by this process
+    (a node not started yet has not bound its ports: another node must not
+    get one of them as its client port)."""
+    top = ephemeral_range()[0] - BUS_OFFSET  # client ports below this keep their bus port below the range
+    if top - LOWEST_PORT < 1000:  # a range starting too low to leave room: anywhere outside it
+        top = 65536 - BUS_OFFSET
     while True:
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if port > 55535 or port in _handed_out or port + 10000 in _handed_out:
+        port = random.randrange(LOWEST_PORT, top)
+        taken = {port, port + BUS_OFFSET} & _handed_out or overlap([port, port + BUS_OFFSET])
+        if taken or not _bindable(host, port) or not _bindable(host, port + BUS_OFFSET):
             continue
-        with socket.socket() as s:
-            try:
-                s.bind((host, port + 10000))
-            except OSError:
-                continue
-        _handed_out.update((port, port + 10000))
+        _handed_out.update((port, port + BUS_OFFSET))
         return port
+
+
+def ports_below_ephemeral(n: int, host: str = "127.0.0.1", skip: int = 0) -> int:
+    """A first port for n nodes whose client and bus ports are all free and
+    below the ephemeral range, searched downwards from its start; `skip`
+    leaves that many ports free above it (for a second cluster)."""
+    first = ephemeral_range()[0] - BUS_OFFSET - n - skip
+    while first >= LOWEST_PORT:
+        ports = node_ports(first, n)
+        if not {*ports} & _handed_out and all(_bindable(host, p) for p in ports):
+            _handed_out.update(ports)
+            return first
+        first -= n
+    raise RuntimeError(f"no {n} free client ports (and their bus ports) below the ephemeral range")
 
 
 def command(host: str, port: int, *args: str | bytes, timeout: float = 5.0) -> bytes:
@@ -159,15 +216,42 @@ def port_args(name: str, first: int, i: int) -> tuple[str, ...]:
     return (f"--{name}", str(first + i)) if first else ()
 
 
+def check_ports(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The first node's port: `--port` checked against the ephemeral range
+    (an error if any port of the cluster falls in it), or picked below it."""
+    low, high = ephemeral_range()
+    if args.port == "auto":
+        port = ports_below_ephemeral(args.nodes, args.host)
+        print(f"ports: {port}-{port + args.nodes - 1} (bus {port + BUS_OFFSET}-{port + BUS_OFFSET + args.nodes - 1}), "
+              f"below the ephemeral range {low}-{high}", flush=True)  # fmt: skip
+        return port
+    try:
+        port = int(args.port)
+    except ValueError:
+        parser.error(f"--port {args.port}: a port number, or auto")
+    ports = node_ports(port, args.nodes, args.metrics_port, args.memcache_port)
+    if max(ports) > 65535 or port < 1:
+        parser.error(f"--port {port} with {args.nodes} nodes: the bus ports (port + {BUS_OFFSET}) go past 65535")
+    if clash := overlap(ports, (low, high)):
+        parser.error(
+            f"ports {min(clash)}-{max(clash)} of this cluster (client ports, bus ports = port + {BUS_OFFSET}, metrics, memcache) "
+            f"fall in the ephemeral range {low}-{high} ({PORT_RANGE_FILE}), where outgoing connections take their "
+            f"source ports and would collide with the nodes' ports: use lower ports (e.g. --port {max(LOWEST_PORT, low - BUS_OFFSET - args.nodes)}"
+            " or below), or --port auto"
+        )
+    return port
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Run a local Disque cluster (Ctrl-C stops it).")
     parser.add_argument("--nodes", type=int, default=3)
-    parser.add_argument("--port", type=int, default=7711, help="port of the first node")
+    parser.add_argument("--port", default="7711", help="port of the first node, or auto: free ports below the ephemeral range")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
     parser.add_argument("--metrics-port", type=int, default=0, help="metrics/dashboard port of the first node (0: off)")
     parser.add_argument("--memcache-port", type=int, default=0, help="memcache (Kestrel) port of the first node (0: off)")
     args = parser.parse_args()
+    args.port = check_ports(parser, args)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the nodes on SIGTERM too
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="disque-run-"))
     nodes = [
@@ -179,7 +263,7 @@ def main() -> None:
         for node in nodes:
             node.start()
         if len(nodes) > 1:
-            join(nodes)
+            join(nodes, timeout=max(15.0, 0.6 * len(nodes)))
         print(f"{len(nodes)} node(s) on {args.host}:{args.port}-{args.port + len(nodes) - 1}.", flush=True)
         print(f"Data (configs, logs, AOF files) in {base}: kept when the cluster stops.", flush=True)
         print("Try: .venv/bin/disque -p %d ADDJOB q hello 0   (Ctrl-C stops the cluster)" % args.port, flush=True)

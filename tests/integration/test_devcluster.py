@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from disque.devcluster import command, free_port
+from disque.devcluster import command, ephemeral_range, free_port, overlap
 
 NODES = 3
 
@@ -128,3 +128,64 @@ def test_free_ports_never_meet_a_port_given_before() -> None:
     client port may be another's client or bus port."""
     ports = [free_port() for _ in range(200)]
     assert len(set(ports) | {p + 10000 for p in ports}) == 400
+
+
+def test_free_ports_sit_below_the_ephemeral_range() -> None:
+    """Outgoing connections take their source ports from the ephemeral range:
+    a node's port there is taken sooner or later (EADDRINUSE at start)."""
+    low, _ = ephemeral_range()
+    ports = [free_port() for _ in range(50)]
+    assert all(p + 10000 < low for p in ports), ports
+
+
+def test_ephemeral_range_is_read_from_the_kernel_file(tmp_path: Path) -> None:
+    path = tmp_path / "ip_local_port_range"
+    path.write_text("40000\t50000\n")
+    assert ephemeral_range(str(path)) == (40000, 50000)
+    assert ephemeral_range(str(tmp_path / "missing")) == (32768, 60999)
+    assert overlap([39999, 40000, 50000, 50001], (40000, 50000)) == [40000, 50000]
+
+
+def test_a_port_range_in_the_ephemeral_range_is_refused_clearly(tmp_path: Path) -> None:
+    low, high = ephemeral_range()
+    done = subprocess.run(
+        [sys.executable, "-m", "disque.devcluster", "--nodes", "48", "--port", str(low + 1232), "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert f"ephemeral range {low}-{high}" in done.stderr and "--port auto" in done.stderr, done.stderr
+    assert not list(tmp_path.iterdir())  # no node started
+    # the bus ports count too: client ports below the range whose bus ports reach it
+    done = subprocess.run(
+        [sys.executable, "-m", "disque.devcluster", "--nodes", "3", "--port", str(low - 10001), "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and f"ports {low}-{low + 1} of this cluster" in done.stderr, done.stderr
+
+
+def test_twelve_nodes_on_auto_ports_join(tmp_path: Path) -> None:
+    """`--port auto`: free ports below the ephemeral range, said so; twelve
+    nodes join into a full mesh, and Ctrl-C stops them all."""
+    n = 12
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "disque.devcluster", "--nodes", str(n), "--port", "auto", "--dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        said = proc.stdout.readline()
+        assert "below the ephemeral range" in said, said
+        base = int(said.split()[1].split("-")[0])
+        assert base + 10000 + n - 1 < ephemeral_range()[0]
+        ready = proc.stdout.readline()  # printed once every node sees the others
+        assert f"{n} node(s) on 127.0.0.1:{base}-{base + n - 1}" in ready, (ready, proc.stderr and proc.stderr.read())
+        for i in range(n):
+            nodes = [line for line in command("127.0.0.1", base + i, "CLUSTER", "NODES").decode().splitlines()[1:] if line]  # after $<length>
+            assert len(nodes) == n and not any("fail" in line.split()[2] for line in nodes), nodes
+        out, err = ctrl_c_and_collect(proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert "Traceback" not in err, err
+    assert not any(listening(base + i) for i in range(n))
