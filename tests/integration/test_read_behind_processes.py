@@ -61,18 +61,19 @@ def test_a_backlog_queued_again_after_kill_9_stays_within_the_budget(spawn):
     queue must go back to disk as it comes, and the replay too must keep to
     the budget (sampled from the start of the new process)."""
     jobs, room = 20_000, 8 << 20
+    patience = 30  # seconds for the restart, then for the requeue
     node: NodeProcess = spawn("--appendonly", "yes", "--appendfsync", "no")
     client = redis.Redis(host=node.host, port=node.port, protocol=2)
     client.execute_command("CONFIG", "SET", "job-memory-limit", client.info("memory")["used_memory"] + room)
     client.execute_command("CONFIG", "REWRITE")  # the restarted process has the same budget
     most_in_memory = room // BODY  # a job in memory costs more than its body
+    ids: list[bytes] = []
     for start in range(0, jobs, 2000):
         pipe = client.pipeline(transaction=False)
         for i in range(start, start + 2000):
-            pipe.execute_command("ADDJOB", "backlog", b"%05d:" % i + b"x" * BODY, 0, "RETRY", 1)
-        pipe.execute()
+            pipe.execute_command("ADDJOB", "backlog", b"%06d:" % i + b"x" * BODY, 0, "RETRY", 1)
+        ids += pipe.execute()
     assert read_behind(client)["jobs_in_memory"] <= most_in_memory
-    ids = [e[1] for e in client.execute_command("QPEEK", "backlog", jobs)]
     client.close()
     node.kill()
     samples: list[tuple[int, int]] = []  # (jobs_in_memory, QLEN) from the restart on
@@ -91,8 +92,8 @@ def test_a_backlog_queued_again_after_kill_9_stays_within_the_budget(spawn):
     sampler = threading.Thread(target=sample)
     sampler.start()
     try:
-        node.start(wait=30)
-        deadline = time.monotonic() + 30
+        node.start(wait=patience)
+        deadline = time.monotonic() + patience
         while not samples or samples[-1][1] < jobs:  # every job queued again by its RETRY
             assert time.monotonic() < deadline, f"requeued {samples[-1:] or 'none'} of {jobs}"
             time.sleep(0.05)
@@ -109,7 +110,7 @@ def test_a_backlog_queued_again_after_kill_9_stays_within_the_budget(spawn):
             served.setdefault(job_id, body)
         if batch:
             client.execute_command("ACKJOB", *(job_id for _, job_id, _ in batch))
-    assert list(served) == ids and all(served[ids[i]].startswith(b"%05d:" % i) for i in range(jobs))  # in order
+    assert list(served) == ids and all(served[ids[i]].startswith(b"%06d:" % i) for i in range(jobs))  # in order
     client.close()
 
 
