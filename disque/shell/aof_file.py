@@ -7,8 +7,8 @@ the end of every batch of effects the server calls `flush`, which writes the
 buffer with one `write()`.  Before the server sends any reply bytes it
 asks `hold()` for the offset those replies depend on: 0 when every record
 they follow is in the file (`always`: and fsynced); otherwise it sends them
-once `when_safe()` calls back (`barrier()` is the awaitable form).  A client
-that got a reply can therefore count on its records being at least in the
+once `when_safe()` calls back (`barrier()`, the awaitable form, serves
+TLS clients).  A client that got a reply can therefore count on its records being at least in the
 OS page cache, and with `always` on the disk.
 
 fsync happens in a worker thread (`_fsync_loop`).  With `always` the thread
@@ -361,13 +361,26 @@ class AofFile:
             for waiter in failed:
                 waiter[2]()  # type: ignore[misc]
 
-    async def barrier(self, conn: Any = None) -> None:
-        """Wait until the replies queued for `conn` may be sent (`hold`)."""
+    async def barrier(self, conn: Any = None) -> str | None:
+        """Wait until the replies queued for `conn` may be sent (`hold`):
+        None, or why their records cannot be written for now (`failed`),
+        at once, the replies then to be answered with -MISCONF."""
         target = self.hold(conn)
-        if target:
+        if not target:
+            return None
+        refused = self.failed(target)
+        if refused is None:
             event = trio.Event()
-            self.when_safe(target, event.set)
+            outcome: list[str | None] = [None]
+
+            def on_error() -> None:
+                outcome[0] = self.failed(target)
+                event.set()
+
+            self.when_safe(target, event.set, on_error)
             await event.wait()
+            refused = outcome[0]
+        return refused
 
     def _wake(self) -> None:
         waiters = self.waiters

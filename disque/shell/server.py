@@ -319,8 +319,10 @@ class Server:
                 await self.flush_tls(conn)
 
     async def flush_tls(self, conn: TlsConn) -> None:
-        await self.aof_file.barrier(conn)
+        refused = await self.aof_file.barrier(conn)
         async with conn.send_lock:
+            if refused is not None:  # the AOF's disk is full: -MISCONF now rather than wait for it
+                conn.refuse(refused)
             if conn.out:
                 data = b"".join(conn.out)
                 conn.out.clear()

@@ -55,6 +55,7 @@ from mypy_extensions import mypyc_attr
 
 from disque.core.config import Config
 from disque.core.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
+from disque.core.errors import misconf
 from disque.core.node import NodeCore
 from disque.core.types import BLOCKED, SILENT, Client
 from disque.protocols.base import FrontEnd, ProtocolError
@@ -111,6 +112,19 @@ class Conn:
             self.out.append(answer)
             self.out.extend(after)
         return True
+
+    def refuse(self, reason: str) -> None:
+        """The AOF records the queued replies follow cannot be written for
+        now (`AofFile.failed` gave `reason`): each reply is answered with
+        -MISCONF instead.  The commands took effect (their records are
+        written once the disk has room): for the client, as after a
+        timeout, they may or may not have."""
+        error = self.front.encode(misconf(reason), self.client.proto)
+        out = self.out
+        for i, reply in enumerate(out):  # one entry per reply; a memoryview is output being sent already
+            if reply and not isinstance(reply, memoryview):
+                self.out_size += len(error) - len(reply)
+                out[i] = error
 
     def kick(self) -> None:
         raise NotImplementedError

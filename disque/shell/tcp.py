@@ -60,7 +60,6 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from disque.core.errors import misconf
 from disque.core.types import Client, Clock
 from disque.protocols.base import FrontEnd
 from disque.protocols.resp.front import RESP
@@ -377,18 +376,11 @@ class TcpClients:
 
     def _refuse(self, conn: TcpConn) -> None:
         """The records the held output follows cannot be written for now:
-        each reply held is answered with -MISCONF instead.  The commands
-        took effect (their records are written once the disk has room):
-        for the client, as after a timeout, they may or may not have."""
+        each reply held is answered with -MISCONF instead (`Conn.refuse`)."""
         reason = None if conn.gone else self.aof.failed(conn.hold)
         if reason is None:  # a callback of an earlier park, answered since
             return
-        error = conn.front.encode(misconf(reason), conn.client.proto)
-        out = conn.out
-        for i, reply in enumerate(out):  # one entry per reply; a memoryview is output being sent already
-            if reply and not isinstance(reply, memoryview):
-                conn.out_size += len(error) - len(reply)
-                out[i] = error
+        conn.refuse(reason)
         conn.parked = False
         conn.hold = 0
         self._send(conn)

@@ -494,3 +494,31 @@ def test_loading_replies_loading_and_sigterm_exits_at_once(tmp_path: Path) -> No
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="needs prlimit")
+def test_failing_disk_answers_tls_clients_with_misconf_at_once(spawn: Spawn, fsize_limit, tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "-m", "disque.cli", "tls-keygen", str(tmp_path / "certs")], capture_output=True, check=True)
+    ca, crt, key = (str(tmp_path / "certs" / name) for name in ("ca.crt", "node.crt", "node.key"))
+    tls_port = free_port()
+    node = spawn(*AOF_ALWAYS, "--tls-port", str(tls_port), "--tls-cert-file", crt, "--tls-key-file", key,
+                 "--tls-ca-cert-file", ca, "--tls-auth-clients", "no")  # fmt: skip
+    r = redis.Redis(host=node.host, port=tls_port, ssl=True, ssl_ca_certs=ca, protocol=2, socket_timeout=10)
+    ids = [r.execute_command("ADDJOB", "q", f"x{i}" * 20, 0) for i in range(10)]
+    fsize_limit(node.pid, client(node).info("persistence")["aof_current_size"] + 10)
+    pipe = r.pipeline(transaction=False)
+    for i in range(5):
+        pipe.execute_command("ADDJOB", "q", f"late{i}", 0)
+    started = time.monotonic()
+    late = pipe.execute(raise_on_error=False)  # held for records that cannot be written: refused, not held
+    assert time.monotonic() - started < 5
+    assert all(isinstance(e, redis.ResponseError) and str(e) == "MISCONF Errors writing to the AOF file: File too large" for e in late), late
+    got = [e[1] for e in r.execute_command("GETJOB", "COUNT", 5, "FROM", "q")]  # consumers go on over TLS too
+    assert got == ids[:5] and r.execute_command("ACKJOB", *got) == 5
+    fsize_limit(node.pid, resource.RLIM_INFINITY)
+    wait_until(lambda: r.info("persistence")["aof_last_write_status"] == "ok", what="recovery")
+    job = r.execute_command("ADDJOB", "q", "after", 0)
+    crash(node)
+    node.start()
+    left = set(all_ids(client(node)))
+    assert left >= {*ids[5:], job} and not left & set(got)
