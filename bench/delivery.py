@@ -164,7 +164,7 @@ def _groups(nodes: list[NodeProcess], count: int, pairs: list[tuple[int, int]]) 
 
 _WORKER_APP = '''
 import time
-from disque.worker import App
+from disque.client.worker import App
 
 app = App(["{node}"])
 

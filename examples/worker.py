@@ -5,7 +5,7 @@ later (NACK ... DELAY), long jobs are kept with WORKING.
     cd examples && ../.venv/bin/disque worker worker:app --burst                  # until its node's queue is empty
 """
 
-from disque.worker import App
+from disque.client.worker import App
 
 app = App()  # $DISQUE_NODES, or 127.0.0.1:7711
 

@@ -247,7 +247,7 @@ named on stderr and the exit status is 1.  Server commands (QLEN, QSTAT,
 
 
 @click.group("disque", cls=CommandGroup, aliases={"scanjobs": "jscan"}, invoke_without_command=True, help=HELP,
-             lazy={"worker": ("disque.worker:worker_command", "Run the handlers of MODULE:APP (a disque.worker.App), CONCURRENCY jobs at a time, until SIGTERM or SIGINT.")},
+             lazy={"worker": ("disque.client.worker:worker_command", "Run the handlers of MODULE:APP (a disque.client.worker.App), CONCURRENCY jobs at a time, until SIGTERM or SIGINT.")},
              context_settings={"help_option_names": ["--help"]}, subcommand_metavar="[COMMAND ARGS...]")  # fmt: skip
 @click.option("-h", "--host", default="127.0.0.1", show_default=True, help="Server host.")
 @click.option("-p", "--port", default=7711, show_default=True, type=int, help="Server port.")

@@ -30,7 +30,8 @@ and dies with the process) and NACKed; a second signal ends the grace period
 at once.  In burst mode a slot stops when GETJOB NOHANG finds nothing (its
 node's queues are empty), and the worker when every slot has.
 
-Logs are records of the `disque.worker` logger whose fields (`job`, `queue`,
+Logs are records of the `disque.worker` logger (a name of its own, not the
+module's, so that log configurations naming it still apply) whose fields (`job`, `queue`,
 `attempt`, `retry_in`, ...) are record attributes; `LogFormatter` writes them
 as `key=value` text or as one JSON object per line.
 """
@@ -419,7 +420,7 @@ def load_app(path: str) -> App:
     for name in (attribute or "app").split("."):
         value = getattr(value, name)
     if not isinstance(value, App):
-        raise TypeError(f"{path} is a {type(value).__name__}, not a disque.worker.App")
+        raise TypeError(f"{path} is a {type(value).__name__}, not a disque.client.worker.App")
     return value
 
 
@@ -465,8 +466,8 @@ def worker_command(
     app_path: str, concurrency: int, burst: bool, grace: float, queues: tuple[str, ...], nodes: tuple[str, ...],
     backend: str, json_logs: bool, verbose: bool,
 ) -> None:  # fmt: skip
-    """Run the handlers of MODULE:APP (a disque.worker.App), CONCURRENCY jobs
-    at a time, until SIGTERM or SIGINT.  The nodes are the app's (or --node),
+    """Run the handlers of MODULE:APP (a disque.client.worker.App), CONCURRENCY
+    jobs at a time, until SIGTERM or SIGINT.  The nodes are the app's (or --node),
     not -h/-p."""
     run_worker(app_path, concurrency, burst, grace=grace, queues=queues, nodes=list(nodes) or None,
                backend=backend, json_logs=json_logs, level=logging.DEBUG if verbose else logging.INFO)  # fmt: skip

@@ -33,7 +33,7 @@ FORBIDDEN = {
     "trio", "anyio", "socket", "os", "sys", "time", "random", "select", "selectors", "ssl", "signal",
     "fcntl", "subprocess", "threading", "asyncio", "pathlib", "shutil", "tempfile", "io",
 }  # fmt: skip
-OUTSIDE = ("disque.shell", "disque.cli", "disque.client", "disque.version", "disque.worker", "disque.devcluster")
+OUTSIDE = ("disque.shell", "disque.cli", "disque.client", "disque.version", "disque.devcluster")
 
 def module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts

@@ -381,7 +381,7 @@ def test_help_and_clear_are_commands_of_the_table(disque: Callable[..., Result])
 
 
 def test_the_lazy_worker_subcommand_is_summed_up_as_its_own_help() -> None:
-    from disque.worker import worker_command
+    from disque.client.worker import worker_command
 
     stand_in = dict(cli.summaries(limit=1000))["worker"]
     assert stand_in == worker_command.get_short_help_str(limit=1000)
@@ -435,7 +435,7 @@ def test_one_shot_commands_load_neither_trio_rich_nor_prompt_toolkit(shared_node
             main()
         except SystemExit:
             pass
-        heavy = ("trio", "rich", "prompt_toolkit", "disque.client", "disque.core.config", "disque.worker")
+        heavy = ("trio", "rich", "prompt_toolkit", "disque.client", "disque.core.config", "disque.client.worker")
         print(sorted(m for m in sys.modules if m in heavy), file=sys.stderr)
     """
 

@@ -1,4 +1,4 @@
-"""`disque.worker` and `disque worker`: the pieces without I/O first, then
+"""`disque.client.worker` and `disque worker`: the pieces without I/O first, then
 workers on real nodes, in this process (under asyncio and trio) and as
 `disque worker` processes (concurrency, SIGTERM, the grace period, burst
 mode, every node restarted)."""
@@ -26,7 +26,7 @@ from support import wait_for
 
 from disque.client import Client, Job
 from disque.devcluster import NodeProcess
-from disque.worker import App, Backoff, Handler, LogFormatter, Worker, load_app
+from disque.client.worker import App, Backoff, Handler, LogFormatter, Worker, load_app
 
 BACKENDS = ["asyncio", "trio"]
 NO_JOB = "DI" + "0" * 44 + "SQ"
@@ -97,13 +97,13 @@ def test_app_registers_handlers_and_their_options(monkeypatch: pytest.MonkeyPatc
 
 def test_load_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     name = f"tasks_{os.getpid()}"
-    (tmp_path / f"{name}.py").write_text("from disque.worker import App\napp = App('h:1')\nother = App('h:2')\nnumber = 3\n")
+    (tmp_path / f"{name}.py").write_text("from disque.client.worker import App\napp = App('h:1')\nother = App('h:2')\nnumber = 3\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))  # load_app puts the current directory in it
     try:
         assert load_app(name).nodes == "h:1"
         assert load_app(f"{name}:other").nodes == "h:2"
-        with pytest.raises(TypeError, match="is a int, not a disque.worker.App"):
+        with pytest.raises(TypeError, match="is a int, not a disque.client.worker.App"):
             load_app(f"{name}:number")
         with pytest.raises(AttributeError):
             load_app(f"{name}:missing")
@@ -252,7 +252,7 @@ def test_a_failing_job_comes_back_later_each_time_then_is_dead_lettered(
 
 TASKS = """
 import os, pathlib, time
-from disque.worker import App
+from disque.client.worker import App
 
 app = App()  # $DISQUE_NODES
 OUT = pathlib.Path(os.environ["WORKER_OUT"])
