@@ -138,6 +138,27 @@ def test_the_core_does_no_io_and_stays_inside(name: str) -> None:
     assert not bad, f"{name} imports {bad}"
 
 
+CLIENT_MAY_IMPORT = (
+    "disque.client",  # its own modules
+    "disque.core.errors",  # DisqueReplyError is a DisqueError
+    "disque.store.ids",  # node_prefix: which node created a job (affinity)
+    "disque.shell.tls",  # client_context, imported only when tls=True
+)
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "client").glob("*.py")), ids=lambda p: p.name)
+def test_the_client_is_a_leaf(path: Path) -> None:
+    """The client library runs beside applications, not in a node: of the
+    server it uses only the pure helpers above, so no node code loads with it."""
+    name = module_name(path)
+    bad = sorted(
+        target
+        for target, _ in imports(name, path)
+        if target.startswith("disque") and not target.startswith(CLIENT_MAY_IMPORT)
+    )
+    assert not bad, f"{name} imports {bad}"
+
+
 @pytest.mark.parametrize("name", sorted(core_files()))
 def test_every_core_module_imports(name: str) -> None:
     """Importing each one also lets the coverage gate see a module no test uses."""
