@@ -47,7 +47,7 @@ class SlowClock(FakeClock):
 
 def test_latency_buckets_are_powers_of_two_microseconds():
     core, _, _ = make_core()
-    core.clock = SlowClock()
+    core.gate.clock = SlowClock()  # the gate times the commands
     s = Session(core)
     s("PING")
     calls = node_figures(core)["commands"]["ping"]
