@@ -54,9 +54,10 @@ class Holdings(Protocol):
     """What eviction and queue GC need of the job lifecycle."""
 
     now: int
-    jobs: Jobs
     queues: BucketedDict[bytes, Queue]
 
+    @property
+    def jobs(self) -> Jobs: ...  # read-only, so that a JobStore satisfies it (attributes are invariant)
     def delete_job(self, job: Job, log: bool = True) -> None: ...
     def destroy_queue(self, queue: Queue) -> None: ...
 
