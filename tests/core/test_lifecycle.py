@@ -1209,7 +1209,7 @@ def test_dispatch_checks(env, setup, argv, code):
             core.config.maxmemory_policy = "noeviction"
             core.config.maxmemory = level2_limit(core.memory.used)
         elif setup == "misconf":
-            core.aof_error = "No space left on device"
+            core.set_aof_error("No space left on device")
         else:
             core.begin_load()
     assert s(*argv).code == code
