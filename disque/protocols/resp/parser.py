@@ -122,26 +122,37 @@ class RequestParser:
                         if argv:
                             return argv
                         continue
-                    header = _count_line(buf, 0)
-                    if header is None:
-                        return None
-                    count, end = header
-                    if count <= 0:
-                        del buf[:end]
-                        continue
+                    if _COUNT_LINE.match(buf) is None:  # not the usual count line: check it
+                        header = _count_line(buf, 0)
+                        if header is None:
+                            return None
+                        count, end = header
+                        if count <= 0:
+                            del buf[:end]
+                            continue
                     reader = self._spare
                     if reader is None:
                         reader = hiredis.Reader()
                     self._reader, self._spare = reader, None
-                    self._fed, self._held = 0, reader.len()  # a spare still holds what it consumed
-                    self._feed_more()
+                    size = len(buf)
+                    if size <= _FEED_MIN:  # the usual read: one slice (what _feed_more does, inline)
+                        self._held = reader.len() + size  # a spare still holds what it consumed
+                        reader.feed(buf)  # type: ignore[arg-type]  # hiredis takes any buffer
+                        self._fed = size
+                    else:
+                        self._fed, self._held = 0, reader.len()
+                        self._feed_more()
                 try:
                     argv = reader.gets()
                 except Exception:  # ProtocolError; MemoryError, TypeError on absurd nesting
                     argv = None  # re-read below
                 if type(argv) is list and 0 < len(argv) <= MAX_MULTIBULK and all(map(_is_bytes, argv)):
                     if not reader.has_data():  # hiredis read all it got: a request boundary
-                        self._restart(self._fed, reader)
+                        pos = self._fed  # _restart(pos, reader), inline: the usual end of a request
+                        del buf[:pos]
+                        self._fed = self._skip = self._left = self._returned = 0
+                        self._reader = None
+                        self._spare = reader if pos <= _FEED_MIN else None
                     else:
                         self._returned += 1
                         kept = reader.len()

@@ -1,0 +1,73 @@
+"""The request path in process, for instruction counts: a real `Server`
+whose `TcpClients` serves one end of a socketpair, N requests.
+
+    python bench/instructions.py KIND N [PIPELINE]
+
+KIND is ping, addjob (`ADDJOB q <100 B> 0 REPLICATE 1 RETRY 0`) or getjob
+(`GETJOB NOHANG FROM q`, after as many ADDJOBs, run before the count
+starts).  Under `valgrind --tool=callgrind` the instructions of one request
+are the difference between two runs with different N, divided by the
+difference of N (the start-up and the warm-up cancel out):
+
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null \\
+        .venv/bin/python bench/instructions.py ping 2000   # and 6000
+
+Each request (or pipeline of PIPELINE requests) is one `send` by the peer,
+one pass of the client loop's handling of a readable socket, and one
+`recv` of the replies; the peer checks the reply count on the last.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import sys
+import tempfile
+
+from disque.core.config import Config
+from disque.shell.server import Server
+from disque.shell.tcp import TcpConn
+
+BODY = b"x" * 100
+REQUESTS = {
+    "ping": b"*1\r\n$4\r\nPING\r\n",
+    "addjob": b"*8\r\n$6\r\nADDJOB\r\n$1\r\nq\r\n$100\r\n" + BODY + b"\r\n$1\r\n0\r\n$9\r\nREPLICATE\r\n$1\r\n1\r\n$5\r\nRETRY\r\n$1\r\n0\r\n",
+    "getjob": b"*4\r\n$6\r\nGETJOB\r\n$6\r\nNOHANG\r\n$4\r\nFROM\r\n$1\r\nq\r\n",
+}
+WARMUP = 200
+
+
+def main() -> None:
+    kind, n = sys.argv[1], int(sys.argv[2])
+    pipeline = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    os.chdir(tempfile.mkdtemp())  # nodes.conf
+    server = Server(Config())
+    tcp, sessions = server.tcp, server.sessions
+    ours, peer = socket.socketpair()
+    ours.setblocking(False)
+    conn = TcpConn(sessions.new_client("127.0.0.1:1", "127.0.0.1:2", ours.fileno()), ours, tcp)
+    conn.client.authenticated = True
+    sessions.opened(conn)
+    tcp.conns[conn.fd] = conn
+    tcp.epoll.register(conn.fd, select.EPOLLIN)
+
+    def serve(request: bytes, times: int) -> bytes:
+        data = request * pipeline
+        replies = b""
+        for _ in range(times):
+            peer.sendall(data)
+            tcp._read(conn)
+            replies = peer.recv(1 << 20)
+        return replies
+
+    if kind == "getjob":
+        serve(REQUESTS["addjob"], WARMUP + n)
+    request = REQUESTS[kind]
+    serve(request, WARMUP)
+    last = serve(request, n)
+    assert last and not last.startswith(b"-"), last
+
+
+if __name__ == "__main__":
+    main()
