@@ -251,7 +251,8 @@ class Sessions:
         """Close a client that has not authenticated (with requirepass) once
         the input it has not had run is over UNAUTHENTICATED_REQUEST_MAX."""
         client = conn.client
-        if conn.parser.buffered() > UNAUTHENTICATED_REQUEST_MAX and not client.authenticated and self.core.config.requirepass:
+        # The parser is asked last: without requirepass this costs no Python call per request.
+        if self.core.config.requirepass and not client.authenticated and conn.parser.buffered() > UNAUTHENTICATED_REQUEST_MAX:
             log.warning("Closing unauthenticated client %s sending a request over %d bytes", client.addr, UNAUTHENTICATED_REQUEST_MAX)
             self.queue(conn, conn.front.encode_error("Protocol error: unauthenticated request too long"))
             conn.closing = True

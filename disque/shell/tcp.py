@@ -287,7 +287,9 @@ class TcpClients:
 
     def _run(self, conn: TcpConn) -> None:
         self.sessions.run(conn)
-        hold = self.aof.hold(conn)
+        aof = self.aof
+        # hold() answers 0 without an open AOF once it has dropped the entry for conn: no Python call then
+        hold = aof.hold(conn) if aof.fd is not None or aof.targets else 0
         if hold:
             self._park(conn, hold)
         elif conn.out:
