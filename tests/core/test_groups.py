@@ -608,7 +608,7 @@ def test_a_server_that_lost_its_copy_stops_being_asked():
     mesh.reply(mesh.call(0, "QADD", "q", 60, "b"))
     core0 = mesh.core(0)
     for job in list(core0.jobs.values()):
-        core0.delete_job(job, log=False)  # as after a restart without the AOF
+        core0.lifecycle.delete_job(job, log=False)  # as after a restart without the AOF
     client = mesh.call(1, "QGET", "q", "g")
     assert mesh.reply(client) == [e, b"a"]  # node 0 said it holds nothing; the lowest other holder serves
     assert mesh.my_id(0) not in mesh.core(1).jobs.get(mesh.core(1).groups.queues[b"q"].events[int(e)].id).nodes_delivered
@@ -621,7 +621,7 @@ def test_a_holder_whose_link_comes_back_hears_the_progress_it_missed():
     mesh = formed()
     e = mesh.reply(mesh.call(0, "QADD", "q", 60, "a"))
     core = mesh.core(0)
-    core.drop_link(core.cluster.key_of(mesh.my_id(2)))
+    core.out.drop_link(core.cluster.key_of(mesh.my_id(2)))
     mesh.flush()
     assert mesh.call(0, "QGET", "q", "g")[0] == e and mesh.call(0, "QACK", "q", "g", e) == 1
     assert held(mesh, 2, b"q", b"g") == {} and held(mesh, 1, b"q", b"g") == {int(e): 0}
