@@ -19,7 +19,7 @@ RUN_STAMP  := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 STAMP      := $(VENV)/.installed
 
-.PHONY: run test test-slow test-read-behind bench venv extras tools tools-cc tools-redis tools-java tools-net tools-browser tools-clock tools-systemd tools-memcached clean jepsen jepsen-long
+.PHONY: run test test-slow test-read-behind scale bench venv extras tools tools-cc tools-redis tools-java tools-net tools-browser tools-clock tools-systemd tools-memcached clean jepsen jepsen-long
 
 # The modules setup.py compiles (disque/compiled.txt, its lines that are
 # paths): the install is redone when one of them changes, so the extensions
@@ -137,6 +137,15 @@ test-slow: $(STAMP) tools
 # queue keeps two jobs in memory, every replica waits on disk.
 test-read-behind: $(STAMP) tools
 	DISQUE_TEST_READ_BEHIND=force $(PY) -m pytest -p no:cacheprovider
+
+# Clusters of many nodes (docs/performance.md, "Scale"): the gossip cost
+# simulated for 10 to 500 nodes (table, docs/gossip-cost.png), 100 real nodes
+# joining and staying joined, a killed node among 32, then 24, 48 and 100
+# idle nodes' CPU and memory (next to C Disque's when DISQUE_C names its binary).
+scale: $(STAMP)
+	DISQUE_SCALE=1 $(PY) -m pytest -p no:cacheprovider --runslow tests/sim/test_gossip_cost.py tests/integration/test_scale_processes.py
+	$(PY) tests/sim/gossip_cost.py
+	$(PY) bench/scale.py --nodes 24,48,100 --idle 60
 
 # Benchmarks print figures (ratios against redis-server measured in the same run).
 bench: $(STAMP) tools-redis tools-java tools-memcached

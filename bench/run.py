@@ -17,6 +17,7 @@ import memcache
 import persistence
 import read_behind
 import request_path
+import scale
 import security
 import single_node
 import spark as spark_bench
@@ -32,7 +33,9 @@ BENCHMARKS = {
     "read-behind": read_behind,
     "security": security,
     "spark": spark_bench,
+    "scale": scale,  # 24, 48 and 100 local nodes: only with --only scale (make scale)
 }
+OPT_IN = {"scale"}
 
 
 def main() -> None:
@@ -47,7 +50,7 @@ def main() -> None:
         "  redis-benchmark runs on the same machine as the server it measures: they share these cores,"
         " so compare ratios, not absolute ops/s."
     )
-    for name in args.only or list(BENCHMARKS):
+    for name in args.only or [name for name in BENCHMARKS if name not in OPT_IN]:
         print(f"\n=== {name}")
         started = time.monotonic()
         figures = BENCHMARKS[name].run(args.quick)

@@ -1,0 +1,184 @@
+"""Clusters of many idle nodes: how long N local nodes take to join, what
+they cost idle (CPU of all of them together, RSS per node), and whether they
+stay joined with no node flagged fail? or fail; next to C Disque started and
+MEET-ed the same way in the same run when DISQUE_C names its binary.
+
+    python bench/scale.py --nodes 24,48,100 --idle 60     (bench/run.py --only scale)
+    DISQUE_C=/path/to/disque-server python bench/scale.py --nodes 100 --hold 300
+
+The machine's other work skews idle CPU: the ratio to C Disque measured in
+the same run is the figure to watch (`--repeat` measures the pair again).
+The gossip cost as N grows (up to 500 nodes) is measured in the simulation:
+tests/sim/gossip_cost.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+
+from disque.devcluster import NodeProcess, command, ports_below_ephemeral  # noqa: E402
+
+DISQUE_C = os.environ.get("DISQUE_C", "")
+
+
+class CNode:
+    """A C Disque node (DISQUE_C) in its own directory, on `port`."""
+
+    def __init__(self, port: int, workdir: Path) -> None:
+        self.port, self.host, self.workdir = port, "127.0.0.1", workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, wait: float = 10.0) -> CNode:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        argv = [DISQUE_C, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
+                "--logfile", "log.txt", "--appendonly", "no"]  # fmt: skip
+        self.proc = subprocess.Popen(argv, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                if command(self.host, self.port, "PING", timeout=1).startswith(b"+PONG"):
+                    return self
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError(f"C Disque on port {self.port} did not answer within {wait}s")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def pss_bytes(pid: int) -> int:
+    """Proportional set size: RSS with shared pages divided among their users."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def join(nodes: list, timeout: float) -> float:
+    """MEET every node with the first; seconds until each knows all others reachable."""
+    started = time.monotonic()
+    first = nodes[0]
+    for node in nodes[1:]:
+        command(node.host, node.port, "CLUSTER", "MEET", first.host, str(first.port))
+    want = b"cluster_reachable_nodes:%d\r" % (len(nodes) - 1)
+    pending = list(nodes)
+    while pending:
+        pending = [n for n in pending if want not in command(n.host, n.port, "CLUSTER", "INFO")]
+        if time.monotonic() - started > timeout:
+            raise RuntimeError(f"{len(pending)} of {len(nodes)} nodes not joined after {timeout:.0f} s")
+        if pending:
+            time.sleep(0.2)
+    return time.monotonic() - started
+
+
+def failing_flags(nodes: list) -> int:
+    """How many (observer, node) pairs show fail? or fail in CLUSTER NODES."""
+    bad = 0
+    for node in nodes:
+        for line in command(node.host, node.port, "CLUSTER", "NODES").decode(errors="replace").splitlines():
+            parts = line.split()
+            if len(parts) > 2 and ("fail" in parts[2].split(",") or "fail?" in parts[2].split(",")):
+                bad += 1
+    return bad
+
+
+def idle(nodes: list, seconds: float) -> dict[str, float]:
+    """CPU of all nodes together (% of one core) over `seconds`, checking flags
+    every 10 s; RSS and PSS per node at the end."""
+    pids = [n.pid for n in nodes]
+    before = [sum(common.cpu_seconds(p)) for p in pids]
+    started = time.monotonic()
+    flagged = 0
+    while (left := started + seconds - time.monotonic()) > 0:
+        time.sleep(min(10.0, left))
+        flagged = max(flagged, failing_flags(nodes))
+    elapsed = time.monotonic() - started
+    used = sum(sum(common.cpu_seconds(p)) - b for p, b in zip(pids, before))
+    return {
+        "cpu_pct": 100 * used / elapsed,
+        "rss_mb": sum(common.rss_bytes(p) for p in pids) / len(pids) / 2**20,
+        "pss_mb": sum(pss_bytes(p) for p in pids) / len(pids) / 2**20,
+        "flagged": flagged,
+    }
+
+
+def measure(kind: str, n: int, first_port: int, base: Path, seconds: float) -> dict[str, float]:
+    if kind == "ours":
+        nodes: list = [NodeProcess(first_port + i, base / f"ours-{n}-{i}") for i in range(n)]
+    else:
+        nodes = [CNode(first_port + i, base / f"c-{n}-{i}") for i in range(n)]
+    try:
+        for node in nodes:
+            node.start()
+        joined = join(nodes, timeout=max(60.0, n * 1.5))
+        return {"joined_s": joined, **idle(nodes, seconds)}
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def run(quick: bool, sizes: tuple[int, ...] | None = None, seconds: float | None = None, repeat: int = 1) -> dict[str, object]:
+    sizes = sizes or ((12, 24) if quick else (24, 48, 100))
+    seconds = seconds or (20.0 if quick else 60.0)
+    low, _ = common_ephemeral()
+    base = Path(tempfile.mkdtemp(prefix="disque-scale-"))
+    rows, figures = [], []
+    for n in sizes:
+        ours_port, c_port = ports_below_ephemeral(n), ports_below_ephemeral(n, skip=n)
+        for attempt in range(repeat):
+            ours = measure("ours", n, ours_port, base, seconds)
+            c = measure("c", n, c_port, base, seconds) if DISQUE_C else None
+            ratio = ours["cpu_pct"] / c["cpu_pct"] if c and c["cpu_pct"] else float("nan")
+            figures.append({"nodes": n, "ours": ours, "c": c, "cpu_ratio": ratio})
+            rows.append([n, attempt + 1, ours["joined_s"], ours["cpu_pct"], ours["rss_mb"], ours["pss_mb"], ours["flagged"],
+                         c["joined_s"] if c else "-", c["cpu_pct"] if c else "-", c["rss_mb"] if c else "-",
+                         f"{ratio:.1f} x" if c else "-"])  # fmt: skip
+    common.print_table(
+        f"Idle clusters ({seconds:.0f} s idle; CPU = all nodes together, % of one core; ports below {low})",
+        ["N", "run", "join s", "CPU %", "RSS MB/node", "PSS MB/node", "fail flags", "C join s", "C CPU %", "C RSS MB", "CPU ours/C"],
+        rows,
+    )
+    return {"sizes": list(sizes), "idle_seconds": seconds, "runs": figures}
+
+
+def common_ephemeral() -> tuple[int, int]:
+    from disque.devcluster import ephemeral_range
+
+    return ephemeral_range()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", default="24,48,100", help="cluster sizes, comma-separated")
+    parser.add_argument("--idle", type=float, default=60.0, help="seconds of idle measurement per cluster")
+    parser.add_argument("--hold", type=float, default=0.0, help="idle seconds instead of --idle (e.g. 300: stay joined 5 minutes)")
+    parser.add_argument("--repeat", type=int, default=1, help="measure each size this many times")
+    args = parser.parse_args()
+    run(False, tuple(int(n) for n in args.nodes.split(",")), args.hold or args.idle, args.repeat)
+
+
+if __name__ == "__main__":
+    main()
