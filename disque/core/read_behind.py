@@ -2,7 +2,7 @@
 
 Theory of operation: past a memory budget, whole job records leave memory
 for the body segments (shell/segments.py, injected as `bodies`), and only a
-compact slot per job stays (store/spill.py, about 72 bytes).  Two kinds of
+compact slot per job stays (store/spill.py, about 88 bytes).  Two kinds of
 jobs move:
 
 * the newest *queued* jobs of a queue, into its `Tail`, once the queue's

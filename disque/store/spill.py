@@ -7,7 +7,7 @@ know without reading it, in parallel arrays indexed by a *slot* number:
 where the record is (`loc`, `size`), the body length (queue byte counts),
 the creation time (queue order), a 64-bit hash of the ID, its queue, a few
 flag bits and the second it must be looked at (`awake`).  A slot costs
-about 72 bytes with its share of the ID table and of its queue's tail
+about 88 bytes with its share of the ID table and of its queue's tail
 (arrays of machine integers, no per-job Python object), against several
 hundred for a `Job` in memory.
 

@@ -34,7 +34,7 @@ def memory(cluster: Cluster, i: int) -> dict[str, object]:
 def add_until_placed_elsewhere(cluster: Cluster, i: int, repl: int) -> str:
     """ADDJOB REPLICATE `repl` on node i until SHOW there misses the job it
     just added; every ADDJOB must be answered with an ID."""
-    for _ in range(600):  # read-behind moves jobs to disk: a slot each stays (72 B), about 30,000 jobs
+    for _ in range(600):  # read-behind moves jobs to disk: a slot each stays (88 B)
         pipe = cluster.client(i).pipeline(transaction=False)
         for _ in range(BATCH):
             pipe.execute_command("ADDJOB", "oomq", "myjob", 5000, "REPLICATE", repl)
