@@ -9,7 +9,7 @@
 #                  faketime (its clock fault)
 #   test, venv     + the spark extra; test also a JDK (Spark), redis-tools,
 #                  redis-server, iproute2, iptables, chromium,
-#                  chromium-driver, faketime and systemd (`tools`)
+#                  chromium-driver, faketime, systemd and memcached (`tools`)
 #   bench          the venv of test + a JDK, redis-tools, redis-server
 #   extras         + the extras named in EXTRAS (make extras EXTRAS=spark)
 VENV       := .venv
@@ -99,7 +99,7 @@ tools-browser:
 tools-clock:
 	@$(call apt,faketime:faketime)
 
-# memcached, the reference of the memcache port's benchmark (bench/memcache.py).
+# memcached, the reference of the memcache port's tests and benchmark (bench/memcache.py).
 tools-memcached:
 	@$(call apt,memcached:memcached)
 
@@ -108,7 +108,7 @@ tools-systemd:
 	@$(call apt,systemd-analyze:systemd)
 
 # Every system tool the test suite runs.
-tools: tools-redis tools-java tools-net tools-browser tools-clock tools-systemd
+tools: tools-redis tools-java tools-net tools-browser tools-clock tools-systemd tools-memcached
 
 # A local cluster on 127.0.0.1:7711-7713 with the embedded default config; Ctrl-C stops it.
 run: $(RUN_STAMP)
@@ -127,13 +127,13 @@ test: $(STAMP) tools
 	cat $(VENV)/pure-core.log; \
 	exit $$(( whole || covered ))
 
-# The suite again with read-behind forced on (docs/read-behind.md): every
 # The tests marked `slow` alone (tests/conftest.py skips them elsewhere):
 # the long hypothesis and simulation runs, read-behind at 100k jobs, Spark's
 # own driver, jepsen-lite's admin run, the metrics of 10,000 queues.
 test-slow: $(STAMP) tools
 	$(PY) -m pytest -p no:cacheprovider -m slow
 
+# The suite again with read-behind forced on (docs/read-behind.md): every
 # queue keeps two jobs in memory, every replica waits on disk.
 test-read-behind: $(STAMP) tools
 	DISQUE_TEST_READ_BEHIND=force $(PY) -m pytest -p no:cacheprovider
