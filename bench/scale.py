@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
 
-from disque.devcluster import NodeProcess, command, ephemeral_range, ports_below_ephemeral  # noqa: E402
+from disque.devcluster import NodeProcess, command, ports_below_ephemeral  # noqa: E402
 
 DISQUE_C = os.environ.get("DISQUE_C", "")
 
@@ -143,7 +143,7 @@ def measure(kind: str, n: int, first_port: int, base: Path, seconds: float) -> d
 def run(quick: bool, sizes: tuple[int, ...] | None = None, seconds: float | None = None, repeat: int = 1) -> dict[str, object]:
     sizes = sizes or ((12, 24) if quick else (24, 48, 100))
     seconds = seconds or (20.0 if quick else 60.0)
-    low, _ = ephemeral_range()
+    low, _ = common_ephemeral()
     base = Path(tempfile.mkdtemp(prefix="disque-scale-"))
     rows, figures = [], []
     for n in sizes:
@@ -162,6 +162,12 @@ def run(quick: bool, sizes: tuple[int, ...] | None = None, seconds: float | None
         rows,
     )
     return {"sizes": list(sizes), "idle_seconds": seconds, "runs": figures}
+
+
+def common_ephemeral() -> tuple[int, int]:
+    from disque.devcluster import ephemeral_range
+
+    return ephemeral_range()
 
 
 def main() -> None:
