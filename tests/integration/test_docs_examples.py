@@ -119,11 +119,12 @@ def run_script(example: Example, ports: dict[str, str], tmp: Path) -> None:
         argv = [sys.executable, "-c", rewrite(example.body, ports, tmp)]
     else:  # background jobs are stopped by PID when the script ends
         argv = ["bash", "-ec", "trap 'kill $(jobs -p) 2>/dev/null || true; wait' EXIT\n" + rewrite(example.body, ports, tmp)]
-    done = subprocess.run(argv, cwd=tmp, env=environment(tmp), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(argv, cwd=tmp, env=environment(tmp), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{example} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
     assert not ERROR_REPLY.search(done.stdout), f"{example} got an error reply:\n{done.stdout}"
 
 
+@pytest.mark.timeout(360)  # the Spark examples start a JVM and Spark's Python workers: minutes on two busy cores
 @pytest.mark.parametrize("example", examples(), ids=str)
 def test_example_runs_as_written(example: Example, cluster: dict[str, str], tmp_path: Path) -> None:
     if example.skip:
