@@ -57,9 +57,11 @@ class ServerProcess:
     """A reference server (redis-server, or any command line taking a port)
     in its own directory, on a free port; ready once it answers PING."""
 
-    def __init__(self, workdir: Path, make_argv: Callable[[int, Path], list[str]] | None = None) -> None:
+    host = "127.0.0.1"
+
+    def __init__(self, workdir: Path, make_argv: Callable[[int, Path], list[str]] | None = None, port: int | None = None) -> None:
         self.workdir = workdir
-        self.port = free_port()
+        self.port = port or free_port()
         self.argv = (make_argv or _redis_argv)(self.port, workdir)
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -90,6 +92,12 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def c_disque_argv(port: int, workdir: Path) -> list[str]:
+    """C Disque's disque-server, named by DISQUE_C: the reference of every ratio to C."""
+    return [os.environ["DISQUE_C"], "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir),
+            "--logfile", "disque.log"]  # fmt: skip
 
 
 def _redis_argv(port: int, workdir: Path) -> list[str]:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import memcache
-from common import BODY, CLIENTS, ServerProcess, cpu_seconds, expect_success, print_table, redis_benchmark_row, start_node
+from common import BODY, CLIENTS, ServerProcess, c_disque_argv, cpu_seconds, expect_success, print_table, redis_benchmark_row, start_node
 
 from disque.devcluster import NodeProcess, command, free_port, join
 
@@ -73,11 +73,6 @@ def _sizes(quick: bool) -> dict[int, int]:
     """Requests per figure by pipeline: a few seconds each on 2 cores."""
     scale = 5 if quick else 1
     return {1: 100_000 // scale, 16: 300_000 // scale}
-
-
-def c_disque_argv(port: int, workdir: Path) -> list[str]:
-    assert C_DISQUE is not None
-    return [C_DISQUE, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir), "--logfile", "disque.log"]
 
 
 def _measure(server: Any, args: list[Any], requests: int, pipeline: int) -> dict[str, float]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,43 +28,6 @@ import common  # noqa: E402
 from disque.devcluster import NodeProcess, command, ports_below_ephemeral  # noqa: E402
 
 DISQUE_C = os.environ.get("DISQUE_C", "")
-
-
-class CNode:
-    """A C Disque node (DISQUE_C) in its own directory, on `port`."""
-
-    def __init__(self, port: int, workdir: Path) -> None:
-        self.port, self.host, self.workdir = port, "127.0.0.1", workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, wait: float = 10.0) -> CNode:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        argv = [DISQUE_C, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
-                "--logfile", "log.txt", "--appendonly", "no"]  # fmt: skip
-        self.proc = subprocess.Popen(argv, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            try:
-                if command(self.host, self.port, "PING", timeout=1).startswith(b"+PONG"):
-                    return self
-            except OSError:
-                time.sleep(0.02)
-        raise RuntimeError(f"C Disque on port {self.port} did not answer within {wait}s")
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def pss_bytes(pid: int) -> int:
@@ -129,7 +91,7 @@ def measure(kind: str, n: int, first_port: int, base: Path, seconds: float) -> d
     if kind == "ours":
         nodes: list = [NodeProcess(first_port + i, base / f"ours-{n}-{i}") for i in range(n)]
     else:
-        nodes = [CNode(first_port + i, base / f"c-{n}-{i}") for i in range(n)]
+        nodes = [common.ServerProcess(base / f"c-{n}-{i}", common.c_disque_argv, port=first_port + i) for i in range(n)]
     try:
         for node in nodes:
             node.start()
