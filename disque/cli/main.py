@@ -314,11 +314,16 @@ def qlen(session: Session, queue: str, cluster: bool | None) -> None:
         session.run(["QLEN", queue])
         return
     found = per_node(session, lambda c: c.qlen(queue))
+    output_sum(session, queue, "len", found)
+
+
+def output_sum(session: Session, queue: str, field: str, found: list[tuple[str, str, int]]) -> None:
+    """A count added up over the nodes `per_node` found, with each node's."""
     total = sum(n for _, _, n in found)
     if session.mode == "json":
-        session.output("plain", {"queue": queue, "len": total, "nodes": [{"node": n, "address": a, "len": length} for n, a, length in found]})
+        session.output("plain", {"queue": queue, field: total, "nodes": [{"node": n, "address": a, field: k} for n, a, k in found]})
     else:
-        session.output("by-node", {"total": {"queue": queue, "len": total}, "nodes": [(n, a, {"len": length}) for n, a, length in found]}, raw=total)
+        session.output("by-node", {"total": {"queue": queue, field: total}, "nodes": [(n, a, {field: k}) for n, a, k in found]}, raw=total)
     session.check_nodes()
 
 
@@ -466,12 +471,7 @@ def requeue(session: Session, queue: str, count: int | None, cluster: bool | Non
     else:
         client = session.client()
         found = [(client.hello().node_id, session.label, requeue_on(client))]
-    total = sum(n for _, _, n in found)
-    if session.mode == "json":
-        session.output("plain", {"queue": queue, "requeued": total, "nodes": [{"node": n, "address": a, "requeued": k} for n, a, k in found]})
-    else:
-        session.output("by-node", {"total": {"queue": queue, "requeued": total}, "nodes": [(n, a, {"requeued": k}) for n, a, k in found]}, raw=total)
-    session.check_nodes()
+    output_sum(session, queue, "requeued", found)
 
 
 # --------------------------------------------------------------------------
