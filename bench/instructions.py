@@ -20,14 +20,12 @@ one pass of the client loop's handling of a readable socket, and one
 from __future__ import annotations
 
 import os
-import select
 import socket
 import sys
 import tempfile
 
 from disque.core.config import Config
 from disque.shell.server import Server
-from disque.shell.tcp import TcpConn
 
 BODY = b"x" * 100
 REQUESTS = {
@@ -43,14 +41,10 @@ def main() -> None:
     pipeline = int(sys.argv[3]) if len(sys.argv) > 3 else 1
     os.chdir(tempfile.mkdtemp())  # nodes.conf
     server = Server(Config())
-    tcp, sessions = server.tcp, server.sessions
+    tcp = server.tcp
     ours, peer = socket.socketpair()
     ours.setblocking(False)
-    conn = TcpConn(sessions.new_client("127.0.0.1:1", "127.0.0.1:2", ours.fileno()), ours, tcp)
-    conn.client.authenticated = True
-    sessions.opened(conn)
-    tcp.conns[conn.fd] = conn
-    tcp.epoll.register(conn.fd, select.EPOLLIN)
+    conn = tcp.add(ours, "127.0.0.1:1", "127.0.0.1:2", trusted=True)
 
     def serve(request: bytes, times: int) -> bytes:
         data = request * pipeline

@@ -217,7 +217,6 @@ class TcpClients:
     # ------------------------------------------------------------ accepting
 
     async def _accept(self, listener: socket.socket, front: FrontEnd, refusal: Refusal, trusted: bool) -> None:
-        sessions = self.sessions
         for _ in range(ACCEPT_BATCH):
             try:
                 sock, addr = listener.accept()
@@ -246,11 +245,16 @@ class TcpClients:
                 local = format_addr(sock.getsockname())
             except OSError:
                 local = ":0"
-            conn = TcpConn(sessions.new_client(peer, local, sock.fileno()), sock, self, front)
-            conn.client.authenticated = trusted
-            sessions.opened(conn)
-            self.conns[conn.fd] = conn
-            self.epoll.register(conn.fd, EPOLLIN)
+            self.add(sock, peer, local, front, trusted)
+
+    def add(self, sock: socket.socket, peer: str, local: str, front: FrontEnd = RESP, trusted: bool = False) -> TcpConn:
+        """A connected, non-blocking socket becomes a client of this loop."""
+        conn = TcpConn(self.sessions.new_client(peer, local, sock.fileno()), sock, self, front)
+        conn.client.authenticated = trusted
+        self.sessions.opened(conn)
+        self.conns[conn.fd] = conn
+        self.epoll.register(conn.fd, EPOLLIN)
+        return conn
 
     # ------------------------------------------------------------ reading
 

@@ -5,14 +5,12 @@ an exception while serving one client closes that client only."""
 
 from __future__ import annotations
 
-import select
 import socket
 
 import trio
 
 from disque.core.config import Config
 from disque.shell.server import Server
-from disque.shell.tcp import TcpConn
 
 
 async def test_a_socket_unwatched_by_an_earlier_event_of_the_batch_is_skipped(tmp_path, monkeypatch):
@@ -77,12 +75,7 @@ async def test_an_exception_serving_one_client_closes_that_client_only(tmp_path,
     conns = []
     for ours, _ in pairs:
         ours.setblocking(False)
-        conn = TcpConn(sessions.new_client("127.0.0.1:1", "127.0.0.1:2", ours.fileno()), ours, tcp)
-        conn.client.authenticated = True
-        sessions.opened(conn)
-        tcp.conns[conn.fd] = conn
-        tcp.epoll.register(conn.fd, select.EPOLLIN)
-        conns.append(conn)
+        conns.append(tcp.add(ours, "127.0.0.1:1", "127.0.0.1:2", trusted=True))
     conns[0].parser = _Broken()
     (_, broken_peer), (_, good_peer) = pairs
     broken_peer.setblocking(False)
