@@ -8,10 +8,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from support import wait_for
 
 from disque.devcluster import command, ephemeral_range, free_port, overlap
 
@@ -41,14 +42,6 @@ def listening(port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def wait_for(cond, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def start(base: int, workdir: Path, *extra: str) -> subprocess.Popen[str]:
@@ -112,7 +105,7 @@ def test_ctrl_c_while_starting_or_joining_stops_cleanly(tmp_path: Path, nodes_up
     base = free_range(NODES)
     proc = start(base, tmp_path)
     try:
-        wait_for(lambda: all(listening(base + i) for i in range(nodes_up)), 20, f"{nodes_up} node(s) listening")
+        wait_for(lambda: all(listening(base + i) for i in range(nodes_up)), 20, what=f"{nodes_up} node(s) listening")
         out, err = ctrl_c_and_collect(proc)
     finally:
         if proc.poll() is None:
