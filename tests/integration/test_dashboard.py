@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
+from support import wait_for
 
 from disque.devcluster import NodeProcess, _bindable, join, ports_below_ephemeral
 
@@ -83,14 +83,6 @@ def api(http: int, path: str, body: Any = None, password: str | None = None) -> 
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
-
-
-def until(condition, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
-        time.sleep(0.1)
-    return value
 
 
 def dead_letter(client: redis.Redis, queue: str, body: str) -> None:
@@ -156,7 +148,7 @@ def test_the_dashboard_shows_the_whole_cluster_and_acts_on_it(cluster: Cluster, 
     # pause a queue (PAUSE ... BCAST: the other nodes follow)
     click('tr[data-queue="orders"] button.toggle')
     wait.until(lambda _: text('tr[data-queue="orders"] td.pause') == "in")
-    until(lambda: rc.execute_command("PAUSE", "orders", "state") == b"in", what="pause on another node")
+    wait_for(lambda: rc.execute_command("PAUSE", "orders", "state") == b"in", timeout=30, what="pause on another node")
     # the history of the last hour, added up over the nodes, drawn once a slot has passed
     for i in range(5):
         rb.execute_command("ADDJOB", "invoices", f"invoice {i}", 0, "REPLICATE", 1)
@@ -165,7 +157,7 @@ def test_the_dashboard_shows_the_whole_cluster_and_acts_on_it(cluster: Cluster, 
         assert len(merged["nodes"]) == 3 and not any("error" in n for n in merged["nodes"])
         return sum(merged["history"]["queues"].get("invoices", {"in": []})["in"])
 
-    until(lambda: invoices_in() >= 5, timeout=40, what="history of the jobs added")  # sampled every 10 s
+    wait_for(lambda: invoices_in() >= 5, timeout=40, what="history of the jobs added")  # sampled every 10 s
     wait_history = WebDriverWait(browser, 15, ignored_exceptions=[StaleElementReferenceException])
     wait_history.until(lambda _: browser.find_elements(By.CSS_SELECTOR, 'tr[data-queue="invoices"] td.spark polyline.in'))
     assert browser.find_elements(By.CSS_SELECTOR, "#chart polyline.in")
