@@ -58,6 +58,7 @@ INCR_DELIV = 4
 JOINED = 8
 GRANTED = 16
 UNKNOWN = 32
+PUSHED = 64
 
 _PREFIX = 4  # length prefix size
 
@@ -129,6 +130,8 @@ _GOSSIP = _Field(
     "gossip", "g", _list_of(_record(_GOSSIP_ENTRY, GossipEntry)), _each(_packer(_GOSSIP_ENTRY)),
     pos=(_list_of(_pos_record(_GOSSIP_ENTRY, GossipEntry)), _each(_pos_packer(_GOSSIP_ENTRY))),
 )
+# Added after the first version: an older node sends none (0) and ignores it.
+_FEATURES = _Field("features", "ft", _BITS, default=0)
 _ID = _Field("id", "i", _job_id)
 _JOBS = _Field("jobs", "j", _list_of(_wire_job, 1), _each(_dump_wire_job),
                pos=(_list_of(_wire_job_pos, 1), _each(_dump_wire_job_pos)))  # fmt: skip
@@ -144,11 +147,12 @@ _WAIT_ENTRIES = _Field(
 
 # One row per message type: (name, class, fields, mflags).  Short keys must
 # not reuse the envelope keys v, t, s, p, f, m, pv; the positional code of a
-# type is its row number (from 1): new types go at the end.
+# type is its row number (from 1): new types go at the end, and so do new
+# fields of a row, with a default (a body of an older node lacks them).
 _ROWS: tuple[tuple[Any, ...], ...] = (
-    ("PING", Ping, (_GOSSIP,)),
-    ("PONG", Pong, (_GOSSIP,)),
-    ("MEET", Meet, (_GOSSIP,)),
+    ("PING", Ping, (_GOSSIP, _FEATURES)),
+    ("PONG", Pong, (_GOSSIP, _FEATURES)),
+    ("MEET", Meet, (_GOSSIP, _FEATURES)),
     ("FAIL", Fail, (_Field("node", "n", _node_id),)),
     ("REPLJOB", ReplJob, (_Field("job", "j", _wire_job, _dump_wire_job, pos=(_wire_job_pos, _dump_wire_job_pos)),), (("noreply", NOREPLY),)),
     ("GOTJOB", GotJob, (_ID,)),
@@ -160,7 +164,7 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("GOTACK", GotAck, (_ID, _Field("known", "k", _bool))),
     ("DELJOB", DelJob, (_ID, _Field("acked", "ak", _bool, default=True))),
     ("NEEDJOBS", NeedJobs, (_QUEUE, _Field("count", "c", _UINT))),
-    ("YOURJOBS", YourJobs, (_JOBS,)),
+    ("YOURJOBS", YourJobs, (_JOBS,), (("pushed", PUSHED),)),
     ("PAUSE", Pause, (_QUEUE, _Field("flags", "pf", _int_in(0, 3)))),
     ("FANOUT", Fanout, (_Field("child", "c", _fanout_child),), (("joined", JOINED),)),
     ("GROUPSET", GroupSet, (_ID, _GROUP, _Field("deadline", "d", _UINT))),
@@ -241,7 +245,8 @@ class LinkCodec:
     form this node reads.  Once the peer is known to read it too (its map
     bodies carry the same "pv", or it sent a positional body), bodies are
     msgpack arrays, fields in table order (jobs and gossip entries arrays
-    too, optional fields always present):
+    too, optional fields always present, except that a body of an older node
+    lacks the optional fields added at the end of a row since):
 
         [code, mflags, field, ...]                    a message (code: its row in _KINDS)
         [0, sender, port, flags, code, mflags, ...]   the same, after a new header

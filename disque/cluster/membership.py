@@ -25,6 +25,13 @@ Identity: `myself` is the one record of who this node is.  Everything else
 `solo` when it needs them and keeps no copy, so `reset(hard=True)`, the only
 place that changes the ID, is followed everywhere at once.
 
+Features (spec/cluster.md §2.3): every PING, PONG and MEET carries the
+FEATURE_* bits of the messages its sender reads beyond the first version's;
+a node's `features` are those it said since our link to it came up (a link
+that comes up may reach another process: a restarted, older one), and a
+node that says one it did not have goes on `new_features`, where the core
+finds it once the frames of a read are handled.
+
 Whenever something that nodes.conf records changes, `dirty` is set and the
 shell saves the file (`to_conf()`) before it sleeps.
 """
@@ -39,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from disque.cluster.messages import (
     FAIL,
+    FEATURES,
     HANDSHAKE,
     LEAVING,
     MEET,
@@ -74,6 +82,7 @@ class Node:
     link: bool = False
     link_time: int = 0
     reports: dict[str, int] = field(default_factory=dict)  # reporter id -> when
+    features: int = 0  # FEATURE_* bits its PING/PONG/MEET said since our link to it came up
 
 
 FLAG_NAMES = ((MYSELF, "myself"), (PFAIL, "fail?"), (FAIL, "fail"), (HANDSHAKE, "handshake"), (NOADDR, "noaddr"), (LEAVING, "leaving"))
@@ -139,6 +148,7 @@ class Membership:
         self._ticks = 0
         self._size: int | None = None
         self._reachable: list[Node] | None = None
+        self.new_features: list[Node] = []  # peers that said they have features, taken by the core
 
     # ------------------------------------------------------------ queries
 
@@ -169,9 +179,10 @@ class Membership:
         node = self.nodes.get(node_id)
         return node is not None and node.link and not node.flags & MYSELF
 
-    def linked_ids(self, include_handshake: bool = False) -> list[str]:
+    def linked_ids(self, include_handshake: bool = False, features: int = 0) -> list[str]:
+        """The nodes with a link; with `features`, only those that have them."""
         skip = MYSELF if include_handshake else MYSELF | HANDSHAKE
-        return [n.id for n in self.nodes.values() if n.link and not n.flags & skip]
+        return [n.id for n in self.nodes.values() if n.link and not n.flags & skip and n.features & features == features]
 
     def node_of_key(self, key: int) -> Node | None:
         return self.by_key.get(key)
@@ -258,11 +269,12 @@ class Membership:
             return
         node.link = True
         node.link_time = self.now
+        node.features = 0  # the other end may be another process now: its PONG tells
         if node.flags & MEET:
             node.flags &= ~MEET
-            self._ping(node, Meet(self.gossip()))
+            self._ping(node, Meet)
         else:
-            self._ping(node, Ping(self.gossip()))
+            self._ping(node, Ping)
 
     @_mutates
     def link_closed(self, key: int, connect_failed: bool) -> None:
@@ -273,10 +285,10 @@ class Membership:
         if connect_failed and not node.ping_sent:
             node.ping_sent = self.now  # failure detection progresses without a link
 
-    def _ping(self, node: Node, msg: Any) -> None:
+    def _ping(self, node: Node, kind: type[Ping | Meet]) -> None:
         if not node.ping_sent:
             node.ping_sent = self.now
-        self.wire.send_key(node.key, msg)
+        self.wire.send_key(node.key, kind(self.gossip(), FEATURES))
 
     def gossip(self) -> tuple[GossipEntry, ...]:
         # Failing nodes are gossiped even without a link (we usually have none
@@ -330,7 +342,7 @@ class Membership:
         if is_meet and sender is None and peer_ip:
             self.meet(peer_ip, header.port, flags=HANDSHAKE)
         if conn is not None:
-            self.wire.answer(conn, Pong(self.gossip()))
+            self.wire.answer(conn, Pong(self.gossip(), FEATURES))
         if sender is None:
             if is_meet:
                 self._gossip_in(msg.gossip, None)
@@ -343,6 +355,7 @@ class Membership:
             sender.flags &= ~NOADDR
             self.dirty = True
         self._copy_leaving(sender, header)
+        self._learn_features(sender, msg.features)
         self._gossip_in(msg.gossip, sender)
 
     def _receive_pong(self, header: Header, msg: Pong, key: int | None) -> None:
@@ -377,12 +390,21 @@ class Membership:
             node.flags &= ~(PFAIL | FAIL)
             self.dirty = True
         self._copy_leaving(node, header)
+        self._learn_features(node, msg.features)
         self._gossip_in(msg.gossip, node)
 
     def _copy_leaving(self, node: Node, header: Header) -> None:
         if (node.flags ^ header.flags) & LEAVING:
             node.flags ^= LEAVING
             self.dirty = True
+
+    def _learn_features(self, node: Node, features: int) -> None:
+        """What the node understands (rolling upgrades, spec/cluster.md
+        §2.3): the core is told of a feature it did not have, and sends
+        what it kept from a node that could not read it."""
+        if features & ~node.features:
+            self.new_features.append(node)
+        node.features = features
 
     def _gossip_in(self, entries: tuple[GossipEntry, ...], sender: Node | None) -> None:
         for entry in entries:
@@ -443,12 +465,12 @@ class Membership:
             sample = [n for n in sample if n.link and not n.ping_sent and not n.flags & (MYSELF | HANDSHAKE)]
             if sample:
                 oldest = min(sample, key=lambda n: n.pong_received)
-                self._ping(oldest, Ping(self.gossip()))
+                self._ping(oldest, Ping)
         for node in list(self.nodes.values()):
             if node.flags & (MYSELF | HANDSHAKE):
                 continue
             if node.link and not node.ping_sent and now - node.pong_received > timeout / 2:
-                self._ping(node, Ping(self.gossip()))
+                self._ping(node, Ping)
             if (
                 node.link
                 and now - node.link_time > timeout

@@ -8,7 +8,7 @@ of range.  Every message travels with a `Header` (the envelope: who sent it).
 
 Per-message flags (`mflags` on the wire) appear here as booleans on the
 messages they belong to (`ReplJob.noreply`, `Queued.incr_nacks`,
-`Queued.incr_deliv`).
+`Queued.incr_deliv`, `YourJobs.pushed`, ...).
 
 Jobs travel in their bus form, a `WireJob`: the plain dict made by
 `records.job_to_wire(job, now_ms)` (store/records.py), with a relative `ttl` (ms) instead of an absolute
@@ -36,6 +36,13 @@ MEET: Final = 32
 DELETED: Final = 64
 LEAVING: Final = 128
 
+# Feature bits a node sends in its PING, PONG and MEET (`features`): what it
+# understands beyond the messages every version reads.  A peer sends a
+# message of a feature only to a node that said it has it, so a node of an
+# older version, which drops the link on a message type it does not know,
+# never gets one (rolling upgrades, spec/cluster.md §2.3).
+FEATURE_WAITING: Final = 1  # WAITING (core/federation.py)
+FEATURES: Final = FEATURE_WAITING  # this node's
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,16 +65,19 @@ class GossipEntry:
 @dataclass(frozen=True, slots=True)
 class Ping:
     gossip: tuple[GossipEntry, ...] = ()
+    features: int = 0  # the sender's FEATURE_* bits (0: an older node that sends none)
 
 
 @dataclass(frozen=True, slots=True)
 class Pong:
     gossip: tuple[GossipEntry, ...] = ()
+    features: int = 0  # the sender's FEATURE_* bits (0: an older node that sends none)
 
 
 @dataclass(frozen=True, slots=True)
 class Meet:
     gossip: tuple[GossipEntry, ...] = ()
+    features: int = 0  # the sender's FEATURE_* bits (0: an older node that sends none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +173,7 @@ class NeedJobs:
 @dataclass(frozen=True, slots=True)
 class YourJobs:
     jobs: tuple[WireJob, ...]  # at least one
+    pushed: bool = False  # to a node that announced waiting consumers, not an answer to NEEDJOBS (counted only)
 
 
 @dataclass(frozen=True, slots=True)

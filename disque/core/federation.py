@@ -18,6 +18,9 @@ leaves a consumer on an idle cluster waiting for the next broadcast
 (seconds): a node whose consumers block on a queue that is empty here tells
 every peer at once (WAITING: the queue and how many wait), and repeats it
 every WAIT_REFRESH_MS while they wait; it says 0 when none waits any more.
+Only peers that said they read WAITING (FEATURE_WAITING in their PING or
+PONG: a node of an older version drops the link on a message it does not
+know) hear it, a peer that just said so gets every current entry at once.
 A peer keeps each entry for WAIT_TTL_MS (`wanted`), and a job queued there
 with no consumer of its own goes at once to a node that waits for it, up to
 the count it announced, with the YOURJOBS mechanics of a NEEDJOBS answer:
@@ -88,13 +91,18 @@ class Federation:
     def __init__(self, life: Lifecycle, out: Outbox) -> None:
         self.life = life
         self.out = out
-        # Counters (INFO-like figures, metrics): NEEDJOBS sent, jobs handed out
-        # with YOURJOBS, jobs received and queued here.
+        # Counters (INFO federation, metrics): NEEDJOBS sent and received, jobs
+        # handed out with YOURJOBS, jobs received and queued here, those of
+        # them pushed (to a node that announced waiting consumers, or here),
+        # WAITING entries sent and received.
         self.needjobs_sent = 0
+        self.needjobs_received = 0
         self.jobs_exported = 0
         self.jobs_imported = 0
-        self.jobs_pushed = 0  # handed out to a node that announced waiting consumers
-        self.waiting_sent = 0  # WAITING entries sent
+        self.jobs_pushed_out = 0
+        self.jobs_pushed_in = 0
+        self.waiting_sent = 0
+        self.waiting_received = 0
         # Our side: queue -> the count last announced (> 0); the queues whose
         # blocked clients changed in this step, announced at its end.
         self.announced: dict[bytes, int] = {}
@@ -155,6 +163,7 @@ class Federation:
 
     def on_need_jobs(self, sender: str, msg: m.NeedJobs) -> None:
         life = self.life
+        self.needjobs_received += 1
         queue = life.queues.get(msg.queue)
         if queue is None or not len(queue) or self.import_rate(queue) > 0 or queue.pause & PAUSE_OUT:
             return
@@ -163,9 +172,9 @@ class Federation:
         n = msg.count
         if len(queue) < 2 * n:
             n = len(queue) // 2
-        self._hand_over(queue, sender, max(n, 1))
+        self._hand_over(queue, sender, max(n, 1), False)
 
-    def _hand_over(self, queue: Queue, to: str, n: int) -> None:
+    def _hand_over(self, queue: Queue, to: str, n: int, pushed: bool) -> None:
         """Send the `n` oldest jobs of `queue` (n <= its length) to `to`,
         whose link the caller checked, in frames of bounded size."""
         life = self.life
@@ -181,10 +190,10 @@ class Federation:
             if job.retry == 0:
                 life.delete_job(job)
             if size >= YOURJOBS_MAX_BYTES:
-                self.out.send(to, m.YourJobs(tuple(batch)))
+                self.out.send(to, m.YourJobs(tuple(batch), pushed))
                 batch, size = [], 0
         if batch:
-            self.out.send(to, m.YourJobs(tuple(batch)))
+            self.out.send(to, m.YourJobs(tuple(batch), pushed))
 
     # ------------------------------------------------------------ waiting consumers: pushing
 
@@ -194,6 +203,7 @@ class Federation:
         life = self.life
         until = life.now + WAIT_TTL_MS
         per_peer = self._wanted_per_peer
+        self.waiting_received += len(msg.entries)
         for entry in msg.entries:
             wants = self.wanted.get(entry.queue)
             want = None if wants is None else wants.get(sender)
@@ -244,8 +254,8 @@ class Federation:
             if info is None or not info.link or info.flags & _SKIP_PEER:
                 continue  # a RETRY 0 job handed to a node that may not get it would be lost
             n = min(want.count, len(queue))
-            self._hand_over(queue, peer, n)
-            self.jobs_pushed += n
+            self._hand_over(queue, peer, n, True)
+            self.jobs_pushed_out += n
             want.count -= n
             if not want.count:
                 self._forget(queue.name, peer)
@@ -279,7 +289,7 @@ class Federation:
             else:
                 announced.pop(name, None)
         if entries:
-            self._send_waiting(self.life.membership.linked_ids(), entries)
+            self._send_waiting(self.life.membership.linked_ids(features=m.FEATURE_WAITING), entries)
 
     def _send_waiting(self, peers: list[str], entries: list[m.WaitEntry]) -> None:
         for start in range(0, len(entries), WAIT_BATCH):
@@ -289,7 +299,7 @@ class Federation:
                 self.waiting_sent += len(msg.entries)
 
     def announcements(self) -> list[m.Waiting]:
-        """Every queue announced now, for a peer whose link just came up."""
+        """Every queue announced now, for a peer that just said it reads them."""
         entries = [m.WaitEntry(name, count) for name, count in self.announced.items()]
         return [m.Waiting(tuple(entries[i : i + WAIT_BATCH])) for i in range(0, len(entries), WAIT_BATCH)]
 
@@ -315,7 +325,21 @@ class Federation:
                     announced[name] = count
                 else:
                     del announced[name]
-            self._send_waiting(life.membership.linked_ids(), entries)
+            self._send_waiting(life.membership.linked_ids(features=m.FEATURE_WAITING), entries)
+
+    # ------------------------------------------------------------ figures
+
+    def info_fields(self) -> list[tuple[str, int]]:
+        """INFO federation, and the metrics' figures."""
+        members = self.life.membership
+        return [
+            ("needjobs_sent", self.needjobs_sent), ("needjobs_received", self.needjobs_received),
+            ("jobs_exported", self.jobs_exported), ("jobs_imported", self.jobs_imported),
+            ("jobs_pushed_out", self.jobs_pushed_out), ("jobs_pushed_in", self.jobs_pushed_in),
+            ("waiting_sent", self.waiting_sent), ("waiting_received", self.waiting_received),
+            ("waiting_queues", len(self.announced)), ("waiting_peer_queues", sum(map(len, self.wanted.values()))),
+            ("peers_without_waiting", len(members.linked_ids()) - len(members.linked_ids(features=m.FEATURE_WAITING))),
+        ]  # fmt: skip
 
     # ------------------------------------------------------------ importing
 
@@ -333,6 +357,7 @@ class Federation:
             if job.state == State.ACKED or not life.enqueue(job):
                 continue
             self.jobs_imported += 1
+            self.jobs_pushed_in += msg.pushed
             queue = life.queues.get(job.queue)  # type: ignore[arg-type]
             if queue is None:  # pragma: no cover - enqueue() just created the queue
                 continue

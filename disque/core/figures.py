@@ -62,11 +62,7 @@ def node_figures(node: NodeCore, max_queues: int | None = None) -> dict[str, Any
             "achieved": repl.achieved_count,
             "aborted": repl.aborted_count,
         },
-        "federation": {
-            "needjobs_sent": fed.needjobs_sent,
-            "jobs_exported": fed.jobs_exported,
-            "jobs_imported": fed.jobs_imported,
-        },
+        "federation": dict(fed.info_fields()),
         "commands": {name: list(calls) for name, calls in stats.calls.items()},
         "nodes": [
             {

@@ -301,8 +301,7 @@ class NodeCore:
         self.cluster.link_connected(key)
         peer = self.cluster.node_of_key(key)
         if peer is not None:  # a node it keeps: tell it every fanout child, and the groups' progress it may have missed
-            for msg in (*self.items.fanout_messages(), *self.groups.progress_for(peer.id),
-                        *self.federation.announcements()):  # fmt: skip
+            for msg in (*self.items.fanout_messages(), *self.groups.progress_for(peer.id)):
                 self.out.send_key(key, msg)
 
     def link_closed(self, key: int, connect_failed: bool) -> None:
@@ -334,9 +333,20 @@ class NodeCore:
                     handler(header.sender, msg)
                 except Exception:  # a bug must cost one message, not the node and its jobs
                     log.exception("Error handling %s from %s", type(msg).__name__, header.sender)
+        if self.cluster.new_features:
+            self._new_features()
         if self.blocking.ready:
             self.blocking.serve_ready()
         self.settle()
+
+    def _new_features(self) -> None:
+        """Peers that just said what they read (on a link that came up, their
+        PONG) get what was kept from them until then: the waiting consumers."""
+        peers, self.cluster.new_features = self.cluster.new_features, []
+        for peer in peers:
+            if peer.link and peer.features & m.FEATURE_WAITING:
+                for msg in self.federation.announcements():
+                    self.out.send_key(peer.key, msg)
 
     # ------------------------------------------------------------ flushing
 

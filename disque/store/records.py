@@ -273,12 +273,22 @@ def _packer(fields: _Fields, *, items: bool = False) -> Callable[[Any], dict[str
 def _pos_loader(fields: _Fields, offset: int = 0) -> Callable[[Any], dict[str, Any]]:
     """`_loader` for the positional form: the check of array `o`, whose
     items from `offset` on are the fields in table order (more items are
-    ignored, as unknown keys are)."""
+    ignored, as unknown keys are; the optional fields that end the table
+    may be missing, and take their defaults, as missing keys do: a node
+    of an older version sends a row without the fields added to it since)."""
     names: dict[str, Any] = {}
+    tail = len(fields)  # the first of the optional fields that end the table
+    while tail and fields[tail - 1].default is not None:
+        tail -= 1
 
     def reads(i: int, f: _Field) -> list[str]:
         check = names[f"c{i}"] = f.check if f.pos is None else f.pos[0]
-        return [f"        k = {f.name!r}", f"        v = o[{offset + i}]", f"        x{i} = {getattr(check, 'fast', '')}c{i}(v)"]
+        read = [f"v = o[{offset + i}]", f"x{i} = {getattr(check, 'fast', '')}c{i}(v)"]
+        if i < tail:
+            return [f"        k = {f.name!r}", *(f"        {line}" for line in read)]
+        names[f"d{i}"] = f.default
+        return [f"        k = {f.name!r}", f"        if len(o) > {offset + i}:", *(f"            {line}" for line in read),
+                "        else:", f"            x{i} = d{i}"]  # fmt: skip
 
     return _load_function(fields, list, reads, "IndexError", names)
 

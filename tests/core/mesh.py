@@ -9,18 +9,21 @@ into a core the mesh carries out its effects at once (frames encoded and
 decoded by the real codec, delivered in order), the way the trio shell
 would.  `kill(i)` makes a node vanish (its peers see their links close);
 `restart(i)` boots a fresh core from the nodes.conf it last saved, so it
-keeps its ID; `lose_next` drops one chosen message.  Every node listens on
+keeps its ID; `lose_next` drops one chosen message; `make_older` makes a
+node behave as one of an older version on the wire.  Every node listens on
 127.0.0.1, client port 7711 + index.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import deque
 from typing import Any
 
 from disque.cluster.codec import FrameDecoder, encode_frame
 from disque.cluster.membership import Membership
+from disque.cluster.messages import Meet, Ping, Pong
 from disque.core.effects import Answer, DropLink, Reply, Send
 from disque.core.types import BLOCKED
 from disque.core.node import NodeCore
@@ -57,6 +60,8 @@ class Mesh:
         self.replies: dict[int, Any] = {}  # client id -> its reply, once given
         self.frames: deque[tuple[int, bytes, int | None, int | None]] = deque()
         self.losses: list[tuple[int, type]] = []  # see lose_next
+        self.older: dict[int, tuple[type, ...]] = {}  # see make_older
+        self.refused: list[tuple[int, type]] = []  # (node, message type) an older node dropped a link for
         self._ids = 0
         self._next_cron = self.clock.ms
         for i in range(n):
@@ -118,6 +123,12 @@ class Mesh:
     def lose_next(self, dst: int, kind: type) -> None:
         """Drop the next `kind` message sent to node `dst`."""
         self.losses.append((dst, kind))
+
+    def make_older(self, i: int, unknown: tuple[type, ...]) -> None:
+        """Node i speaks as a node of an older version: its PING, PONG and
+        MEET say no features, and a message of a type in `unknown` makes it
+        drop the connection it came on, as its codec would (in `refused`)."""
+        self.older[i] = unknown
 
     def meet(self, i: int, j: int) -> None:
         assert self.call(i, "CLUSTER", "MEET", IP, 7711 + j) == b"OK"
@@ -185,10 +196,25 @@ class Mesh:
                 decoder = FrameDecoder()
                 decoder.feed(frame)
                 header, msg = decoder.next_frame()
+                if isinstance(msg, self.older.get(dst, ())):
+                    self.refused.append((dst, type(msg)))
+                    self._drop_connection(dst, key, conn)
+                    continue
                 core.handle_bus(header, msg, key=key, conn=conn, peer_ip=IP if conn else "", local_ip=IP if conn else "")
+
+    def _drop_connection(self, dst: int, key: int | None, conn: int | None) -> None:
+        """Node dst closes the connection a frame came on: its own link
+        (`key`), or the incoming connection of a peer's link (`conn`)."""
+        node, key = (dst, key) if conn is None else self.conns[conn]
+        link = self.links.pop((node, key), None)
+        if link is not None:
+            del self.conns[link[1]]
+            self.core(node).link_closed(key, False)
 
     def _apply(self, i: int, core: NodeCore, effect: Any) -> None:
         kind = type(effect)
+        if i in self.older and isinstance(getattr(effect, "msg", None), (Ping, Pong, Meet)):
+            effect = dataclasses.replace(effect, msg=dataclasses.replace(effect.msg, features=0))  # what its encoder leaves out
         if kind is Send:
             link = self.links.get((i, effect.key))
             if link is not None and (link[0], type(effect.msg)) in self.losses:

@@ -74,9 +74,9 @@ def jobs(draw: st.DrawFn) -> Job:
 wire_jobs = jobs().map(lambda job: job_to_wire(job, NOW_MS))
 
 MESSAGES: dict[type, st.SearchStrategy[Any]] = {
-    Ping: st.builds(Ping, gossip),
-    Pong: st.builds(Pong, gossip),
-    Meet: st.builds(Meet, gossip),
+    Ping: st.builds(Ping, gossip, st.integers(0, 2**32 - 1)),
+    Pong: st.builds(Pong, gossip, st.integers(0, 2**32 - 1)),
+    Meet: st.builds(Meet, gossip, st.integers(0, 2**32 - 1)),
     Fail: st.builds(Fail, node_ids),
     ReplJob: st.builds(ReplJob, wire_jobs, st.booleans()),
     GotJob: st.builds(GotJob, job_ids),

@@ -139,10 +139,16 @@ class Node:
         lines = [f"{NODE_ID} 127.0.0.1:7711 myself 0 0 connected\n"]
         lines += [f"{p} 127.0.0.1:{port} noflags 0 0 disconnected\n" for p, port in PORTS.items()]
         self.core, self.clock, _ = linked_core("".join(lines), PORTS)
+        for peer in PORTS:
+            self.pong(peer)
         self.s = Session(self.core)
 
     def key(self, peer: str) -> int:
         return self.core.cluster.nodes[peer].key
+
+    def pong(self, peer: str, features: int = m.FEATURES) -> None:
+        """The peer answers a PING on our link to it, saying what it reads."""
+        self.core.handle_bus(m.Header(peer, PORTS[peer], 0), m.Pong((), features), key=self.key(peer))
 
     def from_(self, sender: str, *entries: tuple[str, int]) -> None:
         msg = m.Waiting(tuple(m.WaitEntry(q.encode(), n) for q, n in entries))
@@ -210,6 +216,8 @@ def test_announcements_are_refreshed_and_given_to_a_link_that_comes_up():
     assert node.waiting_sent()[PEER] == [(b"q", 1)]
     node.core.link_closed(node.key(PEER), connect_failed=False)
     node.core.link_connected(node.key(PEER))
+    assert node.waiting_sent() == {}  # the other end may be another process now: it says what it reads first
+    node.pong(PEER)
     assert node.waiting_sent() == {PEER: [(b"q", 1)]}
 
 
