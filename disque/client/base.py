@@ -194,11 +194,13 @@ class _Base:
         connect_timeout: float = 5.0,
         socket_timeout: float | None = None,
         rng: random.Random | None = None,
+        name: str | None = None,
     ) -> None:
         seeds = parse_addresses(nodes)
         if not seeds:
             raise ValueError("no Disque node given")
         self.password = password
+        self.name = name  # CLIENT SETNAME on every connection (CLIENT LIST, the dashboard show it)
         if ssl_context is None and tls:
             from disque.shell.tls import client_context
 
@@ -291,6 +293,8 @@ class _Base:
             try:
                 if self.password is not None:
                     yield from self._roundtrip(link, encode_command(["AUTH", self.password]))
+                if self.name:
+                    yield from self._roundtrip(link, encode_command(["CLIENT", "SETNAME", self.name]))
                 if self.failover or self._affinity:
                     hello = Hello.from_reply((yield from self._roundtrip(link, HELLO)))
                     link.node_id = self._planner.learn(hello, address).node_id

@@ -6,6 +6,8 @@ node addresses (`host:port`, `[v6]:port` or a pair).
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import fields
 from typing import Any, TypeVar
@@ -110,3 +112,12 @@ def parse_address(spec: str | Address) -> Address:
 def format_address(address: Address) -> str:
     host, port = address
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def connection_name(role: str, tag: object) -> str:
+    """`<role>:<host>:<pid>:<tag>`, the `name=` of a long-lived connection
+    (a worker's slot, a Dramatiq consumer), so that CLIENT LIST and the
+    dashboard tell which process holds it; characters CLIENT SETNAME
+    refuses (outside ! to ~) become `_`."""
+    name = f"{role}:{socket.gethostname()}:{os.getpid()}:{tag}"
+    return "".join(c if "!" <= c <= "~" else "_" for c in name)

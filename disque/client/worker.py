@@ -11,7 +11,9 @@ no worker lived to count (`retries=n` is `max_attempts=n + 1`).
 
 `Worker.run` (anyio: asyncio or trio) runs `concurrency` slots.  Each slot owns
 one `AsyncClient`, so the GETJOB, WORKING and ACKJOB/NACK of a job all go to
-the node that handed it out, and a blocked GETJOB never holds up another slot:
+the node that handed it out, and a blocked GETJOB never holds up another slot;
+its connection is named `worker:<host>:<pid>:<slot>` (CLIENT SETNAME, on every
+connect), so CLIENT LIST and the dashboard show which worker waits where:
 
     GETJOB (GETJOB NOHANG in burst mode)
     -> the handler (async: awaited in the slot; sync: in a daemon thread of
@@ -67,6 +69,7 @@ from disque.client import (
     DisqueConnectionError,
     DisqueReplyError,
     Job,
+    connection_name,
     format_address,
 )
 
@@ -177,9 +180,10 @@ class App:
             self._client = Client(self.nodes, **self.client_options)
         return self._client
 
-    def async_client(self) -> AsyncClient:
-        """A new asynchronous client (one connection) to the app's nodes."""
-        return AsyncClient(self.nodes, **self.client_options)
+    def async_client(self, name: str | None = None) -> AsyncClient:
+        """A new asynchronous client (one connection) to the app's nodes,
+        named `name` (CLIENT SETNAME) if given."""
+        return AsyncClient(self.nodes, **(self.client_options | ({"name": name} if name else {})))
 
     def close(self) -> None:
         """Close the producers' client, if it was opened."""
@@ -283,8 +287,8 @@ class Worker:
             if signals:
                 self._tasks.start_soon(self._watch_signals)
             async with anyio.create_task_group() as slots:
-                for _ in range(self.concurrency):
-                    slots.start_soon(self._slot)
+                for n in range(1, self.concurrency + 1):
+                    slots.start_soon(self._slot, n)
             self._tasks.cancel_scope.cancel()  # the signal watcher and grace timer
         log.info("worker stopped", extra={"processed": self.processed, "failed": self.failed})
 
@@ -309,8 +313,8 @@ class Worker:
                 log.warning("%s: %s", signal.Signals(signum).name, again)
                 self.stop()
 
-    async def _slot(self) -> None:
-        client = self.app.async_client()
+    async def _slot(self, n: int) -> None:
+        client = self.app.async_client(connection_name("worker", n))
         queues = list(self._handlers)
         outage = 0  # failed tries in a row
         try:

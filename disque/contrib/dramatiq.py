@@ -11,7 +11,8 @@ worker's memory:
   up).  When the actor retries (the `Retries` middleware with a
   `max_retries`), the job gets `MAXATTEMPTS max_retries + 1` and `DEADLETTER
   <queue>.XQ`, Dramatiq's dead-letter name.
-* A consumer reads with GETJOB WITHCOUNTERS on a connection of its own; a
+* A consumer reads with GETJOB WITHCOUNTERS on a connection of its own
+  (named `dramatiq:<host>:<pid>:<queue>` for CLIENT LIST); a
   message's `retries` option is its job's NACK count, so the count Dramatiq
   uses is the server's.
 * A retry: `Retries` enqueues the failed message again with a delay.  For a
@@ -45,7 +46,7 @@ from dramatiq.common import xq_name
 from dramatiq.message import Message
 from dramatiq.middleware import Middleware, Retries
 
-from disque.client import Client
+from disque.client import Client, connection_name
 
 
 class DisqueBroker(Broker):
@@ -120,7 +121,8 @@ class _Consumer(Consumer):
         self.queue_name = queue_name
         self.prefetch = prefetch
         self.timeout = timeout
-        self.client = Client(broker.nodes, **broker.client_options)
+        # The GETJOB connection, named for CLIENT LIST and the dashboard.
+        self.client = Client(broker.nodes, **{"name": connection_name("dramatiq", queue_name), **broker.client_options})
         self._jobs_client: Client | None = None
         self._jobs_lock = threading.Lock()
 
