@@ -357,7 +357,8 @@ class Federation:
             if job.state == State.ACKED or not life.enqueue(job):
                 continue
             self.jobs_imported += 1
-            self.jobs_pushed_in += msg.pushed
+            if msg.pushed:
+                self.jobs_pushed_in += 1
             queue = life.queues.get(job.queue)  # type: ignore[arg-type]
             if queue is None:  # pragma: no cover - enqueue() just created the queue
                 continue

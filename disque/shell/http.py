@@ -138,6 +138,22 @@ class Snapshot(NamedTuple):
     rss_startup: int
 
 
+# INFO federation's fields (core/federation.py): a counter (True) or a gauge each.
+FEDERATION_METRICS = (
+    ("needjobs_sent", "NEEDJOBS requests sent.", True),
+    ("needjobs_received", "NEEDJOBS requests received.", True),
+    ("jobs_exported", "Jobs handed to other nodes with YOURJOBS.", True),
+    ("jobs_imported", "Jobs received from other nodes and queued here.", True),
+    ("jobs_pushed_out", "Jobs pushed to nodes that announced waiting consumers (of jobs_exported).", True),
+    ("jobs_pushed_in", "Jobs pushed here for waiting consumers and queued (of jobs_imported).", True),
+    ("waiting_sent", "WAITING entries sent (a queue and its waiting consumers, to one node).", True),
+    ("waiting_received", "WAITING entries received.", True),
+    ("waiting_queues", "Queues whose blocked consumers this node announces.", False),
+    ("waiting_peer_queues", "Announcements of other nodes' waiting consumers kept here (queue, node).", False),
+    ("peers_without_waiting", "Linked nodes that do not read WAITING (an older version).", False),
+)
+
+
 class Rendered(NamedTuple):
     metrics: bytes
     overview: bytes
@@ -199,22 +215,8 @@ class NodeCollector:
         gauge("replication_pending", "Jobs waiting for their synchronous replication.", repl["pending"])
         counter("replication_achieved", "Synchronous replications that reached their level.", repl["achieved"])
         counter("replication_aborted", "Synchronous replications given up.", repl["aborted"])
-        counter("federation_needjobs_sent", "NEEDJOBS requests sent.", fed["needjobs_sent"])
-        counter("federation_jobs_exported", "Jobs handed to other nodes with YOURJOBS.", fed["jobs_exported"])
-        counter("federation_jobs_imported", "Jobs received from other nodes and queued here.", fed["jobs_imported"])
-        counter("federation_needjobs_received", "NEEDJOBS requests received.", fed["needjobs_received"])
-        counter("federation_jobs_pushed_out", "Jobs pushed to nodes that announced waiting consumers (of jobs_exported).",
-                fed["jobs_pushed_out"])  # fmt: skip
-        counter("federation_jobs_pushed_in", "Jobs pushed here for waiting consumers and queued (of jobs_imported).",
-                fed["jobs_pushed_in"])  # fmt: skip
-        counter("federation_waiting_sent", "WAITING entries sent (a queue and its waiting consumers, to one node).",
-                fed["waiting_sent"])  # fmt: skip
-        counter("federation_waiting_received", "WAITING entries received.", fed["waiting_received"])
-        gauge("federation_waiting_queues", "Queues whose blocked consumers this node announces.", fed["waiting_queues"])
-        gauge("federation_waiting_peer_queues", "Announcements of other nodes' waiting consumers kept here (queue, node).",
-              fed["waiting_peer_queues"])  # fmt: skip
-        gauge("federation_peers_without_waiting", "Linked nodes that do not read WAITING (an older version).",
-              fed["peers_without_waiting"])  # fmt: skip
+        for key, doc, is_counter in FEDERATION_METRICS:
+            (counter if is_counter else gauge)(f"federation_{key}", doc, fed[key])
         out += self._commands(fig["commands"])
         out += self._queues(fig["queues"])
         other = fig["other_queues"]
