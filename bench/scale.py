@@ -57,10 +57,17 @@ def join(nodes: list, timeout: float) -> float:
 
 
 def failing_flags(nodes: list) -> int:
-    """How many (observer, node) pairs show fail? or fail in CLUSTER NODES."""
+    """How many (observer, node) pairs show fail? or fail in CLUSTER NODES
+    (a node that does not answer counts as one)."""
     bad = 0
     for node in nodes:
-        for line in command(node.host, node.port, "CLUSTER", "NODES").decode(errors="replace").splitlines():
+        try:
+            reply = command(node.host, node.port, "CLUSTER", "NODES", timeout=10)
+        except OSError as e:
+            print(f"node on port {node.port} did not answer: {e}", file=sys.stderr)
+            bad += 1
+            continue
+        for line in reply.decode(errors="replace").splitlines():
             parts = line.split()
             if len(parts) > 2 and ("fail" in parts[2].split(",") or "fail?" in parts[2].split(",")):
                 bad += 1

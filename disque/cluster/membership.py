@@ -20,6 +20,15 @@ MEETs ends in a full mesh.  Failure detection (§4): an unanswered PING older
 than the node timeout flags PFAIL; PFAIL plus reports from a majority makes
 FAIL, broadcast to all; any PONG clears both.
 
+Cost as the cluster grows (docs/cluster.md, "Large clusters"): every node
+pings each other node at least every node-timeout/2, and each PING or PONG
+carries a sample of the table, a tenth of it and at least 3 entries, as
+Redis Cluster does (upstream Disque's rule too), so a node's gossip traffic
+grows as N^2/timeout entries per second, not N^3.  The sample is drawn from
+`table` (every node, kept as a list between additions and deletions)
+without scanning the table, failing nodes first (`failing`, kept as their
+flags change): their reports are what the FAIL quorum counts.
+
 Identity: `myself` is the one record of who this node is.  Everything else
 (job IDs, replication targets, owner lists, the bus header) reads `my_id` or
 `solo` when it needs them and keeps no copy, so `reset(hard=True)`, the only
@@ -139,6 +148,9 @@ class Membership:
         self._ticks = 0
         self._size: int | None = None
         self._reachable: list[Node] | None = None
+        self._table: list[Node] | None = None  # every node, myself included; None after an addition or deletion
+        self._links: dict[int, tuple[str, int]] | None = None  # bus_links(); None after an addition, deletion or move
+        self.failing: dict[int, Node] = {}  # by key: the nodes flagged PFAIL or FAIL
 
     # ------------------------------------------------------------ queries
 
@@ -181,11 +193,16 @@ class Membership:
         return None if node is None or not node.link else node.key
 
     def bus_links(self) -> dict[int, tuple[str, int]]:
-        return {
-            n.key: (n.ip, n.port + 10000)
-            for n in self.nodes.values()
-            if not n.flags & (MYSELF | NOADDR) and n.ip and n.port
-        }
+        """Link key -> bus address of every node to keep a link to; the
+        shell asks every 100 ms, so it is kept until a node is added,
+        deleted or moves (callers must not change it)."""
+        if self._links is None:
+            self._links = {
+                n.key: (n.ip, n.port + 10000)
+                for n in self.nodes.values()
+                if not n.flags & (MYSELF | NOADDR) and n.ip and n.port
+            }
+        return self._links
 
     # ------------------------------------------------------------ table edits
 
@@ -195,11 +212,14 @@ class Membership:
         node.ctime = self.now
         self.nodes[node.id] = node
         self.by_key[node.key] = node
+        self._table = self._links = None
         return node
 
     def _delete(self, node: Node) -> None:
         self.nodes.pop(node.id, None)
         self.by_key.pop(node.key, None)
+        self.failing.pop(node.key, None)
+        self._table = self._links = None
         if node.link:
             self.wire.drop_link(node.key)
         for other in self.nodes.values():
@@ -278,23 +298,34 @@ class Membership:
             node.ping_sent = self.now
         self.wire.send_key(node.key, msg)
 
+    @property
+    def table(self) -> list[Node]:
+        if self._table is None:
+            self._table = list(self.nodes.values())
+        return self._table
+
     def gossip(self) -> tuple[GossipEntry, ...]:
-        # Failing nodes are gossiped even without a link (we usually have none
-        # to them): their failure reports are what the FAIL quorum counts.
-        candidates = [
-            n for n in self.nodes.values() if not n.flags & (MYSELF | HANDSHAKE | NOADDR) and (n.link or n.flags & (PFAIL | FAIL))
-        ]
-        wanted = min(max(3, len(self.nodes) // 10), len(self.nodes) - 2)
-        if wanted <= 0 or not candidates:
+        """A tenth of the table, at least 3 entries (upstream's rule): up to
+        that many failing nodes first, then nodes drawn at random, at most
+        3 draws per entry wanted (a draw of myself, a node in handshake or
+        without an address or a link is lost, as upstream's).  Failing nodes
+        are gossiped even without a link (we usually have none to them):
+        their failure reports are what the FAIL quorum counts."""
+        table = self.table
+        wanted = min(max(3, len(table) // 10), len(table) - 2)
+        if wanted <= 0:
             return ()
         chosen: dict[str, Node] = {}
-        failing = [n for n in candidates if n.flags & (PFAIL | FAIL)]
-        for attempt in range(3 * wanted):
-            pool = failing if failing and attempt < wanted else candidates
-            node = self.rng.choice(pool)
+        failing = [n for n in self.failing.values() if not n.flags & NOADDR]
+        for node in failing if len(failing) <= wanted else self.rng.sample(failing, wanted):
             chosen[node.id] = node
+        choice = self.rng.choice
+        for _ in range(3 * wanted):
             if len(chosen) >= wanted:
                 break
+            node = choice(table)
+            if node.link and not node.flags & (MYSELF | HANDSHAKE | NOADDR):
+                chosen[node.id] = node
         return tuple(GossipEntry(n.id, n.ip, n.port, n.flags & ~MYSELF) for n in chosen.values())
 
     # ------------------------------------------------------------ messages
@@ -341,6 +372,7 @@ class Membership:
                 sender.link = False
             sender.ip, sender.port = peer_ip, header.port
             sender.flags &= ~NOADDR
+            self._links = None
             self.dirty = True
         self._copy_leaving(sender, header)
         self._gossip_in(msg.gossip, sender)
@@ -354,6 +386,7 @@ class Membership:
             if real is not None and real is not node:
                 if (real.ip, real.port) != (node.ip, node.port):
                     real.ip, real.port = node.ip, node.port
+                    self._links = None
                     if real.link:
                         self.wire.drop_link(real.key)
                         real.link = False
@@ -367,6 +400,7 @@ class Membership:
         elif node.id != header.sender:
             node.flags |= NOADDR
             node.ip, node.port = "", 0
+            self._links = None
             self.wire.drop_link(node.key)
             node.link = False
             self.dirty = True
@@ -375,6 +409,7 @@ class Membership:
         node.ping_sent = 0
         if node.flags & (PFAIL | FAIL):
             node.flags &= ~(PFAIL | FAIL)
+            del self.failing[node.key]
             self.dirty = True
         self._copy_leaving(node, header)
         self._gossip_in(msg.gossip, node)
@@ -421,6 +456,7 @@ class Membership:
     def _mark_fail(self, node: Node, broadcast: bool) -> None:
         node.flags = (node.flags | FAIL) & ~PFAIL
         node.fail_time = self.now
+        self.failing[node.key] = node
         self.dirty = True
         if broadcast:
             for other in self.nodes.values():
@@ -435,16 +471,17 @@ class Membership:
         set, and with it replication, true."""
         now, timeout = self.now, self.timeout
         self._ticks += 1
-        for node in list(self.nodes.values()):
+        for node in self.table:  # a deletion makes a new table: this one stays as it is
             if node.flags & HANDSHAKE and now - node.ctime > max(timeout, 1000):
                 self._delete(node)
         if self._ticks % 10 == 0:
-            sample = [self.rng.choice(list(self.nodes.values())) for _ in range(5)]
+            table = self.table
+            sample = [self.rng.choice(table) for _ in range(5)]
             sample = [n for n in sample if n.link and not n.ping_sent and not n.flags & (MYSELF | HANDSHAKE)]
             if sample:
                 oldest = min(sample, key=lambda n: n.pong_received)
                 self._ping(oldest, Ping(self.gossip()))
-        for node in list(self.nodes.values()):
+        for node in self.table:
             if node.flags & (MYSELF | HANDSHAKE):
                 continue
             if node.link and not node.ping_sent and now - node.pong_received > timeout / 2:
@@ -460,6 +497,7 @@ class Membership:
                 node.link = False
             if node.ping_sent and now - node.ping_sent > timeout and not node.flags & (PFAIL | FAIL):
                 node.flags |= PFAIL
+                self.failing[node.key] = node
                 self._check_fail(node)
         for node_id in [i for i, t in self.blacklist.items() if t <= now]:
             del self.blacklist[node_id]
@@ -512,4 +550,6 @@ class Membership:
             node.pong_received = now if ponged else 0
             if flags & FAIL:
                 node.fail_time = now
+            if flags & (PFAIL | FAIL):
+                members.failing[node.key] = node
         return members

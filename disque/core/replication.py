@@ -16,8 +16,9 @@ target whatever happens to it, so one that dies and comes back (same ID)
 gets the job again as soon as it has a link, flagged failing or not.  Short
 of the level, the wait ends only with the ADDJOB timeout (`NOREPL Timeout
 reached`), the job's removal (TTL, DELJOB, flush), the producer leaving or
-this node turning LEAVING; each deletes the job everywhere (DELJOB to
-`nodes_delivered`).  The up-front `NOREPL Not enough reachable nodes` is
+this node turning LEAVING (a job it replicates externally, as a node already
+leaving does, waits on: its replicas are the point); each deletes the job
+everywhere (DELJOB to `nodes_delivered`).  The up-front `NOREPL Not enough reachable nodes` is
 ADDJOB's (lifecycle.py): it counts the nodes reachable at that moment, failing
 ones excluded, as upstream does.
 
@@ -42,12 +43,13 @@ REPL_STEP_MS = 50
 
 
 class Pending:  # a plain class: the compiled build keeps a dataclass's __init__ interpreted
-    __slots__ = ("client", "deadline", "last_add")
+    __slots__ = ("client", "deadline", "last_add", "external")
 
-    def __init__(self, client: Client, deadline: int, last_add: int) -> None:
+    def __init__(self, client: Client, deadline: int, last_add: int, external: bool) -> None:
         self.client = client
         self.deadline = deadline  # 0 = wait forever
         self.last_add = last_add
+        self.external = external  # replicas only (this node leaving or short of memory): LEAVING does not end it
 
 
 class Replication:
@@ -78,7 +80,7 @@ class Replication:
         self.replicate(job, additional, noreply=False)
         client.repl_jobs[job.id] = None
         out.repl_waiters[job.id] = client
-        self.pending[job.id] = Pending(client, life.now + timeout if timeout else 0, life.now)
+        self.pending[job.id] = Pending(client, life.now + timeout if timeout else 0, life.now, extrepl)
         return BLOCKED
 
     def replicate(self, job: Job, count: int, noreply: bool) -> int:
@@ -155,7 +157,7 @@ class Replication:
                 self.pending.pop(job_id, None)
             elif pending.deadline and now >= pending.deadline:
                 self.abort(job, errors.norepl_timeout())
-            elif life.membership.leaving:
+            elif life.membership.leaving and not pending.external:
                 self.abort(job, errors.leaving())
             elif now - pending.last_add >= REPL_STEP_MS and self.replicate(job, 1, noreply=False):
                 pending.last_add = now
