@@ -37,7 +37,7 @@ import msgpack
 from disque.cluster.messages import (
     Claim, Claimed, DelJob, Enqueue, Fail, Fanout, GossipEntry, GotAck, GotJob, GotJobs, GroupAck, GroupFlush, GroupSet,
     Header, Meet, Message, NeedEvent, NeedJobs, NewEvent, Pause, Ping, Pong, Queued, ReplJob, ReplJobs, SetAck, WaitEntry,
-    Waiting, WillQueue, Working, YourEvent, YourJobs,
+    Waiting, WillQueue, Working, YourEvent, YourJobs, valid_zone,
 )  # fmt: skip
 from disque.store.records import (  # the pieces of the field tables
     _BITS, _PORT, _UINT, DecodeError, _bool, _bytes, _dump_wire_job, _each, _Field, _Fields, _int_in, _job_id, _list_of,
@@ -85,6 +85,12 @@ def _ip(v: Any) -> str:
     return v
 
 
+def _zone(v: Any) -> str:
+    if not valid_zone(_str(v)):
+        raise DecodeError("invalid zone name")
+    return v
+
+
 # --- messages -----------------------------------------------------------------
 
 
@@ -129,6 +135,7 @@ _GOSSIP = _Field(
     "gossip", "g", _list_of(_record(_GOSSIP_ENTRY, GossipEntry)), _each(_packer(_GOSSIP_ENTRY)),
     pos=(_list_of(_pos_record(_GOSSIP_ENTRY, GossipEntry)), _each(_pos_packer(_GOSSIP_ENTRY))),
 )
+_ZONE = _Field("zone", "z", _zone, default="")  # optional: older nodes send none
 _ID = _Field("id", "i", _job_id)
 _JOBS = _Field("jobs", "j", _list_of(_wire_job, 1), _each(_dump_wire_job),
                pos=(_list_of(_wire_job_pos, 1), _each(_dump_wire_job_pos)))  # fmt: skip
@@ -146,9 +153,9 @@ _WAIT_ENTRIES = _Field(
 # not reuse the envelope keys v, t, s, p, f, m, pv; the positional code of a
 # type is its row number (from 1): new types go at the end.
 _ROWS: tuple[tuple[Any, ...], ...] = (
-    ("PING", Ping, (_GOSSIP,)),
-    ("PONG", Pong, (_GOSSIP,)),
-    ("MEET", Meet, (_GOSSIP,)),
+    ("PING", Ping, (_GOSSIP, _ZONE)),
+    ("PONG", Pong, (_GOSSIP, _ZONE)),
+    ("MEET", Meet, (_GOSSIP, _ZONE)),
     ("FAIL", Fail, (_Field("node", "n", _node_id),)),
     ("REPLJOB", ReplJob, (_Field("job", "j", _wire_job, _dump_wire_job, pos=(_wire_job_pos, _dump_wire_job_pos)),), (("noreply", NOREPLY),)),
     ("GOTJOB", GotJob, (_ID,)),

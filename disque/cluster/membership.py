@@ -29,6 +29,12 @@ grows as N^2/timeout entries per second, not N^3.  The sample is drawn from
 without scanning the table, failing nodes first (`failing`, kept as their
 flags change): their reports are what the FAIL quorum counts.
 
+Zones (docs/zones.md): every PING, PONG and MEET carries the sender's
+zone, so a node knows a peer's zone from its first answer on (it is not
+kept in nodes.conf: a restarted node learns it again within a ping).
+Nodes with no zone share the unnamed one; `zoned` tells whether any known
+node has a zone at all, so a cluster without zones pays nothing for them.
+
 Identity: `myself` is the one record of who this node is.  Everything else
 (job IDs, replication targets, owner lists, the bus header) reads `my_id` or
 `solo` when it needs them and keeps no copy, so `reset(hard=True)`, the only
@@ -83,6 +89,7 @@ class Node:
     link: bool = False
     link_time: int = 0
     reports: dict[str, int] = field(default_factory=dict)  # reporter id -> when
+    zone: str = ""  # where the node runs (docs/zones.md): its PING/PONG/MEET say it; "" is no zone
 
 
 FLAG_NAMES = ((MYSELF, "myself"), (PFAIL, "fail?"), (FAIL, "fail"), (HANDSHAKE, "handshake"), (NOADDR, "noaddr"), (LEAVING, "leaving"))
@@ -148,6 +155,7 @@ class Membership:
         self._ticks = 0
         self._size: int | None = None
         self._reachable: list[Node] | None = None
+        self._zoned: bool | None = None  # some known node has a zone; None: to count again
         self._table: list[Node] | None = None  # every node, myself included; None after an addition or deletion
         self._links: dict[int, tuple[str, int]] | None = None  # bus_links(); None after an addition, deletion or move
         self.failing: dict[int, Node] = {}  # by key: the nodes flagged PFAIL or FAIL
@@ -175,7 +183,38 @@ class Membership:
     def touch(self) -> None:
         """Forget the cached size and reachable set: called by every entry
         point that may change the table (ADDJOB asks on every call)."""
-        self._size = self._reachable = None
+        self._size = self._reachable = self._zoned = None
+
+    @property
+    def zoned(self) -> bool:
+        """Whether any known node, this one included, has a zone."""
+        if self._zoned is None:
+            self._zoned = any(n.zone for n in self.nodes.values())
+        return self._zoned
+
+    def set_zone(self, zone: str) -> None:
+        """This node's zone (the `zone` directive), sent in every PING/PONG/MEET."""
+        if zone != self.myself.zone:
+            self.myself.zone = zone
+            self.touch()
+
+    def zone_of(self, node_id: str) -> str | None:
+        node = self.nodes.get(node_id)
+        return None if node is None else node.zone
+
+    def reachable_zones(self, include_me: bool) -> set[str]:
+        """The zones of the reachable nodes (and of this one if `include_me`)."""
+        zones = {n.zone for n in self.reachable()}
+        if include_me:
+            zones.add(self.myself.zone)
+        return zones
+
+    def near(self, node_ids: list[str]) -> list[str]:
+        """Those of `node_ids` in this node's zone (none when it has no zone)."""
+        zone, nodes = self.myself.zone, self.nodes
+        if not zone:
+            return []
+        return [i for i in node_ids if (n := nodes.get(i)) is not None and n.zone == zone]
 
     def has_link(self, node_id: str) -> bool:
         node = self.nodes.get(node_id)
@@ -280,9 +319,9 @@ class Membership:
         node.link_time = self.now
         if node.flags & MEET:
             node.flags &= ~MEET
-            self._ping(node, Meet(self.gossip()))
+            self._ping(node, Meet(self.gossip(), self.myself.zone))
         else:
-            self._ping(node, Ping(self.gossip()))
+            self._ping(node, self.ping())
 
     @_mutates
     def link_closed(self, key: int, connect_failed: bool) -> None:
@@ -297,6 +336,9 @@ class Membership:
         if not node.ping_sent:
             node.ping_sent = self.now
         self.wire.send_key(node.key, msg)
+
+    def ping(self) -> Ping:
+        return Ping(self.gossip(), self.myself.zone)
 
     @property
     def table(self) -> list[Node]:
@@ -361,7 +403,7 @@ class Membership:
         if is_meet and sender is None and peer_ip:
             self.meet(peer_ip, header.port, flags=HANDSHAKE)
         if conn is not None:
-            self.wire.answer(conn, Pong(self.gossip()))
+            self.wire.answer(conn, Pong(self.gossip(), self.myself.zone))
         if sender is None:
             if is_meet:
                 self._gossip_in(msg.gossip, None)
@@ -375,6 +417,7 @@ class Membership:
             self._links = None
             self.dirty = True
         self._copy_leaving(sender, header)
+        sender.zone = msg.zone
         self._gossip_in(msg.gossip, sender)
 
     def _receive_pong(self, header: Header, msg: Pong, key: int | None) -> None:
@@ -412,6 +455,7 @@ class Membership:
             del self.failing[node.key]
             self.dirty = True
         self._copy_leaving(node, header)
+        node.zone = msg.zone
         self._gossip_in(msg.gossip, node)
 
     def _copy_leaving(self, node: Node, header: Header) -> None:
@@ -480,12 +524,12 @@ class Membership:
             sample = [n for n in sample if n.link and not n.ping_sent and not n.flags & (MYSELF | HANDSHAKE)]
             if sample:
                 oldest = min(sample, key=lambda n: n.pong_received)
-                self._ping(oldest, Ping(self.gossip()))
+                self._ping(oldest, self.ping())
         for node in self.table:
             if node.flags & (MYSELF | HANDSHAKE):
                 continue
             if node.link and not node.ping_sent and now - node.pong_received > timeout / 2:
-                self._ping(node, Ping(self.gossip()))
+                self._ping(node, self.ping())
             if (
                 node.link
                 and now - node.link_time > timeout

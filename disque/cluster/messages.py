@@ -36,6 +36,13 @@ MEET: Final = 32
 DELETED: Final = 64
 LEAVING: Final = 128
 
+ZONE_MAX_LEN: Final = 64
+
+
+def valid_zone(name: str) -> bool:
+    """A zone name (docs/zones.md): printable ASCII without spaces, so that
+    it is one word in CLUSTER NODES and the config file; "" is no zone."""
+    return len(name) <= ZONE_MAX_LEN and all("!" <= c <= "~" for c in name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,16 +65,19 @@ class GossipEntry:
 @dataclass(frozen=True, slots=True)
 class Ping:
     gossip: tuple[GossipEntry, ...] = ()
+    zone: str = ""  # the sender's zone (docs/zones.md); "" from a node without one
 
 
 @dataclass(frozen=True, slots=True)
 class Pong:
     gossip: tuple[GossipEntry, ...] = ()
+    zone: str = ""  # the sender's zone (docs/zones.md); "" from a node without one
 
 
 @dataclass(frozen=True, slots=True)
 class Meet:
     gossip: tuple[GossipEntry, ...] = ()
+    zone: str = ""  # the sender's zone (docs/zones.md); "" from a node without one
 
 
 @dataclass(frozen=True, slots=True)

@@ -273,12 +273,22 @@ def _packer(fields: _Fields, *, items: bool = False) -> Callable[[Any], dict[str
 def _pos_loader(fields: _Fields, offset: int = 0) -> Callable[[Any], dict[str, Any]]:
     """`_loader` for the positional form: the check of array `o`, whose
     items from `offset` on are the fields in table order (more items are
-    ignored, as unknown keys are)."""
+    ignored, as unknown keys are; fewer leave the trailing fields that have
+    a default at it, as missing keys do: a field added at the end of a
+    message still decodes from a node that does not send it)."""
     names: dict[str, Any] = {}
+    optional = len(fields)  # the trailing fields with a default start here
+    while optional and fields[optional - 1].default is not None:
+        optional -= 1
 
     def reads(i: int, f: _Field) -> list[str]:
         check = names[f"c{i}"] = f.check if f.pos is None else f.pos[0]
-        return [f"        k = {f.name!r}", f"        v = o[{offset + i}]", f"        x{i} = {getattr(check, 'fast', '')}c{i}(v)"]
+        at = offset + i
+        read = [f"v = o[{at}]", f"x{i} = {getattr(check, 'fast', '')}c{i}(v)"]
+        if i < optional:
+            return [f"        k = {f.name!r}", *("        " + line for line in read)]
+        names[f"d{i}"] = f.default
+        return [f"        k = {f.name!r}", f"        x{i} = d{i}", f"        if len(o) > {at}:", *("            " + line for line in read)]
 
     return _load_function(fields, list, reads, "IndexError", names)
 
