@@ -168,8 +168,8 @@ class Replication:
         confirmed = job.nodes_confirmed
         confirmed.add(sender)
         if len(confirmed) >= job.repl:
-            pending = self.pending.get(job_id)
-            if pending is None or pending.zones <= 1 or zones_of(self.life.membership, confirmed) >= pending.zones:
+            zones = self.pending[job_id].zones  # `start` made both the confirmed set and the Pending
+            if zones <= 1 or zones_of(self.life.membership, confirmed) >= zones:
                 self.achieved(job)
 
     def achieved(self, job: Job) -> bool:

@@ -138,6 +138,20 @@ def test_the_producer_waits_until_its_copies_span_the_zones():
     assert isinstance(mesh.reply(client), DisqueError) and "NOREPL Timeout" in str(mesh.reply(client))
 
 
+def test_a_holder_forgotten_while_the_job_waits_counts_in_no_zone():
+    mesh = zoned(("a", "a", "a", "b", "b", "b", "c", "c"))
+    mesh.kill(6)
+    mesh.kill(7)  # zone c: gone, not flagged failing yet
+    client = mesh.call(0, "ADDJOB", "q", "body", 500, "REPLICATE", 3, "ZONES", 3)
+    job = next(iter(mesh.core(0).jobs.values()))
+    forgotten = next(n for n in job.nodes_delivered if n != mesh.my_id(0))
+    assert mesh.call(0, "CLUSTER", "FORGET", forgotten) == b"OK"
+    mesh.advance(200)  # the retries place copies with a holder this node no longer knows
+    assert mesh.reply(client) is None and len(job.nodes_delivered) > 3
+    mesh.advance(500)
+    assert refused(mesh.reply(client), "NOREPL Timeout")
+
+
 def test_a_lost_copy_is_sent_again_and_the_job_spans_every_zone():
     mesh = zoned()
     mesh.lose_next(4, m.ReplJob)
