@@ -147,7 +147,6 @@ function renderNodes(me, byId) {
     row.dataset.node = n.id;
     cell(row, short(n.id) + (n.myself ? " (this node)" : ""));
     cell(row, n.addr);
-    cell(row, n.zone || "-");
     cell(row, n.flags, /fail/.test(n.flags) ? "down" : "");
     cell(row, n.myself ? "-" : n.link ? "connected" : "disconnected", n.myself ? "" : n.link ? "up" : "down");
     cell(row, fig ? "ok" : answer ? "unreachable: " + answer.error : "not asked", fig ? "up" : "down");
@@ -155,6 +154,7 @@ function renderNodes(me, byId) {
     cell(row, fig ? fig.jobs.active : "", "num");
     cell(row, fig ? fig.clients : "", "num");
     cell(row, fig ? fig.blocked_clients : "", "num");
+    cell(row, n.zone || "-");
   });
 }
 
