@@ -8,8 +8,6 @@ MEET-ed the same way in the same run when DISQUE_C names its binary.
 
 The machine's other work skews idle CPU: the ratio to C Disque measured in
 the same run is the figure to watch (`--repeat` measures the pair again).
-The gossip cost as N grows (up to 500 nodes) is measured in the simulation:
-tests/sim/gossip_cost.py.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
 
-from disque.devcluster import NodeProcess, command, ports_below_ephemeral  # noqa: E402
+from disque.devcluster import NodeProcess, command, ephemeral_range, ports_below_ephemeral  # noqa: E402
 
 DISQUE_C = os.environ.get("DISQUE_C", "")
 
@@ -57,10 +55,17 @@ def join(nodes: list, timeout: float) -> float:
 
 
 def failing_flags(nodes: list) -> int:
-    """How many (observer, node) pairs show fail? or fail in CLUSTER NODES."""
+    """How many (observer, node) pairs show fail? or fail in CLUSTER NODES
+    (a node that does not answer counts as one)."""
     bad = 0
     for node in nodes:
-        for line in command(node.host, node.port, "CLUSTER", "NODES").decode(errors="replace").splitlines():
+        try:
+            reply = command(node.host, node.port, "CLUSTER", "NODES", timeout=10)
+        except OSError as e:
+            print(f"node on port {node.port} did not answer: {e}", file=sys.stderr)
+            bad += 1
+            continue
+        for line in reply.decode(errors="replace").splitlines():
             parts = line.split()
             if len(parts) > 2 and ("fail" in parts[2].split(",") or "fail?" in parts[2].split(",")):
                 bad += 1
@@ -105,7 +110,7 @@ def measure(kind: str, n: int, first_port: int, base: Path, seconds: float) -> d
 def run(quick: bool, sizes: tuple[int, ...] | None = None, seconds: float | None = None, repeat: int = 1) -> dict[str, object]:
     sizes = sizes or ((12, 24) if quick else (24, 48, 100))
     seconds = seconds or (20.0 if quick else 60.0)
-    low, _ = common_ephemeral()
+    low, _ = ephemeral_range()
     base = Path(tempfile.mkdtemp(prefix="disque-scale-"))
     rows, figures = [], []
     for n in sizes:
@@ -124,12 +129,6 @@ def run(quick: bool, sizes: tuple[int, ...] | None = None, seconds: float | None
         rows,
     )
     return {"sizes": list(sizes), "idle_seconds": seconds, "runs": figures}
-
-
-def common_ephemeral() -> tuple[int, int]:
-    from disque.devcluster import ephemeral_range
-
-    return ephemeral_range()
 
 
 def main() -> None:

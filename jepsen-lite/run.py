@@ -31,7 +31,7 @@ from disque.testing import checker_stats  # noqa: E402
 from disque.testing.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, NACK, OK, SCAN, WAITJOB, History, check  # noqa: E402
 from disque.testing.checker_groups import QACK, QADD, QGET, check_groups  # noqa: E402
 
-ALL_FAULTS = ("halves", "majority", "bridge", "kill", "pause", "netem", "admin", "clock")
+ALL_FAULTS = ("halves", "majority", "bridge", "kill", "pause", "netem", "admin", "clock", "zone")
 CLOCK_STEPS = (-3600, -60, 60, 600)  # seconds a node's wall clock is stepped by (the clock fault)
 QUEUE = "jepsen"
 DEAD = QUEUE + "-dead"  # --extensions: where jobs out of attempts go (they are consumed from there too)
@@ -50,7 +50,13 @@ def now_ms() -> int:
 # ---------------------------------------------------------------- schedule
 
 
-def schedule(rng: random.Random, faults: list[str], n: int, duration: float, fault_s: float, gap_s: float) -> list[dict[str, Any]]:
+def zone_of(i: int, n: int, zones: int) -> str:
+    """--zones: node i's zone, the nodes split in order into `zones` zones."""
+    return f"z{i * zones // n}"
+
+
+def schedule(rng: random.Random, faults: list[str], n: int, duration: float, fault_s: float, gap_s: float,
+             zones: int = 0) -> list[dict[str, Any]]:  # fmt: skip
     """The fault plan, fixed by the seed: [{at, fault, hold, ...params}]."""
     plan, t, k = [], gap_s, 0
     order = list(faults)
@@ -79,6 +85,10 @@ def schedule(rng: random.Random, faults: list[str], n: int, duration: float, fau
             step.update(nodes=sorted(nodes[: max(2, n // 2)]), loss=10, delay_ms=50, jitter_ms=25)
         elif fault == "admin":
             step.update(admin.plan(rng, nodes, sum(1 for s in plan if s["fault"] == "admin")))
+        elif fault == "zone":  # every node of one zone at once (docs/zones.md)
+            zone = zone_of(nodes[0], n, zones)
+            step.update(zone=zone, nodes=[i for i in range(n) if zone_of(i, n, zones) == zone],
+                        how=rng.choice(("isolate", "kill")))  # fmt: skip
         plan.append(step)
         t += fault_s + gap_s
     return plan
@@ -113,7 +123,9 @@ class Workload:
         if kind == "at-most-once":
             opts = {"queue": QUEUE, "replicate": 1, "retry": 0}
         else:
-            opts = {"queue": QUEUE, "replicate": rng.choice((2, 3)), "retry": rng.randint(1, 3)}
+            opts = {"queue": QUEUE, "replicate": self.args.replicate or rng.choice((2, 3)), "retry": rng.randint(1, 3)}
+            if self.args.min_zones:
+                opts["zones"] = self.args.min_zones
             if self.args.extensions:
                 opts["maxattempts"] = MAX_ATTEMPTS
         opts["ttl"] = rng.choice(TTLS)
@@ -151,6 +163,7 @@ class Workload:
             else:
                 op, value = ENQUEUE, self.options(rng)
                 limits = ("MAXATTEMPTS", value["maxattempts"], "DEADLETTER", DEAD) if "maxattempts" in value else ()
+                limits += ("ZONES", value["zones"]) if "zones" in value else ()
                 command = ("ADDJOB", QUEUE, body, self.args.addjob_timeout_ms, "REPLICATE", value["replicate"],
                            "RETRY", value["retry"], "TTL", value["ttl"], *limits)  # fmt: skip
             self.record("invoke", process, i, op, body=body, value=value)
@@ -345,7 +358,8 @@ def start_cluster(args: argparse.Namespace, net: Any, workdir: Path) -> list[Nod
     nodes = []
     for i in range(args.nodes):
         port = args.port if net.mode == "netns" else free_port()
-        nodes.append(Node(i, net.hosts[i], port, workdir / f"n{i}", net.prefix(i), conf, "clock" in chosen_faults(args)))
+        zone = f"zone {zone_of(i, args.nodes, args.zones)}\n" if args.zones else ""
+        nodes.append(Node(i, net.hosts[i], port, workdir / f"n{i}", net.prefix(i), conf + zone, "clock" in chosen_faults(args)))
     for node in nodes:
         node.start()
     if net.mode == "proxy":
@@ -373,10 +387,18 @@ def apply(step: dict[str, Any], net: Any, nodes: list[Node], on: bool, wl: Workl
         nodes[step["node"]].set_clock(step["offset_s"] if on else 0)
     elif fault == "admin":
         admin.Admin(net, nodes, wl, wl.args.node_timeout_ms).apply(step, on)
+    elif fault == "zone" and step["how"] == "isolate":
+        net.partition([step["nodes"], [i for i in range(len(nodes)) if i not in step["nodes"]]]) if on else net.heal()
+    elif fault == "zone":  # kill -9 of the zone's every node, restarted (AOF reload) when the fault ends
+        for i in step["nodes"]:
+            nodes[i].kill9() if on else nodes[i].start()
 
 
 def chosen_faults(args: argparse.Namespace) -> tuple[str, ...]:
-    return ALL_FAULTS if args.faults == "all" else tuple(f for f in args.faults.split(",") if f and f != "none")
+    """The faults asked for; `all` has the zone fault only with --zones."""
+    if args.faults == "all":
+        return tuple(f for f in ALL_FAULTS if f != "zone" or args.zones)
+    return tuple(f for f in args.faults.split(",") if f and f != "none")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -385,7 +407,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for f in faults:
         if f not in ALL_FAULTS:
             raise SystemExit(f"unknown fault {f!r} (choose from {', '.join(ALL_FAULTS)}, all, none)")
-    plan = schedule(rng, list(faults), args.nodes, args.duration, args.fault_s, args.gap_s)
+    if "zone" in faults and args.zones < 2:
+        raise SystemExit("the zone fault needs --zones 2 or more")
+    plan = schedule(rng, list(faults), args.nodes, args.duration, args.fault_s, args.gap_s, args.zones)
     runs = Path(args.runs_dir)
     rundir = runs / f"{time.strftime('%Y%m%d-%H%M%S')}-seed{args.seed}-{os.getpid()}"
     rundir.mkdir(parents=True)
@@ -553,6 +577,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gap-s", type=float, default=4, help="healthy seconds between faults")
     p.add_argument("--seed", type=int, default=1, help="fixes the fault schedule and the workload choices")
     p.add_argument("--nodes", type=int, default=5)
+    p.add_argument("--zones", type=int, default=0, help="split the nodes in order into this many zones (0: no zones)")
+    p.add_argument("--min-zones", type=int, default=0, help="ADDJOB ZONES of the at-least-once jobs (0: not sent)")
+    p.add_argument("--replicate", type=int, default=0, help="REPLICATE of the at-least-once jobs (0: 2 or 3 at random)")
     p.add_argument("--mode", choices=("auto", "netns", "proxy"), default="auto")
     p.add_argument("--producers", type=int, default=5)
     p.add_argument("--consumers", type=int, default=5)

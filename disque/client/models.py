@@ -102,7 +102,7 @@ class Hello:
     @classmethod
     def from_reply(cls, reply: Sequence[Any]) -> Hello:
         version, node_id, *entries = reply
-        nodes = [NodeInfo(_text(i), _text(h), int(p), int(pr)) for i, h, p, pr in entries]
+        nodes = [NodeInfo(_text(i), _text(h), int(p), int(pr)) for i, h, p, pr, *_zone in entries]
         return cls(version, _text(node_id), sorted(nodes, key=lambda n: n.priority))
 
     def by_prefix(self, prefix: str) -> NodeInfo | None:

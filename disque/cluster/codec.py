@@ -37,7 +37,7 @@ import msgpack
 from disque.cluster.messages import (
     Claim, Claimed, DelJob, Enqueue, Fail, Fanout, GossipEntry, GotAck, GotJob, GotJobs, GroupAck, GroupFlush, GroupSet,
     Header, Meet, Message, NeedEvent, NeedJobs, NewEvent, Pause, Ping, Pong, Queued, ReplJob, ReplJobs, SetAck, WaitEntry,
-    Waiting, WillQueue, Working, YourEvent, YourJobs,
+    Waiting, WillQueue, Working, YourEvent, YourJobs, valid_zone,
 )  # fmt: skip
 from disque.store.records import (  # the pieces of the field tables
     _BITS, _PORT, _UINT, DecodeError, _bool, _bytes, _dump_wire_job, _each, _Field, _Fields, _int_in, _job_id, _list_of,
@@ -83,6 +83,12 @@ def _ip(v: Any) -> str:
         ipaddress.ip_address(_str(v))
     except ValueError:
         raise DecodeError("invalid IP address") from None
+    return v
+
+
+def _zone(v: Any) -> str:
+    if not valid_zone(_str(v)):
+        raise DecodeError("invalid zone name")
     return v
 
 
@@ -132,6 +138,7 @@ _GOSSIP = _Field(
 )
 # Added after the first version: an older node sends none (0) and ignores it.
 _FEATURES = _Field("features", "ft", _BITS, default=0)
+_ZONE = _Field("zone", "z", _zone, default="")  # optional: older nodes send none
 _ID = _Field("id", "i", _job_id)
 _JOBS = _Field("jobs", "j", _list_of(_wire_job, 1), _each(_dump_wire_job),
                pos=(_list_of(_wire_job_pos, 1), _each(_dump_wire_job_pos)))  # fmt: skip
@@ -150,9 +157,9 @@ _WAIT_ENTRIES = _Field(
 # type is its row number (from 1): new types go at the end, and so do new
 # fields of a row, with a default (a body of an older node lacks them).
 _ROWS: tuple[tuple[Any, ...], ...] = (
-    ("PING", Ping, (_GOSSIP, _FEATURES)),
-    ("PONG", Pong, (_GOSSIP, _FEATURES)),
-    ("MEET", Meet, (_GOSSIP, _FEATURES)),
+    ("PING", Ping, (_GOSSIP, _FEATURES, _ZONE)),
+    ("PONG", Pong, (_GOSSIP, _FEATURES, _ZONE)),
+    ("MEET", Meet, (_GOSSIP, _FEATURES, _ZONE)),
     ("FAIL", Fail, (_Field("node", "n", _node_id),)),
     ("REPLJOB", ReplJob, (_Field("job", "j", _wire_job, _dump_wire_job, pos=(_wire_job_pos, _dump_wire_job_pos)),), (("noreply", NOREPLY),)),
     ("GOTJOB", GotJob, (_ID,)),

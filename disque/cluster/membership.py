@@ -20,6 +20,21 @@ MEETs ends in a full mesh.  Failure detection (§4): an unanswered PING older
 than the node timeout flags PFAIL; PFAIL plus reports from a majority makes
 FAIL, broadcast to all; any PONG clears both.
 
+Cost as the cluster grows (docs/cluster.md, "Large clusters"): every node
+pings each other node at least every node-timeout/2, and each PING or PONG
+carries a sample of the table, a tenth of it and at least 3 entries, as
+Redis Cluster does (upstream Disque's rule too), so a node's gossip traffic
+grows as N^2/timeout entries per second, not N^3.  The sample is drawn from
+`table` (every node, kept as a list between additions and deletions)
+without scanning the table, failing nodes first (`failing`, kept as their
+flags change): their reports are what the FAIL quorum counts.
+
+Zones (docs/zones.md): every PING, PONG and MEET carries the sender's
+zone, so a node knows a peer's zone from its first answer on (it is not
+kept in nodes.conf: a restarted node learns it again within a ping).
+Nodes with no zone share the unnamed one; `zoned` tells whether any known
+node has a zone at all, so a cluster without zones pays nothing for them.
+
 Identity: `myself` is the one record of who this node is.  Everything else
 (job IDs, replication targets, owner lists, the bus header) reads `my_id` or
 `solo` when it needs them and keeps no copy, so `reset(hard=True)`, the only
@@ -83,6 +98,7 @@ class Node:
     link_time: int = 0
     reports: dict[str, int] = field(default_factory=dict)  # reporter id -> when
     features: int = 0  # FEATURE_* bits its PING/PONG/MEET said since our link to it came up
+    zone: str = ""  # where the node runs (docs/zones.md): its PING/PONG/MEET say it; "" is no zone
 
 
 FLAG_NAMES = ((MYSELF, "myself"), (PFAIL, "fail?"), (FAIL, "fail"), (HANDSHAKE, "handshake"), (NOADDR, "noaddr"), (LEAVING, "leaving"))
@@ -149,6 +165,10 @@ class Membership:
         self._size: int | None = None
         self._reachable: list[Node] | None = None
         self.new_features: list[Node] = []  # peers that said they have features, taken by the core
+        self._zoned: bool | None = None  # some known node has a zone; None: to count again
+        self._table: list[Node] | None = None  # every node, myself included; None after an addition or deletion
+        self._links: dict[int, tuple[str, int]] | None = None  # bus_links(); None after an addition, deletion or move
+        self.failing: dict[int, Node] = {}  # by key: the nodes flagged PFAIL or FAIL
 
     # ------------------------------------------------------------ queries
 
@@ -173,7 +193,38 @@ class Membership:
     def touch(self) -> None:
         """Forget the cached size and reachable set: called by every entry
         point that may change the table (ADDJOB asks on every call)."""
-        self._size = self._reachable = None
+        self._size = self._reachable = self._zoned = None
+
+    @property
+    def zoned(self) -> bool:
+        """Whether any known node, this one included, has a zone."""
+        if self._zoned is None:
+            self._zoned = any(n.zone for n in self.nodes.values())
+        return self._zoned
+
+    def set_zone(self, zone: str) -> None:
+        """This node's zone (the `zone` directive), sent in every PING/PONG/MEET."""
+        if zone != self.myself.zone:
+            self.myself.zone = zone
+            self.touch()
+
+    def zone_of(self, node_id: str) -> str | None:
+        node = self.nodes.get(node_id)
+        return None if node is None else node.zone
+
+    def reachable_zones(self, include_me: bool) -> set[str]:
+        """The zones of the reachable nodes (and of this one if `include_me`)."""
+        zones = {n.zone for n in self.reachable()}
+        if include_me:
+            zones.add(self.myself.zone)
+        return zones
+
+    def near(self, node_ids: list[str]) -> list[str]:
+        """Those of `node_ids` in this node's zone (none when it has no zone)."""
+        zone, nodes = self.myself.zone, self.nodes
+        if not zone:
+            return []
+        return [i for i in node_ids if (n := nodes.get(i)) is not None and n.zone == zone]
 
     def has_link(self, node_id: str) -> bool:
         node = self.nodes.get(node_id)
@@ -192,11 +243,16 @@ class Membership:
         return None if node is None or not node.link else node.key
 
     def bus_links(self) -> dict[int, tuple[str, int]]:
-        return {
-            n.key: (n.ip, n.port + 10000)
-            for n in self.nodes.values()
-            if not n.flags & (MYSELF | NOADDR) and n.ip and n.port
-        }
+        """Link key -> bus address of every node to keep a link to; the
+        shell asks every 100 ms, so it is kept until a node is added,
+        deleted or moves (callers must not change it)."""
+        if self._links is None:
+            self._links = {
+                n.key: (n.ip, n.port + 10000)
+                for n in self.nodes.values()
+                if not n.flags & (MYSELF | NOADDR) and n.ip and n.port
+            }
+        return self._links
 
     # ------------------------------------------------------------ table edits
 
@@ -206,11 +262,14 @@ class Membership:
         node.ctime = self.now
         self.nodes[node.id] = node
         self.by_key[node.key] = node
+        self._table = self._links = None
         return node
 
     def _delete(self, node: Node) -> None:
         self.nodes.pop(node.id, None)
         self.by_key.pop(node.key, None)
+        self.failing.pop(node.key, None)
+        self._table = self._links = None
         if node.link:
             self.wire.drop_link(node.key)
         for other in self.nodes.values():
@@ -288,25 +347,36 @@ class Membership:
     def _ping(self, node: Node, kind: type[Ping | Meet]) -> None:
         if not node.ping_sent:
             node.ping_sent = self.now
-        self.wire.send_key(node.key, kind(self.gossip(), FEATURES))
+        self.wire.send_key(node.key, kind(self.gossip(), FEATURES, self.myself.zone))
+
+    @property
+    def table(self) -> list[Node]:
+        if self._table is None:
+            self._table = list(self.nodes.values())
+        return self._table
 
     def gossip(self) -> tuple[GossipEntry, ...]:
-        # Failing nodes are gossiped even without a link (we usually have none
-        # to them): their failure reports are what the FAIL quorum counts.
-        candidates = [
-            n for n in self.nodes.values() if not n.flags & (MYSELF | HANDSHAKE | NOADDR) and (n.link or n.flags & (PFAIL | FAIL))
-        ]
-        wanted = min(max(3, len(self.nodes) // 10), len(self.nodes) - 2)
-        if wanted <= 0 or not candidates:
+        """A tenth of the table, at least 3 entries (upstream's rule): up to
+        that many failing nodes first, then nodes drawn at random, at most
+        3 draws per entry wanted (a draw of myself, a node in handshake or
+        without an address or a link is lost, as upstream's).  Failing nodes
+        are gossiped even without a link (we usually have none to them):
+        their failure reports are what the FAIL quorum counts."""
+        table = self.table
+        wanted = min(max(3, len(table) // 10), len(table) - 2)
+        if wanted <= 0:
             return ()
         chosen: dict[str, Node] = {}
-        failing = [n for n in candidates if n.flags & (PFAIL | FAIL)]
-        for attempt in range(3 * wanted):
-            pool = failing if failing and attempt < wanted else candidates
-            node = self.rng.choice(pool)
+        failing = [n for n in self.failing.values() if not n.flags & NOADDR]
+        for node in failing if len(failing) <= wanted else self.rng.sample(failing, wanted):
             chosen[node.id] = node
+        choice = self.rng.choice
+        for _ in range(3 * wanted):
             if len(chosen) >= wanted:
                 break
+            node = choice(table)
+            if node.link and not node.flags & (MYSELF | HANDSHAKE | NOADDR):
+                chosen[node.id] = node
         return tuple(GossipEntry(n.id, n.ip, n.port, n.flags & ~MYSELF) for n in chosen.values())
 
     # ------------------------------------------------------------ messages
@@ -342,7 +412,7 @@ class Membership:
         if is_meet and sender is None and peer_ip:
             self.meet(peer_ip, header.port, flags=HANDSHAKE)
         if conn is not None:
-            self.wire.answer(conn, Pong(self.gossip(), FEATURES))
+            self.wire.answer(conn, Pong(self.gossip(), FEATURES, self.myself.zone))
         if sender is None:
             if is_meet:
                 self._gossip_in(msg.gossip, None)
@@ -353,9 +423,11 @@ class Membership:
                 sender.link = False
             sender.ip, sender.port = peer_ip, header.port
             sender.flags &= ~NOADDR
+            self._links = None
             self.dirty = True
         self._copy_leaving(sender, header)
         self._learn_features(sender, msg.features)
+        sender.zone = msg.zone
         self._gossip_in(msg.gossip, sender)
 
     def _receive_pong(self, header: Header, msg: Pong, key: int | None) -> None:
@@ -367,6 +439,7 @@ class Membership:
             if real is not None and real is not node:
                 if (real.ip, real.port) != (node.ip, node.port):
                     real.ip, real.port = node.ip, node.port
+                    self._links = None
                     if real.link:
                         self.wire.drop_link(real.key)
                         real.link = False
@@ -380,6 +453,7 @@ class Membership:
         elif node.id != header.sender:
             node.flags |= NOADDR
             node.ip, node.port = "", 0
+            self._links = None
             self.wire.drop_link(node.key)
             node.link = False
             self.dirty = True
@@ -388,9 +462,11 @@ class Membership:
         node.ping_sent = 0
         if node.flags & (PFAIL | FAIL):
             node.flags &= ~(PFAIL | FAIL)
+            del self.failing[node.key]
             self.dirty = True
         self._copy_leaving(node, header)
         self._learn_features(node, msg.features)
+        node.zone = msg.zone
         self._gossip_in(msg.gossip, node)
 
     def _copy_leaving(self, node: Node, header: Header) -> None:
@@ -443,6 +519,7 @@ class Membership:
     def _mark_fail(self, node: Node, broadcast: bool) -> None:
         node.flags = (node.flags | FAIL) & ~PFAIL
         node.fail_time = self.now
+        self.failing[node.key] = node
         self.dirty = True
         if broadcast:
             for other in self.nodes.values():
@@ -457,16 +534,17 @@ class Membership:
         set, and with it replication, true."""
         now, timeout = self.now, self.timeout
         self._ticks += 1
-        for node in list(self.nodes.values()):
+        for node in self.table:  # a deletion makes a new table: this one stays as it is
             if node.flags & HANDSHAKE and now - node.ctime > max(timeout, 1000):
                 self._delete(node)
         if self._ticks % 10 == 0:
-            sample = [self.rng.choice(list(self.nodes.values())) for _ in range(5)]
+            table = self.table
+            sample = [self.rng.choice(table) for _ in range(5)]
             sample = [n for n in sample if n.link and not n.ping_sent and not n.flags & (MYSELF | HANDSHAKE)]
             if sample:
                 oldest = min(sample, key=lambda n: n.pong_received)
                 self._ping(oldest, Ping)
-        for node in list(self.nodes.values()):
+        for node in self.table:
             if node.flags & (MYSELF | HANDSHAKE):
                 continue
             if node.link and not node.ping_sent and now - node.pong_received > timeout / 2:
@@ -482,6 +560,7 @@ class Membership:
                 node.link = False
             if node.ping_sent and now - node.ping_sent > timeout and not node.flags & (PFAIL | FAIL):
                 node.flags |= PFAIL
+                self.failing[node.key] = node
                 self._check_fail(node)
         for node_id in [i for i, t in self.blacklist.items() if t <= now]:
             del self.blacklist[node_id]
@@ -534,4 +613,6 @@ class Membership:
             node.pong_received = now if ponged else 0
             if flags & FAIL:
                 node.fail_time = now
+            if flags & (PFAIL | FAIL):
+                members.failing[node.key] = node
         return members

@@ -44,6 +44,14 @@ LEAVING: Final = 128
 FEATURE_WAITING: Final = 1  # WAITING (core/federation.py)
 FEATURES: Final = FEATURE_WAITING  # this node's
 
+ZONE_MAX_LEN: Final = 64
+
+
+def valid_zone(name: str) -> bool:
+    """A zone name (docs/zones.md): printable ASCII without spaces, so that
+    it is one word in CLUSTER NODES and the config file; "" is no zone."""
+    return len(name) <= ZONE_MAX_LEN and all("!" <= c <= "~" for c in name)
+
 
 @dataclass(frozen=True, slots=True)
 class Header:
@@ -66,18 +74,21 @@ class GossipEntry:
 class Ping:
     gossip: tuple[GossipEntry, ...] = ()
     features: int = 0  # the sender's FEATURE_* bits (0: an older node that sends none)
+    zone: str = ""  # the sender's zone (docs/zones.md); "" from a node without one
 
 
 @dataclass(frozen=True, slots=True)
 class Pong:
     gossip: tuple[GossipEntry, ...] = ()
     features: int = 0  # the sender's FEATURE_* bits (0: an older node that sends none)
+    zone: str = ""  # the sender's zone (docs/zones.md); "" from a node without one
 
 
 @dataclass(frozen=True, slots=True)
 class Meet:
     gossip: tuple[GossipEntry, ...] = ()
     features: int = 0  # the sender's FEATURE_* bits (0: an older node that sends none)
+    zone: str = ""  # the sender's zone (docs/zones.md); "" from a node without one
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from disque.cluster.messages import ZONE_MAX_LEN, valid_zone
 from disque.store.queue_config import QueueConfig, QueueConfigError
 
 MAX_BIND_ADDRESSES = 16
@@ -388,6 +389,11 @@ def _check_password(text: str) -> None:
         raise ValueError("Password is longer than CONFIG_AUTHPASS_MAX_LEN")
 
 
+def _check_zone(text: str) -> None:
+    if not valid_zone(text):
+        raise ValueError(f"zone must be at most {ZONE_MAX_LEN} printable characters without spaces")
+
+
 def _load_bind(args: list[str], config: Config) -> list[str]:
     if len(args) > MAX_BIND_ADDRESSES:
         raise ValueError("Too many bind addresses specified")
@@ -562,6 +568,9 @@ DIRECTIVES: dict[str, Directive] = {
         _enum("read-behind", "yes", "yes no force", "argument must be 'yes', 'no' or 'force'", settable=False),
         _memory("job-memory-limit", 0),
         _integer("read-behind-prefetch", 1000, "read-behind-prefetch must be 1 or greater", low=1, set_min=1),
+        # Zones (docs/zones.md): where this node runs, and the zones a new job must reach by default.
+        _string("zone", settable=True, check=_check_zone),
+        _integer("min-zones", 1, "min-zones must be 1 or greater", low=1, set_min=1),
     )
 }
 
@@ -571,6 +580,7 @@ _PROJECT_ORDER = """
     tls-cluster tls-protocols tls-ciphers metrics-port memcache-port memcache-tls-port
     memcache-value-key memcache-max-item-size memcache-auth
     read-behind job-memory-limit read-behind-prefetch
+    zone min-zones
 """.split()
 _HIDDEN_FROM_GET = {"cluster-secret", "cluster-secret-previous"}
 

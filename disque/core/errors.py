@@ -81,6 +81,7 @@ maxlen = _fixed("MAXLEN", "Queue is already longer than the specified MAXLEN cou
 queue_full = _fixed("MAXLEN", "Queue is full (its max_items or max_size setting)")
 too_large = _fixed("TOOLARGE", "Job body is larger than the queue's max_item_size setting")
 norepl_reach = _fixed("NOREPL", "Not enough reachable nodes for the requested replication level")
+norepl_zones = _fixed("NOREPL", "Not enough reachable zones for the requested ZONES level")
 norepl_timeout = _fixed("NOREPL", "Timeout reached before replicating to the requested number of nodes")
 norepl_removed = _fixed("NOREPL", "job removed (expired?) before the requested replication level was achieved")
 

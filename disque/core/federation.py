@@ -31,6 +31,12 @@ for every queue whose count changed), and bounded: at most WAIT_MAX_QUEUES
 queues announced by a node and kept per peer (the others wait for NEEDJOBS
 as before), WAIT_BATCH entries a frame, and an increase, a drop to 0 or the
 refresh are sent, never a decrease, which the pushers' own count follows.
+
+Zones (docs/zones.md): a node with a zone asks its own zone first.  A due
+broadcast goes to the peers of its zone, and to the others NEAR_FIRST_MS
+later if its consumers still wait; the responders of its zone are asked
+without the others while there are any; and a node hands its jobs to the
+waiting peers of its zone before the others.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ WAIT_TTL_MS = 3000  # ... and a peer drops one not repeated within this (two ref
 WAIT_MAX_QUEUES = 1024  # queues a node announces, and keeps per peer
 WAIT_BATCH = 256  # entries per WAITING frame
 _SKIP_PEER = m.MYSELF | m.HANDSHAKE | m.PFAIL | m.FAIL | m.LEAVING  # never pushed to
+NEAR_FIRST_MS = 200  # a broadcast reaches the other zones this long after this node's own
 YOURJOBS_MAX_BYTES = 32 << 20  # keep frames well under the codec's limit
 # need_jobs reasons (spec/cluster.md §9.1)
 CLIENTS_WAITING = 0
@@ -64,6 +71,7 @@ REACHED_ZERO = 1
 class QueueFed:
     bcast_time: int = 0
     bcast_attempt: int = 0
+    near_time: int = 0  # when this round's broadcast went to this node's zone (docs/zones.md)
     adhoc_time: int = 0
     adhoc_attempt: int = 0
     responders: dict[str, int] = field(default_factory=dict)  # node id -> unix s
@@ -146,18 +154,26 @@ class Federation:
         responders = self._responders(fed)
         to_fetch = min(100, max(5, rate // len(responders) if responders else 5))
         now = life.now
+        membership = life.membership
         if now - fed.bcast_time > min(2000 * 2**fed.bcast_attempt, 30_000):
-            fed.bcast_time = now
-            fed.bcast_attempt += 1
-            for node_id in life.membership.linked_ids():
-                self.out.send(node_id, m.NeedJobs(queue.name, 1))
-                self.needjobs_sent += 1
+            peers = membership.linked_ids()
+            near = membership.near(peers)
+            if near and fed.near_time <= fed.bcast_time:  # this round's first ask: the own zone
+                fed.near_time = now
+                self._ask(queue.name, near, 1)
+            elif not near or now - fed.near_time >= NEAR_FIRST_MS:
+                fed.bcast_time = now
+                fed.bcast_attempt += 1
+                self._ask(queue.name, [p for p in peers if p not in near], 1)
         if responders and (reason == REACHED_ZERO or now - fed.adhoc_time > min(25 * 2**fed.adhoc_attempt, 2000)):
             fed.adhoc_time = now
             fed.adhoc_attempt += 1
-            for node_id in responders:
-                self.out.send(node_id, m.NeedJobs(queue.name, to_fetch))
-                self.needjobs_sent += 1
+            self._ask(queue.name, membership.near(responders) or responders, to_fetch)
+
+    def _ask(self, name: bytes, peers: list[str], count: int) -> None:
+        for node_id in peers:
+            self.out.send(node_id, m.NeedJobs(name, count))
+            self.needjobs_sent += 1
 
     # ------------------------------------------------------------ answering
 
@@ -244,7 +260,12 @@ class Federation:
             return
         life = self.life
         nodes = life.membership.nodes
-        for peer, want in list(wants.items()):
+        peers = list(wants)
+        near = life.membership.near(peers)
+        if near:  # the peers of this node's zone first
+            peers = near + [p for p in peers if p not in near]
+        for peer in peers:
+            want = wants[peer]
             if not len(queue):
                 return
             if want.until <= life.now:

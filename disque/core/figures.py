@@ -71,6 +71,7 @@ def node_figures(node: NodeCore, max_queues: int | None = None) -> dict[str, Any
                 "flags": flags_text(peer.flags),
                 "myself": bool(peer.flags & MYSELF),
                 "link": bool(peer.flags & MYSELF or peer.link),
+                "zone": peer.zone,
             }
             for peer in node.cluster.nodes.values()
         ],

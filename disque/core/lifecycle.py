@@ -97,7 +97,9 @@ class Kestrel(Protocol):  # Kestrel's queue limits (core/items.py)
 
 
 class Replicas(Protocol):  # replication (core/replication.py)
-    def start(self, client: Client, job: Job, additional: int, timeout: int, is_async: bool, extrepl: bool) -> Any: ...
+    def start(
+        self, client: Client, job: Job, additional: int, timeout: int, is_async: bool, extrepl: bool, zones: int = 1
+    ) -> Any: ...
     def replicate(self, job: Job, count: int, noreply: bool) -> int: ...
     def forget(self, job_id: bytes) -> None: ...
 
@@ -395,12 +397,13 @@ class Lifecycle:
     def add_job(
         self, client: Client, queue: bytes, body: bytes, timeout: int, repl: int | None, ttl: int | None,
         retry: int | None, delay: int | None, maxlen: int | None, is_async: bool,
-        max_attempts: int = 0, dead_letter: bytes | None = None,
+        max_attempts: int = 0, dead_letter: bytes | None = None, zones: int | None = None,
     ) -> Any:  # fmt: skip
         """ADDJOB after option parsing (spec/commands.md §4.1 steps 3-8, creation);
         None stands for an option not given.  `max_attempts` (0: none) and
         `dead_letter` (default `<queue>-dead`) are the MAXATTEMPTS/DEADLETTER
-        extension (`dead_letter_job`)."""
+        extension (`dead_letter_job`); `zones` is ZONES (docs/zones.md: the
+        zones the copies must span, `min-zones` by default, at most REPLICATE)."""
         membership = self.membership
         if repl is None:
             repl = min(3, membership.size())
@@ -421,7 +424,13 @@ class Lifecycle:
             )
         if retry is None:
             retry = min(ttl // 10, 300) or 1
+        if zones is None:
+            zones = min(self.config.min_zones, repl)
+        elif zones > repl:
+            raise errors.err("ZONES can't be greater than the replication level")
         additional, extrepl = self._replicas(repl, membership.leaving or self.memory.level() >= 1)
+        if zones > 1 and len(membership.reachable_zones(include_me=not extrepl)) < zones:
+            raise errors.norepl_zones()
         existing = self.queues.get(queue)
         if existing is not None:
             if maxlen is not None and len(existing) >= maxlen:
@@ -440,7 +449,7 @@ class Lifecycle:
         if max_attempts:
             job.set_attempts(max_attempts, queue + b"-dead" if dead_letter is None else dead_letter)
         if additional:
-            return self.replicas.start(client, job, additional, timeout, is_async, extrepl)
+            return self.replicas.start(client, job, additional, timeout, is_async, extrepl, zones)
         self.register(job)
         self.queue_new_job(job)
         return Status(job_id)

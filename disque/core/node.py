@@ -97,6 +97,7 @@ class NodeCore:
         # The concerns, from the bottom up: each gets only what it works with.
         self.cluster = membership or Membership(node_id, config.port or config.tls_port, rng=rng)
         self.cluster.now = now
+        self.cluster.set_zone(config.zone or "")
         self.out = self.cluster.wire = Outbox(self.cluster, config, self.stats, self.aof)
         self.memory = Memory(config, rng)
         self.collected = Collected()
@@ -183,6 +184,7 @@ class NodeCore:
         if now - self._last_cron >= BLOCKED_CRON_MS:
             self._last_cron = now
             self.cluster.timeout = self.config.cluster_node_timeout
+            self.cluster.set_zone(self.config.zone or "")
             self.cluster.cron()
             self.replication.cron()
             self._cron()

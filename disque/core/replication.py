@@ -16,10 +16,19 @@ target whatever happens to it, so one that dies and comes back (same ID)
 gets the job again as soon as it has a link, flagged failing or not.  Short
 of the level, the wait ends only with the ADDJOB timeout (`NOREPL Timeout
 reached`), the job's removal (TTL, DELJOB, flush), the producer leaving or
-this node turning LEAVING; each deletes the job everywhere (DELJOB to
-`nodes_delivered`).  The up-front `NOREPL Not enough reachable nodes` is
+this node turning LEAVING (a job it replicates externally, as a node already
+leaving does, waits on: its replicas are the point); each deletes the job
+everywhere (DELJOB to `nodes_delivered`).  The up-front `NOREPL Not enough reachable nodes` is
 ADDJOB's (lifecycle.py): it counts the nodes reachable at that moment, failing
 ones excluded, as upstream does.
+
+Zones (docs/zones.md): in a cluster whose nodes have zones, `place` picks
+the new targets of a job so that its copies spread over the zones, the
+zones with the fewest copies first (the producer's copy covers its own
+zone); a job with `zones` > 1 (ADDJOB ZONES, or `min-zones`) reaches its
+level only once its confirmed copies span that many zones, and the node
+that queues a job replicated externally is one in this node's zone if
+any confirmed.  A cluster without zones draws its targets as before.
 
 A job that never reached its replication level is never written to the AOF.
 """
@@ -27,6 +36,8 @@ A job that never reached its replication level is never written to the AOF.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+from disque.cluster.membership import Membership, Node
 
 from disque.cluster import messages as m
 from disque.store.records import job_to_wire
@@ -42,12 +53,45 @@ REPL_STEP_MS = 50
 
 
 class Pending:  # a plain class: the compiled build keeps a dataclass's __init__ interpreted
-    __slots__ = ("client", "deadline", "last_add")
+    __slots__ = ("client", "deadline", "last_add", "external", "zones")
 
-    def __init__(self, client: Client, deadline: int, last_add: int) -> None:
+    def __init__(self, client: Client, deadline: int, last_add: int, external: bool, zones: int) -> None:
         self.client = client
         self.deadline = deadline  # 0 = wait forever
         self.last_add = last_add
+        self.external = external  # replicas only (this node leaving or short of memory): LEAVING does not end it
+        self.zones = zones  # the zones the confirmed copies must span
+
+
+def place(membership: Membership, candidates: list[Node], holders: tuple[str, ...], count: int) -> list[str]:
+    """`count` of `candidates` (fewer than there are) spread over zones:
+    each pick is a random node of a random zone among those with the fewest
+    copies so far (`holders` counting), so the zones no copy covers come
+    first, then the copies go round the zones."""
+    rng = membership.rng
+    copies: dict[str, int] = {}
+    for node_id in holders:
+        zone = membership.zone_of(node_id)
+        if zone is not None:
+            copies[zone] = copies.get(zone, 0) + 1
+    by_zone: dict[str, list[Node]] = {}
+    for node in candidates:
+        by_zone.setdefault(node.zone, []).append(node)
+    chosen: list[str] = []
+    while len(chosen) < count:
+        fewest = min(copies.get(zone, 0) for zone in by_zone)
+        zone = rng.choice([z for z in by_zone if copies.get(z, 0) == fewest])
+        nodes = by_zone[zone]
+        chosen.append(nodes.pop(rng.randrange(len(nodes))).id)
+        if not nodes:
+            del by_zone[zone]
+        copies[zone] = fewest + 1
+    return chosen
+
+
+def zones_of(membership: Membership, node_ids: Any) -> int:
+    """How many zones `node_ids` span (unknown nodes left out)."""
+    return len({zone for node_id in node_ids if (zone := membership.zone_of(node_id)) is not None})
 
 
 class Replication:
@@ -58,7 +102,9 @@ class Replication:
         self.achieved_count = 0  # synchronous replications that reached their level
         self.aborted_count = 0  # ... and those given up (timeout, LEAVING, producer gone)
 
-    def start(self, client: Client, job: Job, additional: int, timeout: int, is_async: bool, extrepl: bool) -> Any:
+    def start(
+        self, client: Client, job: Job, additional: int, timeout: int, is_async: bool, extrepl: bool, zones: int = 1
+    ) -> Any:  # fmt: skip
         life, out = self.life, self.out
         me = life.membership.my_id
         if is_async:
@@ -66,7 +112,7 @@ class Replication:
                 self.replicate(job, additional, noreply=True)
                 targets = [n for n in job.nodes_delivered if n != me]
                 if targets:
-                    out.send(life.rng.choice(targets), m.Enqueue(job.id, job.delay))
+                    out.send(self.queuer(targets), m.Enqueue(job.id, job.delay))
             else:
                 life.register(job)
                 life.queue_new_job(job)
@@ -78,15 +124,21 @@ class Replication:
         self.replicate(job, additional, noreply=False)
         client.repl_jobs[job.id] = None
         out.repl_waiters[job.id] = client
-        self.pending[job.id] = Pending(client, life.now + timeout if timeout else 0, life.now)
+        self.pending[job.id] = Pending(client, life.now + timeout if timeout else 0, life.now, extrepl, zones)
         return BLOCKED
 
     def replicate(self, job: Job, count: int, noreply: bool) -> int:
         """Add up to `count` new targets, then (re)send REPLJOB (§8.2 step 1)."""
         life, out = self.life, self.out
         delivered = job.nodes_delivered
-        candidates = [n.id for n in life.membership.reachable() if n.link and n.id not in delivered]
-        added = candidates if count >= len(candidates) else life.rng.sample(candidates, count)
+        membership = life.membership
+        candidates = [n for n in membership.reachable() if n.link and n.id not in delivered]
+        if count >= len(candidates):
+            added = [n.id for n in candidates]
+        elif membership.zoned:
+            added = place(membership, candidates, delivered, count)
+        else:
+            added = [n.id for n in life.rng.sample(candidates, count)]
         if added:
             job.nodes_delivered = delivered + tuple(added)
         wire = job_to_wire(job, life.now)
@@ -113,9 +165,12 @@ class Replication:
         job = self.life.jobs.get(job_id)
         if job is None or job.state != State.WAIT_REPL or job.nodes_confirmed is None:
             return
-        job.nodes_confirmed.add(sender)
-        if len(job.nodes_confirmed) >= job.repl:
-            self.achieved(job)
+        confirmed = job.nodes_confirmed
+        confirmed.add(sender)
+        if len(confirmed) >= job.repl:
+            zones = self.pending[job_id].zones  # `start` made both the confirmed set and the Pending
+            if zones <= 1 or zones_of(self.life.membership, confirmed) >= zones:
+                self.achieved(job)
 
     def achieved(self, job: Job) -> bool:
         """Replication level reached: answer the producer.  Returns False when
@@ -128,12 +183,18 @@ class Replication:
         if life.membership.my_id not in job.nodes_delivered:
             confirmed = sorted(job.nodes_confirmed or ())
             if confirmed:
-                out.send(life.rng.choice(confirmed), m.Enqueue(job.id, job.delay))
+                out.send(self.queuer(confirmed), m.Enqueue(job.id, job.delay))
             life.delete_job(job, log=False)
             return False
         job.nodes_confirmed = None
         life.queue_new_job(job)
         return True
+
+    def queuer(self, holders: list[str]) -> str:
+        """The holder that queues a job this node does not keep: one in this
+        node's zone if any (its consumers are likely near), else any."""
+        life = self.life
+        return life.rng.choice(life.membership.near(holders) or holders)
 
     def abort(self, job: Job, reply: Any) -> None:
         """Give up: the producer gets `reply`, every copy is deleted."""
@@ -155,7 +216,7 @@ class Replication:
                 self.pending.pop(job_id, None)
             elif pending.deadline and now >= pending.deadline:
                 self.abort(job, errors.norepl_timeout())
-            elif life.membership.leaving:
+            elif life.membership.leaving and not pending.external:
                 self.abort(job, errors.leaving())
             elif now - pending.last_add >= REPL_STEP_MS and self.replicate(job, 1, noreply=False):
                 pending.last_add = now

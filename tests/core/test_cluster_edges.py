@@ -348,6 +348,25 @@ def test_sync_addjob_of_a_leaving_node(answer):
     check_core(node.core)
 
 
+def test_a_leaving_node_waits_for_its_external_replicas_past_the_cron():
+    """ADDJOB on a node already leaving replicates to other nodes only; the
+    cron that ends a replication under way when a node turns LEAVING must
+    let this one wait for its replicas."""
+    node = Node()
+    assert node.s("CLUSTER", "LEAVING", "yes") == OK
+    producer = Session(node.core)
+    assert producer("ADDJOB", "q", "x", 0, "REPLICATE", 1) is BLOCKED
+    ((_, repl),) = node.sent()
+    job_id = repl.job["id"]
+    node.wait(300)
+    assert producer.pending() == [] and node.state(job_id) == "wait-repl"
+    node.sent()
+    node.from_(PEER, m.GotJob(job_id))
+    assert producer.pending() == [Status(job_id)]
+    assert node.sent() == [(PEER, m.Enqueue(job_id, 0))]
+    check_core(node.core)
+
+
 def test_turning_leaving_aborts_synchronous_replication():
     node = Node()
     producer = Session(node.core)

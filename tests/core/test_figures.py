@@ -34,7 +34,7 @@ def test_jobs_queues_and_counters_of_one_node():
     assert queues["other"]["pause"] == "out" and queues["gone"]["len"] == 0 and queues["gone"]["oldest_age_ms"] == 0
     assert fig["commands"]["addjob"][:1] == [4] and sum(fig["commands"]["addjob"][2:]) == 4
     assert fig["aof"]["aof_enabled"] == 0 and fig["used_memory"] > 0
-    assert fig["nodes"] == [{"id": NODE_ID, "addr": ":7711", "flags": "myself", "myself": True, "link": True}]
+    assert fig["nodes"] == [{"id": NODE_ID, "addr": ":7711", "flags": "myself", "myself": True, "link": True, "zone": ""}]
 
 
 class SlowClock(FakeClock):

@@ -40,12 +40,13 @@ def show_dict(reply: Any) -> dict[str, Any] | None:
 
 
 def parse_nodes(text: bytes) -> dict[str, dict[str, Any]]:
-    """CLUSTER NODES -> {id: {addr, flags (set), link}}."""
+    """CLUSTER NODES -> {id: {addr, flags (set), link, zone}} (zone: "" when none)."""
     out = {}
     for line in text.decode().splitlines():
         parts = line.split()
-        if len(parts) == 6:
-            out[parts[0]] = {"addr": parts[1], "flags": set(parts[2].split(",")), "link": parts[5]}
+        if len(parts) >= 6:
+            zone = parts[6].removeprefix("zone=") if len(parts) > 6 else ""
+            out[parts[0]] = {"addr": parts[1], "flags": set(parts[2].split(",")), "link": parts[5], "zone": zone}
     return out
 
 

@@ -128,6 +128,7 @@ def test_the_dashboard_shows_the_whole_cluster_and_acts_on_it(cluster: Cluster, 
     nodes = wait.until(lambda _: found if len(found := rows("nodes")) == 3 and all(r[4] == "ok" for r in found) else None)
     assert sum("(this node)" in row[0] for row in nodes) == 1
     assert sorted(row[3] for row in nodes) == ["-", "connected", "connected"]
+    assert [row[9] for row in nodes] == ["-"] * 3  # no zones (docs/zones.md)
     # queues added up over the nodes: 3 + 2 orders on two nodes
     wait.until(lambda _: {row[0]: row[1] for row in rows("queues")}.get("orders") == "5")
     orders = next(row for row in rows("queues") if row[0] == "orders")

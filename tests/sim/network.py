@@ -310,6 +310,7 @@ class SimNode:
         config = Config()
         config.port = self.port
         config.cluster_node_timeout = net.node_timeout
+        config.zone = net.zones[self.index] if net.zones else None
         node_id = self.last_id = membership.my_id if membership else "%040x" % rng.getrandbits(160)
         core = NodeCore(
             config, node_id, clock=SimClock(), rng=rng, host=SimHost(self), membership=membership, **read_behind(config)
@@ -500,9 +501,10 @@ class SimCluster:
 
     def __init__(
         self, n: int, seed: int, *, drop: float = 0.0, dup: float = 0.0,
-        delay: tuple[float, float] = (0.1, 2.0), node_timeout: int = 1000,
+        delay: tuple[float, float] = (0.1, 2.0), node_timeout: int = 1000, zones: tuple[str, ...] = (),
     ) -> None:  # fmt: skip
         self.seed = seed
+        self.zones = zones  # node index -> its zone (docs/zones.md); () for none
         self.rng = random.Random(f"{seed}/net")
         self.drop, self.dup = drop, dup
         self.delay = delay  # ms
@@ -573,6 +575,10 @@ class SimCluster:
 
     def kill(self, i: int) -> None:
         self.nodes[i].kill()
+
+    def zone(self, name: str) -> list[int]:
+        """The indexes of the nodes of zone `name`."""
+        return [i for i, zone in enumerate(self.zones) if zone == name]
 
     async def restart(self, i: int, aof: bool = False) -> None:
         """Boot killed node `i` again: same ID and nodes.conf, and the jobs

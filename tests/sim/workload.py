@@ -18,7 +18,8 @@ administration, sent as commands to the node like any client would:
 DEBUG FLUSHALL, CLUSTER RESET SOFT|HARD followed by the operator's re-MEET
 (and, for HARD, CLUSTER FORGET of the old ID on every other live node),
 CLUSTER FORGET of a live peer, CLUSTER LEAVING yes|no and CONFIG SET
-cluster-node-timeout.
+cluster-node-timeout; in a cluster with zones, the loss of a whole zone
+(its nodes cut off together, or killed together).
 
 What the nemesis destroys on purpose is recorded as `wipe` records: the IDs
 the node held at the instant of a FLUSHALL or RESET (read in the same
@@ -75,6 +76,8 @@ class FaultPlan:
     ("forget", i, j)       CLUSTER FORGET on i of j's ID
     ("leaving", i, flag)   CLUSTER LEAVING yes|no
     ("timeout", i, ms)     CONFIG SET cluster-node-timeout
+    ("zone", z, mode)      every node of zone z at once: "isolate" (a partition
+                           of the zone from the rest) or "kill" (each killed)
 
     Commands to a dead node (or i == j) are skipped."""
 
@@ -86,6 +89,7 @@ class FaultPlan:
     producers: int = 3
     consumers: int = 2
     node_timeout: int = 1000
+    zones: tuple[str, ...] = ()  # node index -> zone; with zones, at-least-once jobs need ZONES 2
 
 
 class Workload:
@@ -135,6 +139,8 @@ class Workload:
         opts["ttl"] = self.rng.choice((15, 300, 300, 300))
         delay = self.rng.choice((0, 0, 0, 1))
         limits = ("MAXATTEMPTS", 3, "DEADLETTER", DEAD) if self.extensions and opts["retry"] else ()
+        if self.plan.zones and opts["retry"]:
+            limits += ("ZONES", 2)
         op = self.history.invoke(process, node, ENQUEUE, body=body, value=opts)
         reply = await self.cluster.call(
             node, "ADDJOB", QUEUE, body, ADDJOB_TIMEOUT_MS, "REPLICATE", opts["replicate"],
@@ -151,7 +157,8 @@ class Workload:
         if isinstance(reply, bytes):
             self.history.complete(op, OK, job=reply.decode())
             return True
-        self.history.complete(op, FAIL if reply == errors.norepl_reach() else INFO, value=str(reply))
+        refused = reply == errors.norepl_reach() or reply == errors.norepl_zones()
+        self.history.complete(op, FAIL if refused else INFO, value=str(reply))
         return False
 
     async def consumer(self, nohang: bool = False) -> None:
@@ -272,6 +279,15 @@ class Workload:
         if self.cluster.nodes[i].alive:
             await self._admin(i, "CONFIG", "SET", "cluster-node-timeout", ms)
 
+    async def _zone(self, name: str, mode: str) -> None:
+        cluster = self.cluster
+        inside = cluster.zone(name)
+        if mode == "isolate":
+            cluster.partition([inside, [i for i in range(len(cluster.nodes)) if i not in inside]])
+        else:
+            for i in inside:
+                await self._kill(i)
+
     async def _admin(self, i: int, *command: Any) -> None:
         reply = await self.cluster.call(i, *command)
         assert reply == b"OK", (i, command, reply)
@@ -346,6 +362,7 @@ class Workload:
 
 async def run_workload(plan: FaultPlan, seed: int, extensions: bool = False) -> list[Record]:
     async with SimCluster(
-        plan.nodes, seed, drop=plan.drop, dup=plan.dup, delay=plan.delay, node_timeout=plan.node_timeout
+        plan.nodes, seed, drop=plan.drop, dup=plan.dup, delay=plan.delay, node_timeout=plan.node_timeout,
+        zones=plan.zones,
     ) as cluster:
         return await Workload(cluster, plan, seed, extensions).run()

@@ -61,6 +61,7 @@ def _section_server(node: NodeCore, proc: dict[str, Any]) -> list[tuple[str, Any
         ("process_id", proc["pid"]),
         ("run_id", node.run_id),
         ("tcp_port", node.config.port),
+        ("zone", node.cluster.myself.zone),  # docs/zones.md
         ("uptime_in_seconds", uptime),
         ("uptime_in_days", uptime // 86400),
         ("hz", node.config.hz),
@@ -308,7 +309,10 @@ def priority(node: NodeCore, n: Any) -> int:
 def hello(node: NodeCore) -> list[Any]:
     out: list[Any] = [1, node.cluster.my_id]
     for n in node.cluster.nodes.values():
-        out.append([n.id, n.ip, str(n.port).encode(), str(priority(node, n)).encode()])
+        entry = [n.id, n.ip, str(n.port).encode(), str(priority(node, n)).encode()]
+        if n.zone:  # a fifth item, for zoned nodes only (docs/zones.md)
+            entry.append(n.zone)
+        out.append(entry)
     return out
 
 
@@ -404,7 +408,8 @@ def debug_command(node: NodeCore, argv: list[bytes]) -> Any:
 
 def node_line(node: NodeCore, n: Any) -> str:
     link = "connected" if n.link or n.flags & MYSELF else "disconnected"
-    return f"{n.id} {n.ip}:{n.port} {flags_text(n.flags)} {n.ping_sent} {n.pong_received} {link}\n"
+    zone = f" zone={n.zone}" if n.zone else ""  # an extra last field, for zoned nodes only (docs/zones.md)
+    return f"{n.id} {n.ip}:{n.port} {flags_text(n.flags)} {n.ping_sent} {n.pong_received} {link}{zone}\n"
 
 
 def cluster_info(node: NodeCore) -> bytes:
@@ -417,6 +422,8 @@ def cluster_info(node: NodeCore) -> bytes:
         f"cluster_stats_messages_sent:{node.stats.bus_sent}",
         f"cluster_stats_messages_received:{node.stats.bus_received}",
     ]
+    if c.zoned:  # docs/zones.md: this node's zone counted
+        lines.append(f"cluster_reachable_zones:{len(c.reachable_zones(include_me=True))}")
     return ("\r\n".join(lines) + "\r\n").encode()
 
 

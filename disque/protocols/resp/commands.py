@@ -68,6 +68,7 @@ ADDJOB_OPTS: dict[bytes, tuple[int, int, int, str]] = {
     b"delay": (3, 0, INT64_MAX, "DELAY time must be a non negative number"),
     b"maxlen": (4, 1, INT64_MAX, "MAXLEN must be a positive number"),
     b"maxattempts": (5, 1, 65535, "MAXATTEMPTS must be between 1 and 65535"),  # an extension, as DEADLETTER
+    b"zones": (6, 1, 65535, "ZONES must be between 1 and 65535"),  # an extension: docs/zones.md
 }
 
 
@@ -85,7 +86,7 @@ def _option(opt: bytes, raw: bytes) -> int:
 
 @command("addjob", -4, "wmF")
 def cmd_addjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
-    values: list[int | None] = [None, None, None, None, None, None]  # None: not given
+    values: list[int | None] = [None] * len(ADDJOB_OPTS)  # None: not given
     is_async = False
     dead_letter = None
     i, n = 4, len(argv)
@@ -103,11 +104,12 @@ def cmd_addjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
         else:
             raise errors.syntax()
     timeout = parse_timeout(argv[3])
-    repl, ttl, retry, delay, maxlen, max_attempts = values
+    repl, ttl, retry, delay, maxlen, max_attempts, zones = values
     if dead_letter is not None and max_attempts is None:
         raise err("DEADLETTER needs MAXATTEMPTS")
     return node.lifecycle.add_job(
-        client, argv[1], argv[2], timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter
+        client, argv[1], argv[2], timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter,
+        zones,
     )
 
 

@@ -154,6 +154,7 @@ function renderNodes(me, byId) {
     cell(row, fig ? fig.jobs.active : "", "num");
     cell(row, fig ? fig.clients : "", "num");
     cell(row, fig ? fig.blocked_clients : "", "num");
+    cell(row, n.zone || "-");
   });
 }
 
