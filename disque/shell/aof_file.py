@@ -572,7 +572,7 @@ class AofFile:
                     await trio.sleep(0)
             except AofLoadError as e:
                 self._fatal(str(e))
-            self.server.sessions.apply_effects(None)  # QUEUED broadcasts of re-queued jobs
+            self.server.dispatch.drain()  # QUEUED broadcasts of re-queued jobs
             if config.aof_enqueue_jobs_once:
                 config.aof_enqueue_jobs_once = False
                 if config.config_file:

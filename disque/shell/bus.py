@@ -45,7 +45,7 @@ Every close resets the connection, so frames still in the kernel are dropped
 rather than delivered after a partition heals (`_reset_on_close`).
 
 After every core call the bus runs `drain()`, which applies the effects the
-call produced (the session runner's `apply_effects`); the frames of one read
+call produced (the node's dispatcher, dispatch.py); the frames of one read
 are all handed to the core first and drained once, so the replies, AOF
 records and frames they cause go out in one batch.  Applying effects never calls
 the core back: closing a link only cancels its task, which reports later.

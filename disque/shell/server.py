@@ -38,6 +38,7 @@ from disque.shell.bus import CLUSTER_PORT_INCR, Bus
 from disque.cluster.membership import Membership
 from disque.shell.nodes_file import NodesFile
 from disque.core.errors import DisqueError, err
+from disque.shell.dispatch import Dispatcher
 from disque.shell.gc_freeze import GcFreezer
 from disque.shell.heap_trim import map_large_blocks, trim_after_spills
 from disque.shell.session import Conn, Sessions
@@ -135,18 +136,20 @@ class Server:
         self._sleep: trio.CancelScope | None = None  # the deadline loop's, while it sleeps
         self.shutdown_requested = trio.Event()
         self.ports: list[int] = []
+        # The node's one effect dispatcher: its ports (the session runner, the bus,
+        # the AOF) call back into it, so they are plugged in once they all exist.
+        self.dispatch = Dispatcher(self.core, self._conf_changed)
         self.bus = Bus(
             self.core,
-            lambda: self.sessions.apply_effects(None),
+            self.dispatch.drain,
             port=announced_port(config) + CLUSTER_PORT_INCR,
             bind=config.bind,
             backlog=config.tcp_backlog,
             security=self.security,
         )
         self.aof_file = AofFile(self)
-        self.sessions = Sessions(
-            self.core, config, self.bus, self.aof_file, self._conf_changed, self._output_limit_closed
-        )
+        self.sessions = Sessions(self.core, config, self.dispatch, self._output_limit_closed)
+        self.dispatch.plug(self.sessions, self.bus, self.aof_file)
         self.tcp = TcpClients(self.sessions, self.aof_file, self.clock, self.refusal)
         self.bus.reactor, self.tcp.after_pass = self.tcp, self.bus.flush  # plain bus sockets share the client loop
 
@@ -256,7 +259,7 @@ class Server:
                 await trio.lowlevel.checkpoint()
             if not core.pause_left(clock.now_ms()):
                 core.tick()
-                self.sessions.apply_effects(None)
+                self.dispatch.drain()
 
     # ------------------------------------------------------------ clients
 
