@@ -147,11 +147,11 @@ class Server:
             backlog=config.tcp_backlog,
             security=self.security,
         )
-        self.aof_file = AofFile(self)
+        self.aof_file = AofFile(self.core, config, self, self.dispatch.drain, self.bodies)
         self.sessions = Sessions(self.core, config, self.dispatch, self._output_limit_closed)
         self.dispatch.plug(self.sessions, self.bus, self.aof_file)
-        self.tcp = TcpClients(self.sessions, self.aof_file, self.clock, self.refusal)
-        self.bus.reactor, self.tcp.after_pass = self.tcp, self.bus.flush  # plain bus sockets share the client loop
+        # Plain bus sockets share the client loop (`Bus.run`): it writes their frames after each wake-up.
+        self.tcp = TcpClients(self.sessions, self.aof_file, self.clock, self.refusal, after_pass=self.bus.flush)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -200,7 +200,7 @@ class Server:
                     nursery.start_soon(http.serve, http_listeners)
                     log.info("Serving metrics and the dashboard on http port %s", self.config.metrics_port)
                 if announced_port(self.config):
-                    nursery.start_soon(self.bus.run, False)  # its cron runs in the deadline loop
+                    nursery.start_soon(self.bus.run, False, self.tcp)  # its cron runs in the deadline loop
                 nursery.start_soon(self._deadline_loop)
                 nursery.start_soon(self._signals, signals)
                 nursery.start_soon(self.aof_file.run)  # loads the AOF, then its cron
