@@ -20,7 +20,8 @@ from disque.core.node import NodeCore
 from disque.core.types import Status
 from disque.protocols.resp.front import RESP
 from disque.shell.segments import Segments
-from disque.shell.session import Conn
+from disque.shell.dispatch import AofPort, BusPort, Dispatcher
+from disque.shell.session import Conn, Sessions
 
 T = TypeVar("T")
 
@@ -248,6 +249,15 @@ class Nowhere:
     def drop_link(self, key: int) -> None: ...
     def append(self, record: bytes, sync: bool = False) -> None: ...
     def flush(self, current: Any = None) -> None: ...
+
+
+def session_runner(core: NodeCore, bus: BusPort, aof: AofPort, save_conf: Callable[[], None] = lambda: None) -> Sessions:
+    """A node's session runner and its effect dispatcher, wired as the server
+    wires them (`runner.effects` is the dispatcher)."""
+    dispatch = Dispatcher(core, save_conf)
+    runner = Sessions(core, core.config, dispatch)
+    dispatch.plug(runner, bus, aof)
+    return runner
 
 
 class Deaf(Conn):

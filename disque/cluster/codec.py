@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -95,23 +94,23 @@ def _zone(v: Any) -> str:
 # --- messages -----------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
 class _Kind:
-    code: int  # its number in the positional form (its row in _KINDS, from 1)
-    name: str  # wire type name
-    cls: type
-    fields: _Fields = ()
-    mflags: tuple[tuple[str, int], ...] = ()  # boolean attribute -> mflags bit
-    pack: Callable[[Any], dict[str, Any]] = field(init=False)
-    load: Callable[[Any], dict[str, Any]] = field(init=False)  # with the mflags
-    pack_pos: Callable[..., list[Any]] = field(init=False)  # (message, head) -> [*head, field, ...]
-    load_pos: Callable[[Any], dict[str, Any]] = field(init=False)  # [code, mflags, field, ...] -> with the mflags
+    """One message type: its wire name and number, class, fields and mflags,
+    and the pack and load of both forms made from them."""
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "pack", _packer(self.fields))
-        object.__setattr__(self, "load", _loader(self.fields + (_MFLAGS,)))
-        object.__setattr__(self, "pack_pos", _pos_packer(self.fields))
-        object.__setattr__(self, "load_pos", _pos_loader((_MFLAGS, *self.fields), offset=1))
+    __slots__ = ("code", "name", "cls", "fields", "mflags", "pack", "load", "pack_pos", "load_pos")
+
+    def __init__(self, code: int, name: str, cls: type, fields: _Fields = (), mflags: tuple[tuple[str, int], ...] = ()) -> None:
+        self.code = code  # its number in the positional form (its row in _KINDS, from 1)
+        self.name = name  # wire type name
+        self.cls = cls
+        self.fields = fields
+        self.mflags = mflags  # boolean attribute -> mflags bit
+        self.pack: Callable[[Any], dict[str, Any]] = _packer(fields)
+        self.load: Callable[[Any], dict[str, Any]] = _loader(fields + (_MFLAGS,))  # with the mflags
+        self.pack_pos: Callable[..., list[Any]] = _pos_packer(fields)  # (message, head) -> [*head, field, ...]
+        # [code, mflags, field, ...] -> with the mflags
+        self.load_pos: Callable[[Any], dict[str, Any]] = _pos_loader((_MFLAGS, *fields), offset=1)
 
     def mflags_of(self, msg: Message) -> int:
         return sum(bit for attr, bit in self.mflags if getattr(msg, attr))

@@ -53,11 +53,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from itertools import chain
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
 from disque.core.errors import DisqueError, err
+from disque.core.node import NodeCore
 from disque.core.replay import Replay
 from disque.core.types import Status
 from disque.store.aof import (
@@ -227,7 +228,8 @@ class SpilledRecords:
     """The records of the jobs read-behind keeps on disk, as LOADJOBs for a
     snapshot; the segments are held (kept) until `release`."""
 
-    def __init__(self, core: Any, bodies: Segments) -> None:
+    def __init__(self, core: NodeCore, bodies: Segments) -> None:
+        assert core.read_behind is not None
         self.bodies = bodies
         bodies.hold()
         self.locs, self.sizes = core.read_behind.snapshot()
@@ -250,15 +252,27 @@ class SpilledRecords:
         self.bodies.unhold()
 
 
-def snapshot_jobs(core: Any) -> list[Job]:
+def snapshot_jobs(core: NodeCore) -> list[Job]:
     return [job for job in core.jobs.values() if (job.state is _ACTIVE or job.state is _QUEUED) and core.journaled(job)]
 
 
+class AofHost(Protocol):
+    """The server's services the AOF writer uses."""
+
+    def rewrite_config(self) -> None: ...
+    def flush_all_nowait(self) -> None: ...
+    def save_cluster_config(self, fsync: bool) -> None: ...
+
+
 class AofFile:
-    def __init__(self, server: Any) -> None:
-        self.server = server
-        self.core = core = server.core
-        self.config = server.config
+    def __init__(
+        self, core: NodeCore, config: Any, host: AofHost, drain: Callable[[], None], bodies: Segments | None = None
+    ) -> None:
+        self.core = core
+        self.config = config  # Config's attributes are its directives, set at run time
+        self.host = host
+        self.drain = drain  # the node's dispatcher: carries out the effects of loading
+        self.bodies = bodies  # read-behind's segments (their jobs go into snapshots), or None
         self.status = core.aof
         self.fd: int | None = None
         self.file_size = 0
@@ -572,12 +586,12 @@ class AofFile:
                     await trio.sleep(0)
             except AofLoadError as e:
                 self._fatal(str(e))
-            self.server.sessions.apply_effects(None)  # QUEUED broadcasts of re-queued jobs
+            self.drain()  # QUEUED broadcasts of re-queued jobs
             if config.aof_enqueue_jobs_once:
                 config.aof_enqueue_jobs_once = False
                 if config.config_file:
                     try:
-                        self.server.rewrite_config()
+                        self.host.rewrite_config()
                     except DisqueError as e:
                         log.warning("Could not switch aof-enqueue-jobs-once off in the config file: %s", e.message)
         if fd is not None:
@@ -761,7 +775,7 @@ class AofFile:
         return True
 
     def _spilled(self) -> SpilledRecords | None:
-        bodies = self.server.bodies
+        bodies = self.bodies
         return None if bodies is None or self.core.read_behind is None else SpilledRecords(self.core, bodies)
 
     async def _run_rewrite(
@@ -1017,11 +1031,11 @@ class AofFile:
         return size
 
     def _exit_now(self) -> None:
-        server = self.server
-        server.flush_all_nowait()
+        host = self.host
+        host.flush_all_nowait()
         if self.core.conf_dirty():
             try:
-                server.save_cluster_config(fsync=True)
+                host.save_cluster_config(fsync=True)
             except OSError:
                 pass
         log.warning("Disque is now ready to exit, bye bye...")

@@ -45,7 +45,7 @@ Every close resets the connection, so frames still in the kernel are dropped
 rather than delivered after a partition heals (`_reset_on_close`).
 
 After every core call the bus runs `drain()`, which applies the effects the
-call produced (the session runner's `apply_effects`); the frames of one read
+call produced (the node's dispatcher, dispatch.py); the frames of one read
 are all handed to the core first and drained once, so the replies, AOF
 records and frames they cause go out in one batch.  Applying effects never calls
 the core back: closing a link only cancels its task, which reports later.
@@ -72,7 +72,7 @@ import select
 import socket
 import struct
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any, Protocol
 
@@ -81,7 +81,7 @@ import trio
 from disque.cluster.auth import AuthError, AuthLink
 from disque.cluster.codec import MAX_FRAME, FrameDecoder, FrameError, LinkCodec, framed
 from disque.cluster.messages import GotJob, GotJobs, Header, Message, ReplJob, ReplJobs
-from disque.shell.security import bus_protected_mode_refuses
+from disque.shell.security import Security, bus_protected_mode_refuses
 
 log = logging.getLogger("disque")
 
@@ -160,6 +160,19 @@ class Reactor(Protocol):
     def wake(self) -> None: ...
 
 
+class BusCore(Protocol):
+    """The core's entry points the bus calls (NodeCore's)."""
+
+    def header(self) -> Header: ...
+    def bus_links(self) -> dict[int, tuple[str, int]]: ...
+    def link_connected(self, key: int) -> None: ...
+    def link_closed(self, key: int, connect_failed: bool) -> None: ...
+    def handle_frames(
+        self, frames: Iterable[tuple[Header, Message]], *, key: int | None = None, conn: int | None = None,
+        peer_ip: str = "", local_ip: str = "",
+    ) -> None: ...  # fmt: skip
+
+
 class _AuthDecoder:
     """FrameDecoder's interface over an authenticated link."""
 
@@ -225,7 +238,7 @@ class Bus:
 
     def __init__(
         self,
-        core: Any,
+        core: BusCore,
         drain: Callable[[], None],
         *,
         port: int,
@@ -234,7 +247,7 @@ class Bus:
         connect_timeout: float = CONNECT_TIMEOUT,
         max_frame: int = MAX_FRAME,
         max_queue: int = MAX_QUEUE,
-        security: Any = None,
+        security: Security | None = None,
     ) -> None:
         self.core = core
         self.security = security  # disque.shell.security.Security, or None: no TLS, no secret
@@ -257,7 +270,7 @@ class Bus:
         self._nursery: trio.Nursery | None = None
         self._log_at = float("-inf")
         self._log_skipped = 0
-        self.reactor: Reactor | None = None  # set by the server: plain connections are served there
+        self.reactor: Reactor | None = None  # the loop plain connections are served by (`run`)
         self.unflushed: dict[_Peer, None] = {}  # reactor-served peers with frames to write
         self._last_batch: tuple[list[Any], Any] = ([], None)  # the last REPLJOBs batched and their REPLJOBS
 
@@ -276,11 +289,14 @@ class Bus:
             raise
         self.listeners = listeners
 
-    async def run(self, own_cron: bool = True) -> None:
+    async def run(self, own_cron: bool = True, reactor: Reactor | None = None) -> None:
         """Serve until cancelled.  With `own_cron` false the caller runs
         `cron()` every CRON_PERIOD (the server's deadline loop does: one
         timer for the node instead of one per task, as every timer that
-        expires costs a trio cancellation)."""
+        expires costs a trio cancellation).  With a `reactor` (the client
+        loop, which then calls `flush` after each of its wake-ups) plain
+        connections are served there; otherwise by tasks, as TLS ones are."""
+        self.reactor = reactor
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             if self.listeners:
@@ -505,6 +521,7 @@ class Bus:
         return False
 
     def _count_stage(self, stage: str) -> None:
+        assert self.security is not None  # a handshake ran: there is a security setup
         stats = self.security.stats
         if stage == "TLS":
             stats.tls_cluster_handshake_failures += 1
@@ -593,6 +610,7 @@ class Bus:
             self._warn("Closing %s: %s", peer.label, error.reason)
             peer.close()
         elif error is not None:
+            assert self.security is not None  # an AuthError: the link is authenticated
             self.security.count_auth_error(error.kind)
             self.security.log("bus-auth-" + error.kind, logging.WARNING, "Closing %s: %s", peer.label, error.reason)
             peer.close()

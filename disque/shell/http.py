@@ -590,7 +590,7 @@ class HttpPort:
         while left := core.pause_left(core.clock.now_ms()):
             await trio.sleep(left / 1000)
         reply = core.handle_command(conn.client, list(argv), RESP.run)
-        self.sessions.apply_effects(conn)
+        self.sessions.effects.apply(conn)
         if reply is BLOCKED:
             await conn.answered.wait()
         return reply

@@ -38,6 +38,7 @@ from disque.shell.bus import CLUSTER_PORT_INCR, Bus
 from disque.cluster.membership import Membership
 from disque.shell.nodes_file import NodesFile
 from disque.core.errors import DisqueError, err
+from disque.shell.dispatch import Dispatcher
 from disque.shell.gc_freeze import GcFreezer
 from disque.shell.heap_trim import map_large_blocks, trim_after_spills
 from disque.shell.session import Conn, Sessions
@@ -135,20 +136,22 @@ class Server:
         self._sleep: trio.CancelScope | None = None  # the deadline loop's, while it sleeps
         self.shutdown_requested = trio.Event()
         self.ports: list[int] = []
+        # The node's one effect dispatcher: its ports (the session runner, the bus,
+        # the AOF) call back into it, so they are plugged in once they all exist.
+        self.dispatch = Dispatcher(self.core, self._conf_changed)
         self.bus = Bus(
             self.core,
-            lambda: self.sessions.apply_effects(None),
+            self.dispatch.drain,
             port=announced_port(config) + CLUSTER_PORT_INCR,
             bind=config.bind,
             backlog=config.tcp_backlog,
             security=self.security,
         )
-        self.aof_file = AofFile(self)
-        self.sessions = Sessions(
-            self.core, config, self.bus, self.aof_file, self._conf_changed, self._output_limit_closed
-        )
-        self.tcp = TcpClients(self.sessions, self.aof_file, self.clock, self.refusal)
-        self.bus.reactor, self.tcp.after_pass = self.tcp, self.bus.flush  # plain bus sockets share the client loop
+        self.aof_file = AofFile(self.core, config, self, self.dispatch.drain, self.bodies)
+        self.sessions = Sessions(self.core, config, self.dispatch, self._output_limit_closed)
+        self.dispatch.plug(self.sessions, self.bus, self.aof_file)
+        # Plain bus sockets share the client loop (`Bus.run`): it writes their frames after each wake-up.
+        self.tcp = TcpClients(self.sessions, self.aof_file, self.clock, self.refusal, after_pass=self.bus.flush)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -197,7 +200,7 @@ class Server:
                     nursery.start_soon(http.serve, http_listeners)
                     log.info("Serving metrics and the dashboard on http port %s", self.config.metrics_port)
                 if announced_port(self.config):
-                    nursery.start_soon(self.bus.run, False)  # its cron runs in the deadline loop
+                    nursery.start_soon(self.bus.run, False, self.tcp)  # its cron runs in the deadline loop
                 nursery.start_soon(self._deadline_loop)
                 nursery.start_soon(self._signals, signals)
                 nursery.start_soon(self.aof_file.run)  # loads the AOF, then its cron
@@ -256,7 +259,7 @@ class Server:
                 await trio.lowlevel.checkpoint()
             if not core.pause_left(clock.now_ms()):
                 core.tick()
-                self.sessions.apply_effects(None)
+                self.dispatch.drain()
 
     # ------------------------------------------------------------ clients
 

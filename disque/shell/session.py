@@ -18,10 +18,10 @@ runner does the rest, once for all of them:
   in the output (`Conn.slots`): what comes after it waits there until its
   answer arrives, so the client reads its answers in the order it asked.
   Any other request waits (`Conn.next`) until no ADDJOB is waiting;
-* apply effects: replies for other clients (a blocked GETJOB served by
-  someone's ADDJOB) are queued on their connections, which then resume
-  their own pipelines and are `kick`ed; bus messages go to `bus`, AOF
-  records to `aof`, whose `flush` runs before any reply can be sent;
+* apply effects: not here but in the node's dispatcher (dispatch.py), which
+  the runner calls after every run: it queues replies for other clients (a
+  blocked GETJOB served by someone's ADDJOB) here (`queue`), and those
+  clients resume their own pipelines (`run_commands`) and are `kick`ed;
 * unauthenticated input: with `requirepass`, a client that has not
   authenticated is closed once its unfinished request is over
   UNAUTHENTICATED_REQUEST_MAX bytes, so it cannot make the node buffer
@@ -54,7 +54,6 @@ from typing import Any, Protocol
 from mypy_extensions import mypyc_attr
 
 from disque.core.config import Config
-from disque.core.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
 from disque.core.errors import misconf
 from disque.core.node import NodeCore
 from disque.core.types import BLOCKED, SILENT, Client
@@ -133,15 +132,10 @@ class Conn:
         raise NotImplementedError
 
 
-class BusPort(Protocol):
-    def send(self, key: int, msg: Any) -> None: ...
-    def answer(self, conn: int, msg: Any) -> None: ...
-    def drop_link(self, key: int) -> None: ...
+class Effects(Protocol):
+    """The node's effect dispatcher (shell/dispatch.py), as the runner calls it."""
 
-
-class AofPort(Protocol):
-    def append(self, record: bytes, sync: bool = False) -> None: ...
-    def flush(self, current: Any = None) -> None: ...
+    def apply(self, current: Conn | None) -> None: ...
 
 
 class Sessions:
@@ -151,16 +145,12 @@ class Sessions:
         self,
         core: NodeCore,
         config: Config,
-        bus: BusPort,
-        aof: AofPort,
-        save_conf: Callable[[], None],
+        effects: Effects,
         on_output_limit: Callable[[], None] = lambda: None,
     ) -> None:
         self.core = core
         self.config: Any = config  # Config's attributes are its directives, set at run time
-        self.bus = bus
-        self.aof = aof
-        self.save_conf = save_conf  # nodes.conf changed: write it (it exits the node if it cannot)
+        self.effects = effects  # carries out what the requests run caused
         self.on_output_limit = on_output_limit  # a client was closed by its output limit (INFO counts it)
         self.conns: dict[int, Conn] = {}  # by client id
         self.next_client_id = 0
@@ -180,7 +170,7 @@ class Sessions:
         del self.conns[conn.client.id]
         self.core.account(-conn.input_counted)
         self.core.disconnect(conn.client.id)
-        self.apply_effects(None)
+        self.effects.apply(None)
 
     def received(self, conn: Conn, data: bytes) -> bool:
         """Buffer what `conn` sent; False if it must be closed (its query
@@ -198,7 +188,7 @@ class Sessions:
         writes `conn.out` (once the AOF allows), and runs it again once that
         is written if `conn.held`."""
         self.run_commands(conn)
-        self.apply_effects(conn)
+        self.effects.apply(conn)
         self.count_input(conn)
 
     def count_input(self, conn: Conn) -> None:
@@ -257,53 +247,14 @@ class Sessions:
             self.queue(conn, conn.front.encode_error("Protocol error: unauthenticated request too long"))
             conn.closing = True
 
-    def apply_effects(self, current: Conn | None) -> None:
-        """Carry out the effects of the last core entry point; `current` is
-        the connection whose commands ran, which the caller answers itself."""
-        core, conns, bus = self.core, self.conns, self.bus
-        touched: dict[Conn, None] = {}
-        while effects := core.take_effects():
-            for effect in effects:
-                kind = type(effect)
-                if kind is Reply:
-                    conn = conns.get(effect.client_id)
-                    if conn is not None:
-                        data = b"" if effect.value is SILENT else conn.front.encode(effect.value, conn.client.proto)
-                        if effect.slot is not None and conn.fill(effect.slot, data):
-                            self._count_queued(conn, len(data))
-                        elif data:
-                            self.queue(conn, data)
-                        touched[conn] = None
-                elif kind is CloseClient:
-                    conn = conns.get(effect.client_id)
-                    if conn is not None:
-                        conn.closing = True
-                        touched[conn] = None
-                elif kind is Send:
-                    bus.send(effect.key, effect.msg)
-                elif kind is Answer:
-                    bus.answer(effect.conn, effect.msg)
-                elif kind is DropLink:
-                    bus.drop_link(effect.key)
-                elif kind is AofAppend:
-                    self.aof.append(effect.record, effect.sync)
-            for conn in touched:  # an unblocked client resumes its pipeline
-                self.run_commands(conn)
-        if core.conf_dirty():
-            self.save_conf()
-        self.aof.flush(current)  # records reach the file before any reply is sent
-        for conn in touched:
-            if conn is not current:
-                conn.kick()
-
     def queue(self, conn: Conn, data: bytes) -> None:
         if conn.slots:  # behind an ADDJOB still waiting for its answer
             next(reversed(conn.slots.values()))[1].append(data)
         else:
             conn.out.append(data)
-        self._count_queued(conn, len(data))
+        self.count_queued(conn, len(data))
 
-    def _count_queued(self, conn: Conn, size: int) -> None:
+    def count_queued(self, conn: Conn, size: int) -> None:
         conn.out_size += size
         hard, soft, _ = self.config.client_output_buffer_limit
         if hard or soft:

@@ -111,7 +111,7 @@ class TcpConn(Conn):
 
 class TcpClients:
     def __init__(
-        self, sessions: Sessions, aof: AofFile, clock: Clock, refusal: Refusal
+        self, sessions: Sessions, aof: AofFile, clock: Clock, refusal: Refusal, after_pass: Callable[[], None] = _nothing
     ) -> None:
         self.sessions = sessions
         self.core = sessions.core
@@ -125,7 +125,7 @@ class TcpClients:
         self.resume: list[TcpConn] = []  # held (session.OUTPUT_PAUSE) and written since: run the rest
         self.doomed: list[TcpConn] = []  # to close, asked for outside this task
         self.watched: dict[int, Callable[[int], None]] = {}  # other sockets served here (the bus): fd -> handler
-        self.after_pass: Callable[[], None] = _nothing  # runs once every event of a wake-up is handled
+        self.after_pass = after_pass  # runs once every event of a wake-up is handled
         self.in_pass = False
         self.woken = False
         # Readable when `doomed` is not empty or `after_pass` has work from outside this task.

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import msgpack
@@ -60,7 +61,6 @@ def _int_in(lo: int, hi: int) -> _Check:
             raise DecodeError(f"{v} is not in [{lo}, {hi}]")
         return v
 
-    check.fast = f"v if type(v) is int and {lo} <= v <= {hi} else "  # type: ignore[attr-defined]  # see _loader
     return check
 
 
@@ -70,7 +70,6 @@ def _of_type(t: type) -> _Check:
             raise DecodeError(f"expected {t.__name__}, got {type(v).__name__}")
         return v
 
-    check.fast = f"v if type(v) is {t.__name__} else "  # type: ignore[attr-defined]
     return check
 
 
@@ -83,8 +82,6 @@ def _opt_bytes(v: Any) -> bytes | None:
     return None if v is None else _bytes(v)
 
 
-_opt_bytes.fast = "v if v is None or type(v) is bytes else "  # type: ignore[attr-defined]
-
 
 def _job_id(v: Any) -> bytes:
     if type(v) is not bytes or not valid_id(v):
@@ -95,9 +92,6 @@ def _job_id(v: Any) -> bytes:
 def _opt_job_id(v: Any) -> bytes:
     return v if v == b"" else _job_id(v)
 
-
-_job_id.fast = "v if type(v) is bytes and valid_id(v) else "  # type: ignore[attr-defined]
-_opt_job_id.fast = 'v if v == b"" or type(v) is bytes and valid_id(v) else '  # type: ignore[attr-defined]
 
 
 _is_node_id = re.compile("[0-9a-f]{40}").fullmatch
@@ -144,14 +138,10 @@ def _job_state(v: Any) -> State:
     return _STATES[_STATE_CODE(v)]
 
 
-_job_state.fast = "_STATES[v] if type(v) is int and v in _STATES else "  # type: ignore[attr-defined]
-
 
 def _job_flags(v: Any) -> int:
     return _FLAG_BYTE(v) & WIRE_FLAGS
 
-
-_job_flags.fast = f"v & {WIRE_FLAGS} if type(v) is int and 0 <= v <= 255 else "  # type: ignore[attr-defined]
 
 
 _are_node_ids = re.compile("[0-9a-f]{40}(?:,[0-9a-f]{40})*").fullmatch
@@ -200,74 +190,56 @@ _MISSING = object()
 
 
 class _Missing(DecodeError):
-    """A required key is absent (raised and caught inside one loader)."""
+    """A required key is absent (its message is the whole error)."""
 
 
-def _compile(name: str, lines: list[str], names: dict[str, Any]) -> Callable[..., Any]:
-    scope: dict[str, Any] = {}
-    exec("\n".join(lines), names, scope)  # noqa: S102 - source built from the field tables only
-    return scope[name]  # type: ignore[no-any-return]
-
-
-def _load_function(fields: _Fields, kind: type, reads: Callable[[int, _Field], list[str]], missing: str,
-                   names: dict[str, Any]) -> Callable[[Any], dict[str, Any]]:  # fmt: skip
-    """The generated check both forms share: `o` must be a `kind`, `reads`
-    gives the lines that set x<i> (and `k`, the field's name for errors)
-    from it, and `missing` is what a field left out raises."""
-    names |= {"DecodeError": DecodeError, "_STATES": _STATES, "valid_id": valid_id}
-    word = "a map" if kind is dict else "an array"
-    lines = [
-        "def load(o):",
-        f"    if type(o) is not {kind.__name__}:",
-        f"        raise DecodeError(f'expected {word}, got {{type(o).__name__}}')",
-        "    try:",
-    ]
-    for i, f in enumerate(fields):
-        lines += reads(i, f)
-    lines += [
-        f"    except {missing}:",
-        "        raise DecodeError(f'missing field {k!r}') from None",
-        "    except DecodeError as e:",
-        "        raise DecodeError(f'field {k!r}: {e}') from None",
-        "    return {" + ", ".join(f"{f.name!r}: x{i}" for i, f in enumerate(fields)) + "}",
-    ]
-    return _compile("load", lines, names)
+def _load_map(fields: tuple[tuple[str, str, _Check, Any], ...], o: Any) -> dict[str, Any]:
+    """The check of map `o`: `fields` are (name, key, check, default)."""
+    if type(o) is not dict:
+        raise DecodeError(f"expected a map, got {type(o).__name__}")
+    out: dict[str, Any] = {}
+    key = ""
+    try:
+        for name, key, check, default in fields:
+            v = o.get(key, _MISSING)
+            if v is not _MISSING:
+                out[name] = check(v)
+            elif default is not None:
+                out[name] = default
+            else:
+                raise _Missing(f"missing field {key!r}")
+    except _Missing:
+        raise
+    except DecodeError as e:
+        raise DecodeError(f"field {key!r}: {e}") from None
+    return out
 
 
 def _loader(fields: _Fields, *, named: bool = False) -> Callable[[Any], dict[str, Any]]:
     """The check of map `o` (short keys, or our names when `named`) ->
-    {name: value}, generated from the table as dataclasses generate their
-    methods: one function, no loop, and the common case of each check (a
-    plain int in range, a value of the exact type) inline, the check itself
-    called only for anything else (which it normalises or refuses)."""
-    names: dict[str, Any] = {"_MISSING": _MISSING, "_Missing": _Missing}
-
-    def reads(i: int, f: _Field) -> list[str]:
-        names[f"c{i}"], names[f"d{i}"] = f.check, f.default
-        check = f"{getattr(f.check, 'fast', '')}c{i}(v)"
-        lines = [f"        k = {(f.name if named else f.key)!r}", "        v = o.get(k, _MISSING)"]
-        if f.default is None:
-            return [*lines, "        if v is _MISSING:", "            raise _Missing", f"        x{i} = {check}"]
-        return [*lines, f"        x{i} = d{i} if v is _MISSING else {check}"]
-
-    return _load_function(fields, dict, reads, "_Missing", names)
+    {name: value}; a field with a default may be left out."""
+    table = tuple((f.name, f.name if named else f.key, f.check, f.default) for f in fields)
+    return partial(_load_map, table)
 
 
-def _packer(fields: _Fields, *, items: bool = False) -> Callable[[Any], dict[str, Any]]:
-    """Our object (attributes, or a dict with our names when `items`) -> the
-    map of short keys; a field equal to its default is left out."""
-    names: dict[str, Any] = {}
-    lines = ["def pack(o):", "    out = {}"]
-    for i, f in enumerate(fields):
-        names[f"u{i}"], names[f"d{i}"] = f.dump, f.default
-        get = f"o[{f.name!r}]" if items else f"o.{f.name}"
-        value = get if f.dump is None else f"u{i}({get})"
-        if f.default is None:
-            lines.append(f"    out[{f.key!r}] = {value}")
-        else:
-            lines += [f"    if {get} != d{i}:", f"        out[{f.key!r}] = {value}"]
-    lines.append("    return out")
-    return _compile("pack", lines, names)
+def _load_array(fields: tuple[tuple[str, _Check, Any], ...], required: int, offset: int, o: Any) -> dict[str, Any]:
+    """The check of array `o`: its items from `offset` on are `fields`,
+    (name, check, default); the fields after the first `required` may be
+    missing and take their defaults."""
+    if type(o) is not list:
+        raise DecodeError(f"expected an array, got {type(o).__name__}")
+    end = len(o)
+    if end < offset + required:
+        raise DecodeError(f"missing field {fields[max(end - offset, 0)][0]!r}")
+    out: dict[str, Any] = {}
+    name = ""
+    try:
+        for name, check, default in fields:
+            out[name] = check(o[offset]) if offset < end else default
+            offset += 1
+    except DecodeError as e:
+        raise DecodeError(f"field {name!r}: {e}") from None
+    return out
 
 
 def _pos_loader(fields: _Fields, offset: int = 0) -> Callable[[Any], dict[str, Any]]:
@@ -276,34 +248,40 @@ def _pos_loader(fields: _Fields, offset: int = 0) -> Callable[[Any], dict[str, A
     ignored, as unknown keys are; the optional fields that end the table
     may be missing, and take their defaults, as missing keys do: a node
     of an older version sends a row without the fields added to it since)."""
-    names: dict[str, Any] = {}
-    tail = len(fields)  # the first of the optional fields that end the table
-    while tail and fields[tail - 1].default is not None:
-        tail -= 1
+    required = len(fields)  # the optional fields that end the table follow these
+    while required and fields[required - 1].default is not None:
+        required -= 1
+    table = tuple((f.name, f.check if f.pos is None else f.pos[0], f.default) for f in fields)
+    return partial(_load_array, table, required, offset)
 
-    def reads(i: int, f: _Field) -> list[str]:
-        check = names[f"c{i}"] = f.check if f.pos is None else f.pos[0]
-        read = [f"v = o[{offset + i}]", f"x{i} = {getattr(check, 'fast', '')}c{i}(v)"]
-        if i < tail:
-            return [f"        k = {f.name!r}", *(f"        {line}" for line in read)]
-        names[f"d{i}"] = f.default
-        return [f"        k = {f.name!r}", f"        if len(o) > {offset + i}:", *(f"            {line}" for line in read),
-                "        else:", f"            x{i} = d{i}"]  # fmt: skip
 
-    return _load_function(fields, list, reads, "IndexError", names)
+def _pack_map(fields: tuple[tuple[str, str, Any, Any], ...], items: bool, o: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, key, dump, default in fields:
+        v = o[name] if items else getattr(o, name)
+        if default is None or v != default:
+            out[key] = v if dump is None else dump(v)
+    return out
+
+
+def _packer(fields: _Fields, *, items: bool = False) -> Callable[[Any], dict[str, Any]]:
+    """Our object (attributes, or a dict with our names when `items`) -> the
+    map of short keys; a field equal to its default is left out."""
+    return partial(_pack_map, tuple((f.name, f.key, f.dump, f.default) for f in fields), items)
+
+
+def _pack_array(fields: tuple[tuple[str, Any], ...], items: bool, o: Any, head: tuple[Any, ...] = ()) -> list[Any]:
+    out = list(head)
+    for name, dump in fields:
+        v = o[name] if items else getattr(o, name)
+        out.append(v if dump is None else dump(v))
+    return out
 
 
 def _pos_packer(fields: _Fields, *, items: bool = False) -> Callable[..., list[Any]]:
     """`_packer` for the positional form: `pack(o, head)` -> [*head, field, ...],
     every field present."""
-    names: dict[str, Any] = {}
-    values = []
-    for i, f in enumerate(fields):
-        dump = f.dump if f.pos is None else f.pos[1]
-        names[f"u{i}"] = dump
-        get = f"o[{f.name!r}]" if items else f"o.{f.name}"
-        values.append(get if dump is None else f"u{i}({get})")
-    return _compile("pack", ["def pack(o, head=()):", f"    return [*head, {', '.join(values)}]"], names)
+    return partial(_pack_array, tuple((f.name, f.dump if f.pos is None else f.pos[1]) for f in fields), items)
 
 
 def _record(fields: _Fields, build: Callable[..., Any]) -> _Check:

@@ -14,7 +14,7 @@ from disque.core.config import Config, ConfigError, ConfigFileError, config_set,
 from disque.core.timeouts import COMPACT_SLACK
 from disque.protocols.memcache.front import memcache_front
 from disque.shell.session import Sessions
-from support import Deaf, Nowhere, Session, make_core
+from support import Deaf, Nowhere, Session, make_core, session_runner
 
 TOO_LARGE = b"SERVER_ERROR object too large for cache\r\n"
 
@@ -22,7 +22,7 @@ TOO_LARGE = b"SERVER_ERROR object too large for cache\r\n"
 def sessions(**config: Any) -> Sessions:
     core, _, _ = make_core(**config)
     core.tick()  # the first client cron: from now on the shell sleeps until the next one
-    return Sessions(core, core.config, Nowhere(), Nowhere(), lambda: None)
+    return session_runner(core, Nowhere(), Nowhere())
 
 
 class Port:
@@ -49,7 +49,7 @@ class Port:
 def tick(runner: Sessions, ms: int) -> None:
     runner.core.clock.advance(ms)  # type: ignore[attr-defined]
     runner.core.tick()
-    runner.apply_effects(None)
+    runner.effects.apply(None)
 
 
 # ------------------------------------------------------------------ the VALUE line

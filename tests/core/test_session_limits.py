@@ -11,14 +11,14 @@ from hypothesis import strategies as st
 
 from disque.protocols.resp.front import RESP
 from disque.shell.session import OUTPUT_PAUSE, UNAUTHENTICATED_REQUEST_MAX, Sessions
-from support import Deaf, Nowhere, make_core
+from support import Deaf, Nowhere, make_core, session_runner
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
 def sessions(**config: Any) -> Sessions:
     core, _, _ = make_core(**config)
-    return Sessions(core, core.config, Nowhere(), Nowhere(), lambda: None)
+    return session_runner(core, Nowhere(), Nowhere())
 
 
 def connect(runner: Sessions) -> Deaf:

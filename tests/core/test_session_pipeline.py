@@ -9,7 +9,7 @@ from disque.client import encode_command
 from disque.cluster import messages as m
 from disque.protocols.resp.front import RESP
 from disque.shell.session import Sessions
-from support import NODE_ID, Deaf, Nowhere, linked_core
+from support import NODE_ID, Deaf, Nowhere, linked_core, session_runner
 
 PEER = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0"
 CONF = f"{NODE_ID} 127.0.0.1:7711 myself 0 0 connected\n{PEER} 127.0.0.1:7712 noflags 0 0 connected\n"
@@ -36,7 +36,7 @@ class Client(Deaf):
 def setup() -> tuple[Sessions, Wire, Client]:
     core, _, _ = linked_core(CONF, (PEER,))
     wire = Wire()
-    runner = Sessions(core, core.config, wire, wire, lambda: None)
+    runner = session_runner(core, wire, wire)
     conn = Client(runner.new_client("10.0.0.1:5000"), RESP)
     runner.opened(conn)
     return runner, wire, conn
@@ -45,7 +45,7 @@ def setup() -> tuple[Sessions, Wire, Client]:
 def got(runner: Sessions, job_id: bytes) -> None:
     core = runner.core
     core.handle_bus(m.Header(PEER, 7712, 0), m.GotJob(job_id), key=core.cluster.nodes[PEER].key)
-    runner.apply_effects(None)
+    runner.effects.apply(None)
 
 
 def test_pipelined_addjobs_replicate_together_and_answer_in_order() -> None:

@@ -66,7 +66,7 @@ from disque.store.job import State
 from disque.protocols.resp.front import RESP
 from disque.shell.session import Conn, Sessions
 from core.invariants import check_core
-from support import START_MS, FakeHost, all_jobs, read_behind
+from support import START_MS, FakeHost, all_jobs, read_behind, session_runner
 
 BUS_PORT_INCR = 10_000
 CONNECT_TIMEOUT = 1.0  # seconds: a connection into a partition fails after this
@@ -316,7 +316,7 @@ class SimNode:
             config, node_id, clock=SimClock(), rng=rng, host=SimHost(self), membership=membership, **read_behind(config)
         )
         self.core = core
-        self.sessions = Sessions(core, config, self, self, lambda: core.host.save_cluster_config(fsync=False))
+        self.sessions = session_runner(core, self, self, lambda: core.host.save_cluster_config(fsync=False))
         if aof:
             replay = core.begin_load()
             reader = RecordReader()
@@ -440,7 +440,7 @@ class SimNode:
     def drain(self) -> None:
         """Carry out the effects of the last core call, as the shell does."""
         assert self.sessions is not None
-        self.sessions.apply_effects(None)
+        self.sessions.effects.apply(None)
         self._rearm()
 
     def _rearm(self) -> None:
