@@ -54,6 +54,7 @@ from __future__ import annotations
 
 from disque.core.config import split_args_bytes
 import re
+from typing import Any
 
 import hiredis
 
@@ -142,11 +143,12 @@ class RequestParser:
                     else:
                         self._fed, self._held = 0, reader.len()
                         self._feed_more()
+                reply: Any  # hiredis's reply: an argv, False (incomplete) or any other RESP value
                 try:
-                    argv = reader.gets()
+                    reply = reader.gets()
                 except Exception:  # ProtocolError; MemoryError, TypeError on absurd nesting
-                    argv = None  # re-read below
-                if type(argv) is list and 0 < len(argv) <= MAX_MULTIBULK and all(map(_is_bytes, argv)):
+                    reply = None  # re-read below
+                if type(reply) is list and 0 < len(reply) <= MAX_MULTIBULK and all(map(_is_bytes, reply)):
                     if not reader.has_data():  # hiredis read all it got: a request boundary
                         pos = self._fed  # _restart(pos, reader), inline: the usual end of a request
                         del buf[:pos]
@@ -159,8 +161,8 @@ class RequestParser:
                         if kept < self._held:  # hiredis just discarded its input up to here
                             self._held = kept
                             self._move_anchor(self._fed - kept, 0, 0, 0)
-                    return argv
-                if argv is not False:
+                    return reply
+                if reply is not False:
                     self._resync(failed=True)
                     continue
                 self._held = reader.len()
