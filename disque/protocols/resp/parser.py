@@ -54,23 +54,24 @@ from __future__ import annotations
 
 from disque.core.config import split_args_bytes
 import re
-from typing import Any
+from typing import Any, Final
 
 import hiredis
 
 from disque.protocols.base import ProtocolError
 
-QUERY_BUFFER_LIMIT = 1 << 30  # the server closes a client holding more, with no reply
-INLINE_MAX = 64 * 1024  # longest inline request, count line or length line
-MAX_MULTIBULK = 1024 * 1024  # most arguments in a request
-MAX_BULK = 512 * 1024 * 1024  # longest argument
-_FEED_MIN = 4096  # smallest slice handed to hiredis
+QUERY_BUFFER_LIMIT: Final = 1 << 30  # the server closes a client holding more, with no reply
+INLINE_MAX: Final = 64 * 1024  # longest inline request, count line or length line
+MAX_MULTIBULK: Final = 1024 * 1024  # most arguments in a request
+MAX_BULK: Final = 512 * 1024 * 1024  # longest argument
+_FEED_MIN: Final = 4096  # smallest slice handed to hiredis
 
-_STAR, _DOLLAR = ord("*"), ord("$")
+# (Final: the compiled build reads them as constants, not module attributes)
+_STAR: Final = 42  # ord("*")
+_DOLLAR: Final = 36  # ord("$")
 _INT64 = re.compile(rb"-?[1-9][0-9]{0,18}|0")  # upstream's string2ll syntax
 _COUNT_LINE = re.compile(rb"\*([1-9][0-9]{0,5})\r\n")  # the usual lines, within limits
 _BULK_LINE = re.compile(rb"\$(0|[1-9][0-9]{0,7})\r\n")
-_is_bytes = bytes.__instancecheck__  # hiredis gives other types for non-bulk elements
 
 
 class RequestParser:
@@ -123,7 +124,8 @@ class RequestParser:
                         if argv:
                             return argv
                         continue
-                    if _COUNT_LINE.match(buf) is None:  # not the usual count line: check it
+                    # not a count of one digit (checked here, cheaper than the regex), nor the usual count line: check it
+                    if not (len(buf) > 3 and 49 <= buf[1] <= 57 and buf[2] == 13 and buf[3] == 10) and _COUNT_LINE.match(buf) is None:
                         header = _count_line(buf, 0)
                         if header is None:
                             return None
@@ -148,7 +150,7 @@ class RequestParser:
                     reply = reader.gets()
                 except Exception:  # ProtocolError; MemoryError, TypeError on absurd nesting
                     reply = None  # re-read below
-                if type(reply) is list and 0 < len(reply) <= MAX_MULTIBULK and all(map(_is_bytes, reply)):
+                if type(reply) is list and 0 < len(reply) <= MAX_MULTIBULK and _all_bytes(reply):
                     if not reader.has_data():  # hiredis read all it got: a request boundary
                         pos = self._fed  # _restart(pos, reader), inline: the usual end of a request
                         del buf[:pos]
@@ -258,6 +260,14 @@ class RequestParser:
         except ValueError:
             raise ProtocolError("Protocol error: unbalanced quotes in request") from None
         return [arg for arg in args if arg]
+
+
+def _all_bytes(reply: list[Any]) -> bool:
+    """Whether every element is a bulk string (hiredis gives other types for the others)."""
+    for arg in reply:
+        if type(arg) is not bytes:
+            return False
+    return True
 
 
 def _int64(buf: bytearray, start: int, end: int) -> int | None:
