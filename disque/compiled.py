@@ -4,10 +4,10 @@ their Python sources run instead.
 Theory of operation: where a C compiler is found, the install (setup.py)
 compiles MODULES with mypyc: the sans-IO core's job path, and the shell's
 per-request path (the epoll client loop, the session runner, the node
-clock, the RESP encoder and argument parsers).  The list is LIST, a plain
-text file the Makefile reads too.  The RESP request parser stays Python:
-it is mostly calls into hiredis, and it works on bytearrays, which the
-compiled build would treat as bytes.  Each extension sits next to its
+clock, the RESP request parser, encoder and argument parsers).  The list is
+LIST, a plain text file the Makefile reads too.  The request parser works
+on bytearrays, which mypyc keeps apart from bytes since mypy 2.0 (the build
+requirement).  Each extension sits next to its
 source and Python's import system prefers it; the sources stay the plain
 typed modules they are.  Next to the extensions the build writes STAMP: a
 hash of the sources it compiled, then each source's size and mtime.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from disque.protocols.resp import admin, groups  # noqa: F401 - groups registers the consumer-group commands
 from disque.protocols.resp.table import (
@@ -61,7 +61,7 @@ def run(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
 
 
 # option -> (position in cmd_addjob's values, lowest and highest valid value, error text)
-ADDJOB_OPTS: dict[bytes, tuple[int, int, int, str]] = {
+ADDJOB_OPTS: Final[dict[bytes, tuple[int, int, int, str]]] = {  # Final: a static in the compiled build, not a module lookup
     b"replicate": (0, 1, 65535, "REPLICATE must be between 1 and 65535"),
     b"ttl": (1, 1, INT64_MAX, "TTL must be a number > 0"),
     b"retry": (2, 0, INT64_MAX, "RETRY time must be a non negative number"),

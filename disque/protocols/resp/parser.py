@@ -54,22 +54,24 @@ from __future__ import annotations
 
 from disque.core.config import split_args_bytes
 import re
+from typing import Any, Final
 
 import hiredis
 
 from disque.protocols.base import ProtocolError
 
-QUERY_BUFFER_LIMIT = 1 << 30  # the server closes a client holding more, with no reply
-INLINE_MAX = 64 * 1024  # longest inline request, count line or length line
-MAX_MULTIBULK = 1024 * 1024  # most arguments in a request
-MAX_BULK = 512 * 1024 * 1024  # longest argument
-_FEED_MIN = 4096  # smallest slice handed to hiredis
+QUERY_BUFFER_LIMIT: Final = 1 << 30  # the server closes a client holding more, with no reply
+INLINE_MAX: Final = 64 * 1024  # longest inline request, count line or length line
+MAX_MULTIBULK: Final = 1024 * 1024  # most arguments in a request
+MAX_BULK: Final = 512 * 1024 * 1024  # longest argument
+_FEED_MIN: Final = 4096  # smallest slice handed to hiredis
 
-_STAR, _DOLLAR = ord("*"), ord("$")
+# (Final: the compiled build reads them as constants, not module attributes)
+_STAR: Final = 42  # ord("*")
+_DOLLAR: Final = 36  # ord("$")
 _INT64 = re.compile(rb"-?[1-9][0-9]{0,18}|0")  # upstream's string2ll syntax
 _COUNT_LINE = re.compile(rb"\*([1-9][0-9]{0,5})\r\n")  # the usual lines, within limits
 _BULK_LINE = re.compile(rb"\$(0|[1-9][0-9]{0,7})\r\n")
-_is_bytes = bytes.__instancecheck__  # hiredis gives other types for non-bulk elements
 
 
 class RequestParser:
@@ -122,7 +124,8 @@ class RequestParser:
                         if argv:
                             return argv
                         continue
-                    if _COUNT_LINE.match(buf) is None:  # not the usual count line: check it
+                    # not a count of one digit (checked here, cheaper than the regex), nor the usual count line: check it
+                    if not (len(buf) > 3 and 49 <= buf[1] <= 57 and buf[2] == 13 and buf[3] == 10) and _COUNT_LINE.match(buf) is None:
                         header = _count_line(buf, 0)
                         if header is None:
                             return None
@@ -142,11 +145,12 @@ class RequestParser:
                     else:
                         self._fed, self._held = 0, reader.len()
                         self._feed_more()
+                reply: Any  # hiredis's reply: an argv, False (incomplete) or any other RESP value
                 try:
-                    argv = reader.gets()
+                    reply = reader.gets()
                 except Exception:  # ProtocolError; MemoryError, TypeError on absurd nesting
-                    argv = None  # re-read below
-                if type(argv) is list and 0 < len(argv) <= MAX_MULTIBULK and all(map(_is_bytes, argv)):
+                    reply = None  # re-read below
+                if type(reply) is list and 0 < len(reply) <= MAX_MULTIBULK and _all_bytes(reply):
                     if not reader.has_data():  # hiredis read all it got: a request boundary
                         pos = self._fed  # _restart(pos, reader), inline: the usual end of a request
                         del buf[:pos]
@@ -159,8 +163,8 @@ class RequestParser:
                         if kept < self._held:  # hiredis just discarded its input up to here
                             self._held = kept
                             self._move_anchor(self._fed - kept, 0, 0, 0)
-                    return argv
-                if argv is not False:
+                    return reply
+                if reply is not False:
                     self._resync(failed=True)
                     continue
                 self._held = reader.len()
@@ -256,6 +260,14 @@ class RequestParser:
         except ValueError:
             raise ProtocolError("Protocol error: unbalanced quotes in request") from None
         return [arg for arg in args if arg]
+
+
+def _all_bytes(reply: list[Any]) -> bool:
+    """Whether every element is a bulk string (hiredis gives other types for the others)."""
+    for arg in reply:
+        if type(arg) is not bytes:
+            return False
+    return True
 
 
 def _int64(buf: bytearray, start: int, end: int) -> int | None:

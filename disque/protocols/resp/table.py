@@ -42,8 +42,14 @@ def command(name: str, arity: int, flags: str) -> Callable[[Handler], Handler]:
 def parse_int(raw: bytes) -> int:
     """Strict int64 (spec/commands.md §1.2): optional sign, digits only; the empty
     string is 0 (upstream quirk).  ValueError otherwise."""
-    if raw.isdigit() and len(raw) < 19:
-        return int(raw)
+    if 0 < len(raw) < 19:  # the usual case, in the compiled build's native loop: no int() call
+        value = 0
+        for c in raw:
+            if not 48 <= c <= 57:  # not an ASCII digit
+                break
+            value = value * 10 + c - 48
+        else:
+            return value
     digits = raw[1:] if raw[:1] in (b"-", b"+") else raw
     if raw and not digits.isdigit():
         raise ValueError(raw)
