@@ -234,11 +234,11 @@ class Items:
             q = self.life.queues.get(name)
             assert q is not None
             items, nbytes = len(q), q.nbytes
-            tail = q.tail
+            disk_items, disk_bytes = q.on_disk()
             out.append((name, {
                 "items": items, "bytes": nbytes, "total_items": q.jobs_in, "logsize": 0,
-                "expired_items": q.expired, "mem_items": items - (tail.live if tail else 0),
-                "mem_bytes": nbytes - (tail.nbytes if tail else 0),
+                "expired_items": q.expired, "mem_items": items - disk_items,
+                "mem_bytes": nbytes - disk_bytes,
                 "age": q.last_wait if nbytes else 0, "discarded": q.discarded, "waiters": len(q.waiters),
                 "open_transactions": self.open_reads(name),
             } | ({"children": list(self.children[name])} if name in self.children else {})))  # fmt: skip

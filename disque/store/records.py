@@ -32,7 +32,7 @@ from typing import Any
 import msgpack
 
 from disque.store.ids import valid_id
-from disque.store.job import DELIVERED, NACKED, WIRE_FLAGS, Job, State
+from disque.store.job import DEFAULT_PRIORITY, DELIVERED, MAX_PRIORITY, NACKED, WIRE_FLAGS, Job, State
 
 STORAGE_VERSION = 1  # storage form version ("v")
 WireJob = dict[str, Any]  # a job's bus form, as REPLJOB and YOURJOBS carry it (read-only)
@@ -273,12 +273,19 @@ def _packer(fields: _Fields, *, items: bool = False) -> Callable[[Any], dict[str
 def _pos_loader(fields: _Fields, offset: int = 0) -> Callable[[Any], dict[str, Any]]:
     """`_loader` for the positional form: the check of array `o`, whose
     items from `offset` on are the fields in table order (more items are
-    ignored, as unknown keys are)."""
+    ignored, as unknown keys are; a field with a default missing at the end
+    takes it: an older sender's table ended before it)."""
     names: dict[str, Any] = {}
 
     def reads(i: int, f: _Field) -> list[str]:
         check = names[f"c{i}"] = f.check if f.pos is None else f.pos[0]
-        return [f"        k = {f.name!r}", f"        v = o[{offset + i}]", f"        x{i} = {getattr(check, 'fast', '')}c{i}(v)"]
+        names[f"d{i}"] = f.default
+        value = f"{getattr(check, 'fast', '')}c{i}(v)"
+        lines = [f"        k = {f.name!r}"]
+        if f.default is None:
+            return [*lines, f"        v = o[{offset + i}]", f"        x{i} = {value}"]
+        return [*lines, f"        if len(o) <= {offset + i}:", f"            x{i} = d{i}", "        else:",
+                f"            v = o[{offset + i}]", f"            x{i} = {value}"]  # fmt: skip
 
     return _load_function(fields, list, reads, "IndexError", names)
 
@@ -358,9 +365,14 @@ _JOB_COMMON: _Fields = (
     _Field("dead_letter", "dl", _bytes, default=b""),
     _Field("origin", "o", _opt_job_id, default=b""),
 )
-_WIRE_JOB: _Fields = _JOB_COMMON + (_Field("ttl", "tl", _int_in(1, _U64)), _Field("etime", "et", _UINT))
+# PRIORITY, left out at its default; after the other fields, so that the
+# positional form of an older node (which has none) still decodes (`_pos_loader`).
+_PRIORITY = _Field("priority", "pr", _int_in(0, MAX_PRIORITY), default=DEFAULT_PRIORITY)
+_WIRE_JOB: _Fields = _JOB_COMMON + (_Field("ttl", "tl", _int_in(1, _U64)), _Field("etime", "et", _UINT), _PRIORITY)
 # `not_before`: the core-clock ms before which a NACK ... DELAY job is not queued again (0: none).
-_STORED_JOB: _Fields = _JOB_COMMON + (_Field("etime", "et", _UINT), _Field("not_before", "nb", _UINT, default=0))
+_STORED_JOB: _Fields = _JOB_COMMON + (
+    _Field("etime", "et", _UINT), _Field("not_before", "nb", _UINT, default=0), _PRIORITY
+)
 _wire_job = _loader(_WIRE_JOB)  # checks the job of REPLJOB / YOURJOBS (a dict with our names)
 _dump_wire_job = _packer(_WIRE_JOB, items=True)
 _wire_job_pos, _dump_wire_job_pos = _pos_loader(_WIRE_JOB), _pos_packer(_WIRE_JOB, items=True)
@@ -381,6 +393,7 @@ def job_to_wire(job: Job, now_ms: int) -> WireJob:
     d = job.fields(WIRE_FLAGS & ~DELIVERED)
     d["ttl"] = max(1, job.etime * 1000 - now_ms)
     d["etime"] = job.etime
+    d["priority"] = job.priority
     return d
 
 
@@ -399,7 +412,7 @@ def _new_job(f: Any, etime: int) -> Job:
     compiled Job parses keywords at twice the cost of the whole call."""
     return Job(f["id"], f["queue"], f["body"], f["state"], f["flags"], f["repl"], etime, f["ctime"], f["delay"],
                f["retry"], f["nacks"], f["deliv"], f["nodes_delivered"], f["max_attempts"], f["dead_letter"],
-               f["origin"])  # fmt: skip
+               f["origin"], f["priority"])  # fmt: skip
 
 
 def job_to_storage(job: Job) -> dict[str, Any]:
@@ -408,6 +421,7 @@ def job_to_storage(job: Job) -> dict[str, Any]:
     d = job.fields(WIRE_FLAGS)
     d["etime"] = job.etime
     d["not_before"] = job.qtime if job.flags & NACKED else 0
+    d["priority"] = job.priority
     return d
 
 
