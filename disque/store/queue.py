@@ -242,7 +242,8 @@ class Queue:
 
     def _best(self, now_ms: int, aging: int) -> Level:
         """The level whose head front ranks first (the first level if no head has a job)."""
-        best, best_key = self.levels[0], None
+        best = self.levels[0]
+        best_key: tuple[int, int, bytes] | None = None
         key = rank(now_ms, aging)
         for level in self.levels:
             job = level.first()
@@ -301,7 +302,8 @@ class Queue:
 
     def eldest(self) -> Job | None:
         """The queued job created first, whatever its priority."""
-        return min((job for level in self.levels if (job := next(level.oldest(), None)) is not None), key=_key, default=None)
+        fronts = [job for job in (next(level.oldest(), None) for level in self.levels) if job is not None]
+        return min(fronts, key=_key, default=None)
 
     def drain(self) -> list[Job]:
         """Remove every entry of the heads; returns their live jobs (for
