@@ -181,9 +181,10 @@ class Items:
                 break  # what is left cannot be read now (read-behind's disk failing)
 
     def peek(self, queue: bytes, answer: Answer) -> Any:
-        """`answer` with the entry of the oldest queued job of `queue` (None: none)."""
+        """`answer` with the entry of the job a GET of `queue` would take now (None: none)."""
         found = self.life.queues.get(queue)
-        job = next(found.oldest(), None) if found is not None else None
+        life = self.life
+        job = next(found.oldest(life.now, life.config.priority_aging), None) if found is not None else None  # GET's next
         return answer(None if job is None else self.waits.job_entry(job, False))
 
     def close(self, client: Client, queue: bytes) -> None:
