@@ -22,6 +22,12 @@ during a run (/proc/PID/stat), divided by the requests of the run.  System
 time is mostly the loopback recv/send work, which costs both servers about
 the same; user time is where a Python node and Redis differ.
 
+Priorities: the same ADDJOB and GETJOB runs on a second queue whose jobs
+all carry `PRIORITY 7` (a queue that uses one priority, not the default),
+each run right after its plain twin; the ratio (priority / plain) is the
+cost of the option and of a queue of another level (docs/priorities.md:
+at most 10 % slower).
+
 Stalls: PING round trips from a second connection while a fresh node takes
 1,000,000 pipelined ADDJOBs; the longest is the longest stop of the node.
 
@@ -69,6 +75,8 @@ LPUSH = ["LPUSH", "q", BODY]
 RPOP = ["RPOP", "q"]
 # (ours, its Redis counterpart); the pops run after the pushes, so every pop finds an element
 COMMANDS = (("ADDJOB", ADDJOB, "LPUSH", LPUSH), ("GETJOB", GETJOB, "RPOP", RPOP))
+# The priority twins of our two commands: one priority on a queue of its own.
+WITH_PRIORITY = {"ADDJOB": ["ADDJOB", "pq", BODY, "0", "RETRY", "0", "PRIORITY", "7"], "GETJOB": ["GETJOB", "NOHANG", "FROM", "pq"]}
 MODES = ((1, "unpipelined"), (PIPELINE, "pipelined"))
 
 
@@ -102,6 +110,7 @@ def _throughput(servers: dict[str, Any], sizes: dict[str, int]) -> tuple[dict[st
                 ("redis", redis, f"{redis_name}_{mode}", redis_argv, sizes["redis_" + mode]),
                 ("disque", node, f"{name}_{mode}", argv, sizes["node_" + mode]),
             ]
+            runs.append(("disque", node, f"{name}_PRIORITY_{mode}", WITH_PRIORITY[name], sizes["node_" + mode]))
             if name == "ADDJOB":
                 runs[1:1] = [
                     ("bare", servers["bare"], f"{name}_{mode}", argv, sizes["redis_" + mode]),
@@ -218,6 +227,17 @@ def run(quick: bool) -> dict[str, Any]:
         [[name, f"-P {pipeline}", *cpu["disque"][f"{name}_{mode}"], redis_name, *cpu["redis"][f"{redis_name}_{mode}"]]
          for pipeline, mode in MODES for name, _, redis_name, _ in COMMANDS],
     )  # fmt: skip
+    priority_rows = []
+    for pipeline, mode in MODES:
+        for name, _, _, _ in COMMANDS:
+            plain, with_priority = ops["disque"][f"{name}_{mode}"], ops["disque"][f"{name}_PRIORITY_{mode}"]
+            ratios[f"{name.lower()}_priority_{mode}_ratio"] = with_priority / plain
+            priority_rows.append([name, f"-P {pipeline}", plain, with_priority, with_priority / plain])
+    print_table(
+        "Priorities: one queue of PRIORITY 7 jobs vs the plain queue (ratio = with / without; goal >= 0.9)",
+        ["command", "pipeline", "ops/s", "PRIORITY ops/s", "ratio"],
+        priority_rows,
+    )
     print_table(
         f"Memory, RSS growth over {sizes['memory_jobs']:,} queued 100-byte items",
         ["server", "bytes per item"],

@@ -44,8 +44,9 @@ from disque.cli.session import Failure, Session
 
 # name: (arguments, summary), for `help`, completion and the prompt's hint line.
 SERVER_COMMANDS: dict[str, tuple[str, str]] = {
-    "ADDJOB": ("queue body ms-timeout [REPLICATE n] [DELAY sec] [RETRY sec] [TTL sec] [MAXLEN n] [ASYNC] [MAXATTEMPTS n [DEADLETTER queue]]",
-               "Add a job to a queue (MAXATTEMPTS: after n failed deliveries the job moves to its dead-letter queue, by default <queue>-dead)"),
+    "ADDJOB": ("queue body ms-timeout [REPLICATE n] [DELAY sec] [RETRY sec] [TTL sec] [MAXLEN n] [ASYNC] [MAXATTEMPTS n [DEADLETTER queue]] [PRIORITY 0-9]",
+               "Add a job to a queue (MAXATTEMPTS: after n failed deliveries the job moves to its dead-letter queue, by default <queue>-dead; "
+               "PRIORITY: higher is served first, default 5)"),
     "GETJOB": ("[NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] FROM queue [queue ...]", "Fetch jobs, blocking until one is available"),
     "ACKJOB": ("id [id ...]", "Acknowledge jobs as processed"),
     "FASTACK": ("id [id ...]", "Acknowledge and delete jobs everywhere at once"),

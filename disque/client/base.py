@@ -390,14 +390,16 @@ class _Base:
         max_attempts: int | None = None,
         dead_letter: str | None = None,
         asynchronous: bool = False,
+        priority: int | None = None,
     ) -> Any:
         """ADDJOB; returns the job ID.  `timeout_ms` bounds synchronous
         replication; after `max_attempts` failed deliveries the job moves to
-        the `dead_letter` queue (the server's default one if None)."""
+        the `dead_letter` queue (the server's default one if None); a higher
+        `priority` (0-9, the queue's default if None) is served first."""
         options = _options(
             [("ASYNC", asynchronous)],
             replicate=replicate, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
-            maxattempts=max_attempts, deadletter=dead_letter,
+            maxattempts=max_attempts, deadletter=dead_letter, priority=priority,
         )  # fmt: skip
         return self._run(self._command(["ADDJOB", queue, body, timeout_ms, *options], _text))
 

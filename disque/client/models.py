@@ -22,6 +22,7 @@ class Job:
     body: bytes
     nacks: int | None = None
     additional_deliveries: int | None = None
+    priority: int | None = None  # QPEEK's, for a job of another priority than the default (5)
 
     @property
     def deliveries(self) -> int | None:
@@ -55,6 +56,7 @@ class JobInfo:
     next_requeue_within: int | None
     next_awake_within: int | None
     body: bytes | None
+    priority: int = 5  # ADDJOB PRIORITY (SHOW gives it when it is not the default)
 
     @classmethod
     def from_reply(cls, reply: Sequence[Any]) -> JobInfo:

@@ -106,6 +106,7 @@ class Handler:
     dead_letter: str | None
     timeout: float | None
     backoff: Backoff
+    priority: int | None = None
 
     def __call__(self, job: Job) -> Any:
         return self.fn(job)
@@ -113,12 +114,12 @@ class Handler:
     @property
     def job_options(self) -> dict[str, Any]:
         """The ADDJOB options every job of this handler carries."""
-        return {"max_attempts": self.max_attempts, "dead_letter": self.dead_letter}
+        return {"max_attempts": self.max_attempts, "dead_letter": self.dead_letter, "priority": self.priority}
 
     def send(self, body: str | bytes, **options: Any) -> str:
         """ADDJOB to the handler's queue, with its options, through the app's
         client; `options` are `Client.add_job`'s.  Returns the job ID."""
-        return self.app.client.add_job(self.queue, body, **self.job_options, **options)  # type: ignore[no-any-return]
+        return self.app.client.add_job(self.queue, body, **(self.job_options | options))  # type: ignore[no-any-return]
 
     def retry_delay(self, job: Job, rng: random.Random) -> int:
         """Whole seconds (NACK DELAY) before the failed `job` may be delivered again."""
@@ -152,11 +153,13 @@ class App:
         dead_letter: str | None = None,
         timeout: float | None = None,
         backoff: Backoff = Backoff(),
+        priority: int | None = None,
     ) -> Callable[[Callable[[Job], Any]], Handler]:
         """Decorator: the function handles the jobs of `queue`.  A job is
         delivered at most `max_attempts` times (`retries` + 1), then moved to
         `dead_letter` (the server's default dead-letter queue if None); each
-        run may take `timeout` seconds."""
+        run may take `timeout` seconds.  `send` adds jobs of `priority`
+        (0-9, the queue's default if None; `send(..., priority=p)` overrides it)."""
         if retries is not None:
             if max_attempts is not None:
                 raise ValueError("give retries or max_attempts, not both")
@@ -167,7 +170,7 @@ class App:
             raise ValueError(f"queue {queue!r} already has a handler")
 
         def register(fn: Callable[[Job], Any]) -> Handler:
-            handler = Handler(self, queue, fn, max_attempts, dead_letter, timeout, backoff)
+            handler = Handler(self, queue, fn, max_attempts, dead_letter, timeout, backoff, priority)
             self.handlers[queue] = handler
             return handler
 

@@ -10,7 +10,9 @@ worker's memory:
 * `enqueue(message, delay=)` is ADDJOB (`DELAY` in whole seconds, rounded
   up).  When the actor retries (the `Retries` middleware with a
   `max_retries`), the job gets `MAXATTEMPTS max_retries + 1` and `DEADLETTER
-  <queue>.XQ`, Dramatiq's dead-letter name.
+  <queue>.XQ`, Dramatiq's dead-letter name.  A message's `broker_priority`
+  option (as RabbitMQ's broker takes it: higher first) is the job's
+  `PRIORITY`, held to 0-9; without it the job takes its queue's default.
 * A consumer reads with GETJOB WITHCOUNTERS on a connection of its own
   (named `dramatiq:<host>:<pid>:<queue>` for CLIENT LIST); a
   message's `retries` option is its job's NACK count, so the count Dramatiq
@@ -88,9 +90,11 @@ class DisqueBroker(Broker):
             message.retry_in = math.ceil((delay or 0) / 1000)  # the consumer NACKs the job with it
         else:
             attempts = self.max_attempts(message)
+            priority = message.options.get("broker_priority")
             self.client.add_job(
                 message.queue_name, message.encode(), delay=math.ceil(delay / 1000) if delay else None,
                 max_attempts=attempts, dead_letter=xq_name(message.queue_name) if attempts else None,
+                priority=None if priority is None else min(9, max(0, int(priority))),
             )  # fmt: skip
         self.emit_after("enqueue", message, delay)
         return message

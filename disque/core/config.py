@@ -568,6 +568,8 @@ DIRECTIVES: dict[str, Directive] = {
         _enum("read-behind", "yes", "yes no force", "argument must be 'yes', 'no' or 'force'", settable=False),
         _memory("job-memory-limit", 0),
         _integer("read-behind-prefetch", 1000, "read-behind-prefetch must be 1 or greater", low=1, set_min=1),
+        # Job priorities (store/queue.py): a job moves up one level per this many ms waited; 0: never.
+        _integer("priority-aging", 60000, "priority-aging must be 0 or greater", low=0, set_min=0),
         # Zones (docs/zones.md): where this node runs, and the zones a new job must reach by default.
         _string("zone", settable=True, check=_check_zone),
         _integer("min-zones", 1, "min-zones must be 1 or greater", low=1, set_min=1),
@@ -579,7 +581,7 @@ _PROJECT_ORDER = """
     cluster-protected-mode tls-port tls-cert-file tls-key-file tls-ca-cert-file tls-auth-clients
     tls-cluster tls-protocols tls-ciphers metrics-port memcache-port memcache-tls-port
     memcache-value-key memcache-max-item-size memcache-auth
-    read-behind job-memory-limit read-behind-prefetch
+    read-behind job-memory-limit read-behind-prefetch priority-aging
     zone min-zones
 """.split()
 _HIDDEN_FROM_GET = {"cluster-secret", "cluster-secret-previous"}

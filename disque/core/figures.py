@@ -159,7 +159,7 @@ def _text(raw: bytes) -> str:
 
 
 def queue_figures(node: NodeCore, queue: Queue) -> dict[str, Any]:
-    oldest = next(queue.oldest(), None)
+    oldest = queue.eldest()
     return {
         "name": queue.name.decode("utf-8", "backslashreplace"),
         "len": len(queue),

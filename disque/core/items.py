@@ -181,9 +181,10 @@ class Items:
                 break  # what is left cannot be read now (read-behind's disk failing)
 
     def peek(self, queue: bytes, answer: Answer) -> Any:
-        """`answer` with the entry of the oldest queued job of `queue` (None: none)."""
+        """`answer` with the entry of the job a GET of `queue` would take now (None: none)."""
         found = self.life.queues.get(queue)
-        job = next(found.oldest(), None) if found is not None else None
+        life = self.life
+        job = next(found.oldest(life.now, life.config.priority_aging), None) if found is not None else None  # GET's next
         return answer(None if job is None else self.waits.job_entry(job, False))
 
     def close(self, client: Client, queue: bytes) -> None:
@@ -234,11 +235,11 @@ class Items:
             q = self.life.queues.get(name)
             assert q is not None
             items, nbytes = len(q), q.nbytes
-            tail = q.tail
+            disk_items, disk_bytes = q.on_disk()
             out.append((name, {
                 "items": items, "bytes": nbytes, "total_items": q.jobs_in, "logsize": 0,
-                "expired_items": q.expired, "mem_items": items - (tail.live if tail else 0),
-                "mem_bytes": nbytes - (tail.nbytes if tail else 0),
+                "expired_items": q.expired, "mem_items": items - disk_items,
+                "mem_bytes": nbytes - disk_bytes,
                 "age": q.last_wait if nbytes else 0, "discarded": q.discarded, "waiters": len(q.waiters),
                 "open_transactions": self.open_reads(name),
             } | ({"children": list(self.children[name])} if name in self.children else {})))  # fmt: skip

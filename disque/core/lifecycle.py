@@ -379,10 +379,11 @@ class Lifecycle:
         return True
 
     def fetch(self, queue: Queue) -> Job | None:
-        """Take the oldest job for delivery (GETJOB, or YOURJOBS)."""
-        if queue.tail is not None:  # its newest jobs are on disk: the oldest must be in memory
+        """Take the job to serve first for delivery (GETJOB, or YOURJOBS):
+        the highest priority once aged, the oldest of it."""
+        if queue.has_tail():  # its newest jobs are on disk: each level's oldest must be in memory
             self.jobs.spilled.ready(queue)
-        job = queue.pop()
+        job = queue.pop(self.now, self.config.priority_aging)
         if job is None:
             return None
         job.move(FETCH)
@@ -398,12 +399,15 @@ class Lifecycle:
         self, client: Client, queue: bytes, body: bytes, timeout: int, repl: int | None, ttl: int | None,
         retry: int | None, delay: int | None, maxlen: int | None, is_async: bool,
         max_attempts: int = 0, dead_letter: bytes | None = None, zones: int | None = None,
+        priority: int | None = None,
     ) -> Any:  # fmt: skip
         """ADDJOB after option parsing (spec/commands.md §4.1 steps 3-8, creation);
         None stands for an option not given.  `max_attempts` (0: none) and
         `dead_letter` (default `<queue>-dead`) are the MAXATTEMPTS/DEADLETTER
         extension (`dead_letter_job`); `zones` is ZONES (docs/zones.md: the
-        zones the copies must span, `min-zones` by default, at most REPLICATE)."""
+        zones the copies must span, `min-zones` by default, at most REPLICATE);
+        `priority` (0-9) defaults to the queue's (its `priority` setting, 5
+        unless configured)."""
         membership = self.membership
         if repl is None:
             repl = min(3, membership.size())
@@ -445,6 +449,7 @@ class Lifecycle:
             job_id, queue, body, S_ACTIVE, 0, repl, now // 1000 + ttl, self.new_ctime(), delay, retry, 0, 0,
             () if extrepl else membership.solo,
         )  # fmt: skip
+        job.priority = limits.priority if priority is None else priority
         job.qtime = now + (delay or retry) * 1000
         if max_attempts:
             job.set_attempts(max_attempts, queue + b"-dead" if dead_letter is None else dead_letter)
@@ -582,7 +587,7 @@ class Lifecycle:
         copy = Job(
             new_job_id(membership.my_id, self.rng, ttl, job.retry), queue, job.body, S_ACTIVE, 0, job.repl,
             job.etime, self.new_ctime(), 0, job.retry, nacks, deliv, membership.solo, max_attempts, dead_letter,
-            origin,
+            origin, job.priority,
         )  # fmt: skip
         copy.qtime = self.now  # due: queue_new_job queues it (and enqueue sets its RETRY timer)
         self.out.broadcast(job.nodes_delivered, m.DelJob(job.id, acked=False))

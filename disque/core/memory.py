@@ -40,7 +40,7 @@ MEM_LEVELS: Final = ("ok", "warning", "oom")  # level(): as upstream's getMemory
 JOB_OVERHEAD: Final = 380  # per job (record, index slot, timers, copies of its strings) on top of id + queue + body bytes;
 # between the compiled build (about 280 in a large store, 300-320 in one of 5,000 jobs, where the index's
 # 1,024 tables are small) and the pure one (330-410: its record keeps ints as objects)
-QUEUE_OVERHEAD: Final = 1030  # per queue object and its index entries, on top of its name
+QUEUE_OVERHEAD: Final = 1210  # per queue object (and its one Level) and its index entries, on top of its name
 QUEUE_IDLE_MS = (300_000, 10_000, 2_000)  # an empty queue is collected after this long idle, by level 0, 1, >= 2
 S_ACKED: Final = State.ACKED
 

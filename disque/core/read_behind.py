@@ -71,7 +71,7 @@ from disque.store.spill import IN_TAIL, LIVE, REPLAYED_QUEUED, SLOT_BYTES, UNJOU
 if TYPE_CHECKING:
     from disque.core.lifecycle import Lifecycle
     from disque.core.types import BodyStore
-    from disque.store.queue import Queue
+    from disque.store.queue import Level, Queue
 
 log = logging.getLogger("disque.read_behind")
 
@@ -181,55 +181,66 @@ class ReadBehind:
             drained, self.drained = self.drained, {}
             for name in drained:
                 queue = life.queues.get(name)
-                if queue is not None and queue.tail is not None:
+                if queue is not None and queue.has_tail():
                     self._refill(queue)
 
     def _settle_queue(self, queue: Queue) -> None:
-        tail = queue.tail
-        if tail is not None and tail.live:
-            # read-behind in progress: what arrived after the tail joins it
-            arrived: list[Job] = []
-            while (job := queue.newest_in_head()) is not None and job.ctime > tail.last_ctime and self._spillable(job):
-                arrived.append(queue.pop_newest())
-            for job in reversed(arrived):
-                tail.append(self._spill(job, True), job.ctime, len(job.body or b""))
+        for level in queue.levels:
+            tail = level.tail
+            if tail is not None and tail.live:
+                # read-behind in progress: what arrived after the tail joins it
+                arrived: list[Job] = []
+                while (job := level.newest_in_head()) is not None and job.ctime > tail.last_ctime and self._spillable(job):
+                    arrived.append(level.pop_newest())
+                for job in reversed(arrived):
+                    tail.append(self._spill(job, True), job.ctime, len(job.body or b""))
         # While over budget the head's newest jobs go to the tail, each at its
         # place: jobs queued again (a requeue, the RETRY of jobs a restart
         # replayed) fall among the tail's, not only before or after them.
-        moving = self._overflow(queue)
-        if moving:
+        for level, moving in self._overflow(queue):
+            tail = level.tail
             if tail is None:
-                tail = queue.tail = Tail(self.index, self.peek)
+                tail = level.tail = Tail(self.index, self.peek)
             tail.insert([self._spill(job, True) for job in reversed(moving)], sum(len(j.body or b"") for j in moving))
 
-    def _overflow(self, queue: Queue) -> list[Job]:
-        """Take the head's newest jobs out while the queue or the node is
-        over its budget, keeping `prefetch` jobs; newest first."""
+    def _overflow(self, queue: Queue) -> list[tuple[Level, list[Job]]]:
+        """Take the heads' newest jobs out while the queue or the node is
+        over its budget, keeping `prefetch` jobs: the lowest priority
+        first, each level's newest first."""
         life = self.life
-        tail = queue.tail
         limit = life.config.queue_config.settings(queue.name).max_memory_size
         keep = life.config.read_behind_prefetch
-        mem = queue.nbytes - (tail.nbytes if tail is not None else 0)
+        head = queue.head_live()
+        mem = queue.nbytes - queue.on_disk()[1]
         low = limit // 10 * 9
         over = self._over() or mem > (low if queue.name in self.draining else limit)
         if life.now - self._room_at >= SPILL_STEP_MS:
             self._room, self._room_at = SPILL_STEP, life.now
-        freed = 0
-        moving: list[Job] = []
+        freed = taken = 0
+        out: list[tuple[Level, list[Job]]] = []
         self.draining.pop(queue.name, None)
-        while over and queue.head_live() - len(moving) > keep:
-            job = queue.newest_in_head()
-            if job is None or not self._spillable(job):
-                break
-            if len(moving) >= self._room and mem <= limit and not self._above(freed):
-                self.draining[queue.name] = self.grown[queue.name] = None  # a later step goes on
-                break
-            moving.append(queue.pop_newest())
-            mem -= len(job.body or b"")
-            freed += self.memory.job_size(job) - SLOT_BYTES
-            over = self._over(freed) or mem > low
-        self._room = max(0, self._room - len(moving))
-        return moving
+        for level in reversed(queue.levels):
+            moving: list[Job] = []
+            while over and head - taken > keep:
+                job = level.newest_in_head()
+                if job is None:
+                    break  # the next level
+                if not self._spillable(job):
+                    over = False
+                    break
+                if taken >= self._room and mem <= limit and not self._above(freed):
+                    self.draining[queue.name] = self.grown[queue.name] = None  # a later step goes on
+                    over = False
+                    break
+                moving.append(level.pop_newest())
+                taken += 1
+                mem -= len(job.body or b"")
+                freed += self.memory.job_size(job) - SLOT_BYTES
+                over = self._over(freed) or mem > low
+            if moving:
+                out.append((level, moving))
+        self._room = max(0, self._room - taken)
+        return out
 
     def _spill(self, job: Job, queued: bool, marks: int = 0) -> int:
         """Move a job's record to disk; its slot (the caller lists a queued
@@ -241,7 +252,7 @@ class ReadBehind:
         if not self.out.journaled(job):
             marks |= UNJOURNALED
         index = self.index
-        slot = index.add(job.id, job.queue or b"", loc, size, len(job.body or b""), job.ctime, marks)
+        slot = index.add(job.id, job.queue or b"", loc, size, len(job.body or b""), job.ctime, marks, job.priority)
         index.wake_at(slot, job.etime + 1 if queued else self._second(job.awake))  # (expiry: as life.reschedule)
         life.jobs.remove(job)
         self.memory.account(SLOT_BYTES - self.memory.job_size(job))
@@ -363,10 +374,12 @@ class ReadBehind:
         index = self.index
         if index.flags[slot] & IN_TAIL:
             queue = self.life.queues.get(index.queue_of(slot))
-            assert queue is not None and queue.tail is not None  # a queue with jobs is never collected
-            queue.tail.take(slot)
+            assert queue is not None  # a queue with jobs is never collected
+            level = queue.level(index.priority[slot])
+            assert level.tail is not None  # a level with a job listed keeps its tail
+            level.tail.take(slot)
             if lost:
-                queue.lose(index.blen[slot])
+                queue.lose(level, index.blen[slot])
         self.bodies.release(index.loc[slot], index.size[slot])
         index.kill(slot)
         self.memory.account(-SLOT_BYTES)
@@ -391,7 +404,7 @@ class ReadBehind:
             queue = life.queues.get(job.queue)  # type: ignore[arg-type]
             assert queue is not None  # a queue with jobs is never collected
             job.queue = queue.name
-            queue.promote(job)
+            queue.level(job.priority).promote(job)
         elif job.queue is not None and (queue := life.queues.get(job.queue)) is not None:
             job.queue = queue.name
         if job.state == S_QUEUED and job.retry and job.qtime and job.qtime <= life.now:
@@ -428,29 +441,37 @@ class ReadBehind:
         return self.index.live
 
     def ready(self, queue: Queue) -> None:
-        """Before a pop: the head's front must be the queue's oldest job."""
-        tail = queue.tail
-        assert tail is not None
+        """Before a pop: each level's head front must be its oldest job."""
         self.drained[queue.name] = None
-        first = queue.first()
         ctime = self.index.ctime
-        while (slot := tail.front()) is not None and (first is None or ctime[slot] < first.ctime):
-            self.misses += 1  # this pop waits for the disk
-            if self.load(slot) is not None or self.read_error is not None:
-                return
-        if first is not None:
-            self.hits += 1
+        for level in queue.levels:
+            tail = level.tail
+            if tail is None:
+                continue
+            first = level.first()
+            while (slot := tail.front()) is not None and (first is None or ctime[slot] < first.ctime):
+                self.misses += 1  # this pop waits for the disk
+                if self.load(slot) is not None:
+                    break
+                if self.read_error is not None:
+                    return
+            else:
+                if first is not None:
+                    self.hits += 1
 
     def _refill(self, queue: Queue) -> None:
-        tail = queue.tail
-        assert tail is not None
+        """The heads back to `prefetch` jobs, from the highest priority's tail down."""
         want = self.life.config.read_behind_prefetch - queue.head_live()
-        while want > 0 and (slot := tail.front()) is not None:
-            if self.load(slot) is None and self.read_error is not None:
-                return
-            want -= 1
-        if not tail.live and tail.front() is None:
-            queue.tail = None
+        for level in queue.levels:
+            tail = level.tail
+            if tail is None:
+                continue
+            while want > 0 and (slot := tail.front()) is not None:
+                if self.load(slot) is None and self.read_error is not None:
+                    return
+                want -= 1
+            if not tail.live and tail.front() is None:
+                level.tail = None
 
     # ------------------------------------------------------------ time
 
@@ -474,7 +495,7 @@ class ReadBehind:
             if slot is None or self._read(slot) is not None:
                 self.read_error = None
                 for queue in self.life.queues.values():  # clients the disk kept waiting
-                    if queue.tail is not None and queue.waiters:
+                    if queue.has_tail() and queue.waiters:
                         self.life.consumers.ready[queue.name] = None
         now = self.life.now
         then, reads = self._reads_then
@@ -517,13 +538,14 @@ class ReadBehind:
     def forget_queue(self, queue: Queue) -> None:
         """A queue goes: the jobs of its tail come back to its head first
         (to leave the queue as the others do), then the tail goes."""
-        tail = queue.tail
-        if tail is not None:
-            for slot in list(tail.oldest()):
-                self.load(slot)
-            for slot in tail.drop():  # what could not be read stays on disk, in no queue
-                self.index.flags[slot] &= ~IN_TAIL
-            queue.tail = None
+        for level in queue.levels:
+            tail = level.tail
+            if tail is not None:
+                for slot in list(tail.oldest()):
+                    self.load(slot)
+                for slot in tail.drop():  # what could not be read stays on disk, in no queue
+                    self.index.flags[slot] &= ~IN_TAIL
+                level.tail = None
 
     def snapshot(self) -> tuple[array[int], array[int]]:
         """Locations and sizes of every spilled job of a journaled queue,
@@ -543,7 +565,7 @@ class ReadBehind:
 
     def counts(self) -> tuple[int, int]:
         """(queued, active) jobs on disk."""
-        queued = sum(q.tail.live for q in self.life.queues.values() if q.tail is not None)
+        queued = sum(q.on_disk()[0] for q in self.life.queues.values())
         return queued, self.index.live - queued
 
     def info_fields(self) -> list[tuple[str, Any]]:

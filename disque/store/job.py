@@ -14,8 +14,9 @@ confirmed.  The fields few jobs set (DELAY, the NACK count, MAXATTEMPTS, a
 dead-lettered copy's origin, the ACK garbage collector's attempt count)
 share one slot, `rare`, None for most jobs.  In the compiled build
 (disque/compiled.py) an int field holds its value unboxed, so every field
-costs 8 bytes and dropping one from the 15 below changes the record's
-allocation only in steps of two (CPython rounds to 16 bytes).
+costs 8 bytes and adding or dropping one of the 16 below changes the
+record's allocation only in steps of two (CPython rounds to 16 bytes):
+`priority`, the 16th, costs nothing.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ TRANSITIONS: dict[State, dict[str, State]] = {
 }
 
 
+DEFAULT_PRIORITY: Final = 5  # ADDJOB PRIORITY's default, and that of a frame or record without one
+MAX_PRIORITY: Final = 9
+
 RARE_BYTES: Final = 96  # a Rare record (GC header included)
 
 
@@ -91,7 +95,7 @@ class Rare:
 class Job:
     __slots__ = (
         "id", "state", "flags", "repl", "etime", "ctime", "retry", "deliv", "queue", "body",
-        "nodes_delivered", "nodes_confirmed", "qtime", "awake", "rare",
+        "nodes_delivered", "nodes_confirmed", "qtime", "awake", "rare", "priority",
     )  # fmt: skip
 
     def __init__(
@@ -112,6 +116,7 @@ class Job:
         max_attempts: int = 0,
         dead_letter: bytes = b"",
         origin: bytes = b"",
+        priority: int = DEFAULT_PRIORITY,
     ) -> None:
         self.id = id
         self.queue = queue
@@ -128,6 +133,7 @@ class Job:
         self.qtime = 0
         self.awake = 0
         self.rare: Rare | None = None
+        self.priority = priority  # 0-9, fixed at creation: higher is served first (store/queue.py)
         if delay or nacks or max_attempts or dead_letter or origin:
             rare = self.rare = Rare()
             rare.delay, rare.nacks, rare.max_attempts, rare.dead_letter, rare.origin = (

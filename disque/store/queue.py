@@ -1,7 +1,16 @@
-"""Queues: jobs ordered by creation time, pause flags, counters, blocked clients.
+"""Queues: jobs ordered by priority and creation time, pause flags, counters, blocked clients.
 
 Theory of operation: a queue holds the jobs in state `queued` whose `queue`
-field names it, ordered by `(ctime, id)` (spec/cluster.md §8.3).  New local jobs
+field names it, in one `Level` per job priority present (most queues: one),
+highest first.  A level is ordered by `(ctime, id)` (spec/cluster.md §8.3).
+`pop` serves the level whose front job ranks first: the highest *effective*
+priority, a job's own raised by one for each `aging` period it has waited
+since its creation (at most to MAX_PRIORITY), then the oldest.  Within a
+level the front job is the oldest, so it has aged the most: comparing the
+fronts is enough, and no job ever moves between levels (spec/commands.md
+§4.1.1).  A queue of one level skips the comparison.
+
+Within a level: new local jobs
 arrive in ctime order, so the common insert is an append to a deque; an older
 job (a requeue, an import) is placed with a bisect.  Removing a job from the
 middle (DEQUEUE, an ACK, a QUEUED message) does not touch the deque: the entry
@@ -11,13 +20,13 @@ A job re-queued while its tombstone is still in the deque revives that entry,
 which is already in the right place; the `IN_LIST` job flag tells the two
 cases apart.  `len(queue)` counts live entries only.
 
-With read-behind (core/read_behind.py) the newest jobs of a long queue may
-live on disk: `tail` (store/spill.py) lists them, in order, after the jobs
-in memory (the *head*, `_items`).  `len(queue)` and `nbytes` count both;
-`pop` takes from the head only, so whoever pops first makes sure the head
-holds the oldest job (`first` against the tail's front).  `oldest` and
-`newest` merge the two, reading tail jobs through `tail.read` without
-loading them.
+With read-behind (core/read_behind.py) the newest jobs of a long level may
+live on disk: its `tail` (store/spill.py) lists them, in order, after the
+jobs in memory (the *head*, `items`).  `len(queue)` and `nbytes` count both;
+`pop` takes from the heads only, so whoever pops first makes sure each head
+holds its level's oldest job (`first` against the tail's front).  `oldest`
+and `newest` merge the two, reading tail jobs through `tail.read` without
+loading them, and the levels in serving order.
 
 Blocked GETJOB clients wait in `waiters`, an insertion-ordered dict, so they
 are served in arrival order.  `Federation` state (NEEDJOBS/YOURJOBS policy)
@@ -29,10 +38,11 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from itertools import chain
 from typing import Any, Final
 
-from disque.store.job import IN_LIST, Job, State
+from disque.store.job import IN_LIST, MAX_PRIORITY, Job, State
 from disque.store.spill import Tail
 
 S_WAIT_REPL, S_ACTIVE, S_QUEUED, S_ACKED = State.WAIT_REPL, State.ACTIVE, State.QUEUED, State.ACKED
@@ -45,16 +55,130 @@ _COMPACT_MIN = 64  # below this many tombstones compaction is not worth it
 _key = Job.sort_key  # queue order: creation time, then ID
 
 
+class Level:
+    """The queued jobs of one priority: the head in memory, the tail on disk."""
+
+    __slots__ = ("priority", "items", "live", "tail")
+
+    def __init__(self, priority: int) -> None:
+        self.priority = priority
+        self.items: deque[Job] = deque()
+        self.live = 0  # live entries, head and tail
+        self.tail: Tail | None = None
+
+    def head_live(self) -> int:
+        return self.live - (self.tail.live if self.tail is not None else 0)
+
+    def push(self, job: Job) -> None:
+        self.live += 1
+        if job.flags & IN_LIST:
+            return  # its tombstone is revived in place
+        self.promote(job)
+
+    def pop(self) -> Job | None:
+        items = self.items
+        while items:
+            job = items.popleft()
+            job.flags &= ~IN_LIST
+            if job.state == S_QUEUED:
+                self.live -= 1
+                return job
+        return None
+
+    def discard(self) -> None:
+        """One of its jobs left the `queued` state (lazily)."""
+        self.live -= 1
+        live = self.head_live()
+        if len(self.items) - live > max(_COMPACT_MIN, live):
+            self._compact()
+
+    def first(self) -> Job | None:
+        """The oldest queued job of the head (tombstones in front go)."""
+        items = self.items
+        while items:
+            job = items[0]
+            if job.state == S_QUEUED:
+                return job
+            items.popleft().flags &= ~IN_LIST
+        return None
+
+    def pop_newest(self) -> Job:
+        """Take out the job `newest_in_head` just returned, to move it to
+        the tail: it stays counted (the caller lists it there)."""
+        job = self.items.pop()
+        job.flags &= ~IN_LIST
+        return job
+
+    def newest_in_head(self) -> Job | None:
+        items = self.items
+        while items and items[-1].state != S_QUEUED:
+            items.pop().flags &= ~IN_LIST
+        return items[-1] if items else None
+
+    def promote(self, job: Job) -> None:
+        """Place a job in the head by creation time (a new one is the
+        newest: an append; a job of the tail loaded back, a requeue: a bisect)."""
+        job.flags |= IN_LIST
+        items = self.items
+        if not items or _key(items[-1]) < _key(job):
+            items.append(job)
+        else:
+            items.insert(bisect_right(items, _key(job), key=_key), job)
+
+    def _compact(self) -> None:
+        kept: deque[Job] = deque()
+        for job in self.items:
+            if job.state == S_QUEUED:
+                kept.append(job)
+            else:
+                job.flags &= ~IN_LIST
+        self.items = kept
+
+    def oldest(self) -> Iterator[Job]:
+        head = (j for j in self.items if j.state == S_QUEUED)
+        tail = self.tail
+        if tail is None or not tail.live:
+            return head
+        return heapq.merge(head, tail.jobs(tail.oldest()), key=_key)
+
+    def newest(self) -> Iterator[Job]:
+        head = (j for j in reversed(self.items) if j.state == S_QUEUED)
+        tail = self.tail
+        if tail is None or not tail.live:
+            return head
+        return heapq.merge(head, tail.jobs(tail.newest()), key=_key, reverse=True)
+
+    def drain(self) -> list[Job]:
+        live = [j for j in self.items if j.state == S_QUEUED]
+        for job in self.items:
+            job.flags &= ~IN_LIST
+        self.items.clear()
+        self.live = 0
+        return live
+
+
+def effective(job: Job, now_ms: int, aging: int) -> int:
+    """A job's priority once aged: one level up per `aging` ms it has waited since its creation."""
+    if not aging or job.priority >= MAX_PRIORITY:
+        return job.priority
+    return min(MAX_PRIORITY, job.priority + max(0, now_ms - job.ctime // 1_000_000) // aging)
+
+
+def rank(now_ms: int, aging: int) -> Callable[[Job], tuple[int, int, bytes]]:
+    """The serving order at `now_ms`: effective priority, then creation."""
+    return lambda job: (-effective(job, now_ms, aging), job.ctime, job.id)
+
+
 class Queue:
     __slots__ = (
-        "name", "_items", "_live", "ctime", "atime", "pause", "waiters",
+        "name", "levels", "_live", "ctime", "atime", "pause", "waiters",
         "jobs_in", "jobs_out", "nacks", "redeliveries", "dead_lettered", "federation",
-        "nbytes", "expired", "discarded", "last_wait", "tail",
+        "nbytes", "expired", "discarded", "last_wait",
     )  # fmt: skip
 
     def __init__(self, name: bytes, now_ms: int) -> None:
         self.name = name
-        self._items: deque[Job] = deque()
+        self.levels: list[Level] = []  # highest priority first
         self._live = 0
         self.ctime = now_ms
         self.atime = now_ms
@@ -73,115 +197,118 @@ class Queue:
         self.expired = 0
         self.discarded = 0
         self.last_wait = 0
-        self.tail: Tail | None = None
 
     def __len__(self) -> int:
         return self._live
 
-    def head_live(self) -> int:
-        return self._live - (self.tail.live if self.tail is not None else 0)
+    def level(self, priority: int) -> Level:
+        """The level of `priority`, made (at its place) if the queue has none."""
+        levels = self.levels
+        for level in levels:
+            if level.priority == priority:
+                return level
+        made = Level(priority)
+        i = 0
+        while i < len(levels) and levels[i].priority > priority:
+            i += 1
+        levels.insert(i, made)
+        return made
 
     def push(self, job: Job) -> None:
         """Insert a job already moved to `queued`."""
         self._live += 1
         self.nbytes += len(job.body or b"")
-        if job.flags & IN_LIST:
-            return  # its tombstone is revived in place
-        job.flags |= IN_LIST
-        items = self._items
-        last = items[-1] if items else None
-        if last is None or _key(last) < _key(job):
-            items.append(job)
+        levels = self.levels
+        if levels and levels[0].priority == job.priority:  # most queues: their one level
+            levels[0].push(job)
         else:
-            items.insert(bisect_right(items, _key(job), key=_key), job)
+            self.level(job.priority).push(job)
 
-    def pop(self) -> Job | None:
-        """Remove and return the oldest queued job (caller moves its state)."""
-        items = self._items
-        while items:
-            job = items.popleft()
-            job.flags &= ~IN_LIST
-            if job.state == S_QUEUED:
-                self._live -= 1
-                self.nbytes -= len(job.body or b"")
-                return job
-        return None
+    def pop(self, now_ms: int = 0, aging: int = 0) -> Job | None:
+        """Remove and return the job to serve first (caller moves its state)."""
+        levels = self.levels
+        if not levels:
+            return None
+        level = levels[0] if len(levels) == 1 else self._best(now_ms, aging)
+        job = level.pop()
+        if job is None:
+            return None
+        self._live -= 1
+        self.nbytes -= len(job.body or b"")
+        if not level.live and level.tail is None and len(levels) > 1:
+            level.drain()  # its tombstones must not be revived in a level the queue no longer lists
+            levels.remove(level)
+        return job
+
+    def _best(self, now_ms: int, aging: int) -> Level:
+        """The level whose head front ranks first (the first level if no head has a job)."""
+        best = self.levels[0]
+        best_key: tuple[int, int, bytes] | None = None
+        key = rank(now_ms, aging)
+        for level in self.levels:
+            job = level.first()
+            if job is not None and (best_key is None or key(job) < best_key):
+                best, best_key = level, key(job)
+        return best
 
     def discard(self, job: Job) -> None:
         """Forget a job that is leaving the `queued` state (lazily)."""
         self._live -= 1
         self.nbytes -= len(job.body or b"")
-        live = self.head_live()
-        if len(self._items) - live > max(_COMPACT_MIN, live):
-            self._compact()
+        self.level(job.priority).discard()
 
-    def first(self) -> Job | None:
-        """The oldest queued job of the head (tombstones in front go)."""
-        items = self._items
-        while items:
-            job = items[0]
-            if job.state == S_QUEUED:
-                return job
-            items.popleft().flags &= ~IN_LIST
-        return None
-
-    def pop_newest(self) -> Job:
-        """Take out the job `newest_in_head` just returned, to move it to
-        the tail: it stays counted (the caller lists it there)."""
-        job = self._items.pop()
-        job.flags &= ~IN_LIST
-        return job
-
-    def newest_in_head(self) -> Job | None:
-        items = self._items
-        while items and items[-1].state != S_QUEUED:
-            items.pop().flags &= ~IN_LIST
-        return items[-1] if items else None
-
-    def lose(self, nbytes: int) -> None:
-        """A job of the tail is gone without coming back (a damaged record)."""
+    def lose(self, level: Level, nbytes: int) -> None:
+        """A job of a tail is gone without coming back (a damaged record)."""
+        level.live -= 1
         self._live -= 1
         self.nbytes -= nbytes
 
-    def promote(self, job: Job) -> None:
-        """A job of the tail, loaded back, joins the head at its place."""
-        job.flags |= IN_LIST
-        items = self._items
-        if not items or _key(items[-1]) < _key(job):
-            items.append(job)
-        else:
-            items.insert(bisect_right(items, _key(job), key=_key), job)
+    def has_tail(self) -> bool:
+        for level in self.levels:
+            if level.tail is not None:
+                return True
+        return False
 
-    def _compact(self) -> None:
-        kept: deque[Job] = deque()
-        for job in self._items:
-            if job.state == S_QUEUED:
-                kept.append(job)
-            else:
-                job.flags &= ~IN_LIST
-        self._items = kept
+    def on_disk(self) -> tuple[int, int]:
+        """(jobs, body bytes) its tails list."""
+        jobs = nbytes = 0
+        for level in self.levels:
+            if level.tail is not None:
+                jobs += level.tail.live
+                nbytes += level.tail.nbytes
+        return jobs, nbytes
 
-    def oldest(self) -> Iterator[Job]:
-        head = (j for j in self._items if j.state == S_QUEUED)
-        tail = self.tail
-        if tail is None or not tail.live:
-            return head
-        return heapq.merge(head, tail.jobs(tail.oldest()), key=_key)
+    def head_live(self) -> int:
+        return sum(level.head_live() for level in self.levels)
 
-    def newest(self) -> Iterator[Job]:
-        head = (j for j in reversed(self._items) if j.state == S_QUEUED)
-        tail = self.tail
-        if tail is None or not tail.live:
-            return head
-        return heapq.merge(head, tail.jobs(tail.newest()), key=_key, reverse=True)
+    def oldest(self, now_ms: int = 0, aging: int = 0) -> Iterator[Job]:
+        """The queued jobs in serving order at `now_ms` (aged by `aging`;
+        0: by their own priority), the tails' read without loading them."""
+        levels = self.levels
+        if len(levels) == 1:
+            return levels[0].oldest()
+        if not aging:
+            return chain.from_iterable(level.oldest() for level in levels)
+        return heapq.merge(*(level.oldest() for level in levels), key=rank(now_ms, aging))
+
+    def newest(self, now_ms: int = 0, aging: int = 0) -> Iterator[Job]:
+        """`oldest` backwards."""
+        levels = self.levels
+        if len(levels) == 1:
+            return levels[0].newest()
+        if not aging:
+            return chain.from_iterable(level.newest() for level in reversed(levels))
+        return heapq.merge(*(level.newest() for level in reversed(levels)), key=rank(now_ms, aging), reverse=True)
+
+    def eldest(self) -> Job | None:
+        """The queued job created first, whatever its priority."""
+        fronts = [job for job in (next(level.oldest(), None) for level in self.levels) if job is not None]
+        return min(fronts, key=_key, default=None)
 
     def drain(self) -> list[Job]:
-        """Remove every entry of the head; returns its live jobs (for
-        flushes: the tail was emptied before)."""
-        live = [j for j in self._items if j.state == S_QUEUED]
-        for job in self._items:
-            job.flags &= ~IN_LIST
-        self._items.clear()
+        """Remove every entry of the heads; returns their live jobs (for
+        flushes: the tails were emptied before)."""
+        live = [job for level in self.levels for job in level.drain()]
+        self.levels.clear()
         self._live = self.nbytes = 0
         return live
-

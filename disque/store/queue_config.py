@@ -40,6 +40,7 @@ INT32_MAX = (1 << 31) - 1
 BAD_ARITY = "Bad directive or wrong number of arguments"
 
 _NUMBER = re.compile(r"[0-9]+")
+_PRIORITIES = frozenset("0123456789")
 _BOOLEANS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 
 
@@ -63,6 +64,7 @@ class QueueSettings:
     max_memory_size: int = 128 * 1024 * 1024
     max_journal_size_absolute: int = INT64_MAX
     move_expired_to: bytes | None = None
+    priority: int = 5  # not Kestrel's: the priority of a job added without one (docs/priorities.md)
 
     def full(self, items: int, nbytes: int) -> bool:
         """Whether a queue holding `items` items of `nbytes` bytes takes no
@@ -106,6 +108,10 @@ def _parse_value(option: str, text: str) -> Any:
         return value
     if option == "move_expired_to":
         return text.encode("utf-8", "surrogateescape") or None
+    if option == "priority":
+        if text not in _PRIORITIES:
+            raise QueueConfigError("queue option 'priority' must be an integer from 0 to 9")
+        return int(text)
     if _NUMBER.fullmatch(text) is None or int(text) > INT64_MAX:
         raise QueueConfigError(f"queue option '{option}' must be an integer from 0 to {INT64_MAX}")
     return int(text)

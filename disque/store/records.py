@@ -33,7 +33,7 @@ from typing import Any
 import msgpack
 
 from disque.store.ids import valid_id
-from disque.store.job import DELIVERED, NACKED, WIRE_FLAGS, Job, State
+from disque.store.job import DEFAULT_PRIORITY, DELIVERED, MAX_PRIORITY, NACKED, WIRE_FLAGS, Job, State
 
 STORAGE_VERSION = 1  # storage form version ("v")
 WireJob = dict[str, Any]  # a job's bus form, as REPLJOB and YOURJOBS carry it (read-only)
@@ -346,9 +346,14 @@ _JOB_COMMON: _Fields = (
     _Field("dead_letter", "dl", _bytes, default=b""),
     _Field("origin", "o", _opt_job_id, default=b""),
 )
-_WIRE_JOB: _Fields = _JOB_COMMON + (_Field("ttl", "tl", _int_in(1, _U64)), _Field("etime", "et", _UINT))
+# PRIORITY, left out at its default; after the other fields, so that the
+# positional form of an older node (which has none) still decodes (`_pos_loader`).
+_PRIORITY = _Field("priority", "pr", _int_in(0, MAX_PRIORITY), default=DEFAULT_PRIORITY)
+_WIRE_JOB: _Fields = _JOB_COMMON + (_Field("ttl", "tl", _int_in(1, _U64)), _Field("etime", "et", _UINT), _PRIORITY)
 # `not_before`: the core-clock ms before which a NACK ... DELAY job is not queued again (0: none).
-_STORED_JOB: _Fields = _JOB_COMMON + (_Field("etime", "et", _UINT), _Field("not_before", "nb", _UINT, default=0))
+_STORED_JOB: _Fields = _JOB_COMMON + (
+    _Field("etime", "et", _UINT), _Field("not_before", "nb", _UINT, default=0), _PRIORITY
+)
 _wire_job = _loader(_WIRE_JOB)  # checks the job of REPLJOB / YOURJOBS (a dict with our names)
 _dump_wire_job = _packer(_WIRE_JOB, items=True)
 _wire_job_pos, _dump_wire_job_pos = _pos_loader(_WIRE_JOB), _pos_packer(_WIRE_JOB, items=True)
@@ -369,6 +374,7 @@ def job_to_wire(job: Job, now_ms: int) -> WireJob:
     d = job.fields(WIRE_FLAGS & ~DELIVERED)
     d["ttl"] = max(1, job.etime * 1000 - now_ms)
     d["etime"] = job.etime
+    d["priority"] = job.priority
     return d
 
 
@@ -387,7 +393,7 @@ def _new_job(f: Any, etime: int) -> Job:
     compiled Job parses keywords at twice the cost of the whole call."""
     return Job(f["id"], f["queue"], f["body"], f["state"], f["flags"], f["repl"], etime, f["ctime"], f["delay"],
                f["retry"], f["nacks"], f["deliv"], f["nodes_delivered"], f["max_attempts"], f["dead_letter"],
-               f["origin"])  # fmt: skip
+               f["origin"], f["priority"])  # fmt: skip
 
 
 def job_to_storage(job: Job) -> dict[str, Any]:
@@ -396,6 +402,7 @@ def job_to_storage(job: Job) -> dict[str, Any]:
     d = job.fields(WIRE_FLAGS)
     d["etime"] = job.etime
     d["not_before"] = job.qtime if job.flags & NACKED else 0
+    d["priority"] = job.priority
     return d
 
 

@@ -5,8 +5,8 @@ is not a `Job` object any more: its whole storage record (body included) is
 in a body segment on disk, and this index keeps only what the node must
 know without reading it, in parallel arrays indexed by a *slot* number:
 where the record is (`loc`, `size`), the body length (queue byte counts),
-the creation time (queue order), a 64-bit hash of the ID, its queue, a few
-flag bits and the second it must be looked at (`awake`).  A slot costs
+the creation time and the priority (queue order), a 64-bit hash of the ID,
+its queue, a few flag bits and the second it must be looked at (`awake`).  A slot costs
 about 88 bytes with its share of the ID table and of its queue's tail
 (arrays of machine integers, no per-job Python object), against several
 hundred for a `Job` in memory.
@@ -17,7 +17,7 @@ caller confirms it against the ID in the record it reads.  Slots are reused
 once free: a slot is free when its job is no longer `LIVE` and no queue
 `Tail` still lists it (`IN_TAIL`), so a tail never points at a reused slot.
 
-A `Tail` is the spilled end of one queue: slots in (ctime, id) order,
+A `Tail` is the spilled end of one queue's level (one priority): slots in (ctime, id) order,
 consumed from the front (`pos`); a slot that died in the middle (an ACK, a
 job loaded back by ID) is skipped when the front reaches it.  Dead entries
 keep their slot (and so its ctime) until the front passes them, so the
@@ -36,7 +36,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator
 
-from disque.store.job import Job
+from disque.store.job import DEFAULT_PRIORITY, Job
 from disque.store.scan import NBUCKETS
 
 LIVE = 1
@@ -59,7 +59,7 @@ def id_hash(job_id: bytes) -> int:
 
 class SpillIndex:
     __slots__ = (
-        "loc", "size", "blen", "ctime", "keyh", "flags", "awake", "qid", "bucket", "names", "_name_ids",
+        "loc", "size", "blen", "ctime", "keyh", "flags", "awake", "qid", "bucket", "priority", "names", "_name_ids",
         "live", "live_bytes", "_table", "_used", "_free", "wheel", "_heap",
     )  # fmt: skip
 
@@ -73,6 +73,7 @@ class SpillIndex:
         self.awake = array("I")  # second of its wheel entry (0: none)
         self.qid = array("I")  # its queue, as an index in `names`
         self.bucket = bytearray()  # its ID's JSCAN bucket (2 bytes, little-endian), as in memory
+        self.priority = bytearray()  # its job's priority: the level whose tail lists it
         self.names: list[bytes] = []
         self._name_ids: dict[bytes, int] = {}
         self.live = 0  # slots holding a job
@@ -88,7 +89,8 @@ class SpillIndex:
 
     # -- slots --------------------------------------------------------------
 
-    def add(self, job_id: bytes, queue: bytes, loc: int, size: int, blen: int, ctime: int, marks: int) -> int:
+    def add(self, job_id: bytes, queue: bytes, loc: int, size: int, blen: int, ctime: int, marks: int,
+            priority: int = DEFAULT_PRIORITY) -> int:  # fmt: skip
         """A new live slot for a job whose record is at `loc`; `marks`: the
         other flag bits."""
         if (self._used + 1) * 2 > len(self._table):
@@ -103,7 +105,7 @@ class SpillIndex:
             slot = self._free.pop()
             self.loc[slot], self.size[slot], self.blen[slot] = loc, size, blen
             self.ctime[slot], self.keyh[slot], self.flags[slot], self.awake[slot] = ctime, h, flags, 0
-            self.qid[slot] = qid
+            self.qid[slot], self.priority[slot] = qid, priority
             self.bucket[2 * slot : 2 * slot + 2] = (h % NBUCKETS).to_bytes(2, "little")
         else:
             slot = len(self.flags)
@@ -115,6 +117,7 @@ class SpillIndex:
             self.flags.append(flags)
             self.awake.append(0)
             self.qid.append(qid)
+            self.priority.append(priority)
             self.bucket += (h % NBUCKETS).to_bytes(2, "little")
         self.live += 1
         self.live_bytes += size

@@ -37,19 +37,26 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
     live_in: dict[bytes, bytes] = {}  # job id -> queue name
     for queue in core.queues.values():
         assert core.queues.get(queue.name) is queue
-        entries = list(queue._items)
-        for job in entries:
-            assert job.flags & IN_LIST, f"{job} in {queue.name!r} without IN_LIST"
-            assert id(job) not in listed, f"{job} listed twice"
-            listed[id(job)] = job
-        live = [job for job in entries if job.state == State.QUEUED]
-        assert len(queue) == len(live) + (queue.tail.live if queue.tail else 0), (queue.name, len(queue), len(live))
-        keys = [job.sort_key() for job in live]
-        assert keys == sorted(set(keys)), f"queue {queue.name!r} out of order"
-        for job in live:
-            assert jobs.get(job.id) is job, f"unregistered {job} queued in {queue.name!r}"
-            assert job.queue == queue.name
-            live_in[job.id] = queue.name
+        priorities = [level.priority for level in queue.levels]
+        assert priorities == sorted(set(priorities), reverse=True), f"queue {queue.name!r}: levels {priorities}"
+        total = 0
+        for level in queue.levels:
+            entries = list(level.items)
+            for job in entries:
+                assert job.flags & IN_LIST, f"{job} in {queue.name!r} without IN_LIST"
+                assert id(job) not in listed, f"{job} listed twice"
+                assert job.priority == level.priority, f"{job} in the level of priority {level.priority}"
+                listed[id(job)] = job
+            live = [job for job in entries if job.state == State.QUEUED]
+            assert level.live == len(live) + (level.tail.live if level.tail else 0), (queue.name, level.priority)
+            total += level.live
+            keys = [job.sort_key() for job in live]
+            assert keys == sorted(set(keys)), f"queue {queue.name!r} out of order"
+            for job in live:
+                assert jobs.get(job.id) is job, f"unregistered {job} queued in {queue.name!r}"
+                assert job.queue == queue.name
+                live_in[job.id] = queue.name
+        assert len(queue) == total, (queue.name, len(queue), total)
         if queue.waiters and not queue.pause & 2:  # PAUSE_OUT
             assert not len(queue), f"queue {queue.name!r} has both waiters and jobs"
     assert not core.blocking.ready, "ready queues left unserved"
@@ -126,15 +133,17 @@ def check_spilled(core: NodeCore, settled: bool) -> None:
     assert sum(1 for v in index._table if v not in (0, 0xFFFFFFFF)) == index.live, "the ID table lists exactly the live slots"
     tailed: set[int] = set()
     for queue in core.queues.values():
-        tail = queue.tail
-        if tail is None:
-            continue
-        slots = list(tail.oldest())
-        assert len(slots) == tail.live and sum(index.blen[s] for s in slots) == tail.nbytes
-        assert all(flags[s] & IN_TAIL and index.queue_of(s) == queue.name for s in slots)
-        ctimes = [index.ctime[s] for s in slots]
-        assert ctimes == sorted(ctimes), f"tail of {queue.name!r} out of order"
-        tailed.update(slots)
+        for level in queue.levels:
+            tail = level.tail
+            if tail is None:
+                continue
+            slots = list(tail.oldest())
+            assert len(slots) == tail.live and sum(index.blen[s] for s in slots) == tail.nbytes
+            assert all(flags[s] & IN_TAIL and index.queue_of(s) == queue.name for s in slots)
+            assert all(index.priority[s] == level.priority for s in slots)
+            ctimes = [index.ctime[s] for s in slots]
+            assert ctimes == sorted(ctimes), f"tail of {queue.name!r} out of order"
+            tailed.update(slots)
     assert tailed == {slot for slot in live if flags[slot] & IN_TAIL}
     now_s = core.clock.now_ms() // 1000
     for slot in live:

@@ -68,6 +68,7 @@ def jobs(draw: st.DrawFn) -> Job:
         nacks=draw(uints),
         deliv=draw(uints),
         nodes_delivered=tuple(draw(st.lists(node_ids, unique=True, max_size=4))),
+        priority=draw(st.integers(0, 9)),
     )
 
 

@@ -179,7 +179,7 @@ def test_qsettings_shows_a_queues_effective_settings(node: Any) -> None:
     node.config.queue_config.set_queue(["jobs", "discard_old_when_full", "yes"])
     shown = dict(Session(node)("QSETTINGS", "jobs+child"))
     assert shown[b"max_items"] == b"7" and shown[b"discard_old_when_full"] == b"true" and shown[b"move_expired_to"] == b""
-    assert list(shown)[0] == b"max_items" and len(shown) == 12
+    assert list(shown)[0] == b"max_items" and len(shown) == 13  # Kestrel's 12, and `priority`
 
 
 def test_queue_limits_bind_addjob(node: Any) -> None:

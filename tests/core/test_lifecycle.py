@@ -924,7 +924,7 @@ def test_queue_orders_late_arrivals_and_revives_tombstones():
     q.discard(jobs[9])
     jobs[9].move(ENQUEUE)
     q.push(jobs[9])  # revived in place
-    assert len(q._items) == 2 and [j.ctime for j in q.oldest()] == [3, 9]
+    assert len(q.levels[0].items) == 2 and [j.ctime for j in q.oldest()] == [3, 9]
     assert q.drain() == [jobs[3], jobs[9]] and len(q) == 0 and q.pop() is None
     assert not any(j.flags & IN_LIST for j in jobs.values())
 
@@ -937,9 +937,9 @@ def test_queue_compacts_when_tombstones_dominate():
     for job in jobs[:150]:
         job.move(DEQUEUE)
         q.discard(job)
-    assert len(q._items) < 200 and len(q) == 50
-    assert all(j.flags & IN_LIST for j in q._items) and [j.ctime for j in q.oldest()] == list(range(150, 200))
-    assert not any(j.flags & IN_LIST for j in jobs[:150] if j not in q._items)
+    assert len(q.levels[0].items) < 200 and len(q) == 50
+    assert all(j.flags & IN_LIST for j in q.levels[0].items) and [j.ctime for j in q.oldest()] == list(range(150, 200))
+    assert not any(j.flags & IN_LIST for j in jobs[:150] if j not in q.levels[0].items)
     for job in jobs[:150]:
         job.move(ENQUEUE)
         q.push(job)

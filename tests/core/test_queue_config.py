@@ -30,6 +30,7 @@ def test_kestrel_defaults() -> None:
         ("max_memory_size", "134217728"),
         ("max_journal_size_absolute", "9223372036854775807"),
         ("move_expired_to", ""),
+        ("priority", "5"),  # not Kestrel's: PRIORITY's default for the queue
     ]
     assert OPTIONS == tuple(name for name, _ in DEFAULTS.pairs())
     assert QueueConfig().settings(b"anything") is DEFAULTS

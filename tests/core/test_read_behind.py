@@ -152,7 +152,7 @@ def test_a_long_queue_keeps_its_oldest_jobs_in_memory_and_serves_in_order():
     assert bodies(s("GETJOB", "FROM", "q")) == [b"body4"]  # the end of the last step refilled the head
     assert info(core)["prefetch_hits"] == 3
     assert bodies(s("GETJOB", "COUNT", 10, "FROM", "q")) == [b"body%d" % i for i in range(5, 10)]
-    assert core.queues.get(b"q").tail is None  # drained: read-behind over for this queue
+    assert core.queues.get(b"q").levels[0].tail is None  # drained: read-behind over for this queue
     check_core(core)
 
 
@@ -290,8 +290,8 @@ def test_a_queue_past_its_max_memory_size_spills_alone():
     for _ in range(6):
         s("ADDJOB", "small", "y" * 100, 0)
         s("ADDJOB", "big", "y" * 100, 0)
-    assert core.queues.get(b"big").tail is None
-    assert core.queues.get(b"small").tail.live == 4  # two kept, the rest past 300 bytes went
+    assert core.queues.get(b"big").levels[0].tail is None
+    assert core.queues.get(b"small").levels[0].tail.live == 4  # two kept, the rest past 300 bytes went
     check_core(core)
 
 
@@ -302,13 +302,14 @@ def test_below_its_limit_a_queue_moves_to_disk_a_few_jobs_at_a_time(monkeypatch)
     core, clock, s = budgeted(2)
     ids = [bytes(s("ADDJOB", "big", "x" * 10, 0)) for _ in range(60)]
     big = core.queues.get(b"big")
-    assert big.tail is None  # under every limit
+    level = big.levels[0]
+    assert level.tail is None  # under every limit
     core.config.queue_config.set_queue(["big", "max_memory_size", "400"])
     ids.append(bytes(s("ADDJOB", "big", "x" * 10, 0)))
-    assert big.tail.live == 21  # down to the limit at once (610 -> 400 bytes), no further
+    assert level.tail.live == 21  # down to the limit at once (610 -> 400 bytes), no further
     assert core.read_behind.draining
     advance(core, clock, 1_000)  # later steps (ticks) go on, 2 jobs per 50 ms, down to 90 %
-    assert big.tail.live == 25 and big.nbytes - big.tail.nbytes == 360
+    assert level.tail.live == 25 and big.nbytes - level.tail.nbytes == 360
     assert not core.read_behind.draining
     check_core(core)
     assert [e[1] for e in s("QPEEK", "big", 61)] == ids  # in order across memory and disk
@@ -670,7 +671,7 @@ def test_only_copies_that_can_move_go_to_disk():
     assert rb.counts() == (0, 0)
     core.config.read_behind_prefetch = 2
     rb.force = True
-    core.queues.get(b"r").newest_in_head().nodes_confirmed = set()
+    core.queues.get(b"r").levels[0].newest_in_head().nodes_confirmed = set()
     rb.grown[b"r"] = None
     core.settle()  # the newest cannot move: none of those before it does either
     assert rb.counts() == (0, 0)
@@ -685,7 +686,7 @@ def test_only_copies_that_can_move_go_to_disk():
     core.settle()
     assert core.jobs.resident(kept) and rb.counts() == (1, 0)
     s("ADDJOB", "q", "confirming", 0)
-    confirming = core.queues.get(b"q").newest_in_head()
+    confirming = core.queues.get(b"q").levels[0].newest_in_head()
     confirming.nodes_confirmed = set()  # its replication is being confirmed: it stays
     s("ADDJOB", "other", "x", 0)
     s("ADDJOB", "q", "late", 0, "DELAY", 1)
@@ -782,4 +783,5 @@ def test_the_newest_job_in_memory_skips_the_tombstones_at_the_end():
         q.push(job)
     jobs[2].move(DEQUEUE)
     q.discard(jobs[2])
-    assert q.newest_in_head() is jobs[1] and q.pop_newest() is jobs[1] and q.newest_in_head() is jobs[0]
+    level = q.levels[0]
+    assert level.newest_in_head() is jobs[1] and level.pop_newest() is jobs[1] and level.newest_in_head() is jobs[0]

@@ -80,7 +80,7 @@ def test_app_registers_handlers_and_their_options(monkeypatch: pytest.MonkeyPatc
 
     assert isinstance(send_email, Handler) and app.handlers == {"emails": send_email}
     assert send_email(Job(NO_JOB, "emails", b"hi")) == b"HI"  # still callable as the function
-    assert (send_email.job_options, send_email.timeout) == ({"max_attempts": 5, "dead_letter": "emails-dead"}, 30)
+    assert (send_email.job_options, send_email.timeout) == ({"max_attempts": 5, "dead_letter": "emails-dead", "priority": None}, 30)
     with pytest.raises(ValueError, match="not both"):
         app.job("other", retries=1, max_attempts=2)
     with pytest.raises(ValueError, match="dead_letter needs"):

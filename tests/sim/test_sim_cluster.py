@@ -478,8 +478,9 @@ def test_administration_keeps_queue_guarantees(plan, seed):
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plan=fault_plans(kinds=NETWORK_FAULTS), seed=st.integers(0, 2**32 - 1))
 def test_random_faults_keep_the_extensions_guarantees(plan, seed):
-    """NACK ... DELAY, MAXATTEMPTS with a dead-letter queue and WAITJOB in
-    the workload: nothing lost (a dead-lettered job is delivered from its
+    """NACK ... DELAY, MAXATTEMPTS with a dead-letter queue, PRIORITY and
+    WAITJOB in the workload (the cores' invariants check each level of a
+    queue after every step): nothing lost (a dead-lettered job is delivered from its
     queue under the same body), no WAITJOB answers for a job nobody
     acknowledged."""
     history = judge(plan, seed, extensions=True)

@@ -8,8 +8,8 @@ RETRY 0), some with a short TTL or a DELAY; consumers GETJOB one job at a
 time on random live nodes and ACKJOB or FASTACK it, sometimes after a
 WORKING, or now and then NACK it or crash before acknowledging.  With
 `extensions`, the NACKs are NACK ... DELAY 1, at-least-once jobs get
-MAXATTEMPTS 3 with a dead-letter queue the consumers also read, and the
-first job added and a tenth of the others are followed by a WAITJOB (the
+MAXATTEMPTS 3 with a dead-letter queue the consumers also read, every job
+a PRIORITY (0-9, in turn: no random draw), and the first job added and a tenth of the others are followed by a WAITJOB (the
 checker's phantom_acks; a run that added few jobs still waits for one);
 without it, the random choices are exactly those of a plain run.  The
 nemesis plays `plan.steps` (see `FaultPlan`): network faults (partitions,
@@ -141,10 +141,11 @@ class Workload:
         limits = ("MAXATTEMPTS", 3, "DEADLETTER", DEAD) if self.extensions and opts["retry"] else ()
         if self.plan.zones and opts["retry"]:
             limits += ("ZONES", 2)
+        priority = ("PRIORITY", self._bodies % 10) if self.extensions else ()
         op = self.history.invoke(process, node, ENQUEUE, body=body, value=opts)
         reply = await self.cluster.call(
             node, "ADDJOB", QUEUE, body, ADDJOB_TIMEOUT_MS, "REPLICATE", opts["replicate"],
-            "RETRY", opts["retry"], "TTL", opts["ttl"], "DELAY", delay, *limits,
+            "RETRY", opts["retry"], "TTL", opts["ttl"], "DELAY", delay, *limits, *priority,
         )  # fmt: skip
         if self.added(op, reply) and self.extensions and (not self._waited or self.rng.random() < 0.1):
             self._waited = True  # (checked by phantom_acks)

@@ -34,8 +34,8 @@ from disque.cluster import messages as m
 from disque.core.errors import err
 from disque.core.types import NIL_ARRAY, SILENT, Client, Command, Map, Status
 from disque.core.node import NodeCore
-from disque.store.job import STATE_BY_NAME, STATE_NAMES, Job, State
-from disque.store.queue import PAUSE_IN, PAUSE_NAMES, PAUSE_OUT
+from disque.store.job import DEFAULT_PRIORITY, MAX_PRIORITY, STATE_BY_NAME, STATE_NAMES, Job, State
+from disque.store.queue import PAUSE_IN, PAUSE_NAMES, PAUSE_OUT, Queue
 
 log = logging.getLogger("disque")
 
@@ -69,6 +69,7 @@ ADDJOB_OPTS: Final[dict[bytes, tuple[int, int, int, str]]] = {  # Final: a stati
     b"maxlen": (4, 1, INT64_MAX, "MAXLEN must be a positive number"),
     b"maxattempts": (5, 1, 65535, "MAXATTEMPTS must be between 1 and 65535"),  # an extension, as DEADLETTER
     b"zones": (6, 1, 65535, "ZONES must be between 1 and 65535"),  # an extension: docs/zones.md
+    b"priority": (7, 0, MAX_PRIORITY, "PRIORITY must be between 0 and 9"),  # an extension (docs/priorities.md)
 }
 
 
@@ -104,12 +105,12 @@ def cmd_addjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
         else:
             raise errors.syntax()
     timeout = parse_timeout(argv[3])
-    repl, ttl, retry, delay, maxlen, max_attempts, zones = values
+    repl, ttl, retry, delay, maxlen, max_attempts, zones, priority = values
     if dead_letter is not None and max_attempts is None:
         raise err("DEADLETTER needs MAXATTEMPTS")
     return node.lifecycle.add_job(
         client, argv[1], argv[2], timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter,
-        zones,
+        zones, priority,
     )
 
 
@@ -262,6 +263,7 @@ def show(node: NodeCore, job: Job) -> Map:
         # The MAXATTEMPTS extension, only for the jobs that use it: a dead-lettered
         # copy keeps its origin's MAXATTEMPTS and queue for DEADLETTER REQUEUE.
         + ([(b"max-attempts", job.max_attempts), (b"dead-letter", job.dead_letter)] if job.max_attempts and not job.origin else [])
+        + ([(b"priority", job.priority)] if job.priority != DEFAULT_PRIORITY else [])  # PRIORITY, when used
         + ([(b"dead-letter-of", job.origin)] if job.origin else [])
         + ([(b"dead-letter-from", job.dead_letter)] if job.origin and job.dead_letter else [])
     )
@@ -368,12 +370,14 @@ def cmd_qpeek(node: NodeCore, client: Client, argv: list[bytes]) -> list[Any]:
     queue = node.queues.get(argv[1])
     if queue is None or count == 0:
         return []
-    source = queue.oldest() if count > 0 else queue.newest()
+    now, aging = node.now, node.config.priority_aging
+    source = queue.oldest(now, aging) if count > 0 else queue.newest(now, aging)
     out: list[Any] = []
     for job in source:
         if len(out) == abs(count):
             break
-        out.append(node.blocking.job_entry(job, False))
+        entry = node.blocking.job_entry(job, False)
+        out.append(entry if job.priority == DEFAULT_PRIORITY else [*entry, b"priority", job.priority])
     return out
 
 
@@ -397,7 +401,18 @@ def cmd_qstat(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
             (b"pause", PAUSE_NAMES[queue.pause]),
         ]
         + ([(b"dead-lettered", queue.dead_lettered)] if queue.dead_lettered else [])  # the MAXATTEMPTS extension
+        + _priorities(queue)
     )
+
+
+def _priorities(queue: Queue) -> list[tuple[bytes, Any]]:
+    """QSTAT's `priorities` (PRIORITY): the jobs queued at each priority,
+    highest first, as [priority, count, ...], for a queue that holds any
+    job of another priority than the default."""
+    counts = [(level.priority, level.live) for level in queue.levels if level.live]
+    if all(priority == DEFAULT_PRIORITY for priority, _ in counts):
+        return []
+    return [(b"priorities", [n for pair in counts for n in pair])]
 
 
 @command("qsettings", 2, "rF")
