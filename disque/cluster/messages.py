@@ -271,8 +271,27 @@ class Waiting:
     entries: tuple[WaitEntry, ...]  # at least one
 
 
+@dataclass(frozen=True, slots=True)
+class SchedSet:
+    """A schedule's definition (store/schedule.py's storage form, checked by
+    the codec), told to every node; the newer version wins."""
+
+    record: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Ticked:
+    """Tick `tick` (ms) of schedule `name` became a job, made by `node`
+    (core/schedules.py): the nodes next in line for it stand down."""
+
+    name: bytes
+    tick: int
+    node: str
+
+
 Message = (
     Ping | Pong | Meet | Fail | ReplJob | ReplJobs | GotJob | GotJobs | Enqueue | Queued | Working
     | WillQueue | SetAck | GotAck | DelJob | NeedJobs | YourJobs | Pause | Fanout
     | GroupSet | Claim | GroupAck | Claimed | NeedEvent | YourEvent | NewEvent | GroupFlush | Waiting
+    | SchedSet | Ticked
 )  # fmt: skip

@@ -562,6 +562,9 @@ DIRECTIVES: dict[str, Directive] = {
         _enum("read-behind", "yes", "yes no force", "argument must be 'yes', 'no' or 'force'", settable=False),
         _memory("job-memory-limit", 0),
         _integer("read-behind-prefetch", 1000, "read-behind-prefetch must be 1 or greater", low=1, set_min=1),
+        # Recurring jobs (core/schedules.py): the wait of each next node in line, the missed ticks that fire.
+        _integer("schedule-grace", 2000, "schedule-grace must be 100 or greater", low=100, set_min=100),
+        _enum("schedule-catch-up", "last", "last all none", "argument must be 'last', 'all' or 'none'"),
     )
 }
 
@@ -570,7 +573,7 @@ _PROJECT_ORDER = """
     cluster-protected-mode tls-port tls-cert-file tls-key-file tls-ca-cert-file tls-auth-clients
     tls-cluster tls-protocols tls-ciphers metrics-port memcache-port memcache-tls-port
     memcache-value-key memcache-max-item-size memcache-auth
-    read-behind job-memory-limit read-behind-prefetch
+    read-behind job-memory-limit read-behind-prefetch schedule-grace schedule-catch-up
 """.split()
 _HIDDEN_FROM_GET = {"cluster-secret", "cluster-secret-previous"}
 

@@ -395,12 +395,13 @@ class Lifecycle:
     def add_job(
         self, client: Client, queue: bytes, body: bytes, timeout: int, repl: int | None, ttl: int | None,
         retry: int | None, delay: int | None, maxlen: int | None, is_async: bool,
-        max_attempts: int = 0, dead_letter: bytes | None = None,
+        max_attempts: int = 0, dead_letter: bytes | None = None, job_id: bytes | None = None,
     ) -> Any:  # fmt: skip
         """ADDJOB after option parsing (spec/commands.md §4.1 steps 3-8, creation);
         None stands for an option not given.  `max_attempts` (0: none) and
         `dead_letter` (default `<queue>-dead`) are the MAXATTEMPTS/DEADLETTER
-        extension (`dead_letter_job`)."""
+        extension (`dead_letter_job`); a schedule's tick brings its `job_id`
+        (core/schedules.py)."""
         membership = self.membership
         if repl is None:
             repl = min(3, membership.size())
@@ -411,14 +412,7 @@ class Lifecycle:
             ttl = self.kestrel.make_room(limits, queue, body, ttl)
         if delay is None:
             delay = 0
-        if repl > 1 and retry == 0:
-            raise errors.err(
-                "With RETRY set to 0 please explicitly set  REPLICATE to 1 (at-most-once delivery)"
-            )
-        if delay >= ttl:
-            raise errors.err(
-                "The specified DELAY is greater than TTL. Job refused since would never be delivered"
-            )
+        errors.check_job_options(repl, retry, delay, ttl)
         if retry is None:
             retry = min(ttl // 10, 300) or 1
         additional, extrepl = self._replicas(repl, membership.leaving or self.memory.level() >= 1)
@@ -428,7 +422,8 @@ class Lifecycle:
                 raise errors.maxlen()
             if existing.pause & PAUSE_IN:
                 raise errors.paused()
-        job_id = new_job_id(membership.my_id, self.rng, ttl, retry)
+        if job_id is None:
+            job_id = new_job_id(membership.my_id, self.rng, ttl, retry)
         if job_id in self.jobs:
             raise errors.err("Internal error creating the job, check server logs")
         now = self.now
