@@ -19,7 +19,11 @@ meanwhile (TICKED, sent to every linked node by the firer) that the tick
 fired.  In a connected cluster every node computes the same order, so rank
 0 fires and the others hear it well within the grace; a node that is down
 or cut off is not in the order of those that cannot see it, so the next one
-fires at once, and both sides of a partition fire (the same job).
+fires at once, and both sides of a partition fire (the same job).  When
+a node hears that another made a tick it made too (TICKED, also sent for
+the last MINE_MAX ticks it fired to a node that links up), it sends its
+copy there as a replica: the copies learn each other's holders, so one is
+queued and one ACK reaches both.
 
 What a node knows fired, per schedule: `last` (the latest tick, with the
 node that fired it: persisted as SCHEDTICK, and sent to a node that links
@@ -53,6 +57,7 @@ from disque.core.types import Client, Map
 from disque.store import schedule as records
 from disque.store.aof import SCHEDTICK, SCHEDULE, encode_record
 from disque.store.ids import tick_job_id
+from disque.store.job import State
 from disque.store.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -64,6 +69,7 @@ log = logging.getLogger("disque")
 
 MIN_EVERY = 100  # ms: the cron's period, below which ticks could not be told apart
 CATCH_UP = {"last": 1, "all": 100, "none": 0}  # `schedule-catch-up`: how many missed ticks fire
+MINE_MAX = 512  # ticks a node remembers firing, to merge with a copy made across a partition
 DOWN = HANDSHAKE | LEAVING | PFAIL | FAIL  # peers that take no turn
 
 
@@ -75,6 +81,7 @@ class Run:
     last_by: str = ""  # ... and the node that fired it
     fired: dict[int, str] = field(default_factory=dict)  # ticks fired in the window -> by whom
     seen: dict[int, int] = field(default_factory=dict)  # tick -> when this node first saw it due
+    mine: dict[int, None] = field(default_factory=dict)  # the last MINE_MAX ticks this node fired, oldest first
 
 
 def _zone(tz: bytes) -> Any:
@@ -209,10 +216,21 @@ class Schedules:
         run = self.runs.get(msg.name)
         if run is None:
             return
-        if run.fired.get(msg.tick) == self.life.membership.my_id and msg.node != run.fired[msg.tick]:
-            self.collapsed += 1  # both fired it (a partition, or a late notice): one job where they met
+        if msg.tick in run.mine and msg.node != self.life.membership.my_id:
+            self._merge(self.defs[msg.name], msg.tick, msg.node)
         run.fired.setdefault(msg.tick, msg.node)
         self._advance(msg.name, run, msg.tick, msg.node)
+
+    def _merge(self, s: Schedule, tick: int, node: str) -> None:
+        """`node` made the job of a tick this node made too (a partition, a
+        lost notice): the same ID, so this copy goes to it as a replica, and
+        each copy then knows the other's holders, which dequeue the
+        duplicates and take an ACK to both (as for any two copies of a job)."""
+        self.collapsed += 1
+        job = self.life.jobs.get(tick_job_id(s.name, tick, s.ttl or 86400, s.retry))
+        if job is not None and job.state in (State.ACTIVE, State.QUEUED) and node in self.life.membership.nodes:
+            job.add_delivered(node)
+            self.life.replicas.replicate(job, 0, noreply=True)
 
     def _advance(self, name: bytes, run: Run, tick: int, node: str) -> None:
         if tick > run.last:
@@ -221,8 +239,13 @@ class Schedules:
 
     def sync_messages(self) -> list[Any]:
         """Every record and the latest tick of each schedule, for a node that just linked up."""
+        me = self.life.membership.my_id
         msgs: list[Any] = [m.SchedSet(records.encode(s)) for s in self.defs.values()]
-        return msgs + [m.Ticked(name, run.last, run.last_by) for name, run in self.runs.items() if run.last]
+        for name, run in self.runs.items():
+            msgs += [m.Ticked(name, t, me) for t in run.mine if t != run.last]
+            if run.last:
+                msgs.append(m.Ticked(name, run.last, run.last_by))
+        return msgs
 
     def replay(self, args: list[bytes]) -> None:
         """A SCHEDULE or SCHEDTICK record (checked by the loader)."""
@@ -281,7 +304,7 @@ class Schedules:
         """The ticks before the window, later than any known fired, that the
         catch-up rule fires (oldest first)."""
         limit = CATCH_UP[self.config.schedule_catch_up]
-        floor = max(run.last, s.since - 1)
+        floor = max(run.last, s.since)
         missed: list[int] = []
         for t in ticks_back(s, start):
             if t <= floor or len(missed) == limit:
@@ -300,7 +323,7 @@ class Schedules:
     def _fire(self, s: Schedule, run: Run, t: int, late: bool) -> None:
         life = self.life
         ttl = s.ttl or 86400
-        job_id = tick_job_id(s.name, t, ttl, 1 if s.retry else 0)  # ADDJOB's default RETRY is > 0
+        job_id = tick_job_id(s.name, t, ttl, s.retry)  # (-1, ADDJOB's default RETRY, is > 0 too)
         me = life.membership.my_id
         run.fired[t] = me
         if job_id in life.jobs or job_id in life.collected:
@@ -311,12 +334,16 @@ class Schedules:
                 self.client, s.queue, s.body, 0, repl, ttl, None if s.retry < 0 else s.retry, s.delay or None,
                 s.maxlen or None, True, s.max_attempts, s.dead_letter or None, job_id=job_id,
             )  # fmt: skip
-        except errors.DisqueError as e:
+        except errors.DisqueError as e:  # (a full or paused queue, memory): the tick is done with, not retried
             self.refused += 1
             log.warning("Schedule %r: tick %d not added: %s", s.name, t, e)
+            self._advance(s.name, run, t, me)
             return
         self.fired += 1
         self.late += late
+        run.mine[t] = None
+        if len(run.mine) > MINE_MAX:
+            del run.mine[next(iter(run.mine))]
         self.out.broadcast(life.membership.linked_ids(), m.Ticked(s.name, t, me))
         self._advance(s.name, run, t, me)
 

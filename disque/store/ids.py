@@ -41,7 +41,7 @@ def tick_job_id(schedule: bytes, tick: int, ttl: int, retry: int) -> bytes:
     (schedule, tick) alone, so every node that fires the tick makes the same
     ID; the node part is the schedule's, not a node's."""
     digest = blake2b(b"%s\0%d" % (schedule, tick), digest_size=20).digest()
-    prefix, suffix = _affixes(hexlify(digest[16:]).decode(), ttl, retry > 0)
+    prefix, suffix = _affixes(hexlify(digest[16:]).decode(), ttl, retry != 0)  # (-1: ADDJOB's default, > 0)
     return prefix + hexlify(digest[:16]) + suffix
 
 

@@ -32,7 +32,7 @@ class Schedule:
     tz: bytes = b""  # the CRON expression's zone (b"": UTC)
     paused: bool = False
     deleted: bool = False
-    since: int = 0  # ms the schedule was added: no tick before it fires
+    since: int = 0  # ms the schedule was added: only the ticks after it fire
     # ADDJOB's options (0 / b"": not given, ADDJOB's default)
     repl: int = 0
     ttl: int = 0
