@@ -1,15 +1,21 @@
 """Recurring jobs on a real 3-node cluster (docs/schedules.md): every tick
 becomes one job, known to every node; the ticks go on when a node is killed
 with -9, and a node restarted from its AOF keeps its schedules and adds no
-tick twice."""
+tick twice; and the worker's decorators that register schedules."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
+import anyio
 import pytest
+from client_helpers import queue, shared_node  # noqa: F401  (fixtures)
 
 from clusterkit import Cluster
+from disque.client import Client, Job
+from disque.client.worker import App, Worker, parse_period
+from disque.devcluster import NodeProcess
 from disque.store.ids import tick_job_id
 
 EVERY = 1000
@@ -71,3 +77,52 @@ def test_ticks_survive_kill_9_and_restart(cluster):
     infos = [cluster.call(i, "INFO", "schedules") for i in range(3)]
     fired_now = sum(int(info["schedule_ticks_fired"]) for info in infos)
     assert fired_now - sum(int(info["schedule_ticks_collapsed"]) for info in infos) <= len(ticks) + 1
+
+
+# ---------------------------------------------------------------- the worker's decorators
+
+
+def test_periods_and_decorators_make_the_schedule_add_arguments() -> None:
+    assert [parse_period(p) for p in ("250ms", "90s", "5m", "1h", "1d", "2", 1.5)] == [
+        250, 90_000, 300_000, 3_600_000, 86_400_000, 2000, 1500]  # fmt: skip
+    with pytest.raises(ValueError, match="not a period"):
+        parse_period("soon")
+    app = App("127.0.0.1:7711")
+
+    @app.every("5m")
+    def cleanup(job: Job) -> None: ...
+
+    @app.cron("0 3 * * *", "reports", tz="Europe/Paris", name="nightly", body="go", ttl=600, retries=2,
+              dead_letter="dl")  # fmt: skip
+    def nightly(job: Job) -> None: ...
+
+    assert app.handlers["cleanup"].fn is cleanup.fn and app.handlers["reports"].max_attempts == 3
+    assert app.schedules == {
+        "cleanup": ["cleanup", "", "EVERY", 300_000],
+        "nightly": ["reports", "go", "CRON", "0 3 * * *", "TZ", "Europe/Paris", "TTL", 600, "MAXATTEMPTS", 3,
+                    "DEADLETTER", "dl"],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_worker_registers_its_schedule_and_runs_the_ticks(backend: str, shared_node: NodeProcess, queue: str) -> None:
+    app = App(f"{shared_node.host}:{shared_node.port}")
+    seen: list[bytes] = []
+    worker: Worker | None = None
+
+    @app.every("200ms", queue, name=queue, body="tick")
+    async def tick(job: Job) -> None:
+        seen.append(job.body)
+        if len(seen) == 3:
+            assert worker is not None
+            worker.stop()
+
+    worker = Worker(app)
+    try:
+        anyio.run(functools.partial(worker.run, signals=False), backend=backend)
+        assert seen[:3] == [b"tick"] * 3 and worker.processed >= 3
+        with Client(app.nodes) as c:
+            assert c.execute_command("SCHEDULE", "LIST").count(queue.encode()) == 1
+    finally:
+        with Client(app.nodes) as c:
+            c.execute_command("SCHEDULE", "DEL", queue)
