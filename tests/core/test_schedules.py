@@ -440,3 +440,41 @@ def test_a_notice_of_an_unknown_schedule_is_ignored(env):
     env.core.schedules.on_ticked("peer", m.Ticked(b"nope", 1000, "b" * 40))
     assert env.core.schedules.runs == {}
     assert isinstance(env.core.schedules, Schedules)
+
+
+def test_a_node_with_a_copy_of_the_tick_does_not_fire_it_again(mesh):
+    mesh.call(0, "SCHEDULE", "ADD", "s", "q", "x", "EVERY", 1000, "REPLICATE", 3)
+    t = (mesh.clock.ms // 1000 + 1) * 1000
+    first = min(range(3), key=lambda i: _turn(b"s", t, mesh.my_id(i)))
+    for i in set(range(3)) - {first}:
+        mesh.lose_next(i, m.Ticked)  # the notice is lost, but the copy came
+    mesh.advance(5000)
+    assert len(all_tick_jobs(mesh)) == 5 and firers(mesh) == 5
+
+
+def test_a_merge_needs_a_live_copy_here(mesh):
+    mesh.call(0, "SCHEDULE", "ADD", "s", "q", "x", "EVERY", 1000, "REPLICATE", 1)
+    mesh.advance(1000)
+    core = next(c for c in mesh.cores if c.schedules.runs[b"s"].mine)
+    run = core.schedules.runs[b"s"]
+    [t] = run.mine
+    [job] = tick_jobs(core)
+    core.lifecycle.delete_job(job)  # acknowledged and gone here
+    other = next(c for c in mesh.cores if c is not core).cluster.my_id
+    core.schedules.on_ticked(other, m.Ticked(b"s", t, other))
+    assert dict(core.schedules.info_fields())["schedule_ticks_collapsed"] == 1
+    assert not mesh.core(0).out.effects
+
+
+def test_a_schedule_that_never_fired_sends_its_record_only(env):
+    env("SCHEDULE", "ADD", "s", "q", "x", "EVERY", 1000)
+    assert [type(msg) for msg in env.core.schedules.sync_messages()] == [m.SchedSet]
+
+
+def test_a_node_remembers_the_last_ticks_it_made_only(env, monkeypatch):
+    monkeypatch.setattr("disque.core.schedules.MINE_MAX", 2)
+    started(env)
+    env("SCHEDULE", "ADD", "s", "q", "x", "EVERY", 500)
+    run(env, 2000)
+    run_ = env.core.schedules.runs[b"s"]
+    assert len(run_.mine) == 2 and max(run_.mine) == run_.last
