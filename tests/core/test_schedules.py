@@ -234,6 +234,21 @@ def test_a_clock_that_jumps_back_fires_no_tick_twice(env):
     assert len(tick_jobs(env.core)) == n + 2
 
 
+def test_a_clock_that_jumps_back_past_the_window_fires_no_tick_it_passed(env):
+    """Ticks whose jobs are gone (deleted here, or made and acknowledged
+    elsewhere) are not made again when the clock goes back over them."""
+    started(env)
+    env("SCHEDULE", "ADD", "s", "q", "x", "EVERY", 500)
+    run(env, 3000)
+    done = tick_jobs(env.core)
+    assert len(done) == 6 and env("DELJOB", *[j.id for j in done]) == 6
+    env.clock.advance(-5000)
+    run(env, 5000)  # back where it was: nothing fired again
+    assert tick_jobs(env.core) == [] and env.core.schedules.fired == 6
+    run(env, 1000)
+    assert len(tick_jobs(env.core)) == 2  # and the ticks after it fire
+
+
 def test_an_acknowledged_tick_is_not_fired_again(env):
     started(env)
     env("SCHEDULE", "ADD", "s", "q", "x", "EVERY", 1000)
