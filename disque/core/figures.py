@@ -78,6 +78,7 @@ def node_figures(node: NodeCore, max_queues: int | None = None) -> dict[str, Any
             }
             for peer in node.cluster.nodes.values()
         ],
+        "schedules": dict(node.schedules.info_fields()),
         **queues_figures(node, max_queues),
     }
 
