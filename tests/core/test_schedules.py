@@ -493,3 +493,21 @@ def test_a_node_remembers_the_last_ticks_it_made_only(env, monkeypatch):
     run(env, 2000)
     run_ = env.core.schedules.runs[b"s"]
     assert len(run_.mine) == 2 and max(run_.mine) == run_.last
+
+
+def test_figures_list_every_schedule_for_the_dashboard(env):
+    from disque.core.figures import node_figures
+
+    started(env)
+    env("SCHEDULE", "ADD", "b", "q", "x", "EVERY", 1000, "TTL", 60)
+    env("SCHEDULE", "ADD", "a", "q2", "y", "CRON", "0 3 * * *", "TZ", "Europe/Paris")
+    env("SCHEDULE", "PAUSE", "a")
+    run(env, 1000)
+    fig = node_figures(env.core)
+    a, b = fig["schedule_list"]
+    assert (a["name"], a["cron"], a["tz"], a["every"], a["paused"], a["last-tick"], a["options"]) == (
+        "a", "0 3 * * *", "Europe/Paris", None, 1, None, "")  # fmt: skip
+    assert (b["name"], b["queue"], b["every"], b["options"], b["last-node"]) == ("b", "q", 1000, "TTL 60", env.core.cluster.my_id)
+    assert b["next-tick"] == b["last-tick"] + 1000
+    assert fig["schedules"]["schedules"] == 2 and fig["schedules"]["schedules_paused"] == 1
+    assert fig["schedules"]["schedule_ticks_fired"] == 1
