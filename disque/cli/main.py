@@ -75,6 +75,8 @@ SERVER_COMMANDS: dict[str, tuple[str, str]] = {
     "QRPEEK": ("queue", "okq: the event QRPOP would return next, taking nothing"),
     "QLPEEK": ("queue", "okq: the newest live event, taking nothing"),
     "QREGISTER": ("[queue ...]", "okq: the queues of this connection's one-argument QNOTIFY"),
+    "SCHEDULE": ("ADD name queue body EVERY ms|CRON expr [TZ zone] [ADDJOB options] | DEL | SHOW | PAUSE | RESUME name | LIST",
+                 "Recurring jobs: a job added to a queue at every tick (see `schedule --help`)"),
     "HELLO": ("", "This node and the cluster's nodes, with priorities"),
     "INFO": ("[section]", "Server information and statistics"),
     "PING": ("[message]", "Check the connection"),

@@ -10,7 +10,7 @@ the body):
 * `GET /`, `GET /static/<file>`: the dashboard, static files shipped in the
   package (`disque/shell/web/`), no build step;
 * `GET /api/overview`: this node's figures as JSON, with its consumer
-  groups, clients (CLIENT LIST's fields), dead-letter queues, memory and
+  groups, schedules, clients (CLIENT LIST's fields), dead-letter queues, memory and
   read-behind state;
 * `GET /api/cluster`: every node's overview (what the dashboard polls):
   this node's, and the others' asked over their HTTP ports

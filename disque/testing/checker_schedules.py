@@ -6,12 +6,14 @@ disque/testing/checker.py:
 
 * `schedule`: an `ok` record per change, `value` {"action": "add", "name",
   "every" (ms), "ttl" (s, 86400 when not given), "retry" (s, -1 when not
-  given)} for SCHEDULE ADD (its invoke, when recorded, is ignored), or
+  given), "replicate" (3 when not given)} for SCHEDULE ADD (its invoke,
+  when recorded, is ignored), or
   {"action": "del", "name"} for SCHEDULE DEL, recorded when it is sent;
 * `tick`: a GETJOB from the schedules' queue: `ok` carries the job (`job`),
   an empty answer is `fail`;
 * `ack` (ACKJOB of a tick's job, as in checker.py): `ok` when answered;
-* `nemesis` records (disque/testing/checker_stats.py): the fault windows.
+* `nemesis` records (disque/testing/checker_stats.py): the fault windows;
+* `wipe` records (checker.py): jobs a harness destroyed on purpose.
 
 A tick's job ID is made from (schedule, tick) alone (`tick_job_id`), so
 every delivery names its tick.  The ticks judged are those of the schedule's
@@ -34,8 +36,10 @@ is *outside* when its window meets no fault window.
 
 The counts:
 * `missing`: judged ticks never delivered (every tick must produce a job
-  while any node is up, and the harness drains every node);
-* `duplicated_outside`: outside ticks delivered more than once;
+  while any node is up, and the harness drains every node), but for
+* `wiped`: those whose job the wipe records list on at least REPLICATE
+  nodes (every copy the firing node made may have been destroyed);
+* `duplicated_outside`: the deliveries of outside ticks after their first;
 * `duplicated_inside`: the same for the other ticks (allowed: both sides of
   a partition fire the tick, a node that did not hear it fired fires too);
 * `retried`: deliveries asked for while an earlier delivery of the same
@@ -51,7 +55,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from disque.store.ids import tick_job_id
-from disque.testing.checker import ACK, INVOKE, OK, Record, Result
+from disque.testing.checker import ACK, INFO, INVOKE, OK, WIPE, Record, Result
 from disque.testing.checker_stats import fault_windows
 
 SCHEDULE, TICK = "schedule", "tick"
@@ -71,6 +75,7 @@ def check_schedules(history: Iterable[Record], *, grace_ms: int, nodes: int, set
     asked: dict[Any, int] = {}  # process -> when its GETJOB in flight was sent
     deliveries: list[tuple[str, int, int]] = []  # (job, asked at, delivered at)
     acked: dict[str, int] = {}  # job -> its first answered ACKJOB
+    wiped_on: dict[str, set[Any]] = {}  # job -> nodes wiped while holding it
     for r in records:
         op, kind = r["op"], r["type"]
         if op == SCHEDULE and kind == OK:
@@ -86,9 +91,14 @@ def check_schedules(history: Iterable[Record], *, grace_ms: int, nodes: int, set
                 deliveries.append((r["job"], asked.pop(r["process"], r["time"]), r["time"]))
         elif op == ACK and kind == OK:
             acked.setdefault(r["job"], r["time"])
+        elif op == WIPE and kind in (OK, INFO):
+            for job in r["value"]["held"]:
+                wiped_on.setdefault(job, set()).add(r["node"])
 
     ticks: dict[str, tuple[str, int, bool]] = {}  # job -> (schedule, tick, judged)
+    copies: dict[str, int] = {}  # schedule -> REPLICATE
     for name, (since, value) in added.items():
+        copies[name] = value.get("replicate", 3)
         every = value["every"]
         last = deleted.get(name, end) - grace_ms * nodes
         for t in range(since // every * every, end + MAP_AHEAD_MS, every):
@@ -121,7 +131,10 @@ def check_schedules(history: Iterable[Record], *, grace_ms: int, nodes: int, set
             else:
                 inside.append(f"{name}@{t}")
     result.counts.update(schedules=len(added), ticks=len(got), outside=outside, deliveries=len(deliveries))
-    result._note("missing", [f"{ticks[job][0]}@{ticks[job][1]}" for job, times in got.items() if not times])
+    never = [job for job, times in got.items() if not times]
+    wiped = [job for job in never if len(wiped_on.get(job, ())) >= copies[ticks[job][0]]]
+    result._note("missing", [f"{ticks[job][0]}@{ticks[job][1]}" for job in never if job not in wiped])
+    result._note("wiped", [f"{ticks[job][0]}@{ticks[job][1]}" for job in wiped])
     result._note("duplicated_outside", outside_dup)
     result._note("duplicated_inside", inside)
     result._note("retried", retried)

@@ -5,7 +5,7 @@ the fault windows, and what counts as outside."""
 from __future__ import annotations
 
 from disque.store.ids import tick_job_id
-from disque.testing.checker import ACK, FAIL, INFO, OK, History
+from disque.testing.checker import ACK, FAIL, INFO, OK, WIPE, History
 from disque.testing.checker_schedules import SCHEDULE, TICK, check_schedules
 from disque.testing.checker_stats import NEMESIS
 
@@ -21,7 +21,7 @@ class Script:
     def __init__(self) -> None:
         self.now = T0
         self.history = History(lambda: self.now)
-        self.history.add(OK, 0, 0, SCHEDULE, value={"action": "add", "name": "s", "every": 1000, "ttl": 60, "retry": 5})
+        self.history.add(OK, 0, 0, SCHEDULE, value={"action": "add", "name": "s", "every": 1000, "ttl": 60, "retry": 5, "replicate": 2})
 
     def at(self, ms: int) -> Script:
         self.now = T0 + ms
@@ -119,3 +119,14 @@ def test_other_ticks_are_beyond_and_other_jobs_unexpected():
     s.delete(1500)
     counts = s.check()
     assert counts["beyond"] == 2 and counts["unexpected"] == 1 and not counts["valid"]
+
+
+def test_a_tick_wiped_on_every_copy_is_not_missing():
+    s = Script()
+    s.deliver(1000)
+    for node in (0, 1, 2):  # ticks 2000 and 3000: on two nodes each, both wiped for 2000 only
+        held = [job(2000)] * (node < 2) + [job(3000)] * (node == 0)
+        s.at(3500).history.add(OK, "nemesis", node, WIPE, value={"action": "flushall", "held": held})
+    s.delete(3900)
+    result = check_schedules(s.history.records, grace_ms=GRACE, nodes=NODES, settle_ms=SETTLE)
+    assert result.problems["wiped"] == [f"s@{T0 + 2000}"] and result.problems["missing"] == [f"s@{T0 + 3000}"]
