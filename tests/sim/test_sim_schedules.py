@@ -5,7 +5,8 @@ exactly once when neither its own window nor its delivery met a fault.
 
 Hypothesis draws the cluster size, duplication and delay of the network and
 a plan of partitions (some with a bridge node), kills (restarted from the
-AOF) and clock jumps of one node (forward or back, by up to ten minutes),
+AOF) and clock jumps of one node (back by up to ten minutes, forward by up
+to a minute: the fault lasts until the node's clock is past where it was),
 each held for a while and followed by a whole cluster for a while."""
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def schedule_plans(draw, max_steps=3):
     params = {
         "partition": lambda: (partition(),),
         "kill": lambda: (draw(node),),
-        "clock": lambda: (draw(node), draw(st.sampled_from((-600_000, -60_000, -3000, 3000, 60_000, 600_000)))),
+        "clock": lambda: (draw(node), draw(st.sampled_from((-600_000, -60_000, -3000, 3000, 60_000)))),
     }
     steps = []
     for _ in range(draw(st.integers(1, max_steps))):

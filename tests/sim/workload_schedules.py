@@ -10,7 +10,11 @@ undone, then `gap` ms of a whole cluster, recorded as nemesis start and
 stop records (the checker's fault windows).  The faults: a partition (a
 bridge node possibly in both groups), a kill -9 (undone by a restart from
 the AOF), and a clock jump of one node by `offset` ms, forward or back
-(undone by putting the clock right, a jump the other way).  The network
+(undone by putting the clock right, a jump the other way).  A core whose
+clock went back runs none of its periodic work (pings, ACK collection,
+federation, schedules) until its clock passes the time it last did, so a
+clock fault ends only then: `offset` ms after the clock is put right when
+it had jumped forward (the shell's clock never jumps: shell/clock.py).  The network
 loses nothing (a lost notice fires a tick twice, allowed only inside a
 fault window) but may duplicate and delay.  Then the schedules are
 deleted, and a drainer reads every node until nothing came for QUIET_S.
@@ -104,6 +108,7 @@ class ScheduleWorkload:
                 await cluster.restart(params[0], aof=True)
             else:
                 cluster.nodes[params[0]].step_clock(0)
+                await trio.sleep(max(0, params[1]) / 1000)  # back by `offset`: until its crons run again
             self.fault("stop", fault)
             await trio.sleep(gap / 1000)
 
