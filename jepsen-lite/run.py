@@ -271,7 +271,7 @@ class Workload:
 
     def schedules(self, action: str) -> None:
         """--schedules: SCHEDULE ADD each schedule on a node in turn (recorded
-        when answered), or SCHEDULE DEL them all (recorded when sent)."""
+        once every node lists it), or SCHEDULE DEL them all (recorded when sent)."""
         for k in range(self.args.schedules):
             name, node = f"{QUEUE}-tick-{k}", self.nodes[k % len(self.nodes)]
             if action == "add":
@@ -280,6 +280,8 @@ class Workload:
                                   "TTL", opts["ttl"], "RETRY", opts["retry"], "REPLICATE", opts["replicate"])  # fmt: skip
                 if reply != b"OK":
                     raise RuntimeError(f"SCHEDULE ADD {name}: {reply!r}")
+                while not all(name.encode() in call_once(n.host, n.port, "SCHEDULE", "LIST") for n in self.nodes):
+                    time.sleep(0.05)  # the ticks judged are those after every node knows the schedule
                 self.record(OK, "schedules", node.index, SCHEDULE, value={"action": "add", "name": name, **opts})
             else:
                 self.record(OK, "schedules", node.index, SCHEDULE, value={"action": "del", "name": name})

@@ -4,7 +4,9 @@ Theory of operation: a harness that runs schedules (jepsen-lite's
 `--schedules`, the in-process simulation) records, in the format of
 disque/testing/checker.py:
 
-* `schedule`: an `ok` record per change, `value` {"action": "add", "name",
+* `schedule`: an `ok` record per change (for an ADD, once every node
+  knows the schedule: a node that dies before telling any other takes the
+  schedule with it until it is back), `value` {"action": "add", "name",
   "every" (ms), "ttl" (s, 86400 when not given), "retry" (s, -1 when not
   given), "replicate" (3 when not given)} for SCHEDULE ADD (its invoke,
   when recorded, is ignored), or

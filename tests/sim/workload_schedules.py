@@ -4,7 +4,8 @@ disque/testing/checker_schedules.py.
 Theory of operation: `run_schedule_workload(plan, seed)` forms a
 `SimCluster`, sets every node's `schedule-grace` to GRACE, adds SCHEDULES
 schedules (EVERY 1 s, REPLICATE 2) on node 0, and runs consumers that
-GETJOB the ticks' queue on random live nodes and ACKJOB each job at once,
+GETJOB the ticks' queue on random live nodes and ACKJOB each job at once
+(the run, and the ticks judged, begin once every node knows the schedules),
 while the nemesis plays `plan.steps`: each step is a fault held `hold` ms,
 undone, then `gap` ms of a whole cluster, recorded as nemesis start and
 stop records (the checker's fault windows).  The faults: a partition (a
@@ -120,6 +121,7 @@ class ScheduleWorkload:
                                                 "TTL", OPTIONS["ttl"], "RETRY", OPTIONS["retry"],
                                                 "REPLICATE", OPTIONS["replicate"])  # fmt: skip
                 assert reply == b"OK", reply
+                await self.cluster.wait_for(lambda: all(name.encode() in n.core.schedules.names() for n in self.cluster.nodes), 5)
                 self.history.add(OK, "schedules", 0, SCHEDULE, value={"action": "add", "name": name, **OPTIONS})
             else:
                 self.history.add(OK, "schedules", 0, SCHEDULE, value={"action": "del", "name": name})
