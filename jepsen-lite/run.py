@@ -276,6 +276,7 @@ class Workload:
             name, node = f"{QUEUE}-tick-{k}", self.nodes[k % len(self.nodes)]
             if action == "add":
                 opts = TICK_OPTIONS
+                self.record("invoke", "schedules", node.index, SCHEDULE, value={"action": "add", "name": name, **opts})
                 reply = call_once(node.host, node.port, "SCHEDULE", "ADD", name, TICKS, name, "EVERY", opts["every"],
                                   "TTL", opts["ttl"], "RETRY", opts["retry"], "REPLICATE", opts["replicate"])  # fmt: skip
                 if reply != b"OK":

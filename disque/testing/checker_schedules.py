@@ -9,7 +9,8 @@ disque/testing/checker.py:
   schedule with it until it is back), `value` {"action": "add", "name",
   "every" (ms), "ttl" (s, 86400 when not given), "retry" (s, -1 when not
   given), "replicate" (3 when not given)} for SCHEDULE ADD (its invoke,
-  when recorded, is ignored), or
+  with the same value, says when it was sent: the ticks from then on are
+  recognised, but judged only after the ok), or
   {"action": "del", "name"} for SCHEDULE DEL, recorded when it is sent;
 * `tick`: a GETJOB from the schedules' queue: `ok` carries the job (`job`),
   an empty answer is `fail`;
@@ -73,6 +74,7 @@ def check_schedules(history: Iterable[Record], *, grace_ms: int, nodes: int, set
     end = max((r["time"] for r in records), default=0)
     faults = [(w["start"], w["stop"] + settle_ms) for w in fault_windows(records)]
     added: dict[str, tuple[int, dict[str, Any]]] = {}  # name -> (ADD answered at, its value)
+    sent: dict[str, int] = {}  # name -> ADD sent at
     deleted: dict[str, int] = {}  # name -> DEL sent at
     asked: dict[Any, int] = {}  # process -> when its GETJOB in flight was sent
     deliveries: list[tuple[str, int, int]] = []  # (job, asked at, delivered at)
@@ -80,7 +82,9 @@ def check_schedules(history: Iterable[Record], *, grace_ms: int, nodes: int, set
     wiped_on: dict[str, set[Any]] = {}  # job -> nodes wiped while holding it
     for r in records:
         op, kind = r["op"], r["type"]
-        if op == SCHEDULE and kind == OK:
+        if op == SCHEDULE and kind == INVOKE:
+            sent.setdefault(r["value"]["name"], r["time"])
+        elif op == SCHEDULE and kind == OK:
             value = r["value"]
             if value["action"] == "add":
                 added[value["name"]] = (r["time"], value)
@@ -103,7 +107,7 @@ def check_schedules(history: Iterable[Record], *, grace_ms: int, nodes: int, set
         copies[name] = value.get("replicate", 3)
         every = value["every"]
         last = deleted.get(name, end) - grace_ms * nodes
-        for t in range(since // every * every, end + MAP_AHEAD_MS, every):
+        for t in range(min(since, sent.get(name, since)) // every * every, end + MAP_AHEAD_MS, every):
             job = tick_job_id(name.encode(), t, value.get("ttl", 86400), value.get("retry", -1)).decode()
             ticks[job] = (name, t, since < t <= last)
 

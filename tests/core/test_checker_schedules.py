@@ -21,7 +21,9 @@ class Script:
     def __init__(self) -> None:
         self.now = T0
         self.history = History(lambda: self.now)
-        self.history.add(OK, 0, 0, SCHEDULE, value={"action": "add", "name": "s", "every": 1000, "ttl": 60, "retry": 5, "replicate": 2})
+        value = {"action": "add", "name": "s", "every": 1000, "ttl": 60, "retry": 5, "replicate": 2}
+        self.at(-3000).history.invoke(0, 0, SCHEDULE, value=value)  # sent; known everywhere 3 s later
+        self.at(0).history.add(OK, 0, 0, SCHEDULE, value=value)
 
     def at(self, ms: int) -> Script:
         self.now = T0 + ms
@@ -114,11 +116,12 @@ def test_other_ticks_are_beyond_and_other_jobs_unexpected():
     s = Script()
     s.deliver(1000)
     s.at(1100).get(job(0))  # the tick before the ADD was answered: not judged
+    s.at(1150).get(job(-2000))  # nor one after it was sent
     s.at(1200).get(job(3_000_000))  # a tick fired early by a node whose clock ran 50 minutes ahead
     s.at(1300).get(job(1000, "other"))
     s.delete(1500)
     counts = s.check()
-    assert counts["beyond"] == 2 and counts["unexpected"] == 1 and not counts["valid"]
+    assert counts["beyond"] == 3 and counts["unexpected"] == 1 and not counts["valid"]
 
 
 def test_a_tick_wiped_on_every_copy_is_not_missing():

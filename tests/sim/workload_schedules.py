@@ -117,6 +117,7 @@ class ScheduleWorkload:
         for k in range(SCHEDULES):
             name = f"s{k}"
             if action == "add":
+                self.history.invoke("schedules", 0, SCHEDULE, value={"action": "add", "name": name, **OPTIONS})
                 reply = await self.cluster.call(0, "SCHEDULE", "ADD", name, QUEUE, name, "EVERY", OPTIONS["every"],
                                                 "TTL", OPTIONS["ttl"], "RETRY", OPTIONS["retry"],
                                                 "REPLICATE", OPTIONS["replicate"])  # fmt: skip
