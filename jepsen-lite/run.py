@@ -30,6 +30,7 @@ from cluster import Conn, Node, call_once, join, wait_mesh  # noqa: E402
 from disque.testing import checker_stats  # noqa: E402
 from disque.testing.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, NACK, OK, SCAN, WAITJOB, History, check  # noqa: E402
 from disque.testing.checker_groups import QACK, QADD, QGET, check_groups  # noqa: E402
+from disque.testing.checker_schedules import SCHEDULE, TICK, check_schedules  # noqa: E402
 
 ALL_FAULTS = ("halves", "majority", "bridge", "kill", "pause", "netem", "admin", "clock", "zone")
 CLOCK_STEPS = (-3600, -60, 60, 600)  # seconds a node's wall clock is stepped by (the clock fault)
@@ -41,6 +42,9 @@ WAITJOB_RATE = 0.1  # --extensions: acknowledged ADDJOBs followed by a WAITJOB T
 TTLS = (20, 300, 300, 300)  # seconds, drawn per job
 GROUPS = ("billing", "audit", "search")  # --workload groups: the consumer groups reading QUEUE
 GROUP_CRASH_RATE = 0.05  # --workload groups: deliveries never acknowledged (redo at the deadline)
+TICKS = QUEUE + "-ticks"  # --schedules: the queue of every schedule's ticks
+TICK_OPTIONS = {"every": 1000, "ttl": 300, "retry": 5, "replicate": 2}  # --schedules: each schedule's
+TICK_CONSUMERS = 2  # --schedules: threads reading TICKS
 
 
 def now_ms() -> int:
@@ -232,9 +236,13 @@ class Workload:
             self.record(OK if isinstance(answer, int) else INFO, process, i, QACK, job=event,
                         value=answer if isinstance(answer, int) else str(answer))  # fmt: skip
 
-    def consumer(self, process: int) -> None:
-        if self.args.workload == "groups":
+    def consumer(self, process: int, op: str = DEQUEUE) -> None:
+        """GETJOB (TIMEOUT on random nodes; NOHANG on each node in turn while
+        draining), then ACKJOB, FASTACK or NACK; `op` TICK reads the
+        schedules' queue and acknowledges every tick's job at once."""
+        if self.args.workload == "groups" and op == DEQUEUE:
             return self.event_consumer(process)
+        queues = (TICKS,) if op == TICK else self.queues
         rng = random.Random(f"{self.args.seed}-c{process}")
         conns: dict[int, Conn] = {}
         turn = process
@@ -246,23 +254,25 @@ class Workload:
             else:
                 i = rng.randrange(len(self.nodes))
                 options = ("TIMEOUT", 500)
-            self.record("invoke", process, i, DEQUEUE, value={"queues": list(self.queues)})
+            self.record("invoke", process, i, op, value={"queues": list(queues)})
             try:
-                reply = self._call(conns, i, "GETJOB", *options, "COUNT", 1, "FROM", *self.queues)
+                reply = self._call(conns, i, "GETJOB", *options, "COUNT", 1, "FROM", *queues)
             except (OSError, ConnectionError) as e:
-                self.record(INFO, process, i, DEQUEUE, value=repr(e))
+                self.record(INFO, process, i, op, value=repr(e))
                 time.sleep(rng.uniform(0.05, 0.2))
                 continue
             if not isinstance(reply, list) or not reply:
-                self.record(FAIL, process, i, DEQUEUE, value=None if reply is None else str(reply))
+                self.record(FAIL, process, i, op, value=None if reply is None else str(reply))
                 if self.draining.is_set():
                     time.sleep(0.02)
                 continue
             _, job, body = reply[0][:3]
             job = job.decode()
-            self.record(OK, process, i, DEQUEUE, job=job, body=body.decode())
+            self.record(OK, process, i, op, job=job, body=body.decode())
             self.last_delivery = time.monotonic()
-            if self.args.extensions and not self.draining.is_set() and rng.random() < NACK_RATE:
+            if op == TICK:  # at once: a tick delivered twice is then the schedule's doing, not a retry
+                self.job_command(conns, process, i, ACK, job, "ACKJOB", job)
+            elif self.args.extensions and not self.draining.is_set() and rng.random() < NACK_RATE:
                 self.job_command(conns, process, i, NACK, job, "NACK", job, "DELAY", 1)  # back in a second, or dead-lettered
             else:
                 self.acknowledge(conns, rng, process, i, job)
@@ -271,6 +281,25 @@ class Workload:
         mode = self.args.ack
         kind = (FASTACK if rng.random() < 0.3 else ACK) if mode == "mixed" else (FASTACK if mode == "fastack" else ACK)
         self.job_command(conns, process, i, kind, job, "FASTACK" if kind == FASTACK else "ACKJOB", job)
+
+    def schedules(self, action: str) -> None:
+        """--schedules: SCHEDULE ADD each schedule on a node in turn (recorded
+        once every node lists it), or SCHEDULE DEL them all (recorded when sent)."""
+        for k in range(self.args.schedules):
+            name, node = f"{QUEUE}-tick-{k}", self.nodes[k % len(self.nodes)]
+            if action == "add":
+                opts = TICK_OPTIONS
+                self.record("invoke", "schedules", node.index, SCHEDULE, value={"action": "add", "name": name, **opts})
+                reply = call_once(node.host, node.port, "SCHEDULE", "ADD", name, TICKS, name, "EVERY", opts["every"],
+                                  "TTL", opts["ttl"], "RETRY", opts["retry"], "REPLICATE", opts["replicate"])  # fmt: skip
+                if reply != b"OK":
+                    raise RuntimeError(f"SCHEDULE ADD {name}: {reply!r}")
+                while not all(name.encode() in call_once(n.host, n.port, "SCHEDULE", "LIST") for n in self.nodes):
+                    time.sleep(0.05)  # the ticks judged are those after every node knows the schedule
+                self.record(OK, "schedules", node.index, SCHEDULE, value={"action": "add", "name": name, **opts})
+            else:
+                self.record(OK, "schedules", node.index, SCHEDULE, value={"action": "del", "name": name})
+                call_once(node.host, node.port, "SCHEDULE", "DEL", name)
 
     def acked(self) -> set[str]:
         with self.lock:
@@ -353,7 +382,8 @@ def start_cluster(args: argparse.Namespace, net: Any, workdir: Path) -> list[Nod
 
     conf = (
         f"protected-mode no\nappendonly yes\nappendfsync everysec\ncluster-node-timeout {args.node_timeout_ms}\n"
-        f"read-behind {args.read_behind}\n" + ("read-behind-prefetch 2\n" if args.read_behind == "force" else "")
+        f"read-behind {args.read_behind}\nschedule-grace {args.schedule_grace}\n"
+        + ("read-behind-prefetch 2\n" if args.read_behind == "force" else "")
     )
     nodes = []
     for i in range(args.nodes):
@@ -439,6 +469,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             threads.append(threading.Thread(target=wl.producer, args=(p,), daemon=True))
         for c in range(args.consumers):
             threads.append(threading.Thread(target=wl.consumer, args=(1000 + c,), daemon=True))
+        if args.schedules:
+            wl.schedules("add")
+            for c in range(TICK_CONSUMERS):
+                threads.append(threading.Thread(target=wl.consumer, args=(2000 + c, TICK), daemon=True))
         for t in threads:
             t.start()
         t0 = time.monotonic()
@@ -471,6 +505,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         log("healed; producing a little longer")
         time.sleep(args.after_s)
         wl.producing.clear()
+        if args.schedules:
+            wl.schedules("del")
         wl.draining.set()
         log("draining every node")
         wl.last_delivery = time.monotonic()
@@ -513,8 +549,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         verdict = check_groups(records, GROUPS, ttl_grace_ms=args.ttl_grace_ms).to_json()
     else:
         verdict = check(records, ttl_grace_ms=args.ttl_grace_ms).to_json()
+    schedules = None
+    if args.schedules:
+        settle = args.settle_ms if args.settle_ms is not None else 2 * args.node_timeout_ms + args.schedule_grace
+        schedules = check_schedules(records, grace_ms=args.schedule_grace, nodes=args.nodes, settle_ms=settle).to_json()
     results = {
-        "valid": verdict["valid"] and not any("died" in n for n in notes),
+        "valid": verdict["valid"] and (schedules is None or schedules["valid"]) and not any("died" in n for n in notes),
         "mode": net.mode,
         "seed": args.seed,
         "workload": args.workload,
@@ -525,6 +565,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "recovered": verdict.get("recovered", 0),
         "enqueued": verdict.get("acknowledged", 0),
         "checker": verdict,
+        "schedules": schedules,
         "faults": injected,
         "fault_counts": {f: sum(1 for s in injected if s["fault"] == f) for f in sorted({s["fault"] for s in injected})},
         "latency_ms": checker_stats.latencies(records),
@@ -557,6 +598,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"at-most-once duplicated {verdict.get('at_most_once_duplicated')}, phantom acks {verdict.get('phantom_acks')} "
             f"({net.mode} mode, {elapsed:.0f}s)"
         )
+    if schedules is not None:
+        log(
+            f"schedules {'VALID' if schedules['valid'] else 'INVALID'}: {schedules['ticks']} ticks ({schedules['outside']} "
+            f"outside the faults), missing {schedules['missing']}, delivered twice outside the faults "
+            f"{schedules['duplicated_outside']}, inside {schedules['duplicated_inside']}, retried {schedules['retried']}, "
+            f"unexpected {schedules['unexpected']}, other ticks {schedules['beyond']}, wiped {schedules['wiped']}"
+        )
     for n in notes:
         log(f"note: {n}")
     return results
@@ -572,6 +620,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--extensions", action="store_true",
                    help="also NACK ... DELAY a quarter of the deliveries, give at-least-once jobs MAXATTEMPTS 4 "
                         "(consumed from the dead-letter queue too) and WAITJOB a tenth of the jobs added")  # fmt: skip
+    p.add_argument("--schedules", type=int, default=0,
+                   help="also run this many schedules (EVERY 1 s) and check one job per tick (README)")  # fmt: skip
+    p.add_argument("--schedule-grace", type=int, default=2000, help="the nodes' schedule-grace, ms")
+    p.add_argument("--settle-ms", type=int, default=None,
+                   help="how long after a fault the schedules checker still excuses a tick "
+                        "(default: 2 x node timeout + schedule grace)")  # fmt: skip
     p.add_argument("--duration", type=float, default=60, help="seconds of faults (default: %(default)s)")
     p.add_argument("--fault-s", type=float, default=8, help="how long each fault holds")
     p.add_argument("--gap-s", type=float, default=4, help="healthy seconds between faults")

@@ -76,6 +76,8 @@ SERVER_COMMANDS: dict[str, tuple[str, str]] = {
     "QRPEEK": ("queue", "okq: the event QRPOP would return next, taking nothing"),
     "QLPEEK": ("queue", "okq: the newest live event, taking nothing"),
     "QREGISTER": ("[queue ...]", "okq: the queues of this connection's one-argument QNOTIFY"),
+    "SCHEDULE": ("ADD name queue body EVERY ms|CRON expr [TZ zone] [ADDJOB options] | DEL | SHOW | PAUSE | RESUME name | LIST",
+                 "Recurring jobs: a job added to a queue at every tick (see `schedule --help`)"),
     "HELLO": ("", "This node and the cluster's nodes, with priorities"),
     "INFO": ("[section]", "Server information and statistics"),
     "PING": ("[message]", "Check the connection"),
@@ -473,6 +475,154 @@ def requeue(session: Session, queue: str, count: int | None, cluster: bool | Non
         client = session.client()
         found = [(client.hello().node_id, session.label, requeue_on(client))]
     output_sum(session, queue, "requeued", found)
+
+
+# --------------------------------------------------------------------------
+# schedule (docs/schedules.md)
+
+
+@cli.group(cls=CommandGroup, prefix=("SCHEDULE",), context_settings={"ignore_unknown_options": True})
+def schedule() -> None:
+    """Recurring jobs: a job added to a queue at every tick of a period or a
+    cron expression (SCHEDULE).  Schedules are cluster state: any node lists
+    them all, and a change made on one reaches every node."""
+
+
+@schedule.command("add")
+@click.argument("name")
+@click.argument("queue")
+@click.argument("body")
+@click.option("--every", help="Period between ticks: 250ms, 90s, 5m, 1h, 1d (ticks at its multiples since the epoch).")
+@click.option("--cron", "cron_expr", metavar="EXPR", help='A 5-field cron expression ("0 3 * * *").')
+@click.option("--tz", help="The zone of --cron (default UTC), e.g. Europe/Paris.")
+@click.option("--ttl", type=int, help="Each job's TTL, seconds.")
+@click.option("--retry", type=int, help="Each job's RETRY, seconds (0: at most once).")
+@click.option("--replicate", type=int, help="Copies of each job.")
+@click.option("--delay", type=int, help="Each job's DELAY, seconds.")
+@click.option("--maxlen", type=int, help="No job while the queue holds this many.")
+@click.option("--max-attempts", type=int, help="Deliveries before a job goes to its dead-letter queue.")
+@click.option("--dead-letter", help="That dead-letter queue (default <queue>-dead).")
+@click.pass_obj
+def schedule_add(session: Session, name: str, queue: str, body: str, every: str | None, cron_expr: str | None,
+                 tz: str | None, **options: Any) -> None:  # fmt: skip
+    """Add the schedule NAME (or replace its definition): BODY into QUEUE at
+    every tick of --every or --cron."""
+    if (every is None) == (cron_expr is None):
+        raise click.UsageError("give one of --every and --cron")
+    if every is not None:
+        from disque.client.worker import parse_period
+
+        try:
+            when = ["EVERY", str(parse_period(every))]
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--every") from None
+    else:
+        when = ["CRON", cron_expr, *(["TZ", tz] if tz else [])]
+    words = [w for option, value in options.items() if value is not None for w in (option.replace("_", "").upper(), str(value))]
+    session.run(["SCHEDULE", "ADD", name, queue, body, *when, *words])  # type: ignore[list-item]
+
+
+def schedule_rows(client: Any) -> list[dict[str, Any]]:
+    """SCHEDULE SHOW of every schedule SCHEDULE LIST names, as rows."""
+    rows = []
+    for name in client.execute_command("SCHEDULE", "LIST"):
+        reply = client.execute_command("SCHEDULE", "SHOW", name)
+        if reply is not None:  # deleted meanwhile
+            rows.append(schedule_row(reply))
+    return rows
+
+
+def schedule_row(reply: Any) -> dict[str, Any]:
+    from disque.cli.views import text
+
+    show = reply if isinstance(reply, dict) else dict(zip(reply[::2], reply[1::2]))
+    fields = {text(k): v for k, v in show.items()}
+    when = f"every {fields['every']} ms" if fields["every"] else text(fields["cron"]) + (f" {text(fields['tz'])}" if fields["tz"] else "")
+    return {
+        "name": text(fields["name"]), "queue": text(fields["queue"]), "when": when, "paused": bool(fields["paused"]),
+        "options": " ".join(text(w) for w in fields["options"]),
+        "last-tick": _when(fields["last-tick"]), "last-node": text(fields["last-node"] or b"")[:8],
+        "next-tick": _when(fields["next-tick"]),
+    }  # fmt: skip
+
+
+def _when(ms: int | None) -> str:
+    """A tick's time, UTC, to the millisecond ("" for none)."""
+    from datetime import datetime, timezone
+
+    return "" if not ms else datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds")
+
+
+@schedule.command("list")
+@click.pass_obj
+def schedule_list(session: Session) -> None:
+    """Every schedule: its queue, its ticks, whether it is paused, the latest
+    tick known fired (and the node that fired it) and the next one."""
+    rows = schedule_rows(session.client())
+    session.output("schedules", rows, raw=[r["name"] for r in rows])
+
+
+@schedule.command("show")
+@click.argument("name")
+@click.pass_obj
+def schedule_show(session: Session, name: str) -> None:
+    """One schedule's definition, latest tick and next tick."""
+    reply = session.client().execute_command("SCHEDULE", "SHOW", name)
+    if reply is None:
+        raise Failure(f"no such schedule: {name}")
+    row = schedule_row(reply)
+    session.output("record", row, raw=[v for item in row.items() for v in item])
+
+
+@schedule.command("del")
+@click.argument("name")
+@click.pass_obj
+def schedule_del(session: Session, name: str) -> None:
+    """Delete a schedule everywhere (1; 0 if there was none); its jobs stay."""
+    session.run(["SCHEDULE", "DEL", name])
+
+
+@schedule.command("pause")
+@click.argument("name")
+@click.pass_obj
+def schedule_pause(session: Session, name: str) -> None:
+    """Stop a schedule's ticks everywhere until it is resumed."""
+    session.run(["SCHEDULE", "PAUSE", name])
+
+
+@schedule.command("resume")
+@click.argument("name")
+@click.pass_obj
+def schedule_resume(session: Session, name: str) -> None:
+    """Let a paused schedule's ticks fire again."""
+    session.run(["SCHEDULE", "RESUME", name])
+
+
+SCHEDULE_FIGURES = ("schedule_ticks_fired", "schedule_ticks_late", "schedule_ticks_collapsed", "schedule_ticks_refused")
+
+
+@schedule.command("stats")
+@scope_option(True, "the tick counters of INFO schedules add up, one row per node follows")
+@click.pass_obj
+def schedule_stats(session: Session, cluster: bool | None) -> None:
+    """Ticks fired (jobs added), late (by a node next in line, or caught up),
+    collapsed (made on two nodes and merged) and refused, over the cluster."""
+
+    def figures(client: Any) -> dict[str, int]:
+        info = client.info("schedules").get("Schedules", {})
+        return {name.removeprefix("schedule_ticks_"): int(info.get(name, 0)) for name in SCHEDULE_FIGURES}
+
+    if session.wide(cluster, default=True):
+        found = per_node(session, figures)
+    else:
+        client = session.client()
+        found = [(client.hello().node_id, session.label, figures(client))]
+    total = {name: sum(f[name] for _, _, f in found) for name in (n.removeprefix("schedule_ticks_") for n in SCHEDULE_FIGURES)}
+    if session.mode == "json":
+        session.output("plain", {**total, "nodes": [{"node": n, "address": a, **f} for n, a, f in found]})
+    else:
+        session.output("by-node", {"total": total, "nodes": found}, raw=[v for item in total.items() for v in item])
+    session.check_nodes()
 
 
 # --------------------------------------------------------------------------

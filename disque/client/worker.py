@@ -41,6 +41,7 @@ as `key=value` text or as one JSON object per line.
 from __future__ import annotations
 
 import importlib
+import itertools
 import inspect
 import json
 import logging
@@ -95,6 +96,22 @@ class Backoff:
 RECONNECT = Backoff(base=0.1, cap=5.0, jitter=0.5)
 
 
+PERIOD_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_period(period: str | float) -> int:
+    """A period in ms: "250ms", "90s", "5m", "1h", "1d", or a number of seconds."""
+    if isinstance(period, (int, float)):
+        return round(period * 1000)
+    text = period.strip().lower()
+    unit = "ms" if text.endswith("ms") else text[-1:] if text[-1:] in PERIOD_UNITS else "s"
+    number = text[: len(text) - len(unit)] if text.endswith(unit) else text
+    try:
+        return round(float(number) * PERIOD_UNITS[unit])
+    except ValueError:
+        raise ValueError(f"not a period: {period!r} (try 90s, 5m, 1h)") from None
+
+
 @dataclass(frozen=True)
 class Handler:
     """A function registered by `App.job`; calling it calls the function."""
@@ -142,6 +159,7 @@ class App:
         client_options.setdefault("password", os.environ.get("DISQUE_AUTH"))
         self.client_options = client_options
         self.handlers: dict[str, Handler] = {}
+        self.schedules: dict[str, list[str | int]] = {}  # name -> SCHEDULE ADD's arguments after the name
         self._client: Client | None = None
 
     def job(
@@ -172,6 +190,40 @@ class App:
         def register(fn: Callable[[Job], Any]) -> Handler:
             handler = Handler(self, queue, fn, max_attempts, dead_letter, timeout, backoff, priority)
             self.handlers[queue] = handler
+            return handler
+
+        return register
+
+    def every(
+        self, period: str | float, queue: str | None = None, *, name: str | None = None, body: str = "",
+        ttl: int | None = None, **job_options: Any,
+    ) -> Callable[[Callable[[Job], Any]], Handler]:  # fmt: skip
+        """Decorator: `job` for `queue` (default: the function's name), plus
+        a recurring job added to it every `period` ("90s", "5m", "1h", "1d",
+        "250ms" or seconds), registered (SCHEDULE ADD, docs/schedules.md)
+        when a worker starts; `name` defaults to the queue's."""
+        return self._scheduled(["EVERY", parse_period(period)], queue, name, body, ttl, job_options)
+
+    def cron(
+        self, expr: str, queue: str | None = None, *, tz: str | None = None, name: str | None = None, body: str = "",
+        ttl: int | None = None, **job_options: Any,
+    ) -> Callable[[Callable[[Job], Any]], Handler]:  # fmt: skip
+        """Decorator: as `every`, at the times of a 5-field cron expression
+        (in zone `tz`, UTC by default)."""
+        return self._scheduled(["CRON", expr, *(["TZ", tz] if tz else [])], queue, name, body, ttl, job_options)
+
+    def _scheduled(
+        self, when: list[str | int], queue: str | None, name: str | None, body: str, ttl: int | None,
+        job_options: dict[str, Any],
+    ) -> Callable[[Callable[[Job], Any]], Handler]:  # fmt: skip
+        def register(fn: Callable[[Job], Any]) -> Handler:
+            handler = self.job(queue or fn.__name__, **job_options)(fn)
+            words: list[str | int] = ["TTL", ttl] if ttl else []
+            if handler.max_attempts is not None:  # the handler's retries travel with each tick's job
+                words += ["MAXATTEMPTS", handler.max_attempts]
+            if handler.dead_letter is not None:
+                words += ["DEADLETTER", handler.dead_letter]
+            self.schedules[name or handler.queue] = [handler.queue, body, *when, *words]
             return handler
 
         return register
@@ -289,6 +341,8 @@ class Worker:
         async with anyio.create_task_group() as self._tasks:
             if signals:
                 self._tasks.start_soon(self._watch_signals)
+            if self.app.schedules:
+                self._tasks.start_soon(self._register_schedules)
             async with anyio.create_task_group() as slots:
                 for n in range(1, self.concurrency + 1):
                     slots.start_soon(self._slot, n)
@@ -304,6 +358,25 @@ class Worker:
         self._fetching.cancel()
         assert self._tasks is not None, "stop() before run()"
         self._tasks.start_soon(self._grace_timer)
+
+    async def _register_schedules(self) -> None:
+        """SCHEDULE ADD of the app's schedules, until a node takes them (adding
+        an unchanged schedule again changes nothing, so every worker does it)."""
+        client = self.app.async_client()
+        try:
+            for tries in itertools.count(1):
+                try:
+                    for name, args in self.app.schedules.items():
+                        await client.execute_command("SCHEDULE", "ADD", name, *args)
+                    log.info("schedules registered", extra={"schedules": ",".join(self.app.schedules)})
+                    return
+                except DisqueConnectionError as e:
+                    delay = RECONNECT.delay(tries, self.rng)
+                    log.warning("cannot register the schedules: %s", e, extra={"retry_in": round(delay, 2)})
+                    await anyio.sleep(delay)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await client.close()
 
     async def _grace_timer(self) -> None:
         await anyio.sleep(self.grace)

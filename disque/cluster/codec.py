@@ -36,8 +36,9 @@ import msgpack
 from disque.cluster.messages import (
     Claim, Claimed, DelJob, Enqueue, Fail, Fanout, GossipEntry, GotAck, GotJob, GotJobs, GroupAck, GroupFlush, GroupSet,
     Header, Meet, Message, NeedEvent, NeedJobs, NewEvent, Pause, Ping, Pong, Queued, ReplJob, ReplJobs, SetAck, WaitEntry,
-    Waiting, WillQueue, Working, YourEvent, YourJobs, valid_zone,
+    Waiting, WillQueue, Working, YourEvent, YourJobs, SchedSet, Ticked, valid_zone,
 )  # fmt: skip
+from disque.store import schedule
 from disque.store.records import (  # the pieces of the field tables
     _BITS, _PORT, _UINT, DecodeError, _bool, _bytes, _dump_wire_job, _each, _Field, _Fields, _int_in, _job_id, _list_of,
     _loader, _node_id, _opt_job_id, _packer, _pos_loader, _pos_packer, _pos_record, _record, _str, _unpack,
@@ -74,6 +75,11 @@ def _fanout_child(v: Any) -> bytes:
     parent, plus, child = _bytes(v).partition(b"+")
     if not (parent and plus and child):
         raise DecodeError("not a fanout child name (parent+child)")
+    return v
+
+
+def _schedule(v: Any) -> bytes:
+    schedule.decode(_bytes(v))  # raises DecodeError
     return v
 
 
@@ -184,6 +190,8 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("GOTJOBS", GotJobs, (_Field("ids", "i", _list_of(_job_id, 1)),)),
     ("REPLJOBS", ReplJobs, (_JOBS,), (("noreply", NOREPLY),)),
     ("WAITING", Waiting, (_WAIT_ENTRIES,)),
+    ("SCHEDSET", SchedSet, (_Field("record", "r", _schedule),)),
+    ("TICKED", Ticked, (_Field("name", "n", _bytes), _Field("tick", "k", _UINT), _Field("node", "o", _node_id))),
 )
 _KINDS = tuple(_Kind(code, *row) for code, row in enumerate(_ROWS, 1))
 _BY_NAME = {k.name: k for k in _KINDS}

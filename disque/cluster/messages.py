@@ -42,7 +42,8 @@ LEAVING: Final = 128
 # older version, which drops the link on a message type it does not know,
 # never gets one (rolling upgrades, spec/cluster.md §2.3).
 FEATURE_WAITING: Final = 1  # WAITING (core/federation.py)
-FEATURES: Final = FEATURE_WAITING  # this node's
+FEATURE_SCHEDULES: Final = 2  # SCHEDSET and TICKED (core/schedules.py)
+FEATURES: Final = FEATURE_WAITING | FEATURE_SCHEDULES  # this node's
 
 ZONE_MAX_LEN: Final = 64
 
@@ -293,8 +294,27 @@ class Waiting:
     entries: tuple[WaitEntry, ...]  # at least one
 
 
+@dataclass(frozen=True, slots=True)
+class SchedSet:
+    """A schedule's definition (store/schedule.py's storage form, checked by
+    the codec), told to every node; the newer version wins."""
+
+    record: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Ticked:
+    """Tick `tick` (ms) of schedule `name` became a job, made by `node`
+    (core/schedules.py): the nodes next in line for it stand down."""
+
+    name: bytes
+    tick: int
+    node: str
+
+
 Message = (
     Ping | Pong | Meet | Fail | ReplJob | ReplJobs | GotJob | GotJobs | Enqueue | Queued | Working
     | WillQueue | SetAck | GotAck | DelJob | NeedJobs | YourJobs | Pause | Fanout
     | GroupSet | Claim | GroupAck | Claimed | NeedEvent | YourEvent | NewEvent | GroupFlush | Waiting
+    | SchedSet | Ticked
 )  # fmt: skip

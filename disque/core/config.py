@@ -573,6 +573,9 @@ DIRECTIVES: dict[str, Directive] = {
         # Zones (docs/zones.md): where this node runs, and the zones a new job must reach by default.
         _string("zone", settable=True, check=_check_zone),
         _integer("min-zones", 1, "min-zones must be 1 or greater", low=1, set_min=1),
+        # Recurring jobs (core/schedules.py): the wait of each next node in line, the missed ticks that fire.
+        _integer("schedule-grace", 2000, "schedule-grace must be 100 or greater", low=100, set_min=100),
+        _enum("schedule-catch-up", "last", "last all none", "argument must be 'last', 'all' or 'none'"),
     )
 }
 
@@ -582,7 +585,7 @@ _PROJECT_ORDER = """
     tls-cluster tls-protocols tls-ciphers metrics-port memcache-port memcache-tls-port
     memcache-value-key memcache-max-item-size memcache-auth
     read-behind job-memory-limit read-behind-prefetch priority-aging
-    zone min-zones
+    zone min-zones schedule-grace schedule-catch-up
 """.split()
 _HIDDEN_FROM_GET = {"cluster-secret", "cluster-secret-previous"}
 

@@ -75,8 +75,24 @@ def node_figures(node: NodeCore, max_queues: int | None = None) -> dict[str, Any
             }
             for peer in node.cluster.nodes.values()
         ],
+        "schedules": dict(node.schedules.info_fields()),
+        "schedule_list": schedule_figures(node),
         **queues_figures(node, max_queues),
     }
+
+
+def schedule_figures(node: NodeCore) -> list[dict[str, Any]]:
+    """Every schedule as SCHEDULE SHOW describes it, in name order (the
+    dashboard's panel): texts as str, the ADDJOB options as one string."""
+    out = []
+    for name in node.schedules.names():
+        row: dict[str, Any] = {}
+        for key, value in node.schedules.show(name) or ():  # (names() lists the live ones)
+            if isinstance(value, list):
+                value = b" ".join(value)
+            row[key.decode()] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+        out.append(row)
+    return out
 
 
 def queues_figures(node: NodeCore, max_queues: int | None) -> dict[str, Any]:

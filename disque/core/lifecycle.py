@@ -400,6 +400,7 @@ class Lifecycle:
         retry: int | None, delay: int | None, maxlen: int | None, is_async: bool,
         max_attempts: int = 0, dead_letter: bytes | None = None, zones: int | None = None,
         priority: int | None = None,
+        job_id: bytes | None = None,
     ) -> Any:  # fmt: skip
         """ADDJOB after option parsing (spec/commands.md §4.1 steps 3-8, creation);
         None stands for an option not given.  `max_attempts` (0: none) and
@@ -407,7 +408,8 @@ class Lifecycle:
         extension (`dead_letter_job`); `zones` is ZONES (docs/zones.md: the
         zones the copies must span, `min-zones` by default, at most REPLICATE);
         `priority` (0-9) defaults to the queue's (its `priority` setting, 5
-        unless configured)."""
+        unless configured); a schedule's tick brings its `job_id`
+        (core/schedules.py)."""
         membership = self.membership
         if repl is None:
             repl = min(3, membership.size())
@@ -418,14 +420,7 @@ class Lifecycle:
             ttl = self.kestrel.make_room(limits, queue, body, ttl)
         if delay is None:
             delay = 0
-        if repl > 1 and retry == 0:
-            raise errors.err(
-                "With RETRY set to 0 please explicitly set  REPLICATE to 1 (at-most-once delivery)"
-            )
-        if delay >= ttl:
-            raise errors.err(
-                "The specified DELAY is greater than TTL. Job refused since would never be delivered"
-            )
+        errors.check_job_options(repl, retry, delay, ttl)
         if retry is None:
             retry = min(ttl // 10, 300) or 1
         if zones is None:
@@ -441,7 +436,8 @@ class Lifecycle:
                 raise errors.maxlen()
             if existing.pause & PAUSE_IN:
                 raise errors.paused()
-        job_id = new_job_id(membership.my_id, self.rng, ttl, retry)
+        if job_id is None:
+            job_id = new_job_id(membership.my_id, self.rng, ttl, retry)
         if job_id in self.jobs:
             raise errors.err("Internal error creating the job, check server logs")
         now = self.now

@@ -23,6 +23,7 @@ routes the inputs to them.
 * core/replication.py, core/federation.py, core/acks.py, core/items.py,
   core/groups.py, core/handlers.py: the cluster's job messages and the
   other concerns, built on the lifecycle
+* core/schedules.py  recurring jobs: the schedules, and who fires each tick
 * core/read_behind.py  jobs on disk, behind the job store (`jobs.spilled`)
 
 The front ends reach a concern through its attribute (`node.lifecycle.add_job`,
@@ -56,6 +57,7 @@ from disque.core import read_behind
 from disque.core.read_behind import ReadBehind
 from disque.core.replay import Replay
 from disque.core.replication import Replication
+from disque.core.schedules import Schedules
 from disque.core.types import NIL_ARRAY, BodyStore, Clock, Client, Command, Host, Stats
 from disque.store.aof import AofStatus
 from disque.store.collected import Collected
@@ -67,6 +69,10 @@ if TYPE_CHECKING:  # annotations only: the core draws from the injected rng
 log = logging.getLogger("disque")
 
 BLOCKED_CRON_MS: Final = 100
+# Cluster state every node keeps whole, last writer wins (schedules): taken
+# from a peer whose handshake with us is still under way too, since a peer
+# sends it when it learns what we read, which may be before we know its ID.
+SHARED_STATE: Final = (m.SchedSet, m.Ticked)
 
 
 class NodeCore:
@@ -110,6 +116,7 @@ class NodeCore:
         self.acks = Acks(life, self.out, self.replication, self.blocking)
         self.items = Items(life, self.out, self.acks, self.blocking, self.clients)
         self.groups = Groups(life, self.out, self.memory, self.blocking)
+        self.schedules = Schedules(life, now)
         life.bind(self.groups, self.acks, self.items, self.replication, self.blocking, self.federation)
         # Read-behind (core/read_behind.py) sits behind the job store; kept here for the shell and INFO.
         self.read_behind: ReadBehind | None = read_behind.install(life, bodies, config.read_behind)
@@ -134,6 +141,8 @@ class NodeCore:
             m.NewEvent: self.groups.on_new_event,
             m.YourEvent: self.groups.on_your_event,
             m.GroupFlush: self.groups.on_group_flush,
+            m.SchedSet: self.schedules.on_sched_set,
+            m.Ticked: self.schedules.on_ticked,
         }
 
     @property
@@ -169,7 +178,10 @@ class NodeCore:
         `end_load`, commands without the `l` flag answer -LOADING."""
         self.gate.loading = True
         self.read_clock()
-        return Replay(self.lifecycle, self.groups, self.settle, self.read_clock, trust_queued=trust_queued)
+        return Replay(
+            self.lifecycle, self.groups, self.settle, self.read_clock, trust_queued=trust_queued,
+            schedules=self.schedules,
+        )  # fmt: skip
 
     def end_load(self) -> None:
         self.gate.loading = False
@@ -202,6 +214,7 @@ class NodeCore:
         self.blocking.cron()
         self.federation.cron()
         self.groups.cron()
+        self.schedules.cron()
         self.jobs.spilled.cron()
         self.memory.collect_idle_queues()
         self.collected.expire(self.lifecycle.now)
@@ -277,6 +290,11 @@ class NodeCore:
         """Whether the job's queue is in the AOF (an AOF rewrite asks)."""
         return self.out.journaled(job)
 
+    def state_records(self) -> list[bytes]:
+        """The AOF records of the state that is not jobs (consumer groups'
+        progress, schedules), for a rewrite."""
+        return [*self.groups.snapshot_records(), *self.schedules.snapshot_records()]
+
     def conf_dirty(self) -> bool:
         """Whether nodes.conf no longer matches the cluster state."""
         return self.cluster.dirty
@@ -302,7 +320,7 @@ class NodeCore:
         self.read_clock()
         self.cluster.link_connected(key)
         peer = self.cluster.node_of_key(key)
-        if peer is not None:  # a node it keeps: tell it every fanout child, and the groups' progress it may have missed
+        if peer is not None:  # a node it keeps: tell it every fanout child and the groups' progress it may have missed
             for msg in (*self.items.fanout_messages(), *self.groups.progress_for(peer.id)):
                 self.out.send_key(key, msg)
 
@@ -330,7 +348,7 @@ class NodeCore:
             stats.bus_received += 1
             known = receive(header, msg, key, conn, peer_ip, local_ip)
             handler = on_bus.get(type(msg))
-            if handler is not None and known and not gate.loading:
+            if handler is not None and (known or type(msg) in SHARED_STATE) and not gate.loading:
                 try:
                     handler(header.sender, msg)
                 except Exception:  # a bug must cost one message, not the node and its jobs
@@ -343,11 +361,17 @@ class NodeCore:
 
     def _new_features(self) -> None:
         """Peers that just said what they read (on a link that came up, their
-        PONG) get what was kept from them until then: the waiting consumers."""
+        PONG) get what was kept from them until then: the waiting consumers,
+        every schedule and the ticks fired."""
         peers, self.cluster.new_features = self.cluster.new_features, []
         for peer in peers:
-            if peer.link and peer.features & m.FEATURE_WAITING:
+            if not peer.link:
+                continue
+            if peer.features & m.FEATURE_WAITING:
                 for msg in self.federation.announcements():
+                    self.out.send_key(peer.key, msg)
+            if peer.features & m.FEATURE_SCHEDULES:
+                for msg in self.schedules.sync_messages():
                     self.out.send_key(peer.key, msg)
 
     # ------------------------------------------------------------ flushing

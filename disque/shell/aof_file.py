@@ -763,7 +763,7 @@ class AofFile:
         rw = _Rewrite(os.path.join(self.config.dir, name))
         jobs = snapshot_jobs(self.core)
         spilled = self._spilled()
-        progress = self.core.groups.snapshot_records()
+        progress = self.core.state_records()
         self.rewrite = rw
         self.status.rewrite_in_progress = True
         self.status.current_rewrite_time_sec = 0
@@ -1011,7 +1011,7 @@ class AofFile:
         marker = encode_clean_marker(self.core.clock.now_ms())
         try:
             size = write_snapshot(
-                tmp, jobs, spilled=spilled, progress=self.core.groups.snapshot_records(),
+                tmp, jobs, spilled=spilled, progress=self.core.state_records(),
                 incremental_fsync=self.config.aof_rewrite_incremental_fsync, marker=marker,
             )  # fmt: skip
             os.rename(tmp, self.path)

@@ -10,7 +10,7 @@ the body):
 * `GET /`, `GET /static/<file>`: the dashboard, static files shipped in the
   package (`disque/shell/web/`), no build step;
 * `GET /api/overview`: this node's figures as JSON, with its consumer
-  groups, clients (CLIENT LIST's fields), dead-letter queues, memory and
+  groups, schedules, clients (CLIENT LIST's fields), dead-letter queues, memory and
   read-behind state;
 * `GET /api/cluster`: every node's overview (what the dashboard polls):
   this node's, and the others' asked over their HTTP ports
@@ -232,6 +232,16 @@ class NodeCollector:
         counter("events_acked", "Events a group acknowledged, decided here.", acked)
         gauge("consumer_groups", f"Consumer groups known (series of their own for the first {MAX_GROUP_SERIES}).", snap.groups_total)
         out += self._groups(snap.groups)
+        sched = fig["schedules"]  # INFO schedules (docs/schedules.md)
+        gauge("schedules", "Schedules known (recurring jobs).", sched["schedules"])
+        gauge("schedules_paused", "Schedules paused.", sched["schedules_paused"])
+        counter("schedule_ticks_fired", "Ticks whose job this node added.", sched["schedule_ticks_fired"])
+        counter("schedule_ticks_late", "Ticks added a grace or more after their time (a fallback, a catch-up).",
+                sched["schedule_ticks_late"])  # fmt: skip
+        counter("schedule_ticks_collapsed", "Ticks made here and on another node, their copies merged.",
+                sched["schedule_ticks_collapsed"])  # fmt: skip
+        counter("schedule_ticks_refused", "Ticks whose job ADDJOB refused (a full or paused queue, memory).",
+                sched["schedule_ticks_refused"])  # fmt: skip
         return out
 
     @staticmethod

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from disque.store import schedule
 from disque.store.records import DecodeError, decode_storage, encode_storage
 from disque.store.ids import valid_id
 from disque.store.job import Job
@@ -39,7 +40,10 @@ LOADJOB = b"LOADJOB"
 DELJOB = b"DELJOB"
 CLEANSHUTDOWN = b"CLEANSHUTDOWN"
 GROUPSET = b"GROUPSET"  # GROUPSET <event job ID> <group> <deadline ms, 0 = done>: a consumer group's progress
-RECORD_NAMES = (LOADJOB, DELJOB, CLEANSHUTDOWN, GROUPSET)
+SCHEDULE = b"SCHEDULE"  # SCHEDULE <schedule storage form>: a recurring job's definition (store/schedule.py)
+SCHEDTICK = b"SCHEDTICK"  # SCHEDTICK <name> <tick ms> <node ID>: the latest tick of a schedule known fired
+RECORD_NAMES = (LOADJOB, DELJOB, CLEANSHUTDOWN, GROUPSET, SCHEDULE, SCHEDTICK)
+ARITY = {GROUPSET: 4, SCHEDTICK: 4}  # arguments of a record, with its name (the others: 2)
 
 MAX_ARGS = 64  # a record with more arguments is garbage
 MAX_LINE = 21  # digits of a count or a length, plus the sign
@@ -313,7 +317,7 @@ def check_record(offset: int, args: list[bytes], decode: bool = True) -> Job | N
     if name not in RECORD_NAMES:
         shown = args[0][:64].decode("utf-8", "backslashreplace")
         raise AofCorrupt(offset, f"Unknown command '{shown}' reading the append only file")
-    if len(args) != (4 if name == GROUPSET else 2):
+    if len(args) != ARITY.get(name, 2):
         raise AofCorrupt(offset, f"wrong number of arguments for {name.decode()}")
     if name == LOADJOB and decode:
         try:
@@ -326,6 +330,13 @@ def check_record(offset: int, args: list[bytes], decode: bool = True) -> Job | N
         raise AofCorrupt(offset, "corrupted CLEANSHUTDOWN data")
     if name == GROUPSET and not (valid_id(args[1]) and args[3].isdigit() and len(args[3]) < 20):
         raise AofCorrupt(offset, "corrupted GROUPSET data")
+    if name == SCHEDTICK and not (args[2].isdigit() and len(args[2]) < 20):
+        raise AofCorrupt(offset, "corrupted SCHEDTICK data")
+    if name == SCHEDULE:
+        try:
+            schedule.decode(args[1])
+        except DecodeError as e:
+            raise AofCorrupt(offset, f"corrupted SCHEDULE data: {e}") from None
     return None
 
 

@@ -6,7 +6,8 @@ digits + `SQ`.  The random part comes from the `random.Random` the caller
 injects, so simulations are reproducible; the fixed parts are formatted once
 per node ID and TTL (`_affixes`).  The parity of the TTL field records
 the delivery guarantee: odd = at-least-once (RETRY > 0), even = at-most-once.
-IDs are bytes everywhere in the core: they arrive as bytes from clients and
+A recurring job's tick has an ID made from the schedule and the tick
+instead (`tick_job_id`).  IDs are bytes everywhere in the core: they arrive as bytes from clients and
 leave as bytes in replies.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from binascii import hexlify
 from functools import lru_cache
+from hashlib import blake2b
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: the caller passes its rng
@@ -32,6 +34,15 @@ def _affixes(node_id: str, ttl: int, at_least_once: bool) -> tuple[bytes, bytes]
 def new_job_id(node_id: str, rng: random.Random, ttl: int, retry: int) -> bytes:
     prefix, suffix = _affixes(node_id, ttl, retry > 0)
     return prefix + hexlify(rng.getrandbits(128).to_bytes(16, "big")) + suffix
+
+
+def tick_job_id(schedule: bytes, tick: int, ttl: int, retry: int) -> bytes:
+    """The job of tick `tick` (ms) of a schedule (core/schedules.py): made from
+    (schedule, tick) alone, so every node that fires the tick makes the same
+    ID; the node part is the schedule's, not a node's."""
+    digest = blake2b(b"%s\0%d" % (schedule, tick), digest_size=20).digest()
+    prefix, suffix = _affixes(hexlify(digest[16:]).decode(), ttl, retry != 0)  # (-1: ADDJOB's default, > 0)
+    return prefix + hexlify(digest[:16]) + suffix
 
 
 def valid_id(job_id: bytes) -> bool:

@@ -72,7 +72,7 @@ def test_info_default_and_all_choose_their_sections(env):
     default = ["Server", "Clients", "Memory", "Jobs", "Queues", "Persistence", "Stats", "CPU"]
     assert section_titles(env.s("INFO")) == default
     assert section_titles(env.s("INFO", "default")) == default
-    assert section_titles(env.s("INFO", "ALL")) == default + ["Security", "Commandstats", "Kestrel", "Groups", "Federation"]
+    assert section_titles(env.s("INFO", "ALL")) == default + ["Security", "Commandstats", "Kestrel", "Groups", "Federation", "Schedules"]
 
 
 def test_info_server_reports_uptime_and_run_id(env):

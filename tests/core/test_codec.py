@@ -25,8 +25,9 @@ from disque.cluster.messages import (
     DelJob, Enqueue, Fail, GossipEntry, GotAck, GotJob, GotJobs, Header, Meet, Message,
     NeedJobs, Pause, Ping, Pong, Queued, ReplJob, ReplJobs, SetAck, WillQueue, Working, Fanout, GroupSet, Claim, Claimed,
     GroupAck, GroupFlush, NeedEvent, YourEvent, NewEvent,
-    WaitEntry, Waiting, YourJobs,
+    WaitEntry, Waiting, YourJobs, SchedSet, Ticked,
 )  # fmt: skip
+from disque.store import schedule
 from disque.store.ids import new_job_id
 from disque.store.job import BCAST_QUEUED, BCAST_WILLQUEUE, DELIVERED, IN_LIST, NACKED, WIRE_FLAGS, Job, State
 
@@ -103,6 +104,8 @@ MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     NeedEvent: st.builds(NeedEvent, blobs, blobs, uints, uints),
     YourEvent: st.builds(YourEvent, uints, job_ids, blobs),
     Waiting: st.builds(Waiting, st.lists(st.builds(WaitEntry, blobs, uints), min_size=1, max_size=3).map(tuple)),
+    SchedSet: st.builds(lambda name, body: SchedSet(schedule.encode(schedule.Schedule(b"n" + name, 1, "a", b"q", body, 1000))), blobs, blobs),
+    Ticked: st.builds(Ticked, blobs, uints, node_ids),
 }
 frames = st.tuples(headers, st.one_of(*MESSAGES.values()))
 one_of_each = st.tuples(*(st.tuples(headers, s) for s in MESSAGES.values())).map(list)

@@ -77,7 +77,7 @@ def test_a_positional_body_without_the_optional_fields_that_end_its_row_takes_th
 def formed(older: tuple[int, ...] = (2,)) -> Mesh:
     mesh = Mesh(3)
     for i in older:
-        mesh.make_older(i, (m.Waiting,))
+        mesh.make_older(i, (m.Waiting, m.SchedSet, m.Ticked))
     for i in (1, 2):
         mesh.meet(i, 0)
     mesh.wait_for(lambda: all(len(c.cluster.reachable()) == 2 for c in mesh.cores if c is not None), 5000)
@@ -114,6 +114,16 @@ def test_an_older_node_gets_no_waiting_and_keeps_its_links():
     job_id = add(mesh, 2, "lq", "b", 0, "REPLICATE", 1)
     assert mesh.wait_for(lambda: mesh.reply(waiting) is not None, 40_000) > 0
     assert mesh.reply(waiting) == [[b"lq", job_id, b"b"]] and mesh.refused == []
+
+
+def test_an_older_node_gets_no_schedules_and_keeps_its_links():
+    mesh = formed()
+    links = {(i, j): peer(mesh, i, j).link_time for i in range(3) for j in range(3) if i != j}
+    assert mesh.call(0, "SCHEDULE", "ADD", "s", "q", "x", "EVERY", 1000, "REPLICATE", 1) == b"OK"
+    mesh.advance(4000)  # the record, and ticks fired and told
+    assert mesh.core(1).schedules.names() == [b"s"] and mesh.core(1).schedules.runs[b"s"].last > 0
+    assert mesh.refused == [] and mesh.core(2).schedules.names() == []
+    assert {pair: peer(mesh, *pair).link_time for pair in links} == links
 
 
 def test_without_the_check_the_older_node_would_drop_the_link():

@@ -4,7 +4,8 @@ Theory of operation: `SimCluster` runs inside `trio.run(..., clock=
 MockClock(autojump_threshold=0))`, so time only moves when every task
 sleeps, and a minute of cluster life costs what its events cost.  Each
 `SimNode` is a real `NodeCore` with a clock read from `trio.current_time()`
-(`START_MS` + virtual ms), its own seeded `random.Random`, and the two tasks
+(`START_MS` + virtual ms, plus the node's own offset, which `step_clock`
+makes jump), its own seeded `random.Random`, and the two tasks
 a shell runs, under the node's own cancel scope: a deadline loop that sleeps
 until `next_deadline()` and calls `tick()`, and a 100 ms link cron that
 reconciles `bus_links()` with the simulated links (connect what is wanted,
@@ -147,13 +148,17 @@ def _decode(data: bytes, pos: int) -> tuple[Any, int]:
 
 
 class SimClock:
-    """The injected clock of a core: unix-like ms derived from virtual time."""
+    """The injected clock of a core: unix-like ms derived from virtual time,
+    plus its node's `clock_offset` (a clock that is wrong, or jumps)."""
+
+    def __init__(self, node: SimNode) -> None:
+        self.node = node
 
     def now_ms(self) -> int:
-        return now_ms()
+        return now_ms() + self.node.clock_offset
 
     def now_us(self) -> int:
-        return START_MS * 1000 + round(trio.current_time() * 1_000_000)
+        return (START_MS + self.node.clock_offset) * 1000 + round(trio.current_time() * 1_000_000)
 
     wall_us = now_us
 
@@ -269,6 +274,7 @@ class SimNode:
         self.conf_text = ""  # nodes.conf as last saved
         self.aof = bytearray()  # the append-only file
         self.held_at_death: list[str] = []  # IDs of the jobs the node held when killed
+        self.clock_offset = 0  # ms its clock is ahead of the true time (see step_clock)
         self.links: dict[int, Connection] = {}  # outgoing, by link key
         self.connecting: set[int] = set()
         self.conns: dict[int, Connection] = {}  # incoming, by conn id
@@ -313,7 +319,7 @@ class SimNode:
         config.zone = net.zones[self.index] if net.zones else None
         node_id = self.last_id = membership.my_id if membership else "%040x" % rng.getrandbits(160)
         core = NodeCore(
-            config, node_id, clock=SimClock(), rng=rng, host=SimHost(self), membership=membership, **read_behind(config)
+            config, node_id, clock=SimClock(self), rng=rng, host=SimHost(self), membership=membership, **read_behind(config)
         )
         self.core = core
         self.sessions = session_runner(core, self, self, lambda: core.host.save_cluster_config(fsync=False))
@@ -362,6 +368,13 @@ class SimNode:
         for client in clients:  # their calls see the node gone
             client.kick()
 
+    def step_clock(self, offset_ms: int) -> None:
+        """Set the node's clock `offset_ms` from the true time: a jump, forward
+        or back, as a wrong clock put right (or wrong) does."""
+        self.clock_offset = offset_ms
+        if self.core is not None:
+            self._rearm()
+
     # ------------------------------------------------------------ shell tasks
 
     async def _deadline_loop(self) -> None:
@@ -369,7 +382,7 @@ class SimNode:
         while True:
             core = self.core
             assert core is not None
-            with trio.CancelScope(deadline=trio_time(core.next_deadline())) as self._wakeup:
+            with trio.CancelScope(deadline=trio_time(core.next_deadline() - self.clock_offset)) as self._wakeup:
                 await trio.sleep_forever()
             self._wakeup = None
             now = now_ms()
@@ -446,7 +459,7 @@ class SimNode:
     def _rearm(self) -> None:
         """The deadline loop sleeps until the core's new next deadline."""
         if self._wakeup is not None and self.core is not None:
-            self._wakeup.deadline = min(self._wakeup.deadline, trio_time(self.core.next_deadline()))
+            self._wakeup.deadline = min(self._wakeup.deadline, trio_time(self.core.next_deadline() - self.clock_offset))
 
     # The session runner's bus and AOF ports.
 

@@ -151,13 +151,15 @@ SECTIONS = {
     "groups": ("Groups", lambda node, proc: node.groups.info_fields()),
     # Jobs moving between nodes (docs/cluster.md): NEEDJOBS/YOURJOBS and WAITING.
     "federation": ("Federation", lambda node, proc: node.federation.info_fields()),
+    # Recurring jobs (docs/schedules.md); per schedule: SCHEDULE SHOW.
+    "schedules": ("Schedules", lambda node, proc: node.schedules.info_fields()),
     # Queues larger than memory (docs/read-behind.md); off: `read_behind:no` only.
     "read-behind": (
         "Read-behind",
         lambda node, proc: [("read_behind", "no")] if node.read_behind is None else node.read_behind.info_fields(),
     ),
 }
-EXTRA = ("security", "commandstats", "kestrel", "groups", "read-behind", "federation")  # shown by INFO <section> and INFO all only
+EXTRA = ("security", "commandstats", "kestrel", "groups", "read-behind", "federation", "schedules")  # shown by INFO <section> and INFO all only
 
 
 def info(node: NodeCore, section: str) -> bytes:

@@ -34,6 +34,8 @@ from disque.cluster import messages as m
 from disque.core.errors import err
 from disque.core.types import NIL_ARRAY, SILENT, Client, Command, Map, Status
 from disque.core.node import NodeCore
+from disque.core.schedules import MIN_EVERY, check_cron
+from disque.store.schedule import Schedule
 from disque.store.job import DEFAULT_PRIORITY, MAX_PRIORITY, STATE_BY_NAME, STATE_NAMES, Job, State
 from disque.store.queue import PAUSE_IN, PAUSE_NAMES, PAUSE_OUT, Queue
 
@@ -85,12 +87,13 @@ def _option(opt: bytes, raw: bytes) -> int:
     return value
 
 
-@command("addjob", -4, "wmF")
-def cmd_addjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def job_options(argv: list[bytes], i: int) -> tuple[list[int | None], bool, bytes | None]:
+    """ADDJOB's options from argv[i:] (ADDJOB_OPTS' values, ASYNC, DEADLETTER);
+    SCHEDULE ADD takes the same."""
     values: list[int | None] = [None] * len(ADDJOB_OPTS)  # None: not given
     is_async = False
     dead_letter = None
-    i, n = 4, len(argv)
+    n = len(argv)
     while i < n:
         opt = argv[i].lower()
         if opt in ADDJOB_OPTS and i + 1 < n:
@@ -104,6 +107,12 @@ def cmd_addjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
             i += 2
         else:
             raise errors.syntax()
+    return values, is_async, dead_letter
+
+
+@command("addjob", -4, "wmF")
+def cmd_addjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    values, is_async, dead_letter = job_options(argv, 4)
     timeout = parse_timeout(argv[3])
     repl, ttl, retry, delay, maxlen, max_attempts, zones, priority = values
     if dead_letter is not None and max_attempts is None:
@@ -112,6 +121,63 @@ def cmd_addjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
         client, argv[1], argv[2], timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter,
         zones, priority,
     )
+
+
+@command("schedule", -2, "wm")
+def cmd_schedule(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+    """SCHEDULE ADD|DEL|LIST|SHOW|PAUSE|RESUME (recurring jobs, core/schedules.py;
+    spec/commands.md §14)."""
+    sub, schedules = argv[1].lower(), node.schedules
+    if sub == b"list" and len(argv) == 2:
+        return schedules.names()
+    if sub == b"add" and len(argv) >= 7:
+        return _schedule_add(node, argv)
+    if len(argv) != 3:
+        raise err("Syntax error, try SCHEDULE ADD|DEL|LIST|SHOW|PAUSE|RESUME")
+    if sub == b"del":
+        return schedules.delete(argv[2])
+    if sub == b"show":
+        return schedules.show(argv[2])
+    if sub in (b"pause", b"resume"):
+        schedules.pause(argv[2], sub == b"pause")
+        return OK
+    raise err("Syntax error, try SCHEDULE ADD|DEL|LIST|SHOW|PAUSE|RESUME")
+
+
+def bad_every() -> errors.DisqueError:
+    return err(f"EVERY must be a number of ms, at least {MIN_EVERY}")
+
+
+def _schedule_add(node: NodeCore, argv: list[bytes]) -> Any:
+    """SCHEDULE ADD <name> <queue> <body> (EVERY <ms> | CRON <expr>) [TZ <zone>] [ADDJOB options]."""
+    kind, spec = argv[5].lower(), argv[6]
+    every, cron, tz, i = 0, b"", b"", 7
+    if i + 1 < len(argv) and argv[i].lower() == b"tz":
+        tz, i = argv[i + 1], i + 2
+    if kind == b"every":
+        every = int_or(spec, bad_every)
+        if every < MIN_EVERY:
+            raise bad_every()
+        if tz:
+            raise err("TZ goes with CRON")
+    elif kind == b"cron":
+        check_cron(spec, tz)
+        cron = spec
+    else:
+        raise errors.syntax()
+    values, _, dead_letter = job_options(argv, i)  # ASYNC or not, a tick's job never waits: it has no client
+    repl, ttl, retry, delay, maxlen, max_attempts, zones, priority = values
+    if dead_letter is not None and max_attempts is None:
+        raise err("DEADLETTER needs MAXATTEMPTS")
+    errors.check_job_options(repl or 3, retry, delay or 0, ttl or 86400)
+    if zones is not None and zones > (repl or 3):
+        raise err("ZONES can't be greater than the replication level")
+    node.schedules.add(Schedule(
+        argv[2], 0, "", argv[3], argv[4], every, cron, tz, since=node.now, repl=repl or 0, ttl=ttl or 0,
+        retry=-1 if retry is None else retry, delay=delay or 0, maxlen=maxlen or 0, max_attempts=max_attempts or 0,
+        dead_letter=dead_letter or b"", zones=zones or 0, priority=-1 if priority is None else priority,
+    ))  # fmt: skip
+    return OK
 
 
 @command("getjob", -2, "wF")

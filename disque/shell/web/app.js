@@ -259,6 +259,43 @@ function renderGroups(live) {
   });
 }
 
+function renderSchedules(me, live) {
+  // Schedules are cluster state: this node's definitions, with the latest tick any node knows fired.
+  const latest = {};
+  for (const { overview } of live) {
+    for (const s of overview.schedule_list) {
+      if (s["last-tick"] && !(s["last-tick"] <= (latest[s.name] || {})["last-tick"])) latest[s.name] = s;
+    }
+  }
+  const time = (ms) => (ms ? new Date(ms).toLocaleTimeString() : "");
+  fill("#schedules", me.overview.schedule_list, (row, s) => {
+    const last = latest[s.name] || s;
+    row.dataset.schedule = s.name;
+    cell(row, s.name);
+    cell(row, s.queue);
+    cell(row, s.every ? `every ${s.every / 1000} s` : `${s.cron}${s.tz ? " " + s.tz : ""}`, "when");
+    cell(row, s.options, "muted");
+    cell(row, s.paused ? "paused" : "running", s.paused ? "down" : "up");
+    cell(row, time(last["last-tick"]), "last");
+    cell(row, last["last-node"] ? short(last["last-node"]) : "", "muted");
+    cell(row, time(s["next-tick"]), "next");
+  });
+  const totals = {};
+  for (const { overview } of live) {
+    for (const name of ["fired", "late", "collapsed", "refused"]) {
+      totals[name] = (totals[name] || 0) + overview.schedules["schedule_ticks_" + name];
+    }
+  }
+  document.getElementById("schedule-totals").replaceChildren(
+    ...Object.entries(totals).map(([name, n]) => {
+      const span = document.createElement("span");
+      span.textContent = `ticks ${name}: ${n}`;
+      span.dataset.ticks = name;
+      return span;
+    }),
+  );
+}
+
 function renderClients(live) {
   const rows = live.flatMap((node) => node.overview.clients_shown.map((c) => ({ node: node.id, ...c })));
   fill("#clients", rows, (row, c) => {
@@ -312,6 +349,7 @@ async function poll() {
     renderQueues(queues, rate);
     renderDeadLetters(live);
     renderGroups(live);
+    renderSchedules(me, live);
     renderClients(live);
     renderHealth(live);
   } catch (e) {

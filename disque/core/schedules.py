@@ -1,0 +1,380 @@
+"""Recurring jobs with no single scheduler (docs/schedules.md, spec/commands.md §12).
+
+Theory of operation: a schedule (store/schedule.py) is cluster state.  Every
+change (SCHEDULE ADD, DEL, PAUSE, RESUME) is a whole new record stamped with
+its time and node; it goes to every linked node (SCHEDSET) and to the AOF
+(SCHEDULE), and a node that links up is sent every record, tombstones
+included.  Of two records of a name the newer wins, so all nodes converge
+on one definition whatever the order the records arrive in.
+
+Each tick (a time the EVERY period or the CRON expression names, in ms)
+becomes one job whose ID is made from (schedule, tick) alone
+(`ids.tick_job_id`): two nodes firing the same tick make the same job, and
+the copies collapse where they meet as any two copies of a job do.  Who
+fires tick t: the nodes this one sees up (itself, and the peers it has a
+link to that are not flagged failing or leaving) ordered by a hash of
+(schedule, t, node ID), rendezvous-style; the node of rank r fires once
+`grace * r` ms passed since it first saw the tick due, unless it heard
+meanwhile (TICKED, sent to every linked node by the firer) that the tick
+fired.  In a connected cluster every node computes the same order, so rank
+0 fires and the others hear it well within the grace; a node that is down
+or cut off is not in the order of those that cannot see it, so the next one
+fires at once, and both sides of a partition fire (the same job).  When
+a node hears that another made a tick it made too (TICKED, also sent for
+the last MINE_MAX ticks it fired to a node that links up), it sends its
+copy there as a replica: the copies learn each other's holders, so one is
+queued and one ACK reaches both.
+
+What a node knows fired, per schedule: `last` (the latest tick, with the
+node that fired it: persisted as SCHEDTICK, and sent to a node that links
+up) and the ticks fired in the recent window.  Ticks are due from the
+window's start, `max(now - grace * size, start of this node, since)`, to
+now; a tick older than that and later than `last` was missed (no node fired
+it in its window: the whole cluster was down, or this node was): of those,
+`schedule-catch-up` fires the latest only (`last`, Kubernetes CronJob's
+rule), every one of them (`all`: at most 100) or none.  A node fires nothing in
+its first `grace` ms, so its links come up and tell it what fired first.
+
+Called by NodeCore: `cron` every 100 ms, `on_sched_set` / `on_ticked` (the
+bus), `sync_messages` (a link comes up), `replay` (AOF records),
+`snapshot_records` (an AOF rewrite); the SCHEDULE command's handlers call
+`add`, `delete`, `pause`, `show`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from hashlib import blake2b
+from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
+
+from disque.cluster import messages as m
+from disque.cluster.membership import FAIL, HANDSHAKE, LEAVING, PFAIL
+from disque.core import errors
+from disque.core.types import Client, Map
+from disque.store import schedule as records
+from disque.store.aof import SCHEDTICK, SCHEDULE, encode_record
+from disque.store.ids import tick_job_id
+from disque.store.job import State
+from disque.store.schedule import Schedule
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from disque.core.lifecycle import Lifecycle
+
+log = logging.getLogger("disque")
+
+MIN_EVERY = 100  # ms: the cron's period, below which ticks could not be told apart
+CATCH_UP = {"last": 1, "all": 100, "none": 0}  # `schedule-catch-up`: how many missed ticks fire
+MINE_MAX = 512  # ticks a node remembers firing, to merge with a copy made across a partition
+DOWN = HANDSHAKE | LEAVING | PFAIL | FAIL  # peers that take no turn
+
+
+@dataclass(slots=True)
+class Run:
+    """What this node knows of a schedule's ticks."""
+
+    last: int = 0  # the latest tick known fired (0: none)
+    last_by: str = ""  # ... and the node that fired it
+    fired: dict[int, str] = field(default_factory=dict)  # ticks fired in the window -> by whom
+    seen: dict[int, int] = field(default_factory=dict)  # tick -> when this node first saw it due
+    mine: dict[int, None] = field(default_factory=dict)  # the last MINE_MAX ticks this node fired, oldest first
+
+
+def _zone(tz: bytes) -> Any:
+    """The CRON expression's zone; -ERR for a name zoneinfo does not know."""
+    if not tz:
+        return timezone.utc
+    try:
+        return ZoneInfo(tz.decode())
+    except (KeyError, ValueError, OSError):  # not found (a KeyError), a path, not text, not a zone file
+        raise errors.err("TZ must be a zone name such as Europe/Paris") from None
+
+
+def _cron(s: Schedule, start_ms: int, reverse: bool = False) -> Iterator[int]:
+    """The ticks of a CRON schedule after (before, `reverse`) `start_ms`, in ms.
+    cronsim is imported here only: nodes without a CRON schedule never load it."""
+    from cronsim import CronSim
+
+    start = datetime.fromtimestamp(start_ms / 1000, _zone(s.tz))
+    if not reverse:  # cronsim counts in whole seconds: a tick at start's second must not come back
+        start = start.replace(microsecond=0)
+    for when in CronSim(s.cron.decode(), start, reverse=reverse):  # pragma: no branch - endless (CronSim refuses a day that never comes)
+        yield int(when.timestamp() * 1000)
+
+
+def check_cron(expr: bytes, tz: bytes) -> None:
+    """-ERR unless `expr` is a 5-field cron expression cronsim accepts."""
+    _zone(tz)
+    try:
+        from cronsim import CronSim, CronSimError
+    except ImportError:  # pragma: no cover - cronsim is a dependency; a broken install says so
+        raise errors.err("CRON schedules need the cronsim package") from None
+    try:
+        CronSim(expr.decode(), datetime(2000, 1, 1, tzinfo=timezone.utc))
+    except (CronSimError, UnicodeDecodeError):
+        raise errors.err("invalid CRON expression (5 fields: minute hour day month weekday)") from None
+    if len(expr.split()) != 5:  # cronsim also takes a sixth (seconds) field: not ours
+        raise errors.err("invalid CRON expression (5 fields: minute hour day month weekday)")
+
+
+def ticks_after(s: Schedule, lo: int, hi: int) -> Iterator[int]:
+    """The ticks t with lo < t <= hi, in order."""
+    if s.every:
+        yield from range((lo // s.every + 1) * s.every, hi + 1, s.every)
+        return
+    for t in _cron(s, lo):  # pragma: no branch - endless: the loop ends past `hi`
+        if t > hi:
+            return
+        yield t
+
+
+def ticks_back(s: Schedule, at: int) -> Iterator[int]:
+    """The ticks t <= at, latest first."""
+    if s.every:
+        return iter(range(at // s.every * s.every, 0, -s.every))
+    return _cron(s, at + 1, reverse=True)
+
+
+class Schedules:
+    def __init__(self, life: Lifecycle, started: int) -> None:
+        self.life = life
+        self.out = life.out
+        self.config = life.config
+        self.started = started  # ms this node started (no tick fires in its first `grace`)
+        self.defs: dict[bytes, Schedule] = {}  # every schedule known, tombstones included
+        self.runs: dict[bytes, Run] = {}
+        self.client = Client(0, addr="schedule")  # adds the ticks' jobs (ASYNC: never waits)
+        self.fired = self.late = self.collapsed = self.refused = 0
+
+    @property
+    def grace(self) -> int:
+        return int(self.config.schedule_grace)
+
+    # ------------------------------------------------------------ changes
+
+    def add(self, s: Schedule) -> None:
+        """SCHEDULE ADD: a new definition, or none if it is the one in force."""
+        known = self.defs.get(s.name)
+        if known is not None and not known.deleted:
+            if replace(known, version=0, origin="", since=0, paused=False) == replace(s, version=0, origin="", since=0):
+                return  # a worker registering its schedules again at start
+            s = replace(s, paused=known.paused)
+        self._change(s)
+
+    def delete(self, name: bytes) -> int:
+        known = self.live(name)
+        if known is None:
+            return 0
+        self._change(Schedule(name, 0, "", deleted=True))
+        return 1
+
+    def pause(self, name: bytes, paused: bool) -> None:
+        known = self.live(name)
+        if known is None:
+            raise errors.err("no such schedule")
+        if known.paused != paused:
+            self._change(replace(known, paused=paused))
+
+    def live(self, name: bytes) -> Schedule | None:
+        s = self.defs.get(name)
+        return None if s is None or s.deleted else s
+
+    def _change(self, s: Schedule) -> None:
+        """A change made here: stamped newer than the record in force (even
+        if this node's clock is behind its author's), kept, and told."""
+        known = self.defs.get(s.name)
+        version = self.life.now if known is None else max(self.life.now, known.version + 1)
+        s = replace(s, version=version, origin=self.life.membership.my_id)
+        self._keep(s)
+        self.out.broadcast(self.life.membership.linked_ids(features=m.FEATURE_SCHEDULES), m.SchedSet(records.encode(s)))
+
+    def _keep(self, s: Schedule) -> None:
+        """Apply a record known to be newer; it is logged."""
+        self.defs[s.name] = s
+        if s.deleted:
+            self.runs.pop(s.name, None)
+        else:
+            self.runs.setdefault(s.name, Run())
+        self._log(encode_record(SCHEDULE, records.encode(s)))
+
+    def _log(self, record: bytes) -> None:
+        if self.out.aof.state != "off":
+            self.out.aof_record(None, record)
+
+    # ------------------------------------------------------------ the bus and the AOF
+
+    def on_sched_set(self, sender: str, msg: m.SchedSet) -> None:
+        s = records.decode(msg.record)  # the codec checked it
+        if s.newer(self.defs.get(s.name)):
+            self._keep(s)
+
+    def on_ticked(self, sender: str, msg: m.Ticked) -> None:
+        run = self.runs.get(msg.name)
+        if run is None:
+            return
+        if msg.tick in run.mine and msg.node != self.life.membership.my_id:
+            self._merge(self.defs[msg.name], msg.tick, msg.node)
+        run.fired.setdefault(msg.tick, msg.node)
+        self._advance(msg.name, run, msg.tick, msg.node)
+
+    def _merge(self, s: Schedule, tick: int, node: str) -> None:
+        """`node` made the job of a tick this node made too (a partition, a
+        lost notice): the same ID, so this copy goes to it as a replica, and
+        each copy then knows the other's holders, which dequeue the
+        duplicates and take an ACK to both (as for any two copies of a job)."""
+        self.collapsed += 1
+        job = self.life.jobs.get(tick_job_id(s.name, tick, s.ttl or 86400, s.retry))
+        if job is not None and job.state in (State.ACTIVE, State.QUEUED) and node in self.life.membership.nodes:
+            job.add_delivered(node)
+            self.life.replicas.replicate(job, 0, noreply=True)
+
+    def _advance(self, name: bytes, run: Run, tick: int, node: str) -> None:
+        if tick > run.last:
+            run.last, run.last_by = tick, node
+            self._log(encode_record(SCHEDTICK, name, b"%d" % tick, node.encode()))
+
+    def sync_messages(self) -> list[Any]:
+        """Every record and the latest tick of each schedule, for a node that just linked up."""
+        me = self.life.membership.my_id
+        msgs: list[Any] = [m.SchedSet(records.encode(s)) for s in self.defs.values()]
+        for name, run in self.runs.items():
+            msgs += [m.Ticked(name, t, me) for t in run.mine if t != run.last]
+            if run.last:
+                msgs.append(m.Ticked(name, run.last, run.last_by))
+        return msgs
+
+    def replay(self, args: list[bytes]) -> None:
+        """A SCHEDULE or SCHEDTICK record (checked by the loader)."""
+        if args[0].upper() == SCHEDULE:
+            s = records.decode(args[1])
+            if s.newer(self.defs.get(s.name)):
+                self.defs[s.name] = s
+                if s.deleted:
+                    self.runs.pop(s.name, None)
+                else:
+                    self.runs.setdefault(s.name, Run())
+            return
+        run = self.runs.get(args[1])
+        tick = int(args[2])
+        if run is not None and tick > run.last:
+            run.last, run.last_by = tick, args[3].decode("ascii", "replace")
+
+    def snapshot_records(self) -> list[bytes]:
+        """The state as records, for an AOF rewrite."""
+        out = [encode_record(SCHEDULE, records.encode(s)) for s in self.defs.values()]
+        return out + [
+            encode_record(SCHEDTICK, name, b"%d" % run.last, run.last_by.encode())
+            for name, run in self.runs.items() if run.last
+        ]  # fmt: skip
+
+    # ------------------------------------------------------------ firing
+
+    def cron(self) -> None:
+        now = self.life.now
+        if now < self.started + self.grace or self.life.membership.leaving or not self.runs:
+            return
+        order = self._up()
+        for name, run in self.runs.items():
+            s = self.defs[name]
+            if not s.paused:
+                self._due(s, run, now, order)
+
+    def _up(self) -> list[str]:
+        """The nodes that take turns as this node sees them (itself first)."""
+        membership = self.life.membership
+        return [membership.my_id] + [
+            n.id for n in membership.nodes.values() if n.link and n.id != membership.my_id and not n.flags & DOWN
+        ]
+
+    def _due(self, s: Schedule, run: Run, now: int, order: list[str]) -> None:
+        start = max(now - self.grace * len(self.life.membership.nodes), self.started, s.since)
+        for t in [t for t in run.fired if t <= start]:
+            del run.fired[t]
+        for t in [t for t in run.seen if t <= start]:
+            del run.seen[t]
+        for t in [*self._missed(s, run, start), *ticks_after(s, start, now)]:
+            if t not in run.fired:
+                self._consider(s, run, t, now, order)
+
+    def _missed(self, s: Schedule, run: Run, start: int) -> list[int]:
+        """The ticks before the window, later than any known fired, that the
+        catch-up rule fires (oldest first)."""
+        limit = CATCH_UP[self.config.schedule_catch_up]
+        floor = max(run.last, s.since)
+        missed: list[int] = []
+        for t in ticks_back(s, start):  # pragma: no branch - ends at `floor` (>= `since`, past every EVERY's first tick)
+            if t <= floor or len(missed) == limit:
+                break
+            missed.append(t)
+        return missed[::-1]
+
+    def _consider(self, s: Schedule, run: Run, t: int, now: int, order: list[str]) -> None:
+        seen = run.seen.setdefault(t, now)
+        me = order[0]
+        mine = _turn(s.name, t, me)
+        rank = sum(1 for node in order[1:] if _turn(s.name, t, node) < mine)
+        if now >= seen + self.grace * rank:
+            self._fire(s, run, t, now - t >= self.grace)
+
+    def _fire(self, s: Schedule, run: Run, t: int, late: bool) -> None:
+        life = self.life
+        ttl = s.ttl or 86400
+        job_id = tick_job_id(s.name, t, ttl, s.retry)  # (-1, ADDJOB's default RETRY, is > 0 too)
+        me = life.membership.my_id
+        run.fired[t] = me
+        if job_id in life.jobs or job_id in life.collected:
+            return  # a copy from the node that fired it came before its notice
+        repl = min(s.repl or 3, len(life.membership.reachable()) + 1)  # as many copies as can be made now
+        try:
+            life.add_job(
+                self.client, s.queue, s.body, 0, repl, ttl, None if s.retry < 0 else s.retry, s.delay or None,
+                s.maxlen or None, True, s.max_attempts, s.dead_letter or None, min(s.zones, repl) or None,
+                None if s.priority < 0 else s.priority, job_id=job_id,
+            )  # fmt: skip
+        except errors.DisqueError as e:  # (a full or paused queue, memory): the tick is done with, not retried
+            self.refused += 1
+            log.warning("Schedule %r: tick %d not added: %s", s.name, t, e)
+            self._advance(s.name, run, t, me)
+            return
+        self.fired += 1
+        self.late += late
+        run.mine[t] = None
+        if len(run.mine) > MINE_MAX:
+            del run.mine[next(iter(run.mine))]
+        self.out.broadcast(life.membership.linked_ids(features=m.FEATURE_SCHEDULES), m.Ticked(s.name, t, me))
+        self._advance(s.name, run, t, me)
+
+    # ------------------------------------------------------------ reading
+
+    def show(self, name: bytes) -> Map | None:
+        s = self.live(name)
+        if s is None:
+            return None
+        run = self.runs[name]
+        now = self.life.now
+        return Map([
+            (b"name", s.name), (b"queue", s.queue), (b"body", s.body),
+            (b"every", s.every or None), (b"cron", s.cron or None), (b"tz", s.tz or None),
+            (b"options", s.options()), (b"paused", int(s.paused)),
+            (b"last-tick", run.last or None), (b"last-node", run.last_by or None),
+            (b"next-tick", next(ticks_after(s, now, now + 366 * 86_400_000), None)),
+        ])  # fmt: skip
+
+    def names(self) -> list[bytes]:
+        return sorted(name for name, s in self.defs.items() if not s.deleted)
+
+    def info_fields(self) -> list[tuple[str, int]]:
+        return [
+            ("schedules", len(self.runs)), ("schedules_paused", sum(self.defs[n].paused for n in self.runs)),
+            ("schedule_ticks_fired", self.fired), ("schedule_ticks_late", self.late),
+            ("schedule_ticks_collapsed", self.collapsed), ("schedule_ticks_refused", self.refused),
+        ]  # fmt: skip
+
+
+def _turn(name: bytes, tick: int, node_id: str) -> bytes:
+    """A node's place in the order of tick `tick` of `name` (the lowest fires first)."""
+    return blake2b(b"%s\0%d\0%s" % (name, tick, node_id.encode()), digest_size=8).digest()

@@ -1,0 +1,98 @@
+"""A recurring job's definition and its one serialized form (docs/schedules.md).
+
+Theory of operation: a `Schedule` is the whole definition SCHEDULE ADD gave
+(queue, body, EVERY ms or a CRON expression with its TZ, the ADDJOB options)
+plus whether it is paused or deleted, stamped with the `version` (ms) and
+`origin` (node ID) of the change that made it.  Every change is a new whole
+record, and of two records of one name the later version wins (ties: the
+higher origin), so nodes that hear the changes in any order, twice, or
+after a partition agree (`newer`).  A deletion is a record too (a
+tombstone), so a node that comes back with the old definition cannot bring
+it back.  The same bytes (`encode`: a msgpack array of the fields in
+`_FIELDS` order) travel on the bus (SCHEDSET) and in the AOF (`SCHEDULE
+<storage form>`); `decode` checks each field's type and raises
+`DecodeError` on anything else.  Fields added later go at the end, and a
+record without them (from an older node) takes their defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgpack
+
+from disque.store.records import DecodeError
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    name: bytes
+    version: int  # ms of the change (last writer wins)
+    origin: str  # node ID that made the change (breaks ties)
+    queue: bytes = b""
+    body: bytes = b""
+    every: int = 0  # ms between ticks (EVERY), or 0 for CRON
+    cron: bytes = b""  # a 5-field expression (CRON)
+    tz: bytes = b""  # the CRON expression's zone (b"": UTC)
+    paused: bool = False
+    deleted: bool = False
+    since: int = 0  # ms the schedule was added: only the ticks after it fire
+    # ADDJOB's options (0 / b"": not given, ADDJOB's default)
+    repl: int = 0
+    ttl: int = 0
+    retry: int = -1  # -1: not given (0 is at-most-once)
+    delay: int = 0
+    maxlen: int = 0
+    max_attempts: int = 0
+    dead_letter: bytes = b""
+    zones: int = 0
+    priority: int = -1  # -1: the queue's
+
+    def newer(self, other: Schedule | None) -> bool:
+        """Whether this record replaces `other` (None: nothing known)."""
+        return other is None or (self.version, self.origin) > (other.version, other.origin)
+
+    def options(self) -> list[bytes]:
+        """The ADDJOB options given, as words (SCHEDULE SHOW)."""
+        words: list[bytes] = []
+        for word, value, unset in (
+            (b"REPLICATE", self.repl, 0), (b"TTL", self.ttl, 0), (b"RETRY", self.retry, -1),
+            (b"DELAY", self.delay, 0), (b"MAXLEN", self.maxlen, 0), (b"MAXATTEMPTS", self.max_attempts, 0),
+            (b"ZONES", self.zones, 0), (b"PRIORITY", self.priority, -1),
+        ):  # fmt: skip
+            if value != unset:
+                words += [word, b"%d" % value]
+        return words + [b"DEADLETTER", self.dead_letter] if self.dead_letter else words
+
+
+_FIELDS: tuple[tuple[str, type], ...] = (
+    ("name", bytes), ("version", int), ("origin", str), ("queue", bytes), ("body", bytes), ("every", int),
+    ("cron", bytes), ("tz", bytes), ("paused", bool), ("deleted", bool), ("since", int), ("repl", int), ("ttl", int),
+    ("retry", int), ("delay", int), ("maxlen", int), ("max_attempts", int), ("dead_letter", bytes),
+    ("zones", int), ("priority", int),
+)  # fmt: skip
+_REQUIRED = 18  # the fields after these came later: a record without them takes their defaults
+
+
+def encode(s: Schedule) -> bytes:
+    return msgpack.packb([getattr(s, name) for name, _ in _FIELDS])  # type: ignore[no-any-return]
+
+
+def decode(data: bytes) -> Schedule:
+    """The record `encode` made; DecodeError for anything else."""
+    if not isinstance(data, bytes):
+        raise DecodeError("a schedule record is bytes")
+    try:
+        row = msgpack.unpackb(data)
+    except Exception:  # msgpack's errors for truncated, extra or malformed data
+        raise DecodeError("bad schedule record") from None
+    if type(row) is not list or not _REQUIRED <= len(row) <= len(_FIELDS):
+        raise DecodeError("bad schedule record")
+    values: dict[str, object] = {}
+    for (name, kind), value in zip(_FIELDS, row):
+        if type(value) is not kind:  # (a bool is not an int here, nor an int a bool)
+            raise DecodeError(f"bad schedule field {name}")
+        values[name] = value
+    if not values["name"]:
+        raise DecodeError("bad schedule record")
+    return Schedule(**values)  # type: ignore[arg-type]

@@ -1,0 +1,42 @@
+"""The dashboard's schedules panel in headless Chromium, against a real
+3-node cluster (the fixtures of test_dashboard.py): every schedule with its
+ticks and state, the latest tick any node fired, the tick counters added up."""
+
+from __future__ import annotations
+
+import redis
+from selenium.common.exceptions import StaleElementReferenceException
+from selenium.webdriver.support.ui import WebDriverWait
+
+from test_dashboard import Cluster, api, browser, cluster  # noqa: F401  (fixtures)
+
+
+def test_the_schedules_panel(cluster: Cluster, browser) -> None:  # noqa: F811
+    (a, http), (b, _), _ = cluster
+    ra, rb = redis.Redis(port=a.port), redis.Redis(port=b.port)
+    assert ra.execute_command("SCHEDULE", "ADD", "heartbeat", "pings", "ping", "EVERY", 1000, "TTL", 60) == b"OK"
+    assert rb.execute_command("SCHEDULE", "ADD", "nightly", "reports", "go", "CRON", "0 3 * * *", "TZ", "Europe/Paris") == b"OK"
+    assert rb.execute_command("SCHEDULE", "PAUSE", "nightly") == b"OK"
+
+    browser.get(f"http://127.0.0.1:{http}/")
+    wait = WebDriverWait(browser, 30, ignored_exceptions=[StaleElementReferenceException])
+
+    def rows() -> list[list[str]]:
+        script = "return [...document.querySelectorAll('#schedules tbody tr')].map(tr => [...tr.cells].map(td => td.innerText.trim()))"
+        return browser.execute_script(script)
+
+    def ticks(name: str) -> int:
+        found = browser.execute_script("const e = document.querySelector(`#schedule-totals span[data-ticks='${arguments[0]}']`);"
+                                       "return e ? e.innerText : ''", name)  # fmt: skip
+        return int(found.rpartition(" ")[2] or -1)
+
+    heartbeat, nightly = wait.until(lambda _: found if len(found := rows()) == 2 and found[0][5] else None)
+    assert heartbeat[:5] == ["heartbeat", "pings", "every 1 s", "TTL 60", "running"]
+    assert heartbeat[6] and heartbeat[7]  # the node that fired the latest tick, the next tick's time
+    assert nightly[:5] == ["nightly", "reports", "0 3 * * * Europe/Paris", "", "paused"] and nightly[5] == nightly[6] == ""
+    wait.until(lambda _: ticks("fired") >= 2)
+    assert ticks("refused") == 0
+    status, overview = api(http, "/api/overview")
+    assert status == 200 and [s["name"] for s in overview["schedule_list"]] == ["heartbeat", "nightly"]
+    ra.close()
+    rb.close()
