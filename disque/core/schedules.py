@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from disque.cluster import messages as m
-from disque.cluster.membership import FAIL, HANDSHAKE, LEAVING, PFAIL
+from disque.cluster.membership import NOADDR
 from disque.core import errors
 from disque.core.types import Client, Map
 from disque.store import schedule as records
@@ -70,7 +70,6 @@ log = logging.getLogger("disque")
 MIN_EVERY = 100  # ms: the cron's period, below which ticks could not be told apart
 CATCH_UP = {"last": 1, "all": 100, "none": 0}  # `schedule-catch-up`: how many missed ticks fire
 MINE_MAX = 512  # ticks a node remembers firing, to merge with a copy made across a partition
-DOWN = HANDSHAKE | LEAVING | PFAIL | FAIL  # peers that take no turn
 
 
 @dataclass(slots=True)
@@ -144,7 +143,9 @@ class Schedules:
         self.life = life
         self.out = life.out
         self.config = life.config
-        self.started = started  # ms this node started (no tick fires in its first `grace`)
+        self.started = started  # ms this node started
+        self.quiet_until = started + self.grace  # no tick fires before (see `cron`)
+        self.last_cron = started
         self.defs: dict[bytes, Schedule] = {}  # every schedule known, tombstones included
         self.runs: dict[bytes, Run] = {}
         self.client = Client(0, addr="schedule")  # adds the ticks' jobs (ASYNC: never waits)
@@ -275,7 +276,10 @@ class Schedules:
 
     def cron(self) -> None:
         now = self.life.now
-        if now < self.started + self.grace or self.life.membership.leaving or not self.runs:
+        if now - self.last_cron > min(self.config.cluster_node_timeout, self.grace) // 2:
+            self.quiet_until = max(self.quiet_until, now + self.grace // 2)  # stalled: see the module's doc
+        self.last_cron = now
+        if now < self.quiet_until or self.life.membership.leaving or not self.runs:
             return
         order = self._up()
         for name, run in self.runs.items():
@@ -284,11 +288,11 @@ class Schedules:
                 self._due(s, run, now, order)
 
     def _up(self) -> list[str]:
-        """The nodes that take turns as this node sees them (itself first)."""
+        """The nodes that take turns as this node sees them (itself first):
+        those not flagged, linked or not (a link is made again after a PING
+        answered late, well before the peer would be flagged)."""
         membership = self.life.membership
-        return [membership.my_id] + [
-            n.id for n in membership.nodes.values() if n.link and n.id != membership.my_id and not n.flags & DOWN
-        ]
+        return [membership.my_id] + [n.id for n in membership.reachable() if not n.flags & NOADDR]
 
     def _due(self, s: Schedule, run: Run, now: int, order: list[str]) -> None:
         start = max(now - self.grace * len(self.life.membership.nodes), self.started, s.since)
