@@ -65,6 +65,28 @@ def test_a_node_that_stalled_through_its_turn_fires_nothing_another_fired(mesh, 
     assert dict(mesh.core(first).schedules.info_fields())["schedule_ticks_collapsed"] == 0
 
 
+def test_a_node_that_stalled_through_its_turn_lets_the_next_ones_pass_first():
+    """Not flagged (a long node timeout), it wakes a grace/2 before the next
+    in line's turn: firing then would race it, so it waits for that turn to
+    pass, and half a grace more, and fires only if it heard nothing."""
+    mesh = Mesh(3, node_timeout=15_000)
+    mesh.meet(0, 1)
+    mesh.meet(0, 2)
+    mesh.advance(3500)
+    mesh.call(0, "SCHEDULE", "ADD", "s", "q", "x", "EVERY", 60_000, "REPLICATE", 1)
+    t = (mesh.clock.ms // 60_000 + 1) * 60_000
+    first, second, third = in_line(mesh, t)
+    mesh.advance(t - 50 - mesh.clock.ms)
+    mesh.kill(second)  # the next in line is gone, and not flagged yet
+    mesh.stall(first, 1050)
+    mesh.advance(2900)
+    assert all_tick_jobs(mesh) == {}  # not at its wake + grace/2 (the second's turn, t + grace)
+    mesh.advance(200)
+    assert list(all_tick_jobs(mesh).values()) == [[first]]  # at the second's turn + grace/2: nobody else fired it
+    mesh.advance(2000)
+    assert list(all_tick_jobs(mesh).values()) == [[first]] and firers(mesh) == 1  # the third heard
+
+
 def test_nodes_that_stall_together_fire_each_tick_once(mesh):
     mesh.call(0, "SCHEDULE", "ADD", "s", "q", "x", "EVERY", 1000, "REPLICATE", 1)
     mesh.advance(next_tick(mesh) - 50 - mesh.clock.ms)
