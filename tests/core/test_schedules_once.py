@@ -13,16 +13,7 @@ from disque.core.schedules import _turn
 from disque.store.records import job_to_wire
 from mesh import Mesh
 from support import Session, make_core
-from test_schedules import all_tick_jobs, firers
-
-
-@pytest.fixture
-def mesh() -> Mesh:
-    mesh = Mesh(3)
-    mesh.meet(0, 1)
-    mesh.meet(0, 2)
-    mesh.advance(3500)  # (off the ticks' boundaries)
-    return mesh
+from test_schedules import all_tick_jobs, firers, mesh  # noqa: F401 - `mesh`: the fixture of three nodes
 
 
 def next_tick(mesh: Mesh) -> int:
