@@ -369,6 +369,9 @@ class Federation:
         now = life.now
         for wire in msg.jobs:
             received = job_from_wire(wire, now)
+            if received.id in life.collected:  # acknowledged here and collected: the sender's copy is stale
+                life.out.send(sender, m.DelJob(received.id, life.collected.acked(received.id)))
+                continue
             job = life.jobs.get(received.id)
             if job is None:
                 job = life.receive(received)

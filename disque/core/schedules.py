@@ -11,15 +11,19 @@ Each tick (a time the EVERY period or the CRON expression names, in ms)
 becomes one job whose ID is made from (schedule, tick) alone
 (`ids.tick_job_id`): two nodes firing the same tick make the same job, and
 the copies collapse where they meet as any two copies of a job do.  Who
-fires tick t: the nodes this one sees up (itself, and the peers it has a
-link to that are not flagged failing or leaving) ordered by a hash of
+fires tick t: the nodes this one sees up (itself, and the peers not
+flagged failing or leaving, linked or not) ordered by a hash of
 (schedule, t, node ID), rendezvous-style; the node of rank r fires once
 `grace * r` ms passed since it first saw the tick due, unless it heard
 meanwhile (TICKED, sent to every linked node by the firer) that the tick
 fired.  In a connected cluster every node computes the same order, so rank
 0 fires and the others hear it well within the grace; a node that is down
-or cut off is not in the order of those that cannot see it, so the next one
-fires at once, and both sides of a partition fire (the same job).  When
+or cut off is flagged by those that cannot see it, and out of their order,
+so the next one fires at once, and both sides of a partition fire (the same
+job).  A link alone does not count: on a slow machine a PING answered late
+drops a link (after half the node timeout) that is made again at once, and
+a node that left a peer out of the order then would fire that peer's turn.
+When
 a node hears that another made a tick it made too (TICKED, also sent for
 the last MINE_MAX ticks it fired to a node that links up), it sends its
 copy there as a replica: the copies learn each other's holders, so one is
@@ -34,6 +38,14 @@ it in its window: the whole cluster was down, or this node was): of those,
 `schedule-catch-up` fires the latest only (`last`, Kubernetes CronJob's
 rule), every one of them (`all`: at most 100) or none.  A node fires nothing in
 its first `grace` ms, so its links come up and tell it what fired first.
+Nor for `grace / 2` after a stall (the cron did not run for half the node
+timeout or half the grace): its peers may have flagged it, or seen its turn
+pass, and fired its ticks, while its own view is stale (links dropped by its
+own cron, flags set on peers whose answers it has not read yet).  Its links
+are made again and the peers' TICKED (sent again on link-up) reach it first.
+A tick due before it woke may still be in the hands of the next node in
+line, whose turn may come at any moment: it waits for that turn to pass,
+and `grace / 2` more to hear of it, before firing the tick itself.
 
 Called by NodeCore: `cron` every 100 ms, `on_sched_set` / `on_ticked` (the
 bus), `sync_messages` (a link comes up), `replay` (AOF records),
@@ -51,7 +63,7 @@ from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from disque.cluster import messages as m
-from disque.cluster.membership import FAIL, HANDSHAKE, LEAVING, PFAIL
+from disque.cluster.membership import NOADDR
 from disque.core import errors
 from disque.core.types import Client, Map
 from disque.store import schedule as records
@@ -70,7 +82,6 @@ log = logging.getLogger("disque")
 MIN_EVERY = 100  # ms: the cron's period, below which ticks could not be told apart
 CATCH_UP = {"last": 1, "all": 100, "none": 0}  # `schedule-catch-up`: how many missed ticks fire
 MINE_MAX = 512  # ticks a node remembers firing, to merge with a copy made across a partition
-DOWN = HANDSHAKE | LEAVING | PFAIL | FAIL  # peers that take no turn
 
 
 @dataclass(slots=True)
@@ -144,7 +155,10 @@ class Schedules:
         self.life = life
         self.out = life.out
         self.config = life.config
-        self.started = started  # ms this node started (no tick fires in its first `grace`)
+        self.started = started  # ms this node started
+        self.quiet_until = started + self.grace  # no tick fires before (see `cron`)
+        self.last_cron = started
+        self.woke = 0  # when the cron ran after its latest stall
         self.defs: dict[bytes, Schedule] = {}  # every schedule known, tombstones included
         self.runs: dict[bytes, Run] = {}
         self.client = Client(0, addr="schedule")  # adds the ticks' jobs (ASYNC: never waits)
@@ -275,7 +289,11 @@ class Schedules:
 
     def cron(self) -> None:
         now = self.life.now
-        if now < self.started + self.grace or self.life.membership.leaving or not self.runs:
+        if now - self.last_cron > min(self.config.cluster_node_timeout, self.grace) // 2:
+            self.woke = now  # stalled: see the module's doc
+            self.quiet_until = max(self.quiet_until, now + self.grace // 2)
+        self.last_cron = now
+        if now < self.quiet_until or self.life.membership.leaving or not self.runs:
             return
         order = self._up()
         for name, run in self.runs.items():
@@ -284,11 +302,11 @@ class Schedules:
                 self._due(s, run, now, order)
 
     def _up(self) -> list[str]:
-        """The nodes that take turns as this node sees them (itself first)."""
+        """The nodes that take turns as this node sees them (itself first):
+        those not flagged, linked or not (a link is made again after a PING
+        answered late, well before the peer would be flagged)."""
         membership = self.life.membership
-        return [membership.my_id] + [
-            n.id for n in membership.nodes.values() if n.link and n.id != membership.my_id and not n.flags & DOWN
-        ]
+        return [membership.my_id] + [n.id for n in membership.reachable() if not n.flags & NOADDR]
 
     def _due(self, s: Schedule, run: Run, now: int, order: list[str]) -> None:
         start = max(now - self.grace * len(self.life.membership.nodes), self.started, s.since)
@@ -317,7 +335,10 @@ class Schedules:
         me = order[0]
         mine = _turn(s.name, t, me)
         rank = sum(1 for node in order[1:] if _turn(s.name, t, node) < mine)
-        if now >= seen + self.grace * rank:
+        at = seen + self.grace * rank
+        if t <= self.woke:  # due before a stall ended: the next in line may be firing it, let its turn pass first
+            at = max(self.woke, t + self.grace * min(rank + 1, len(order) - 1)) + self.grace // 2
+        if now >= at:
             self._fire(s, run, t, now - t >= self.grace)
 
     def _fire(self, s: Schedule, run: Run, t: int, late: bool) -> None:

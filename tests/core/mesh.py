@@ -10,8 +10,10 @@ decoded by the real codec, delivered in order), the way the trio shell
 would.  `kill(i)` makes a node vanish (its peers see their links close);
 `restart(i)` boots a fresh core from the nodes.conf it last saved, so it
 keeps its ID; `lose_next` drops one chosen message; `make_older` makes a
-node behave as one of an older version on the wire.  Every node listens on
-127.0.0.1, client port 7711 + index.
+node behave as one of an older version on the wire; `stall(i, ms)` freezes
+a node's process (no timer runs, what is sent to it waits in its socket; on
+waking its timer runs before it reads, as a starved event loop's may).
+Every node listens on 127.0.0.1, client port 7711 + index.
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ class Mesh:
         self.losses: list[tuple[int, type]] = []  # see lose_next
         self.older: dict[int, tuple[type, ...]] = {}  # see make_older
         self.refused: list[tuple[int, type]] = []  # (node, message type) an older node dropped a link for
+        self.stalled: dict[int, int] = {}  # see stall: node -> the ms it wakes at
+        self.held: deque[tuple[int, bytes, int | None, int | None]] = deque()  # frames to a stalled node
         self._ids = 0
         self._next_cron = self.clock.ms
         for i in range(n):
@@ -130,6 +134,18 @@ class Mesh:
         drop the connection it came on, as its codec would (in `refused`)."""
         self.older[i] = unknown
 
+    def stall(self, i: int, ms: int) -> None:
+        """Node i's process stops for `ms` (starved of CPU, SIGSTOP)."""
+        self.stalled[i] = self.clock.ms + ms
+
+    def _wake(self) -> None:
+        for i in [i for i, until in self.stalled.items() if until <= self.clock.ms]:
+            del self.stalled[i]
+            self.core(i).tick()  # its timer first, then what waited in its socket
+            self.frames.extend(f for f in self.held if f[0] == i)
+            self.held = deque(f for f in self.held if f[0] != i)
+            self.flush()
+
     def meet(self, i: int, j: int) -> None:
         assert self.call(i, "CLUSTER", "MEET", IP, 7711 + j) == b"OK"
 
@@ -139,15 +155,16 @@ class Mesh:
         end = self.clock.ms + ms
         while self.clock.ms < end:
             live = [c for c in self.cores if c is not None]
-            due = min([self._next_cron, *(c.next_deadline() for c in live)])
+            due = min([self._next_cron, *(c.next_deadline() for c in live), *self.stalled.values()])
             self.clock.ms = min(end, max(self.clock.ms + 1, due))
+            self._wake()
             if self.clock.ms >= self._next_cron:
                 self._next_cron += LINK_CRON_MS
                 for i in range(len(self.cores)):
-                    if self.cores[i] is not None:
+                    if self.cores[i] is not None and i not in self.stalled:
                         self._reconcile(i)
-            for core in live:
-                if core in self.cores and core.next_deadline() <= self.clock.ms:
+            for i, core in enumerate(self.cores):
+                if core is not None and i not in self.stalled and core.next_deadline() <= self.clock.ms:
                     core.tick()
                     self.flush()
 
@@ -191,6 +208,9 @@ class Mesh:
             if not self.frames:
                 return
             dst, frame, key, conn = self.frames.popleft()
+            if dst in self.stalled:
+                self.held.append((dst, frame, key, conn))
+                continue
             core = self.cores[dst]
             if core is not None:
                 decoder = FrameDecoder()
