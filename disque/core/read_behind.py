@@ -207,13 +207,15 @@ class ReadBehind:
         over its budget, keeping `prefetch` jobs; newest first."""
         life = self.life
         tail = queue.tail
-        limit = life.config.queue_config.settings(queue.name).max_memory_size
+        limit: int = life.config.queue_config.settings(queue.name).max_memory_size
+        if life.now - self._room_at >= SPILL_STEP_MS:
+            self._room, self._room_at = SPILL_STEP, life.now
+        if tail is None and queue.nbytes <= limit and queue.name not in self.draining and not self._over():
+            return []  # the common case, made cheap: nothing on disk and nothing over a budget
         keep = life.config.read_behind_prefetch
         mem = queue.nbytes - (tail.nbytes if tail is not None else 0)
         low = limit // 10 * 9
         over = self._over() or mem > (low if queue.name in self.draining else limit)
-        if life.now - self._room_at >= SPILL_STEP_MS:
-            self._room, self._room_at = SPILL_STEP, life.now
         freed = 0
         moving: list[Job] = []
         self.draining.pop(queue.name, None)

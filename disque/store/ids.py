@@ -4,7 +4,7 @@ Theory of operation: an ID is `DI` + the first 8 characters of the creating
 node's ID + 32 random lowercase hex characters + the TTL in minutes as 4 hex
 digits + `SQ`.  The random part comes from the `random.Random` the caller
 injects, so simulations are reproducible; the fixed parts are formatted once
-per node ID and TTL (`_affixes`).  The parity of the TTL field records
+per node ID and TTL field.  The parity of the TTL field records
 the delivery guarantee: odd = at-least-once (RETRY > 0), even = at-most-once.
 IDs are bytes everywhere in the core: they arrive as bytes from clients and
 leave as bytes in replies.
@@ -13,24 +13,27 @@ leave as bytes in replies.
 from __future__ import annotations
 
 from binascii import hexlify
-from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:  # annotations only: the caller passes its rng
     import random
 
 ID_LEN = 48
 
-
-@lru_cache(maxsize=1024)
-def _affixes(node_id: str, ttl: int, at_least_once: bool) -> tuple[bytes, bytes]:
-    minutes = min(ttl // 60, 65535)
-    minutes = minutes | 1 if at_least_once else minutes & ~1
-    return b"DI" + node_id[:8].encode(), b"%04xSQ" % minutes
+# The fixed parts, formatted once: `DI` + node prefix by node ID, TTL field + `SQ` by TTL field
+_PREFIXES: Final[dict[str, bytes]] = {}
+_SUFFIXES: Final[dict[int, bytes]] = {}
 
 
 def new_job_id(node_id: str, rng: random.Random, ttl: int, retry: int) -> bytes:
-    prefix, suffix = _affixes(node_id, ttl, retry > 0)
+    minutes = min(ttl // 60, 65535)
+    minutes = minutes | 1 if retry > 0 else minutes & ~1
+    prefix = _PREFIXES.get(node_id)
+    if prefix is None:
+        prefix = _PREFIXES[node_id] = b"DI" + node_id[:8].encode()
+    suffix = _SUFFIXES.get(minutes)
+    if suffix is None:
+        suffix = _SUFFIXES[minutes] = b"%04xSQ" % minutes
     return prefix + hexlify(rng.getrandbits(128).to_bytes(16, "big")) + suffix
 
 
