@@ -3,11 +3,13 @@ whose `TcpClients` serves one end of a socketpair, N requests.
 
     python bench/instructions.py KIND N [PIPELINE]
 
-KIND is ping, addjob (`ADDJOB q <100 B> 0 REPLICATE 1 RETRY 0`) or getjob
-(`GETJOB NOHANG FROM q`, after as many ADDJOBs, run before the count
-starts).  Under `valgrind --tool=callgrind` the instructions of one request
-are the difference between two runs with different N, divided by the
-difference of N (the start-up and the warm-up cancel out):
+KIND is ping, addjob (`ADDJOB q <100 B> 0 REPLICATE 1 RETRY 0`), getjob
+(`GETJOB NOHANG FROM q`), qadd (`QADD g 3600 <100 B>`) or qget (`QGET g grp
+EX 0`); getjob and qget take from PREFILL jobs or events added before the
+count starts (the same number whatever N, so that the adds cancel out).
+Under `valgrind --tool=callgrind` the instructions of one request are the
+difference between two runs with different N, divided by the difference
+of N (the start-up and the warm-up cancel out):
 
     valgrind --tool=callgrind --callgrind-out-file=/dev/null \\
         .venv/bin/python bench/instructions.py ping 2000   # and 6000
@@ -32,8 +34,12 @@ REQUESTS = {
     "ping": b"*1\r\n$4\r\nPING\r\n",
     "addjob": b"*8\r\n$6\r\nADDJOB\r\n$1\r\nq\r\n$100\r\n" + BODY + b"\r\n$1\r\n0\r\n$9\r\nREPLICATE\r\n$1\r\n1\r\n$5\r\nRETRY\r\n$1\r\n0\r\n",
     "getjob": b"*4\r\n$6\r\nGETJOB\r\n$6\r\nNOHANG\r\n$4\r\nFROM\r\n$1\r\nq\r\n",
+    "qadd": b"*4\r\n$4\r\nQADD\r\n$1\r\ng\r\n$4\r\n3600\r\n$100\r\n" + BODY + b"\r\n",
+    "qget": b"*5\r\n$4\r\nQGET\r\n$1\r\ng\r\n$3\r\ngrp\r\n$2\r\nEX\r\n$1\r\n0\r\n",
 }
+FILLED_BY = {"getjob": "addjob", "qget": "qadd"}  # what a taking kind takes from
 WARMUP = 200
+PREFILL = 10_000
 
 
 def main() -> None:
@@ -55,8 +61,11 @@ def main() -> None:
             replies = peer.recv(1 << 20)
         return replies
 
-    if kind == "getjob":
-        serve(REQUESTS["addjob"], WARMUP + n)
+    if kind in FILLED_BY:
+        assert WARMUP + n * pipeline <= PREFILL, "N too large to take from PREFILL"
+        if kind == "qget":
+            serve(REQUESTS[kind], 1)  # the group starts reading from here
+        serve(REQUESTS[FILLED_BY[kind]], PREFILL // pipeline)
     request = REQUESTS[kind]
     serve(request, WARMUP)
     last = serve(request, n)

@@ -84,7 +84,7 @@ class Gate:
             if cmd.name != "auth" and not (cmd.name == "hello" and len(argv) > 1):
                 return errors.noauth()
         flags = cmd.flags
-        limit = self.config.maxmemory
+        limit: int = self.config.maxmemory  # typed: the compiled build does the arithmetic natively
         memory = self.memory
         if limit and memory.used > limit // 100 * 95 and not memory.evict() and "m" in flags:
             return errors.oom()
@@ -115,7 +115,8 @@ class Gate:
         calls[0] += 1
         calls[1] += elapsed
         calls[2 + min(elapsed.bit_length(), LATENCY_BUCKETS - 1)] += 1
-        if elapsed >= self.config.slowlog_log_slower_than >= 0:  # as Redis: 0 logs every command
+        slower: int = self.config.slowlog_log_slower_than
+        if elapsed >= slower >= 0:  # as Redis: 0 logs every command
             self.slowlog_add(argv, elapsed)
         if client.reply_mode:
             return client.silence(reply)

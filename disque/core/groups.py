@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, insort
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from itertools import chain
 from typing import TYPE_CHECKING, Any
@@ -350,7 +350,7 @@ class Groups:
     def _get(self, client: Client, name: bytes, group_name: bytes, ex_ms: int, tries: int) -> Any:
         q = self.queues.get(name)
         picked = self._pick(q, self._group(q, group_name)) if q is not None else None
-        if picked is None:
+        if q is None or picked is None:
             return self._need(client, name, group_name, ex_ms, None)
         e, job, server = picked
         life = self.life
@@ -467,7 +467,7 @@ class Groups:
         client = ask.client
         if client.waiter is not ask.waiter:  # the client went away meanwhile
             return
-        self.waits.drop_waiter(ask.waiter)
+        self.waits.drop_waiter(ask.waiter)  # type: ignore[arg-type]
         if ask.peers is not None:  # a NEEDEVENT the peer had nothing for: the next one
             reply = self._need(client, ask.queue, ask.group, ask.ex_ms, ask.peers)  # type: ignore[arg-type]
             if reply is not BLOCKED:
@@ -661,7 +661,10 @@ class Groups:
         for client_id, (waiter, _) in list(self.notified.items()):
             if waiter.client.waiter is not waiter:  # answered by a timeout, or gone
                 self._forget_waiter(client_id)
-        small, big = sorted((self.waiting, self.queues), key=len)
+        small: Mapping[bytes, object] = self.waiting
+        big: Mapping[bytes, object] = self.queues
+        if len(big) < len(small):
+            small, big = big, small
         for name in [name for name in small if name in big]:
             for client_id, (group_name, waiter) in list(self.waiting.get(name, {}).items()):
                 self._wake(name, client_id, group_name, waiter)

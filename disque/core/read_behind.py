@@ -208,14 +208,16 @@ class ReadBehind:
         over its budget, keeping `prefetch` jobs: the lowest priority
         first, each level's newest first."""
         life = self.life
-        limit = life.config.queue_config.settings(queue.name).max_memory_size
+        limit: int = life.config.queue_config.settings(queue.name).max_memory_size
+        if life.now - self._room_at >= SPILL_STEP_MS:
+            self._room, self._room_at = SPILL_STEP, life.now
+        if queue.nbytes <= limit and queue.name not in self.draining and not self._over():
+            return []  # the common case, made cheap: nothing over a budget
         keep = life.config.read_behind_prefetch
         head = queue.head_live()
         mem = queue.nbytes - queue.on_disk()[1]
         low = limit // 10 * 9
         over = self._over() or mem > (low if queue.name in self.draining else limit)
-        if life.now - self._room_at >= SPILL_STEP_MS:
-            self._room, self._room_at = SPILL_STEP, life.now
         freed = taken = 0
         out: list[tuple[Level, list[Job]]] = []
         self.draining.pop(queue.name, None)

@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Final
 
 SLEW = 0.01  # the largest share of elapsed time by which the clock may lean toward the wall clock
 _SLEW_DIV = round(1 / SLEW)
+_perf_counter_ns: Final = time.perf_counter_ns  # a static in the compiled build, not a lookup per call
 
 
 class NodeClock:
@@ -51,7 +53,7 @@ class NodeClock:
 
     @staticmethod
     def now_us() -> int:
-        return time.perf_counter_ns() // 1000
+        return _perf_counter_ns() // 1000
 
     def wall_us(self) -> int:
         return self._wall() // 1000

@@ -14,7 +14,7 @@ from disque.cluster import messages as m
 from disque.store.records import job_from_wire, job_to_wire
 from disque.core.effects import AofAppend
 from disque.core.groups import CLAIM_MS, EventQueue, _Ask, event_id
-from disque.core.types import BLOCKED, NIL_ARRAY
+from disque.core.types import BLOCKED, NIL_ARRAY, Waiter
 from disque.protocols.resp.encoder import encode
 from disque.core.replay import Replay
 from disque.store.aof import AofCorrupt, RecordReader, check_record
@@ -453,7 +453,8 @@ def test_a_claim_answered_after_the_client_left_is_dropped():
     mesh.advance(100)
     assert not mesh.core(1).groups.asks  # the cron drops it
     core = mesh.core(1)
-    core.groups.asks[99] = _Ask(core.connect(999), b"q", b"g", b"", 0, 0, 1, object())  # type: ignore[arg-type]
+    idle = core.connect(999)
+    core.groups.asks[99] = _Ask(idle, b"q", b"g", b"", 0, 0, 1, Waiter(idle, (), False, 0))  # a waiter not its client's
     core.handle_bus(core.header(), m.Claimed(99, True))  # its client is not waiting: nothing happens
     assert 99 not in core.groups.asks and mesh.reply(mesh.call(1, "QGET", "q", "g"))[1] == b"a"
 

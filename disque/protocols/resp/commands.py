@@ -75,9 +75,9 @@ ADDJOB_OPTS: Final[dict[bytes, tuple[int, int, int, str]]] = {  # Final: a stati
 }
 
 
-def _option(opt: bytes, raw: bytes) -> int:
-    """The value of ADDJOB option `opt` (ADDJOB_OPTS: range and error text)."""
-    _, low, high, error = ADDJOB_OPTS[opt]
+def _option(spec: tuple[int, int, int, str], raw: bytes) -> int:
+    """The value of an ADDJOB option (`spec`: its ADDJOB_OPTS entry, range and error text)."""
+    _, low, high, error = spec
     try:
         value = parse_int(raw)
     except ValueError:
@@ -96,8 +96,9 @@ def job_options(argv: list[bytes], i: int) -> tuple[list[int | None], bool, byte
     n = len(argv)
     while i < n:
         opt = argv[i].lower()
-        if opt in ADDJOB_OPTS and i + 1 < n:
-            values[ADDJOB_OPTS[opt][0]] = _option(opt, argv[i + 1])
+        spec = ADDJOB_OPTS.get(opt)  # one lookup, not a test and a lookup
+        if spec is not None and i + 1 < n:
+            values[spec[0]] = _option(spec, argv[i + 1])
             i += 2
         elif opt == b"async":
             is_async = True
@@ -250,7 +251,7 @@ def cmd_enqueue(node: NodeCore, client: Client, argv: list[bytes]) -> int:
 def cmd_nack(node: NodeCore, client: Client, argv: list[bytes]) -> int:
     """NACK <id> ... [DELAY <seconds>] (DELAY: our extension, node.nack_later)."""
     if len(argv) >= 3 and argv[-2].lower() == b"delay":
-        delay = _option(b"delay", argv[-1])  # as ADDJOB's
+        delay = _option(ADDJOB_OPTS[b"delay"], argv[-1])  # as ADDJOB's
         if delay:
             return _each_known(node, argv[:-2], lambda job: node.lifecycle.nack_later(job, delay))
         argv = argv[:-2]
