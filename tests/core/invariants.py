@@ -16,7 +16,7 @@ from disque.protocols.resp import admin
 from disque.core.memory import QUEUE_OVERHEAD
 from disque.core.node import NodeCore
 from disque.store.job import DELIVERED, IN_LIST, IN_TIMER, State
-from disque.store.spill import IN_TAIL, LIVE, SLOT_BYTES
+from disque.store.spill import IN_TAIL, LIVE
 
 
 def check_core(core: NodeCore, *, settled: bool = True) -> None:
@@ -105,9 +105,13 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
         assert waits and all(core.blocking.blocked.get(w.client.id) is w and job_id in (w.jobs or ()) for w in waits)
 
     # -- memory estimate and INFO ------------------------------------------
-    expected = core.memory.base + sum(core.memory.job_size(j) for j in jobs.values()) + on_disk * SLOT_BYTES
+    held = 0 if spill is None else spill.held  # the index as allocated, beyond the empty one
+    if spill is not None:
+        assert held == spill.index.nbytes() - spill._empty
+    expected = core.memory.base + sum(core.memory.job_size(j) for j in jobs.values()) + held
     expected += sum(QUEUE_OVERHEAD + len(q.name) for q in core.queues.values()) + core.groups.size()
-    assert core.memory.used == expected, (core.memory.used, expected)
+    assert core.memory.data() == expected, (core.memory.data(), expected)
+    assert core.memory.retained >= 0 and (spill is not None or not core.memory.retained)
     assert core.memory.peak >= core.memory.used
     info = admin.info(core, "jobs") + admin.info(core, "queues")
     assert b"registered_jobs:%d\r\n" % (len(jobs) + on_disk) in info
