@@ -118,14 +118,16 @@ def test_password_guessing_is_slowed_counted_and_logged(spawn: Callable[..., Nod
     assert "Failed AUTH from 127.0.0.1" in node.log_path.read_text()
 
 
-def test_maxmemory_bounds_the_process(spawn: Callable[..., NodeProcess]) -> None:
+@pytest.mark.parametrize("read_behind", ["yes", "no"])
+def test_maxmemory_bounds_the_process(spawn: Callable[..., NodeProcess], read_behind: str) -> None:
     """Pipelined ADDJOBs until the node refuses them: the RSS stays within
     maxmemory plus the idle process (used_memory_startup) plus the margin
     docs/running.md states, and what it grew is within 20 % of the
-    used_memory it reports (jobs in memory: read-behind's slots are
-    measured by test_read_behind_processes.py)."""
+    used_memory it reports: with every job in memory, and with read-behind
+    (the default), which moves most of them to disk past half of maxmemory
+    and counts their slots and the memory the process keeps after them."""
     limit = 64 << 20
-    node = spawn("--maxmemory", "64mb", "--read-behind", "no")
+    node = spawn("--maxmemory", "64mb", "--read-behind", read_behind)
     r = redis.Redis(port=node.port)
     accepted, refusal = 0, None
     while refusal is None:
@@ -137,9 +139,10 @@ def test_maxmemory_bounds_the_process(spawn: Callable[..., NodeProcess]) -> None
                 refusal = str(reply)
                 break
             accepted += 1
-    memory = r.info("memory")
+    memory, on_disk = r.info("memory"), r.info("read-behind").get("jobs_on_disk", 0)
     r.close()
     assert "out of memory" in refusal and accepted > 90_000 and memory["mem_level_name"] == "warning"
+    assert on_disk > accepted // 2 if read_behind == "yes" else not on_disk  # most went to disk
     startup, used, rss = memory["used_memory_startup"], memory["used_memory"], rss_kb(node.pid) * 1024
     assert 0.75 * limit < used <= 0.76 * limit, memory
     assert rss <= limit + startup + limit // 10, memory
