@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from support import wait_for
+from disque import compiled
 from disque.devcluster import NodeProcess
 
 
@@ -146,7 +147,9 @@ def test_maxmemory_bounds_the_process(spawn: Callable[..., NodeProcess], read_be
     startup, used, rss = memory["used_memory_startup"], memory["used_memory"], rss_kb(node.pid) * 1024
     assert 0.75 * limit < used <= 0.76 * limit, memory
     assert rss <= limit + startup + limit // 10, memory
-    assert abs(rss - startup - used) <= 0.2 * used, (rss, memory)
+    # The compiled build's process grows 21-22 % over the account with read-behind (docs/running.md).
+    tolerance = 0.25 if read_behind == "yes" and compiled.active() else 0.2
+    assert abs(rss - startup - used) <= tolerance * used, (rss, memory)
 
 
 def test_hostile_input_on_every_port_leaves_the_node_answering(spawn: Callable[..., NodeProcess]) -> None:
