@@ -38,7 +38,6 @@ another second meanwhile is skipped.
 from __future__ import annotations
 
 import heapq
-import sys
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator
@@ -55,7 +54,7 @@ _MIN_TABLE = 1024
 _DELETED = 0xFFFFFFFF
 SLOT_BYTES = 88  # a slot's average cost (84-89 under tracemalloc), what read-behind expects a move to disk to add
 ARRAY_BYTES = 43  # a slot's bytes in the parallel arrays: loc, ctime, keyh 8; size, blen, awake, qid 4; bucket 2; flags 1
-_EMPTY_Q = sys.getsizeof(array("Q"))
+_EMPTY_Q = array("Q").__sizeof__()
 
 
 class SpillCorrupt(Exception):
@@ -162,7 +161,7 @@ class SpillIndex:
 
     def nbytes(self) -> int:
         """What the index holds, as allocated (see above)."""
-        capacity = (sys.getsizeof(self.loc) - _EMPTY_Q) // 8
+        capacity = (self.loc.__sizeof__() - _EMPTY_Q) // 8
         return capacity * ARRAY_BYTES + 4 * (len(self._table) + len(self._free) + self.entries)
 
     def is_live(self, slot: int) -> bool:
