@@ -57,8 +57,9 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
     # -- every job: one state, consistent timers and flags -----------------
     buckets = core.jobs._buckets
     for at, bucket in buckets.items():
-        live = {id(job) for job in bucket.jobs if job.flags & IN_TIMER and job.awake == at}
-        assert bucket.live == len(live) > 0, f"bucket {at} counts {bucket.live} jobs, lists {len(live)}"
+        listed_at = [(pos, job) for pos, job in enumerate(bucket.jobs) if job is not None]  # None: a job left
+        assert all(job.flags & IN_TIMER and job.awake == at and job.tpos == pos for pos, job in listed_at)
+        assert bucket.live == len(listed_at) > 0, f"bucket {at} counts {bucket.live} jobs, lists {len(listed_at)}"
     scheduled = sum(b.live for b in buckets.values())
     assert scheduled == len(jobs), f"{scheduled} jobs in the timer, {len(jobs)} in the store"
     assert set(buckets) <= set(core.jobs._heap)
@@ -68,7 +69,7 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
         if not job.flags & IN_LIST:
             assert id(job) not in listed
         assert job.flags & IN_TIMER and job.awake in buckets, f"{job} has no awake time"
-        assert job in buckets[job.awake].jobs
+        assert buckets[job.awake].jobs[job.tpos] is job
         assert job.awake <= job.etime * 1000 + 1000
         if settled:
             assert job.awake > now, f"{job} overdue: awake {job.awake} <= now {now}"
