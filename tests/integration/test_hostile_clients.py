@@ -14,7 +14,6 @@ import pytest
 import redis
 
 from support import wait_for
-from disque import compiled
 from disque.devcluster import NodeProcess
 
 
@@ -119,22 +118,32 @@ def test_password_guessing_is_slowed_counted_and_logged(spawn: Callable[..., Nod
     assert "Failed AUTH from 127.0.0.1" in node.log_path.read_text()
 
 
-@pytest.mark.parametrize("read_behind", ["yes", "no"])
-def test_maxmemory_bounds_the_process(spawn: Callable[..., NodeProcess], read_behind: str) -> None:
+@pytest.mark.parametrize(
+    "read_behind, body, megabytes",
+    [("no", 16, 64), ("yes", 16, 32), ("yes", 1024, 32)],
+    ids=["all-in-memory", "read-behind", "read-behind-1kb"],
+)
+def test_maxmemory_bounds_the_process(
+    spawn: Callable[..., NodeProcess], read_behind: str, body: int, megabytes: int
+) -> None:
     """Pipelined ADDJOBs until the node refuses them: the RSS stays within
     maxmemory plus the idle process (used_memory_startup) plus the margin
     docs/running.md states, and what it grew is within 20 % of the
     used_memory it reports: with every job in memory, and with read-behind
     (the default), which moves most of them to disk past half of maxmemory
-    and counts their slots and the memory the process keeps after them."""
-    limit = 64 << 20
-    node = spawn("--maxmemory", "64mb", "--read-behind", read_behind)
+    and counts their slots and the memory the process keeps after them
+    (16-byte bodies, and 1 KB ones, which the C allocator holds apart).
+    Read-behind's cases fill 32 MB: its slots, not the bodies, reach the
+    limit, and 64 MB would take twice the jobs, and the time."""
+    limit = megabytes << 20
+    node = spawn("--maxmemory", f"{megabytes}mb", "--read-behind", read_behind)
     r = redis.Redis(port=node.port)
+    pad = b"x" * (body - 16)
     accepted, refusal = 0, None
     while refusal is None:
         pipe = r.pipeline(transaction=False)
         for i in range(1000):
-            pipe.execute_command("ADDJOB", "qt", b"%016d" % (accepted + i), 0, "RETRY", 300)
+            pipe.execute_command("ADDJOB", "qt", b"%016d" % (accepted + i) + pad, 0, "RETRY", 300)
         for reply in pipe.execute(raise_on_error=False):
             if isinstance(reply, Exception):
                 refusal = str(reply)
@@ -145,11 +154,10 @@ def test_maxmemory_bounds_the_process(spawn: Callable[..., NodeProcess], read_be
     assert "out of memory" in refusal and accepted > 90_000 and memory["mem_level_name"] == "warning"
     assert on_disk > accepted // 2 if read_behind == "yes" else not on_disk  # most went to disk
     startup, used, rss = memory["used_memory_startup"], memory["used_memory"], rss_kb(node.pid) * 1024
-    assert 0.75 * limit < used <= 0.76 * limit, memory
+    # (the index's ID table, rebuilt larger, can take read-behind's account past 76 % at once)
+    assert 0.75 * limit < used <= (0.76 if read_behind == "no" else 0.95) * limit, memory
     assert rss <= limit + startup + limit // 10, memory
-    # The compiled build's process grows 21-22 % over the account with read-behind (docs/running.md).
-    tolerance = 0.25 if read_behind == "yes" and compiled.active() else 0.2
-    assert abs(rss - startup - used) <= tolerance * used, (rss, memory)
+    assert abs(rss - startup - used) <= 0.2 * used, (rss, memory)
 
 
 def test_hostile_input_on_every_port_leaves_the_node_answering(spawn: Callable[..., NodeProcess]) -> None:
