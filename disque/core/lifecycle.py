@@ -199,7 +199,7 @@ class Lifecycle:
             if queue is not None:
                 job.queue = queue.name  # share the name bytes between jobs
         self.jobs.add(job)
-        self.memory.account(self.memory.job_size(job))
+        self.memory.add_job(job)
         self.reschedule(job)
         if job.flags & EVENT:
             self.events.add_event(job)

@@ -20,6 +20,18 @@ The per-object figures are what objects really cost in CPython, measured
 with tracemalloc (tests/core/test_memory_accounting.py keeps them honest),
 so that `maxmemory` bounds the data and RSS stays within it plus the fixed
 cost.
+
+`retained` is in `used` too: the memory of jobs read-behind moved to disk
+that the process keeps.  CPython's small-object allocator returns an arena
+(1 MB) to the system only once every object in it is freed, and the few
+long-lived objects made while a backlog forms (a job index table rebuilt
+smaller, a timer key) are scattered through the arenas its jobs used, so
+the memory a job moved to disk frees stays in the RSS, and jobs made later
+reuse it.  So a move to disk keeps the job's small objects counted
+(`to_disk`: a body past the allocator's 512 bytes is its own block, which
+the shell's heap trim returns), and a job coming into memory takes its
+place in them first (`add_job`).  The read-behind budget compares the data
+without them (`data`): moving jobs to disk frees none of them.
 """
 
 from __future__ import annotations
@@ -37,12 +49,13 @@ if TYPE_CHECKING:
 
 BASE_MEMORY: Final = 90_000  # the empty node's own tables (the job index's 1,024, the queue table, ...)
 MEM_LEVELS: Final = ("ok", "warning", "oom")  # level(): as upstream's getMemoryWarningLevel
-JOB_OVERHEAD: Final = 380  # per job (record, index slot, timers, copies of its strings) on top of id + queue + body bytes;
-# between the compiled build (about 280 in a large store, 300-320 in one of 5,000 jobs, where the index's
-# 1,024 tables are small) and the pure one (330-410: its record keeps ints as objects)
+JOB_OVERHEAD: Final = 396  # per job (record, index slot, timers, copies of its strings) on top of id + queue + body bytes;
+# between the compiled build (about 300 in a large store, 320-340 in one of 5,000 jobs, where the index's
+# 1,024 tables are small) and the pure one (350-430: its record keeps ints as objects)
 QUEUE_OVERHEAD: Final = 1210  # per queue object (and its one Level) and its index entries, on top of its name
 QUEUE_IDLE_MS = (300_000, 10_000, 2_000)  # an empty queue is collected after this long idle, by level 0, 1, >= 2
 S_ACKED: Final = State.ACKED
+SMALL_REQUEST: Final = 512  # CPython's small-object allocator serves requests up to this many bytes
 
 
 class Jobs(Protocol):
@@ -71,6 +84,7 @@ class Memory:
         self.base = BASE_MEMORY
         self.used = BASE_MEMORY
         self.peak = BASE_MEMORY
+        self.retained = 0  # in `used`: what jobs moved to disk freed, kept by the allocator (see above)
         self._gc_cursor = 0
 
     def hold(self, holdings: Holdings) -> None:
@@ -90,6 +104,30 @@ class Memory:
         self.used += delta
         if self.used > self.peak:
             self.peak = self.used
+
+    def data(self) -> int:
+        """`used` without `retained`."""
+        return self.used - self.retained
+
+    def add_job(self, job: Job) -> None:
+        """A job comes into memory, first into what jobs moved to disk left."""
+        size = self.job_size(job)
+        reuse = min(self.retained, self.small_size(job, size))
+        self.retained -= reuse
+        self.account(size - reuse)
+
+    def to_disk(self, job: Job) -> None:
+        """A job's record left memory for the disk (its slot is counted apart)."""
+        size = self.job_size(job)
+        small = self.small_size(job, size)
+        self.retained += small
+        self.used -= size - small
+
+    @staticmethod
+    def small_size(job: Job, size: int) -> int:
+        """The part of a job's `size` in the small-object allocator."""
+        body = len(job.body or b"")
+        return size - body if body > SMALL_REQUEST else size
 
     @staticmethod
     def job_size(job: Job) -> int:

@@ -2,8 +2,11 @@
 
 Theory of operation: past a memory budget, whole job records leave memory
 for the body segments (shell/segments.py, injected as `bodies`), and only a
-compact slot per job stays (store/spill.py, about 88 bytes).  Two kinds of
-jobs move:
+compact slot per job stays (store/spill.py, about 88 bytes).  The memory
+account counts the index as allocated (`SpillIndex.nbytes`, `held`), and a
+job's small objects stay counted after it moved (`Memory.to_disk`: the
+allocator keeps them for the jobs that come after).  Two kinds of jobs
+move:
 
 * the newest *queued* jobs of a queue, into its `Tail`, once the queue's
   jobs in memory pass its `max_memory_size` (Kestrel's setting) or the node
@@ -123,6 +126,8 @@ class ReadBehind:
         self._compact_cursor = 0
         self._reads_then = (0, 0)  # (ms, disk reads) at the last rate sample
         self.reads_per_sec = 0
+        self._empty = self.index.nbytes()  # the empty index, in the node's base memory
+        self.held = 0  # what the index holds beyond that, in the memory account
 
     # ------------------------------------------------------------ budget
 
@@ -133,14 +138,14 @@ class ReadBehind:
     def _above(self, freed: int) -> bool:
         """Whether the node is past its limit itself, once `freed` more bytes are gone."""
         limit = self.limit()
-        return self.force or bool(limit) and self.memory.used - freed > limit
+        return self.force or bool(limit) and self.memory.data() - freed > limit
 
     def _over(self, freed: int = 0) -> bool:
         """Whether the node is over its budget, once `freed` more bytes are gone."""
         if self.force:
             return True
         limit = self.limit()
-        used = self.memory.used - freed
+        used = self.memory.data() - freed
         if limit and used > limit:
             self.spilling = True
         elif used < limit - max(0, limit - self.memory.base) // 10:  # 10 % of the room for jobs
@@ -183,6 +188,14 @@ class ReadBehind:
                 queue = life.queues.get(name)
                 if queue is not None and queue.has_tail():
                     self._refill(queue)
+        self.index.restart_if_idle()
+        self._sync()
+
+    def _sync(self) -> None:
+        """Bring the memory account to what the index holds now."""
+        held = self.index.nbytes() - self._empty
+        self.memory.account(held - self.held)
+        self.held = held
 
     def _settle_queue(self, queue: Queue) -> None:
         for level in queue.levels:
@@ -257,7 +270,8 @@ class ReadBehind:
         slot = index.add(job.id, job.queue or b"", loc, size, len(job.body or b""), job.ctime, marks, job.priority)
         index.wake_at(slot, job.etime + 1 if queued else self._second(job.awake))  # (expiry: as life.reschedule)
         life.jobs.remove(job)
-        self.memory.account(SLOT_BYTES - self.memory.job_size(job))
+        self.memory.to_disk(job)
+        self._sync()
         self.spilled += 1
         return slot
 
@@ -384,7 +398,7 @@ class ReadBehind:
                 queue.lose(level, index.blen[slot])
         self.bodies.release(index.loc[slot], index.size[slot])
         index.kill(slot)
-        self.memory.account(-SLOT_BYTES)
+        self._sync()
 
     def _bring_back(self, slot: int, qtime: int, job: Job) -> None:
         in_tail = bool(self.index.flags[slot] & IN_TAIL)
@@ -398,7 +412,7 @@ class ReadBehind:
         job.qtime = qtime
         job.flags &= ~IN_LIST
         life.jobs.add(job)
-        self.memory.account(self.memory.job_size(job))
+        self.memory.add_job(job)
         self.loaded += 1
         if job.state == S_QUEUED and not in_tail:
             job.move(DEQUEUE)  # its queue went while it could not be read: it left it, as the others did
@@ -489,6 +503,7 @@ class ReadBehind:
         for slot in self.index.due(now_s, MAX_LOADS_PER_TICK, cap):
             if self.load(slot) is None and self.index.is_live(slot):
                 self.index.wake_at(slot, now_s + 1)  # the disk failed to read it: again in a second
+        self._sync()
 
     def cron(self) -> None:
         self.bodies.flush()
@@ -548,6 +563,7 @@ class ReadBehind:
                 for slot in tail.drop():  # what could not be read stays on disk, in no queue
                     self.index.flags[slot] &= ~IN_TAIL
                 level.tail = None
+        self._sync()
 
     def snapshot(self) -> tuple[array[int], array[int]]:
         """Locations and sizes of every spilled job of a journaled queue,
@@ -583,7 +599,7 @@ class ReadBehind:
             ("queued_jobs_on_disk", queued),
             ("active_jobs_on_disk", active),
             ("bytes_on_disk", self.index.live_bytes),
-            ("memory_per_job_on_disk", SLOT_BYTES),
+            ("memory_per_job_on_disk", self.held // max(1, self.index.live)),
             ("segments", disk["segments"]),
             ("segment_bytes", disk["disk_bytes"]),
             ("dead_bytes", disk["dead_bytes"]),

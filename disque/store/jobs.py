@@ -7,16 +7,17 @@ lead, the requeue time or the next ACK garbage-collection attempt, whichever
 comes first.  Jobs wait in millisecond buckets (`awake` -> `_Bucket`) whose
 keys sit in a min-heap, and many jobs share a bucket (expiry times are whole
 seconds).  A bucket is a list, so the per-job cost is one list slot (a dict
-slot, which would make leaving O(1), costs 30-40 bytes more per job, and most
-jobs sit in the timer for their whole life).  Leaving a bucket is therefore
-lazy: a job in the timer carries the IN_TIMER flag and its bucket is the one
-at `awake`; an entry whose job lost the flag or moved to another time is
-stale and skipped.  `live` counts a bucket's jobs, so it is dropped when the
-last leaves, and it is compacted when stale entries outnumber live ones,
-which keeps leaving amortized O(1) and bounds what the dead entries hold.
-A heap key whose bucket emptied is skipped when popped, and the heap is
-rebuilt from the buckets when such keys are most of it (jobs that leave long
-before their time, as read-behind's do, would otherwise leave one key each).
+slot costs 30-40 bytes more per job, and most jobs sit in the timer for their
+whole life).  A job in the timer carries the IN_TIMER flag, its bucket is
+the one at `awake` and its entry the one at `tpos`; leaving puts None in its
+place at once, so the timer never keeps alive a job that left memory (one
+read-behind moved to disk, or deleted: a stale entry holding it would keep
+its body, uncounted, until the bucket's time).  `live` counts a bucket's
+jobs, so it is dropped when the last leaves, and it is packed when the
+holes outnumber the jobs, which keeps leaving amortized O(1).  A heap key
+whose bucket emptied is skipped when popped, and the heap is rebuilt from
+the buckets when such keys are most of it (jobs that leave long before
+their time, as read-behind's do, would otherwise leave one key each).
 Iteration orders are deterministic, so a simulated cluster replays
 identically from a seed.
 
@@ -157,7 +158,7 @@ class _Bucket:
     __slots__ = ("jobs", "live")
 
     def __init__(self) -> None:
-        self.jobs: list[Job] = []
+        self.jobs: list[Job | None] = []  # None where a job left
         self.live = 0
 
 
@@ -230,15 +231,13 @@ class JobStore:
     # -- the timer ---------------------------------------------------------
 
     def schedule(self, job: Job, at: int) -> None:
-        old = job.awake
         if job.flags & IN_TIMER:
-            if old == at:
+            if job.awake == at:
                 return
-            job.awake = at
-            self._leave(old)
+            self._leave(job)
         else:
             job.flags |= IN_TIMER
-            job.awake = at
+        job.awake = at
         bucket = self._buckets.get(at)
         if bucket is None:
             bucket = self._buckets[at] = _Bucket()
@@ -248,22 +247,38 @@ class JobStore:
                 heapq.heapify(heap)
             else:
                 heapq.heappush(heap, at)
-        bucket.jobs.append(job)
+        entries = bucket.jobs
+        job.tpos = len(entries)
+        entries.append(job)
         bucket.live += 1
 
     def unschedule(self, job: Job) -> None:
         if job.flags & IN_TIMER:
             job.flags &= ~IN_TIMER
-            self._leave(job.awake)
+            self._leave(job)
 
-    def _leave(self, at: int) -> None:
-        """A job left the bucket at `at` (its flag or `awake` already says so)."""
+    def _leave(self, job: Job) -> None:
+        """`job` leaves its bucket (the one at its `awake`)."""
+        at = job.awake
         bucket = self._buckets[at]
+        bucket.jobs[job.tpos] = None
         bucket.live -= 1
         if not bucket.live:
             del self._buckets[at]
-        elif len(bucket.jobs) > 2 * bucket.live + 16:  # (a job that came back twice is listed twice)
-            bucket.jobs = [job for job in dict.fromkeys(bucket.jobs) if job.flags & IN_TIMER and job.awake == at]
+        elif len(bucket.jobs) > 2 * bucket.live + 16:
+            self._pack(bucket, 0)
+
+    @staticmethod
+    def _pack(bucket: _Bucket, start: int) -> None:
+        """Keep the bucket's jobs listed from `start` on, without the holes."""
+        listed = bucket.jobs
+        entries: list[Job | None] = []
+        for i in range(start, len(listed)):
+            job = listed[i]
+            if job is not None:
+                job.tpos = len(entries)
+                entries.append(job)
+        bucket.jobs = entries
 
     def next_awake(self) -> int | None:
         heap = self._heap
@@ -288,8 +303,8 @@ class JobStore:
                 heapq.heappop(heap)
                 room = bucket.live
             taken = 0
-            for i, job in enumerate(bucket.jobs):  # pragma: no branch - `room` live entries are listed
-                if job.flags & IN_TIMER and job.awake == at:
+            for i, job in enumerate(bucket.jobs):  # pragma: no branch - `room` jobs are listed
+                if job is not None:
                     job.flags &= ~IN_TIMER
                     out.append(job)
                     taken += 1
@@ -297,5 +312,5 @@ class JobStore:
                         break
             bucket.live -= taken
             if bucket.live:  # split: the rest stays
-                bucket.jobs = bucket.jobs[i + 1 :]
+                self._pack(bucket, i + 1)
         return out

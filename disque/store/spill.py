@@ -9,7 +9,13 @@ the creation time and the priority (queue order), a 64-bit hash of the ID,
 its queue, a few flag bits and the second it must be looked at (`awake`).  A slot costs
 about 88 bytes with its share of the ID table and of its queue's tail
 (arrays of machine integers, no per-job Python object), against several
-hundred for a `Job` in memory.
+hundred for a `Job` in memory.  `nbytes` is what the index holds as
+allocated, for the memory account: the arrays at their capacity (they
+grow by a sixteenth and never shrink while a slot is in use), the ID
+table at its size (4 to 8 entries a slot after a rebuild, 2 at half
+load), the free list and the wheel's and tails' entries.  Once every slot
+is free the index starts over empty, so a drained backlog gives its
+arrays back.
 
 Lookups by ID go through an open-addressing table of slot numbers (linear
 probing, tombstones, rebuilt at half load); a hit is only a candidate: the
@@ -46,7 +52,9 @@ UNJOURNALED = 8  # its queue is not in the AOF (left out of rewrites)
 _MASK64 = (1 << 64) - 1
 _MIN_TABLE = 1024
 _DELETED = 0xFFFFFFFF
-SLOT_BYTES = 88  # memory accounted per spilled job (measured 84-89 under tracemalloc): 43 in the arrays and their growth, 8-32 in the ID table (a rebuild makes it 4 to 8 entries a slot, 2 at half load), 4 in a tail, 4 in the wheel
+SLOT_BYTES = 88  # a slot's average cost (84-89 under tracemalloc), what read-behind expects a move to disk to add
+ARRAY_BYTES = 43  # a slot's bytes in the parallel arrays: loc, ctime, keyh 8; size, blen, awake, qid 4; bucket 2; flags 1
+_EMPTY_Q = array("Q").__sizeof__()
 
 
 class SpillCorrupt(Exception):
@@ -60,10 +68,13 @@ def id_hash(job_id: bytes) -> int:
 class SpillIndex:
     __slots__ = (
         "loc", "size", "blen", "ctime", "keyh", "flags", "awake", "qid", "bucket", "priority", "names", "_name_ids",
-        "live", "live_bytes", "_table", "_used", "_free", "wheel", "_heap",
+        "live", "live_bytes", "_table", "_used", "_free", "wheel", "_heap", "entries",
     )  # fmt: skip
 
     def __init__(self) -> None:
+        self._start()
+
+    def _start(self) -> None:
         self.loc = array("Q")  # where the record is (the body store's location)
         self.size = array("I")  # record length
         self.blen = array("I")  # body length
@@ -83,6 +94,7 @@ class SpillIndex:
         self._free = array("I")
         self.wheel: dict[int, array[int]] = {}
         self._heap: list[int] = []
+        self.entries = 0  # listed by the wheel and the tails
 
     def __len__(self) -> int:
         return self.live
@@ -142,6 +154,18 @@ class SpillIndex:
         self.flags[slot] = flags
         if not flags & LIVE:
             self._free.append(slot)
+
+    def restart_if_idle(self) -> None:
+        """Start over empty once no slot is in use (then no wheel entry is
+        live and no tail lists a slot).  Called between steps: a tail
+        releasing its last slot still walks its list."""
+        if self.flags and len(self._free) == len(self.flags):
+            self._start()
+
+    def nbytes(self) -> int:
+        """What the index holds, as allocated (see above)."""
+        capacity = (self.loc.__sizeof__() - _EMPTY_Q) // 8
+        return capacity * ARRAY_BYTES + 4 * (len(self._table) + len(self._free) + self.entries)
 
     def is_live(self, slot: int) -> bool:
         return bool(self.flags[slot] & LIVE)
@@ -208,6 +232,7 @@ class SpillIndex:
             bucket = self.wheel[second] = array("I")
             heapq.heappush(self._heap, second)
         bucket.append(slot)
+        self.entries += 1
 
     def next_awake(self) -> int | None:
         """The earliest second with a wheel entry."""
@@ -224,6 +249,7 @@ class SpillIndex:
             bucket = wheel[second]
             while bucket and len(out) < limit and (left is None or left > 0):
                 slot = bucket.pop()
+                self.entries -= 1
                 if flags[slot] & LIVE and awake[slot] == second:
                     awake[slot] = 0  # taken: a second entry of the slot (reused meanwhile) is stale
                     out.append(slot)
@@ -253,6 +279,7 @@ class Tail:
 
     def append(self, slot: int, ctime: int, blen: int) -> None:
         self.slots.append(slot)
+        self.index.entries += 1
         self.live += 1
         self.nbytes += blen
         self.last_ctime = ctime
@@ -282,6 +309,7 @@ class Tail:
             self.slots, self.pos = merged, 0
         self.live += n
         self.nbytes += nbytes
+        self.index.entries += n
         self.last_ctime = max(self.last_ctime, ctime[slots[-1]])
 
     def front(self) -> int | None:
@@ -295,10 +323,12 @@ class Tail:
             index.leave_tail(slot)
             pos += 1
         else:
+            index.entries -= len(slots)
             self.slots, self.pos = array("I"), 0
             return None
         if pos > 4096 and pos * 2 > len(slots):
             del slots[:pos]  # consumed entries go (amortised: at least as many stay)
+            index.entries -= pos
             pos = 0
         self.pos = pos
         return slots[pos]
@@ -333,6 +363,7 @@ class Tail:
             if index.flags[slot] & LIVE:
                 live.append(slot)
             index.leave_tail(slot)
+        index.entries -= len(self.slots)
         self.slots, self.pos = array("I"), 0
         self.live = self.nbytes = 0
         return live

@@ -16,7 +16,7 @@ from disque.protocols.resp import admin
 from disque.core.memory import QUEUE_OVERHEAD
 from disque.core.node import NodeCore
 from disque.store.job import DELIVERED, IN_LIST, IN_TIMER, State
-from disque.store.spill import IN_TAIL, LIVE, SLOT_BYTES
+from disque.store.spill import IN_TAIL, LIVE
 
 
 def check_core(core: NodeCore, *, settled: bool = True) -> None:
@@ -64,8 +64,9 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
     # -- every job: one state, consistent timers and flags -----------------
     buckets = core.jobs._buckets
     for at, bucket in buckets.items():
-        live = {id(job) for job in bucket.jobs if job.flags & IN_TIMER and job.awake == at}
-        assert bucket.live == len(live) > 0, f"bucket {at} counts {bucket.live} jobs, lists {len(live)}"
+        listed_at = [(pos, job) for pos, job in enumerate(bucket.jobs) if job is not None]  # None: a job left
+        assert all(job.flags & IN_TIMER and job.awake == at and job.tpos == pos for pos, job in listed_at)
+        assert bucket.live == len(listed_at) > 0, f"bucket {at} counts {bucket.live} jobs, lists {len(listed_at)}"
     scheduled = sum(b.live for b in buckets.values())
     assert scheduled == len(jobs), f"{scheduled} jobs in the timer, {len(jobs)} in the store"
     assert set(buckets) <= set(core.jobs._heap)
@@ -75,7 +76,7 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
         if not job.flags & IN_LIST:
             assert id(job) not in listed
         assert job.flags & IN_TIMER and job.awake in buckets, f"{job} has no awake time"
-        assert job in buckets[job.awake].jobs
+        assert buckets[job.awake].jobs[job.tpos] is job
         assert job.awake <= job.etime * 1000 + 1000
         if settled:
             assert job.awake > now, f"{job} overdue: awake {job.awake} <= now {now}"
@@ -112,9 +113,13 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
         assert waits and all(core.blocking.blocked.get(w.client.id) is w and job_id in (w.jobs or ()) for w in waits)
 
     # -- memory estimate and INFO ------------------------------------------
-    expected = core.memory.base + sum(core.memory.job_size(j) for j in jobs.values()) + on_disk * SLOT_BYTES
+    held = 0 if spill is None else spill.held  # the index as allocated, beyond the empty one
+    if spill is not None:
+        assert held == spill.index.nbytes() - spill._empty
+    expected = core.memory.base + sum(core.memory.job_size(j) for j in jobs.values()) + held
     expected += sum(QUEUE_OVERHEAD + len(q.name) for q in core.queues.values()) + core.groups.size()
-    assert core.memory.used == expected, (core.memory.used, expected)
+    assert core.memory.data() == expected, (core.memory.data(), expected)
+    assert core.memory.retained >= 0 and (spill is not None or not core.memory.retained)
     assert core.memory.peak >= core.memory.used
     info = admin.info(core, "jobs") + admin.info(core, "queues")
     assert b"registered_jobs:%d\r\n" % (len(jobs) + on_disk) in info

@@ -895,7 +895,7 @@ INFO_SECTIONS = {
     "Server": "disque_version disque_git_sha1 disque_git_dirty disque_build_id os arch_bits multiplexing_api "
     "gcc_version process_id run_id tcp_port zone uptime_in_seconds uptime_in_days hz executable config_file",
     "Clients": "connected_clients client_longest_output_list client_biggest_input_buf blocked_clients",
-    "Memory": "used_memory used_memory_human used_memory_rss used_memory_startup used_memory_peak "
+    "Memory": "used_memory used_memory_human used_memory_rss used_memory_startup used_memory_retained used_memory_peak "
     "used_memory_peak_human mem_fragmentation_ratio mem_allocator maxmemory maxmemory_human maxmemory_policy "
     "mem_level mem_level_name",
     "Jobs": "registered_jobs",

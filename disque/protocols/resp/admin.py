@@ -89,6 +89,7 @@ def _section_memory(node: NodeCore, proc: dict[str, Any]) -> list[tuple[str, Any
         ("used_memory_human", _human(used)),
         ("used_memory_rss", rss),
         ("used_memory_startup", startup),
+        ("used_memory_retained", node.memory.retained),  # in used_memory: what jobs moved to disk left
         ("used_memory_peak", node.memory.peak),
         ("used_memory_peak_human", _human(node.memory.peak)),
         ("mem_fragmentation_ratio", f"{rss / (startup + used):.2f}"),
