@@ -28,7 +28,8 @@ Callers: the trio bus (`encode_frame`, `FrameDecoder`, `LinkCodec`).
 from __future__ import annotations
 
 import ipaddress
-from typing import Any
+import struct
+from typing import Any, Final
 
 import msgpack
 
@@ -43,22 +44,23 @@ from disque.store.records import (  # the pieces of the field tables
     _unpack_map, _version, _wire_job, _wire_job_pos, _dump_wire_job_pos,
 )  # fmt: skip
 
-VERSION = 1  # frame body version ("v")
+VERSION: Final = 1  # frame body version ("v")
 
 # Largest accepted frame body: a 64 MiB job body plus 1 MiB for the envelope
 # and the other job fields.  A YOURJOBS batch must stay under it as well.
-MAX_FRAME = (64 << 20) + (1 << 20)
+MAX_FRAME: Final = (64 << 20) + (1 << 20)
 
 # mflags bits.
-NOREPLY = 1
-INCR_NACKS = 2
-INCR_DELIV = 4
-JOINED = 8
-GRANTED = 16
-UNKNOWN = 32
-PUSHED = 64
+NOREPLY: Final = 1
+INCR_NACKS: Final = 2
+INCR_DELIV: Final = 4
+JOINED: Final = 8
+GRANTED: Final = 16
+UNKNOWN: Final = 32
+PUSHED: Final = 64
 
-_PREFIX = 4  # length prefix size
+_PREFIX: Final = 4  # length prefix size
+_LENGTH: Final = struct.Struct(">I")  # the length prefix
 
 
 class FrameError(DecodeError):
@@ -70,7 +72,7 @@ class FrameError(DecodeError):
 
 
 class _FanoutChild(Check):
-    def check(self, v: Any) -> bytes:
+    def check(self, v: Any) -> Any:
         parent, plus, child = _bytes.check(v).partition(b"+")
         if not (parent and plus and child):
             raise DecodeError("not a fanout child name (parent+child)")
@@ -78,7 +80,7 @@ class _FanoutChild(Check):
 
 
 class _Ip(Check):
-    def check(self, v: Any) -> str:
+    def check(self, v: Any) -> Any:
         try:
             ipaddress.ip_address(_str.check(v))
         except ValueError:
@@ -87,7 +89,7 @@ class _Ip(Check):
 
 
 class _Zone(Check):
-    def check(self, v: Any) -> str:
+    def check(self, v: Any) -> Any:
         if not valid_zone(_str.check(v)):
             raise DecodeError("invalid zone name")
         return v
@@ -123,8 +125,9 @@ _ENVELOPE: _Fields = (
     _Field("flags", "f", _BITS),
 )
 _MFLAGS = _Field("mflags", "m", _BITS)
-_pack_envelope, _load_envelope = _MapPacker(_ENVELOPE), _MapLoader(_ENVELOPE)
-_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+_pack_envelope: Final = _MapPacker(_ENVELOPE)
+_load_envelope: Final = _MapLoader(_ENVELOPE)
+_packb: Final = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
 _GOSSIP_ENTRY: _Fields = (
     _Field("node_id", "n", _node_id),
@@ -187,9 +190,9 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("WAITING", Waiting, (_WAIT_ENTRIES,)),
 )
 _KINDS = tuple(_Kind(code, *row) for code, row in enumerate(_ROWS, 1))
-_BY_NAME = {k.name: k for k in _KINDS}
-_BY_CLASS = {k.cls: k for k in _KINDS}
-_BY_CODE = {k.code: k for k in _KINDS}
+_BY_NAME: Final = {k.name: k for k in _KINDS}
+_BY_CLASS: Final = {k.cls: k for k in _KINDS}
+_BY_CODE: Final = {k.code: k for k in _KINDS}
 
 
 def _map_of(header: Header, msg: Message) -> dict[str, Any]:
@@ -240,9 +243,9 @@ def decode_body(body: bytes) -> tuple[Header, Message] | None:
 
 # The positional form this node reads, told in the "pv" key of its map bodies
 # (2: with GOTJOBS and REPLJOBS; a node that says another number gets maps).
-POSITIONAL = 2
-_load_pos_header = _ArrayLoader(_ENVELOPE, offset=1)
-_last: list[Any] = [None, b""]  # the last message encoded without a header and its body: a broadcast packs once
+POSITIONAL: Final = 2
+_load_pos_header: Final = _ArrayLoader(_ENVELOPE, offset=1)
+_last: Final[list[Any]] = [None, b""]  # the last message encoded without a header and its body: a broadcast packs once
 
 
 class LinkCodec:
@@ -315,7 +318,7 @@ class LinkCodec:
 
 
 def framed(body: bytes) -> bytes:
-    return len(body).to_bytes(_PREFIX, "big") + body
+    return _LENGTH.pack(len(body)) + body
 
 
 def encode_frame(header: Header, msg: Message) -> bytes:
@@ -352,7 +355,7 @@ class FrameDecoder:
         buf = self._buf
         if len(buf) < _PREFIX:
             return None
-        size = int.from_bytes(buf[:_PREFIX], "big")
+        size: int = _LENGTH.unpack_from(buf)[0]
         if size > self.max_frame:
             raise FrameError(f"frame of {size} bytes exceeds the {self.max_frame} byte limit")
         end = _PREFIX + size

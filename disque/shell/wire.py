@@ -37,15 +37,16 @@ import os
 import select
 import traceback
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from disque.cluster.auth import AuthError, AuthLink
 from disque.cluster.codec import MAX_FRAME, FrameDecoder, FrameError, LinkCodec, framed
 from disque.cluster.messages import GotJob, GotJobs, Header, Message, ReplJob, ReplJobs
 
-READ_SIZE = 64 * 1024
-_EPOLLIN, _EPOLLOUT = select.EPOLLIN, select.EPOLLOUT
-_EPOLL_READ = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP
+READ_SIZE: Final = 64 * 1024
+_EPOLLIN: Final = select.EPOLLIN
+_EPOLLOUT: Final = select.EPOLLOUT
+_EPOLL_READ: Final = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP
 
 Frames = list[tuple[Header, Message]]
 

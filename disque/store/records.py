@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import msgpack
 
@@ -51,7 +51,9 @@ class DecodeError(ValueError):
 
 
 class Check:
-    """Validates one decoded value and returns it normalised (`check`)."""
+    """Validates one decoded value and returns it normalised (`check`).
+    Subclasses return Any, as this does: with a narrower return type mypyc
+    calls them through a glue function."""
 
     def check(self, v: Any) -> Any:
         raise NotImplementedError  # pragma: no cover - every check is a subclass's
@@ -62,12 +64,13 @@ class _IntIn(Check):
         self.lo = lo
         self.hi = hi
 
-    def check(self, v: Any) -> int:
+    def check(self, v: Any) -> Any:
         # msgpack yields plain ints and bools; IntEnums such as State come from
         # dicts made by this module.  A bool is never a valid integer field.
-        if not isinstance(v, int) or isinstance(v, bool):
+        if type(v) is not int and (not isinstance(v, int) or isinstance(v, bool)):
             raise DecodeError(f"expected an integer, got {type(v).__name__}")
-        if not self.lo <= v <= self.hi:
+        n: int = v  # compared as a native int
+        if not self.lo <= n <= self.hi:
             raise DecodeError(f"{v} is not in [{self.lo}, {self.hi}]")
         return v
 
@@ -82,43 +85,43 @@ class _OfType(Check):
         return v
 
 
-_bytes = _OfType(bytes)
-_bool = _OfType(bool)
-_str = _OfType(str)
+_bytes: Final = _OfType(bytes)
+_bool: Final = _OfType(bool)
+_str: Final = _OfType(str)
 
 
 class _OptBytes(Check):
-    def check(self, v: Any) -> bytes | None:
+    def check(self, v: Any) -> Any:
         return None if v is None else _bytes.check(v)
 
 
 class _JobId(Check):
-    def check(self, v: Any) -> bytes:
+    def check(self, v: Any) -> Any:
         if type(v) is not bytes or not valid_id(v):
             raise DecodeError("invalid job ID" if type(v) is bytes else f"expected bytes, got {type(v).__name__}")
         return v
 
 
-_job_id = _JobId()
+_job_id: Final = _JobId()
 
 
 class _OptJobId(Check):
-    def check(self, v: Any) -> bytes:
+    def check(self, v: Any) -> Any:
         return v if v == b"" else _job_id.check(v)
 
 
-_is_node_id = re.compile("[0-9a-f]{40}").fullmatch
+_is_node_id: Final = re.compile("[0-9a-f]{40}").fullmatch
 
 
 class _NodeId(Check):
-    def check(self, v: Any) -> str:
+    def check(self, v: Any) -> Any:
         if type(v) is not str or not _is_node_id(v):
             raise DecodeError("invalid node ID" if type(v) is str else f"expected str, got {type(v).__name__}")
         return v
 
 
-_node_id = _NodeId()
-_opt_job_id = _OptJobId()
+_node_id: Final = _NodeId()
+_opt_job_id: Final = _OptJobId()
 
 
 class _ListOf(Check):
@@ -128,7 +131,7 @@ class _ListOf(Check):
         self.item = item
         self.min_len = min_len
 
-    def check(self, v: Any) -> tuple[Any, ...]:
+    def check(self, v: Any) -> Any:
         if type(v) is not list and type(v) is not tuple:
             raise DecodeError(f"expected an array, got {type(v).__name__}")
         if len(v) < self.min_len:
@@ -146,37 +149,37 @@ class _ListOf(Check):
 _PORT = _IntIn(0, 65535)
 _BITS = _IntIn(0, 2**32 - 1)  # node flags and mflags: unknown bits are harmless
 _UINT = _IntIn(0, _U64)
-_FLAG_BYTE = _IntIn(0, 255)
-_STATE_CODE = _IntIn(min(State), max(State))
-_node_ids = _ListOf(_node_id)
+_FLAG_BYTE: Final = _IntIn(0, 255)
+_STATE_CODE: Final = _IntIn(min(State), max(State))
+_node_ids: Final = _ListOf(_node_id)
 
 
-_STATES = {s.value: s for s in State}
+_STATES: Final = {s.value: s for s in State}
 
 
 class _JobState(Check):
-    def check(self, v: Any) -> State:
+    def check(self, v: Any) -> Any:
         return _STATES[_STATE_CODE.check(v)]
 
 
 class _JobFlags(Check):
-    def check(self, v: Any) -> int:
+    def check(self, v: Any) -> Any:
         return _FLAG_BYTE.check(v) & WIRE_FLAGS
 
 
-_are_node_ids = re.compile("[0-9a-f]{40}(?:,[0-9a-f]{40})*").fullmatch
+_are_node_ids: Final = re.compile("[0-9a-f]{40}(?:,[0-9a-f]{40})*").fullmatch
 
 
 # Checked lists of delivery nodes, by their items: the jobs of a cluster come
 # with few distinct lists, so most are checked once, and the jobs that came
 # with the same list share one tuple (memory).  Emptied when full, so that
 # a peer sending ever new lists cannot grow it.
-_delivered: dict[tuple[Any, ...], tuple[str, ...]] = {}
-_DELIVERED_MAX = 4096
+_delivered: Final[dict[tuple[Any, ...], tuple[str, ...]]] = {}
+_DELIVERED_MAX: Final = 4096
 
 
 class _NodesDelivered(Check):
-    def check(self, v: Any) -> tuple[str, ...]:
+    def check(self, v: Any) -> Any:
         if type(v) is list or type(v) is tuple:
             try:
                 return _delivered[tuple(v)]
@@ -193,7 +196,7 @@ class _NodesDelivered(Check):
         return checked
 
 
-_nodes_delivered = _NodesDelivered()
+_nodes_delivered: Final = _NodesDelivered()
 
 
 # --- records: field tables, one pack and one load -----------------------------
@@ -218,7 +221,7 @@ class _Field:
 
 _Fields = tuple[_Field, ...]
 
-_MISSING = object()
+_MISSING: Final = object()
 
 
 class _Missing(DecodeError):
@@ -243,7 +246,7 @@ class _MapLoader(Check):
     def __init__(self, fields: _Fields, named: bool = False) -> None:
         self.slots = tuple([_Slot(f.name, f.name if named else f.key, f.check, None, f.default) for f in fields])
 
-    def check(self, o: Any) -> dict[str, Any]:
+    def check(self, o: Any) -> Any:
         if type(o) is not dict:
             raise DecodeError(f"expected a map, got {type(o).__name__}")
         out: dict[str, Any] = {}
@@ -280,7 +283,7 @@ class _ArrayLoader(Check):
             required -= 1
         self.required = required
 
-    def check(self, o: Any) -> dict[str, Any]:
+    def check(self, o: Any) -> Any:
         if type(o) is not list:
             raise DecodeError(f"expected an array, got {type(o).__name__}")
         offset = self.offset
@@ -307,7 +310,7 @@ class _MapPacker(Dump):
         self.slots = tuple([_Slot(f.name, f.key, f.check, f.dump, f.default) for f in fields])
         self.items = items
 
-    def dump(self, o: Any) -> dict[str, Any]:
+    def dump(self, o: Any) -> Any:
         out: dict[str, Any] = {}
         items = self.items
         for s in self.slots:
@@ -333,7 +336,7 @@ class _ArrayPacker(Dump):
             out.append(v if s.dump is None else s.dump.dump(v))
         return out
 
-    def dump(self, o: Any) -> list[Any]:
+    def dump(self, o: Any) -> Any:
         return self.pack(o, ())
 
 
@@ -352,7 +355,7 @@ class _Each(Dump):
     def __init__(self, item: Dump) -> None:
         self.item = item
 
-    def dump(self, items: Any) -> list[Any]:
+    def dump(self, items: Any) -> Any:
         item = self.item
         return [item.dump(x) for x in items]
 
@@ -376,7 +379,7 @@ def _unpack_map(data: bytes) -> dict[Any, Any]:
 _VERSION = (_Field("v", "v", _IntIn(-(2**63), _U64)),)  # any msgpack integer
 
 
-_load_version = _MapLoader(_VERSION)
+_load_version: Final = _MapLoader(_VERSION)
 
 
 def _version(m: dict[Any, Any]) -> int:
@@ -408,11 +411,13 @@ _JOB_COMMON: _Fields = (
 _WIRE_JOB: _Fields = _JOB_COMMON + (_Field("ttl", "tl", _IntIn(1, _U64)), _Field("etime", "et", _UINT))
 # `not_before`: the core-clock ms before which a NACK ... DELAY job is not queued again (0: none).
 _STORED_JOB: _Fields = _JOB_COMMON + (_Field("etime", "et", _UINT), _Field("not_before", "nb", _UINT, default=0))
-_wire_job = _MapLoader(_WIRE_JOB)  # checks the job of REPLJOB / YOURJOBS (a dict with our names)
-_dump_wire_job = _MapPacker(_WIRE_JOB, items=True)
-_wire_job_pos, _dump_wire_job_pos = _ArrayLoader(_WIRE_JOB), _ArrayPacker(_WIRE_JOB, items=True)
-_load_stored_job, _load_stored_map = _MapLoader(_STORED_JOB, named=True), _MapLoader(_STORED_JOB)
-_pack_stored_job = _MapPacker(_STORED_JOB, items=True)
+_wire_job: Final = _MapLoader(_WIRE_JOB)  # checks the job of REPLJOB / YOURJOBS (a dict with our names)
+_dump_wire_job: Final = _MapPacker(_WIRE_JOB, items=True)
+_wire_job_pos: Final = _ArrayLoader(_WIRE_JOB)
+_dump_wire_job_pos: Final = _ArrayPacker(_WIRE_JOB, items=True)
+_load_stored_job: Final = _MapLoader(_STORED_JOB, named=True)
+_load_stored_map: Final = _MapLoader(_STORED_JOB)
+_pack_stored_job: Final = _MapPacker(_STORED_JOB, items=True)
 
 
 def job_to_wire(job: Job, now_ms: int) -> WireJob:
