@@ -95,14 +95,22 @@ class _OptBytes(Check):
         return None if v is None else _bytes.check(v)
 
 
-class _JobId(Check):
+class _Id(Check):
+    """A job or a node ID: a value of type `t` that `valid` accepts."""
+
+    def __init__(self, t: type, valid: Callable[[Any], object], what: str) -> None:
+        self.t = t
+        self.valid = valid
+        self.what = what
+
     def check(self, v: Any) -> Any:
-        if type(v) is not bytes or not valid_id(v):
-            raise DecodeError("invalid job ID" if type(v) is bytes else f"expected bytes, got {type(v).__name__}")
+        if type(v) is not self.t or not self.valid(v):
+            raise DecodeError(f"invalid {self.what}" if type(v) is self.t else f"expected {self.t.__name__}, got {type(v).__name__}")
         return v
 
 
-_job_id: Final = _JobId()
+_job_id: Final = _Id(bytes, valid_id, "job ID")
+_node_id: Final = _Id(str, re.compile("[0-9a-f]{40}").fullmatch, "node ID")
 
 
 class _OptJobId(Check):
@@ -110,17 +118,6 @@ class _OptJobId(Check):
         return v if v == b"" else _job_id.check(v)
 
 
-_is_node_id: Final = re.compile("[0-9a-f]{40}").fullmatch
-
-
-class _NodeId(Check):
-    def check(self, v: Any) -> Any:
-        if type(v) is not str or not _is_node_id(v):
-            raise DecodeError("invalid node ID" if type(v) is str else f"expected str, got {type(v).__name__}")
-        return v
-
-
-_node_id: Final = _NodeId()
 _opt_job_id: Final = _OptJobId()
 
 
