@@ -28,8 +28,8 @@ Callers: the trio bus (`encode_frame`, `FrameDecoder`, `LinkCodec`).
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable
-from typing import Any
+import struct
+from typing import Any, Final
 
 import msgpack
 
@@ -40,27 +40,28 @@ from disque.cluster.messages import (
 )  # fmt: skip
 from disque.store import schedule
 from disque.store.records import (  # the pieces of the field tables
-    _BITS, _PORT, _UINT, DecodeError, _bool, _bytes, _dump_wire_job, _each, _Field, _Fields, _int_in, _job_id, _list_of,
-    _loader, _node_id, _opt_job_id, _packer, _pos_loader, _pos_packer, _pos_record, _record, _str, _unpack,
+    _BITS, _PORT, _UINT, Check, DecodeError, _ArrayLoader, _ArrayPacker, _bool, _bytes, _dump_wire_job, _Each, _Field,
+    _Fields, _IntIn, _job_id, _ListOf, _MapLoader, _MapPacker, _node_id, _opt_job_id, _Record, _str, _unpack,
     _unpack_map, _version, _wire_job, _wire_job_pos, _dump_wire_job_pos,
 )  # fmt: skip
 
-VERSION = 1  # frame body version ("v")
+VERSION: Final = 1  # frame body version ("v")
 
 # Largest accepted frame body: a 64 MiB job body plus 1 MiB for the envelope
 # and the other job fields.  A YOURJOBS batch must stay under it as well.
-MAX_FRAME = (64 << 20) + (1 << 20)
+MAX_FRAME: Final = (64 << 20) + (1 << 20)
 
 # mflags bits.
-NOREPLY = 1
-INCR_NACKS = 2
-INCR_DELIV = 4
-JOINED = 8
-GRANTED = 16
-UNKNOWN = 32
-PUSHED = 64
+NOREPLY: Final = 1
+INCR_NACKS: Final = 2
+INCR_DELIV: Final = 4
+JOINED: Final = 8
+GRANTED: Final = 16
+UNKNOWN: Final = 32
+PUSHED: Final = 64
 
-_PREFIX = 4  # length prefix size
+_PREFIX: Final = 4  # length prefix size
+_LENGTH: Final = struct.Struct(">I")  # the length prefix
 
 
 class FrameError(DecodeError):
@@ -71,30 +72,34 @@ class FrameError(DecodeError):
         return self.args[0]
 
 
-def _fanout_child(v: Any) -> bytes:
-    parent, plus, child = _bytes(v).partition(b"+")
-    if not (parent and plus and child):
-        raise DecodeError("not a fanout child name (parent+child)")
-    return v
+class _FanoutChild(Check):
+    def check(self, v: Any) -> Any:
+        parent, plus, child = _bytes.check(v).partition(b"+")
+        if not (parent and plus and child):
+            raise DecodeError("not a fanout child name (parent+child)")
+        return v
 
 
-def _schedule(v: Any) -> bytes:
-    schedule.decode(_bytes(v))  # raises DecodeError
-    return v
+class _Schedule(Check):
+    def check(self, v: Any) -> Any:
+        schedule.decode(_bytes.check(v))  # raises DecodeError
+        return v
 
 
-def _ip(v: Any) -> str:
-    try:
-        ipaddress.ip_address(_str(v))
-    except ValueError:
-        raise DecodeError("invalid IP address") from None
-    return v
+class _Ip(Check):
+    def check(self, v: Any) -> Any:
+        try:
+            ipaddress.ip_address(_str.check(v))
+        except ValueError:
+            raise DecodeError("invalid IP address") from None
+        return v
 
 
-def _zone(v: Any) -> str:
-    if not valid_zone(_str(v)):
-        raise DecodeError("invalid zone name")
-    return v
+class _Zone(Check):
+    def check(self, v: Any) -> Any:
+        if not valid_zone(_str.check(v)):
+            raise DecodeError("invalid zone name")
+        return v
 
 
 # --- messages -----------------------------------------------------------------
@@ -112,11 +117,10 @@ class _Kind:
         self.cls = cls
         self.fields = fields
         self.mflags = mflags  # boolean attribute -> mflags bit
-        self.pack: Callable[[Any], dict[str, Any]] = _packer(fields)
-        self.load: Callable[[Any], dict[str, Any]] = _loader(fields + (_MFLAGS,))  # with the mflags
-        self.pack_pos: Callable[..., list[Any]] = _pos_packer(fields)  # (message, head) -> [*head, field, ...]
-        # [code, mflags, field, ...] -> with the mflags
-        self.load_pos: Callable[[Any], dict[str, Any]] = _pos_loader((_MFLAGS, *fields), offset=1)
+        self.pack = _MapPacker(fields)
+        self.load = _MapLoader(fields + (_MFLAGS,))  # with the mflags
+        self.pack_pos = _ArrayPacker(fields)  # (message, head) -> [*head, field, ...]
+        self.load_pos = _ArrayLoader((_MFLAGS, *fields), offset=1)  # [code, mflags, field, ...] -> with the mflags
 
     def mflags_of(self, msg: Message) -> int:
         return sum(bit for attr, bit in self.mflags if getattr(msg, attr))
@@ -128,33 +132,34 @@ _ENVELOPE: _Fields = (
     _Field("flags", "f", _BITS),
 )
 _MFLAGS = _Field("mflags", "m", _BITS)
-_pack_envelope, _load_envelope = _packer(_ENVELOPE), _loader(_ENVELOPE)
-_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+_pack_envelope: Final = _MapPacker(_ENVELOPE)
+_load_envelope: Final = _MapLoader(_ENVELOPE)
+_packb: Final = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
 _GOSSIP_ENTRY: _Fields = (
     _Field("node_id", "n", _node_id),
-    _Field("ip", "i", _ip),
+    _Field("ip", "i", _Ip()),
     _Field("port", "p", _PORT),
     _Field("flags", "f", _BITS),
 )
 _GOSSIP = _Field(
-    "gossip", "g", _list_of(_record(_GOSSIP_ENTRY, GossipEntry)), _each(_packer(_GOSSIP_ENTRY)),
-    pos=(_list_of(_pos_record(_GOSSIP_ENTRY, GossipEntry)), _each(_pos_packer(_GOSSIP_ENTRY))),
+    "gossip", "g", _ListOf(_Record(_MapLoader(_GOSSIP_ENTRY), GossipEntry)), _Each(_MapPacker(_GOSSIP_ENTRY)),
+    pos=(_ListOf(_Record(_ArrayLoader(_GOSSIP_ENTRY), GossipEntry)), _Each(_ArrayPacker(_GOSSIP_ENTRY))),
 )
 # Added after the first version: an older node sends none (0) and ignores it.
 _FEATURES = _Field("features", "ft", _BITS, default=0)
-_ZONE = _Field("zone", "z", _zone, default="")  # optional: older nodes send none
+_ZONE = _Field("zone", "z", _Zone(), default="")  # optional: older nodes send none
 _ID = _Field("id", "i", _job_id)
-_JOBS = _Field("jobs", "j", _list_of(_wire_job, 1), _each(_dump_wire_job),
-               pos=(_list_of(_wire_job_pos, 1), _each(_dump_wire_job_pos)))  # fmt: skip
+_JOBS = _Field("jobs", "j", _ListOf(_wire_job, 1), _Each(_dump_wire_job),
+               pos=(_ListOf(_wire_job_pos, 1), _Each(_dump_wire_job_pos)))  # fmt: skip
 _OPT_ID = _Field("id", "i", _opt_job_id, default=b"")
 _QUEUE = _Field("queue", "q", _bytes)
 _GROUP = _Field("group", "g", _bytes)
 _TICKET = _Field("ticket", "k", _UINT)
 _WAIT_ENTRY: _Fields = (_QUEUE, _Field("count", "c", _UINT))
 _WAIT_ENTRIES = _Field(
-    "entries", "e", _list_of(_record(_WAIT_ENTRY, WaitEntry), 1), _each(_packer(_WAIT_ENTRY)),
-    pos=(_list_of(_pos_record(_WAIT_ENTRY, WaitEntry), 1), _each(_pos_packer(_WAIT_ENTRY))),
+    "entries", "e", _ListOf(_Record(_MapLoader(_WAIT_ENTRY), WaitEntry), 1), _Each(_MapPacker(_WAIT_ENTRY)),
+    pos=(_ListOf(_Record(_ArrayLoader(_WAIT_ENTRY), WaitEntry), 1), _Each(_ArrayPacker(_WAIT_ENTRY))),
 )
 
 # One row per message type: (name, class, fields, mflags).  Short keys must
@@ -177,8 +182,8 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("DELJOB", DelJob, (_ID, _Field("acked", "ak", _bool, default=True))),
     ("NEEDJOBS", NeedJobs, (_QUEUE, _Field("count", "c", _UINT))),
     ("YOURJOBS", YourJobs, (_JOBS,), (("pushed", PUSHED),)),
-    ("PAUSE", Pause, (_QUEUE, _Field("flags", "pf", _int_in(0, 3)))),
-    ("FANOUT", Fanout, (_Field("child", "c", _fanout_child),), (("joined", JOINED),)),
+    ("PAUSE", Pause, (_QUEUE, _Field("flags", "pf", _IntIn(0, 3)))),
+    ("FANOUT", Fanout, (_Field("child", "c", _FanoutChild()),), (("joined", JOINED),)),
     ("GROUPSET", GroupSet, (_ID, _GROUP, _Field("deadline", "d", _UINT))),
     ("CLAIM", Claim, (_ID, _GROUP, _Field("deadline", "d", _UINT), _TICKET)),
     ("GROUPACK", GroupAck, (_ID, _GROUP, _TICKET)),
@@ -187,23 +192,23 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("YOUREVENT", YourEvent, (_TICKET, _ID, _Field("body", "b", _bytes))),
     ("NEWEVENT", NewEvent, (_QUEUE,)),
     ("GROUPFLUSH", GroupFlush, (_QUEUE,)),
-    ("GOTJOBS", GotJobs, (_Field("ids", "i", _list_of(_job_id, 1)),)),
+    ("GOTJOBS", GotJobs, (_Field("ids", "i", _ListOf(_job_id, 1)),)),
     ("REPLJOBS", ReplJobs, (_JOBS,), (("noreply", NOREPLY),)),
     ("WAITING", Waiting, (_WAIT_ENTRIES,)),
-    ("SCHEDSET", SchedSet, (_Field("record", "r", _schedule),)),
+    ("SCHEDSET", SchedSet, (_Field("record", "r", _Schedule()),)),
     ("TICKED", Ticked, (_Field("name", "n", _bytes), _Field("tick", "k", _UINT), _Field("node", "o", _node_id))),
 )
 _KINDS = tuple(_Kind(code, *row) for code, row in enumerate(_ROWS, 1))
-_BY_NAME = {k.name: k for k in _KINDS}
-_BY_CLASS = {k.cls: k for k in _KINDS}
-_BY_CODE = {k.code: k for k in _KINDS}
+_BY_NAME: Final = {k.name: k for k in _KINDS}
+_BY_CLASS: Final = {k.cls: k for k in _KINDS}
+_BY_CODE: Final = {k.code: k for k in _KINDS}
 
 
 def _map_of(header: Header, msg: Message) -> dict[str, Any]:
     kind = _BY_CLASS[type(msg)]
     m = {"v": VERSION, "t": kind.name, "m": kind.mflags_of(msg)}
-    m |= _pack_envelope(header)
-    m |= kind.pack(msg)
+    m |= _pack_envelope.dump(header)
+    m |= kind.pack.dump(msg)
     return m
 
 
@@ -226,7 +231,7 @@ def _from_map(m: dict[Any, Any]) -> tuple[Header, Message] | None:
     kind = _BY_NAME.get(name) if type(name) is str else None
     if kind is None:
         raise DecodeError(f"unknown message type {name[:40]!r}" if type(name) is str else "ill-typed type 't'")
-    return Header(**_load_envelope(m)), _message(kind, kind.load(m))
+    return Header(**_load_envelope.check(m)), _message(kind, kind.load.check(m))
 
 
 def decode_body(body: bytes) -> tuple[Header, Message] | None:
@@ -247,9 +252,9 @@ def decode_body(body: bytes) -> tuple[Header, Message] | None:
 
 # The positional form this node reads, told in the "pv" key of its map bodies
 # (2: with GOTJOBS and REPLJOBS; a node that says another number gets maps).
-POSITIONAL = 2
-_load_pos_header = _pos_loader(_ENVELOPE, offset=1)
-_last: list[Any] = [None, b""]  # the last message encoded without a header and its body: a broadcast packs once
+POSITIONAL: Final = 2
+_load_pos_header: Final = _ArrayLoader(_ENVELOPE, offset=1)
+_last: Final[list[Any]] = [None, b""]  # the last message encoded without a header and its body: a broadcast packs once
 
 
 class LinkCodec:
@@ -285,11 +290,11 @@ class LinkCodec:
         if header is self._sent or header == self._sent:
             if msg is _last[0]:
                 return _last[1]  # the same message, sent on another link: the same body
-            body = _packb(kind.pack_pos(msg, (kind.code, kind.mflags_of(msg))))
+            body = _packb(kind.pack_pos.pack(msg, (kind.code, kind.mflags_of(msg))))
             _last[:] = msg, body
             return body
         self._sent = header
-        return _packb(kind.pack_pos(msg, (0, header.sender, header.port, header.flags, kind.code, kind.mflags_of(msg))))
+        return _packb(kind.pack_pos.pack(msg, (0, header.sender, header.port, header.flags, kind.code, kind.mflags_of(msg))))
 
     def decode(self, body: bytes) -> tuple[Header, Message] | None:
         """decode_body for either form; None for a map of an unknown version."""
@@ -304,7 +309,7 @@ class LinkCodec:
                 raise DecodeError(f"expected a map or an array, got {type(o).__name__ if o != [] else 'an empty array'}")
             code = o[0]
             if code == 0 and type(code) is int:
-                self._header = Header(**_load_pos_header(o))
+                self._header = Header(**_load_pos_header.check(o))
                 o = o[4:]
                 code = o[0] if o else None
             if self._header is None:
@@ -313,7 +318,7 @@ class LinkCodec:
             if kind is None:
                 raise DecodeError(f"unknown message code {code!r:.40}")
             self.positional = True
-            return self._header, _message(kind, kind.load_pos(o))
+            return self._header, _message(kind, kind.load_pos.check(o))
         except DecodeError as e:
             raise FrameError(str(e)) from None
 
@@ -322,7 +327,7 @@ class LinkCodec:
 
 
 def framed(body: bytes) -> bytes:
-    return len(body).to_bytes(_PREFIX, "big") + body
+    return _LENGTH.pack(len(body)) + body
 
 
 def encode_frame(header: Header, msg: Message) -> bytes:
@@ -359,7 +364,7 @@ class FrameDecoder:
         buf = self._buf
         if len(buf) < _PREFIX:
             return None
-        size = int.from_bytes(buf[:_PREFIX], "big")
+        size: int = _LENGTH.unpack_from(buf)[0]
         if size > self.max_frame:
             raise FrameError(f"frame of {size} bytes exceeds the {self.max_frame} byte limit")
         end = _PREFIX + size

@@ -24,23 +24,22 @@ Without a cluster secret or bus TLS, *bus protected mode*
 addresses that are neither loopback nor those of nodes the core knows or
 was told to MEET (`core.bus_links()`).
 
-Every connection, either way, is a `_Peer`: a stream and a queue of encoded
-frames, so a slow peer only ever delays itself.  Once a plain TCP connection
-is set up, its socket is served by the client loop's epoll set (the
-reactor, tcp.py) rather than by tasks: the frames of every peer and the
-client requests of one wake-up are read together, and the frames they
-produce leave in one write per peer at the end of the wake-up (`flush`),
-the rest when the socket is writable again.  A TLS connection keeps a
-reader and a writer task.  Frames are encoded when the effect is applied,
-with the core's current header, except the REPLJOBs and GOTJOBs for a
-peer that reads the positional form: those of a kind in a row wait in
-`batch` and leave as one REPLJOBS or GOTJOBS body when the peer is written
-or a message of another kind for it follows (a replica gets the copies of
-one step in one frame, and answers them with one).  A peer
-whose queue grows past `max_queue` bytes is not reading and is dropped, as is
-a peer that sends a malformed or oversized frame (logged, rate-limited), and
-one whose frames or task raise anything unexpected: every connection has its
-error boundary, so a bug costs that link, never the node.
+Every connection, either way, is a `wire.Peer`: a stream and a queue of
+encoded frames, so a slow peer only ever delays itself.  The per-frame work
+(encoding onto a peer's queue, batching REPLJOBs and GOTJOBs, writing,
+reading and decoding, handing the frames of one read to the core and
+draining once) is shell/wire.py's `Wires`, compiled with the core; `Bus`
+keeps the connections' lives.  Once a plain TCP connection is set up, its
+socket is served by the client loop's epoll set (the reactor, tcp.py)
+rather than by tasks: the frames of every peer and the client requests of
+one wake-up are read together, and the frames they produce leave in one
+write per peer at the end of the wake-up (`Wires.flush`), the rest when the
+socket is writable again.  A TLS connection keeps a reader and a writer
+task.  A peer whose queue grows past `max_queue` bytes is not reading and
+is dropped, as is a peer that sends a malformed or oversized frame (logged,
+rate-limited), and one whose frames or task raise anything unexpected:
+every connection has its error boundary, so a bug costs that link, never
+the node.
 Every close resets the connection, so frames still in the kernel are dropped
 rather than delivered after a partition heals (`_reset_on_close`).
 
@@ -68,7 +67,6 @@ import os
 
 import ipaddress
 import logging
-import select
 import socket
 import struct
 import traceback
@@ -79,9 +77,10 @@ from typing import Any, Protocol
 import trio
 
 from disque.cluster.auth import AuthError, AuthLink
-from disque.cluster.codec import MAX_FRAME, FrameDecoder, FrameError, LinkCodec, framed
-from disque.cluster.messages import GotJob, GotJobs, Header, Message, ReplJob, ReplJobs
+from disque.cluster.codec import MAX_FRAME, FrameDecoder
+from disque.cluster.messages import Header, Message
 from disque.shell.security import Security, bus_protected_mode_refuses
+from disque.shell.wire import READ_SIZE, AuthDecoder, Peer, Reactor, Wires
 
 log = logging.getLogger("disque")
 
@@ -92,7 +91,6 @@ CONNECT_TIMEOUT = 1.0  # seconds; a hung connect counts as a failed one
 # A peer that stops reading is dropped once this many bytes wait for it: room
 # for a largest frame behind a backlog of as much again.
 MAX_QUEUE = 2 * MAX_FRAME
-READ_SIZE = 64 * 1024
 LOG_INTERVAL = 1.0  # seconds between two logged link errors
 HANDSHAKE_TIMEOUT = 3.0  # seconds for the TLS and secret handshakes of a new connection
 WILDCARDS = ("0.0.0.0", "::")
@@ -100,64 +98,6 @@ IDENTIFY_TIMEOUT = 5.0  # seconds an incoming connection has to send its first v
 FIRST_FRAME_MAX = 64 * 1024  # largest first frame (a PING or MEET is a few KB)
 UNIDENTIFIED_MAX = 128  # incoming connections open at once that have not sent a valid frame
 ABORT_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets
-
-
-class _Peer:
-    """One bus connection: its stream, its queue of frames, its cancel scope,
-    and while the reactor serves it, its socket's fd there."""
-
-    __slots__ = (
-        "addr", "label", "stream", "out", "queued", "wake", "scope", "closed", "ready", "auth", "identified",
-        "reactor", "fd", "writing", "codec", "decoder", "deliver", "identify", "batch", "batch_kind",
-    )  # fmt: skip
-
-    def __init__(self, addr: tuple[str, int], label: str, stream: trio.abc.Stream | None = None) -> None:
-        self.addr = addr
-        self.label = label
-        self.stream = stream  # None until an outgoing link is connected; an SSLStream with tls-cluster
-        self.ready = False  # connected and secured: frames may be queued
-        self.auth: AuthLink | None = None  # set once the secret handshake succeeded
-        self.out: list[bytes] = []
-        self.queued = 0  # bytes accepted and not yet handed to the kernel
-        self.wake = trio.Event()
-        self.scope = trio.CancelScope()
-        self.closed = False
-        self.identified = True  # incoming connections: False until their first valid frame
-        self.reactor: Reactor | None = None
-        self.fd = -1  # >= 0 while the reactor serves the socket
-        self.writing = False  # the reactor waits for the socket to take the rest of `out`
-        self.codec = LinkCodec()  # the frame bodies of this connection, both ways
-        self.batch: list[Any] = []  # REPLJOBs or GOTJOBs to send in one body (positional form) ...
-        self.batch_kind: tuple[type, bool] = (GotJob, False)  # ... of this type and `noreply`
-        self.decoder: Any = None
-        self.deliver: Callable[[list[tuple[Header, Message]]], None] = _ignore
-        self.identify = trio.CancelScope()  # the deadline of an unidentified connection
-
-    def close(self) -> None:
-        self.closed = True
-        self.detach()
-        self.scope.cancel()
-
-    def detach(self) -> None:
-        """Take the socket out of the reactor (before the task closes it, so
-        that the fd is still ours)."""
-        if self.fd >= 0:
-            assert self.reactor is not None
-            self.reactor.unwatch(self.fd)
-            self.fd = -1
-
-
-def _ignore(frames: list[tuple[Header, Message]]) -> None:
-    pass
-
-
-class Reactor(Protocol):
-    """The epoll loop that serves plain sockets (TcpClients)."""
-
-    def watch(self, fd: int, handler: Callable[[int], None]) -> None: ...
-    def want(self, fd: int, mask: int) -> None: ...
-    def unwatch(self, fd: int) -> None: ...
-    def wake(self) -> None: ...
 
 
 class BusCore(Protocol):
@@ -171,26 +111,6 @@ class BusCore(Protocol):
         self, frames: Iterable[tuple[Header, Message]], *, key: int | None = None, conn: int | None = None,
         peer_ip: str = "", local_ip: str = "",
     ) -> None: ...  # fmt: skip
-
-
-class _AuthDecoder:
-    """FrameDecoder's interface over an authenticated link."""
-
-    __slots__ = ("auth", "codec")
-
-    def __init__(self, auth: AuthLink, codec: LinkCodec) -> None:
-        self.auth = auth
-        self.codec = codec
-
-    def feed(self, data: bytes) -> None:
-        self.auth.receive_data(data)
-
-    def next_frame(self) -> tuple[Header, Message] | None:
-        while (body := self.auth.next_body()) is not None:
-            decoded = self.codec.decode(body)
-            if decoded is not None:  # None: unknown version, skipped
-                return decoded
-        return None
 
 
 class _Retry:
@@ -222,6 +142,10 @@ def _host(addr: tuple[Any, ...]) -> str:
     ip = addr[0].partition("%")[0]
     mapped = ipaddress.ip_address(ip).ipv4_mapped if ":" in ip else None
     return str(mapped) if mapped else ip
+
+
+def _peer(addr: tuple[str, int], label: str, stream: trio.abc.Stream | None = None) -> Peer:
+    return Peer(addr, label, trio.CancelScope(), trio.CancelScope(), trio.Event(), stream)
 
 
 def _hostport(host: str, port: int) -> str:
@@ -261,18 +185,16 @@ class Bus:
         self.max_frame = max_frame
         self.max_queue = max_queue
         self.listeners: list[trio.SocketListener] = []
-        self.links: dict[int, _Peer] = {}  # outgoing, connecting or connected
-        self.conns: dict[int, _Peer] = {}  # incoming
+        # The frames of every connection; the dispatcher's bus port.
+        self.wires = Wires(core.header, drain, self._warn, self._auth_failed, max_frame, max_queue)
+        self.links = self.wires.links  # outgoing, connecting or connected
+        self.conns = self.wires.conns  # incoming
         self._retry: dict[int, _Retry] = {}
         self._tick = 0
         self._next_conn = 0
-        self.unidentified = 0  # incoming connections open without a valid frame yet
         self._nursery: trio.Nursery | None = None
         self._log_at = float("-inf")
         self._log_skipped = 0
-        self.reactor: Reactor | None = None  # the loop plain connections are served by (`run`)
-        self.unflushed: dict[_Peer, None] = {}  # reactor-served peers with frames to write
-        self._last_batch: tuple[list[Any], Any] = ([], None)  # the last REPLJOBs batched and their REPLJOBS
 
     # ------------------------------------------------------------ lifecycle
 
@@ -296,7 +218,7 @@ class Bus:
         expires costs a trio cancellation).  With a `reactor` (the client
         loop, which then calls `flush` after each of its wake-ups) plain
         connections are served there; otherwise by tasks, as TLS ones are."""
-        self.reactor = reactor
+        self.wires.reactor = reactor
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             if self.listeners:
@@ -315,66 +237,18 @@ class Bus:
     # ------------------------------------------------------------ effects
 
     def send(self, key: int, msg: Message) -> None:
-        self._push(self.links.get(key), msg)
+        self.wires.send(key, msg)
 
     def answer(self, conn: int, msg: Message) -> None:
-        self._push(self.conns.get(conn), msg)
+        self.wires.answer(conn, msg)
 
     def drop_link(self, key: int) -> None:
-        link = self.links.get(key)
-        if link is not None:
-            link.close()
+        self.wires.drop_link(key)
 
     def auth_links(self) -> tuple[int, int]:
         """(authenticated connections open, those using the previous secret)."""
         peers = [p for p in (*self.links.values(), *self.conns.values()) if p.auth is not None and not p.closed]
         return len(peers), sum(1 for p in peers if p.auth and p.auth.secret and p.auth.secret.previous)
-
-    def _push(self, peer: _Peer | None, msg: Message) -> None:
-        if peer is None or not peer.ready or peer.closed:
-            return  # no link: dropped, as every bus message is best effort
-        kind = type(msg)
-        if (kind is ReplJob or kind is GotJob) and peer.codec.positional:
-            batch_kind = (kind, kind is ReplJob and msg.noreply)  # type: ignore[union-attr]
-            if peer.batch and batch_kind != peer.batch_kind:
-                self._append_batch(peer)
-            peer.batch_kind = batch_kind
-            peer.batch.append(msg)
-        else:
-            self._append(peer, msg)
-        if peer.fd < 0:
-            peer.wake.set()
-        elif not peer.writing:
-            if not self.unflushed:
-                self.reactor.wake()  # type: ignore[union-attr]
-            self.unflushed[peer] = None
-        if peer.queued > self.max_queue:
-            self._warn("Closing %s: %d bytes queued, the peer is not reading", peer.label, peer.queued)
-            peer.close()
-
-    def _append(self, peer: _Peer, msg: Message) -> None:
-        """Encode `msg` onto `peer.out`, after the batch waiting."""
-        if peer.batch:
-            self._append_batch(peer)
-        body = peer.codec.encode(self.core.header(), msg)
-        frame = framed(body) if peer.auth is None else peer.auth.seal(body)
-        peer.out.append(frame)
-        peer.queued += len(frame)
-
-    def _append_batch(self, peer: _Peer) -> None:
-        batch, peer.batch = peer.batch, []
-        if len(batch) == 1:
-            msg = batch[0]
-        elif peer.batch_kind[0] is GotJob:
-            msg = GotJobs(tuple(m.id for m in batch))
-        else:
-            # The replicas of a job get the same REPLJOBs in a row: the same
-            # message, so that the codec packs its body once for all of them.
-            last, msg = self._last_batch
-            if len(last) != len(batch) or any(a is not b for a, b in zip(last, batch)):
-                msg = ReplJobs(tuple(m.job for m in batch), peer.batch_kind[1])
-                self._last_batch = (batch, msg)
-        self._append(peer, msg)
 
     # ------------------------------------------------------------ outgoing links
 
@@ -392,10 +266,10 @@ class Bus:
             if key in self.links or self._tick < retry.next_tick:
                 continue
             retry.next_tick = self._tick + retry.delay
-            link = self.links[key] = _Peer(addr, f"bus link to {_hostport(*addr)}")
+            link = self.links[key] = _peer(addr, f"bus link to {_hostport(*addr)}")
             self._nursery.start_soon(self._run_link, key, link)
 
-    async def _run_link(self, key: int, link: _Peer) -> None:
+    async def _run_link(self, key: int, link: Peer) -> None:
         core = self.core
         failed = False
         try:
@@ -440,8 +314,9 @@ class Bus:
         label = f"bus connection from {_hostport(*peer_addr[:2])}"
         peer_ip = _host(peer_addr)
         sec = self.security
-        if self.unidentified >= UNIDENTIFIED_MAX:
-            self._refuse(stream, "cluster_unidentified_closed", "Refusing %s: %d connections have not identified yet", label, self.unidentified)
+        wires = self.wires
+        if wires.unidentified >= UNIDENTIFIED_MAX:
+            self._refuse(stream, "cluster_unidentified_closed", "Refusing %s: %d connections have not identified yet", label, wires.unidentified)
             return
         if sec is not None and bus_protected_mode_refuses(sec.config, sec.keyring is not None or sec.bus_tls, peer_ip, self._known_ips):
             self._refuse(stream, "cluster_protected_mode_refused",
@@ -449,9 +324,9 @@ class Bus:
             return
         self._next_conn += 1
         conn = self._next_conn
-        peer = _Peer(peer_addr[:2], label, stream)
+        peer = _peer(peer_addr[:2], label, stream)
         peer.identified = False
-        self.unidentified += 1
+        wires.unidentified += 1
         self.conns[conn] = peer
         deliver = partial(self.core.handle_frames, conn=conn, peer_ip=peer_ip, local_ip=_host(local_addr))
         try:
@@ -463,7 +338,7 @@ class Bus:
             self._warn("Closing %s: %s", label, traceback.format_exc().rstrip())
         finally:
             if not peer.identified:
-                self.unidentified -= 1
+                wires.unidentified -= 1
             del self.conns[conn]
             _reset_on_close(stream)  # serve_listeners closes it
 
@@ -483,7 +358,7 @@ class Bus:
 
     # ------------------------------------------------------------ both directions
 
-    async def _secure(self, peer: _Peer, initiator: bool) -> bool:
+    async def _secure(self, peer: Peer, initiator: bool) -> bool:
         """TLS, then the secret handshake, as configured.  False when the peer
         fails either (logged and counted): the caller closes the connection."""
         sec = self.security
@@ -542,7 +417,7 @@ class Bus:
             auth.receive_data(data)
             auth.handshake_step()
 
-    async def _session(self, peer: _Peer, deliver: Callable[[list[tuple[Header, Message]]], None]) -> None:
+    async def _session(self, peer: Peer, deliver: Callable[[list[tuple[Header, Message]]], None]) -> None:
         """Read and write `peer` until either side fails; runs in `peer.scope`.
 
         A plain TCP connection is served by the reactor: its socket joins the
@@ -551,18 +426,21 @@ class Bus:
         written once at the end of it (`flush`).  A TLS connection keeps a
         reader and a writer task."""
         assert peer.stream is not None
-        plain = FrameDecoder(self.max_frame if peer.identified else min(self.max_frame, FIRST_FRAME_MAX), peer.codec)
-        peer.decoder = _AuthDecoder(peer.auth, peer.codec) if peer.auth is not None else plain
+        if peer.auth is not None:
+            peer.decoder = AuthDecoder(peer.auth, peer.codec)
+        else:
+            peer.decoder = FrameDecoder(self.max_frame if peer.identified else min(self.max_frame, FIRST_FRAME_MAX), peer.codec)
         peer.deliver = deliver
         # An unidentified connection has IDENTIFY_TIMEOUT to send a valid frame.
         peer.identify.deadline = trio.current_time() + IDENTIFY_TIMEOUT if not peer.identified else float("inf")
         sock = getattr(peer.stream, "socket", None)
+        wires = self.wires
         with peer.identify:
-            if self.reactor is not None and sock is not None:
-                peer.reactor, peer.fd = self.reactor, sock.fileno()
-                self.reactor.watch(peer.fd, partial(self._ready, peer))
-                self.unflushed[peer] = None  # what was queued since the connection was made
-                self.reactor.wake()
+            if wires.reactor is not None and sock is not None:
+                peer.reactor, peer.fd = wires.reactor, sock.fileno()
+                wires.reactor.watch(peer.fd, partial(wires.ready, peer))
+                wires.unflushed[peer] = None  # what was queued since the connection was made
+                wires.reactor.wake()
                 try:
                     await trio.sleep_forever()  # until peer.close() cancels the scope
                 finally:
@@ -575,63 +453,28 @@ class Bus:
             self._count("cluster_unidentified_closed", "Closing %s: no valid frame within %.0f s", peer.label, IDENTIFY_TIMEOUT)
         peer.close()
 
-    def _received(self, peer: _Peer, data: bytes) -> None:
-        """Hand every frame of `data` to the core as one step, then apply
-        their effects once.  A bad frame closes the peer (logged) after the
-        frames before it are handled; so does any unexpected exception (a
-        bug costs that connection, not the node)."""
-        try:
-            self._receive(peer, data)
-        except Exception:
-            self._warn("Closing %s: error handling its frames: %s", peer.label, traceback.format_exc().rstrip())
-            peer.close()
+    def _auth_failed(self, peer: Peer, error: AuthError) -> None:
+        assert self.security is not None  # an AuthError: the link is authenticated
+        self.security.count_auth_error(error.kind)
+        self.security.log("bus-auth-" + error.kind, logging.WARNING, "Closing %s: %s", peer.label, error.reason)
 
-    def _receive(self, peer: _Peer, data: bytes) -> None:
-        frames: list[tuple[Header, Message]] = []
-        error: FrameError | AuthError | None = None
-        try:
-            peer.decoder.feed(data)
-            while not peer.closed and (frame := peer.decoder.next_frame()) is not None:
-                if not peer.identified:
-                    peer.identified = True
-                    self.unidentified -= 1
-                    if isinstance(peer.decoder, FrameDecoder):
-                        peer.decoder.max_frame = self.max_frame
-                    peer.identify.deadline = float("inf")
-                frames.append(frame)
-        except (FrameError, AuthError) as e:
-            error = e
-        try:
-            if frames:
-                peer.deliver(frames)
-        finally:
-            self.drain()
-        if isinstance(error, FrameError):
-            self._warn("Closing %s: %s", peer.label, error.reason)
-            peer.close()
-        elif error is not None:
-            assert self.security is not None  # an AuthError: the link is authenticated
-            self.security.count_auth_error(error.kind)
-            self.security.log("bus-auth-" + error.kind, logging.WARNING, "Closing %s: %s", peer.label, error.reason)
-            peer.close()
-
-    async def _read_loop(self, peer: _Peer) -> None:
+    async def _read_loop(self, peer: Peer) -> None:
         assert peer.stream is not None
         try:
             while not peer.closed and (data := await peer.stream.receive_some(READ_SIZE)):
-                self._received(peer, data)
+                self.wires.received(peer, data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         peer.close()
 
-    async def _write_loop(self, peer: _Peer) -> None:
+    async def _write_loop(self, peer: Peer) -> None:
         assert peer.stream is not None
         try:
             while True:
                 await peer.wake.wait()
                 peer.wake = trio.Event()
                 if peer.batch:
-                    self._append_batch(peer)
+                    self.wires.append_batch(peer)
                 data = b"".join(peer.out)
                 peer.out.clear()
                 await peer.stream.send_all(data)
@@ -639,53 +482,8 @@ class Bus:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             peer.close()
 
-    # ------------------------------------------------------------ the reactor's side
-
-    def _ready(self, peer: _Peer, events: int) -> None:
-        """The reactor saw `peer`'s socket ready."""
-        if events & select.EPOLLOUT:
-            self._write(peer)
-        if events & (select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP) and peer.fd >= 0:
-            try:
-                data = os.read(peer.fd, READ_SIZE)
-            except BlockingIOError:
-                return
-            except OSError:
-                data = b""
-            if data:
-                self._received(peer, data)
-            else:
-                peer.close()
-
     def flush(self) -> None:
-        """Write the frames queued for reactor-served peers (the reactor
-        calls this at the end of every wake-up)."""
-        unflushed, self.unflushed = self.unflushed, {}
-        for peer in unflushed:
-            self._write(peer)
-
-    def _write(self, peer: _Peer) -> None:
-        """Write what the kernel takes of `peer.out`; wait for the socket to
-        become writable for the rest."""
-        if peer.fd < 0:
-            return
-        if peer.batch:
-            self._append_batch(peer)
-        out = peer.out
-        if out:
-            data = out[0] if len(out) == 1 else b"".join(out)
-            try:
-                sent = os.write(peer.fd, data)
-            except BlockingIOError:
-                sent = 0
-            except OSError:
-                peer.close()
-                return
-            peer.queued -= sent
-            out[:] = (memoryview(data)[sent:],) if sent < len(data) else ()
-        if bool(out) != peer.writing:
-            peer.writing = bool(out)
-            self.reactor.want(peer.fd, select.EPOLLIN | select.EPOLLOUT if out else select.EPOLLIN)  # type: ignore[union-attr]
+        self.wires.flush()
 
     # ------------------------------------------------------------ helpers
 

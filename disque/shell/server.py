@@ -149,9 +149,9 @@ class Server:
         )
         self.aof_file = AofFile(self.core, config, self, self.dispatch.drain, self.bodies)
         self.sessions = Sessions(self.core, config, self.dispatch, self._output_limit_closed)
-        self.dispatch.plug(self.sessions, self.bus, self.aof_file)
+        self.dispatch.plug(self.sessions, self.bus.wires, self.aof_file)
         # Plain bus sockets share the client loop (`Bus.run`): it writes their frames after each wake-up.
-        self.tcp = TcpClients(self.sessions, self.aof_file, self.clock, self.refusal, after_pass=self.bus.flush)
+        self.tcp = TcpClients(self.sessions, self.aof_file, self.clock, self.refusal, after_pass=self.bus.wires.flush)
 
     # ------------------------------------------------------------ lifecycle
 

@@ -11,8 +11,10 @@ out-of-range field.
 
 Everything is table-driven: a `_Field` names an attribute, its short key, a
 check that validates and normalises a decoded value, and a dump that makes
-the value msgpack-ready; one generic pack and one generic load (`_loader`,
-`_packer` and their positional twins) serve every table.  The bus codec
+the value msgpack-ready; one generic pack and one generic load (`_MapLoader`,
+`_MapPacker` and their positional twins) serve every table.  Checks, loads
+and dumps are objects of small classes with one method, so that the
+compiled loops call them natively.  The bus codec
 (cluster/codec.py) builds its messages from the same pieces, which is why
 it imports them from here: the job forms belong to the store, the frames
 to the cluster layer above it.
@@ -27,8 +29,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
-from typing import Any
+from typing import Any, Final
 
 import msgpack
 
@@ -48,254 +49,312 @@ class DecodeError(ValueError):
 
 # --- checks: validate a decoded value and return it normalised ---------------
 
-_Check = Callable[[Any], Any]
+
+class Check:
+    """Validates one decoded value and returns it normalised (`check`).
+    Subclasses return Any, as this does: with a narrower return type mypyc
+    calls them through a glue function."""
+
+    def check(self, v: Any) -> Any:
+        raise NotImplementedError  # pragma: no cover - every check is a subclass's
 
 
-def _int_in(lo: int, hi: int) -> _Check:
-    def check(v: Any) -> int:
+class _IntIn(Check):
+    def __init__(self, lo: int, hi: int) -> None:
+        self.lo = lo
+        self.hi = hi
+
+    def check(self, v: Any) -> Any:
         # msgpack yields plain ints and bools; IntEnums such as State come from
         # dicts made by this module.  A bool is never a valid integer field.
-        if not isinstance(v, int) or isinstance(v, bool):
+        if type(v) is not int and (not isinstance(v, int) or isinstance(v, bool)):
             raise DecodeError(f"expected an integer, got {type(v).__name__}")
-        if not lo <= v <= hi:
-            raise DecodeError(f"{v} is not in [{lo}, {hi}]")
+        n: int = v  # compared as a native int
+        if not self.lo <= n <= self.hi:
+            raise DecodeError(f"{v} is not in [{self.lo}, {self.hi}]")
         return v
 
-    return check
 
+class _OfType(Check):
+    def __init__(self, t: type) -> None:
+        self.t = t
 
-def _of_type(t: type) -> _Check:
-    def check(v: Any) -> Any:
-        if type(v) is not t:
-            raise DecodeError(f"expected {t.__name__}, got {type(v).__name__}")
+    def check(self, v: Any) -> Any:
+        if type(v) is not self.t:
+            raise DecodeError(f"expected {self.t.__name__}, got {type(v).__name__}")
         return v
 
-    return check
+
+_bytes: Final = _OfType(bytes)
+_bool: Final = _OfType(bool)
+_str: Final = _OfType(str)
 
 
-_bytes = _of_type(bytes)
-_bool = _of_type(bool)
-_str = _of_type(str)
+class _OptBytes(Check):
+    def check(self, v: Any) -> Any:
+        return None if v is None else _bytes.check(v)
 
 
-def _opt_bytes(v: Any) -> bytes | None:
-    return None if v is None else _bytes(v)
+class _Id(Check):
+    """A job or a node ID: a value of type `t` that `valid` accepts."""
+
+    def __init__(self, t: type, valid: Callable[[Any], object], what: str) -> None:
+        self.t = t
+        self.valid = valid
+        self.what = what
+
+    def check(self, v: Any) -> Any:
+        if type(v) is not self.t or not self.valid(v):
+            raise DecodeError(f"invalid {self.what}" if type(v) is self.t else f"expected {self.t.__name__}, got {type(v).__name__}")
+        return v
 
 
-
-def _job_id(v: Any) -> bytes:
-    if type(v) is not bytes or not valid_id(v):
-        raise DecodeError("invalid job ID" if type(v) is bytes else f"expected bytes, got {type(v).__name__}")
-    return v
+_job_id: Final = _Id(bytes, valid_id, "job ID")
+_node_id: Final = _Id(str, re.compile("[0-9a-f]{40}").fullmatch, "node ID")
 
 
-def _opt_job_id(v: Any) -> bytes:
-    return v if v == b"" else _job_id(v)
+class _OptJobId(Check):
+    def check(self, v: Any) -> Any:
+        return v if v == b"" else _job_id.check(v)
 
 
-
-_is_node_id = re.compile("[0-9a-f]{40}").fullmatch
-
-
-def _node_id(v: Any) -> str:
-    if type(v) is not str or not _is_node_id(v):
-        raise DecodeError("invalid node ID" if type(v) is str else f"expected str, got {type(v).__name__}")
-    return v
+_opt_job_id: Final = _OptJobId()
 
 
-
-def _list_of(check: _Check, min_len: int = 0) -> _Check:
+class _ListOf(Check):
     """A msgpack array (or a tuple, in a dict made by this module) -> tuple."""
 
-    def load(v: Any) -> tuple[Any, ...]:
-        if type(v) not in (list, tuple):
+    def __init__(self, item: Check, min_len: int = 0) -> None:
+        self.item = item
+        self.min_len = min_len
+
+    def check(self, v: Any) -> Any:
+        if type(v) is not list and type(v) is not tuple:
             raise DecodeError(f"expected an array, got {type(v).__name__}")
-        if len(v) < min_len:
-            raise DecodeError(f"expected at least {min_len} item(s)")
+        if len(v) < self.min_len:
+            raise DecodeError(f"expected at least {self.min_len} item(s)")
+        item = self.item
         out = []
-        for i, item in enumerate(v):
+        for i, x in enumerate(v):
             try:
-                out.append(check(item))
+                out.append(item.check(x))
             except DecodeError as e:
                 raise DecodeError(f"item {i}: {e}") from None
         return tuple(out)
 
-    return load
+
+_PORT = _IntIn(0, 65535)
+_BITS = _IntIn(0, 2**32 - 1)  # node flags and mflags: unknown bits are harmless
+_UINT = _IntIn(0, _U64)
+_FLAG_BYTE: Final = _IntIn(0, 255)
+_STATE_CODE: Final = _IntIn(min(State), max(State))
+_node_ids: Final = _ListOf(_node_id)
 
 
-_PORT = _int_in(0, 65535)
-_BITS = _int_in(0, 2**32 - 1)  # node flags and mflags: unknown bits are harmless
-_UINT = _int_in(0, _U64)
-_FLAG_BYTE = _int_in(0, 255)
-_STATE_CODE = _int_in(min(State), max(State))
-_node_ids = _list_of(_node_id)
+_STATES: Final = {s.value: s for s in State}
 
 
-_STATES = {s.value: s for s in State}
+class _JobState(Check):
+    def check(self, v: Any) -> Any:
+        return _STATES[_STATE_CODE.check(v)]
 
 
-def _job_state(v: Any) -> State:
-    return _STATES[_STATE_CODE(v)]
+class _JobFlags(Check):
+    def check(self, v: Any) -> Any:
+        return _FLAG_BYTE.check(v) & WIRE_FLAGS
 
 
-
-def _job_flags(v: Any) -> int:
-    return _FLAG_BYTE(v) & WIRE_FLAGS
-
-
-
-_are_node_ids = re.compile("[0-9a-f]{40}(?:,[0-9a-f]{40})*").fullmatch
+_are_node_ids: Final = re.compile("[0-9a-f]{40}(?:,[0-9a-f]{40})*").fullmatch
 
 
 # Checked lists of delivery nodes, by their items: the jobs of a cluster come
 # with few distinct lists, so most are checked once, and the jobs that came
 # with the same list share one tuple (memory).  Emptied when full, so that
 # a peer sending ever new lists cannot grow it.
-_delivered: dict[tuple[Any, ...], tuple[str, ...]] = {}
-_DELIVERED_MAX = 4096
+_delivered: Final[dict[tuple[Any, ...], tuple[str, ...]]] = {}
+_DELIVERED_MAX: Final = 4096
 
 
-def _nodes_delivered(v: Any) -> tuple[str, ...]:
-    if type(v) in (list, tuple):
+class _NodesDelivered(Check):
+    def check(self, v: Any) -> Any:
+        if type(v) is list or type(v) is tuple:
+            try:
+                return _delivered[tuple(v)]
+            except (KeyError, TypeError):  # new, or an item is not hashable
+                pass
         try:
-            return _delivered[tuple(v)]
-        except (KeyError, TypeError):  # new, or an item is not hashable
-            pass
-    try:
-        common = type(v) is list and _are_node_ids(",".join(v))  # the common case, in one match
-    except TypeError:  # not all strings
-        common = None
-    checked = tuple(dict.fromkeys(v if common else _node_ids(v)))  # a set: drop duplicates, keep order
-    if len(_delivered) >= _DELIVERED_MAX:
-        _delivered.clear()
-    _delivered[tuple(v)] = checked
-    return checked
+            common = type(v) is list and _are_node_ids(",".join(v))  # the common case, in one match
+        except TypeError:  # not all strings
+            common = None
+        checked = tuple(dict.fromkeys(v if common else _node_ids.check(v)))  # a set: drop duplicates, keep order
+        if len(_delivered) >= _DELIVERED_MAX:
+            _delivered.clear()
+        _delivered[tuple(v)] = checked
+        return checked
+
+
+_nodes_delivered: Final = _NodesDelivered()
 
 
 # --- records: field tables, one pack and one load -----------------------------
+
+
+class Dump:
+    """Makes one value of ours msgpack-ready (`dump`)."""
+
+    def dump(self, v: Any) -> Any:
+        raise NotImplementedError  # pragma: no cover - every dump is a subclass's
 
 
 @dataclass(frozen=True, slots=True)
 class _Field:
     name: str  # attribute / dict key on our side
     key: str  # short key in the msgpack map
-    check: _Check  # decoded value -> validated value
-    dump: Callable[[Any], Any] | None = None  # our value -> msgpack-ready value (None: as it is)
+    check: Check  # decoded value -> validated value
+    dump: Dump | None = None  # our value -> msgpack-ready value (None: as it is)
     default: Any = None  # not None: the field may be left out, and is when it has this value
-    pos: tuple[_Check, Callable[[Any], Any]] | None = None  # (check, dump) of the positional form, when it differs
+    pos: tuple[Check, Dump | None] | None = None  # (check, dump) of the positional form, when it differs
 
 
 _Fields = tuple[_Field, ...]
-_MISSING = object()
+
+_MISSING: Final = object()
 
 
 class _Missing(DecodeError):
     """A required key is absent (its message is the whole error)."""
 
 
-def _load_map(fields: tuple[tuple[str, str, _Check, Any], ...], o: Any) -> dict[str, Any]:
-    """The check of map `o`: `fields` are (name, key, check, default)."""
-    if type(o) is not dict:
-        raise DecodeError(f"expected a map, got {type(o).__name__}")
-    out: dict[str, Any] = {}
-    key = ""
-    try:
-        for name, key, check, default in fields:
-            v = o.get(key, _MISSING)
-            if v is not _MISSING:
-                out[name] = check(v)
-            elif default is not None:
-                out[name] = default
-            else:
-                raise _Missing(f"missing field {key!r}")
-    except _Missing:
-        raise
-    except DecodeError as e:
-        raise DecodeError(f"field {key!r}: {e}") from None
-    return out
+class _Slot:
+    """One field of a compiled table: what a load or a pack needs of it."""
+
+    def __init__(self, name: str, key: str, check: Check, dump: Dump | None, default: Any) -> None:
+        self.name = name
+        self.key = key
+        self.check = check
+        self.dump = dump
+        self.default = default
 
 
-def _loader(fields: _Fields, *, named: bool = False) -> Callable[[Any], dict[str, Any]]:
+class _MapLoader(Check):
     """The check of map `o` (short keys, or our names when `named`) ->
     {name: value}; a field with a default may be left out."""
-    table = tuple((f.name, f.name if named else f.key, f.check, f.default) for f in fields)
-    return partial(_load_map, table)
+
+    def __init__(self, fields: _Fields, named: bool = False) -> None:
+        self.slots = tuple([_Slot(f.name, f.name if named else f.key, f.check, None, f.default) for f in fields])
+
+    def check(self, o: Any) -> Any:
+        if type(o) is not dict:
+            raise DecodeError(f"expected a map, got {type(o).__name__}")
+        out: dict[str, Any] = {}
+        key = ""
+        try:
+            for s in self.slots:
+                key = s.key
+                v = o.get(key, _MISSING)
+                if v is not _MISSING:
+                    out[s.name] = s.check.check(v)
+                elif s.default is not None:
+                    out[s.name] = s.default
+                else:
+                    raise _Missing(f"missing field {key!r}")
+        except _Missing:
+            raise
+        except DecodeError as e:
+            raise DecodeError(f"field {key!r}: {e}") from None
+        return out
 
 
-def _load_array(fields: tuple[tuple[str, _Check, Any], ...], required: int, offset: int, o: Any) -> dict[str, Any]:
-    """The check of array `o`: its items from `offset` on are `fields`,
-    (name, check, default); the fields after the first `required` may be
-    missing and take their defaults."""
-    if type(o) is not list:
-        raise DecodeError(f"expected an array, got {type(o).__name__}")
-    end = len(o)
-    if end < offset + required:
-        raise DecodeError(f"missing field {fields[max(end - offset, 0)][0]!r}")
-    out: dict[str, Any] = {}
-    name = ""
-    try:
-        for name, check, default in fields:
-            out[name] = check(o[offset]) if offset < end else default
-            offset += 1
-    except DecodeError as e:
-        raise DecodeError(f"field {name!r}: {e}") from None
-    return out
-
-
-def _pos_loader(fields: _Fields, offset: int = 0) -> Callable[[Any], dict[str, Any]]:
-    """`_loader` for the positional form: the check of array `o`, whose
+class _ArrayLoader(Check):
+    """`_MapLoader` for the positional form: the check of array `o`, whose
     items from `offset` on are the fields in table order (more items are
     ignored, as unknown keys are; the optional fields that end the table
     may be missing, and take their defaults, as missing keys do: a node
     of an older version sends a row without the fields added to it since)."""
-    required = len(fields)  # the optional fields that end the table follow these
-    while required and fields[required - 1].default is not None:
-        required -= 1
-    table = tuple((f.name, f.check if f.pos is None else f.pos[0], f.default) for f in fields)
-    return partial(_load_array, table, required, offset)
+
+    def __init__(self, fields: _Fields, offset: int = 0) -> None:
+        self.slots = tuple([_Slot(f.name, f.key, f.check if f.pos is None else f.pos[0], None, f.default) for f in fields])
+        self.offset = offset
+        required = len(fields)  # the optional fields that end the table follow these
+        while required and fields[required - 1].default is not None:
+            required -= 1
+        self.required = required
+
+    def check(self, o: Any) -> Any:
+        if type(o) is not list:
+            raise DecodeError(f"expected an array, got {type(o).__name__}")
+        offset = self.offset
+        end = len(o)
+        if end < offset + self.required:
+            raise DecodeError(f"missing field {self.slots[max(end - offset, 0)].name!r}")
+        out: dict[str, Any] = {}
+        name = ""
+        try:
+            for s in self.slots:
+                name = s.name
+                out[name] = s.check.check(o[offset]) if offset < end else s.default
+                offset += 1
+        except DecodeError as e:
+            raise DecodeError(f"field {name!r}: {e}") from None
+        return out
 
 
-def _pack_map(fields: tuple[tuple[str, str, Any, Any], ...], items: bool, o: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, key, dump, default in fields:
-        v = o[name] if items else getattr(o, name)
-        if default is None or v != default:
-            out[key] = v if dump is None else dump(v)
-    return out
-
-
-def _packer(fields: _Fields, *, items: bool = False) -> Callable[[Any], dict[str, Any]]:
+class _MapPacker(Dump):
     """Our object (attributes, or a dict with our names when `items`) -> the
     map of short keys; a field equal to its default is left out."""
-    return partial(_pack_map, tuple((f.name, f.key, f.dump, f.default) for f in fields), items)
+
+    def __init__(self, fields: _Fields, items: bool = False) -> None:
+        self.slots = tuple([_Slot(f.name, f.key, f.check, f.dump, f.default) for f in fields])
+        self.items = items
+
+    def dump(self, o: Any) -> Any:
+        out: dict[str, Any] = {}
+        items = self.items
+        for s in self.slots:
+            v = o[s.name] if items else getattr(o, s.name)
+            if s.default is None or v != s.default:
+                out[s.key] = v if s.dump is None else s.dump.dump(v)
+        return out
 
 
-def _pack_array(fields: tuple[tuple[str, Any], ...], items: bool, o: Any, head: tuple[Any, ...] = ()) -> list[Any]:
-    out = list(head)
-    for name, dump in fields:
-        v = o[name] if items else getattr(o, name)
-        out.append(v if dump is None else dump(v))
-    return out
+class _ArrayPacker(Dump):
+    """`_MapPacker` for the positional form: `pack(o, head)` -> [*head,
+    field, ...], every field present."""
+
+    def __init__(self, fields: _Fields, items: bool = False) -> None:
+        self.slots = tuple([_Slot(f.name, f.key, f.check, f.dump if f.pos is None else f.pos[1], f.default) for f in fields])
+        self.items = items
+
+    def pack(self, o: Any, head: tuple[Any, ...]) -> list[Any]:
+        out = list(head)
+        items = self.items
+        for s in self.slots:
+            v = o[s.name] if items else getattr(o, s.name)
+            out.append(v if s.dump is None else s.dump.dump(v))
+        return out
+
+    def dump(self, o: Any) -> Any:
+        return self.pack(o, ())
 
 
-def _pos_packer(fields: _Fields, *, items: bool = False) -> Callable[..., list[Any]]:
-    """`_packer` for the positional form: `pack(o, head)` -> [*head, field, ...],
-    every field present."""
-    return partial(_pack_array, tuple((f.name, f.dump if f.pos is None else f.pos[1]) for f in fields), items)
+class _Record(Check):
+    """A record checked by `loader`, built by `build` from its fields."""
+
+    def __init__(self, loader: Check, build: Callable[..., Any]) -> None:
+        self.loader = loader
+        self.build = build
+
+    def check(self, v: Any) -> Any:
+        return self.build(**self.loader.check(v))
 
 
-def _record(fields: _Fields, build: Callable[..., Any]) -> _Check:
-    load = _loader(fields)
-    return lambda m: build(**load(m))
+class _Each(Dump):
+    def __init__(self, item: Dump) -> None:
+        self.item = item
 
-
-def _pos_record(fields: _Fields, build: Callable[..., Any]) -> _Check:
-    load = _pos_loader(fields)
-    return lambda a: build(**load(a))
-
-
-def _each(dump: Callable[[Any], Any]) -> Callable[[Any], list[Any]]:
-    return lambda items: [dump(item) for item in items]
+    def dump(self, items: Any) -> Any:
+        item = self.item
+        return [item.dump(x) for x in items]
 
 
 def _unpack(data: bytes) -> Any:
@@ -314,14 +373,14 @@ def _unpack_map(data: bytes) -> dict[Any, Any]:
     return m
 
 
-_VERSION = (_Field("v", "v", _int_in(-(2**63), _U64)),)  # any msgpack integer
+_VERSION = (_Field("v", "v", _IntIn(-(2**63), _U64)),)  # any msgpack integer
 
 
-_load_version = _loader(_VERSION)
+_load_version: Final = _MapLoader(_VERSION)
 
 
 def _version(m: dict[Any, Any]) -> int:
-    return _load_version(m)["v"]
+    return _load_version.check(m)["v"]
 
 
 # --- jobs ---------------------------------------------------------------------
@@ -330,35 +389,37 @@ def _version(m: dict[Any, Any]) -> int:
 # keys of `Job.fields`.
 _JOB_COMMON: _Fields = (
     _Field("id", "i", _job_id),
-    _Field("state", "s", _job_state),
-    _Field("flags", "f", _job_flags),
-    _Field("repl", "r", _int_in(1, 65535)),
+    _Field("state", "s", _JobState()),
+    _Field("flags", "f", _JobFlags()),
+    _Field("repl", "r", _IntIn(1, 65535)),
     _Field("ctime", "c", _UINT),
     _Field("delay", "d", _UINT),
     _Field("retry", "rt", _UINT),
     _Field("nacks", "na", _UINT),
     _Field("deliv", "dv", _UINT),
-    _Field("queue", "q", _opt_bytes),
-    _Field("body", "b", _opt_bytes),
+    _Field("queue", "q", _OptBytes()),
+    _Field("body", "b", _OptBytes()),
     _Field("nodes_delivered", "nd", _nodes_delivered),
     # MAXATTEMPTS / DEADLETTER and dead-lettered copies: left out when unset.
-    _Field("max_attempts", "ma", _int_in(0, 65535), default=0),
+    _Field("max_attempts", "ma", _IntIn(0, 65535), default=0),
     _Field("dead_letter", "dl", _bytes, default=b""),
     _Field("origin", "o", _opt_job_id, default=b""),
 )
 # PRIORITY, left out at its default; after the other fields, so that the
-# positional form of an older node (which has none) still decodes (`_pos_loader`).
-_PRIORITY = _Field("priority", "pr", _int_in(0, MAX_PRIORITY), default=DEFAULT_PRIORITY)
-_WIRE_JOB: _Fields = _JOB_COMMON + (_Field("ttl", "tl", _int_in(1, _U64)), _Field("etime", "et", _UINT), _PRIORITY)
+# positional form of an older node (which has none) still decodes (`_ArrayLoader`).
+_PRIORITY = _Field("priority", "pr", _IntIn(0, MAX_PRIORITY), default=DEFAULT_PRIORITY)
+_WIRE_JOB: _Fields = _JOB_COMMON + (_Field("ttl", "tl", _IntIn(1, _U64)), _Field("etime", "et", _UINT), _PRIORITY)
 # `not_before`: the core-clock ms before which a NACK ... DELAY job is not queued again (0: none).
 _STORED_JOB: _Fields = _JOB_COMMON + (
     _Field("etime", "et", _UINT), _Field("not_before", "nb", _UINT, default=0), _PRIORITY
 )
-_wire_job = _loader(_WIRE_JOB)  # checks the job of REPLJOB / YOURJOBS (a dict with our names)
-_dump_wire_job = _packer(_WIRE_JOB, items=True)
-_wire_job_pos, _dump_wire_job_pos = _pos_loader(_WIRE_JOB), _pos_packer(_WIRE_JOB, items=True)
-_load_stored_job, _load_stored_map = _loader(_STORED_JOB, named=True), _loader(_STORED_JOB)
-_pack_stored_job = _packer(_STORED_JOB, items=True)
+_wire_job: Final = _MapLoader(_WIRE_JOB)  # checks the job of REPLJOB / YOURJOBS (a dict with our names)
+_dump_wire_job: Final = _MapPacker(_WIRE_JOB, items=True)
+_wire_job_pos: Final = _ArrayLoader(_WIRE_JOB)
+_dump_wire_job_pos: Final = _ArrayPacker(_WIRE_JOB, items=True)
+_load_stored_job: Final = _MapLoader(_STORED_JOB, named=True)
+_load_stored_map: Final = _MapLoader(_STORED_JOB)
+_pack_stored_job: Final = _MapPacker(_STORED_JOB, items=True)
 
 
 def job_to_wire(job: Job, now_ms: int) -> WireJob:
@@ -417,12 +478,12 @@ def _stored_job(fields: dict[str, Any]) -> Job:
 
 def job_from_storage(d: dict[str, Any]) -> Job:
     """Inverse of job_to_storage; raises DecodeError if `d` is malformed."""
-    return _stored_job(_load_stored_job(d))
+    return _stored_job(_load_stored_job.check(d))
 
 
 def encode_storage(job: Job) -> bytes:
     """The AOF LOADJOB payload: the storage form as a versioned msgpack map."""
-    m = _pack_stored_job(job_to_storage(job))
+    m = _pack_stored_job.dump(job_to_storage(job))
     m["v"] = STORAGE_VERSION
     return msgpack.packb(m, use_bin_type=True)
 
@@ -432,4 +493,4 @@ def decode_storage(data: bytes) -> Job:
     m = _unpack_map(data)
     if _version(m) != STORAGE_VERSION:
         raise DecodeError(f"unknown storage version {m['v']}")
-    return _stored_job(_load_stored_map(m))
+    return _stored_job(_load_stored_map.check(m))

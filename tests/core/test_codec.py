@@ -585,9 +585,9 @@ def test_jobs_that_came_with_the_same_delivery_list_share_its_checked_tuple() ->
     assert first["nodes_delivered"] == tuple(nodes) and first["nodes_delivered"] is second["nodes_delivered"]
     for bad in ({"a" * 40: 1}, ["A" * 40], [["a" * 40]]):  # checked as ever, though the list above is known
         with pytest.raises(DecodeError):
-            records._nodes_delivered(bad)
+            records._nodes_delivered.check(bad)
     for i in range(records._DELIVERED_MAX + 1):  # lists a peer makes up do not grow it without bound
-        records._nodes_delivered(["%040x" % i])
+        records._nodes_delivered.check(["%040x" % i])
     assert len(records._delivered) <= records._DELIVERED_MAX
 
 

@@ -45,12 +45,12 @@ def test_an_older_nodes_ping_says_no_features_in_either_form():
 def test_an_older_node_reads_our_ping_in_either_form():
     ours = m.Ping((), m.FEATURES)
     as_map = msgpack.unpackb(encode_body(HEADER, ours))
-    assert as_map["ft"] == m.FEATURES and OLDER_PING.load(as_map) == {"gossip": (), "mflags": 0}
+    assert as_map["ft"] == m.FEATURES and OLDER_PING.load.check(as_map) == {"gossip": (), "mflags": 0}
     sender = LinkCodec()
     sender.positional = True
     as_array = msgpack.unpackb(sender.encode(HEADER, ours))
     assert as_array[4:] == [1, 0, [], m.FEATURES, ""]  # the zone after it (none)
-    assert OLDER_PING.load_pos(as_array[4:]) == {"gossip": (), "mflags": 0}  # the extra item is ignored
+    assert OLDER_PING.load_pos.check(as_array[4:]) == {"gossip": (), "mflags": 0}  # the extra item is ignored
 
 
 @pytest.mark.parametrize(
@@ -62,13 +62,13 @@ def test_a_positional_body_without_the_optional_fields_that_end_its_row_takes_th
     """As a map without their keys does: a row's new fields go at its end,
     with a default, so the body of a node that predates them reads."""
     kind = codec._BY_CLASS[type(msg)]
-    full = kind.pack_pos(msg, (kind.code, kind.mflags_of(msg)))
+    full = kind.pack_pos.pack(msg, (kind.code, kind.mflags_of(msg)))
     optional = [f for f in kind.fields if f.default is not None]
     for cut in range(1, len(optional) + 1):
-        expected = dict(kind.load_pos(full), **{f.name: f.default for f in optional[-cut:]})
-        assert kind.load_pos(full[:-cut]) == expected
+        expected = dict(kind.load_pos.check(full), **{f.name: f.default for f in optional[-cut:]})
+        assert kind.load_pos.check(full[:-cut]) == expected
     with pytest.raises(codec.DecodeError, match="missing field"):
-        kind.load_pos(full[: -len(optional) - 1])  # a required one is still required
+        kind.load_pos.check(full[: -len(optional) - 1])  # a required one is still required
 
 
 # ---------------------------------------------------------------- the mesh: one node of an older version
