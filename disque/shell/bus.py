@@ -24,7 +24,7 @@ Without a cluster secret or bus TLS, *bus protected mode*
 addresses that are neither loopback nor those of nodes the core knows or
 was told to MEET (`core.bus_links()`).
 
-Every connection, either way, is a `wire.Peer`: a stream and a queue of
+Every connection, either way, is a `wire.Link`: a stream and a queue of
 encoded frames, so a slow peer only ever delays itself.  The per-frame work
 (encoding onto a peer's queue, batching REPLJOBs and GOTJOBs, writing,
 reading and decoding, handing the frames of one read to the core and
@@ -80,7 +80,7 @@ from disque.cluster.auth import AuthError, AuthLink
 from disque.cluster.codec import MAX_FRAME, FrameDecoder
 from disque.cluster.messages import Header, Message
 from disque.shell.security import Security, bus_protected_mode_refuses
-from disque.shell.wire import READ_SIZE, AuthDecoder, Peer, Reactor, Wires
+from disque.shell.wire import READ_SIZE, AuthDecoder, Link, Reactor, Wires
 
 log = logging.getLogger("disque")
 
@@ -144,8 +144,8 @@ def _host(addr: tuple[Any, ...]) -> str:
     return str(mapped) if mapped else ip
 
 
-def _peer(addr: tuple[str, int], label: str, stream: trio.abc.Stream | None = None) -> Peer:
-    return Peer(addr, label, trio.CancelScope(), trio.CancelScope(), trio.Event(), stream)
+def _peer(addr: tuple[str, int], label: str, stream: trio.abc.Stream | None = None) -> Link:
+    return Link(addr, label, trio.CancelScope(), trio.CancelScope(), trio.Event(), stream)
 
 
 def _hostport(host: str, port: int) -> str:
@@ -269,7 +269,7 @@ class Bus:
             link = self.links[key] = _peer(addr, f"bus link to {_hostport(*addr)}")
             self._nursery.start_soon(self._run_link, key, link)
 
-    async def _run_link(self, key: int, link: Peer) -> None:
+    async def _run_link(self, key: int, link: Link) -> None:
         core = self.core
         failed = False
         try:
@@ -358,7 +358,7 @@ class Bus:
 
     # ------------------------------------------------------------ both directions
 
-    async def _secure(self, peer: Peer, initiator: bool) -> bool:
+    async def _secure(self, peer: Link, initiator: bool) -> bool:
         """TLS, then the secret handshake, as configured.  False when the peer
         fails either (logged and counted): the caller closes the connection."""
         sec = self.security
@@ -417,7 +417,7 @@ class Bus:
             auth.receive_data(data)
             auth.handshake_step()
 
-    async def _session(self, peer: Peer, deliver: Callable[[list[tuple[Header, Message]]], None]) -> None:
+    async def _session(self, peer: Link, deliver: Callable[[list[tuple[Header, Message]]], None]) -> None:
         """Read and write `peer` until either side fails; runs in `peer.scope`.
 
         A plain TCP connection is served by the reactor: its socket joins the
@@ -453,12 +453,12 @@ class Bus:
             self._count("cluster_unidentified_closed", "Closing %s: no valid frame within %.0f s", peer.label, IDENTIFY_TIMEOUT)
         peer.close()
 
-    def _auth_failed(self, peer: Peer, error: AuthError) -> None:
+    def _auth_failed(self, peer: Link, error: AuthError) -> None:
         assert self.security is not None  # an AuthError: the link is authenticated
         self.security.count_auth_error(error.kind)
         self.security.log("bus-auth-" + error.kind, logging.WARNING, "Closing %s: %s", peer.label, error.reason)
 
-    async def _read_loop(self, peer: Peer) -> None:
+    async def _read_loop(self, peer: Link) -> None:
         assert peer.stream is not None
         try:
             while not peer.closed and (data := await peer.stream.receive_some(READ_SIZE)):
@@ -467,7 +467,7 @@ class Bus:
             pass
         peer.close()
 
-    async def _write_loop(self, peer: Peer) -> None:
+    async def _write_loop(self, peer: Link) -> None:
         assert peer.stream is not None
         try:
             while True:

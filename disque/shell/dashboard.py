@@ -43,7 +43,7 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
-class Peer:
+class PeerAddress:
     id: str
     host: str
     port: int  # its HTTP port, as this node guesses it
@@ -51,7 +51,7 @@ class Peer:
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    peer: Peer
+    peer: PeerAddress
     status: int  # 0: no answer (`error` says why)
     value: Any  # the JSON answer
     error: str = ""
@@ -61,12 +61,12 @@ class Peers:
     def __init__(self, core: NodeCore) -> None:
         self.core = core
 
-    def listed(self) -> list[Peer]:
+    def listed(self) -> list[PeerAddress]:
         """The peers the bus knows, with the HTTP port each is taken to have."""
         config, cluster = self.core.config, self.core.cluster
         offset = config.metrics_port - (config.port or config.tls_port)
         peers = [
-            Peer(node.id, node.ip, node.port + offset)
+            PeerAddress(node.id, node.ip, node.port + offset)
             for node in cluster.nodes.values()
             if not node.flags & MYSELF and node.ip and 0 < node.port + offset < 65536
         ]
@@ -80,7 +80,7 @@ class Peers:
         peers = self.listed()
         answers: list[Answer | None] = [None] * len(peers)
 
-        async def ask(i: int, peer: Peer) -> None:
+        async def ask(i: int, peer: PeerAddress) -> None:
             answers[i] = await request(peer, method, target, headers, body, timeout)
 
         async with trio.open_nursery() as nursery:
@@ -90,7 +90,7 @@ class Peers:
 
 
 async def request(
-    peer: Peer, method: str, target: str, headers: tuple[tuple[str, str], ...], body: bytes, timeout: float
+    peer: PeerAddress, method: str, target: str, headers: tuple[tuple[str, str], ...], body: bytes, timeout: float
 ) -> Answer:  # fmt: skip
     """One HTTP request to a peer, its answer parsed as JSON (in a worker
     thread: an overview can be large); any failure is an error answer."""
@@ -105,7 +105,7 @@ async def request(
     return Answer(peer, status, value)
 
 
-async def _exchange(peer: Peer, method: str, target: str, headers: tuple[tuple[str, str], ...], body: bytes) -> tuple[int, bytes]:
+async def _exchange(peer: PeerAddress, method: str, target: str, headers: tuple[tuple[str, str], ...], body: bytes) -> tuple[int, bytes]:
     stream = await trio.open_tcp_stream(peer.host, peer.port)
     async with stream:
         conn = h11.Connection(h11.CLIENT)

@@ -3,11 +3,11 @@
 Theory of operation: shell/bus.py owns the connections' lives (listening,
 connecting, the handshakes, the tasks and their cancel scopes); this module
 owns what happens for every frame once a connection carries them, so that
-the work a replicated job costs on the bus runs as native code.  A `Peer` is
+the work a replicated job costs on the bus runs as native code.  A `Link` is
 one connection's state: its frame decoder and `LinkCodec`, its queue of
 encoded frames and the bytes waiting in it, the batch of REPLJOBs or GOTJOBs
 not encoded yet, and while the client loop (the reactor, tcp.py) serves its
-socket, its fd there.  The trio objects a `Peer` carries (its stream, its
+socket, its fd there.  The trio objects a `Link` carries (its stream, its
 cancel scopes, the event that wakes its writer task) are bus.py's, held
 here untyped and only used to cancel or wake.
 
@@ -83,7 +83,7 @@ def _ignore(frames: Frames) -> None:
     pass
 
 
-class Peer:
+class Link:
     """One bus connection: its stream, its queue of frames, its cancel scope,
     and while the reactor serves it, its socket's fd there."""
 
@@ -131,7 +131,7 @@ class Wires:
         header: Callable[[], Header],
         drain: Callable[[], None],
         warn: Callable[..., None],
-        auth_failed: Callable[[Peer, AuthError], None],
+        auth_failed: Callable[[Link, AuthError], None],
         max_frame: int,
         max_queue: int,
     ) -> None:
@@ -141,11 +141,11 @@ class Wires:
         self.auth_failed = auth_failed  # counts and logs a frame that failed authentication
         self.max_frame = max_frame
         self.max_queue = max_queue
-        self.links: dict[int, Peer] = {}  # outgoing, connecting or connected
-        self.conns: dict[int, Peer] = {}  # incoming
+        self.links: dict[int, Link] = {}  # outgoing, connecting or connected
+        self.conns: dict[int, Link] = {}  # incoming
         self.unidentified = 0  # incoming connections open without a valid frame yet
         self.reactor: Reactor | None = None  # the loop plain connections are served by
-        self.unflushed: dict[Peer, None] = {}  # reactor-served peers with frames to write
+        self.unflushed: dict[Link, None] = {}  # reactor-served peers with frames to write
         self._last_batch: list[Message] = []  # the last REPLJOBs batched ...
         self._last_repljobs: Message | None = None  # ... and their REPLJOBS
 
@@ -162,7 +162,7 @@ class Wires:
         if link is not None:
             link.close()
 
-    def push(self, peer: Peer | None, msg: Message) -> None:
+    def push(self, peer: Link | None, msg: Message) -> None:
         if peer is None or not peer.ready or peer.closed:
             return  # no link: dropped, as every bus message is best effort
         kind = type(msg)
@@ -185,7 +185,7 @@ class Wires:
             self.warn("Closing %s: %d bytes queued, the peer is not reading", peer.label, peer.queued)
             peer.close()
 
-    def _append(self, peer: Peer, msg: Message) -> None:
+    def _append(self, peer: Link, msg: Message) -> None:
         """Encode `msg` onto `peer.out`, after the batch waiting."""
         if peer.batch:
             self.append_batch(peer)
@@ -194,7 +194,7 @@ class Wires:
         peer.out.append(frame)
         peer.queued += len(frame)
 
-    def append_batch(self, peer: Peer) -> None:
+    def append_batch(self, peer: Link) -> None:
         batch = peer.batch
         peer.batch = []
         msg: Message
@@ -214,7 +214,7 @@ class Wires:
 
     # ------------------------------------------------------------ the reactor's side
 
-    def ready(self, peer: Peer, events: int) -> None:
+    def ready(self, peer: Link, events: int) -> None:
         """The reactor saw `peer`'s socket ready."""
         if events & _EPOLLOUT:
             self.write(peer)
@@ -238,7 +238,7 @@ class Wires:
         for peer in unflushed:
             self.write(peer)
 
-    def write(self, peer: Peer) -> None:
+    def write(self, peer: Link) -> None:
         """Write what the kernel takes of `peer.out`; wait for the socket to
         become writable for the rest."""
         if peer.fd < 0:
@@ -266,7 +266,7 @@ class Wires:
 
     # ------------------------------------------------------------ reading
 
-    def received(self, peer: Peer, data: bytes) -> None:
+    def received(self, peer: Link, data: bytes) -> None:
         """Hand every frame of `data` to the core as one step, then apply
         their effects once.  A bad frame closes the peer (logged) after the
         frames before it are handled; so does any unexpected exception (a
@@ -277,7 +277,7 @@ class Wires:
             self.warn("Closing %s: error handling its frames: %s", peer.label, traceback.format_exc().rstrip())
             peer.close()
 
-    def _receive(self, peer: Peer, data: bytes) -> None:
+    def _receive(self, peer: Link, data: bytes) -> None:
         frames: Frames = []
         error: FrameError | AuthError | None = None
         decoder = peer.decoder
