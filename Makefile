@@ -112,18 +112,18 @@ tools: tools-redis tools-java tools-net tools-browser tools-clock tools-systemd 
 
 # A local cluster on 127.0.0.1:7711-7713 with the embedded default config; Ctrl-C stops it.
 run: $(RUN_STAMP)
-	$(PY) -m disque.devcluster --nodes 3 --port 7711 --metrics-port 9711 --memcache-port 22133
+	$(PY) -m disque.testing.devcluster --nodes 3 --port 7711 --metrics-port 9711 --memcache-port 22133
 
 # The in-process tests on the pure-Python core, which they must cover fully
 # (pyproject.toml), next to the whole suite on the compiled core: the two
 # runs share the cores (the whole suite mostly waits on its processes), and
 # the report of the first follows the second's.
 test: $(STAMP) tools
-	@DISQUE_PURE=1 $(PY) -m pytest -p no:cacheprovider --cov --cov-report=term-missing tests/core tests/sim \
+	@DISQUE_PURE=1 $(PY) -m pytest -p no:cacheprovider --cov --cov-report=term-missing tests/inprocess tests/sim \
 		> $(VENV)/pure-core.log 2>&1 & pure=$$!; \
 	$(PY) -m pytest; whole=$$?; \
 	wait $$pure; covered=$$?; \
-	echo "=== the same in-process tests on the pure-Python core, with coverage (tests/core, tests/sim)"; \
+	echo "=== the same in-process tests on the pure-Python core, with coverage (tests/inprocess, tests/sim)"; \
 	cat $(VENV)/pure-core.log; \
 	exit $$(( whole || covered ))
 

@@ -38,7 +38,7 @@ from typing import Any
 
 from common import BODY, CLIENTS, print_table, redis_benchmark, send_pipelined
 
-from disque.devcluster import NodeProcess, command, free_port, join
+from disque.testing.devcluster import NodeProcess, command, free_port, join
 
 HOST = "127.0.0.1"
 CONSUMERS = 8

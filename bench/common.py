@@ -23,7 +23,7 @@ from pathlib import Path
 
 from disque import compiled
 from disque.client import encode_command
-from disque.devcluster import NodeProcess, command, free_port
+from disque.testing.devcluster import NodeProcess, command, free_port
 
 RESULTS_DIR = Path(__file__).with_name("results")
 BODY = b"x" * 100  # the job body / list element of every benchmark

@@ -35,7 +35,7 @@ from typing import Any
 import redis
 from common import print_table
 
-from disque.devcluster import NodeProcess, command, free_port, join
+from disque.testing.devcluster import NodeProcess, command, free_port, join
 
 HOST = "127.0.0.1"
 GAP_S = 0.1  # the idle time between a consumer blocking and the job coming: uniform in [0, GAP_S]

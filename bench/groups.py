@@ -24,7 +24,7 @@ from typing import Any
 import hiredis
 from common import BODY, ServerProcess, print_table, rss_bytes, start_node
 
-from disque.devcluster import join
+from disque.testing.devcluster import join
 
 WORKERS = 4
 MISSES = 1000  # empty answers in a row that end a consumer

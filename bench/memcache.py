@@ -22,7 +22,7 @@ from typing import Any
 
 from common import BODY, print_table, start_node
 
-from disque.devcluster import free_port
+from disque.testing.devcluster import free_port
 
 WORKERS = 4
 PIPELINES = (1, 16)

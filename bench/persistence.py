@@ -28,7 +28,7 @@ from typing import Any
 from common import BODY, print_table, redis_benchmark, send_pipelined
 
 from disque.client import encode_command
-from disque.devcluster import NodeProcess, command, free_port
+from disque.testing.devcluster import NodeProcess, command, free_port
 
 PIPELINE = 16
 ADDJOB = ["ADDJOB", "q", BODY, "0"]

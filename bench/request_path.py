@@ -30,7 +30,7 @@ from typing import Any
 import memcache
 from common import BODY, CLIENTS, ServerProcess, c_disque_argv, cpu_seconds, expect_success, print_table, redis_benchmark_row, start_node
 
-from disque.devcluster import NodeProcess, command, free_port, join
+from disque.testing.devcluster import NodeProcess, command, free_port, join
 
 C_DISQUE = os.environ.get("DISQUE_C")  # C Disque's disque-server, the reference of every ratio to C
 PING = ["PING"]

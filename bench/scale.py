@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
 
-from disque.devcluster import NodeProcess, command, ephemeral_range, ports_below_ephemeral  # noqa: E402
+from disque.testing.devcluster import NodeProcess, command, ephemeral_range, ports_below_ephemeral  # noqa: E402
 
 DISQUE_C = os.environ.get("DISQUE_C", "")
 

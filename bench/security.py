@@ -29,7 +29,7 @@ from typing import Any
 
 from common import BODY, print_table, redis_benchmark
 
-from disque.devcluster import NodeProcess, free_port, join
+from disque.testing.devcluster import NodeProcess, free_port, join
 from disque.shell.tls import keygen
 
 HOST = "127.0.0.1"

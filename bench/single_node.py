@@ -61,7 +61,7 @@ from common import (
     start_node,
 )
 
-from disque.devcluster import command
+from disque.testing.devcluster import command
 
 PIPELINE = 16
 TARGETS = {  # ADDJOB / Redis LPUSH, and bytes per queued job (README, Performance)

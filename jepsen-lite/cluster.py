@@ -14,7 +14,7 @@ from typing import Any
 
 import hiredis
 
-from disque.devcluster import DEFAULT_CONF
+from disque.testing.devcluster import DEFAULT_CONF
 
 
 class Conn:

@@ -378,7 +378,7 @@ def make_net(args: argparse.Namespace, rng: random.Random) -> Any:
 
 
 def start_cluster(args: argparse.Namespace, net: Any, workdir: Path) -> list[Node]:
-    from disque.devcluster import free_port
+    from disque.testing.devcluster import free_port
 
     conf = (
         f"protected-mode no\nappendonly yes\nappendfsync everysec\ncluster-node-timeout {args.node_timeout_ms}\n"

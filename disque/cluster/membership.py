@@ -1,6 +1,6 @@
 """The node table: joining, gossip, failure detection, nodes.conf.
 
-Theory of operation: `Membership` holds one `Node` per known node, myself
+Theory of operation: `Membership` holds one `Peer` per known node, myself
 included, with the flags of spec/cluster.md §2.1.  It is driven by the core with
 the three bus inputs (a link went up or down, a PING/PONG/MEET/FAIL arrived)
 and a 100 ms `cron`, and it answers the questions the job layer asks:
@@ -84,7 +84,7 @@ CRON_MS = 100
 
 
 @dataclass(slots=True, eq=False)
-class Node:
+class Peer:
     id: str
     ip: str = ""
     port: int = 0
@@ -154,21 +154,21 @@ class Membership:
         self.wire: Wire = wire  # type: ignore[assignment]  # NodeCore sets itself
         self.now = 0
         self.timeout = 15_000
-        self.nodes: dict[str, Node] = {}
-        self.by_key: dict[int, Node] = {}
+        self.nodes: dict[str, Peer] = {}
+        self.by_key: dict[int, Peer] = {}
         self._next_key = 0
-        self.myself = self._add(Node(myself_id, port=port, flags=MYSELF, link=True))
+        self.myself = self._add(Peer(myself_id, port=port, flags=MYSELF, link=True))
         self.solo: tuple[str, ...] = (myself_id,)  # nodes_delivered of a job only this node holds, shared by all of them
         self.blacklist: dict[str, int] = {}
         self.dirty = False  # nodes.conf must be saved
         self._ticks = 0
         self._size: int | None = None
-        self._reachable: list[Node] | None = None
-        self.new_features: list[Node] = []  # peers that said they have features, taken by the core
+        self._reachable: list[Peer] | None = None
+        self.new_features: list[Peer] = []  # peers that said they have features, taken by the core
         self._zoned: bool | None = None  # some known node has a zone; None: to count again
-        self._table: list[Node] | None = None  # every node, myself included; None after an addition or deletion
+        self._table: list[Peer] | None = None  # every node, myself included; None after an addition or deletion
         self._links: dict[int, tuple[str, int]] | None = None  # bus_links(); None after an addition, deletion or move
-        self.failing: dict[int, Node] = {}  # by key: the nodes flagged PFAIL or FAIL
+        self.failing: dict[int, Peer] = {}  # by key: the nodes flagged PFAIL or FAIL
 
     # ------------------------------------------------------------ queries
 
@@ -185,7 +185,7 @@ class Membership:
             self._size = sum(1 for n in self.nodes.values() if not n.flags & HANDSHAKE)
         return self._size
 
-    def reachable(self) -> list[Node]:
+    def reachable(self) -> list[Peer]:
         if self._reachable is None:
             self._reachable = [n for n in self.nodes.values() if not n.flags & (UNREACHABLE | MYSELF)]
         return self._reachable
@@ -235,7 +235,7 @@ class Membership:
         skip = MYSELF if include_handshake else MYSELF | HANDSHAKE
         return [n.id for n in self.nodes.values() if n.link and not n.flags & skip and n.features & features == features]
 
-    def node_of_key(self, key: int) -> Node | None:
+    def node_of_key(self, key: int) -> Peer | None:
         return self.by_key.get(key)
 
     def key_of(self, node_id: str) -> int | None:
@@ -256,7 +256,7 @@ class Membership:
 
     # ------------------------------------------------------------ table edits
 
-    def _add(self, node: Node) -> Node:
+    def _add(self, node: Peer) -> Peer:
         self._next_key += 1
         node.key = self._next_key
         node.ctime = self.now
@@ -265,7 +265,7 @@ class Membership:
         self._table = self._links = None
         return node
 
-    def _delete(self, node: Node) -> None:
+    def _delete(self, node: Peer) -> None:
         self.nodes.pop(node.id, None)
         self.by_key.pop(node.key, None)
         self.failing.pop(node.key, None)
@@ -286,10 +286,10 @@ class Membership:
         for n in self.nodes.values():
             if n.flags & HANDSHAKE and n.ip == ip and n.port == port:
                 return
-        self._add(Node(self._random_id(), ip=ip, port=port, flags=flags))
+        self._add(Peer(self._random_id(), ip=ip, port=port, flags=flags))
 
     @_mutates
-    def forget(self, node_id: str) -> Node:
+    def forget(self, node_id: str) -> Peer:
         node = self.nodes[node_id]
         self._delete(node)
         self.blacklist[node_id] = self.now + FORGET_BLACKLIST_MS
@@ -344,13 +344,13 @@ class Membership:
         if connect_failed and not node.ping_sent:
             node.ping_sent = self.now  # failure detection progresses without a link
 
-    def _ping(self, node: Node, kind: type[Ping | Meet]) -> None:
+    def _ping(self, node: Peer, kind: type[Ping | Meet]) -> None:
         if not node.ping_sent:
             node.ping_sent = self.now
         self.wire.send_key(node.key, kind(self.gossip(), FEATURES, self.myself.zone))
 
     @property
-    def table(self) -> list[Node]:
+    def table(self) -> list[Peer]:
         if self._table is None:
             self._table = list(self.nodes.values())
         return self._table
@@ -366,7 +366,7 @@ class Membership:
         wanted = min(max(3, len(table) // 10), len(table) - 2)
         if wanted <= 0:
             return ()
-        chosen: dict[str, Node] = {}
+        chosen: dict[str, Peer] = {}
         failing = [n for n in self.failing.values() if not n.flags & NOADDR]
         for node in failing if len(failing) <= wanted else self.rng.sample(failing, wanted):
             chosen[node.id] = node
@@ -393,7 +393,7 @@ class Membership:
         return sender is not None
 
     @_mutates
-    def _receive(self, header: Header, msg: Any, sender: Node | None, key: int | None, conn: int | None, peer_ip: str, local_ip: str) -> None:
+    def _receive(self, header: Header, msg: Any, sender: Peer | None, key: int | None, conn: int | None, peer_ip: str, local_ip: str) -> None:
         kind = type(msg)
         if kind is Ping or kind is Meet:
             self._receive_ping(header, msg, sender, conn, peer_ip, local_ip)
@@ -404,7 +404,7 @@ class Membership:
             if sender is not None and node is not None and not node.flags & (FAIL | MYSELF):
                 self._mark_fail(node, broadcast=False)
 
-    def _receive_ping(self, header: Header, msg: Any, sender: Node | None, conn: int | None, peer_ip: str, local_ip: str) -> None:
+    def _receive_ping(self, header: Header, msg: Any, sender: Peer | None, conn: int | None, peer_ip: str, local_ip: str) -> None:
         is_meet = type(msg) is Meet
         if local_ip and (is_meet or not self.myself.ip) and self.myself.ip != local_ip:
             self.myself.ip = local_ip
@@ -469,12 +469,12 @@ class Membership:
         node.zone = msg.zone
         self._gossip_in(msg.gossip, node)
 
-    def _copy_leaving(self, node: Node, header: Header) -> None:
+    def _copy_leaving(self, node: Peer, header: Header) -> None:
         if (node.flags ^ header.flags) & LEAVING:
             node.flags ^= LEAVING
             self.dirty = True
 
-    def _learn_features(self, node: Node, features: int) -> None:
+    def _learn_features(self, node: Peer, features: int) -> None:
         """What the node understands (rolling upgrades, spec/cluster.md
         §2.3): the core is told of a feature it did not have, and sends
         what it kept from a node that could not read it."""
@@ -482,7 +482,7 @@ class Membership:
             self.new_features.append(node)
         node.features = features
 
-    def _gossip_in(self, entries: tuple[GossipEntry, ...], sender: Node | None) -> None:
+    def _gossip_in(self, entries: tuple[GossipEntry, ...], sender: Peer | None) -> None:
         for entry in entries:
             if entry.node_id == self.my_id:
                 continue
@@ -506,17 +506,17 @@ class Membership:
 
     # ------------------------------------------------------------ failure detection
 
-    def _valid_reports(self, node: Node) -> int:
+    def _valid_reports(self, node: Peer) -> int:
         horizon = self.now - 2 * self.timeout
         for reporter in [r for r, t in node.reports.items() if t < horizon]:
             del node.reports[reporter]
         return len(node.reports)
 
-    def _check_fail(self, node: Node) -> None:
+    def _check_fail(self, node: Peer) -> None:
         if node.flags & PFAIL and 1 + self._valid_reports(node) >= self.size() // 2 + 1:
             self._mark_fail(node, broadcast=True)
 
-    def _mark_fail(self, node: Node, broadcast: bool) -> None:
+    def _mark_fail(self, node: Peer, broadcast: bool) -> None:
         node.flags = (node.flags | FAIL) & ~PFAIL
         node.fail_time = self.now
         self.failing[node.key] = node
@@ -608,7 +608,7 @@ class Membership:
         for node_id, ip, entry_port, flags, pinged, ponged in entries:
             if flags & MYSELF:
                 continue
-            node = members._add(Node(node_id, ip=ip, port=entry_port, flags=flags & ~HANDSHAKE))
+            node = members._add(Peer(node_id, ip=ip, port=entry_port, flags=flags & ~HANDSHAKE))
             node.ping_sent = now if pinged else 0
             node.pong_received = now if ponged else 0
             if flags & FAIL:

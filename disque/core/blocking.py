@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from disque.core import errors
 from disque.core.federation import CLIENTS_WAITING, REACHED_ZERO
 from disque.core.timeouts import Timeouts
-from disque.core.types import BLOCKED, NIL_ARRAY, Client, Host, Waiter
+from disque.core.types import BLOCKED, NIL_ARRAY, Connection, Host, Waiter
 from disque.store.job import State
 from disque.store.queue import PAUSE_OUT
 
@@ -59,7 +59,7 @@ class Blocking:
         """INFO's blocked_clients: waiters, and producers waiting for their replicas."""
         return len(self.blocked) + len(self.out.repl_waiters)
 
-    def block(self, client: Client, queues: tuple[bytes, ...], withcounters: bool, timeout: int, expiry: Any = None) -> Waiter:
+    def block(self, client: Connection, queues: tuple[bytes, ...], withcounters: bool, timeout: int, expiry: Any = None) -> Waiter:
         waiter = Waiter(client, queues, withcounters, self.life.now + timeout if timeout else 0, expiry)
         client.waiter = waiter
         self.blocked[client.id] = waiter
@@ -75,7 +75,7 @@ class Blocking:
         return waiter
 
     def get_jobs(
-        self, client: Client, names: list[bytes], count: int, nohang: bool, withcounters: bool, timeout: int
+        self, client: Connection, names: list[bytes], count: int, nohang: bool, withcounters: bool, timeout: int
     ) -> Any:
         """GETJOB after option parsing: rounds over the queues (spec/commands.md §4.2)."""
         out: list[Any] = []
@@ -104,7 +104,7 @@ class Blocking:
         self.block(client, tuple(dict.fromkeys(names)), withcounters, timeout)
         return BLOCKED
 
-    def wait_jobs(self, client: Client, ids: list[bytes], timeout: int) -> Any:
+    def wait_jobs(self, client: Connection, ids: list[bytes], timeout: int) -> Any:
         """WAITJOB (an extension, docs/commands.md): the number of `ids`
         acknowledged (acked here, or collected after an ACK, a FASTACK or a
         peer's DELJOB), once none is pending any more or `timeout` ms (0:
@@ -141,7 +141,7 @@ class Blocking:
             if not waiter.jobs:
                 self.unblock(waiter.client, waiter.acked)
 
-    def answer_late(self, client: Client, delay: int, reply: Any) -> Any:
+    def answer_late(self, client: Connection, delay: int, reply: Any) -> Any:
         """`reply` (raised if it is an error) now, or BLOCKED when `delay`
         ms must pass first: the client runs nothing meanwhile, then gets it."""
         if not delay:
@@ -167,7 +167,7 @@ class Blocking:
                 queue.waiters.pop(waiter.client.id, None)
                 self.federation.changed[name] = None
 
-    def unblock(self, client: Client, value: Any) -> None:
+    def unblock(self, client: Connection, value: Any) -> None:
         if client.waiter is not None:  # pragma: no branch - callers pass the client of a live waiter
             self.drop_waiter(client.waiter)
         self.out.reply_to(client, value)

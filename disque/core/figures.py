@@ -25,7 +25,7 @@ from disque.store.queue import PAUSE_NAMES, Queue
 
 if TYPE_CHECKING:
     from disque.core.node import NodeCore
-    from disque.core.types import Client
+    from disque.core.types import Connection
 
 BODY_PREVIEW = 120  # bytes of a dead letter's body in its figures
 
@@ -43,7 +43,7 @@ def node_figures(node: NodeCore, max_queues: int | None = None) -> dict[str, Any
         jobs["active"] += active
     stats, fed, repl = node.stats, node.federation, node.replication
     return {
-        "node_id": node.cluster.my_id,
+        "node_id": node.membership.my_id,
         "jobs": jobs,
         "used_memory": node.memory.used,
         "peak_memory": node.memory.peak,
@@ -73,7 +73,7 @@ def node_figures(node: NodeCore, max_queues: int | None = None) -> dict[str, Any
                 "link": bool(peer.flags & MYSELF or peer.link),
                 "zone": peer.zone,
             }
-            for peer in node.cluster.nodes.values()
+            for peer in node.membership.nodes.values()
         ],
         "schedules": dict(node.schedules.info_fields()),
         "schedule_list": schedule_figures(node),
@@ -157,7 +157,7 @@ def client_figures(node: NodeCore, max_clients: int) -> list[dict[str, Any]]:
     that sets CLIENT SETNAME), then by age."""
     now = node.now
 
-    def order(client: Client) -> tuple[bool, bool, int]:
+    def order(client: Connection) -> tuple[bool, bool, int]:
         return client.waiter is None, not client.name, client.id
 
     return [

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 from disque.core import errors
 from disque.core.auth_throttle import REFUSED, AuthThrottle
 from disque.core.errors import DisqueError
-from disque.core.types import Client, Clock, Command, Stats, Status
+from disque.core.types import Clock, Command, Connection, Stats, Status
 
 if TYPE_CHECKING:
     from disque.core.blocking import Blocking
@@ -71,13 +71,13 @@ class Gate:
         self.spill = spill
         self.loading = False  # the AOF replays: commands without the `l` flag answer -LOADING
         self.aof_error: str | None = None  # strerror of the last failed AOF write (MISCONF)
-        self.monitors: dict[int, Client] = {}
+        self.monitors: dict[int, Connection] = {}
         self.slowlog: deque[tuple[int, int, int, list[bytes]]] = deque()
         self.slowlog_id = 0
         self.auth_throttle = AuthThrottle()  # wrong passwords by source address
         self._auth_logged = -AUTH_LOG_EVERY_MS  # when a failed AUTH was last logged
 
-    def execute(self, node: Any, client: Client, cmd: Command, argv: list[bytes]) -> Any:
+    def execute(self, node: Any, client: Connection, cmd: Command, argv: list[bytes]) -> Any:
         """The checks, then `cmd.handler(node, client, argv)`, with
         statistics, MONITOR and the slow log."""
         if self.config.requirepass and not client.authenticated:
@@ -124,7 +124,7 @@ class Gate:
 
     # ------------------------------------------------------------ AUTH
 
-    def authenticate(self, client: Client, password: bytes | None, failure: DisqueError, success: Any = OK) -> Any:
+    def authenticate(self, client: Connection, password: bytes | None, failure: DisqueError, success: Any = OK) -> Any:
         """AUTH (`password` None: a user other than `default`): None when it
         is right and may be answered at once; else `failure` raised, or
         BLOCKED when the answer (`failure`, or `success`) must wait
@@ -134,7 +134,7 @@ class Gate:
             return None
         return self.waits.answer_late(client, delay, success if client.authenticated else failure)
 
-    def check_password(self, client: Client, password: bytes | None) -> int:
+    def check_password(self, client: Connection, password: bytes | None) -> int:
         """Check a password a client sent (setting `client.authenticated`);
         the ms its answer must wait, so that guessing costs time
         (core/auth_throttle.py: counted per source address, across
@@ -159,7 +159,7 @@ class Gate:
 
     # ------------------------------------------------------------ MONITOR and the slow log
 
-    def feed_monitors(self, client: Client, argv: list[bytes]) -> None:
+    def feed_monitors(self, client: Connection, argv: list[bytes]) -> None:
         now_us = self.clock.wall_us()
         args = b" ".join(monitor_repr(a) for a in argv)
         line = Status(b"%d.%06d [%s] %s" % (now_us // 1_000_000, now_us % 1_000_000, client.addr.encode(), args))

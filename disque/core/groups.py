@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from disque.cluster import messages as m
 from disque.core import errors
-from disque.core.types import BLOCKED, Client, Waiter
+from disque.core.types import BLOCKED, Connection, Waiter
 from disque.store.aof import GROUPSET, encode_record
 from disque.store.job import EVENT, Job, State
 
@@ -65,7 +65,7 @@ CLAIM_MS = 1000  # how long a QGET waits for a remote server's answer (then nil)
 CLAIM_TRIES = 3  # denied claims a QGET retries with its refreshed view
 EVENT_COPIES = 3  # nodes QADD stores an event on (fewer in a smaller cluster)
 COUNTER_BITS = 20  # events per ms and node before the ms part runs ahead
-# Memory (tests/core/test_memory_accounting.py keeps these honest), bytes per
+# Memory (tests/inprocess/test_memory_accounting.py keeps these honest), bytes per
 EVENT_QUEUE_OVERHEAD = 470  # event queue (its object, dicts and list, its table entry)
 EVENT_ENTRY = 100  # ... event, on top of its job's estimate (its decimal ID's int, `events` and `ids` entries)
 GROUP_OVERHEAD = 430  # ... group, on top of its name (its object, dict and lists, its table entry)
@@ -117,7 +117,7 @@ def group_size(name: bytes, group: Group) -> int:
 class _Ask:
     """A QGET (`ex_ms` set) or a QACK (`ex_ms` None) waiting for the event's server."""
 
-    client: Client
+    client: Connection
     queue: bytes
     group: bytes
     job_id: bytes
@@ -341,13 +341,13 @@ class Groups:
                 return e, job, server  # type: ignore[return-value]
         return None
 
-    def qget(self, client: Client, name: bytes, group_name: bytes, ex_ms: int) -> Any:
+    def qget(self, client: Connection, name: bytes, group_name: bytes, ex_ms: int) -> Any:
         """QGET: [id, body] of the next event for the group, None (nil) when
         there is none, or BLOCKED while the event's server is asked."""
         self._admit([name], group_name)
         return self._get(client, name, group_name, ex_ms, CLAIM_TRIES)
 
-    def _get(self, client: Client, name: bytes, group_name: bytes, ex_ms: int, tries: int) -> Any:
+    def _get(self, client: Connection, name: bytes, group_name: bytes, ex_ms: int, tries: int) -> Any:
         q = self.queues.get(name)
         picked = self._pick(q, self._group(q, group_name)) if q is not None else None
         if q is None or picked is None:
@@ -362,7 +362,7 @@ class Groups:
         ask = _Ask(client, name, group_name, job.id, deadline, ex_ms, tries)
         return self._ask(server, ask, m.Claim(job.id, group_name, deadline, 0))
 
-    def _need(self, client: Client, name: bytes, group_name: bytes, ex_ms: int, peers: list[str] | None) -> Any:
+    def _need(self, client: Connection, name: bytes, group_name: bytes, ex_ms: int, peers: list[str] | None) -> Any:
         """Nothing here for the group: ask the other nodes one at a time (in
         a random order) for an event they serve; nil once none has one.  In
         a cluster of EVENT_COPIES nodes or fewer every node holds every event:
@@ -561,7 +561,7 @@ class Groups:
 
     # ------------------------------------------------------------ QACK, QFLUSH
 
-    def qack(self, client: Client, name: bytes, group_name: bytes, e: int) -> Any:
+    def qack(self, client: Connection, name: bytes, group_name: bytes, e: int) -> Any:
         """1 when the group held the event and its deadline has not passed,
         as the event's server sees it (BLOCKED while it is asked; 0 when it
         does not answer in time).  A server out of reach leaves this node
@@ -611,7 +611,7 @@ class Groups:
 
     # ------------------------------------------------------------ QNOTIFY
 
-    def qnotify(self, client: Client, group_name: bytes, timeout_ms: int, names: list[bytes]) -> Any:
+    def qnotify(self, client: Connection, group_name: bytes, timeout_ms: int, names: list[bytes]) -> Any:
         """The name of a queue with an event QGET would hand the group now;
         else wait for one up to `timeout_ms` (0: no wait): None at the end.
         A waiter costs an entry per queue it names, in `waiting` only: the

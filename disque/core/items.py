@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from disque.cluster import messages as m
 from disque.core import errors
-from disque.core.types import BLOCKED, NIL_ARRAY, Client
+from disque.core.types import BLOCKED, NIL_ARRAY, Connection
 from disque.store.job import State
 from disque.store.queue_config import QueueSettings, fanout_parent
 
@@ -64,7 +64,7 @@ class OpenReadMismatch(Exception):
 
 
 class Items:
-    def __init__(self, life: Lifecycle, out: Outbox, acks: Acks, waits: Blocking, clients: dict[int, Client]) -> None:
+    def __init__(self, life: Lifecycle, out: Outbox, acks: Acks, waits: Blocking, clients: dict[int, Connection]) -> None:
         self.life = life
         self.out = out
         self.acks = acks
@@ -73,7 +73,7 @@ class Items:
         # Kestrel's global counters (memcache STATS)
         self.cmd_get = self.cmd_set = self.cmd_peek = self.get_hits = self.get_misses = 0
         self.children: dict[bytes, dict[bytes, None]] = {}  # fanout: parent -> its children, in joining order
-        self.mover = Client(0, addr="move_expired_to")  # adds expired jobs to their new queue (never waits)
+        self.mover = Connection(0, addr="move_expired_to")  # adds expired jobs to their new queue (never waits)
 
     # ------------------------------------------------------------ fanout
 
@@ -103,12 +103,12 @@ class Items:
         """Every child, for a node that just linked up."""
         return [m.Fanout(child) for children in self.children.values() for child in children]
 
-    def copy_to_children(self, client: Client, queue: bytes, body: bytes, ttl: int) -> None:
+    def copy_to_children(self, client: Connection, queue: bytes, body: bytes, ttl: int) -> None:
         """A SET to `queue`: a copy of the item to each of its children."""
         for child in self.children.get(queue, ()):
             self._add_copy(client, child, body, ttl)
 
-    def _add_copy(self, client: Client, queue: bytes, body: bytes, ttl: int) -> None:
+    def _add_copy(self, client: Connection, queue: bytes, body: bytes, ttl: int) -> None:
         """Add `body` to `queue` as ADDJOB ... ASYNC does; a copy refused (a
         full queue, no reachable replicas now) is dropped."""
         try:
@@ -142,7 +142,7 @@ class Items:
 
     # ------------------------------------------------------------ reads
 
-    def take(self, client: Client, queue: bytes, timeout_ms: int, reliable: bool, answer: Answer) -> Any:
+    def take(self, client: Connection, queue: bytes, timeout_ms: int, reliable: bool, answer: Answer) -> Any:
         """GET: takes the oldest job of `queue`, waiting up to `timeout_ms`
         (0: no wait) if there is none; the reply is `answer(entry)` with the
         job's GETJOB entry [queue, id, body], or `answer(None)` when none came
@@ -155,7 +155,7 @@ class Items:
         job = None if reply is NIL_ARRAY else self.life.jobs.get(reply[0][1])
         return self._taken(client, job, reliable, answer)
 
-    def _taken(self, client: Client, job: Job | None, reliable: bool, answer: Answer) -> Any:
+    def _taken(self, client: Connection, job: Job | None, reliable: bool, answer: Answer) -> Any:
         """What a GET does with the job it got (None: none came)."""
         if job is None:
             self.get_misses += 1
@@ -187,13 +187,13 @@ class Items:
         job = next(found.oldest(life.now, life.config.priority_aging), None) if found is not None else None  # GET's next
         return answer(None if job is None else self.waits.job_entry(job, False))
 
-    def close(self, client: Client, queue: bytes) -> None:
+    def close(self, client: Connection, queue: bytes) -> None:
         """/close: acknowledge the client's open read on `queue` (none: nothing)."""
         job_id = self._open_read(client, queue)
         if job_id is not None:
             self.acks.ack_job(job_id)
 
-    def abort(self, client: Client, queue: bytes | None = None) -> None:
+    def abort(self, client: Connection, queue: bytes | None = None) -> None:
         """/abort (or the client going away, `queue` None): the open read
         goes back to its queue here, at the head (an at-most-once job that
         was delivered stays out, as NACK leaves it)."""
@@ -203,7 +203,7 @@ class Items:
             self.life.enqueue(job, nack=True)
 
     @staticmethod
-    def _open_read(client: Client, queue: bytes | None) -> bytes | None:
+    def _open_read(client: Connection, queue: bytes | None) -> bytes | None:
         """End the client's open read, if it is on `queue` (None: any)."""
         if client.open_read is None:
             return None

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from disque.cluster import messages as m
 from disque.core import errors
-from disque.core.types import Client, Stats, Status
+from disque.core.types import Connection, Stats, Status
 from disque.store.ids import new_job_id
 from disque.store.job import (
     ABORT,
@@ -98,7 +98,7 @@ class Kestrel(Protocol):  # Kestrel's queue limits (core/items.py)
 
 class Replicas(Protocol):  # replication (core/replication.py)
     def start(
-        self, client: Client, job: Job, additional: int, timeout: int, is_async: bool, extrepl: bool, zones: int = 1
+        self, client: Connection, job: Job, additional: int, timeout: int, is_async: bool, extrepl: bool, zones: int = 1
     ) -> Any: ...
     def replicate(self, job: Job, count: int, noreply: bool) -> int: ...
     def forget(self, job_id: bytes) -> None: ...
@@ -396,7 +396,7 @@ class Lifecycle:
     # ------------------------------------------------------------ producers
 
     def add_job(
-        self, client: Client, queue: bytes, body: bytes, timeout: int, repl: int | None, ttl: int | None,
+        self, client: Connection, queue: bytes, body: bytes, timeout: int, repl: int | None, ttl: int | None,
         retry: int | None, delay: int | None, maxlen: int | None, is_async: bool,
         max_attempts: int = 0, dead_letter: bytes | None = None, zones: int | None = None,
         priority: int | None = None,
@@ -467,7 +467,7 @@ class Lifecycle:
             raise errors.norepl_reach()
         return additional, extrepl
 
-    def add_event(self, client: Client, queue: bytes, body: bytes, ttl: int, is_async: bool) -> Any:
+    def add_event(self, client: Connection, queue: bytes, body: bytes, ttl: int, is_async: bool) -> Any:
         """QADD (core/groups.py): a new event on min(3, cluster size) nodes,
         this one included; the reply is its ID, or OK when `is_async`."""
         if self.membership.leaving:

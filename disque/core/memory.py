@@ -17,7 +17,7 @@ It sees the jobs and queues through `Holdings` (the job lifecycle
 implements it), so eviction deletes through the one way out of a job.
 
 The per-object figures are what objects really cost in CPython, measured
-with tracemalloc (tests/core/test_memory_accounting.py keeps them honest),
+with tracemalloc (tests/inprocess/test_memory_accounting.py keeps them honest),
 so that `maxmemory` bounds the data and RSS stays within it plus the fixed
 cost.
 

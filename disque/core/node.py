@@ -58,7 +58,7 @@ from disque.core.read_behind import ReadBehind
 from disque.core.replay import Replay
 from disque.core.replication import Replication
 from disque.core.schedules import Schedules
-from disque.core.types import NIL_ARRAY, BodyStore, Clock, Client, Command, Host, Stats
+from disque.core.types import NIL_ARRAY, BodyStore, Clock, Command, Connection, Host, Stats
 from disque.store.aof import AofStatus
 from disque.store.collected import Collected
 from disque.store.job import Job, State
@@ -97,17 +97,17 @@ class NodeCore:
         self.start_ms = now
         self.run_id = "%040x" % rng.getrandbits(160)
         self.client_pause_until = 0
-        self.clients: dict[int, Client] = {}
+        self.clients: dict[int, Connection] = {}
         self._last_cron = 0
         self._header = m.Header("", 0, -1)  # the last header made: links send one only when it changes
         # The concerns, from the bottom up: each gets only what it works with.
-        self.cluster = membership or Membership(node_id, config.port or config.tls_port, rng=rng)
-        self.cluster.now = now
-        self.cluster.set_zone(config.zone or "")
-        self.out = self.cluster.wire = Outbox(self.cluster, config, self.stats, self.aof)
+        self.membership = membership or Membership(node_id, config.port or config.tls_port, rng=rng)
+        self.membership.now = now
+        self.membership.set_zone(config.zone or "")
+        self.out = self.membership.wire = Outbox(self.membership, config, self.stats, self.aof)
         self.memory = Memory(config, rng)
         self.collected = Collected()
-        self.lifecycle = life = Lifecycle(config, rng, self.cluster, self.out, self.memory, self.stats, self.collected, now)
+        self.lifecycle = life = Lifecycle(config, rng, self.membership, self.out, self.memory, self.stats, self.collected, now)
         self.jobs = life.jobs
         self.queues = life.queues
         self.federation = Federation(life, self.out)
@@ -170,7 +170,7 @@ class NodeCore:
     def read_clock(self) -> int:
         """Take the time of this step from the clock (tick, every command,
         bus message and AOF replay batch)."""
-        self.lifecycle.now = self.cluster.now = now = self.clock.now_ms()
+        self.lifecycle.now = self.membership.now = now = self.clock.now_ms()
         return now
 
     def begin_load(self, trust_queued: bool = False) -> Replay:
@@ -195,9 +195,9 @@ class NodeCore:
         self.blocking.time_out(now)
         if now - self._last_cron >= BLOCKED_CRON_MS:
             self._last_cron = now
-            self.cluster.timeout = self.config.cluster_node_timeout
-            self.cluster.set_zone(self.config.zone or "")
-            self.cluster.cron()
+            self.membership.timeout = self.config.cluster_node_timeout
+            self.membership.set_zone(self.config.zone or "")
+            self.membership.cron()
             self.replication.cron()
             self._cron()
         self.blocking.serve_ready()
@@ -231,9 +231,9 @@ class NodeCore:
 
     # ------------------------------------------------------------ clients
 
-    def connect(self, client_id: int, addr: str = "", laddr: str = "", fd: int = -1) -> Client:
+    def connect(self, client_id: int, addr: str = "", laddr: str = "", fd: int = -1) -> Connection:
         now = self.lifecycle.now
-        client = Client(client_id, fd, addr, laddr, ctime=now, last=now)  # unauthenticated
+        client = Connection(client_id, fd, addr, laddr, ctime=now, last=now)  # unauthenticated
         self.clients[client_id] = client
         self.stats.connections += 1
         return client
@@ -254,7 +254,7 @@ class NodeCore:
             if job is not None and job.state == State.WAIT_REPL:  # pragma: no branch - repl_jobs end with wait-repl
                 self.replication.abort(job, None)
 
-    def handle_command(self, client: Client, request: Any, run: Callable[[NodeCore, Client, Any], Any]) -> Any:
+    def handle_command(self, client: Connection, request: Any, run: Callable[[NodeCore, Connection, Any], Any]) -> Any:
         """One request from a client of the front end whose command table is
         `run` (request -> `execute` or an early answer); returns its result."""
         client.last = self.read_clock()
@@ -264,7 +264,7 @@ class NodeCore:
         self.settle()
         return reply
 
-    def execute(self, client: Client, cmd: Command, argv: list[bytes]) -> Any:
+    def execute(self, client: Connection, cmd: Command, argv: list[bytes]) -> Any:
         """What every front end's command goes through (core/gate.py)."""
         return self.gate.execute(self, client, cmd, argv)
 
@@ -297,36 +297,36 @@ class NodeCore:
 
     def conf_dirty(self) -> bool:
         """Whether nodes.conf no longer matches the cluster state."""
-        return self.cluster.dirty
+        return self.membership.dirty
 
     def cluster_conf(self) -> str:
         """nodes.conf's text; the shell saves it, so it is no longer dirty."""
-        self.cluster.dirty = False
-        return self.cluster.to_conf()
+        self.membership.dirty = False
+        return self.membership.to_conf()
 
     # ------------------------------------------------------------ bus entry points
 
     def header(self) -> m.Header:
-        me, h = self.cluster.myself, self._header
+        me, h = self.membership.myself, self._header
         port = self.config.port or self.config.tls_port  # TLS-only: the tls-port
         if h.flags != me.flags or h.port != port or h.sender != me.id:
             h = self._header = m.Header(me.id, port, me.flags)
         return h
 
     def bus_links(self) -> dict[int, tuple[str, int]]:
-        return self.cluster.bus_links()
+        return self.membership.bus_links()
 
     def link_connected(self, key: int) -> None:
         self.read_clock()
-        self.cluster.link_connected(key)
-        peer = self.cluster.node_of_key(key)
+        self.membership.link_connected(key)
+        peer = self.membership.node_of_key(key)
         if peer is not None:  # a node it keeps: tell it every fanout child and the groups' progress it may have missed
             for msg in (*self.items.fanout_messages(), *self.groups.progress_for(peer.id)):
                 self.out.send_key(key, msg)
 
     def link_closed(self, key: int, connect_failed: bool) -> None:
         self.read_clock()
-        self.cluster.link_closed(key, connect_failed)
+        self.membership.link_closed(key, connect_failed)
 
     def handle_bus(
         self, header: m.Header, msg: Any, *, key: int | None = None, conn: int | None = None,
@@ -343,7 +343,7 @@ class NodeCore:
         for each, membership first, then job messages from known senders
         only (spec/cluster.md §1)."""
         self.read_clock()
-        receive, on_bus, stats, gate = self.cluster.receive, self.on_bus, self.stats, self.gate
+        receive, on_bus, stats, gate = self.membership.receive, self.on_bus, self.stats, self.gate
         for header, msg in frames:
             stats.bus_received += 1
             known = receive(header, msg, key, conn, peer_ip, local_ip)
@@ -353,7 +353,7 @@ class NodeCore:
                     handler(header.sender, msg)
                 except Exception:  # a bug must cost one message, not the node and its jobs
                     log.exception("Error handling %s from %s", type(msg).__name__, header.sender)
-        if self.cluster.new_features:
+        if self.membership.new_features:
             self._new_features()
         if self.blocking.ready:
             self.blocking.serve_ready()
@@ -363,7 +363,7 @@ class NodeCore:
         """Peers that just said what they read (on a link that came up, their
         PONG) get what was kept from them until then: the waiting consumers,
         every schedule and the ticks fired."""
-        peers, self.cluster.new_features = self.cluster.new_features, []
+        peers, self.membership.new_features = self.membership.new_features, []
         for peer in peers:
             if not peer.link:
                 continue
@@ -394,4 +394,4 @@ class NodeCore:
         and goes with them."""
         self.flush_all()
         self.collected.clear()
-        self.cluster.reset(hard)
+        self.membership.reset(hard)

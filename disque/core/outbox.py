@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from disque.core.effects import Answer, AofAppend, CloseClient, DropLink, Reply, Send
-from disque.core.types import SILENT, Client, Stats
+from disque.core.types import SILENT, Connection, Stats
 from disque.store.aof import AofStatus, encode_deljob, encode_loadjob
 from disque.store.queue_config import DEFAULTS as NO_LIMITS, QueueSettings
 
@@ -37,7 +37,7 @@ class Outbox:
         self.stats = stats
         self.aof = aof
         self.effects: list[Any] = []
-        self.repl_waiters: dict[bytes, Client] = {}  # producers waiting for their job's replication
+        self.repl_waiters: dict[bytes, Connection] = {}  # producers waiting for their job's replication
 
     def take(self) -> list[Any]:
         """The effects since the last take, in order."""
@@ -46,7 +46,7 @@ class Outbox:
 
     # ------------------------------------------------------------ clients
 
-    def reply_to(self, client: Client, value: Any, slot: bytes | None = None) -> None:
+    def reply_to(self, client: Connection, value: Any, slot: bytes | None = None) -> None:
         if client.mute_next:  # silenced, but the session must still learn that the client waits no more
             client.mute_next = False
             value = SILENT
@@ -60,7 +60,7 @@ class Outbox:
             client.repl_jobs.pop(job_id, None)
             self.reply_to(client, value, job_id)
 
-    def close_client(self, client: Client) -> None:
+    def close_client(self, client: Connection) -> None:
         client.closing = True
         self.effects.append(CloseClient(client.id))
 

@@ -37,12 +37,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from disque.cluster.membership import Membership, Node
+from disque.cluster.membership import Membership, Peer
 
 from disque.cluster import messages as m
 from disque.store.records import job_to_wire
 from disque.core import errors
-from disque.core.types import BLOCKED, Client, Status
+from disque.core.types import BLOCKED, Connection, Status
 from disque.store.job import AWAIT_REPL, REPLICATED, Job, State
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ REPL_STEP_MS = 50
 class Pending:  # a plain class: the compiled build keeps a dataclass's __init__ interpreted
     __slots__ = ("client", "deadline", "last_add", "external", "zones")
 
-    def __init__(self, client: Client, deadline: int, last_add: int, external: bool, zones: int) -> None:
+    def __init__(self, client: Connection, deadline: int, last_add: int, external: bool, zones: int) -> None:
         self.client = client
         self.deadline = deadline  # 0 = wait forever
         self.last_add = last_add
@@ -63,7 +63,7 @@ class Pending:  # a plain class: the compiled build keeps a dataclass's __init__
         self.zones = zones  # the zones the confirmed copies must span
 
 
-def place(membership: Membership, candidates: list[Node], holders: tuple[str, ...], count: int) -> list[str]:
+def place(membership: Membership, candidates: list[Peer], holders: tuple[str, ...], count: int) -> list[str]:
     """`count` of `candidates` (fewer than there are) spread over zones:
     each pick is a random node of a random zone among those with the fewest
     copies so far (`holders` counting), so the zones no copy covers come
@@ -74,7 +74,7 @@ def place(membership: Membership, candidates: list[Node], holders: tuple[str, ..
         zone = membership.zone_of(node_id)
         if zone is not None:
             copies[zone] = copies.get(zone, 0) + 1
-    by_zone: dict[str, list[Node]] = {}
+    by_zone: dict[str, list[Peer]] = {}
     for node in candidates:
         by_zone.setdefault(node.zone, []).append(node)
     chosen: list[str] = []
@@ -103,7 +103,7 @@ class Replication:
         self.aborted_count = 0  # ... and those given up (timeout, LEAVING, producer gone)
 
     def start(
-        self, client: Client, job: Job, additional: int, timeout: int, is_async: bool, extrepl: bool, zones: int = 1
+        self, client: Connection, job: Job, additional: int, timeout: int, is_async: bool, extrepl: bool, zones: int = 1
     ) -> Any:  # fmt: skip
         life, out = self.life, self.out
         me = life.membership.my_id

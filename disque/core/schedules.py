@@ -65,7 +65,7 @@ from zoneinfo import ZoneInfo
 from disque.cluster import messages as m
 from disque.cluster.membership import NOADDR
 from disque.core import errors
-from disque.core.types import Client, Map
+from disque.core.types import Connection, Map
 from disque.store import schedule as records
 from disque.store.aof import SCHEDTICK, SCHEDULE, encode_record
 from disque.store.ids import tick_job_id
@@ -161,7 +161,7 @@ class Schedules:
         self.woke = 0  # when the cron ran after its latest stall
         self.defs: dict[bytes, Schedule] = {}  # every schedule known, tombstones included
         self.runs: dict[bytes, Run] = {}
-        self.client = Client(0, addr="schedule")  # adds the ticks' jobs (ASYNC: never waits)
+        self.client = Connection(0, addr="schedule")  # adds the ticks' jobs (ASYNC: never waits)
         self.fired = self.late = self.collapsed = self.refused = 0
 
     @property

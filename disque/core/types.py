@@ -1,6 +1,6 @@
 """Records and markers shared by the whole core (a leaf: imports nothing of ours).
 
-The shell implements `Clock` and `Host`; the front ends build `Client`s and
+The shell implements `Clock` and `Host`; the front ends build `Connection`s and
 encode the protocol-neutral results: `Status` (a short text answer), `Map`
 (key/value pairs), `NIL_ARRAY` (no items, as opposed to `None`, no value),
 `BLOCKED` (the answer comes later, as a `Reply` effect) and `SILENT` (no answer).
@@ -85,7 +85,7 @@ SILENT = object()  # handle_command result: write nothing
 
 
 @dataclass(slots=True, eq=False)
-class Client:
+class Connection:
     id: int
     fd: int = -1
     addr: str = ""
@@ -124,7 +124,7 @@ class Waiter:
     """A client blocked in GETJOB; or, with no queues, in WAITJOB (`jobs`) or
     waiting for the late answer to an AUTH."""
 
-    client: Client
+    client: Connection
     queues: tuple[bytes, ...]
     withcounters: bool
     deadline: int  # 0 = forever
@@ -185,4 +185,4 @@ class Command:
     name: str
     arity: int  # RESP's: n exactly, -n at least n (name included)
     flags: str  # w r m a l F (spec/commands.md §3)
-    handler: Callable[[Any, Client, list[bytes]], Any]  # (NodeCore, client, argv) -> result
+    handler: Callable[[Any, Connection, list[bytes]], Any]  # (NodeCore, client, argv) -> result

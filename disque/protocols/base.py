@@ -34,7 +34,7 @@ class ProtocolError(DisqueError):
 class FrontEnd:
     name: str
     new_parser: Callable[[], Any]  # a parser for one connection
-    run: Callable[[Any, Any, Any], Any]  # (NodeCore, Client, request) -> result
+    run: Callable[[Any, Any, Any], Any]  # (NodeCore, Connection, request) -> result
     encode: Callable[[Any, int], bytes]  # (result, protocol version) -> bytes
     encode_error: Callable[[str], bytes]  # a protocol error's last words
     query_buffer_limit: int  # the session closes a client whose unparsed input is larger

@@ -63,7 +63,7 @@ class Peers:
 
     def listed(self) -> list[PeerAddress]:
         """The peers the bus knows, with the HTTP port each is taken to have."""
-        config, cluster = self.core.config, self.core.cluster
+        config, cluster = self.core.config, self.core.membership
         offset = config.metrics_port - (config.port or config.tls_port)
         peers = [
             PeerAddress(node.id, node.ip, node.port + offset)

@@ -506,7 +506,7 @@ class HttpPort:
             for answer in await self.peers.each("GET", f"/api/jobs/{quote(job_id, safe='')}?local"):
                 if answer.status == 200 and isinstance(answer.value, dict) and answer.value.get("job"):
                     return self._json(200, {"job": answer.value["job"], "node": answer.peer.id})
-        return self._json(200, {"job": to_json(job)} | ({"node": self.core.cluster.my_id} if job is not None else {}))
+        return self._json(200, {"job": to_json(job)} | ({"node": self.core.membership.my_id} if job is not None else {}))
 
     def _static(self, name: str) -> tuple[int, str, bytes]:
         file = WEB / name
@@ -563,7 +563,7 @@ class HttpPort:
                 await trio.sleep(0)
             self.dead_letters = (float("-inf"), [])  # looked for again at the next rendering ...
             self.rendered_at = float("-inf")  # ... which is the next request's
-            nodes: list[dict[str, Any]] = [{"id": self.core.cluster.my_id, "requeued": done}]
+            nodes: list[dict[str, Any]] = [{"id": self.core.membership.my_id, "requeued": done}]
             if scope == "cluster":
                 forward: tuple[tuple[str, str], ...] = (("content-type", "application/json"),)
                 if b"authorization" in headers:
@@ -644,7 +644,7 @@ class HttpPort:
 
     async def _gather(self) -> bytes:
         """Every node's overview: this one's, then the others' in the node table's order."""
-        cluster = self.core.cluster
+        cluster = self.core.membership
         mine = (await self.figures()).overview
         answers = await self.peers.each("GET", "/api/overview")
         nodes: list[dict[str, Any]] = [{"id": cluster.my_id, "myself": True, "http": f":{self.core.config.metrics_port}"}]
@@ -669,7 +669,7 @@ class HttpPort:
 
         def dump() -> bytes:
             total = json.loads(mine)
-            nodes: list[dict[str, Any]] = [{"id": self.core.cluster.my_id}]
+            nodes: list[dict[str, Any]] = [{"id": self.core.membership.my_id}]
             for answer in answers:
                 try:
                     if answer.status != 200:

@@ -42,7 +42,7 @@ from disque.shell.dispatch import Dispatcher
 from disque.shell.gc_freeze import GcFreezer
 from disque.shell.heap_trim import map_large_blocks, trim_after_spills
 from disque.shell.session import Conn, Sessions
-from disque.core.types import Client, Status
+from disque.core.types import Connection, Status
 from disque.core.node import NodeCore
 from disque.protocols.base import FrontEnd
 from disque.protocols.resp.front import RESP
@@ -81,7 +81,7 @@ class TlsConn(Conn):
 
     __slots__ = ("stream", "send_lock", "scope", "server")
 
-    def __init__(self, client: Client, stream: trio.abc.Stream, server: Server, front: FrontEnd = RESP) -> None:
+    def __init__(self, client: Connection, stream: trio.abc.Stream, server: Server, front: FrontEnd = RESP) -> None:
         super().__init__(client, front)
         self.stream = stream
         self.send_lock = trio.Lock()
@@ -452,7 +452,7 @@ class Server:
     def _may_change_secret(self) -> bool:
         """CONFIG SET cluster-secret is a start-up operation: allowed while the
         node knows no other node and has no bus connection (docs/security.md)."""
-        return len(self.core.cluster.nodes) == 1 and not self.bus.links and not self.bus.conns
+        return len(self.core.membership.nodes) == 1 and not self.bus.links and not self.bus.conns
 
     def shutdown(self, rewrite_aof: bool) -> bool:
         log.warning("User requested shutdown...")

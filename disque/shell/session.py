@@ -56,7 +56,7 @@ from mypy_extensions import mypyc_attr
 from disque.core.config import Config
 from disque.core.errors import misconf
 from disque.core.node import NodeCore
-from disque.core.types import BLOCKED, SILENT, Client
+from disque.core.types import BLOCKED, SILENT, Connection
 from disque.protocols.base import FrontEnd, ProtocolError
 from disque.shell.security import output_limit_exceeded
 
@@ -82,7 +82,7 @@ class Conn:
         "client", "front", "parser", "out", "out_size", "soft_since", "closing", "held", "slots", "next", "input_counted"
     )  # fmt: skip
 
-    def __init__(self, client: Client, front: FrontEnd) -> None:
+    def __init__(self, client: Connection, front: FrontEnd) -> None:
         self.client = client
         self.front = front  # the protocol this connection speaks
         self.parser = front.new_parser()
@@ -158,7 +158,7 @@ class Sessions:
         self.net_out = 0
         self.rejected = 0
 
-    def new_client(self, addr: str, laddr: str = "", fd: int = -1) -> Client:
+    def new_client(self, addr: str, laddr: str = "", fd: int = -1) -> Connection:
         self.next_client_id += 1
         return self.core.connect(self.next_client_id, addr, laddr, fd)
 

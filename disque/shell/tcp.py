@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from disque.core.types import Client, Clock
+from disque.core.types import Clock, Connection
 from disque.protocols.base import FrontEnd
 from disque.protocols.resp.front import RESP
 from disque.shell.session import Conn, Sessions
@@ -92,7 +92,7 @@ def format_addr(addr: Any) -> str:
 class TcpConn(Conn):
     __slots__ = ("sock", "fd", "tcp", "mask", "hold", "parked", "gone")
 
-    def __init__(self, client: Client, sock: socket.socket, tcp: TcpClients, front: FrontEnd = RESP) -> None:
+    def __init__(self, client: Connection, sock: socket.socket, tcp: TcpClients, front: FrontEnd = RESP) -> None:
         super().__init__(client, front)
         self.sock = sock
         self.fd = sock.fileno()

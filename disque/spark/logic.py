@@ -1,7 +1,7 @@
 """Decisions of the Spark connector, with no I/O and no Spark import.
 
 Everything here is plain data and pure functions, so it is unit-tested
-without a SparkSession or a server (tests/core/test_spark_logic.py):
+without a SparkSession or a server (tests/inprocess/test_spark_logic.py):
 
 * option parsing for the writers (`WriteOptions`) and readers (`ReadOptions`);
 * the streaming offset (`Offset`): a sequence number plus the IDs of the jobs

@@ -21,7 +21,7 @@ from fcntl import ioctl
 import pytest
 
 from disque.client import Address, Client, NodePlanner
-from disque.devcluster import NodeProcess, command, free_port, join
+from disque.testing.devcluster import NodeProcess, command, free_port, join
 
 # CSI/OSC escape sequences, and the other control bytes a full-screen prompt emits.
 _ANSI = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\x1b[()][0-9A-Za-z]|\x1b[=>78]|[\x00-\x08\x0e-\x1f]")

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from disque.devcluster import NodeProcess, command, free_port
+from disque.testing.devcluster import NodeProcess, command, free_port
 from support import wait_for
 
 T = TypeVar("T")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from disque.devcluster import NodeProcess, free_port
+from disque.testing.devcluster import NodeProcess, free_port
 from support import FORCE_READ_BEHIND
 
 if FORCE_READ_BEHIND:  # every node of this suite with read-behind forced on (tests/support.py)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from disque.devcluster import DEFAULT_CONF
+from disque.testing.devcluster import DEFAULT_CONF
 
-ASK = "import sys; from disque.devcluster import command; sys.stdout.buffer.write(command(sys.argv[1], int(sys.argv[2]), *sys.argv[3:]))"
+ASK = "import sys; from disque.testing.devcluster import command; sys.stdout.buffer.write(command(sys.argv[1], int(sys.argv[2]), *sys.argv[3:]))"
 ADDRS = ("10.213.0.1", "10.213.0.2")
 PORT = 7711  # the namespaces are new: every port is free
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from disque.devcluster import NodeProcess, free_port
+from disque.testing.devcluster import NodeProcess, free_port
 
 TIMEOUT = 5.0
 

@@ -26,7 +26,7 @@ from disque.store.records import job_to_wire
 from disque.cluster.messages import GotJob, GotJobs, Header, Message, Pause, Ping, Pong, ReplJob, ReplJobs
 from disque.store.job import Job
 from disque.store.ids import new_job_id
-from disque.devcluster import free_port
+from disque.testing.devcluster import free_port
 from disque.core.effects import Answer, DropLink, Send
 
 HOST = "127.0.0.1"

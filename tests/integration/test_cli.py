@@ -24,7 +24,7 @@ from support import wait_for
 from disque.client import Client, QueueStats
 from disque.cli.cluster import QueueRates
 from disque.cli.main import cli
-from disque.devcluster import NodeProcess, free_port
+from disque.testing.devcluster import NodeProcess, free_port
 
 ID = r"DI[0-9a-f]{44}SQ"
 

@@ -21,7 +21,7 @@ from client_helpers import mesh, start_all
 from disque.cli.cluster import merge_jobs, merge_lengths, merge_queues, merge_stats
 from disque.cli.main import cli
 from disque.client import Client, JobInfo, QueueStats
-from disque.devcluster import NodeProcess, free_port
+from disque.testing.devcluster import NodeProcess, free_port
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from disque.client import (
     encode_command,
     parse_address,
 )
-from disque.devcluster import NodeProcess, command, free_port
+from disque.testing.devcluster import NodeProcess, command, free_port
 
 ID = re.compile(r"DI[0-9a-f]{8}[0-9a-f]{32}[0-9a-f]{4}SQ")
 

@@ -16,7 +16,7 @@ import pytest
 from client_helpers import client, queue, rng_trying_first, shared_node  # noqa: F401  (fixtures)
 
 from disque.client import AsyncClient, Client, DisqueConnectionError, DisqueReplyError, Job
-from disque.devcluster import NodeProcess, command, free_port
+from disque.testing.devcluster import NodeProcess, command, free_port
 
 BACKENDS = ["asyncio", "trio"]
 

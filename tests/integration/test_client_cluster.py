@@ -15,7 +15,7 @@ from support import wait_for
 
 from disque.client import Client, DisqueReplyError, Job
 from disque.cli.main import cli
-from disque.devcluster import NodeProcess, command, free_port
+from disque.testing.devcluster import NodeProcess, command, free_port
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from support import wait_for
-from disque.devcluster import NodeProcess
+from disque.testing.devcluster import NodeProcess
 
 LIBFAKETIME = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from disque.devcluster import NodeProcess, free_port
+from disque.testing.devcluster import NodeProcess, free_port
 from integration.rawsock import NIL, Error, Raw, Status, as_dict, blocked_on, q, raw, shared_node  # noqa: F401
 from support import wait_for
 

@@ -14,7 +14,7 @@ import redis
 
 from clusterkit import Cluster
 from support import wait_for
-from disque.devcluster import NodeProcess
+from disque.testing.devcluster import NodeProcess
 
 Spawn = Callable[..., NodeProcess]
 

@@ -24,7 +24,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 from support import wait_for
 
-from disque.devcluster import NodeProcess, _bindable, join, ports_below_ephemeral
+from disque.testing.devcluster import NodeProcess, _bindable, join, ports_below_ephemeral
 
 # `DISQUE_SCREENSHOT=docs/dashboard.png pytest tests/integration/test_dashboard.py`
 # refreshes the picture in the docs; every run saves one under tmp_path.

@@ -26,7 +26,7 @@ import redis
 from pymemcache.client.base import Client as Memcache
 from support import wait_for
 
-from disque.devcluster import NodeProcess, free_port, join
+from disque.testing.devcluster import NodeProcess, free_port, join
 
 PAIRS = [(a, b) for a in range(3) for b in range(3) if a != b]  # (consumer's node, producer's node)
 

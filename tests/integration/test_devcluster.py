@@ -1,4 +1,4 @@
-"""`make run` (python -m disque.devcluster): a local cluster that Ctrl-C
+"""`make run` (python -m disque.testing.devcluster): a local cluster that Ctrl-C
 stops cleanly, whenever the Ctrl-C comes."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from support import wait_for
 
-from disque.devcluster import command, ephemeral_range, free_port, overlap
+from disque.testing.devcluster import command, ephemeral_range, free_port, overlap
 
 NODES = 3
 
@@ -48,7 +48,7 @@ def start(base: int, workdir: Path, *extra: str) -> subprocess.Popen[str]:
     # Its own process group, as a shell gives a foreground job: Ctrl-C at a
     # terminal sends SIGINT to that whole group.
     return subprocess.Popen(
-        [sys.executable, "-m", "disque.devcluster", "--nodes", str(NODES), "--port", str(base), "--dir", str(workdir), *extra],
+        [sys.executable, "-m", "disque.testing.devcluster", "--nodes", str(NODES), "--port", str(base), "--dir", str(workdir), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -142,7 +142,7 @@ def test_ephemeral_range_is_read_from_the_kernel_file(tmp_path: Path) -> None:
 def test_a_port_range_in_the_ephemeral_range_is_refused_clearly(tmp_path: Path) -> None:
     low, high = ephemeral_range()
     done = subprocess.run(
-        [sys.executable, "-m", "disque.devcluster", "--nodes", "48", "--port", str(low + 1232), "--dir", str(tmp_path)],
+        [sys.executable, "-m", "disque.testing.devcluster", "--nodes", "48", "--port", str(low + 1232), "--dir", str(tmp_path)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2
@@ -150,7 +150,7 @@ def test_a_port_range_in_the_ephemeral_range_is_refused_clearly(tmp_path: Path) 
     assert not list(tmp_path.iterdir())  # no node started
     # the bus ports count too: client ports below the range whose bus ports reach it
     done = subprocess.run(
-        [sys.executable, "-m", "disque.devcluster", "--nodes", "3", "--port", str(low - 10001), "--dir", str(tmp_path)],
+        [sys.executable, "-m", "disque.testing.devcluster", "--nodes", "3", "--port", str(low - 10001), "--dir", str(tmp_path)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2 and f"ports {low}-{low + 1} of this cluster" in done.stderr, done.stderr
@@ -161,7 +161,7 @@ def test_twelve_nodes_on_auto_ports_join(tmp_path: Path) -> None:
     nodes join into a full mesh, and Ctrl-C stops them all."""
     n = 12
     proc = subprocess.Popen(
-        [sys.executable, "-m", "disque.devcluster", "--nodes", str(n), "--port", "auto", "--dir", str(tmp_path)],
+        [sys.executable, "-m", "disque.testing.devcluster", "--nodes", str(n), "--port", "auto", "--dir", str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     try:

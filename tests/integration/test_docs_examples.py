@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from disque.devcluster import NodeProcess, free_port, join
+from disque.testing.devcluster import NodeProcess, free_port, join
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -17,7 +17,7 @@ import redis
 from support import wait_for
 from dramatiq.message import Message
 
-from disque.devcluster import NodeProcess, command, join
+from disque.testing.devcluster import NodeProcess, command, join
 
 TASKS = '''
 import os, pathlib, time

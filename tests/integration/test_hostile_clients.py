@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from support import wait_for
-from disque.devcluster import NodeProcess
+from disque.testing.devcluster import NodeProcess
 
 
 def rss_kb(pid: int) -> int:
@@ -167,7 +167,7 @@ def test_hostile_input_on_every_port_leaves_the_node_answering(spawn: Callable[.
     port afterwards."""
     import random
 
-    from disque.devcluster import free_port
+    from disque.testing.devcluster import free_port
 
     memcache, metrics = free_port(), free_port()
     node = spawn("--memcache-port", str(memcache), "--metrics-port", str(metrics))
@@ -217,7 +217,7 @@ def test_password_guessing_over_one_http_keep_alive_connection_is_slowed(spawn: 
     are answered at once, then 100, 200, 400 ... ms apart, so in 2.5 s at
     most eight are (it took 0.84 s for all 2,000 when each request was a
     client of its own)."""
-    from disque.devcluster import free_port
+    from disque.testing.devcluster import free_port
 
     metrics = free_port()
     node = locked(spawn("--metrics-port", str(metrics)))
@@ -249,7 +249,7 @@ def test_password_guessing_over_fresh_connections_and_ports_shares_one_slowdown(
     refused without being checked, the right password included."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from disque.devcluster import free_port
+    from disque.testing.devcluster import free_port
 
     metrics = free_port()
     node = locked(spawn("--metrics-port", str(metrics)))

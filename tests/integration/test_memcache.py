@@ -20,7 +20,7 @@ from pymemcache.exceptions import MemcacheClientError, MemcacheUnexpectedCloseEr
 
 from clusterkit import Cluster
 from support import wait_for
-from disque.devcluster import NodeProcess, free_port
+from disque.testing.devcluster import NodeProcess, free_port
 
 HOST = "127.0.0.1"
 

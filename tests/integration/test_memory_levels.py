@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from clusterkit import Cluster
-from disque.devcluster import NodeProcess
+from disque.testing.devcluster import NodeProcess
 from integration.rawsock import rss as rss_bytes
 
 FAST = ("--cluster-node-timeout", "1000")

@@ -18,7 +18,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from support import wait_for
-from disque.devcluster import NodeProcess, free_port
+from disque.testing.devcluster import NodeProcess, free_port
 
 PASSWORD = "s3cret"
 

@@ -22,7 +22,7 @@ import redis
 from support import wait_for
 
 from disque import __version__, compiled
-from disque.devcluster import free_port
+from disque.testing.devcluster import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

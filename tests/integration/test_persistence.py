@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from disque.devcluster import NodeProcess, command, free_port, join
+from disque.testing.devcluster import NodeProcess, command, free_port, join
 from disque.store.aof import encode_record, scan
 
 Spawn = Callable[..., NodeProcess]
@@ -452,7 +452,7 @@ def test_rewrite_aof_shutdown_with_enqueue_jobs_once_and_aof_off(spawn: Spawn) -
 
 
 def test_loading_replies_loading_and_sigterm_exits_at_once(tmp_path: Path) -> None:
-    from disque.devcluster import DEFAULT_CONF
+    from disque.testing.devcluster import DEFAULT_CONF
     from disque.store.aof import encode_loadjob
     from disque.store.job import Job, State
 

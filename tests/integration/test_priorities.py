@@ -17,7 +17,7 @@ from support import wait_for
 from disque.client import Client
 from disque.client.worker import App
 from disque.contrib.dramatiq import DisqueBroker
-from disque.devcluster import NodeProcess, free_port
+from disque.testing.devcluster import NodeProcess, free_port
 
 JOBS = {"low": 1, "high": 9, "plain": None, "urgent": 8}  # body -> PRIORITY (None: the default, 5)
 ORDER = [b"high", b"urgent", b"plain", b"low"]

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from disque.devcluster import NodeProcess
+from disque.testing.devcluster import NodeProcess
 from integration.rawsock import Raw, blocked_on, pack, q, raw, reply_end, rss, shared_node  # noqa: F401
 from support import wait_for
 

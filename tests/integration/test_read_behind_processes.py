@@ -12,7 +12,7 @@ from pathlib import Path
 import redis
 
 from clusterkit import Cluster
-from disque.devcluster import NodeProcess
+from disque.testing.devcluster import NodeProcess
 
 JOBS = 3000
 BODY = 1024

@@ -16,7 +16,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from disque.devcluster import NodeProcess
+from disque.testing.devcluster import NodeProcess
 from integration.rawsock import q, shared_node  # noqa: F401
 
 REDIS_CLI = shutil.which("redis-cli")

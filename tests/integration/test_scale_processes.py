@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from clusterkit import Cluster, parse_nodes
-from disque.devcluster import NodeProcess, join, ports_below_ephemeral
+from disque.testing.devcluster import NodeProcess, join, ports_below_ephemeral
 
 pytestmark = [
     pytest.mark.skipif(not os.environ.get("DISQUE_SCALE"), reason="many nodes: make scale"),

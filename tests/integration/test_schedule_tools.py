@@ -11,7 +11,7 @@ import redis
 from click.testing import CliRunner, Result
 
 from disque.cli.main import cli
-from disque.devcluster import NodeProcess, free_port
+from disque.testing.devcluster import NodeProcess, free_port
 from support import wait_for
 from test_metrics import samples
 

@@ -15,7 +15,7 @@ from client_helpers import queue, shared_node  # noqa: F401  (fixtures)
 from clusterkit import Cluster
 from disque.client import Client, Job
 from disque.client.worker import App, Worker, parse_period
-from disque.devcluster import NodeProcess
+from disque.testing.devcluster import NodeProcess
 from disque.store.ids import tick_job_id
 
 EVERY = 1000

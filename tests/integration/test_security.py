@@ -33,13 +33,13 @@ import trio
 from clusterkit import parse_nodes
 from support import wait_for
 
-from disque import devcluster
+from disque.testing import devcluster
 from disque.client import AsyncClient, Client, DisqueConnectionError, DisqueReplyError
 from disque.cluster.auth import AuthLink, Keyring, Secret
 from disque.cluster.codec import encode_body, encode_frame
 from disque.store.records import job_to_wire
 from disque.cluster.messages import DelJob, Header, Ping, ReplJob
-from disque.devcluster import NodeProcess, command, free_port, join
+from disque.testing.devcluster import NodeProcess, command, free_port, join
 from disque.store.job import Job, State
 from integration.rawsock import rss
 from integration.netns import ADDRS, namespace_pair

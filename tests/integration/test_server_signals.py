@@ -11,7 +11,7 @@ import signal
 import trio
 
 from disque.core.config import Config
-from disque.devcluster import free_port
+from disque.testing.devcluster import free_port
 from disque.shell.server import Server
 
 

@@ -25,7 +25,7 @@ from client_helpers import client, mesh, queue, shared_node, start_all  # noqa: 
 from support import wait_for
 
 from disque.client import Client, Job
-from disque.devcluster import NodeProcess
+from disque.testing.devcluster import NodeProcess
 from disque.client.worker import App, Backoff, Handler, LogFormatter, Worker, load_app
 
 BACKENDS = ["asyncio", "trio"]

@@ -17,7 +17,7 @@ from client_helpers import client, queue, shared_node  # noqa: F401  (fixtures)
 from support import wait_for
 
 from disque.client import Client, connection_name
-from disque.devcluster import NodeProcess
+from disque.testing.devcluster import NodeProcess
 
 APP = """
 from disque.client.worker import App

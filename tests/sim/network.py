@@ -15,7 +15,7 @@ session runner (`disque.shell.session.Sessions`): it runs their requests and
 carries out every effect (bus messages, AOF records, replies to blocked
 clients) exactly as for a real connection; only the transport is a stand-in.
 
-The network: a `Connection` is one TCP connection from an outgoing link
+The network: a `SimConnection` is one TCP connection from an outgoing link
 (node A, link key) to an incoming connection (node B, conn id).  Each
 direction is a `Pipe`: frames are encoded with the sender's header
 (`codec.encode_frame`), then each frame is dropped, duplicated (except the
@@ -37,7 +37,7 @@ with AOF replays it with `disque.store.aof.Replay`, as the trio shell does.
 Determinism: every random choice comes from the cluster seed, and trio's
 scheduler is made deterministic for the run (`deterministic_scheduling`),
 so one seed replays the same history.  `check_invariants` runs the
-structural invariants of tests/core/invariants.py on every live core (queues
+structural invariants of tests/inprocess/invariants.py on every live core (queues
 hold exactly the queued jobs, every job has one timer, ...) plus a cluster
 one, every simulated second and at the end.
 """
@@ -66,7 +66,7 @@ from disque.store.aof import RecordReader
 from disque.store.job import State
 from disque.protocols.resp.front import RESP
 from disque.shell.session import Conn, Sessions
-from core.invariants import check_core
+from inprocess.invariants import check_core
 from support import START_MS, FakeHost, all_jobs, read_behind, session_runner
 
 BUS_PORT_INCR = 10_000
@@ -195,7 +195,7 @@ def deterministic_scheduling(seed: int) -> Iterator[None]:
 class Pipe:
     """One direction of a connection: faulty, ordered delivery of frames."""
 
-    def __init__(self, conn: Connection, src: SimNode, dst: SimNode) -> None:
+    def __init__(self, conn: SimConnection, src: SimNode, dst: SimNode) -> None:
         self.conn = conn
         self.src, self.dst = src, dst
         self.decoder = FrameDecoder()
@@ -226,7 +226,7 @@ class Pipe:
                 self.conn.deliver(self, *decoded)
 
 
-class Connection:
+class SimConnection:
     """A bus connection from `client`'s outgoing link `key` to `server`."""
 
     def __init__(self, net: SimCluster, client: SimNode, key: int, server: SimNode) -> None:
@@ -275,9 +275,9 @@ class SimNode:
         self.aof = bytearray()  # the append-only file
         self.held_at_death: list[str] = []  # IDs of the jobs the node held when killed
         self.clock_offset = 0  # ms its clock is ahead of the true time (see step_clock)
-        self.links: dict[int, Connection] = {}  # outgoing, by link key
+        self.links: dict[int, SimConnection] = {}  # outgoing, by link key
         self.connecting: set[int] = set()
-        self.conns: dict[int, Connection] = {}  # incoming, by conn id
+        self.conns: dict[int, SimConnection] = {}  # incoming, by conn id
         self.sessions: Sessions | None = None  # the clients of the running core
         self.scope = trio.CancelScope()
         self.nursery: trio.Nursery | None = None
@@ -294,7 +294,7 @@ class SimNode:
     @property
     def node_id(self) -> str:
         """The current ID (CLUSTER RESET HARD changes it), or the last one."""
-        return self.core.cluster.my_id if self.core is not None else self.last_id
+        return self.core.membership.my_id if self.core is not None else self.last_id
 
     def held(self) -> list[str]:
         """IDs of every job the node holds now, in any state."""
@@ -302,7 +302,7 @@ class SimNode:
         return sorted(job.id.decode() for job in all_jobs(self.core))
 
     def __repr__(self) -> str:
-        return f"<SimNode {self.index} {self.core.cluster.my_id[:8] if self.core else 'dead'}>"
+        return f"<SimNode {self.index} {self.core.membership.my_id[:8] if self.core else 'dead'}>"
 
     # ------------------------------------------------------------ lifecycle
 
@@ -351,7 +351,7 @@ class SimNode:
     def kill(self) -> None:
         assert self.core is not None and self.sessions is not None
         self.held_at_death = self.held()
-        self.last_id = self.core.cluster.my_id
+        self.last_id = self.core.membership.my_id
         self.scope.cancel()
         clients = list(self.sessions.conns.values())
         self.core = self.sessions = None
@@ -421,7 +421,7 @@ class SimNode:
             else:
                 await trio.sleep(2 * net.latency())
                 if target.alive and net.can_talk(self, target):
-                    conn = Connection(net, self, key, target)
+                    conn = SimConnection(net, self, key, target)
                     self.links[key] = conn
                     target.conns[conn.id] = conn
                     self._call_core("link_connected", key)
@@ -430,7 +430,7 @@ class SimNode:
         finally:
             self.connecting.discard(key)
 
-    async def link_lost(self, conn: Connection) -> None:
+    async def link_lost(self, conn: SimConnection) -> None:
         """Our outgoing link's peer died: EOF reaches us one latency later."""
         await trio.sleep(self.net.latency())
         if self.links.get(conn.key) is conn:
@@ -636,7 +636,7 @@ class SimCluster:
         a link to it."""
         live = [n for n in self.nodes if n.core is not None]
         for node in live:
-            cluster = node.core.cluster  # type: ignore[union-attr]
+            cluster = node.core.membership  # type: ignore[union-attr]
             others = {other.node_id for other in live if other is not node}
             reachable = {n.id for n in cluster.reachable() if n.link}
             if not others <= reachable or cluster.size() < len(live):
@@ -667,7 +667,7 @@ class SimCluster:
                 for node in self.nodes:
                     if not node.alive:
                         continue
-                    known = node.core.cluster.nodes  # type: ignore[union-attr]
+                    known = node.core.membership.nodes  # type: ignore[union-attr]
                     for other in self.nodes:
                         if other is not node and other.alive and other.node_id not in known:
                             if not first or other.index == 0:
@@ -690,11 +690,11 @@ class SimCluster:
 
 
 def check_cluster_core(core: NodeCore) -> None:
-    """The single-node invariants (tests/core/invariants.py) plus one of the
+    """The single-node invariants (tests/inprocess/invariants.py) plus one of the
     cluster: a node holding a job lists itself among its possible holders
     (or the ACK garbage collection could finish without it)."""
     check_core(core, settled=False)  # a job may be due at this very instant
-    me = core.cluster.my_id
+    me = core.membership.my_id
     for job in all_jobs(core):
         if job.state != State.WAIT_REPL and not job.is_dummy_ack:
             assert me in job.nodes_delivered, f"{job}: holder {me} not in its nodes_delivered {job.nodes_delivered}"

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from disque.cluster.membership import FAIL, HANDSHAKE, NOADDR, PFAIL, Membership, Node
+from disque.cluster.membership import FAIL, HANDSHAKE, NOADDR, PFAIL, Membership, Peer
 from disque.cluster.messages import Ping
 from gossip_cost import GossipSim, measure
 
@@ -113,7 +113,7 @@ def test_the_failing_set_follows_the_flags() -> None:
 def test_a_node_with_no_other_sends_no_gossip() -> None:
     members = table_of(2)
     assert members.gossip() == ()
-    assert isinstance(members.table[0], Node)
+    assert isinstance(members.table[0], Peer)
 
 
 def test_a_small_cluster_detects_a_death_and_learns_a_newcomer() -> None:

@@ -26,7 +26,7 @@ TTL_GRACE_MS = 3000
 
 
 def flags_of(cluster: SimCluster, observer: int, target: int) -> int:
-    return cluster.core(observer).cluster.nodes[cluster.node_id(target)].flags
+    return cluster.core(observer).membership.nodes[cluster.node_id(target)].flags
 
 
 def holders(cluster: SimCluster, job_id: bytes) -> dict[int, str]:
@@ -72,7 +72,7 @@ async def test_failure_detection_and_recovery(autojump_clock, c5):
     cluster.partition([[0, 1, 2, 3], [4]])
     waited = await cluster.wait_for(lambda: all(flags_of(cluster, i, 4) & FAIL for i in range(4)), timeout=10)
     assert waited <= 2 * T / 1000 + 1
-    assert all(len(cluster.core(i).cluster.reachable()) == 3 for i in range(4))
+    assert all(len(cluster.core(i).membership.reachable()) == 3 for i in range(4))
     assert flags_of(cluster, 4, 0) & (PFAIL | FAIL)  # the isolated node suspects everyone
     cluster.heal()
     await cluster.wait_for(cluster.meshed, timeout=5)
@@ -145,7 +145,7 @@ async def test_addjob_replicates_to_requested_copies(autojump_clock, c5):
 async def test_addjob_norepl_without_enough_reachable_nodes(autojump_clock, c5):
     cluster = c5
     cluster.partition([[0, 1], [2, 3, 4]])
-    await cluster.wait_for(lambda: len(cluster.core(0).cluster.reachable()) == 1, timeout=10)
+    await cluster.wait_for(lambda: len(cluster.core(0).membership.reachable()) == 1, timeout=10)
     reply = await cluster.call(0, "ADDJOB", "q", "b", 0, "REPLICATE", 3)
     assert reply == errors.norepl_reach()
     job_id = await add(cluster, 0, "REPLICATE", 2)
@@ -301,7 +301,7 @@ async def test_sync_replication_waits_for_a_replica_that_comes_back(autojump_clo
 
 def known_everywhere(cluster: SimCluster, node_id: str) -> list[int]:
     """Indexes of the live nodes whose table still has `node_id`."""
-    return [n.index for n in cluster.nodes if n.alive and node_id in n.core.cluster.nodes]
+    return [n.index for n in cluster.nodes if n.alive and node_id in n.core.membership.nodes]
 
 
 async def test_reset_hard_and_meet_make_a_fresh_node(autojump_clock, c5):
@@ -331,7 +331,7 @@ async def test_reset_soft_keeps_the_id_drops_jobs_and_peers_until_a_meet(autojum
     job_id = await add(cluster, 0, "REPLICATE", 5)
     assert await cluster.call(1, "CLUSTER", "RESET", "SOFT") == b"OK"
     assert cluster.node_id(1) == node_id and not cluster.core(1).jobs
-    assert list(cluster.core(1).cluster.nodes) == [node_id]
+    assert list(cluster.core(1).membership.nodes) == [node_id]
     assert cluster.nodes[1].conf_text.count("\n") == 1  # saved at once
     await trio.sleep(3 * T / 1000)
     assert not cluster.meshed()  # the others' PINGs do not make it accept them

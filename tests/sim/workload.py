@@ -262,14 +262,14 @@ class Workload:
         others = [n.index for n in cluster.nodes if n.alive and n.index != i]
         if mode == "hard":
             for j in others:
-                if old_id in cluster.core(j).cluster.nodes:
+                if old_id in cluster.core(j).membership.nodes:
                     await self._admin(j, "CLUSTER", "FORGET", old_id)
         if others:
             await cluster.meet(i, self.rng.choice(others))
 
     async def _forget(self, i: int, j: int) -> None:
         cluster = self.cluster
-        if i != j and cluster.nodes[i].alive and cluster.node_id(j) in cluster.core(i).cluster.nodes:
+        if i != j and cluster.nodes[i].alive and cluster.node_id(j) in cluster.core(i).membership.nodes:
             await self._admin(i, "CLUSTER", "FORGET", cluster.node_id(j))
 
     async def _leaving(self, i: int, flag: str) -> None:

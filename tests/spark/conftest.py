@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from disque.devcluster import NodeProcess, free_port
+from disque.testing.devcluster import NodeProcess, free_port
 from disque.spark import _io
 
 SPARK_TIMEOUT = 300  # s per test, session start included (JVM start is slow on a busy machine)

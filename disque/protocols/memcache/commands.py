@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from disque.core import errors
 from disque.core.errors import DisqueError
 from disque.core.items import ITEM_TTL, OpenReadMismatch
-from disque.core.types import BLOCKED, SILENT, Client, Command, Status
+from disque.core.types import BLOCKED, SILENT, Command, Connection, Status
 from disque.protocols.memcache import encoder as reply
 from disque.protocols.memcache.parser import (
     Delete, DumpConfig, DumpStats, Flush, FlushAll, FlushAllExpired, FlushExpired, Get, Quit, Reload, Set,
@@ -56,7 +56,7 @@ ERROR_LINES = {
 }  # fmt: skip
 
 
-def run(node: NodeCore, client: Client, request: Any) -> Any:
+def run(node: NodeCore, client: Connection, request: Any) -> Any:
     """The front end's command table (base.FrontEnd.run)."""
     kind = type(request)
     if kind is Quit:
@@ -88,7 +88,7 @@ def overlaps(request: Any) -> bool:
     return type(request) is Set
 
 
-def _fatal(node: NodeCore, client: Client) -> bytes:
+def _fatal(node: NodeCore, client: Connection) -> bytes:
     """ERROR, then the connection closes (spec §1.1): the request contradicts
     the connection's open read (a fetch over it, or a close or abort naming
     another queue), and Kestrel ends such a connection; closing it puts the
@@ -100,7 +100,7 @@ def _fatal(node: NodeCore, client: Client) -> bytes:
 # ---------------------------------------------------------------- items
 
 
-def _set(node: NodeCore, client: Client, req: Set) -> Any:
+def _set(node: NodeCore, client: Connection, req: Set) -> Any:
     items = node.items
     items.cmd_set += 1
     items.refer(req.queue)
@@ -113,19 +113,19 @@ def _set(node: NodeCore, client: Client, req: Set) -> Any:
     return node.lifecycle.add_job(client, req.queue, req.data, SET_TIMEOUT_MS, None, ttl, None, None, None, False)
 
 
-def _auth(node: NodeCore, client: Client, req: Set) -> Any:
+def _auth(node: NodeCore, client: Connection, req: Set) -> Any:
     """The credentials SET: `default <password>` (another user never matches)."""
     user, _, password = req.data.partition(b" ")
     failure = DisqueError("WRONGPASS", "invalid username-password pair or user is disabled.")
     return node.gate.authenticate(client, password if user == b"default" else None, failure) or reply.STORED
 
 
-def _set_too_large(node: NodeCore, client: Client, req: SetTooLarge) -> bytes:
+def _set_too_large(node: NodeCore, client: Connection, req: SetTooLarge) -> bytes:
     node.items.cmd_set += 1
     return reply.TOO_LARGE
 
 
-def _get(node: NodeCore, client: Client, req: Get) -> Any:
+def _get(node: NodeCore, client: Connection, req: Get) -> Any:
     items, opts = node.items, req.options
     try:
         if opts.abort:
@@ -154,25 +154,25 @@ def _get(node: NodeCore, client: Client, req: Get) -> Any:
     return items.take(client, req.queue, opts.timeout_ms, opts.open, answer)
 
 
-def _flush(node: NodeCore, client: Client, req: Flush) -> bytes:
+def _flush(node: NodeCore, client: Connection, req: Flush) -> bytes:
     node.items.refer(req.queue)
     node.items.flush(req.queue)
     return reply.END
 
 
-def _delete(node: NodeCore, client: Client, req: Delete) -> bytes:
+def _delete(node: NodeCore, client: Connection, req: Delete) -> bytes:
     node.items.forget(req.queue)
     node.items.flush(req.queue)
     return reply.END
 
 
-def _flush_all(node: NodeCore, client: Client, req: FlushAll) -> bytes:
+def _flush_all(node: NodeCore, client: Connection, req: FlushAll) -> bytes:
     for name in [q.name for q in node.queues.values()]:
         node.items.flush(name)
     return reply.FLUSHED_ALL
 
 
-def _flush_expired(node: NodeCore, client: Client, req: FlushExpired | FlushAllExpired) -> bytes:
+def _flush_expired(node: NodeCore, client: Connection, req: FlushExpired | FlushAllExpired) -> bytes:
     if type(req) is FlushExpired:
         node.items.refer(req.queue)
     return reply.count(0)  # jobs expire on a timer: nothing expired is left to drop
@@ -181,37 +181,37 @@ def _flush_expired(node: NodeCore, client: Client, req: FlushExpired | FlushAllE
 # ---------------------------------------------------------------- admin
 
 
-def _version(node: NodeCore, client: Client, req: Version) -> bytes:
+def _version(node: NodeCore, client: Connection, req: Version) -> bytes:
     return reply.version(__version__)
 
 
-def _shutdown(node: NodeCore, client: Client, req: Shutdown) -> Any:
+def _shutdown(node: NodeCore, client: Connection, req: Shutdown) -> Any:
     if not node.host.shutdown(False):
         raise errors.err("Errors trying to SHUTDOWN. Check logs.")
     return SILENT
 
 
-def _reload(node: NodeCore, client: Client, req: Reload) -> bytes:
+def _reload(node: NodeCore, client: Connection, req: Reload) -> bytes:
     node.host.reload_queue_config()
     return reply.RELOADED
 
 
-def _stats(node: NodeCore, client: Client, req: Stats) -> bytes:
+def _stats(node: NodeCore, client: Connection, req: Stats) -> bytes:
     proc = node.host.process_info()
     figures = node.items.global_stats(__version__, node.start_ms, proc.get("net_in", 0), proc.get("net_out", 0))
     return reply.stats(figures, node.items.queue_stats())
 
 
-def _dump_stats(node: NodeCore, client: Client, req: DumpStats) -> bytes:
+def _dump_stats(node: NodeCore, client: Connection, req: DumpStats) -> bytes:
     return reply.dump_stats(node.items.queue_stats())
 
 
-def _dump_config(node: NodeCore, client: Client, req: DumpConfig) -> bytes:
+def _dump_config(node: NodeCore, client: Connection, req: DumpConfig) -> bytes:
     settings = node.config.queue_config.settings
     return reply.dump_config((name, settings(name)) for name in node.items.queue_names())
 
 
-Handler = Callable[[Any, Client, Any], Any]
+Handler = Callable[[Any, Connection, Any], Any]
 # request type -> (name for statistics, MONITOR and the slow log; flags as RESP's; handler)
 TABLE: dict[type, tuple[str, str, Handler]] = {
     Set: ("set", "wm", _set),

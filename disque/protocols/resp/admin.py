@@ -19,7 +19,7 @@ from disque.cluster.membership import flags_text, valid_address
 from disque.cluster.messages import FAIL, LEAVING, MYSELF, PFAIL
 from disque.core.config import ConfigError, config_get, config_set
 from disque.core.errors import DisqueError, err
-from disque.core.types import REPLY_OFF, REPLY_ON, REPLY_SKIP_NEXT, SILENT, Client, Map, Status
+from disque.core.types import REPLY_OFF, REPLY_ON, REPLY_SKIP_NEXT, SILENT, Connection, Map, Status
 from disque.core.memory import MEM_LEVELS
 from disque.core.node import NodeCore
 from disque.protocols.resp.table import COMMANDS, int_or, parse_int, parse_timeout
@@ -61,7 +61,7 @@ def _section_server(node: NodeCore, proc: dict[str, Any]) -> list[tuple[str, Any
         ("process_id", proc["pid"]),
         ("run_id", node.run_id),
         ("tcp_port", node.config.port),
-        ("zone", node.cluster.myself.zone),  # docs/zones.md
+        ("zone", node.membership.myself.zone),  # docs/zones.md
         ("uptime_in_seconds", uptime),
         ("uptime_in_days", uptime // 86400),
         ("hz", node.config.hz),
@@ -213,7 +213,7 @@ def config_command(node: NodeCore, argv: list[bytes]) -> Any:
 
 # ---------------------------------------------------------------- CLIENT
 
-def client_line(node: NodeCore, c: Client) -> str:
+def client_line(node: NodeCore, c: Connection) -> str:
     now = node.now
     return (
         f"id={c.id} addr={c.addr} fd={c.fd} name={_text(c.name)} age={(now - c.ctime) // 1000} "
@@ -222,7 +222,7 @@ def client_line(node: NodeCore, c: Client) -> str:
     )
 
 
-def _kill_filters(node: NodeCore, me: Client, args: list[bytes]) -> int:
+def _kill_filters(node: NodeCore, me: Connection, args: list[bytes]) -> int:
     if len(args) % 2:
         raise errors.syntax()
     targets = list(node.clients.values())
@@ -252,7 +252,7 @@ def _kill_filters(node: NodeCore, me: Client, args: list[bytes]) -> int:
     return killed
 
 
-def client_command(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def client_command(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     sub = argv[1].lower()
     args = argv[2:]
     if sub == b"list" and not args:
@@ -310,8 +310,8 @@ def priority(node: NodeCore, n: Any) -> int:
 
 
 def hello(node: NodeCore) -> list[Any]:
-    out: list[Any] = [1, node.cluster.my_id]
-    for n in node.cluster.nodes.values():
+    out: list[Any] = [1, node.membership.my_id]
+    for n in node.membership.nodes.values():
         entry = [n.id, n.ip, str(n.port).encode(), str(priority(node, n)).encode()]
         if n.zone:  # a fifth item, for zoned nodes only (docs/zones.md)
             entry.append(n.zone)
@@ -319,7 +319,7 @@ def hello(node: NodeCore) -> list[Any]:
     return out
 
 
-def redis_hello(node: NodeCore, client: Client, args: list[bytes]) -> Any:
+def redis_hello(node: NodeCore, client: Connection, args: list[bytes]) -> Any:
     """The Redis 6+ handshake: HELLO protover [AUTH user pass] [SETNAME name]."""
     try:
         proto = _strict_int(args[0])
@@ -358,7 +358,7 @@ def redis_hello(node: NodeCore, client: Client, args: list[bytes]) -> Any:
                 (b"mode", b"cluster"),
                 (b"role", b"master"),
                 (b"modules", []),
-                (b"node-id", node.cluster.my_id.encode()),
+                (b"node-id", node.membership.my_id.encode()),
             ]
         )
     except DisqueError as e:  # after a password whose answer waits, so does whatever follows it
@@ -416,7 +416,7 @@ def node_line(node: NodeCore, n: Any) -> str:
 
 
 def cluster_info(node: NodeCore) -> bytes:
-    c = node.cluster
+    c = node.membership
     lines = [
         "cluster_state:ok",
         f"cluster_known_nodes:{len(c.nodes)}",
@@ -434,18 +434,18 @@ def cluster_command(node: NodeCore, argv: list[bytes]) -> Any:
     sub = argv[1].lower()
     args = argv[2:]
     if sub == b"myid" and not args:
-        return node.cluster.my_id.encode()
+        return node.membership.my_id.encode()
     if sub == b"nodes" and not args:
-        return "".join(node_line(node, n) for n in node.cluster.nodes.values()).encode()
+        return "".join(node_line(node, n) for n in node.membership.nodes.values()).encode()
     if sub == b"info" and not args:
         return cluster_info(node)
     if sub == b"leaving" and not args:
-        return Status(b"yes" if node.cluster.leaving else b"no")
+        return Status(b"yes" if node.membership.leaving else b"no")
     if sub == b"leaving" and len(args) == 1:
         value = args[0].lower()
         if value not in (b"yes", b"no"):
             raise err("Wrong argument for CLUSTER LEAVING. Use 'yes' or 'no'")
-        node.cluster.set_leaving(value == b"yes")
+        node.membership.set_leaving(value == b"yes")
         return OK
     if sub == b"meet" and len(args) == 2:
         ip, port_text = _text(args[0]), _text(args[1])
@@ -455,17 +455,17 @@ def cluster_command(node: NodeCore, argv: list[bytes]) -> Any:
             raise err(f"Invalid TCP port specified: {port_text}") from None
         if not valid_address(ip, port):
             raise err(f"Invalid node address specified: {ip}:{port_text}")
-        node.cluster.meet(ip, port)
+        node.membership.meet(ip, port)
         return OK
     if sub == b"forget" and len(args) == 1:
         node_id = _text(args[0])
         if len(node_id) != 40:
             raise err("Invalid node identifier")
-        if node_id == node.cluster.my_id:
+        if node_id == node.membership.my_id:
             raise err("I tried hard but I can't forget myself...")
-        if node_id not in node.cluster.nodes:
+        if node_id not in node.membership.nodes:
             raise err(f"Unknown node {node_id}")
-        node.cluster.forget(node_id)
+        node.membership.forget(node_id)
         return OK
     if sub == b"reset" and len(args) <= 1:
         mode = args[0].lower() if args else b"soft"

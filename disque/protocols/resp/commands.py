@@ -32,7 +32,7 @@ from disque.protocols.resp.table import (
 from disque.core import errors
 from disque.cluster import messages as m
 from disque.core.errors import err
-from disque.core.types import NIL_ARRAY, SILENT, Client, Command, Map, Status
+from disque.core.types import NIL_ARRAY, SILENT, Command, Connection, Map, Status
 from disque.core.node import NodeCore
 from disque.core.schedules import MIN_EVERY, check_cron
 from disque.store.schedule import Schedule
@@ -44,7 +44,7 @@ log = logging.getLogger("disque")
 # ---------------------------------------------------------------- dispatch
 
 
-def run(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def run(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     """RESP's part of spec/commands.md §1.3: QUIT, lookup and arity, before
     `NodeCore.execute` applies the checks every front end shares."""
     name = argv[0].lower()
@@ -112,7 +112,7 @@ def job_options(argv: list[bytes], i: int) -> tuple[list[int | None], bool, byte
 
 
 @command("addjob", -4, "wmF")
-def cmd_addjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_addjob(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     values, is_async, dead_letter = job_options(argv, 4)
     timeout = parse_timeout(argv[3])
     repl, ttl, retry, delay, maxlen, max_attempts, zones, priority = values
@@ -125,7 +125,7 @@ def cmd_addjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
 
 
 @command("schedule", -2, "wm")
-def cmd_schedule(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_schedule(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     """SCHEDULE ADD|DEL|LIST|SHOW|PAUSE|RESUME (recurring jobs, core/schedules.py;
     spec/commands.md §14)."""
     sub, schedules = argv[1].lower(), node.schedules
@@ -182,7 +182,7 @@ def _schedule_add(node: NodeCore, argv: list[bytes]) -> Any:
 
 
 @command("getjob", -2, "wF")
-def cmd_getjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_getjob(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     nohang = withcounters = False
     timeout, count = 0, 1
     i, n = 1, len(argv)
@@ -215,12 +215,12 @@ def cmd_getjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
 
 
 @command("ackjob", -1, "wF")
-def cmd_ackjob(node: NodeCore, client: Client, argv: list[bytes]) -> int:
+def cmd_ackjob(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
     return sum(node.acks.ack_job(job_id) for job_id in job_ids(argv[1:]))
 
 
 @command("fastack", -1, "wF")
-def cmd_fastack(node: NodeCore, client: Client, argv: list[bytes]) -> int:
+def cmd_fastack(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
     return sum(node.acks.fast_ack(job_id) for job_id in job_ids(argv[1:]))
 
 
@@ -234,7 +234,7 @@ def _each_known(node: NodeCore, argv: list[bytes], action: Callable[[Job], bool]
 
 
 @command("deljob", -1, "wF")
-def cmd_deljob(node: NodeCore, client: Client, argv: list[bytes]) -> int:
+def cmd_deljob(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
     def delete(job: Job) -> bool:
         node.lifecycle.delete_job(job)
         return True
@@ -243,12 +243,12 @@ def cmd_deljob(node: NodeCore, client: Client, argv: list[bytes]) -> int:
 
 
 @command("enqueue", -1, "mwF")
-def cmd_enqueue(node: NodeCore, client: Client, argv: list[bytes]) -> int:
+def cmd_enqueue(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
     return _each_known(node, argv, lambda job: job.state == State.ACTIVE and node.lifecycle.enqueue(job))
 
 
 @command("nack", -1, "mwF")
-def cmd_nack(node: NodeCore, client: Client, argv: list[bytes]) -> int:
+def cmd_nack(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
     """NACK <id> ... [DELAY <seconds>] (DELAY: our extension, node.nack_later)."""
     if len(argv) >= 3 and argv[-2].lower() == b"delay":
         delay = _option(ADDJOB_OPTS[b"delay"], argv[-1])  # as ADDJOB's
@@ -259,7 +259,7 @@ def cmd_nack(node: NodeCore, client: Client, argv: list[bytes]) -> int:
 
 
 @command("deadletter", -3, "wm")
-def cmd_deadletter(node: NodeCore, client: Client, argv: list[bytes]) -> int:
+def cmd_deadletter(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
     """DEADLETTER REQUEUE <queue> [COUNT n] (an extension, node.requeue_dead_letters):
     this node's dead letters queued in <queue> back to their queues; the
     CLI and the dashboard ask every node (docs/commands.md)."""
@@ -274,12 +274,12 @@ def cmd_deadletter(node: NodeCore, client: Client, argv: list[bytes]) -> int:
 
 
 @command("dequeue", -1, "wF")
-def cmd_dequeue(node: NodeCore, client: Client, argv: list[bytes]) -> int:
+def cmd_dequeue(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
     return _each_known(node, argv, node.lifecycle.dequeue)
 
 
 @command("working", 2, "wF")
-def cmd_working(node: NodeCore, client: Client, argv: list[bytes]) -> int:
+def cmd_working(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
     (job_id,) = job_ids(argv[1:])
     job = node.jobs.get(job_id)
     if job is None:
@@ -288,7 +288,7 @@ def cmd_working(node: NodeCore, client: Client, argv: list[bytes]) -> int:
 
 
 @command("waitjob", -2, "rF")
-def cmd_waitjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_waitjob(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     """WAITJOB <id> ... [TIMEOUT <ms>] (an extension, node.wait_jobs)."""
     timeout = 0
     if len(argv) >= 3 and argv[-2].lower() == b"timeout":
@@ -300,7 +300,7 @@ def cmd_waitjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
 
 
 @command("show", 2, "rF")
-def cmd_show(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_show(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     (job_id,) = job_ids(argv[1:])
     job = node.jobs.get(job_id)
     return None if job is None else show(node, job)
@@ -337,7 +337,7 @@ def show(node: NodeCore, job: Job) -> Map:
 
 
 @command("loadjob", 2, "w")
-def cmd_loadjob(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_loadjob(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     raise err("LOADJOB is a special command only processed from AOF")
 
 
@@ -390,7 +390,7 @@ def _reply_type(raw: bytes) -> bool:
 
 
 @command("jscan", -1, "r")
-def cmd_jscan(node: NodeCore, client: Client, argv: list[bytes]) -> list[Any]:
+def cmd_jscan(node: NodeCore, client: Connection, argv: list[bytes]) -> list[Any]:
     cursor, opts = parse_scan(argv, (), {b"queue": bytes, b"state": _job_state, b"reply": _reply_type})
     queues = opts.get(b"queue")
     states = opts.get(b"state")
@@ -408,7 +408,7 @@ COMMANDS[b"scanjobs"] = Command("scanjobs", -1, "r", cmd_jscan)
 
 
 @command("qscan", -1, "r")
-def cmd_qscan(node: NodeCore, client: Client, argv: list[bytes]) -> list[Any]:
+def cmd_qscan(node: NodeCore, client: Connection, argv: list[bytes]) -> list[Any]:
     cursor, opts = parse_scan(argv, (b"minlen", b"maxlen", b"importrate"), {})
     cursor, queues = _scan(node.queues, cursor, opts)
     minlen, maxlen, rate = opts.get(b"minlen"), opts.get(b"maxlen"), opts.get(b"importrate")
@@ -426,13 +426,13 @@ def cmd_qscan(node: NodeCore, client: Client, argv: list[bytes]) -> list[Any]:
 
 
 @command("qlen", 2, "rF")
-def cmd_qlen(node: NodeCore, client: Client, argv: list[bytes]) -> int:
+def cmd_qlen(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
     queue = node.queues.get(argv[1])
     return 0 if queue is None else len(queue)
 
 
 @command("qpeek", 3, "r")
-def cmd_qpeek(node: NodeCore, client: Client, argv: list[bytes]) -> list[Any]:
+def cmd_qpeek(node: NodeCore, client: Connection, argv: list[bytes]) -> list[Any]:
     count = int_or(argv[2], errors.not_integer)
     queue = node.queues.get(argv[1])
     if queue is None or count == 0:
@@ -449,7 +449,7 @@ def cmd_qpeek(node: NodeCore, client: Client, argv: list[bytes]) -> list[Any]:
 
 
 @command("qstat", 2, "rF")
-def cmd_qstat(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_qstat(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     queue = node.queues.get(argv[1])
     if queue is None:
         return NIL_ARRAY
@@ -483,7 +483,7 @@ def _priorities(queue: Queue) -> list[tuple[bytes, Any]]:
 
 
 @command("qsettings", 2, "rF")
-def cmd_qsettings(node: NodeCore, client: Client, argv: list[bytes]) -> Map:
+def cmd_qsettings(node: NodeCore, client: Connection, argv: list[bytes]) -> Map:
     """A queue's effective Kestrel settings (an extension, docs/kestrel.md):
     option -> value as the config file writes it, in Kestrel's order."""
     settings = node.config.queue_config.settings(argv[1])
@@ -494,7 +494,7 @@ PAUSE_OPTS = {b"none": None, b"in": PAUSE_IN, b"out": PAUSE_OUT, b"all": PAUSE_I
 
 
 @command("pause", -3, "rF")
-def cmd_pause(node: NodeCore, client: Client, argv: list[bytes]) -> Status:
+def cmd_pause(node: NodeCore, client: Connection, argv: list[bytes]) -> Status:
     flags = 0
     change = bcast = False
     for raw in argv[2:]:
@@ -514,7 +514,7 @@ def cmd_pause(node: NodeCore, client: Client, argv: list[bytes]) -> Status:
     result = 0 if queue is None else queue.pause
     if bcast:
         msg = m.Pause(name, result)
-        for node_id in node.cluster.linked_ids():
+        for node_id in node.membership.linked_ids():
             node.out.send(node_id, msg)
     return Status(PAUSE_NAMES[result].encode())
 
@@ -523,51 +523,51 @@ def cmd_pause(node: NodeCore, client: Client, argv: list[bytes]) -> Status:
 
 
 @command("auth", 2, "rlF")
-def cmd_auth(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_auth(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     if not node.config.requirepass:
         raise errors.err("Client sent AUTH, but no password is set")
     return node.gate.authenticate(client, argv[1], errors.err("invalid password")) or OK
 
 
 @command("ping", -1, "rF")
-def cmd_ping(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_ping(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     if len(argv) > 2:
         raise errors.wrong_arity("ping")
     return Status(b"PONG") if len(argv) == 1 else argv[1]
 
 
 @command("echo", 2, "rF")
-def cmd_echo(node: NodeCore, client: Client, argv: list[bytes]) -> bytes:
+def cmd_echo(node: NodeCore, client: Connection, argv: list[bytes]) -> bytes:
     return argv[1]
 
 
 @command("select", 2, "rlF")
-def cmd_select(node: NodeCore, client: Client, argv: list[bytes]) -> Status:
+def cmd_select(node: NodeCore, client: Connection, argv: list[bytes]) -> Status:
     if argv[1] != b"0":
         raise err("DB index is out of range")
     return OK
 
 
 @command("time", 1, "rF")
-def cmd_time(node: NodeCore, client: Client, argv: list[bytes]) -> list[bytes]:
+def cmd_time(node: NodeCore, client: Connection, argv: list[bytes]) -> list[bytes]:
     us = node.clock.wall_us()
     return [str(us // 1_000_000).encode(), str(us % 1_000_000).encode()]
 
 
 @command("hello", -1, "rlF")
-def cmd_hello(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_hello(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     if len(argv) == 1:
         return admin.hello(node)
     return admin.redis_hello(node, client, argv[1:])
 
 
 @command("client", -2, "ar")
-def cmd_client(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_client(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     return admin.client_command(node, client, argv)
 
 
 @command("command", 0, "rl")
-def cmd_command(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_command(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     if len(argv) == 1:
         return [_command_entry(c) for c in COMMANDS.values()]
     sub = argv[1].lower()
@@ -587,7 +587,7 @@ def _command_entry(cmd: Command) -> list[Any]:
 
 
 @command("monitor", 1, "ar")
-def cmd_monitor(node: NodeCore, client: Client, argv: list[bytes]) -> Status:
+def cmd_monitor(node: NodeCore, client: Connection, argv: list[bytes]) -> Status:
     node.gate.monitors[client.id] = client
     return OK
 
@@ -596,19 +596,19 @@ def cmd_monitor(node: NodeCore, client: Client, argv: list[bytes]) -> Status:
 
 
 @command("info", -1, "rl")
-def cmd_info(node: NodeCore, client: Client, argv: list[bytes]) -> bytes:
+def cmd_info(node: NodeCore, client: Connection, argv: list[bytes]) -> bytes:
     if len(argv) > 2:
         raise errors.syntax()
     return admin.info(node, text(argv[1]).lower() if len(argv) == 2 else "default")
 
 
 @command("config", -2, "ar")
-def cmd_config(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_config(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     return admin.config_command(node, argv)
 
 
 @command("shutdown", -1, "arl")
-def cmd_shutdown(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_shutdown(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     if len(argv) > 2 or (len(argv) == 2 and argv[1].lower() != b"rewrite-aof"):
         raise errors.syntax()
     if not node.host.shutdown(len(argv) == 2):
@@ -617,17 +617,17 @@ def cmd_shutdown(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
 
 
 @command("bgrewriteaof", 1, "ar")
-def cmd_bgrewriteaof(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_bgrewriteaof(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     return node.host.bgrewriteaof()
 
 
 @command("debug", -2, "a")
-def cmd_debug(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_debug(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     return admin.debug_command(node, argv)
 
 
 @command("slowlog", -2, "r")
-def cmd_slowlog(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_slowlog(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     sub = argv[1].lower()
     if sub == b"len" and len(argv) == 2:
         return len(node.gate.slowlog)
@@ -641,7 +641,7 @@ def cmd_slowlog(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
 
 
 @command("latency", -2, "arl")
-def cmd_latency(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_latency(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     sub = argv[1].lower()
     if sub == b"latest" and len(argv) == 2:
         return []
@@ -657,5 +657,5 @@ def cmd_latency(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
 
 
 @command("cluster", -2, "ar")
-def cmd_cluster(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_cluster(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     return admin.cluster_command(node, argv)

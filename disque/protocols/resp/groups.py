@@ -18,7 +18,7 @@ from typing import Any
 
 from disque.core.errors import err
 from disque.core.node import NodeCore
-from disque.core.types import Client
+from disque.core.types import Connection
 from disque.protocols.resp.table import OK, command
 
 DEFAULT_EX_MS = 30_000  # QGET's ack window without EX
@@ -56,7 +56,7 @@ def _expire_ms(node: NodeCore, raw: bytes) -> int:
 
 
 @command("qadd", -1, "wm")
-def cmd_qadd(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_qadd(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     _need(argv, 3)
     expire = _expire_ms(node, argv[2])
     noblock = len(argv) > 4 and argv[4].lower() == b"noblock"
@@ -77,13 +77,13 @@ def _ex_ms(argv: list[bytes], at: int) -> int:
 
 
 @command("qget", -1, "w")
-def cmd_qget(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_qget(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     _need(argv, 2)
     return node.groups.qget(client, argv[1], argv[2], _ex_ms(argv, 3))
 
 
 @command("qack", -1, "w")
-def cmd_qack(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_qack(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     """QACK queue group id; okq's QACK queue id (an ID is digits, a group
     name need not be) acknowledges for the okq group."""
     if len(argv) == 3 and argv[2].isdigit():
@@ -99,35 +99,35 @@ def cmd_qack(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
 
 
 @command("qrpop", -1, "w")
-def cmd_qrpop(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_qrpop(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     """QRPOP queue [EX seconds]: QGET queue okq [EX seconds]."""
     _need(argv, 1)
     return node.groups.qget(client, argv[1], OKQ_GROUP, _ex_ms(argv, 2))
 
 
 @command("qrpeek", -1, "r")
-def cmd_qrpeek(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_qrpeek(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     """The event QRPOP would return next, left where it is."""
     _need(argv, 1)
     return node.groups.peek(argv[1], OKQ_GROUP, newest=False)
 
 
 @command("qlpeek", -1, "r")
-def cmd_qlpeek(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_qlpeek(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     """The newest live event."""
     _need(argv, 1)
     return node.groups.peek(argv[1], OKQ_GROUP, newest=True)
 
 
 @command("qregister", -1, "w")
-def cmd_qregister(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_qregister(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     """The queues okq's one-argument QNOTIFY waits on (none: deregister)."""
     client.registered = list(dict.fromkeys(argv[1:]))
     return OK
 
 
 @command("qnotify", -1, "w")
-def cmd_qnotify(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_qnotify(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     """QNOTIFY group timeout [queue ...]; okq's QNOTIFY timeout waits on the
     QREGISTERed queues for the okq group."""
     if len(argv) == 2 and _FLOAT(argv[1]):  # a timeout, not a group name
@@ -143,7 +143,7 @@ def cmd_qnotify(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
 
 
 @command("qflush", -1, "w")
-def cmd_qflush(node: NodeCore, client: Client, argv: list[bytes]) -> Any:
+def cmd_qflush(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     _need(argv, 1)
     node.groups.qflush(argv[1])
     return OK
@@ -158,7 +158,7 @@ def _status_args(argv: list[bytes]) -> tuple[list[bytes], list[bytes] | None]:
 
 
 @command("qstatus", -1, "r")
-def cmd_qstatus(node: NodeCore, client: Client, argv: list[bytes]) -> list[Any]:
+def cmd_qstatus(node: NodeCore, client: Connection, argv: list[bytes]) -> list[Any]:
     out: list[Any] = []
     for queue, _, groups in node.groups.status(*_status_args(argv)):
         flat: list[Any] = []
@@ -169,7 +169,7 @@ def cmd_qstatus(node: NodeCore, client: Client, argv: list[bytes]) -> list[Any]:
 
 
 @command("qinfo", -1, "r")
-def cmd_qinfo(node: NodeCore, client: Client, argv: list[bytes]) -> list[bytes]:
+def cmd_qinfo(node: NodeCore, client: Connection, argv: list[bytes]) -> list[bytes]:
     out = []
     for queue, total, groups in node.groups.status(*_status_args(argv)):
         if not groups:

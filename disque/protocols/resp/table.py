@@ -16,12 +16,12 @@ from disque.core import errors
 from disque.store import ids
 from disque.core.errors import DisqueError
 from disque.core.node import NodeCore
-from disque.core.types import Client, Command, Status
+from disque.core.types import Command, Connection, Status
 
 OK = Status(b"OK")
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
-Handler = Callable[[NodeCore, Client, list[bytes]], Any]
+Handler = Callable[[NodeCore, Connection, list[bytes]], Any]
 
 COMMANDS: dict[bytes, Command] = {}
 

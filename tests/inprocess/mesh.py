@@ -46,8 +46,8 @@ class _Host(FakeHost):
     def save_cluster_config(self, fsync: bool) -> None:
         core = self.mesh.cores[self.i]
         assert core is not None
-        self.mesh.confs[self.i] = core.cluster.to_conf()
-        core.cluster.dirty = False
+        self.mesh.confs[self.i] = core.membership.to_conf()
+        core.membership.dirty = False
 
 
 class Mesh:
@@ -79,7 +79,7 @@ class Mesh:
         return core
 
     def my_id(self, i: int) -> str:
-        return self.core(i).cluster.my_id
+        return self.core(i).membership.my_id
 
     def boot(self, i: int) -> None:
         self.boots[i] += 1
@@ -203,7 +203,7 @@ class Mesh:
                 effects, core.out.effects = core.out.effects, []
                 for effect in effects:
                     self._apply(i, core, effect)
-                if core.cluster.dirty:
+                if core.membership.dirty:
                     core.host.save_cluster_config(fsync=False)
             if not self.frames:
                 return

@@ -44,7 +44,7 @@ def setup() -> tuple[Sessions, Wire, Client]:
 
 def got(runner: Sessions, job_id: bytes) -> None:
     core = runner.core
-    core.handle_bus(m.Header(PEER, 7712, 0), m.GotJob(job_id), key=core.cluster.nodes[PEER].key)
+    core.handle_bus(m.Header(PEER, 7712, 0), m.GotJob(job_id), key=core.membership.nodes[PEER].key)
     runner.effects.apply(None)
 
 

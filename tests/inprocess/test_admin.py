@@ -552,7 +552,7 @@ def test_cluster_meet_starts_one_handshake(env):
     assert env.s("CLUSTER", "MEET", "10.0.0.2", "7712") == OK
     assert env.s("CLUSTER", "MEET", "10.0.0.2", "7712") == OK  # already in progress
     assert env.s("CLUSTER", "MEET", "::1", "+7713") == OK
-    others = [n for n in env.core.cluster.nodes.values() if n.id != NODE_ID]
+    others = [n for n in env.core.membership.nodes.values() if n.id != NODE_ID]
     assert [(n.ip, n.port) for n in others] == [("10.0.0.2", 7712), ("::1", 7713)]
     lines = env.s("CLUSTER", "NODES").decode().splitlines()
     assert lines[1] == f"{others[0].id} 10.0.0.2:7712 handshake 0 0 disconnected"
@@ -573,20 +573,20 @@ def test_cluster_meet_starts_one_handshake(env):
 )
 def test_cluster_meet_rejects_bad_addresses(env, ip, port, expected):
     assert error(env.s("CLUSTER", "MEET", ip, port)) == expected
-    assert list(env.core.cluster.nodes) == [NODE_ID]
+    assert list(env.core.membership.nodes) == [NODE_ID]
 
 
 @pytest.mark.parametrize("port", ["1", "55535"])
 def test_cluster_meet_port_bounds(env, port):
     assert env.s("CLUSTER", "MEET", "10.0.0.2", port) == OK
-    assert len(env.core.cluster.nodes) == 2
+    assert len(env.core.membership.nodes) == 2
 
 
 def test_cluster_forget_removes_and_blacklists(mesh):
-    key = mesh.core.cluster.nodes[PEER].key
+    key = mesh.core.membership.nodes[PEER].key
     assert mesh.s("CLUSTER", "FORGET", PEER) == OK
-    assert PEER not in mesh.core.cluster.nodes
-    assert mesh.core.cluster.blacklist[PEER] == START_MS + FORGET_BLACKLIST_MS
+    assert PEER not in mesh.core.membership.nodes
+    assert mesh.core.membership.blacklist[PEER] == START_MS + FORGET_BLACKLIST_MS
     assert DropLink(key) in mesh.core.out.effects
     assert b"cluster_known_nodes:5\r\n" in mesh.s("CLUSTER", "INFO")
 
@@ -602,14 +602,14 @@ def test_cluster_forget_removes_and_blacklists(mesh):
 )
 def test_cluster_forget_errors(mesh, node_id, expected):
     assert error(mesh.s("CLUSTER", "FORGET", node_id)) == expected
-    assert len(mesh.core.cluster.nodes) == 6 and mesh.core.cluster.blacklist == {}
+    assert len(mesh.core.membership.nodes) == 6 and mesh.core.membership.blacklist == {}
 
 
 @pytest.mark.parametrize("argv", [("RESET",), ("RESET", "SOFT"), ("reset", "soft")])
 def test_cluster_soft_reset_forgets_peers_and_flushes(mesh, argv):
     assert isinstance(mesh.s("ADDJOB", "q", "x", 0, "REPLICATE", 1), Status)
     assert mesh.s("CLUSTER", *argv) == OK
-    assert list(mesh.core.cluster.nodes) == [NODE_ID] and mesh.s("CLUSTER", "MYID") == NODE_ID.encode()
+    assert list(mesh.core.membership.nodes) == [NODE_ID] and mesh.s("CLUSTER", "MYID") == NODE_ID.encode()
     assert len(mesh.core.jobs) == 0 and len(mesh.core.queues) == 0
     assert mesh.host.calls == [("save_cluster_config", True)]
 
@@ -618,14 +618,14 @@ def test_cluster_hard_reset_takes_a_new_id(mesh):
     assert mesh.s("CLUSTER", "RESET", "HARD") == OK
     new_id = mesh.s("CLUSTER", "MYID").decode()
     assert new_id != NODE_ID and re.fullmatch("[0-9a-f]{40}", new_id)
-    assert list(mesh.core.cluster.nodes) == [new_id]
+    assert list(mesh.core.membership.nodes) == [new_id]
     assert mesh.host.calls == [("save_cluster_config", True)]
 
 
 def test_cluster_reset_with_a_bad_mode_changes_nothing(mesh):
     mesh.s("ADDJOB", "q", "x", 0, "REPLICATE", 1)
     assert error(mesh.s("CLUSTER", "RESET", "medium")) == "ERR syntax error"
-    assert len(mesh.core.cluster.nodes) == 6 and len(mesh.core.jobs) == 1
+    assert len(mesh.core.membership.nodes) == 6 and len(mesh.core.jobs) == 1
     assert mesh.host.calls == []
 
 
@@ -651,7 +651,7 @@ def test_cluster_leaving_round_trip(env):
     assert env.s("CLUSTER", "LEAVING") == Status(b"no")
     reply = env.s("CLUSTER", "LEAVING", "maybe")
     assert error(reply) == "ERR Wrong argument for CLUSTER LEAVING. Use 'yes' or 'no'"
-    assert not env.core.cluster.leaving
+    assert not env.core.membership.leaving
 
 
 @pytest.mark.parametrize(
@@ -661,5 +661,5 @@ def test_cluster_leaving_round_trip(env):
 )  # fmt: skip
 def test_cluster_wrong_subcommand_or_arity(mesh, argv):
     assert error(mesh.s("CLUSTER", *argv)) == "ERR Wrong CLUSTER subcommand or number of arguments"
-    assert len(mesh.core.cluster.nodes) == 6 and mesh.host.calls == []
+    assert len(mesh.core.membership.nodes) == 6 and mesh.host.calls == []
 

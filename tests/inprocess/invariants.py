@@ -88,10 +88,10 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
                     assert job.qtime == 0, f"RETRY 0 {job} may be queued again"
             else:
                 assert job.qtime != 0, f"{job} would never be requeued"
-        if core.cluster.size() == 1 and set(job.nodes_delivered) <= set(core.cluster.nodes):
+        if core.membership.size() == 1 and set(job.nodes_delivered) <= set(core.membership.nodes):
             # (a node alone after CLUSTER FORGET keeps the jobs it shared with the peers it forgot)
             assert job.state != State.ACKED, f"single node kept acked {job}"
-            assert job.nodes_delivered == (core.cluster.my_id,)
+            assert job.nodes_delivered == (core.membership.my_id,)
     awake = core.jobs.next_awake()
     assert awake == (min(j.awake for j in jobs.values()) if jobs else None)
 

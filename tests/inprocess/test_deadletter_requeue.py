@@ -142,7 +142,7 @@ def test_the_requeue_deletes_the_copy_everywhere_and_replicates_the_new_job():
     assert s("NACK", job_id) == 1
     _, copy = bus_sent(core)
     assert copy.job["dead_letter"] == b"q" and copy.job["max_attempts"] == 1  # replicas know where it came from
-    core.handle_bus(m.Header(PEER, 7712, 0), m.GotJob(copy.job["id"]), key=core.cluster.nodes[PEER].key)
+    core.handle_bus(m.Header(PEER, 7712, 0), m.GotJob(copy.job["id"]), key=core.membership.nodes[PEER].key)
     assert s("DEADLETTER", "REQUEUE", "q-dead") == 1
     deljob, again = bus_sent(core)
     assert deljob == m.DelJob(copy.job["id"], acked=False)

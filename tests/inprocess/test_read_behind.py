@@ -319,7 +319,7 @@ def test_replicas_go_to_disk_and_come_back_when_their_time_comes(monkeypatch):
     monkeypatch.setattr(support, "FORCE_READ_BEHIND", True)
     mesh = Mesh(2, node_timeout=1000)
     mesh.meet(1, 0)
-    mesh.wait_for(lambda: all(len(c.cluster.reachable()) == 1 for c in mesh.cores if c), 5000)
+    mesh.wait_for(lambda: all(len(c.membership.reachable()) == 1 for c in mesh.cores if c), 5000)
     ids = [mesh.reply(mesh.call(0, "ADDJOB", "q", f"body{i}", 0, "REPLICATE", 2, "RETRY", 2)) for i in range(5)]
     job_id = ids[0]
     holder = mesh.core(1)

@@ -60,7 +60,7 @@ def test_cluster_figures_replication_and_federation():
     job_id = s("ADDJOB", "q", "x", 0, "REPLICATE", 2)  # waits for the peer
     fig = node_figures(core)
     assert fig["jobs"]["wait-repl"] == 1 and fig["blocked_clients"] == 1 and fig["replication"]["pending"] == 1
-    peer = core.cluster.nodes[PEER]
+    peer = core.membership.nodes[PEER]
     core.handle_bus(m.Header(PEER, 7712, 0), m.GotJob(job_id_of(core)), key=peer.key)
     fig = node_figures(core)
     assert fig["replication"] == {"pending": 0, "achieved": 1, "aborted": 0}

@@ -247,17 +247,17 @@ def test_fanout_children_join_cluster_wide_and_get_copies() -> None:
     mc = Memcache(core)
     assert mc(b"get jobs+audit\r\n") == b"END\r\n"
     assert m.Fanout(b"jobs+audit", True) in sent(core)
-    core.handle_bus(m.Header(peer, 7712, 0), m.Fanout(b"jobs+billing"), key=core.cluster.nodes[peer].key)
+    core.handle_bus(m.Header(peer, 7712, 0), m.Fanout(b"jobs+billing"), key=core.membership.nodes[peer].key)
     assert core.items.children == {b"jobs": {b"jobs+audit": None, b"jobs+billing": None}}
     core.out.effects.clear()
-    core.link_connected(core.cluster.nodes[peer].key)  # a node that links up learns every child
+    core.link_connected(core.membership.nodes[peer].key)  # a node that links up learns every child
     assert [msg for msg in sent(core) if isinstance(msg, m.Fanout)] == [m.Fanout(b"jobs+audit"), m.Fanout(b"jobs+billing")]
     mc(b"set jobs 0 0 2 noreply\r\nhi\r\n")
     resp = Session(core)
     assert resp("QLEN", "jobs+audit") == resp("QLEN", "jobs+billing") == 1  # copies, replicated asynchronously
     assert mc(b"delete jobs+billing\r\n") == b"END\r\n" and m.Fanout(b"jobs+billing", False) in sent(core)
-    core.handle_bus(m.Header(peer, 7712, 0), m.Fanout(b"jobs+audit", False), key=core.cluster.nodes[peer].key)
-    core.handle_bus(m.Header(peer, 7712, 0), m.Fanout(b"other+x", False), key=core.cluster.nodes[peer].key)
+    core.handle_bus(m.Header(peer, 7712, 0), m.Fanout(b"jobs+audit", False), key=core.membership.nodes[peer].key)
+    core.handle_bus(m.Header(peer, 7712, 0), m.Fanout(b"other+x", False), key=core.membership.nodes[peer].key)
     assert core.items.children == {b"jobs": {}}  # the set stays, empty (spec §5)
 
 

@@ -1,4 +1,4 @@
-"""Whole nodes talking on the fake-clock mesh (tests/core/mesh.py): a cluster
+"""Whole nodes talking on the fake-clock mesh (tests/inprocess/mesh.py): a cluster
 re-formed after CLUSTER RESET, and synchronous replication waiting for a
 node that dies and comes back."""
 
@@ -24,7 +24,7 @@ def formed(n: int = 3) -> Mesh:
 
 def meshed(mesh: Mesh) -> bool:
     live = [c for c in mesh.cores if c is not None]
-    return all(len(c.cluster.reachable()) == len(live) - 1 == len(c.cluster.nodes) - 1 for c in live)
+    return all(len(c.membership.reachable()) == len(live) - 1 == len(c.membership.nodes) - 1 for c in live)
 
 
 def holders(mesh: Mesh, job_id: bytes) -> dict[int, str]:
@@ -67,7 +67,7 @@ def test_replicated_jobs_stay_on_their_creator_after_a_reset_and_a_new_meet(mode
             assert set(mesh.core(i).jobs.get(job_id).nodes_delivered) == set(new)
     for i in range(3):
         check_core(mesh.core(i))
-        assert set(mesh.core(i).cluster.nodes) == set(new)
+        assert set(mesh.core(i).membership.nodes) == set(new)
 
 
 # ---------------------------------------------------------------- replication
@@ -91,7 +91,7 @@ def test_synchronous_replication_waits_for_a_node_that_comes_back(lost):
         mesh.kill(1)
     mesh.advance(2000)
     assert mesh.reply(client) is None
-    assert [n.id for n in mesh.core(0).cluster.reachable()] == [mesh.my_id(2)]  # node 1 is flagged by now
+    assert [n.id for n in mesh.core(0).membership.reachable()] == [mesh.my_id(2)]  # node 1 is flagged by now
     mesh.restart(1)
     mesh.wait_for(lambda: mesh.reply(client) is not None, 2 * T)
     assert mesh.reply(client) == Status(job_id)

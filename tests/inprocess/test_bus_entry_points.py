@@ -21,8 +21,8 @@ def test_fastack_and_pause_bcast_reach_the_peer(duo):
 
 def test_link_state_and_answers(duo):
     core = duo.core
-    key = core.cluster.nodes[PEER].key
-    assert core.header() == m.Header(NODE_ID, 7711, core.cluster.myself.flags)
+    key = core.membership.nodes[PEER].key
+    assert core.header() == m.Header(NODE_ID, 7711, core.membership.myself.flags)
     assert core.bus_links() == {key: ("127.0.0.1", 17712)}
     core.handle_bus(m.Header(PEER, 7712, 0), m.Ping(), conn=99)
     assert [type(e).__name__ for e in core.out.effects] == ["Answer"] and core.out.effects[0].conn == 99

@@ -2,7 +2,7 @@
 placement over zones, ADDJOB ZONES and `min-zones`, and federation's
 preference for the consumer's zone.
 
-Whole-cluster flows run on the fake-clock mesh (tests/core/mesh.py); the
+Whole-cluster flows run on the fake-clock mesh (tests/inprocess/mesh.py); the
 federation's choices drive one core whose peers are linked fakes, reading
 what it sends from its effects.
 """
@@ -40,8 +40,8 @@ def zoned(zones: tuple[str, ...] = ZONES) -> Mesh:
         assert mesh.call(i, "CONFIG", "SET", "zone", zone) == b"OK"
     mesh.wait_for(
         lambda: all(
-            len(c.cluster.reachable()) == len(zones) - 1
-            and [c.cluster.nodes[mesh.my_id(j)].zone for j in range(len(zones))] == list(zones)
+            len(c.membership.reachable()) == len(zones) - 1
+            and [c.membership.nodes[mesh.my_id(j)].zone for j in range(len(zones))] == list(zones)
             for c in mesh.cores
             if c is not None
         ),
@@ -70,8 +70,8 @@ def zones_of(mesh: Mesh, job_id: bytes) -> list[str]:
 def test_nodes_learn_each_others_zones_and_show_them():
     mesh = zoned()
     core = mesh.core(0)
-    assert core.cluster.myself.zone == "a" and core.cluster.zoned
-    assert node_line(core, core.cluster.myself).endswith(" connected zone=a\n")
+    assert core.membership.myself.zone == "a" and core.membership.zoned
+    assert node_line(core, core.membership.myself).endswith(" connected zone=a\n")
     entries = hello(core)[2:]
     assert sorted(e[4] for e in entries) == sorted(ZONES)
     assert b"cluster_reachable_zones:3\r\n" in mesh.call(0, "CLUSTER", "INFO")
@@ -82,8 +82,8 @@ def test_nodes_learn_each_others_zones_and_show_them():
 def test_a_cluster_without_zones_shows_none():
     mesh = zoned(("", "", ""))
     core = mesh.core(0)
-    assert not core.cluster.zoned
-    assert node_line(core, core.cluster.myself).endswith(" connected\n")
+    assert not core.membership.zoned
+    assert node_line(core, core.membership.myself).endswith(" connected\n")
     assert all(len(e) == 4 for e in hello(core)[2:])
     assert b"zones" not in mesh.call(0, "CLUSTER", "INFO")
 
@@ -105,8 +105,8 @@ def test_zones_that_cannot_be_reached_refuse_the_job():
     mesh = zoned()
     mesh.kill(4)
     mesh.kill(5)
-    mesh.wait_for(lambda: len(mesh.core(0).cluster.reachable()) == 3, 10_000)  # zone c flagged failing
-    assert mesh.core(0).cluster.reachable_zones(include_me=True) == {"a", "b"}
+    mesh.wait_for(lambda: len(mesh.core(0).membership.reachable()) == 3, 10_000)  # zone c flagged failing
+    assert mesh.core(0).membership.reachable_zones(include_me=True) == {"a", "b"}
     assert refused(add(mesh, 0, "q", "body", 0, "REPLICATE", 3, "ZONES", 3), "NOREPL Not enough reachable zones")
     job_id = add(mesh, 0, "q", "body", 0, "REPLICATE", 3, "ZONES", 2)
     assert len(set(zones_of(mesh, bytes(job_id)))) == 2
@@ -205,7 +205,7 @@ def test_config_refuses_a_bad_zone():
 
 def test_zones_are_not_kept_in_nodes_conf():
     mesh = zoned(("a", "b"))
-    conf = mesh.core(0).cluster.to_conf()
+    conf = mesh.core(0).membership.to_conf()
     restored = Membership.from_conf(conf, 7711, rng=mesh.core(0).rng, now=0)
     assert all(n.zone == "" for n in restored.nodes.values())  # learnt again from the first PONG
 
@@ -230,7 +230,7 @@ class Node:
         self.core.out.effects.clear()
 
     def sent(self, kind: type) -> list[str]:
-        out = [self.core.cluster.by_key[e.key].id for e in self.core.out.effects if isinstance(e, Send) and isinstance(e.msg, kind)]
+        out = [self.core.membership.by_key[e.key].id for e in self.core.out.effects if isinstance(e, Send) and isinstance(e.msg, kind)]
         self.core.out.effects.clear()
         return out
 

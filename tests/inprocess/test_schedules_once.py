@@ -34,7 +34,7 @@ def test_a_peer_whose_link_is_being_made_again_keeps_its_turn(mesh):
     mesh.call(0, "SCHEDULE", "ADD", "s", "q", "x", "EVERY", 1000, "REPLICATE", 1)
     t = next_tick(mesh)
     first, second, _ = in_line(mesh, t)
-    peer = mesh.core(second).cluster.nodes[mesh.my_id(first)]
+    peer = mesh.core(second).membership.nodes[mesh.my_id(first)]
     mesh.advance(t - 50 - mesh.clock.ms)
     peer.link = False  # the second's link to the first is down (a PING answered late), the first not flagged
     mesh.advance(1000)

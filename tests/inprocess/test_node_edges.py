@@ -32,7 +32,7 @@ def duo(**overrides) -> tuple[NodeCore, FakeClock]:
 
 
 def from_peer(core: NodeCore, msg) -> None:
-    core.handle_bus(m.Header(PEER, 7712, 0), msg, key=core.cluster.nodes[PEER].key)
+    core.handle_bus(m.Header(PEER, 7712, 0), msg, key=core.membership.nodes[PEER].key)
 
 
 # ---------------------------------------------------------------- collected IDs
@@ -228,9 +228,9 @@ def test_shell_entry_points() -> None:
     taken = core.take_effects()
     assert [type(e).__name__ for e in taken] == ["Reply"] and taken[0].client_id == waiting.client.id
     assert core.take_effects() == []
-    core.cluster.dirty = True
+    core.membership.dirty = True
     assert core.conf_dirty()
-    assert core.cluster_conf() == core.cluster.to_conf() and not core.conf_dirty()
+    assert core.cluster_conf() == core.membership.to_conf() and not core.conf_dirty()
 
 
 # ---------------------------------------------------------------- WORKING

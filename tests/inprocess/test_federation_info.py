@@ -30,7 +30,7 @@ def mesh() -> Mesh:
     mesh.make_older(2, (m.Waiting,))
     for i in (1, 2):
         mesh.meet(i, 0)
-    mesh.wait_for(lambda: all(len(c.cluster.reachable()) == 2 for c in mesh.cores if c is not None), 5000)
+    mesh.wait_for(lambda: all(len(c.membership.reachable()) == 2 for c in mesh.cores if c is not None), 5000)
     return mesh
 
 

@@ -62,17 +62,17 @@ class Node:
         self.s = Session(self.core)
 
     @property
-    def cluster(self) -> Membership:
-        return self.core.cluster
+    def membership(self) -> Membership:
+        return self.core.membership
 
     def peer(self, node_id: str) -> Any:
-        return self.cluster.nodes[node_id]
+        return self.membership.nodes[node_id]
 
     def key(self, node_id: str) -> int:
-        return self.cluster.nodes[node_id].key
+        return self.membership.nodes[node_id].key
 
     def handshakes(self) -> list[Any]:
-        return [n for n in self.cluster.nodes.values() if n.flags & HANDSHAKE]
+        return [n for n in self.membership.nodes.values() if n.flags & HANDSHAKE]
 
     def from_(self, sender: str, msg: Any, **kw: Any) -> None:
         """`msg` from a peer: PONGs on our link to it, the rest on its link to us."""
@@ -91,7 +91,7 @@ class Node:
         out = []
         for e in self.take(Send):
             if not isinstance(e.msg, m.Ping):
-                target = self.cluster.by_key.get(e.key)
+                target = self.membership.by_key.get(e.key)
                 out.append((target.id if target else e.key, e.msg))
         return out
 
@@ -458,11 +458,11 @@ def test_ping_without_a_connection_is_read_but_not_answered():
     node = Node()
     node.core.handle_bus(m.Header(PEER, 7712, LEAVING), m.Ping())
     assert node.take(Answer) == [] and node.peer(PEER).flags & LEAVING
-    assert node.cluster.reachable() == []
+    assert node.membership.reachable() == []
     node.core.handle_bus(m.Header(PEER, 7712, 0), m.Ping(), conn=5)
     (answer,) = node.take(Answer)
     assert answer.conn == 5 and isinstance(answer.msg, m.Pong)
-    assert not node.peer(PEER).flags & LEAVING and len(node.cluster.reachable()) == 1
+    assert not node.peer(PEER).flags & LEAVING and len(node.membership.reachable()) == 1
 
 
 @pytest.mark.parametrize("before", ["linked", "unlinked", "noaddr"])
@@ -470,12 +470,12 @@ def test_ping_from_a_known_node_at_a_new_address(before):
     node = Node(peers={PEER: "noaddr" if before == "noaddr" else "noflags"}, unlinked=(PEER,) * (before != "linked"))
     key = node.key(PEER)
     assert node.core.bus_links() == ({} if before == "noaddr" else {key: ("127.0.0.1", 17712)})
-    node.cluster.dirty = False
+    node.membership.dirty = False
     node.core.handle_bus(m.Header(PEER, 7800, 0), m.Ping(), conn=3, peer_ip="10.0.0.5")
     peer = node.peer(PEER)
     assert (peer.ip, peer.port, peer.flags, peer.link) == ("10.0.0.5", 7800, 0, False)
     assert node.drops() == ([key] if before == "linked" else [])
-    assert node.core.bus_links() == {key: ("10.0.0.5", 17800)} and node.cluster.dirty
+    assert node.core.bus_links() == {key: ("10.0.0.5", 17800)} and node.membership.dirty
 
 
 def test_pong_counts_only_on_the_link_it_answers():
@@ -503,7 +503,7 @@ def test_handshake_answered_by_a_node_we_know(case):
     assert [type(e.msg) for e in node.take(Send)] == [m.Meet]
     node.core.handle_bus(m.Header(PEER, addr[1], 0), m.Pong(), key=hs.key)
     peer = node.peer(PEER)
-    assert list(node.cluster.nodes) == [NODE_ID, PEER] and hs.key not in node.cluster.by_key
+    assert list(node.membership.nodes) == [NODE_ID, PEER] and hs.key not in node.membership.by_key
     assert (peer.ip, peer.port) == addr
     if case == "moved, linked":
         assert node.drops() == [peer.key, hs.key] and not peer.link
@@ -564,7 +564,7 @@ def test_a_forgotten_node_is_rediscovered_by_gossip_after_its_blacklist_expires(
     node = Node(peers=(PEER, PEER2))
     key2 = node.key(PEER2)
     assert node.s("CLUSTER", "FORGET", PEER2) == OK
-    assert node.drops() == [key2] and PEER2 not in node.cluster.nodes
+    assert node.drops() == [key2] and PEER2 not in node.membership.nodes
     gossip = m.Ping((GossipEntry(PEER2, "127.0.0.1", 7713, 0),))
     node.from_(PEER, gossip)
     assert node.handshakes() == []
@@ -574,9 +574,9 @@ def test_a_forgotten_node_is_rediscovered_by_gossip_after_its_blacklist_expires(
 
     node.wait(59_000, on_tick=keep_alive)
     node.from_(PEER, gossip)
-    assert node.handshakes() == [] and PEER2 in node.cluster.blacklist
+    assert node.handshakes() == [] and PEER2 in node.membership.blacklist
     node.wait(1_100, on_tick=keep_alive)
-    assert node.cluster.blacklist == {}  # the cron forgets expired entries
+    assert node.membership.blacklist == {}  # the cron forgets expired entries
     node.from_(PEER, gossip)
     assert [(n.ip, n.port) for n in node.handshakes()] == [("127.0.0.1", 7713)]
 
@@ -613,7 +613,7 @@ def test_cluster_reset_forgets_every_other_node(mode):
     node = Node(peers=(PEER, PEER2, PEER3), unlinked=(PEER2, PEER3))
     job_id = node.add("REPLICATE", 1)
     key = node.key(PEER)
-    assert node.s("CLUSTER", "FORGET", PEER3) == OK and node.cluster.blacklist
+    assert node.s("CLUSTER", "FORGET", PEER3) == OK and node.membership.blacklist
     assert node.s("CLUSTER", "LEAVING", "yes") == OK
     node.from_(PEER, m.DelJob(ODD_ID))  # remembered as collected
     assert ODD_ID in node.core.collected
@@ -621,12 +621,12 @@ def test_cluster_reset_forgets_every_other_node(mode):
     assert node.drops() == [key]  # PEER2 had no link to close
     my_id = node.s("CLUSTER", "MYID").decode()
     assert (my_id == NODE_ID) == (mode == "soft") and len(my_id) == 40
-    assert list(node.cluster.nodes) == [my_id] and node.core.bus_links() == {}
+    assert list(node.membership.nodes) == [my_id] and node.core.bus_links() == {}
     assert node.show(job_id) is None and ("save_cluster_config", True) in node.host.calls
     assert "cluster_size:1\r\n" in node.s("CLUSTER", "INFO").decode()
     # Neither mode keeps the blacklist or the collected IDs; HARD is a new
     # node (no learned IP, not leaving), SOFT keeps both with its ID.
-    assert node.cluster.blacklist == {} and not node.core.collected
+    assert node.membership.blacklist == {} and not node.core.collected
     soft = mode == "soft"
     assert node.s("CLUSTER", "NODES").decode() == (
         f"{my_id} 127.0.0.1:7711 myself,leaving 0 0 connected\n" if soft else f"{my_id} :7711 myself 0 0 connected\n"
@@ -635,7 +635,7 @@ def test_cluster_reset_forgets_every_other_node(mode):
     assert node.s("CLUSTER", "LEAVING", "no") == OK
     new_id = node.add("REPLICATE", 1)
     assert new_id[2:10] == my_id[:8].encode() and node.show(new_id)["nodes-delivered"] == [my_id]
-    assert node.core.jobs.get(new_id).nodes_delivered is node.cluster.solo == (my_id,)
+    assert node.core.jobs.get(new_id).nodes_delivered is node.membership.solo == (my_id,)
 
 
 def test_meet_refuses_an_invalid_address():

@@ -2,7 +2,7 @@
 announce their blocked consumers (WAITING), and a job queued where nobody
 waits goes at once (YOURJOBS) to a node where somebody does.
 
-End-to-end flows run on the fake-clock mesh (tests/core/mesh.py), whose bus
+End-to-end flows run on the fake-clock mesh (tests/inprocess/mesh.py), whose bus
 is instant: a delivery that needs no timer happens with the clock standing
 still.  The edges of the bookkeeping drive one core whose peers are fakes
 (`Node` below), feeding WAITING frames as the shell would and reading what
@@ -38,7 +38,7 @@ def formed(n: int = 3) -> Mesh:
     mesh = Mesh(n, node_timeout=T)
     for i in range(1, n):
         mesh.meet(i, 0)
-    mesh.wait_for(lambda: all(len(c.cluster.reachable()) == n - 1 for c in mesh.cores if c is not None), 5000)
+    mesh.wait_for(lambda: all(len(c.membership.reachable()) == n - 1 for c in mesh.cores if c is not None), 5000)
     mesh.advance(WAIT_REFRESH_MS)  # past the first refresh of every node
     return mesh
 
@@ -124,7 +124,7 @@ def test_a_job_is_not_pushed_to_a_node_that_cannot_be_reached():
     """A RETRY 0 job handed to a node cut off would be lost: it stays."""
     mesh = formed()
     mesh.call(0, "GETJOB", "FROM", "lq")
-    mesh.core(2).cluster.nodes[mesh.my_id(0)].flags |= m.PFAIL
+    mesh.core(2).membership.nodes[mesh.my_id(0)].flags |= m.PFAIL
     job_id = add(mesh, 2, "lq", "b", 0, "REPLICATE", 1, "RETRY", 0)
     assert state(mesh, 2, job_id) == "queued"
 
@@ -144,7 +144,7 @@ class Node:
         self.s = Session(self.core)
 
     def key(self, peer: str) -> int:
-        return self.core.cluster.nodes[peer].key
+        return self.core.membership.nodes[peer].key
 
     def pong(self, peer: str, features: int = m.FEATURES) -> None:
         """The peer answers a PING on our link to it, saying what it reads."""
@@ -156,7 +156,7 @@ class Node:
 
     def sent(self) -> list[tuple[str, Any]]:
         """(peer, message) sent since the last call, PINGs left out."""
-        out = [(self.core.cluster.by_key[e.key].id, e.msg) for e in self.core.out.effects
+        out = [(self.core.membership.by_key[e.key].id, e.msg) for e in self.core.out.effects
                if isinstance(e, Send) and not isinstance(e.msg, m.Ping)]  # fmt: skip
         self.core.out.effects.clear()
         return out
@@ -322,7 +322,7 @@ def test_no_push_to_an_unreachable_or_leaving_peer_nor_from_a_paused_queue(why):
     if why == "no link":
         node.core.link_closed(node.key(PEER), connect_failed=False)
     elif why == "leaving":
-        node.core.cluster.nodes[PEER].flags |= m.LEAVING
+        node.core.membership.nodes[PEER].flags |= m.LEAVING
     else:
         node.s("PAUSE", "q", "out")
     node.add()

@@ -235,9 +235,9 @@ def test_parse_record_error_offsets_are_absolute() -> None:
 
 def stored(core, queue=b"q", body=b"b", *, state=State.QUEUED, retry=5, delay=0, ttl=3600, flags=BCAST_QUEUED,
            nodes=None, ctime=0) -> Job:  # fmt: skip
-    job_id = new_job_id(core.cluster.my_id, core.rng, ttl, retry)
+    job_id = new_job_id(core.membership.my_id, core.rng, ttl, retry)
     return Job(job_id, queue, body, state=state, flags=flags, etime=core.now // 1000 + ttl, retry=retry, delay=delay,
-               ctime=ctime or core.lifecycle.new_ctime(), nodes_delivered=(core.cluster.my_id,) if nodes is None else nodes)  # fmt: skip
+               ctime=ctime or core.lifecycle.new_ctime(), nodes_delivered=(core.membership.my_id,) if nodes is None else nodes)  # fmt: skip
 
 
 def replay(core, blob: bytes, *, trust: bool = False) -> Replay:

@@ -1,7 +1,7 @@
 """Start local nodes as real processes: `make run`, the integration tests,
 the benchmarks and jepsen-lite all use this.
 
-`python -m disque.devcluster --nodes 3 --port 7711` starts three nodes on
+`python -m disque.testing.devcluster --nodes 3 --port 7711` starts three nodes on
 127.0.0.1:7711-7713 with the embedded default config, joins them with
 CLUSTER MEET, and stops them (by PID, SIGTERM) on Ctrl-C; their directories
 (`--dir`, by default a new /tmp/disque-run-*) are kept, and it says where.
@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-DEFAULT_CONF = Path(__file__).with_name("default.conf")
+DEFAULT_CONF = Path(__file__).parents[1] / "default.conf"
 
 
 PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"

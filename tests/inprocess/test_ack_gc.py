@@ -34,7 +34,7 @@ def test_dummy_ack_retries_gc_with_backoff_until_peer_answers(duo):
 
 def test_dummy_ack_deleted_when_cluster_shrinks_to_one(duo):
     duo.s("ACKJOB", ODD_ID)
-    duo.core.cluster.forget(PEER)
+    duo.core.membership.forget(PEER)
     duo.wait(2_000)
     assert duo.show(ODD_ID) is None
 

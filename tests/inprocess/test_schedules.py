@@ -141,7 +141,7 @@ def test_every_tick_becomes_one_job_whose_id_is_the_ticks(env):
     assert all(valid_id(j.id) and j.body == b"hello" and j.max_attempts == 2 for j in jobs)
     assert all(j.etime - env.core.now // 1000 <= 600 for j in jobs)
     show = dict(env("SCHEDULE", "SHOW", "s"))
-    assert show[b"last-tick"] == ticks[-1] and show[b"last-node"] == env.core.cluster.my_id
+    assert show[b"last-tick"] == ticks[-1] and show[b"last-node"] == env.core.membership.my_id
     info = dict(env.core.schedules.info_fields())
     assert info["schedule_ticks_fired"] == 5 and info["schedule_ticks_late"] == 0
     assert b"schedule_ticks_fired:5" in env("INFO", "schedules")
@@ -492,7 +492,7 @@ def test_a_merge_needs_a_live_copy_here(mesh):
     [t] = run.mine
     [job] = tick_jobs(core)
     core.lifecycle.delete_job(job)  # acknowledged and gone here
-    other = next(c for c in mesh.cores if c is not core).cluster.my_id
+    other = next(c for c in mesh.cores if c is not core).membership.my_id
     core.schedules.on_ticked(other, m.Ticked(b"s", t, other))
     assert dict(core.schedules.info_fields())["schedule_ticks_collapsed"] == 1
     assert not mesh.core(0).out.effects
@@ -524,7 +524,7 @@ def test_figures_list_every_schedule_for_the_dashboard(env):
     a, b = fig["schedule_list"]
     assert (a["name"], a["cron"], a["tz"], a["every"], a["paused"], a["last-tick"], a["options"]) == (
         "a", "0 3 * * *", "Europe/Paris", None, 1, None, "")  # fmt: skip
-    assert (b["name"], b["queue"], b["every"], b["options"], b["last-node"]) == ("b", "q", 1000, "TTL 60", env.core.cluster.my_id)
+    assert (b["name"], b["queue"], b["every"], b["options"], b["last-node"]) == ("b", "q", 1000, "TTL 60", env.core.membership.my_id)
     assert b["next-tick"] == b["last-tick"] + 1000
     assert fig["schedules"]["schedules"] == 2 and fig["schedules"]["schedules_paused"] == 1
     assert fig["schedules"]["schedule_ticks_fired"] == 1

@@ -63,7 +63,7 @@ def duo() -> Env:
 
 
 def from_peer(env: Env, msg) -> None:
-    key = env.core.cluster.nodes[PEER].key
+    key = env.core.membership.nodes[PEER].key
     env.core.handle_bus(m.Header(PEER, 7712, 0), msg, key=key)
 
 

@@ -388,7 +388,7 @@ def test_an_older_event_arriving_late_is_still_fresh(env):
     peer_clock.ms = env.clock.ms - 5  # between the two: behind g's cursor, ahead of h's
     peer.read_clock()
     job = peer.groups.new_event(b"q", b"old", 600, 1)
-    job.nodes_delivered = (peer.cluster.my_id, env.core.cluster.my_id)
+    job.nodes_delivered = (peer.membership.my_id, env.core.membership.my_id)
     env.core.lifecycle.adopt(job_from_wire(job_to_wire(job, peer_clock.ms), env.clock.ms))
     assert event_id(job.id) < int(env("QADD", "q", 600, "newer"))
     assert env.core.groups.queues[b"q"].ids[1] == event_id(job.id)
@@ -404,7 +404,7 @@ def formed(n: int = 3) -> Mesh:
     mesh = Mesh(n, node_timeout=1000)
     for i in range(1, n):
         mesh.meet(i, 0)
-    mesh.wait_for(lambda: all(len(c.cluster.reachable()) == n - 1 for c in mesh.cores if c), 5000)
+    mesh.wait_for(lambda: all(len(c.membership.reachable()) == n - 1 for c in mesh.cores if c), 5000)
     return mesh
 
 
@@ -498,7 +498,7 @@ def test_when_the_server_fails_the_lowest_holder_serves():
     assert mesh.reply(mesh.call(2, "QACK", "q", "g", e)) == 1
     mesh.kill(0)
     assert mesh.call(1, "QGET", "q", "g") is None  # node 0 has no link: its events wait
-    dead = mesh.core(1).cluster.nodes[_id_of_dead(mesh)]
+    dead = mesh.core(1).membership.nodes[_id_of_dead(mesh)]
     mesh.wait_for(lambda: bool(dead.flags & m.FAIL), 10_000)
     lowest = min((1, 2), key=mesh.my_id)
     other = 3 - lowest
@@ -508,8 +508,8 @@ def test_when_the_server_fails_the_lowest_holder_serves():
 
 
 def _id_of_dead(mesh: Mesh) -> str:
-    alive = {c.cluster.my_id for c in mesh.cores if c}
-    return next(n for n in mesh.core(1).cluster.nodes if n not in alive)
+    alive = {c.membership.my_id for c in mesh.cores if c}
+    return next(n for n in mesh.core(1).membership.nodes if n not in alive)
 
 
 def test_qnotify_is_woken_by_a_qadd_on_another_node():
@@ -529,7 +529,7 @@ def test_qflush_reaches_every_node():
 def test_qadd_needs_its_replicas():
     mesh = formed()
     mesh.kill(2)
-    dead = mesh.core(0).cluster.nodes[_id_of_dead(mesh)]
+    dead = mesh.core(0).membership.nodes[_id_of_dead(mesh)]
     mesh.wait_for(lambda: bool(dead.flags & (m.PFAIL | m.FAIL)), 10_000)
     assert str(mesh.call(0, "QADD", "q", 60, "a")).startswith("NOREPL")
     mesh.call(0, "CLUSTER", "LEAVING", "yes")
@@ -555,9 +555,9 @@ def test_messages_about_unknown_events_change_nothing():
     core, peer = mesh.core(0), mesh.core(1)
     job_id = b"DI" + b"0" * 44 + b"SQ"
     header = peer.header()
-    core.handle_bus(header, m.GroupSet(job_id, b"g", 0), key=core.cluster.nodes[header.sender].key)
-    core.handle_bus(header, m.Claimed(12345, True), key=core.cluster.nodes[header.sender].key)
-    core.handle_bus(header, m.Claim(job_id, b"g", 0, 5), key=core.cluster.nodes[header.sender].key)
+    core.handle_bus(header, m.GroupSet(job_id, b"g", 0), key=core.membership.nodes[header.sender].key)
+    core.handle_bus(header, m.Claimed(12345, True), key=core.membership.nodes[header.sender].key)
+    core.handle_bus(header, m.Claim(job_id, b"g", 0, 5), key=core.membership.nodes[header.sender].key)
     assert [e.msg for e in core.out.effects if hasattr(e, "msg")] == [m.Claimed(5, False, True)]
     assert core.groups.queues == {} and not core.groups.asks
 
@@ -567,7 +567,7 @@ def test_a_server_whose_clock_is_ahead_grants_a_deadline_it_has_not_passed():
     mesh.call(0, "QADD", "q", 60, "a", "NOBLOCK")
     core = mesh.core(0)
     e, job = next(iter(core.groups.queues[b"q"].events.items()))
-    key = core.cluster.nodes[mesh.my_id(1)].key
+    key = core.membership.nodes[mesh.my_id(1)].key
     core.handle_bus(mesh.core(1).header(), m.Claim(job.id, b"g", core.now - 5_000, 1), key=key)
     assert core.groups.queues[b"q"].groups[b"g"].progress[e] == core.now + 1
 
@@ -583,7 +583,7 @@ def test_a_qack_elsewhere_is_the_servers_to_grant():
     assert mesh.call(1, "QACK", "q", "g", e) == 0  # the deadline has passed here too
     core = mesh.core(0)
     assert mesh.call(0, "QGET", "q", "g", "EX", 5)[0] == e  # redo
-    key = core.cluster.nodes[mesh.my_id(1)].key
+    key = core.membership.nodes[mesh.my_id(1)].key
     core.handle_bus(mesh.core(1).header(), m.GroupAck(b"DI" + b"0" * 44 + b"SQ", b"g", 3), key=key)  # unknown: denied
     mesh.flush()
     for _ in range(2):  # node 2 hears neither the server nor node 1 say that the acknowledgement went through
@@ -622,7 +622,7 @@ def test_a_holder_whose_link_comes_back_hears_the_progress_it_missed():
     mesh = formed()
     e = mesh.reply(mesh.call(0, "QADD", "q", 60, "a"))
     core = mesh.core(0)
-    core.out.drop_link(core.cluster.key_of(mesh.my_id(2)))
+    core.out.drop_link(core.membership.key_of(mesh.my_id(2)))
     mesh.flush()
     assert mesh.call(0, "QGET", "q", "g")[0] == e and mesh.call(0, "QACK", "q", "g", e) == 1
     assert held(mesh, 2, b"q", b"g") == {} and held(mesh, 1, b"q", b"g") == {int(e): 0}

@@ -6,7 +6,7 @@ never gets one.
 
 Three halves: the codec (an older node's PING reads as no features, in
 either form, and an older node reads ours); the fake-clock mesh with one
-node that speaks as an older version (tests/core/mesh.py `make_older`);
+node that speaks as an older version (tests/inprocess/mesh.py `make_older`);
 and one core whose peers are fakes, fed the PONGs and PINGs they would send.
 """
 
@@ -80,7 +80,7 @@ def formed(older: tuple[int, ...] = (2,)) -> Mesh:
         mesh.make_older(i, (m.Waiting, m.SchedSet, m.Ticked))
     for i in (1, 2):
         mesh.meet(i, 0)
-    mesh.wait_for(lambda: all(len(c.cluster.reachable()) == 2 for c in mesh.cores if c is not None), 5000)
+    mesh.wait_for(lambda: all(len(c.membership.reachable()) == 2 for c in mesh.cores if c is not None), 5000)
     return mesh
 
 
@@ -93,7 +93,7 @@ def add(mesh: Mesh, i: int, *args: Any) -> bytes:
 
 def peer(mesh: Mesh, i: int, j: int) -> Any:
     """Node j in node i's table."""
-    return mesh.core(i).cluster.nodes[mesh.my_id(j)]
+    return mesh.core(i).membership.nodes[mesh.my_id(j)]
 
 
 def test_an_older_node_gets_no_waiting_and_keeps_its_links():
@@ -174,7 +174,7 @@ class Core:
         self.pong(OLD, 0)
 
     def key(self, peer: str) -> int:
-        return self.core.cluster.nodes[peer].key
+        return self.core.membership.nodes[peer].key
 
     def pong(self, peer: str, features: int) -> None:
         self.core.handle_bus(m.Header(peer, PORTS[peer], 0), m.Pong((), features), key=self.key(peer))
