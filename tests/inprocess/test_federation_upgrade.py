@@ -230,3 +230,19 @@ def test_a_node_that_says_a_feature_without_a_link_gets_nothing_yet():
     node.core.link_connected(node.key(OLD))
     node.pong(OLD, m.FEATURES)
     assert node.waiting_to() == [OLD]
+
+
+@pytest.mark.parametrize("features", [m.FEATURE_WAITING, m.FEATURE_SCHEDULES])
+def test_a_peer_that_reads_one_feature_gets_what_is_kept_of_that_one_only(features: int):
+    node = Core()
+    assert Session(node.core)("GETJOB", "FROM", "q") is BLOCKED
+    assert Session(node.core)("SCHEDULE", "ADD", "s", "q", "x", "EVERY", 1000) == b"OK"
+    node.core.out.effects = []
+    node.pong(OLD, features)  # an intermediate version: one of the two
+    sent = {type(e.msg) for e in node.core.out.effects if isinstance(e, Send) and e.key == node.key(OLD)}
+    assert sent == ({m.Waiting} if features == m.FEATURE_WAITING else {m.SchedSet})
+
+
+def test_a_positional_body_that_is_not_an_array_is_refused():
+    with pytest.raises(codec.DecodeError, match="expected an array, got dict"):
+        codec._BY_CLASS[m.Ping].load_pos.check({"g": []})
