@@ -70,7 +70,7 @@ EVENT_QUEUE_OVERHEAD = 470  # event queue (its object, dicts and list, its table
 EVENT_ENTRY = 100  # ... event, on top of its job's estimate (its decimal ID's int, `events` and `ids` entries)
 GROUP_OVERHEAD = 430  # ... group, on top of its name (its object, dict and lists, its table entry)
 PROGRESS_ENTRY = 50  # ... (event, group) progress entry (a dict entry)
-TIMER_ENTRY = 100  # ... deadline in a group's timer heap (a tuple, a slot, the deadline's int)
+TIMER_ENTRY = 125  # ... deadline in a group's timer heap (a tuple, a slot, the deadline's int; compiled 178 B an event held)
 REDO_ENTRY = 8  # ... event in a group's redo heap (a slot: the int is the event's)
 
 

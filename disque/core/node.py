@@ -371,8 +371,8 @@ class NodeCore:
                 for msg in self.federation.announcements():
                     self.out.send_key(peer.key, msg)
             if peer.features & m.FEATURE_SCHEDULES:
-                for msg in self.schedules.sync_messages():
-                    self.out.send_key(peer.key, msg)
+                for state in self.schedules.sync_messages():  # (another name: mypyc types `msg` by the loop above)
+                    self.out.send_key(peer.key, state)
 
     # ------------------------------------------------------------ flushing
 
