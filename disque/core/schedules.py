@@ -39,9 +39,10 @@ it in its window: the whole cluster was down, or this node was): of those,
 rule), every one of them (`all`: at most 100) or none.  A node fires nothing in
 its first `grace` ms, so its links come up and tell it what fired first.
 Nor for `grace / 2` after a stall (the cron did not run for half the node
-timeout or half the grace): its peers may have flagged it, or seen its turn
-pass, and fired its ticks, while its own view is stale (links dropped by its
-own cron, flags set on peers whose answers it has not read yet).  Its links
+timeout or half the grace, and for at least three of its periods): its
+peers may have flagged it, or seen its turn pass, and fired its ticks,
+while its own view is stale (links dropped by its own cron, flags set on
+peers whose answers it has not read yet).  Its links
 are made again and the peers' TICKED (sent again on link-up) reach it first.
 A tick due before it woke may still be in the hands of the next node in
 line, whose turn may come at any moment: it waits for that turn to pass,
@@ -80,6 +81,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("disque")
 
 MIN_EVERY = 100  # ms: the cron's period, below which ticks could not be told apart
+STALL_MIN_MS = 300  # the cron runs every 100 ms: three periods without it is a stall, one late run is not
 CATCH_UP = {"last": 1, "all": 100, "none": 0}  # `schedule-catch-up`: how many missed ticks fire
 MINE_MAX = 512  # ticks a node remembers firing, to merge with a copy made across a partition
 
@@ -289,7 +291,7 @@ class Schedules:
 
     def cron(self) -> None:
         now = self.life.now
-        if now - self.last_cron > min(self.config.cluster_node_timeout, self.grace) // 2:
+        if now - self.last_cron > max(min(self.config.cluster_node_timeout, self.grace) // 2, STALL_MIN_MS):
             self.woke = now  # stalled: see the module's doc
             self.quiet_until = max(self.quiet_until, now + self.grace // 2)
         self.last_cron = now

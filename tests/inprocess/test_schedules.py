@@ -169,6 +169,17 @@ def test_a_node_fires_nothing_in_its_first_grace(env):
     assert tick_jobs(env.core)
 
 
+def test_the_smallest_grace_still_fires_between_crons_a_little_late(env):
+    """A cron 150 ms after the last is late, not a stall, even when half the grace is 50 ms."""
+    started(env)
+    env("CONFIG", "SET", "schedule-grace", "100")
+    env("SCHEDULE", "ADD", "s", "q", "x", "EVERY", 100)
+    for _ in range(20):
+        env.clock.advance(150)
+        env.core.tick()
+    assert len(tick_jobs(env.core)) >= 20
+
+
 def test_paused_schedules_do_not_fire(env):
     started(env)
     env("SCHEDULE", "ADD", "s", "q", "x", "EVERY", 1000)
