@@ -12,16 +12,19 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from disque.cluster.membership import Membership
 from disque.core.config import Config
 from disque.core.node import NodeCore
+from disque.core.replay import Replay
 from disque.core.types import Status
 from disque.protocols.resp.front import RESP
 from disque.shell.segments import Segments
 from disque.shell.dispatch import AofPort, BusPort, Dispatcher
 from disque.shell.session import Conn, Sessions
+from disque.testing.checker import History
+from disque.store.aof import RecordReader
 
 T = TypeVar("T")
 
@@ -169,6 +172,23 @@ def make_core(seed: int = 1, node_id: str = NODE_ID, **overrides: Any) -> tuple[
     return core, clock, host
 
 
+def applied(core: NodeCore, blob: bytes) -> Replay:
+    """A replay of the AOF records in `blob` on `core`, not finished yet."""
+    rep = core.begin_load()
+    reader = RecordReader()
+    reader.feed(blob)
+    for offset, args in reader:
+        rep.apply(offset, args)
+    return rep
+
+
+def replay(core: NodeCore, blob: bytes) -> int:
+    """`core` loads the AOF records in `blob`, as at start; the jobs it queued."""
+    queued = applied(core, blob).finish()
+    core.end_load()
+    return queued
+
+
 def linked_core(
     nodes_conf: str, linked: Iterable[str] = (), seed: int = 7, **overrides: Any
 ) -> tuple[NodeCore, FakeClock, FakeHost]:
@@ -216,6 +236,14 @@ class Session:
         mine = [e.value for e in self.core.out.effects if isinstance(e, Reply) and e.client_id == self.client.id]
         self.core.out.effects[:] = [e for e in self.core.out.effects if not (isinstance(e, Reply) and e.client_id == self.client.id)]
         return mine
+
+
+class ClockedSession(Session):
+    """A Session on a fresh core (`make_core`), with its fake clock."""
+
+    def __init__(self, **overrides: Any) -> None:
+        core, self.clock, _ = make_core(**overrides)
+        super().__init__(core)
 
 
 @dataclass
@@ -266,3 +294,17 @@ class Deaf(Conn):
     def kick(self) -> None: ...
 
     abort = kick
+
+
+class HistoryScript:
+    """A checker's history written by hand, at times the test sets (`at`: ms after T0)."""
+
+    T0 = 1_000_000
+
+    def __init__(self) -> None:
+        self.now = self.T0
+        self.history = History(lambda: self.now)
+
+    def at(self, ms: int) -> Self:
+        self.now = self.T0 + ms
+        return self

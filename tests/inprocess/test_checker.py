@@ -4,23 +4,14 @@ from __future__ import annotations
 
 import io
 
-from disque.testing.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, OK, SCAN, WAITJOB, WIPE, History, check, load
+from disque.testing.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, OK, SCAN, WAITJOB, WIPE, check, load
+from support import HistoryScript
 
 AT_LEAST_ONCE = {"queue": "q", "replicate": 3, "retry": 2, "ttl": 60}
 AT_MOST_ONCE = {"queue": "q", "replicate": 1, "retry": 0, "ttl": 60}
 
 
-class Script:
-    """Builds a history with a settable clock (ms)."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000
-        self.history = History(lambda: self.now)
-
-    def at(self, ms: int) -> Script:
-        self.now = 1_000_000 + ms
-        return self
-
+class Script(HistoryScript):
     def enqueue(self, body: str, outcome: str = OK, opts: dict | None = None, process: int = 1) -> str:
         op = self.history.invoke(process, "n1", ENQUEUE, body=body, value=opts or AT_LEAST_ONCE)
         job = f"D-{body}"

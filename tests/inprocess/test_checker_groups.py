@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-from disque.testing.checker import FAIL, INFO, OK, History
+from disque.testing.checker import FAIL, INFO, OK
 from disque.testing.checker_groups import QACK, QADD, QGET, check_groups
 from disque.testing.checker_stats import NEMESIS
+from support import HistoryScript
 
 
-class Script:
-    def __init__(self) -> None:
-        self.now = 1_000_000
-        self.history = History(lambda: self.now)
-
-    def at(self, ms: int) -> Script:
-        self.now = 1_000_000 + ms
-        return self
-
+class Script(HistoryScript):
     def qadd(self, body: str, outcome: str = OK, ttl: int = 60) -> str:
         op = self.history.invoke(1, "n1", QADD, body=body, value={"queue": "q", "ttl": ttl})
         self.history.complete(op, outcome, job=f"{body}-id" if outcome == OK else None)

@@ -5,9 +5,10 @@ the fault windows, and what counts as outside."""
 from __future__ import annotations
 
 from disque.store.ids import tick_job_id
-from disque.testing.checker import ACK, FAIL, INFO, OK, WIPE, History
+from disque.testing.checker import ACK, FAIL, INFO, OK, WIPE
 from disque.testing.checker_schedules import SCHEDULE, TICK, check_schedules
 from disque.testing.checker_stats import NEMESIS
+from support import HistoryScript
 
 T0 = 1_000_000  # the ADD is answered here; ticks every second from T0 + 1000
 GRACE, NODES, SETTLE = 100, 3, 500  # a tick's own window: 300 ms
@@ -17,17 +18,12 @@ def job(t: int, name: str = "s") -> str:
     return tick_job_id(name.encode(), T0 + t, 60, 5).decode()
 
 
-class Script:
+class Script(HistoryScript):
     def __init__(self) -> None:
-        self.now = T0
-        self.history = History(lambda: self.now)
+        super().__init__()
         value = {"action": "add", "name": "s", "every": 1000, "ttl": 60, "retry": 5, "replicate": 2}
         self.at(-3000).history.invoke(0, 0, SCHEDULE, value=value)  # sent; known everywhere 3 s later
         self.at(0).history.add(OK, 0, 0, SCHEDULE, value=value)
-
-    def at(self, ms: int) -> Script:
-        self.now = T0 + ms
-        return self
 
     def get(self, job_id: str | None, ack: bool = True, latency: int = 5) -> None:
         op = self.history.invoke(1, 0, TICK, value={"queues": ["ticks"]})

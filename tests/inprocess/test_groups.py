@@ -17,24 +17,21 @@ from disque.core.groups import CLAIM_MS, EventQueue, _Ask, event_id
 from disque.core.types import BLOCKED, NIL_ARRAY, Waiter
 from disque.protocols.resp.encoder import encode
 from disque.core.replay import Replay
-from disque.store.aof import AofCorrupt, RecordReader, check_record
+from disque.store.aof import AofCorrupt, check_record
 from disque.store.job import EVENT
 from invariants import check_core
 from mesh import Mesh
-from support import Session, make_core
+from support import ClockedSession, Session, make_core, replay
 
 FIGURES = (b"total", b"inprogress", b"redo", b"done", b"available", b"consumers")
 
 
 @pytest.fixture
-def env() -> Any:
-    core, clock, host = make_core()
-    s = Session(core)
-    s.clock = clock
-    return s
+def env() -> ClockedSession:
+    return ClockedSession()
 
 
-def advance(s: Session, ms: int) -> None:
+def advance(s: ClockedSession, ms: int) -> None:
     s.clock.advance(ms)
     s.core.tick()
 
@@ -335,13 +332,7 @@ def test_progress_is_logged_and_replayed(env):
     assert len(snapshot) == 3 and all(r.startswith(b"*4\r\n$8\r\nGROUPSET\r\n") for r in snapshot)
     core2, clock2, _ = make_core()
     clock2.ms = env.clock.ms + 1_000
-    replay = core2.begin_load()
-    reader = RecordReader()
-    reader.feed(log + b"".join(env.core.groups.snapshot_records()))  # a rewrite's records after the log: no change
-    for offset, args in reader:
-        replay.apply(offset, args)
-    replay.finish()
-    core2.end_load()
+    replay(core2, log + b"".join(env.core.groups.snapshot_records()))  # a rewrite's records after the log: no change
     s2 = Session(core2)
     assert figures(s2, "q", "g") == {"total": 3, "inprogress": 1, "redo": 0, "done": 1, "available": 1, "consumers": 0}
     assert s2("QACK", "q", "g", b) == 1 and s2("QACK", "q", "h", a) == 0
@@ -363,8 +354,8 @@ def test_groupset_records_are_checked(env):
     for bad in ([b"GROUPSET", job_id, b"g"], [b"GROUPSET", b"x", b"g", b"1"], [b"GROUPSET", job_id, b"g", b"-1"]):
         with pytest.raises(AofCorrupt):
             check_record(0, bad)
-    replay = Replay(env.core.lifecycle, env.core.groups, env.core.settle, env.core.read_clock)
-    replay.apply(0, [b"GROUPSET", job_id, b"g", b"1"])  # an event that is not loaded: nothing to do
+    rep = Replay(env.core.lifecycle, env.core.groups, env.core.settle, env.core.read_clock)
+    rep.apply(0, [b"GROUPSET", job_id, b"g", b"1"])  # an event that is not loaded: nothing to do
     assert env.core.groups.queues == {}
 
 

@@ -15,14 +15,13 @@ from hypothesis import strategies as st
 from disque.cluster.codec import LinkCodec
 from disque.cluster.messages import Header, ReplJob
 from disque.core.errors import DisqueError
-from disque.core.replay import Replay
-from disque.store.aof import RecordReader, encode_clean_marker, encode_loadjob
+from disque.store.aof import encode_clean_marker, encode_loadjob
 from disque.store.job import DEQUEUE, ENQUEUE, Job, State
 from disque.store.queue import Queue, effective
 from disque.store.records import DecodeError, decode_storage, encode_storage, job_from_wire, job_to_wire
 from invariants import advance, check_core
 from sim.network import SimCluster
-from support import START_MS, Session, make_core
+from support import START_MS, Session, make_core, replay
 from test_items import Memcache
 
 def _id(n: int) -> bytes:
@@ -203,13 +202,7 @@ def test_an_aof_replay_keeps_the_priorities() -> None:
         src("ADDJOB", "q", body, 0, "PRIORITY", priority)
     blob = b"".join(encode_loadjob(job) for job in src.core.jobs.values()) + encode_clean_marker(START_MS)
     core, _, _ = make_core()
-    rep: Replay = core.begin_load()
-    reader = RecordReader()
-    reader.feed(blob)
-    for offset, args in reader:
-        rep.apply(offset, args)
-    rep.finish()
-    core.end_load()
+    replay(core, blob)
     assert bodies(Session(core)("GETJOB", "COUNT", 3, "FROM", "q")) == [b"high", b"mid", b"low"]
 
 

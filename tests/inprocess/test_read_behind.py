@@ -18,7 +18,6 @@ from disque.core.effects import AofAppend
 from disque.core.figures import node_figures
 from disque.core.read_behind import ReadBehind
 from disque.shell import segments as seg
-from disque.core.replay import Replay
 from disque.store.aof import RecordReader, encode_clean_marker, encode_deljob, encode_loadjob
 from disque.store.job import DEQUEUE, ENQUEUE, Job, State
 from disque.store.queue import Queue
@@ -26,7 +25,7 @@ from disque.store.scan import NBUCKETS
 from disque.store.spill import IN_TAIL, LIVE, SpillIndex, Tail
 from invariants import advance, check_core
 from mesh import Mesh
-from support import START_MS, Session, all_jobs, make_core
+from support import START_MS, Session, all_jobs, applied, make_core, replay
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -444,22 +443,6 @@ def _blob(n: int, marker: bool, ordered: bool = False) -> tuple[bytes, list[byte
     jobs = sorted(src.jobs.values(), key=Job.sort_key) if ordered else src.jobs.values()  # (the table's order: not)
     blob = b"".join(encode_loadjob(job) for job in jobs)
     return blob + (encode_clean_marker(START_MS) if marker else b""), ids
-
-
-def applied(core, blob: bytes) -> Replay:
-    """A replay of `blob`'s records, not finished yet."""
-    rep = core.begin_load()
-    reader = RecordReader()
-    reader.feed(blob)
-    for offset, args in reader:
-        rep.apply(offset, args)
-    return rep
-
-
-def replay(core, blob: bytes) -> int:
-    queued = applied(core, blob).finish()
-    core.end_load()
-    return queued
 
 
 @pytest.mark.parametrize("ordered", [False, True])

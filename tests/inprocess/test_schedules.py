@@ -18,25 +18,22 @@ from disque.cluster.codec import FrameDecoder, FrameError, decode_body, encode_b
 from disque.core.effects import AofAppend
 from disque.core.schedules import Schedules, _turn, ticks_after, ticks_back
 from disque.store import schedule as records
-from disque.store.aof import AofCorrupt, RecordReader, check_record
+from disque.store.aof import AofCorrupt, check_record
 from disque.store.ids import tick_job_id, valid_id
 from disque.store.records import DecodeError
 from disque.store.schedule import Schedule
 from mesh import Mesh
-from support import Session, make_core
+from support import ClockedSession, Session, make_core, replay
 
 GRACE = 2000
 
 
 @pytest.fixture
-def env() -> Any:
-    core, clock, host = make_core()
-    s = Session(core)
-    s.clock = clock
-    return s
+def env() -> ClockedSession:
+    return ClockedSession()
 
 
-def run(s: Session, ms: int) -> None:
+def run(s: ClockedSession, ms: int) -> None:
     """Time passes in the 100 ms steps of the node's cron."""
     for _ in range(ms // 100):
         s.clock.advance(100)
@@ -47,7 +44,7 @@ def tick_jobs(core: Any, queue: bytes = b"q") -> list[Any]:
     return sorted((j for j in core.jobs.values() if j.queue == queue), key=lambda j: j.ctime)
 
 
-def started(s: Session) -> None:
+def started(s: ClockedSession) -> None:
     run(s, GRACE)  # a node fires nothing in its first grace
 
 
@@ -344,13 +341,7 @@ def test_aof_records_are_logged_replayed_and_rewritten(env):
     for data in (log, rewrite, rewrite + log):
         core2, clock2, _ = make_core()
         clock2.ms = env.clock.ms
-        replay = core2.begin_load()
-        reader = RecordReader()
-        reader.feed(data)
-        for offset, args in reader:
-            replay.apply(offset, args)
-        replay.finish()
-        core2.end_load()
+        replay(core2, data)
         assert Session(core2)("SCHEDULE", "LIST") == [b"s"]
         assert core2.schedules.runs[b"s"].last == env.core.schedules.runs[b"s"].last
         assert core2.schedules.defs == env.core.schedules.defs
@@ -366,11 +357,11 @@ def test_schedule_records_are_checked():
 
 
 def test_a_tick_record_of_an_unknown_schedule_is_ignored(env):
-    replay = env.core.begin_load()
-    replay.apply(0, [b"SCHEDTICK", b"nope", b"1000", b"a" * 40])
-    replay.apply(0, [b"SCHEDULE", records.encode(Schedule(b"d", 5, "a", deleted=True))])
-    replay.apply(0, [b"SCHEDULE", records.encode(Schedule(b"d", 4, "a", b"q", b"b", 1000))])  # older: ignored
-    replay.apply(0, [b"SCHEDTICK", b"nope", b"1000", b"a" * 40])
+    rep = env.core.begin_load()
+    rep.apply(0, [b"SCHEDTICK", b"nope", b"1000", b"a" * 40])
+    rep.apply(0, [b"SCHEDULE", records.encode(Schedule(b"d", 5, "a", deleted=True))])
+    rep.apply(0, [b"SCHEDULE", records.encode(Schedule(b"d", 4, "a", b"q", b"b", 1000))])  # older: ignored
+    rep.apply(0, [b"SCHEDTICK", b"nope", b"1000", b"a" * 40])
     env.core.end_load()
     assert env.core.schedules.runs == {} and env.core.schedules.defs[b"d"].deleted
 
