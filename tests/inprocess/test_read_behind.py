@@ -65,7 +65,7 @@ def test_the_index_finds_reuses_and_rebuilds():
     assert index.add(b"newer", b"q", 0, 10, 3, 0, 0) == 2000
     index.leave_tail(7)
     assert index.add(b"newest", b"q", 0, 10, 3, 0, 0) == 7
-    assert [s for s in index.in_bucket(hash(b"newest") % NBUCKETS) if index.loc[s] == 0] == [7]  # as in memory
+    assert 7 in index.in_bucket(hash(b"newest") % NBUCKETS)  # as in memory ("newer", slot 2000, may share its bucket)
     assert 1 not in index.in_bucket(hash(b"id1") % NBUCKETS + 1)
 
 
