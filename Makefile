@@ -114,18 +114,23 @@ tools: tools-redis tools-java tools-net tools-browser tools-clock tools-systemd 
 run: $(RUN_STAMP)
 	$(PY) -m disque.testing.devcluster --nodes 3 --port 7711 --metrics-port 9711 --memcache-port 22133
 
-# The in-process tests on the pure-Python core, which they must cover fully
-# (pyproject.toml), next to the whole suite on the compiled core: the two
-# runs share the cores (the whole suite mostly waits on its processes), and
-# the report of the first follows the second's.
+# Three runs at once, which share the cores (the real-process tests mostly
+# wait on their nodes): the real-process tests (tests/integration) and the
+# rest of the suite on the compiled core, and the in-process tests on the
+# pure-Python core, which they must cover fully (pyproject.toml).  The
+# reports of the other two follow the first's.
 test: $(STAMP) tools
 	@DISQUE_PURE=1 $(PY) -m pytest -p no:cacheprovider --cov --cov-report=term-missing tests/inprocess tests/sim \
 		> $(VENV)/pure-core.log 2>&1 & pure=$$!; \
-	$(PY) -m pytest; whole=$$?; \
+	$(PY) -m pytest -p no:cacheprovider tests --ignore=tests/integration > $(VENV)/compiled-core.log 2>&1 & rest=$$!; \
+	$(PY) -m pytest tests/integration; processes=$$?; \
+	wait $$rest; compiled=$$?; \
 	wait $$pure; covered=$$?; \
-	echo "=== the same in-process tests on the pure-Python core, with coverage (tests/inprocess, tests/sim)"; \
+	echo "=== the rest of the suite on the compiled core (tests but tests/integration)"; \
+	cat $(VENV)/compiled-core.log; \
+	echo "=== the in-process tests on the pure-Python core, with coverage (tests/inprocess, tests/sim)"; \
 	cat $(VENV)/pure-core.log; \
-	exit $$(( whole || covered ))
+	exit $$(( processes || compiled || covered ))
 
 # The tests marked `slow` alone (tests/conftest.py skips them elsewhere):
 # the long hypothesis and simulation runs, read-behind at 100k jobs, Spark's

@@ -46,6 +46,7 @@ class Sdist(sdist):
     def make_release_tree(self, base_dir: str, files: list[str]) -> None:
         super().make_release_tree(base_dir, files)
         write_record(Path(base_dir) / "disque")
+        (Path(base_dir) / "disque" / compiled.STAMP).unlink(missing_ok=True)  # the checkout's build: a wheel writes its own
 
 
 class BuildExt(build_ext):
