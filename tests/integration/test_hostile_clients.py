@@ -192,7 +192,7 @@ def test_hostile_input_on_every_port_leaves_the_node_answering(spawn: Callable[.
                     sock.shutdown(socket.SHUT_WR)
                     while sock.recv(65536):
                         pass
-                except (ConnectionResetError, BrokenPipeError, TimeoutError):
+                except OSError:  # reset, or closed before our shutdown (ENOTCONN): the node may drop a bad peer at once
                     pass
     assert node.proc is not None and node.proc.poll() is None
     r = redis.Redis(port=node.port)
