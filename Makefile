@@ -117,10 +117,11 @@ run: $(RUN_STAMP)
 # Three runs at once, which share the cores (the real-process tests mostly
 # wait on their nodes): the real-process tests (tests/integration) and the
 # rest of the suite on the compiled core, and the in-process tests on the
-# pure-Python core, which they must cover fully (pyproject.toml).  The
+# pure-Python core, which they must cover fully (pyproject.toml; the
+# simulations of random fault plans run on the compiled core only).  The
 # reports of the other two follow the first's.
 test: $(STAMP) tools
-	@DISQUE_PURE=1 $(PY) -m pytest -p no:cacheprovider --cov --cov-report=term-missing tests/inprocess tests/sim \
+	@DISQUE_PURE=1 $(PY) -m pytest -p no:cacheprovider --cov --cov-report=term-missing -m "not random_plans" tests/inprocess tests/sim \
 		> $(VENV)/pure-core.log 2>&1 & pure=$$!; \
 	$(PY) -m pytest -p no:cacheprovider tests --ignore=tests/integration > $(VENV)/compiled-core.log 2>&1 & rest=$$!; \
 	$(PY) -m pytest tests/integration; processes=$$?; \

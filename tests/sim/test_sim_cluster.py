@@ -460,6 +460,7 @@ def judge(plan: FaultPlan, seed: int, extensions: bool = False) -> list:
     return history
 
 
+@pytest.mark.random_plans
 @pytest.mark.timeout(300)
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plan=fault_plans(kinds=NETWORK_FAULTS), seed=st.integers(0, 2**32 - 1))
@@ -467,6 +468,7 @@ def test_random_faults_keep_queue_guarantees(plan, seed):
     judge(plan, seed)
 
 
+@pytest.mark.random_plans
 @pytest.mark.timeout(300)
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plan=fault_plans(kinds=ADMIN_FAULTS), seed=st.integers(0, 2**32 - 1))
@@ -474,6 +476,7 @@ def test_administration_keeps_queue_guarantees(plan, seed):
     judge(plan, seed)
 
 
+@pytest.mark.random_plans
 @pytest.mark.timeout(300)
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plan=fault_plans(kinds=NETWORK_FAULTS), seed=st.integers(0, 2**32 - 1))

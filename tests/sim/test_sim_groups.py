@@ -39,6 +39,7 @@ def _with_aof(plan: FaultPlan) -> FaultPlan:
     return plan
 
 
+@pytest.mark.random_plans
 @pytest.mark.timeout(300)
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plan=fault_plans(kinds=NETWORK_FAULTS).map(_with_aof), seed=st.integers(0, 2**32 - 1))

@@ -64,6 +64,7 @@ def test_a_partition_a_kill_and_clock_jumps_keep_one_job_per_tick():
     assert counts["outside"] >= 10 and counts["deliveries"] >= counts["ticks"]
 
 
+@pytest.mark.random_plans
 @pytest.mark.timeout(600)
 @settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(plan=schedule_plans(max_steps=2), seed=st.integers(0, 2**32 - 1))
