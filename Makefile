@@ -19,7 +19,7 @@ RUN_STAMP  := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 STAMP      := $(VENV)/.installed
 
-.PHONY: run test test-slow test-read-behind scale bench venv extras tools tools-cc tools-redis tools-java tools-net tools-browser tools-clock tools-systemd tools-memcached clean jepsen jepsen-long
+.PHONY: run test test-slow test-read-behind scale bench venv extras tools tools-cc tools-valgrind tools-redis tools-java tools-net tools-browser tools-clock tools-systemd tools-memcached clean jepsen jepsen-long
 
 # The modules setup.py compiles (disque/compiled.txt, its lines that are
 # paths): the install is redone when one of them changes, so the extensions
@@ -102,6 +102,11 @@ tools-clock:
 # memcached, the reference of the memcache port's tests and benchmark (bench/memcache.py).
 tools-memcached:
 	@$(call apt,memcached:memcached)
+
+# valgrind, for the instruction counts of bench/instructions.py and
+# bench/codec_frames.py (docs/performance.md); not part of `make tools`.
+tools-valgrind:
+	@$(call apt,valgrind:valgrind)
 
 # systemd-analyze (the systemd package) verifies examples/disque@.service.
 tools-systemd:
