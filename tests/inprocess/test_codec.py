@@ -713,3 +713,70 @@ def test_queued_carries_a_nack_delay_and_reads_frames_without_one() -> None:
     plain = encode_body(header, Queued(job_id))
     assert b"\xa1d" not in plain  # left out when 0, so older nodes read it unchanged
     assert decode_body(plain)[1].delay == 0
+
+
+# --- the positional job form, written out (records._WireJobLoader / _WireJobPacker) ---
+
+_generic_job_pos = records._ArrayLoader(records._WIRE_JOB)
+_generic_job_dump = records._ArrayPacker(records._WIRE_JOB, items=True)
+
+
+def _wire_row(job: dict[str, Any]) -> list[Any]:
+    """A job's positional form as a peer's frame brings it (plain ints, lists)."""
+    row = records._dump_wire_job_pos.dump(job)
+    assert row == _generic_job_dump.dump(job)
+    return msgpack.unpackb(msgpack.packb(row, use_bin_type=True), raw=False)  # type: ignore[no-any-return]
+
+
+def _same_check(row: Any) -> None:
+    """The written-out check of a positional job agrees with the generic
+    one: the same fields, or the same error."""
+    try:
+        expected: Any = _generic_job_pos.check(row)
+    except DecodeError as e:
+        expected = str(e)
+    try:
+        got: Any = records._wire_job_pos.check(row)
+    except DecodeError as e:
+        got = str(e)
+    assert got == expected and type(got) is type(expected)
+    if isinstance(got, dict):
+        assert list(got) == list(expected) and [type(v) for v in got.values()] == [type(v) for v in expected.values()]
+
+
+@fuzz
+@given(wire_jobs, st.data())
+def test_the_written_out_job_form_agrees_with_the_generic_one(job: dict[str, Any], data: st.DataObject) -> None:
+    row = _wire_row(job)
+    _same_check(row)
+    edited = list(row)
+    at = data.draw(st.integers(0, len(row) - 1))
+    action = data.draw(st.sampled_from(["replace", "truncate", "extend"]))
+    if action == "replace":
+        edited[at] = data.draw(msgpack_values | st.integers(-1, 2**64) | st.sampled_from([State.QUEUED, b"", None]))
+    elif action == "truncate":
+        del edited[at:]
+    else:
+        edited.append(data.draw(msgpack_values))
+    _same_check(edited)
+
+
+def test_the_written_out_job_form_has_every_field() -> None:
+    """The written-out check and pack name the 18 fields of _WIRE_JOB one
+    by one: a field added to the table must be added to them too."""
+    assert [f.name for f in records._WIRE_JOB] == list(records._wire_job_pos.check(_wire_row(GOOD_JOB)))
+    assert len(records._dump_wire_job_pos.dump(GOOD_JOB)) == len(records._WIRE_JOB)
+
+
+@pytest.mark.parametrize(
+    "edit_row",
+    [
+        lambda row: row[:-1],  # a node of the version before PRIORITY
+        lambda row: [*row[:11], ["A" * 40], *row[12:]],  # the delivery nodes are not node IDs
+        lambda row: [*row[:11], "a" * 40, *row[12:]],
+        lambda row: [*row[:1], State.ACTIVE, *row[2:]],  # an IntEnum, as in a dict of ours
+        lambda row: tuple(row),
+    ],
+)
+def test_rows_the_written_out_check_leaves_to_the_generic_one(edit_row: Any) -> None:
+    _same_check(edit_row(_wire_row(GOOD_JOB)))
