@@ -415,70 +415,8 @@ _STORED_JOB: _Fields = _JOB_COMMON + (
 )
 _wire_job: Final = _MapLoader(_WIRE_JOB)  # checks the job of REPLJOB / YOURJOBS (a dict with our names)
 _dump_wire_job: Final = _MapPacker(_WIRE_JOB, items=True)
-
-
-def _int_in(v: Any, lo: int, hi: int) -> bool:
-    """`_IntIn(lo, hi)` accepts `v`, for the common case: a plain int."""
-    if type(v) is not int:
-        return False
-    n: int = v  # compared as a native int
-    return lo <= n <= hi
-
-
-def _opt_bytes(v: Any) -> bool:
-    return v is None or type(v) is bytes
-
-
-class _WireJobLoader(_ArrayLoader):
-    """The positional bus form of a job, every REPLJOB and YOURJOBS copy:
-    `_ArrayLoader(_WIRE_JOB)` with the checks of a well-formed row of this
-    version written out, so that a replica does not pay a call per field.
-    Anything else (a row of an older node, an IntEnum from a dict of ours,
-    a bad field) takes the generic check, which names what is wrong."""
-
-    def check(self, o: Any) -> Any:
-        if type(o) is list and len(o) >= _WIRE_JOB_LEN:
-            a: list[Any] = o
-            i, s, f, r, c, d, rt, na, dv = a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8]
-            q, b, nd, ma, dl, og, tl, et, pr = a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17]
-            state = _STATES.get(s) if type(s) is int else None
-            if (
-                type(i) is bytes and valid_id(i) and state is not None and _int_in(f, 0, 255) and _int_in(r, 1, 65535)
-                and _int_in(c, 0, _U64) and _int_in(d, 0, _U64) and _int_in(rt, 0, _U64) and _int_in(na, 0, _U64)
-                and _int_in(dv, 0, _U64) and _opt_bytes(q) and _opt_bytes(b) and _int_in(ma, 0, 65535)
-                and type(dl) is bytes and (og == b"" or (type(og) is bytes and valid_id(og)))
-                and _int_in(tl, 1, _U64) and _int_in(et, 0, _U64) and _int_in(pr, 0, MAX_PRIORITY)
-            ):  # fmt: skip
-                try:
-                    delivered = _nodes_delivered.check(nd)
-                except DecodeError:
-                    return super().check(o)  # raises, naming the field
-                return {
-                    "id": i, "state": state, "flags": f & WIRE_FLAGS, "repl": r, "ctime": c, "delay": d, "retry": rt,
-                    "nacks": na, "deliv": dv, "queue": q, "body": b, "nodes_delivered": delivered,
-                    "max_attempts": ma, "dead_letter": dl, "origin": og, "ttl": tl, "etime": et, "priority": pr,
-                }  # fmt: skip
-        return super().check(o)
-
-
-class _WireJobPacker(_ArrayPacker):
-    """`_ArrayPacker(_WIRE_JOB, items=True)` written out: a job's bus form
-    (`job_to_wire`) -> its positional form, without a call per field."""
-
-    def pack(self, o: Any, head: tuple[Any, ...]) -> list[Any]:
-        return [
-            *head, o["id"], o["state"], o["flags"], o["repl"], o["ctime"], o["delay"], o["retry"], o["nacks"], o["deliv"],
-            o["queue"], o["body"], o["nodes_delivered"], o["max_attempts"], o["dead_letter"], o["origin"], o["ttl"],
-            o["etime"], o["priority"],
-        ]  # fmt: skip
-
-    def dump(self, o: Any) -> Any:
-        return self.pack(o, ())
-
-
-_WIRE_JOB_LEN: Final = len(_WIRE_JOB)
-_wire_job_pos: Final = _WireJobLoader(_WIRE_JOB)
-_dump_wire_job_pos: Final = _WireJobPacker(_WIRE_JOB, items=True)
+_wire_job_pos: Final = _ArrayLoader(_WIRE_JOB)
+_dump_wire_job_pos: Final = _ArrayPacker(_WIRE_JOB, items=True)
 _load_stored_job: Final = _MapLoader(_STORED_JOB, named=True)
 _load_stored_map: Final = _MapLoader(_STORED_JOB)
 _pack_stored_job: Final = _MapPacker(_STORED_JOB, items=True)
