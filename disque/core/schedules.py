@@ -33,11 +33,15 @@ What a node knows fired, per schedule: `last` (the latest tick, with the
 node that fired it: persisted as SCHEDTICK, and sent to a node that links
 up) and the ticks fired in the recent window.  Ticks are due from the
 window's start, `max(now - grace * size, start of this node, since)`, to
-now; a tick older than that and later than `last` was missed (no node fired
-it in its window: the whole cluster was down, or this node was): of those,
+now, and so is a tick this node first saw due late (it was quiet, below):
+its turns run from when it was seen, so the window sliding past it drops it
+only once every turn has passed.  A tick older than the window and later
+than `last` was missed (no node fired it in its window: the whole cluster
+was down, or this node was): of those,
 `schedule-catch-up` fires the latest only (`last`, Kubernetes CronJob's
 rule), every one of them (`all`: at most 100) or none.  A node fires nothing in
-its first `grace` ms, so its links come up and tell it what fired first.
+its first `grace` ms (the grace in force, which CONFIG SET may have changed
+since), so its links come up and tell it what fired first.
 Nor for `grace / 2` after a stall (the cron did not run for half the node
 timeout or half the grace, and for at least three of its periods): its
 peers may have flagged it, or seen its turn pass, and fired its ticks,
@@ -158,7 +162,7 @@ class Schedules:
         self.out = life.out
         self.config = life.config
         self.started = started  # ms this node started
-        self.quiet_until = started + self.grace  # no tick fires before (see `cron`)
+        self.quiet_until = 0  # after a stall, no tick fires before (see `cron`)
         self.last_cron = started
         self.woke = 0  # when the cron ran after its latest stall
         self.defs: dict[bytes, Schedule] = {}  # every schedule known, tombstones included
@@ -295,7 +299,7 @@ class Schedules:
             self.woke = now  # stalled: see the module's doc
             self.quiet_until = max(self.quiet_until, now + self.grace // 2)
         self.last_cron = now
-        if now < self.quiet_until or self.life.membership.leaving or not self.runs:
+        if now < max(self.quiet_until, self.started + self.grace) or self.life.membership.leaving or not self.runs:
             return
         order = self._up()
         for name, run in self.runs.items():
@@ -312,11 +316,12 @@ class Schedules:
 
     def _due(self, s: Schedule, run: Run, now: int, order: list[str]) -> None:
         start = max(now - self.grace * len(self.life.membership.nodes), self.started, s.since)
-        for t in [t for t in run.fired if t <= start]:
-            del run.fired[t]
-        for t in [t for t in run.seen if t <= start]:
+        for t in [t for t, at in run.seen.items() if at <= start]:  # every turn since it was seen has passed
             del run.seen[t]
-        for t in [*self._missed(s, run, start), *ticks_after(s, start, now)]:
+        for t in [t for t in run.fired if t <= start and t not in run.seen]:
+            del run.fired[t]
+        late = [t for t in run.seen if t <= start]  # seen due late (after a quiet start or a stall): its turns still run
+        for t in dict.fromkeys([*self._missed(s, run, start), *late, *ticks_after(s, start, now)]):
             if t not in run.fired:
                 self._consider(s, run, t, now, order)
 

@@ -64,6 +64,13 @@ def test_a_partition_a_kill_and_clock_jumps_keep_one_job_per_tick():
     assert counts["outside"] >= 10 and counts["deliveries"] >= counts["ticks"]
 
 
+def test_a_tick_first_seen_late_still_gets_its_turns():
+    """Nodes quiet for their first (default) grace see the first tick due
+    late, while the one whose clock ran ahead fired only the latest missed
+    tick: the late-seen tick must stay theirs to fire until its turns pass."""
+    judge(SchedulePlan(nodes=3, steps=[("clock", 1, 3000, 500, 4000)]), 1)
+
+
 @pytest.mark.random_plans
 @pytest.mark.timeout(600)
 @settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
