@@ -52,7 +52,7 @@ from disque.store.job import (
 )
 from disque.store.jobs import JobStore
 from disque.store.queue import PAUSE_IN, PAUSE_OUT, Queue
-from disque.store.queue_config import DEFAULTS as NO_LIMITS, QueueSettings
+from disque.store.queue_config import DEFAULTS as NO_LIMITS, QueueConfig, QueueSettings
 from disque.store.scan import BucketedDict
 
 if TYPE_CHECKING:
@@ -74,6 +74,16 @@ GC_MAX_DELAY: Final = 180_000
 EVENT_REPL_TIMEOUT = 5000  # ms a QADD waits for its replicas (then -NOREPL), as a Kestrel SET
 EVENT_COPIES: Final = 3  # an event lives on min(3, cluster size) nodes
 OK = Status(b"OK")
+
+
+def check_job_options(repl: int, retry: int | None, delay: int, ttl: int) -> None:
+    """ADDJOB's checks of its options together (spec/commands.md §4.1 step 4),
+    also made when a schedule is added, so its ticks are never refused for them.
+    (Here, not in errors.py: every ADDJOB calls it, natively in the compiled build.)"""
+    if repl > 1 and retry == 0:
+        raise errors.err("With RETRY set to 0 please explicitly set  REPLICATE to 1 (at-most-once delivery)")
+    if delay >= ttl:
+        raise errors.err("The specified DELAY is greater than TTL. Job refused since would never be delivered")
 
 
 # ------------------------------------------------------------------ the hooks it calls above it
@@ -415,16 +425,18 @@ class Lifecycle:
             repl = min(3, membership.size())
         if ttl is None:
             ttl = 86400
-        limits = self.config.queue_config.settings(queue)
+        queue_config: QueueConfig = self.config.queue_config  # typed: a native call in the compiled build
+        limits = queue_config.settings(queue)
         if limits is not NO_LIMITS:  # `queue-defaults` / `queue` lines (Kestrel's options)
             ttl = self.kestrel.make_room(limits, queue, body, ttl)
         if delay is None:
             delay = 0
-        errors.check_job_options(repl, retry, delay, ttl)
+        check_job_options(repl, retry, delay, ttl)
         if retry is None:
             retry = min(ttl // 10, 300) or 1
         if zones is None:
-            zones = min(self.config.min_zones, repl)
+            min_zones: int = self.config.min_zones
+            zones = min(min_zones, repl)
         elif zones > repl:
             raise errors.err("ZONES can't be greater than the replication level")
         additional, extrepl = self._replicas(repl, membership.leaving or self.memory.level() >= 1)

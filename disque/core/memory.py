@@ -94,7 +94,7 @@ class Memory:
         """0 (`ok`); 1 (`warning`, over 75 % of maxmemory: new jobs keep no
         copy here); 2 (`oom`, over 95 %: `evict`, and commands flagged `m`
         are refused when nothing can be evicted)."""
-        limit = self.config.maxmemory
+        limit: int = self.config.maxmemory  # typed: the compiled build does the arithmetic natively
         used = self.used
         if used > limit // 100 * 95:
             return 2

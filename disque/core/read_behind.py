@@ -75,6 +75,7 @@ if TYPE_CHECKING:
     from disque.core.lifecycle import Lifecycle
     from disque.core.types import BodyStore
     from disque.store.queue import Level, Queue
+    from disque.store.queue_config import QueueConfig
 
 log = logging.getLogger("disque.read_behind")
 
@@ -133,7 +134,9 @@ class ReadBehind:
 
     def limit(self) -> int:
         config = self.life.config
-        return config.job_memory_limit or config.maxmemory // 2
+        own: int = config.job_memory_limit  # typed: the compiled build does the arithmetic natively
+        maxmemory: int = config.maxmemory
+        return own or maxmemory // 2
 
     def _above(self, freed: int) -> bool:
         """Whether the node is past its limit itself, once `freed` more bytes are gone."""
@@ -188,8 +191,9 @@ class ReadBehind:
                 queue = life.queues.get(name)
                 if queue is not None and queue.has_tail():
                     self._refill(queue)
-        self.index.restart_if_idle()
-        self._sync()
+        if self.index.flags or self.held:  # else the index never had a slot since it started: nothing to count
+            self.index.restart_if_idle()
+            self._sync()
 
     def _sync(self) -> None:
         """Bring the memory account to what the index holds now."""
@@ -221,7 +225,8 @@ class ReadBehind:
         over its budget, keeping `prefetch` jobs: the lowest priority
         first, each level's newest first."""
         life = self.life
-        limit: int = life.config.queue_config.settings(queue.name).max_memory_size
+        queue_config: QueueConfig = life.config.queue_config  # typed: a native call in the compiled build
+        limit: int = queue_config.settings(queue.name).max_memory_size
         if life.now - self._room_at >= SPILL_STEP_MS:
             self._room, self._room_at = SPILL_STEP, life.now
         if queue.nbytes <= limit and queue.name not in self.draining and not self._over():
@@ -451,7 +456,7 @@ class ReadBehind:
         return None
 
     def holds(self, job_id: bytes) -> bool:
-        return self.peek_id(job_id) is not None
+        return bool(self.index.live) and self.peek_id(job_id) is not None  # every new job ID asks: most ask an empty index
 
     def __len__(self) -> int:
         return self.index.live

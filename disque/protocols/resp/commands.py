@@ -33,6 +33,7 @@ from disque.core import errors
 from disque.cluster import messages as m
 from disque.core.errors import err
 from disque.core.types import NIL_ARRAY, SILENT, Command, Connection, Map, Status
+from disque.core.lifecycle import check_job_options
 from disque.core.node import NodeCore
 from disque.core.schedules import MIN_EVERY, check_cron
 from disque.store.schedule import Schedule
@@ -170,7 +171,7 @@ def _schedule_add(node: NodeCore, argv: list[bytes]) -> Any:
     repl, ttl, retry, delay, maxlen, max_attempts, zones, priority = values
     if dead_letter is not None and max_attempts is None:
         raise err("DEADLETTER needs MAXATTEMPTS")
-    errors.check_job_options(repl or 3, retry, delay or 0, ttl or 86400)
+    check_job_options(repl or 3, retry, delay or 0, ttl or 86400)
     if zones is not None and zones > (repl or 3):
         raise err("ZONES can't be greater than the replication level")
     node.schedules.add(Schedule(
