@@ -202,15 +202,17 @@ class Lifecycle:
 
     # ------------------------------------------------------------ in and out of the registry
 
-    def register(self, job: Job) -> None:
-        """Add a job to the registry and the timer."""
+    def register(self, job: Job, timer: bool = True) -> None:
+        """Add a job to the registry and the timer (not `timer`: a new job
+        that `queue_new_job` puts on the timer next, once)."""
         if job.queue is not None:
             queue = self.queues.get(job.queue)
             if queue is not None:
                 job.queue = queue.name  # share the name bytes between jobs
         self.jobs.add(job)
         self.memory.add_job(job)
-        self.reschedule(job)
+        if timer:
+            self.reschedule(job)
         if job.flags & EVENT:
             self.events.add_event(job)
 
@@ -463,7 +465,7 @@ class Lifecycle:
             job.set_attempts(max_attempts, queue + b"-dead" if dead_letter is None else dead_letter)
         if additional:
             return self.replicas.start(client, job, additional, timeout, is_async, extrepl, zones)
-        self.register(job)
+        self.register(job, timer=False)
         self.queue_new_job(job)
         return Status(job_id)
 
@@ -500,12 +502,12 @@ class Lifecycle:
 
     def queue_new_job(self, job: Job) -> None:
         """A new job with a local copy, registered, becomes queued (or stays
-        scheduled; an event, readable) and logged."""
+        scheduled; an event, readable) and logged.  A job is on the timer
+        afterwards, whether `register` put it there or not (ADDJOB's does
+        not: its awake time would change at once)."""
         if job.flags & EVENT:
             self.events.created(job)
-        elif job.delay == 0:
-            self.enqueue(job)
-        else:
+        elif job.delay or not self.enqueue(job):  # `enqueue` reschedules the job it queues
             self.reschedule(job)  # its state changed since `register` (a replication just reached its level)
         self.out.aof_loadjob(job)
 
@@ -600,7 +602,7 @@ class Lifecycle:
         copy.qtime = self.now  # due: queue_new_job queues it (and enqueue sets its RETRY timer)
         self.out.broadcast(job.nodes_delivered, m.DelJob(job.id, acked=False))
         self.delete_job(job)
-        self.register(copy)
+        self.register(copy, timer=False)
         self.queue_new_job(copy)
         if copy.repl > 1:
             self.replicas.replicate(copy, copy.repl - 1, noreply=True)
