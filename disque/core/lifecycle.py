@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from disque.cluster import messages as m
 from disque.core import errors
+from disque.core.settings import Settings
 from disque.core.types import Connection, Stats, Status
 from disque.store.ids import new_job_id
 from disque.store.job import (
@@ -52,7 +53,7 @@ from disque.store.job import (
 )
 from disque.store.jobs import JobStore
 from disque.store.queue import PAUSE_IN, PAUSE_OUT, Queue
-from disque.store.queue_config import DEFAULTS as NO_LIMITS, QueueConfig, QueueSettings
+from disque.store.queue_config import DEFAULTS as NO_LIMITS, QueueSettings
 from disque.store.scan import BucketedDict
 
 if TYPE_CHECKING:
@@ -139,6 +140,7 @@ class Lifecycle:
         stats: Stats, collected: Collected, now: int,
     ) -> None:  # fmt: skip
         self.config, self.rng, self.membership, self.stats = config, rng, membership, stats
+        self.settings: Settings = config.settings  # what every job reads, typed
         self.out, self.memory, self.collected = out, memory, collected  # below it: emitted to, accounted in, remembered
         self.now = now  # ms, the time of the current step (NodeCore.read_clock)
         self.jobs = JobStore()
@@ -395,7 +397,7 @@ class Lifecycle:
         the highest priority once aged, the oldest of it."""
         if queue.has_tail():  # its newest jobs are on disk: each level's oldest must be in memory
             self.jobs.spilled.ready(queue)
-        job = queue.pop(self.now, self.config.priority_aging)
+        job = queue.pop(self.now, self.settings.priority_aging)
         if job is None:
             return None
         job.move(FETCH)
@@ -427,8 +429,8 @@ class Lifecycle:
             repl = min(3, membership.size())
         if ttl is None:
             ttl = 86400
-        queue_config: QueueConfig = self.config.queue_config  # typed: a native call in the compiled build
-        limits = queue_config.settings(queue)
+        settings = self.settings
+        limits = settings.queue_config.settings(queue)
         if limits is not NO_LIMITS:  # `queue-defaults` / `queue` lines (Kestrel's options)
             ttl = self.kestrel.make_room(limits, queue, body, ttl)
         if delay is None:
@@ -437,8 +439,7 @@ class Lifecycle:
         if retry is None:
             retry = min(ttl // 10, 300) or 1
         if zones is None:
-            min_zones: int = self.config.min_zones
-            zones = min(min_zones, repl)
+            zones = min(settings.min_zones, repl)
         elif zones > repl:
             raise errors.err("ZONES can't be greater than the replication level")
         additional, extrepl = self._replicas(repl, membership.leaving or self.memory.level() >= 1)

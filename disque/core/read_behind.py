@@ -75,7 +75,6 @@ if TYPE_CHECKING:
     from disque.core.lifecycle import Lifecycle
     from disque.core.types import BodyStore
     from disque.store.queue import Level, Queue
-    from disque.store.queue_config import QueueConfig
 
 log = logging.getLogger("disque.read_behind")
 
@@ -133,10 +132,8 @@ class ReadBehind:
     # ------------------------------------------------------------ budget
 
     def limit(self) -> int:
-        config = self.life.config
-        own: int = config.job_memory_limit  # typed: the compiled build does the arithmetic natively
-        maxmemory: int = config.maxmemory
-        return own or maxmemory // 2
+        settings = self.life.settings
+        return settings.job_memory_limit or settings.maxmemory // 2
 
     def _above(self, freed: int) -> bool:
         """Whether the node is past its limit itself, once `freed` more bytes are gone."""
@@ -225,8 +222,7 @@ class ReadBehind:
         over its budget, keeping `prefetch` jobs: the lowest priority
         first, each level's newest first."""
         life = self.life
-        queue_config: QueueConfig = life.config.queue_config  # typed: a native call in the compiled build
-        limit: int = queue_config.settings(queue.name).max_memory_size
+        limit = life.settings.queue_config.settings(queue.name).max_memory_size
         if life.now - self._room_at >= SPILL_STEP_MS:
             self._room, self._room_at = SPILL_STEP, life.now
         if queue.nbytes <= limit and queue.name not in self.draining and not self._over():
