@@ -47,13 +47,14 @@ START_MS = 1_790_000_000_000  # a fixed, realistic unix time
 
 class FakeClock:
     def __init__(self, start_ms: int = START_MS) -> None:
-        self.ms = start_ms
+        self.ms = self.read_ms = start_ms  # read_ms: at the last `now_ms()`
 
     def now_ms(self) -> int:
+        self.read_ms = self.ms
         return self.ms
 
-    def now_us(self) -> int:
-        return self.ms * 1000
+    def since_us(self) -> int:
+        return (self.ms - self.read_ms) * 1000
 
     def wall_us(self) -> int:
         return self.ms * 1000

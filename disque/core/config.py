@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from disque.cluster.messages import ZONE_MAX_LEN, valid_zone
+from disque.core.settings import HOT, Settings
 from disque.store.queue_config import QueueConfig, QueueConfigError
 
 MAX_BIND_ADDRESSES = 16
@@ -621,17 +622,26 @@ REWRITE_ORDER: tuple[str, ...] = (
 class Config:
     """The parsed configuration: one attribute per directive, plus
     ``renamed_commands`` (lower-case old name -> new name, ``""`` removes)
-    and ``config_file`` (absolute path, or None)."""
+    and ``config_file`` (absolute path, or None); ``settings`` is the typed
+    copy of the few the request path reads (core/settings.py), kept
+    current by every assignment."""
 
-    __slots__ = (*(d.attr for d in DIRECTIVES.values()), "renamed_commands", "config_file", "queue_config")
+    __slots__ = (*(d.attr for d in DIRECTIVES.values()), "renamed_commands", "config_file", "queue_config", "settings")
+    settings: Settings
 
     def __init__(self, cwd: str = "/") -> None:
+        object.__setattr__(self, "settings", Settings())
         for d in DIRECTIVES.values():
             setattr(self, d.attr, copy.copy(d.default))
         self.dir: str = cwd  # the shell passes its start-up directory
         self.renamed_commands: dict[str, str] = {}
         self.config_file: str | None = None
         self.queue_config = QueueConfig()  # `queue-defaults` and `queue` lines
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in HOT:
+            setattr(self.settings, name, value)
 
 
 # --------------------------------------------------------------------------

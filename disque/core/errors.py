@@ -56,15 +56,6 @@ def err(message: str) -> DisqueError:
     return DisqueError("ERR", message)
 
 
-def check_job_options(repl: int, retry: int | None, delay: int, ttl: int) -> None:
-    """ADDJOB's checks of its options together (spec/commands.md §4.1 step 4),
-    also made when a schedule is added, so its ticks are never refused for them."""
-    if repl > 1 and retry == 0:
-        raise err("With RETRY set to 0 please explicitly set  REPLICATE to 1 (at-most-once delivery)")
-    if delay >= ttl:
-        raise err("The specified DELAY is greater than TTL. Job refused since would never be delivered")
-
-
 def _fixed(code: str, message: str) -> Callable[[], DisqueError]:
     return partial(DisqueError, code, message)
 

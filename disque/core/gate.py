@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 from disque.core import errors
 from disque.core.auth_throttle import REFUSED, AuthThrottle
 from disque.core.errors import DisqueError
+from disque.core.settings import Settings
 from disque.core.types import Clock, Command, Connection, Stats, Status
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ class Gate:
         spill: Spill,
     ) -> None:  # fmt: skip
         self.config = config
+        self.settings: Settings = config.settings  # what every command reads, typed
         self.clock = clock
         self.stats = stats
         self.life = life  # the time of the step
@@ -80,11 +82,12 @@ class Gate:
     def execute(self, node: Any, client: Connection, cmd: Command, argv: list[bytes]) -> Any:
         """The checks, then `cmd.handler(node, client, argv)`, with
         statistics, MONITOR and the slow log."""
-        if self.config.requirepass and not client.authenticated:
+        settings = self.settings
+        if settings.requirepass and not client.authenticated:
             if cmd.name != "auth" and not (cmd.name == "hello" and len(argv) > 1):
                 return errors.noauth()
         flags = cmd.flags
-        limit: int = self.config.maxmemory  # typed: the compiled build does the arithmetic natively
+        limit = settings.maxmemory
         memory = self.memory
         if limit and memory.used > limit // 100 * 95 and not memory.evict() and "m" in flags:
             return errors.oom()
@@ -100,7 +103,6 @@ class Gate:
         stats.commands += 1
         if self.monitors:
             self.feed_monitors(client, argv)
-        start = self.clock.now_us()
         try:
             reply = cmd.handler(node, client, argv)
         except DisqueError as e:
@@ -108,14 +110,14 @@ class Gate:
         except Exception:  # a bug must cost one reply, not the node and every job in it
             log.exception("Error executing %r", [a[:64] for a in argv[:8]])
             reply = errors.err(f"internal error executing '{cmd.name}', check the server logs")
-        elapsed = self.clock.now_us() - start
+        elapsed = self.clock.since_us()  # from `handle_command`'s reading of the clock
         calls = stats.calls.get(cmd.name)
         if calls is None:
             calls = stats.calls[cmd.name] = [0] * (2 + LATENCY_BUCKETS)
         calls[0] += 1
         calls[1] += elapsed
         calls[2 + min(elapsed.bit_length(), LATENCY_BUCKETS - 1)] += 1
-        slower: int = self.config.slowlog_log_slower_than
+        slower = settings.slowlog_log_slower_than
         if elapsed >= slower >= 0:  # as Redis: 0 logs every command
             self.slowlog_add(argv, elapsed)
         if client.reply_mode:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from disque.cluster import messages as m
 from disque.core import errors
+from disque.core.settings import Settings
 from disque.core.types import Connection, Stats, Status
 from disque.store.ids import new_job_id
 from disque.store.job import (
@@ -74,6 +75,16 @@ GC_MAX_DELAY: Final = 180_000
 EVENT_REPL_TIMEOUT = 5000  # ms a QADD waits for its replicas (then -NOREPL), as a Kestrel SET
 EVENT_COPIES: Final = 3  # an event lives on min(3, cluster size) nodes
 OK = Status(b"OK")
+
+
+def check_job_options(repl: int, retry: int | None, delay: int, ttl: int) -> None:
+    """ADDJOB's checks of its options together (spec/commands.md §4.1 step 4),
+    also made when a schedule is added, so its ticks are never refused for them.
+    (Here, not in errors.py: every ADDJOB calls it, natively in the compiled build.)"""
+    if repl > 1 and retry == 0:
+        raise errors.err("With RETRY set to 0 please explicitly set  REPLICATE to 1 (at-most-once delivery)")
+    if delay >= ttl:
+        raise errors.err("The specified DELAY is greater than TTL. Job refused since would never be delivered")
 
 
 # ------------------------------------------------------------------ the hooks it calls above it
@@ -129,6 +140,7 @@ class Lifecycle:
         stats: Stats, collected: Collected, now: int,
     ) -> None:  # fmt: skip
         self.config, self.rng, self.membership, self.stats = config, rng, membership, stats
+        self.settings: Settings = config.settings  # what every job reads, typed
         self.out, self.memory, self.collected = out, memory, collected  # below it: emitted to, accounted in, remembered
         self.now = now  # ms, the time of the current step (NodeCore.read_clock)
         self.jobs = JobStore()
@@ -192,15 +204,17 @@ class Lifecycle:
 
     # ------------------------------------------------------------ in and out of the registry
 
-    def register(self, job: Job) -> None:
-        """Add a job to the registry and the timer."""
+    def register(self, job: Job, timer: bool = True) -> None:
+        """Add a job to the registry and the timer (not `timer`: a new job
+        that `queue_new_job` puts on the timer next, once)."""
         if job.queue is not None:
             queue = self.queues.get(job.queue)
             if queue is not None:
                 job.queue = queue.name  # share the name bytes between jobs
         self.jobs.add(job)
         self.memory.add_job(job)
-        self.reschedule(job)
+        if timer:
+            self.reschedule(job)
         if job.flags & EVENT:
             self.events.add_event(job)
 
@@ -383,7 +397,7 @@ class Lifecycle:
         the highest priority once aged, the oldest of it."""
         if queue.has_tail():  # its newest jobs are on disk: each level's oldest must be in memory
             self.jobs.spilled.ready(queue)
-        job = queue.pop(self.now, self.config.priority_aging)
+        job = queue.pop(self.now, self.settings.priority_aging)
         if job is None:
             return None
         job.move(FETCH)
@@ -415,16 +429,17 @@ class Lifecycle:
             repl = min(3, membership.size())
         if ttl is None:
             ttl = 86400
-        limits = self.config.queue_config.settings(queue)
+        settings = self.settings
+        limits = settings.queue_config.settings(queue)
         if limits is not NO_LIMITS:  # `queue-defaults` / `queue` lines (Kestrel's options)
             ttl = self.kestrel.make_room(limits, queue, body, ttl)
         if delay is None:
             delay = 0
-        errors.check_job_options(repl, retry, delay, ttl)
+        check_job_options(repl, retry, delay, ttl)
         if retry is None:
             retry = min(ttl // 10, 300) or 1
         if zones is None:
-            zones = min(self.config.min_zones, repl)
+            zones = min(settings.min_zones, repl)
         elif zones > repl:
             raise errors.err("ZONES can't be greater than the replication level")
         additional, extrepl = self._replicas(repl, membership.leaving or self.memory.level() >= 1)
@@ -451,7 +466,7 @@ class Lifecycle:
             job.set_attempts(max_attempts, queue + b"-dead" if dead_letter is None else dead_letter)
         if additional:
             return self.replicas.start(client, job, additional, timeout, is_async, extrepl, zones)
-        self.register(job)
+        self.register(job, timer=False)
         self.queue_new_job(job)
         return Status(job_id)
 
@@ -488,12 +503,12 @@ class Lifecycle:
 
     def queue_new_job(self, job: Job) -> None:
         """A new job with a local copy, registered, becomes queued (or stays
-        scheduled; an event, readable) and logged."""
+        scheduled; an event, readable) and logged.  A job is on the timer
+        afterwards, whether `register` put it there or not (ADDJOB's does
+        not: its awake time would change at once)."""
         if job.flags & EVENT:
             self.events.created(job)
-        elif job.delay == 0:
-            self.enqueue(job)
-        else:
+        elif job.delay or not self.enqueue(job):  # `enqueue` reschedules the job it queues
             self.reschedule(job)  # its state changed since `register` (a replication just reached its level)
         self.out.aof_loadjob(job)
 
@@ -588,7 +603,7 @@ class Lifecycle:
         copy.qtime = self.now  # due: queue_new_job queues it (and enqueue sets its RETRY timer)
         self.out.broadcast(job.nodes_delivered, m.DelJob(job.id, acked=False))
         self.delete_job(job)
-        self.register(copy)
+        self.register(copy, timer=False)
         self.queue_new_job(copy)
         if copy.repl > 1:
             self.replicas.replicate(copy, copy.repl - 1, noreply=True)

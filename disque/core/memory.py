@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from disque.core.settings import Settings
 from disque.store.job import DELIVERED, Job, State
 from disque.store.scan import NBUCKETS, BucketedDict
 
@@ -80,6 +81,7 @@ class Memory:
 
     def __init__(self, config: Any, rng: random.Random) -> None:
         self.config = config
+        self.settings: Settings = config.settings
         self.rng = rng
         self.base = BASE_MEMORY
         self.used = BASE_MEMORY
@@ -94,7 +96,7 @@ class Memory:
         """0 (`ok`); 1 (`warning`, over 75 % of maxmemory: new jobs keep no
         copy here); 2 (`oom`, over 95 %: `evict`, and commands flagged `m`
         are refused when nothing can be evicted)."""
-        limit = self.config.maxmemory
+        limit = self.settings.maxmemory
         used = self.used
         if used > limit // 100 * 95:
             return 2

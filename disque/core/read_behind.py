@@ -132,8 +132,8 @@ class ReadBehind:
     # ------------------------------------------------------------ budget
 
     def limit(self) -> int:
-        config = self.life.config
-        return config.job_memory_limit or config.maxmemory // 2
+        settings = self.life.settings
+        return settings.job_memory_limit or settings.maxmemory // 2
 
     def _above(self, freed: int) -> bool:
         """Whether the node is past its limit itself, once `freed` more bytes are gone."""
@@ -188,8 +188,9 @@ class ReadBehind:
                 queue = life.queues.get(name)
                 if queue is not None and queue.has_tail():
                     self._refill(queue)
-        self.index.restart_if_idle()
-        self._sync()
+        if self.index.flags or self.held:  # else the index never had a slot since it started: nothing to count
+            self.index.restart_if_idle()
+            self._sync()
 
     def _sync(self) -> None:
         """Bring the memory account to what the index holds now."""
@@ -221,7 +222,7 @@ class ReadBehind:
         over its budget, keeping `prefetch` jobs: the lowest priority
         first, each level's newest first."""
         life = self.life
-        limit: int = life.config.queue_config.settings(queue.name).max_memory_size
+        limit = life.settings.queue_config.settings(queue.name).max_memory_size
         if life.now - self._room_at >= SPILL_STEP_MS:
             self._room, self._room_at = SPILL_STEP, life.now
         if queue.nbytes <= limit and queue.name not in self.draining and not self._over():
@@ -451,7 +452,7 @@ class ReadBehind:
         return None
 
     def holds(self, job_id: bytes) -> bool:
-        return self.peek_id(job_id) is not None
+        return bool(self.index.live) and self.peek_id(job_id) is not None  # every new job ID asks: most ask an empty index
 
     def __len__(self) -> int:
         return self.index.live

@@ -19,8 +19,9 @@ class Clock(Protocol):
     def now_ms(self) -> int:
         """Unix time in ms (jobs' ctime, etime and timers)."""
 
-    def now_us(self) -> int:
-        """A monotonic µs counter (command durations)."""
+    def since_us(self) -> int:
+        """µs of a monotonic clock since the last `now_ms()` (a command's
+        duration, timed from the reading of its step: one reading fewer)."""
 
     def wall_us(self) -> int:
         """Unix time in µs (TIME, MONITOR)."""

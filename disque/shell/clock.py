@@ -18,8 +18,13 @@ absorbed over 100 * S seconds, after which the values sent to other nodes
 are the wall clock's again.  Until then they are off by what is left of the
 step; that is the price of never moving a timer (docs/reliability.md).
 
+The wall clock is read at most once per `SLEW_EVERY_NS` of monotonic time
+(the lean allowed, 1% of the time since the last lean, is the same; a node
+that reads its clock once per request reads one clock, not two).
+
 `wall_us()` is the wall clock itself, for what reports the date (TIME,
-MONITOR); `now_us()` is a monotonic counter for durations.
+MONITOR); `since_us()` is the monotonic time since the last `now_ms()`, for
+the duration of a command (timed from its step's reading of the clock).
 """
 
 from __future__ import annotations
@@ -30,30 +35,35 @@ from typing import Final
 
 SLEW = 0.01  # the largest share of elapsed time by which the clock may lean toward the wall clock
 _SLEW_DIV = round(1 / SLEW)
-_perf_counter_ns: Final = time.perf_counter_ns  # a static in the compiled build, not a lookup per call
+SLEW_EVERY_NS: Final = 1_000_000  # the wall clock is read once this much monotonic time has passed since
 
 
 class NodeClock:
-    __slots__ = ("_ns", "_mono_ns", "_wall", "_mono")
+    __slots__ = ("_ns", "_mono_ns", "_unleaned", "_wall", "_mono")
 
     def __init__(self, wall_ns: Callable[[], int] = time.time_ns, mono_ns: Callable[[], int] = time.monotonic_ns) -> None:
         self._wall, self._mono = wall_ns, mono_ns
         self._mono_ns = mono_ns()
         self._ns = wall_ns()
+        self._unleaned = 0  # monotonic ns since the clock last leaned toward the wall clock
 
     def now_ms(self) -> int:
         mono = self._mono()
         elapsed = mono - self._mono_ns
         self._mono_ns = mono
         at = self._ns + elapsed
-        lean = self._wall() - at
-        limit = elapsed // _SLEW_DIV
-        self._ns = at + (limit if lean > limit else -limit if lean < -limit else lean)
-        return self._ns // 1_000_000
+        unleaned = self._unleaned + elapsed
+        if unleaned >= SLEW_EVERY_NS:
+            lean = self._wall() - at
+            limit = unleaned // _SLEW_DIV
+            at += limit if lean > limit else -limit if lean < -limit else lean
+            unleaned = 0
+        self._unleaned = unleaned
+        self._ns = at
+        return at // 1_000_000
 
-    @staticmethod
-    def now_us() -> int:
-        return _perf_counter_ns() // 1000
+    def since_us(self) -> int:
+        return (self._mono() - self._mono_ns) // 1000
 
     def wall_us(self) -> int:
         return self._wall() // 1000

@@ -56,6 +56,7 @@ from mypy_extensions import mypyc_attr
 from disque.core.config import Config
 from disque.core.errors import misconf
 from disque.core.node import NodeCore
+from disque.core.settings import Settings
 from disque.core.types import BLOCKED, SILENT, Connection
 from disque.protocols.base import FrontEnd, ProtocolError
 from disque.shell.security import output_limit_exceeded
@@ -150,6 +151,7 @@ class Sessions:
     ) -> None:
         self.core = core
         self.config: Any = config  # Config's attributes are its directives, set at run time
+        self.settings: Settings = config.settings  # those every request reads, typed
         self.effects = effects  # carries out what the requests run caused
         self.on_output_limit = on_output_limit  # a client was closed by its output limit (INFO counts it)
         self.conns: dict[int, Conn] = {}  # by client id
@@ -242,7 +244,7 @@ class Sessions:
         the input it has not had run is over UNAUTHENTICATED_REQUEST_MAX."""
         client = conn.client
         # The parser is asked last: without requirepass this costs no Python call per request.
-        if self.core.config.requirepass and not client.authenticated and conn.parser.buffered() > UNAUTHENTICATED_REQUEST_MAX:
+        if self.settings.requirepass and not client.authenticated and conn.parser.buffered() > UNAUTHENTICATED_REQUEST_MAX:
             log.warning("Closing unauthenticated client %s sending a request over %d bytes", client.addr, UNAUTHENTICATED_REQUEST_MAX)
             self.queue(conn, conn.front.encode_error("Protocol error: unauthenticated request too long"))
             conn.closing = True
@@ -256,7 +258,7 @@ class Sessions:
 
     def count_queued(self, conn: Conn, size: int) -> None:
         conn.out_size += size
-        hard, soft, _ = self.config.client_output_buffer_limit
+        hard, soft, _ = self.settings.client_output_buffer_limit
         if hard or soft:
             self.check_output(conn)
 
@@ -269,7 +271,7 @@ class Sessions:
     def check_output(self, conn: Conn) -> None:
         """client-output-buffer-limit: close a client whose pending output is
         over the limits, dropping that output (logged, counted in INFO)."""
-        limits = self.config.client_output_buffer_limit
+        limits = self.settings.client_output_buffer_limit
         if not (limits[0] or limits[1]) or conn.closing:
             return
         close, conn.soft_since = output_limit_exceeded(conn.out_size, limits, conn.soft_since, time.monotonic())

@@ -120,7 +120,9 @@ class Level:
         newest: an append; a job of the tail loaded back, a requeue: a bisect)."""
         job.flags |= IN_LIST
         items = self.items
-        if not items or _key(items[-1]) < _key(job):
+        last = items[-1] if items else None
+        # _key(last) < _key(job), spelt out: native comparisons, no tuples
+        if last is None or last.ctime < job.ctime or (last.ctime == job.ctime and last.id < job.id):
             items.append(job)
         else:
             items.insert(bisect_right(items, _key(job), key=_key), job)

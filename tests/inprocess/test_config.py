@@ -44,9 +44,10 @@ def parsed(text: str, cwd: str = "/srv", read: Read | None = None) -> Config:
 
 
 def changed_attrs(config: Config) -> dict[str, object]:
-    """Attributes that differ from a fresh Config with the same dir."""
+    """Attributes that differ from a fresh Config with the same dir (not
+    `settings`, a copy of some of them)."""
     fresh = Config(cwd=config.dir)
-    return {a: getattr(config, a) for a in Config.__slots__ if getattr(config, a) != getattr(fresh, a)}
+    return {a: getattr(config, a) for a in Config.__slots__ if a != "settings" and getattr(config, a) != getattr(fresh, a)}
 
 
 # --------------------------------------------------------------------------

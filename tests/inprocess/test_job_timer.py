@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from disque.store.job import Job
 from disque.store.jobs import JobStore
+from support import START_MS, Session, make_core
 
 
 def test_more_due_jobs_than_one_pass_takes():
@@ -59,3 +60,20 @@ def test_timer_entries_of_jobs_that_left_are_skipped_and_compacted():
     store.schedule(jobs[1], 20)  # back into the split bucket
     assert store.due(25) == jobs[4:50] + [jobs[1]]
     assert store.next_awake() is None and store.due(30) == []
+
+
+def test_a_new_job_enters_the_timer_once_at_its_first_awake_time():
+    """ADDJOB puts a job on the timer once, when it is queued: no entry (nor
+    heap key) for the moment it was registered, however the clock reads."""
+    for start in (0, START_MS):  # at 0, RETRY 0 and no DELAY make qtime 0: never queued, still timed
+        core, clock, _ = make_core()
+        clock.ms = start
+        s = Session(core)
+        once = core.jobs.get(bytes(s("ADDJOB", "q", "x", 0, "REPLICATE", 1, "RETRY", 0, "TTL", 60)))
+        later = core.jobs.get(bytes(s("ADDJOB", "q", "y", 0, "REPLICATE", 1, "RETRY", 30, "DELAY", 5)))
+        assert once is not None and later is not None
+        assert (once.awake, later.awake) == (start + 61_000, start + 5_000)
+        assert sorted(core.jobs._heap) == sorted(core.jobs._buckets) == [start + 5_000, start + 61_000]
+        clock.advance(61_000)
+        core.tick()
+        assert once.id not in core.jobs  # expired on time

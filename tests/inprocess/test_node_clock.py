@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from disque.shell.clock import SLEW, NodeClock
+from disque.shell.clock import SLEW, SLEW_EVERY_NS, NodeClock
 
 START_NS = 1_700_000_000_000 * 1_000_000
 
@@ -11,6 +11,11 @@ class Sources:
     def __init__(self) -> None:
         self.wall = START_NS
         self.mono = 5 * 10**9
+        self.wall_reads = 0
+
+    def read_wall(self) -> int:
+        self.wall_reads += 1
+        return self.wall
 
     def run(self, ms: int) -> None:
         self.wall += ms * 1_000_000
@@ -19,7 +24,7 @@ class Sources:
 
 def clock() -> tuple[NodeClock, Sources]:
     src = Sources()
-    return NodeClock(lambda: src.wall, lambda: src.mono), src
+    return NodeClock(src.read_wall, lambda: src.mono), src
 
 
 def test_it_is_the_wall_clock_while_the_wall_clock_does_not_step():
@@ -62,3 +67,28 @@ def test_it_never_goes_backwards():
         now = c.now_ms()
         assert now >= last
         last = now
+
+
+def test_the_wall_clock_is_read_once_a_millisecond_and_still_caught_up():
+    """Requests microseconds apart read the monotonic clock only; the lean
+    the skipped readings allowed is taken at the next one."""
+    c, src = clock()
+    src.run(1_000)
+    start = c.now_ms()
+    src.wall += 50 * 1_000_000  # 50 ms forward
+    reads = src.wall_reads
+    for _ in range(10_000):
+        src.mono += 10_000  # 10 µs a request: 100 ms of requests
+        src.wall += 10_000
+        c.now_ms()
+    assert src.wall_reads - reads == 10_000 * 10_000 // SLEW_EVERY_NS
+    assert c.now_ms() - start == 100 + 1  # leaned 1 % of the 100 ms, as reading every time would
+
+
+def test_a_command_is_timed_from_the_reading_of_its_step():
+    c, src = clock()
+    c.now_ms()
+    src.mono += 1_234_567
+    assert c.since_us() == 1_234 and c.since_us() == 1_234  # reading it starts nothing
+    c.now_ms()
+    assert c.since_us() == 0

@@ -155,12 +155,14 @@ class SimClock:
         self.node = node
 
     def now_ms(self) -> int:
+        self.read_at = trio.current_time()
         return now_ms() + self.node.clock_offset
 
-    def now_us(self) -> int:
-        return (START_MS + self.node.clock_offset) * 1000 + round(trio.current_time() * 1_000_000)
+    def since_us(self) -> int:
+        return round((trio.current_time() - self.read_at) * 1_000_000)
 
-    wall_us = now_us
+    def wall_us(self) -> int:
+        return (START_MS + self.node.clock_offset) * 1000 + round(trio.current_time() * 1_000_000)
 
 
 class SimHost(FakeHost):

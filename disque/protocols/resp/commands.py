@@ -33,6 +33,7 @@ from disque.core import errors
 from disque.cluster import messages as m
 from disque.core.errors import err
 from disque.core.types import NIL_ARRAY, SILENT, Command, Connection, Map, Status
+from disque.core.lifecycle import check_job_options
 from disque.core.node import NodeCore
 from disque.core.schedules import MIN_EVERY, check_cron
 from disque.store.schedule import Schedule
@@ -73,6 +74,8 @@ ADDJOB_OPTS: Final[dict[bytes, tuple[int, int, int, str]]] = {  # Final: a stati
     b"zones": (6, 1, 65535, "ZONES must be between 1 and 65535"),  # an extension: docs/zones.md
     b"priority": (7, 0, MAX_PRIORITY, "PRIORITY must be between 0 and 9"),  # an extension (docs/priorities.md)
 }
+# The same under their upper-case names, as clients send them: found without lowering the argument.
+_ADDJOB_OPTS_UPPER: Final[dict[bytes, tuple[int, int, int, str]]] = {k.upper(): v for k, v in ADDJOB_OPTS.items()}
 
 
 def _option(spec: tuple[int, int, int, str], raw: bytes) -> int:
@@ -95,8 +98,11 @@ def job_options(argv: list[bytes], i: int) -> tuple[list[int | None], bool, byte
     dead_letter = None
     n = len(argv)
     while i < n:
-        opt = argv[i].lower()
-        spec = ADDJOB_OPTS.get(opt)  # one lookup, not a test and a lookup
+        spec = _ADDJOB_OPTS_UPPER.get(argv[i])
+        opt = b""  # the lowered name, needed only when that missed
+        if spec is None:
+            opt = argv[i].lower()
+            spec = ADDJOB_OPTS.get(opt)  # one lookup, not a test and a lookup
         if spec is not None and i + 1 < n:
             values[spec[0]] = _option(spec, argv[i + 1])
             i += 2
@@ -170,7 +176,7 @@ def _schedule_add(node: NodeCore, argv: list[bytes]) -> Any:
     repl, ttl, retry, delay, maxlen, max_attempts, zones, priority = values
     if dead_letter is not None and max_attempts is None:
         raise err("DEADLETTER needs MAXATTEMPTS")
-    errors.check_job_options(repl or 3, retry, delay or 0, ttl or 86400)
+    check_job_options(repl or 3, retry, delay or 0, ttl or 86400)
     if zones is not None and zones > (repl or 3):
         raise err("ZONES can't be greater than the replication level")
     node.schedules.add(Schedule(
