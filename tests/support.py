@@ -5,13 +5,17 @@ sessions."""
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from disque.cluster.membership import Membership
@@ -309,3 +313,18 @@ class HistoryScript:
     def at(self, ms: int) -> Self:
         self.now = self.T0 + ms
         return self
+
+
+@dataclass
+class JepsenRun:
+    results: dict[str, Any]  # the run's results.json
+    output: str  # what it printed, for the assertions' messages
+    returncode: int
+
+
+def jepsen_run(args: list[str], runs_dir: Path, timeout: float) -> JepsenRun:
+    """jepsen-lite/run.py with `args`, its runs under `runs_dir`."""
+    argv = [sys.executable, str(Path(__file__).resolve().parents[1] / "jepsen-lite" / "run.py"), *args, "--runs-dir", str(runs_dir)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    results = json.loads((runs_dir / "latest" / "results.json").read_text())
+    return JepsenRun(results, done.stdout + done.stderr, done.returncode)

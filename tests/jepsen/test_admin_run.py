@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from support import jepsen_run
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,10 +37,8 @@ def test_eight_admin_steps_do_every_operation_once_on_a_seeded_node():
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_admin_run_loses_nothing(tmp_path: Path) -> None:
-    argv = [sys.executable, str(ROOT / "jepsen-lite" / "run.py"), *ADMIN, "--runs-dir", str(tmp_path)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=840)
-    output = done.stdout + done.stderr
-    results = json.loads((tmp_path / "latest" / "results.json").read_text())
+    done = jepsen_run(ADMIN, tmp_path, timeout=840)
+    results, output = done.results, done.output
     assert [f["op"] for f in results["faults"]] == list(admin.OPERATIONS), output
     history = [json.loads(line) for line in (tmp_path / "latest" / "history.jsonl").read_text().splitlines()]
     wipes = [r["value"]["action"] for r in history if r["op"] == "wipe"]

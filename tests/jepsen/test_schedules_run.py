@@ -6,14 +6,12 @@ minutes: marked slow (`make jepsen-long` runs a longer one)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from support import jepsen_run
+
 RUN = ["--schedules", "3", "--faults", "halves,majority,bridge,kill,pause,clock", "--nodes", "3", "--duration", "96",
        "--fault-s", "4", "--gap-s", "12", "--producers", "2", "--consumers", "2", "--seed", "1"]  # fmt: skip
 
@@ -21,9 +19,8 @@ RUN = ["--schedules", "3", "--faults", "halves,majority,bridge,kill,pause,clock"
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_every_tick_once_outside_the_faults(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "jepsen-lite" / "run.py"), *RUN, "--runs-dir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=840)  # fmt: skip
-    output, results = done.stdout + done.stderr, json.loads((tmp_path / "latest" / "results.json").read_text())
+    done = jepsen_run(RUN, tmp_path, timeout=840)
+    results, output = done.results, done.output
     schedules = results["schedules"]
     assert sorted(f["fault"] for f in results["faults"]) == ["bridge", "clock", "halves", "kill", "majority", "pause"], output
     assert schedules["schedules"] == 3 and schedules["ticks"] > 200 and schedules["outside"] > 30, output

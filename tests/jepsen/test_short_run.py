@@ -9,23 +9,19 @@ acknowledged job collected from every node after the heal."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from support import jepsen_run
+
 SHORT = ["--extensions", "--faults", "halves,majority,bridge,kill,clock", "--duration", "60", "--fault-s", "8", "--gap-s", "4", "--seed", "1"]
 
 
 @pytest.mark.timeout(600)
 def test_short_run_loses_nothing(tmp_path: Path) -> None:
-    argv = [sys.executable, str(ROOT / "jepsen-lite" / "run.py"), *SHORT, "--runs-dir", str(tmp_path)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=540)
-    output = done.stdout + done.stderr
-    results = json.loads((tmp_path / "latest" / "results.json").read_text())
+    done = jepsen_run(SHORT, tmp_path, timeout=540)
+    results, output = done.results, done.output
     assert results["mode"] in ("netns", "proxy"), output
     assert sorted(f["fault"] for f in results["faults"]) == ["bridge", "clock", "halves", "kill", "majority"], output
     assert results["enqueued"] > 100, output
@@ -46,10 +42,8 @@ def test_groups_run_loses_nothing(tmp_path: Path) -> None:
     """`--workload groups`: three consumer groups read events added on every
     node; every group gets every event, and none gets an event again after
     acknowledging it except across a fault."""
-    argv = [sys.executable, str(ROOT / "jepsen-lite" / "run.py"), *GROUPS_RUN, "--runs-dir", str(tmp_path)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=540)
-    output = done.stdout + done.stderr
-    results = json.loads((tmp_path / "latest" / "results.json").read_text())
+    done = jepsen_run(GROUPS_RUN, tmp_path, timeout=540)
+    results, output = done.results, done.output
     assert sorted(f["fault"] for f in results["faults"]) == ["halves", "kill"], output
     checker = results["checker"]
     assert results["enqueued"] > 100 and checker["deliveries"] >= 3 * results["enqueued"], output
