@@ -41,7 +41,7 @@ from disque.cluster.messages import (
 from disque.store import schedule
 from disque.store.records import (  # the pieces of the field tables
     _BITS, _PORT, _UINT, Check, DecodeError, _ArrayLoader, _ArrayPacker, _bool, _bytes, _dump_wire_job, _Each, _Field,
-    _Fields, _IntIn, _job_id, _ListOf, _MapLoader, _MapPacker, _node_id, _opt_job_id, _Record, _str, _unpack,
+    _Fields, _IntIn, _job_id, _ListOf, _MapLoader, _MapPacker, _node_id, _node_ids, _opt_job_id, _Record, _str, _unpack,
     _unpack_map, _version, _wire_job, _wire_job_pos, _dump_wire_job_pos,
 )  # fmt: skip
 
@@ -177,7 +177,7 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("QUEUED", Queued, (_ID, _Field("delay", "d", _UINT, default=0)), (("incr_nacks", INCR_NACKS), ("incr_deliv", INCR_DELIV))),
     ("WORKING", Working, (_ID,)),
     ("WILLQUEUE", WillQueue, (_ID,)),
-    ("SETACK", SetAck, (_ID, _Field("mayhave", "h", _UINT))),
+    ("SETACK", SetAck, (_ID, _Field("mayhave", "h", _UINT), _Field("holders", "hs", _node_ids, default=()))),
     ("GOTACK", GotAck, (_ID, _Field("known", "k", _bool))),
     ("DELJOB", DelJob, (_ID, _Field("acked", "ak", _bool, default=True))),
     ("NEEDJOBS", NeedJobs, (_QUEUE, _Field("count", "c", _UINT))),

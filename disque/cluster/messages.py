@@ -162,6 +162,7 @@ class WillQueue:
 class SetAck:
     id: bytes
     mayhave: int  # size of the sender's nodes_delivered
+    holders: tuple[str, ...] = ()  # the sender's nodes_delivered (an older node sends none)
 
 
 @dataclass(frozen=True, slots=True)

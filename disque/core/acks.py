@@ -6,6 +6,11 @@ other nodes may), and the record's timer drives GC attempts: SETACK goes to
 every owner not yet confirmed, each answers GOTACK, and once every owner has
 confirmed, DELJOB goes to all of them and the record is deleted.  The delay
 between attempts doubles up to three minutes (lifecycle.py's `reschedule`).
+SETACK carries the sender's holders, not only their count as upstream's
+does: two nodes may each list three holders yet not the same three, and a
+count alone would let the GC end without the copy only one of them knew.
+The receiver adds the holders it did not know (among the nodes it knows)
+and runs the GC itself when it then knows more than the sender.
 FASTACK skips all that: DELJOB to every owner (every linked node for an
 unknown job) and the job goes at once.  A peer's DELJOB deletes the local
 copy and remembers the ID as collected, so a late REPLJOB cannot bring it
@@ -103,8 +108,7 @@ class Acks:
             life.delete_job(job)
             return
         targets = list(life.membership.nodes) if dummy else job.nodes_delivered
-        msg = m.SetAck(job.id, len(job.nodes_delivered))
-        self.out.broadcast([n for n in targets if n not in job.nodes_confirmed], msg)
+        self.out.broadcast([n for n in targets if n not in job.nodes_confirmed], set_ack(job))
 
     # ------------------------------------------------------------ bus messages
 
@@ -116,6 +120,11 @@ class Acks:
                 job = None  # handed to a replica and forgotten (external replication)
             else:
                 self.acknowledge(job)
+                if job.nodes_delivered:  # a dummy ACK stays one: it has no copy to collect
+                    known = life.membership.nodes
+                    for node_id in msg.holders:
+                        if node_id in known:
+                            job.add_delivered(node_id)
         if job is None or len(job.nodes_delivered) <= msg.mayhave:
             self.out.send(sender, m.GotAck(msg.id, job is not None))
             return
@@ -152,3 +161,9 @@ class Acks:
             self.waits.settle_waits(msg.id, msg.acked)  # a FASTACK or the end of a GC; or not (dead-lettered, aborted)
             life.delete_job(job)
         life.collected.remember(msg.id, life.now, msg.acked)
+
+
+def set_ack(job: Job) -> m.SetAck:
+    """The SETACK of an acknowledged job: its holders, and their count for
+    an older node that reads only that."""
+    return m.SetAck(job.id, len(job.nodes_delivered), job.nodes_delivered)

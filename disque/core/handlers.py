@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from disque.cluster import messages as m
+from disque.core.acks import set_ack
 from disque.store.records import job_from_wire
 from disque.store.ids import mixed
 from disque.store.job import BCAST_QUEUED, BCAST_WILLQUEUE, State
@@ -99,7 +100,7 @@ def _postpone(life: Lifecycle, sender: str, msg: Any, working: bool) -> None:
     if job is None:
         return
     if job.state == State.ACKED:
-        life.out.send(sender, m.SetAck(job.id, len(job.nodes_delivered)))
+        life.out.send(sender, set_ack(job))
         return
     delay = 0 if working else msg.delay  # NACK DELAY: nobody queues it before then
     if job.state == State.QUEUED and (working or delay or mixed(sender, job.id) > mixed(life.membership.my_id, job.id)):
@@ -136,7 +137,7 @@ def will_queue(life: Lifecycle, sender: str, msg: m.WillQueue) -> None:
     if job is None:
         return
     if job.state == State.ACKED:
-        life.out.send(sender, m.SetAck(job.id, len(job.nodes_delivered)))
+        life.out.send(sender, set_ack(job))
     elif job.state in (State.ACTIVE, State.QUEUED):
         job.add_delivered(sender)
         if job.state == State.QUEUED:

@@ -268,20 +268,27 @@ def shared_job(node: Node) -> bytes:
 
 
 @pytest.mark.parametrize(
-    "mayhave, expected",
+    "mayhave, holders, expected",
     [
-        (2, ["gotack"]),  # the sender knows as many holders: it runs the GC
-        (1, ["setack"]),  # we know more: we run the GC
-        (0, ["gotack", "setack"]),  # the sender has a dummy ACK: tell it we have the job, and GC
+        (2, (), ["gotack"]),  # the sender knows as many holders: it runs the GC
+        (2, (PEER, NODE_ID), ["gotack"]),  # ... the same ones
+        (1, (), ["setack"]),  # we know more: we run the GC
+        (2, (PEER, PEER2), ["setack+"]),  # as many, not the same: we run the GC over them all
+        (2, (PEER, PEER3), ["gotack"]),  # a holder we do not know is nobody we could reach
+        (0, (), ["gotack", "setack"]),  # the sender has a dummy ACK: tell it we have the job, and GC
     ],
 )
-def test_setack_hands_the_gc_to_the_widest_view(mayhave, expected):
-    node = Node()
+def test_setack_hands_the_gc_to_the_widest_view(mayhave, holders, expected):
+    node = Node((PEER, PEER2), unlinked=(PEER2,))  # the job goes to PEER; PEER2 is known all the same
     job_id = shared_job(node)
-    node.from_(PEER, m.SetAck(job_id, mayhave))
+    node.from_(PEER, m.SetAck(job_id, mayhave, holders))
     assert node.state(job_id) == "acked"
-    answers = {"gotack": m.GotAck(job_id, True), "setack": m.SetAck(job_id, 2)}
-    assert node.sent() == [(PEER, answers[name]) for name in expected]
+    answers = {
+        "gotack": [(PEER, m.GotAck(job_id, True))],
+        "setack": [(PEER, m.SetAck(job_id, 2, (NODE_ID, PEER)))],
+        "setack+": [(PEER, m.SetAck(job_id, 3, (NODE_ID, PEER, PEER2)))],  # PEER2's link is down: next attempt
+    }
+    assert node.sent() == [sent for name in expected for sent in answers[name]]
 
 
 @pytest.mark.parametrize("known", [True, False])

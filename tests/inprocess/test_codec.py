@@ -88,7 +88,7 @@ MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     Queued: st.builds(Queued, job_ids, st.booleans(), st.booleans()),
     Working: st.builds(Working, job_ids),
     WillQueue: st.builds(WillQueue, job_ids),
-    SetAck: st.builds(SetAck, job_ids, uints),
+    SetAck: st.builds(SetAck, job_ids, uints, st.lists(node_ids, unique=True, max_size=4).map(tuple)),
     GotAck: st.builds(GotAck, job_ids, st.booleans()),
     DelJob: st.builds(DelJob, job_ids),
     NeedJobs: st.builds(NeedJobs, blobs, uints),
@@ -713,3 +713,13 @@ def test_queued_carries_a_nack_delay_and_reads_frames_without_one() -> None:
     plain = encode_body(header, Queued(job_id))
     assert b"\xa1d" not in plain  # left out when 0, so older nodes read it unchanged
     assert decode_body(plain)[1].delay == 0
+
+
+def test_setack_carries_its_holders_and_reads_frames_without_them() -> None:
+    header = Header("a" * 40, 7711, 0)
+    job_id = new_job_id("a" * 40, random.Random(1), 60, 30)
+    holders = ("a" * 40, "b" * 40)
+    assert decode_body(encode_body(header, SetAck(job_id, 2, holders)))[1] == SetAck(job_id, 2, holders)
+    plain = encode_body(header, SetAck(job_id, 0))
+    assert b"\xa2hs" not in plain  # a dummy ACK's SETACK is what an older node sends
+    assert decode_body(plain)[1] == SetAck(job_id, 0, ())

@@ -8,6 +8,7 @@ import pytest
 
 from disque.cluster import messages as m
 from disque.core.types import Status
+from disque.store import records
 from invariants import check_core
 from mesh import Mesh
 
@@ -109,3 +110,35 @@ def test_norepl_when_the_node_is_not_back_before_the_timeout():
     reply = mesh.reply(client)
     assert (reply.code, reply.message) == ("NOREPL", "Timeout reached before replicating to the requested number of nodes")
     assert len(mesh.core(0).jobs) == len(mesh.core(2).jobs) == 0  # deleted, DELJOB to the replica
+
+
+# ---------------------------------------------------------------- acknowledgements
+
+
+def test_an_ack_reaches_a_copy_that_only_another_holder_knows_of():
+    """Regression (found by the long schedule simulation): the node that
+    acks a job and another holder each list three holders, but not the same
+    three.  SETACK carried only the count, the other holder saw nothing
+    more than the sender and confirmed, and the GC ended without the copy
+    only it knew of, which RETRY then delivered again.  SETACK now carries
+    the holders: the other holder sees one more and runs the GC itself."""
+    mesh = formed(4)
+    client = mesh.call(0, "ADDJOB", "q", "body", 5000, "REPLICATE", 3, "RETRY", 2)
+    job_id = added(mesh.reply(client))
+    a, b = sorted(i for i in holders(mesh, job_id) if i != 0)
+    (x,) = {1, 2, 3} - {a, b}
+    ids = [mesh.my_id(i) for i in range(4)]
+    # Node a handed its copy on to x, and so did its view: {0, a, x}.
+    wire = records.job_to_wire(mesh.core(a).jobs.get(job_id), mesh.clock.ms)
+    mesh.core(x).handle_bus(m.Header(ids[a], 7711 + a, 0), m.ReplJob(wire, noreply=True))
+    for i in (a, x):
+        mesh.core(i).jobs.get(job_id).nodes_delivered = (ids[0], ids[a], ids[x])
+    assert holders(mesh, job_id) == {0: "queued", a: "active", b: "active", x: "active"}
+    assert mesh.call(0, "ACKJOB", job_id) == 1
+    mesh.wait_for(lambda: not holders(mesh, job_id), 10_000)
+    mesh.advance(10_000)  # two RETRY periods: nothing comes back
+    assert holders(mesh, job_id) == {}
+    for core in mesh.cores:
+        assert core is not None and core.jobs.get(job_id) is None
+        check_core(core)
+

@@ -27,7 +27,7 @@ def test_job_shared_with_peer(duo):
     assert duo.s("WORKING", job_id) > 0 and duo.sent() == [m.Working(job_id)]
     assert duo.s("NACK", job_id) == 1 and duo.sent() == [m.Queued(job_id, incr_nacks=True, incr_deliv=False)]
     duo.s("GETJOB", "FROM", "q")
-    assert duo.s("ACKJOB", job_id) == 1 and duo.sent() == [m.SetAck(job_id, 2)]
+    assert duo.s("ACKJOB", job_id) == 1 and duo.sent() == [m.SetAck(job_id, 2, (NODE_ID, PEER))]
     assert duo.state(job_id) == "acked"
     from_peer(duo, m.GotAck(job_id, True))
     assert duo.sent() == [m.DelJob(job_id)] and duo.show(job_id) is None
