@@ -180,6 +180,7 @@ class History:
 
     async def run(self) -> None:
         step = self.history.slot_seconds
+        self.sample()  # what the queues did before the node served (an AOF loaded) is not counted; what follows is
         while True:
             now = self.core.clock.wall_us() / 1e6
             await trio.sleep((step - 0.5 - now % step) % step or step)

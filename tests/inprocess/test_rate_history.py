@@ -3,7 +3,11 @@ clock, bounded in slots and in queues, summed over nodes."""
 
 from __future__ import annotations
 
+import trio
+
 from disque.core.rate_history import COUNT_MAX, RateHistory, merge
+from disque.shell.dashboard import History
+from support import Session, make_core
 
 T0 = 1_790_000_000  # seconds, on a slot boundary
 
@@ -105,3 +109,21 @@ def test_merge_leaves_out_another_layout_and_has_an_empty_answer():
     assert merge([a.snapshot(), other.snapshot()])["queues"]["q"]["in"] == [0] * 5 + [1]
     assert merge([]) == RateHistory().snapshot()
     assert merge([small().snapshot()]) == small().snapshot()
+
+
+async def test_the_jobs_of_a_nodes_first_slot_are_counted(autojump_clock):
+    """Regression: the first periodic sample (up to a slot after the HTTP
+    port started) took the counters as they were then as its starting point,
+    so the jobs added before it were never counted."""
+    core, clock, _ = make_core()
+    history = History(core)
+    Session(core)("ADDJOB", "q", "before", 0)  # before the history began: not counted
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(history.run)
+        await trio.sleep(0.1)
+        for i in range(5):
+            Session(core)("ADDJOB", "q", f"job {i}", 0)
+        clock.advance(10_000)
+        await trio.sleep(10)  # the run's first sample
+        nursery.cancel_scope.cancel()
+    assert sum(history.history.snapshot()["queues"]["q"]["in"]) == 5
