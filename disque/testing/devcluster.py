@@ -21,6 +21,7 @@ refused with a clear error; `--port auto` picks free ports below it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import signal
@@ -28,7 +29,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 DEFAULT_CONF = Path(__file__).parents[1] / "default.conf"
@@ -114,6 +117,26 @@ def command(host: str, port: int, *args: str | bytes, timeout: float = 5.0) -> b
         return s.recv(1 << 20)
 
 
+@contextlib.contextmanager
+def signals_held(*signums: int) -> Iterator[None]:
+    """Hold these signals in the block and raise them again after it.  A
+    Ctrl-C between a child's fork and Popen's return would leave the child
+    running with its PID lost, a node nobody stops.  (Only the main thread
+    receives signals; elsewhere this does nothing.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    old = {signum: signal.signal(signum, lambda got, _: caught.append(got)) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in old.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        for signum in caught:
+            signal.raise_signal(signum)
+
+
 class NodeProcess:
     """One `disque-server` child process in its own directory."""
 
@@ -140,15 +163,16 @@ class NodeProcess:
         # In its directory: a rewritten config may name the log file before `dir`.
         # In its own session: a Ctrl-C at the terminal reaches only the parent,
         # which stops the nodes by PID in order instead of racing their exits.
-        self.proc = subprocess.Popen(
-            argv,
-            cwd=self.workdir,
-            env=None if self.env is None else {**os.environ, **self.env},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        with signals_held(signal.SIGINT, signal.SIGTERM):
+            self.proc = subprocess.Popen(
+                argv,
+                cwd=self.workdir,
+                env=None if self.env is None else {**os.environ, **self.env},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -14,7 +14,7 @@ import pytest
 
 from support import wait_for
 
-from disque.testing.devcluster import command, ephemeral_range, free_port, overlap
+from disque.testing.devcluster import command, ephemeral_range, free_port, overlap, signals_held
 
 NODES = 3
 
@@ -114,6 +114,18 @@ def test_ctrl_c_while_starting_or_joining_stops_cleanly(tmp_path: Path, nodes_up
     assert "Traceback" not in err, err
     assert not any(listening(base + i) for i in range(NODES))
     stopped_by_parent(tmp_path, base, nodes_up)
+
+
+def test_a_ctrl_c_while_a_node_is_forked_comes_once_its_pid_is_known() -> None:
+    """Regression: a Ctrl-C inside Popen left a node running that nobody
+    knew the PID of.  Held, it is raised once the block is over."""
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with signals_held(signal.SIGINT, signal.SIGTERM):
+            os.kill(os.getpid(), signal.SIGINT)
+            reached.append("after the signal")
+    assert reached == ["after the signal"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_free_ports_never_meet_a_port_given_before() -> None:
