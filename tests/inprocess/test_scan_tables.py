@@ -61,6 +61,8 @@ def _ids_in_one_bucket(n):
 
 
 CROWD = _ids_in_one_bucket(40)
+# IDs of other buckets: one in CROWD's would make its table hold more than the crowd
+OTHERS = [job_id for i in range(40) if hash(job_id := b"DI%08x%032x0001SQ" % (2, i)) % NBUCKETS != hash(CROWD[0]) % NBUCKETS][:20]
 
 
 @settings(max_examples=200, deadline=None)
@@ -69,7 +71,7 @@ def test_job_index_against_a_dict(ops):
     """IDs of one bucket (colliding runs, wrapping, growing and shrinking
     tables) and of others: every registered job is found after each step."""
     index, model = JobIndex(), {}
-    others = [b"DI%08x%032x0001SQ" % (2, i) for i in range(20)]
+    others = OTHERS
     for op, n in ops:
         job_id = (CROWD + others)[n]
         if op == "pop":
