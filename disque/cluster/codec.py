@@ -86,12 +86,30 @@ class _Schedule(Check):
         return v
 
 
+# Valid addresses remembered by the gossip entries' check: at most this many.
+IPS_KEPT: Final = 4096
+
+
 class _Ip(Check):
+    """An IP address.  Every PING and PONG carries gossip entries, and
+    ipaddress.ip_address was a tenth of an idle node's frame work: the
+    addresses found valid are remembered (a cluster has few), and forgotten
+    all at once when IPS_KEPT are."""
+
+    def __init__(self) -> None:
+        self.valid: set[str] = set()
+
     def check(self, v: Any) -> Any:
+        ip = _str.check(v)
+        if ip in self.valid:
+            return v
         try:
-            ipaddress.ip_address(_str.check(v))
+            ipaddress.ip_address(ip)
         except ValueError:
             raise DecodeError("invalid IP address") from None
+        if len(self.valid) >= IPS_KEPT:
+            self.valid.clear()
+        self.valid.add(ip)
         return v
 
 

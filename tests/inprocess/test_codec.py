@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import random
 import tracemalloc
 from typing import Any, get_args
@@ -723,3 +724,33 @@ def test_setack_carries_its_holders_and_reads_frames_without_them() -> None:
     plain = encode_body(header, SetAck(job_id, 0))
     assert b"\xa2hs" not in plain  # a dummy ACK's SETACK is what an older node sends
     assert decode_body(plain)[1] == SetAck(job_id, 0, ())
+
+
+# --- the gossip entries' address check remembers valid addresses --------------
+
+
+@fuzz
+@given(st.lists(st.one_of(st.ip_addresses().map(str), st.text(max_size=16), st.sampled_from(["1.2.3.400", "::1", "", "10.0.0.1"])), max_size=30))
+def test_the_remembered_addresses_accept_what_ipaddress_accepts(texts: list[str]) -> None:
+    check = codec._Ip()
+    for text in texts * 2:  # the second time, from what was remembered
+        try:
+            ipaddress.ip_address(text)
+            valid = True
+        except ValueError:
+            valid = False
+        if valid:
+            assert check.check(text) == text
+        else:
+            with pytest.raises(DecodeError):
+                check.check(text)
+    assert check.valid <= set(texts)
+
+
+def test_the_remembered_addresses_are_bounded() -> None:
+    check = codec._Ip()
+    for i in range(codec.IPS_KEPT + 10):
+        check.check(str(ipaddress.IPv4Address(i + 1)))
+    assert len(check.valid) == 10
+    with pytest.raises(DecodeError):
+        check.check(7)  # not a str: never looked up
