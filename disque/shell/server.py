@@ -138,6 +138,7 @@ class Server:
         self.timer = Timer()  # the deadline pass's, served by the client loop
         self._timer_at = 0  # clock ms the timer is armed for
         self._next_cron = 0  # clock ms of the shell's next cron
+        self.gc_freezer = GcFreezer(now_ms=self.clock.now_ms())
         self.shutdown_requested = trio.Event()
         self.ports: list[int] = []
         # The node's one effect dispatcher: its ports (the session runner, the bus,
@@ -209,7 +210,6 @@ class Server:
                     nursery.start_soon(self.bus.run, False, self.tcp)  # its cron runs in the deadline pass
                 nursery.start_soon(self._signals, signals)
                 nursery.start_soon(self.aof_file.run)  # loads the AOF, then its cron
-                nursery.start_soon(GcFreezer.run)
                 nursery.start_soon(trim_after_spills, self.core)
                 log.info("Ready to accept connections on port %s", self.ports[0] if self.ports else 0)
                 task_status.started(self)
@@ -248,7 +248,7 @@ class Server:
 
     def _deadline_pass(self) -> None:
         """What the node's one timer runs: the core's tick, and the shell's
-        100 ms cron (the bus links, the AOF).  Both run in a wake-up of the
+        100 ms cron (the bus links, the AOF, the collector's freezes).  Both run in a wake-up of the
         client loop, so the frames they send leave at its end (no wake-up of
         their own) and no trio timer expires (each is a cancellation, which
         for an idle node was most of its CPU).  During CLIENT PAUSE the core
@@ -264,6 +264,7 @@ class Server:
             self.bus.cron()
             if self.aof_file.started:
                 self.aof_file.cron()
+            self.gc_freezer.tick(now)
 
     def _arm(self) -> None:
         """Arm the timer for the next deadline.  The core's 100 ms cron is

@@ -9,6 +9,7 @@ from typing import Any
 import trio
 
 from disque.core.config import Config
+from disque.shell.gc_freeze import FREEZE_EVERY_MS, GcFreezer
 from disque.shell.server import Server
 
 MAX_TICKS = 100
@@ -82,3 +83,27 @@ class FarCore(DueCore):
 
     def next_deadline(self) -> int:
         return self.core.clock.now_ms() + 3_600_000
+
+
+def test_the_deadline_pass_freezes_what_survived_every_second(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    server = Server(Config())
+    collector = Collector()
+    server.gc_freezer = GcFreezer(collector, now_ms=server.clock.now_ms() - FREEZE_EVERY_MS)
+    server._deadline_pass()
+    server._deadline_pass()  # within the second: nothing more
+    assert collector.calls == ["collect", "freeze"]
+    server.timer.close()
+
+
+class Collector:
+    """Stands in for the gc module: records the calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def collect(self, generation: int = 2) -> None:
+        self.calls.append("collect")
+
+    def freeze(self) -> None:
+        self.calls.append("freeze")
