@@ -213,7 +213,7 @@ class Bus:
 
     async def run(self, own_cron: bool = True, reactor: Reactor | None = None) -> None:
         """Serve until cancelled.  With `own_cron` false the caller runs
-        `cron()` every CRON_PERIOD (the server's deadline loop does: one
+        `cron()` every CRON_PERIOD (the server's deadline pass does: one
         timer for the node instead of one per task, as every timer that
         expires costs a trio cancellation).  With a `reactor` (the client
         loop, which then calls `flush` after each of its wake-ups) plain

@@ -1,4 +1,4 @@
-"""The trio shell of a node: listeners, client connections, the deadline loop.
+"""The trio shell of a node: listeners, client connections, the deadline pass.
 
 This module performs the I/O the core asks for and nothing else.  Plain TCP
 clients are served by one task over an epoll set (tcp.py); a TLS
