@@ -72,11 +72,22 @@ def failing_flags(nodes: list) -> int:
     return bad
 
 
+def messages_sent(nodes: list) -> int:
+    """Bus messages all nodes have sent (CLUSTER INFO, ours and C Disque's)."""
+    total = 0
+    for node in nodes:
+        info = command(node.host, node.port, "CLUSTER", "INFO").decode()
+        total += int(info.partition("cluster_stats_messages_sent:")[2].split()[0])
+    return total
+
+
 def idle(nodes: list, seconds: float) -> dict[str, float]:
-    """CPU of all nodes together (% of one core) over `seconds`, checking flags
-    every 10 s; RSS and PSS per node at the end."""
+    """CPU of all nodes together (% of one core) and bus messages sent per
+    node per second over `seconds`, checking flags every 10 s; RSS and PSS
+    per node at the end."""
     pids = [n.pid for n in nodes]
     before = [sum(common.cpu_seconds(p)) for p in pids]
+    sent = messages_sent(nodes)
     started = time.monotonic()
     flagged = 0
     while (left := started + seconds - time.monotonic()) > 0:
@@ -84,8 +95,10 @@ def idle(nodes: list, seconds: float) -> dict[str, float]:
         flagged = max(flagged, failing_flags(nodes))
     elapsed = time.monotonic() - started
     used = sum(sum(common.cpu_seconds(p)) - b for p, b in zip(pids, before))
+    sent = messages_sent(nodes) - sent
     return {
         "cpu_pct": 100 * used / elapsed,
+        "msgs_per_node_s": sent / len(nodes) / elapsed,
         "rss_mb": sum(common.rss_bytes(p) for p in pids) / len(pids) / 2**20,
         "pss_mb": sum(pss_bytes(p) for p in pids) / len(pids) / 2**20,
         "flagged": flagged,
@@ -120,12 +133,13 @@ def run(quick: bool, sizes: tuple[int, ...] | None = None, seconds: float | None
             c = measure("c", n, c_port, base, seconds) if DISQUE_C else None
             ratio = ours["cpu_pct"] / c["cpu_pct"] if c and c["cpu_pct"] else float("nan")
             figures.append({"nodes": n, "ours": ours, "c": c, "cpu_ratio": ratio})
-            rows.append([n, attempt + 1, ours["joined_s"], ours["cpu_pct"], ours["rss_mb"], ours["pss_mb"], ours["flagged"],
-                         c["joined_s"] if c else "-", c["cpu_pct"] if c else "-", c["rss_mb"] if c else "-",
-                         f"{ratio:.1f} x" if c else "-"])  # fmt: skip
+            rows.append([n, attempt + 1, ours["joined_s"], ours["cpu_pct"], ours["msgs_per_node_s"], ours["rss_mb"], ours["pss_mb"],
+                         ours["flagged"], c["joined_s"] if c else "-", c["cpu_pct"] if c else "-",
+                         c["msgs_per_node_s"] if c else "-", c["rss_mb"] if c else "-", f"{ratio:.1f} x" if c else "-"])  # fmt: skip
     common.print_table(
         f"Idle clusters ({seconds:.0f} s idle; CPU = all nodes together, % of one core; ports below {low})",
-        ["N", "run", "join s", "CPU %", "RSS MB/node", "PSS MB/node", "fail flags", "C join s", "C CPU %", "C RSS MB", "CPU ours/C"],
+        ["N", "run", "join s", "CPU %", "msgs/s/node", "RSS MB/node", "PSS MB/node", "fail flags", "C join s", "C CPU %",
+         "C msgs/s/node", "C RSS MB", "CPU ours/C"],  # fmt: skip
         rows,
     )
     return {"sizes": list(sizes), "idle_seconds": seconds, "runs": figures}

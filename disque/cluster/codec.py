@@ -95,6 +95,38 @@ class _Ip(Check):
         return v
 
 
+# Checked gossip entries remembered by `_KnownEntries`: at most this many.
+ENTRIES_KEPT: Final = 4096
+
+
+class _KnownEntries(Check):
+    """A gossip entry in the positional form, checked by `record`, or the
+    entry already built from the same four values.  Every PING and PONG
+    carries a tenth of the sender's table, and checking and building each
+    entry (the ID's pattern, ipaddress.ip_address, the dataclass) was most
+    of an idle node's decoding: in a cluster that does not change, the
+    entries repeat.  Only a list of exactly (str, str, int, int) is looked
+    up, so a value of another type (True for 1) never matches a checked one;
+    the entries are frozen, so sharing them is safe.  All are forgotten at
+    once when ENTRIES_KEPT are kept."""
+
+    def __init__(self, record: Check) -> None:
+        self.record = record
+        self.known: dict[tuple[str, str, int, int], GossipEntry] = {}
+
+    def check(self, v: Any) -> Any:
+        if not (type(v) is list and len(v) == 4 and type(v[0]) is str and type(v[1]) is str and type(v[2]) is int and type(v[3]) is int):
+            return self.record.check(v)
+        key = (v[0], v[1], v[2], v[3])
+        entry = self.known.get(key)
+        if entry is None:
+            entry = self.record.check(v)
+            if len(self.known) >= ENTRIES_KEPT:
+                self.known.clear()
+            self.known[key] = entry
+        return entry
+
+
 class _Zone(Check):
     def check(self, v: Any) -> Any:
         if not valid_zone(_str.check(v)):
@@ -144,7 +176,7 @@ _GOSSIP_ENTRY: _Fields = (
 )
 _GOSSIP = _Field(
     "gossip", "g", _ListOf(_Record(_MapLoader(_GOSSIP_ENTRY), GossipEntry)), _Each(_MapPacker(_GOSSIP_ENTRY)),
-    pos=(_ListOf(_Record(_ArrayLoader(_GOSSIP_ENTRY), GossipEntry)), _Each(_ArrayPacker(_GOSSIP_ENTRY))),
+    pos=(_ListOf(_KnownEntries(_Record(_ArrayLoader(_GOSSIP_ENTRY), GossipEntry))), _Each(_ArrayPacker(_GOSSIP_ENTRY))),
 )
 # Added after the first version: an older node sends none (0) and ignores it.
 _FEATURES = _Field("features", "ft", _BITS, default=0)

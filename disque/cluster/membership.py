@@ -99,6 +99,7 @@ class Peer:
     reports: dict[str, int] = field(default_factory=dict)  # reporter id -> when
     features: int = 0  # FEATURE_* bits its PING/PONG/MEET said since our link to it came up
     zone: str = ""  # where the node runs (docs/zones.md): its PING/PONG/MEET say it; "" is no zone
+    entry: GossipEntry | None = None  # what gossip last said of it, said again while it holds
 
 
 FLAG_NAMES = ((MYSELF, "myself"), (PFAIL, "fail?"), (FAIL, "fail"), (HANDSHAKE, "handshake"), (NOADDR, "noaddr"), (LEAVING, "leaving"))
@@ -117,6 +118,16 @@ def valid_address(ip: str, port: int) -> bool:
     except ValueError:
         return False
     return 1 <= port <= 55535
+
+
+def _entry(node: Peer) -> GossipEntry:
+    """The gossip entry of `node`: the one made last time while its ID,
+    address and flags are the same (building one costs more than checking)."""
+    flags = node.flags & ~MYSELF
+    entry = node.entry
+    if entry is None or entry.flags != flags or entry.port != node.port or entry.ip != node.ip or entry.node_id != node.id:
+        entry = node.entry = GossipEntry(node.id, node.ip, node.port, flags)
+    return entry
 
 
 class Wire(Protocol):
@@ -377,7 +388,7 @@ class Membership:
             node = choice(table)
             if node.link and not node.flags & (MYSELF | HANDSHAKE | NOADDR):
                 chosen[node.id] = node
-        return tuple(GossipEntry(n.id, n.ip, n.port, n.flags & ~MYSELF) for n in chosen.values())
+        return tuple([_entry(n) for n in chosen.values()])
 
     # ------------------------------------------------------------ messages
 

@@ -563,13 +563,13 @@ class AofFile:
 
     async def run(self) -> None:
         """Load the AOF (start-up); owns the fsync task and the rewrite
-        tasks.  Once loaded, the server's deadline loop runs `cron`."""
+        tasks.  Once loaded, the server's deadline pass runs `cron`."""
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             self.fsync_wanted = trio.Event()
             nursery.start_soon(self._fsync_loop)
             await self._startup()
-            self.started = True  # the server's deadline loop runs `cron` every 100 ms from now on
+            self.started = True  # the server's deadline pass runs `cron` every 100 ms from now on
             await trio.sleep_forever()
 
     async def _startup(self) -> None:

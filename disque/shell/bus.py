@@ -190,6 +190,7 @@ class Bus:
         self.links = self.wires.links  # outgoing, connecting or connected
         self.conns = self.wires.conns  # incoming
         self._retry: dict[int, _Retry] = {}
+        self._settled: dict[int, tuple[str, int]] | None = None  # the wanted links, once all are up
         self._tick = 0
         self._next_conn = 0
         self._nursery: trio.Nursery | None = None
@@ -213,7 +214,7 @@ class Bus:
 
     async def run(self, own_cron: bool = True, reactor: Reactor | None = None) -> None:
         """Serve until cancelled.  With `own_cron` false the caller runs
-        `cron()` every CRON_PERIOD (the server's deadline loop does: one
+        `cron()` every CRON_PERIOD (the server's deadline pass does: one
         timer for the node instead of one per task, as every timer that
         expires costs a trio cancellation).  With a `reactor` (the client
         loop, which then calls `flush` after each of its wake-ups) plain
@@ -255,6 +256,8 @@ class Bus:
     def _reconcile(self) -> None:
         wanted: dict[int, tuple[str, int]] = self.core.bus_links()
         self.drain()
+        if wanted is self._settled:  # the same links wanted, all up, and none ended since
+            return
         for key, link in self.links.items():
             if wanted.get(key) != link.addr:
                 link.close()  # its task ends and frees the key; the next cron reconnects
@@ -268,6 +271,12 @@ class Bus:
             retry.next_tick = self._tick + retry.delay
             link = self.links[key] = _peer(addr, f"bus link to {_hostport(*addr)}")
             self._nursery.start_soon(self._run_link, key, link)
+        # The core keeps its dict of wanted links until a node is added,
+        # deleted or moves: until then, or until a link ends, there is
+        # nothing to do, and the cron does not walk every link ten times a
+        # second.
+        up = len(self.links) == len(wanted) and all(link.ready and not link.closed and k in wanted for k, link in self.links.items())
+        self._settled = wanted if up else None
 
     async def _run_link(self, key: int, link: Link) -> None:
         core = self.core
@@ -296,6 +305,7 @@ class Bus:
         except Exception:  # a bug costs this link, not the node
             self._warn("Closing %s: %s", link.label, traceback.format_exc().rstrip())
         finally:
+            self._settled = None
             if self.links.get(key) is link:
                 del self.links[key]
             if failed or link.stream is not None:

@@ -9,7 +9,8 @@ its oldest generation have grown by a quarter.  Every queued job is such an
 object, so with a large backlog a full pass stops the node for a long time
 (300-420 ms with a million jobs) and finds nothing: jobs hold no cycles.
 
-So every second the server hands what has survived so far to
+So every second (the server's deadline pass calls `tick`) what has
+survived so far goes to
 `gc.freeze()`, which moves it to a permanent generation that the collector
 skips.  Frozen objects are still freed by reference counting as soon as
 nothing refers to them; the young generations are collected just before, so
@@ -23,8 +24,6 @@ from __future__ import annotations
 
 import gc
 from typing import Any
-
-import trio
 
 FREEZE_EVERY_MS = 1_000
 FULL_PASS_EVERY_MS = 3_600_000
@@ -50,15 +49,3 @@ class GcFreezer:
             return
         self.next_freeze = now_ms + FREEZE_EVERY_MS
         self.gc.freeze()
-
-    @classmethod
-    async def run(cls, collector: Any = gc) -> None:
-        """The server's task, on trio's monotonic clock."""
-        freezer = cls(collector, _trio_ms())
-        while True:
-            await trio.sleep_until(freezer.next_freeze / 1000)
-            freezer.tick(_trio_ms())
-
-
-def _trio_ms() -> int:
-    return int(trio.current_time() * 1000)

@@ -1,12 +1,13 @@
-"""The trio shell of a node: listeners, client connections, the deadline loop.
+"""The trio shell of a node: listeners, client connections, the deadline pass.
 
 This module performs the I/O the core asks for and nothing else.  Plain TCP
 clients are served by one task over an epoll set (tcp.py); a TLS
 client has a task of its own.  Either way a chunk read from a client goes to
 the session runner (session.py), which runs its requests and carries out
 the effects; all the replies go out with one send (pipelining), once the
-AOF records they depend on are safe.  A single loop sleeps until
-`NodeCore.next_deadline()` and calls `tick()`.  `Host` services (process
+AOF records they depend on are safe.  The node's one timer (a timerfd in
+the client loop's epoll set, timer.py) fires at `NodeCore.next_deadline()`
+and runs `tick()` (the deadline pass).  `Host` services (process
 statistics, config rewrite, shutdown) are methods of `Server`.
 
 What a configuration leaves off is not imported: the HTTP port (metrics,
@@ -50,6 +51,7 @@ from disque.protocols.resp.encoder import encode_error
 from disque.shell.security import DENIED, Security, announced_port, is_loopback, protected_mode_refuses
 from disque.shell.aof_file import AofFile
 from disque.shell.clock import NodeClock
+from disque.shell.timer import Timer
 from disque.version import Revision, revision
 from disque.shell.tcp import READ_SIZE, Refusal, TcpClients, format_addr
 
@@ -133,7 +135,10 @@ class Server:
             self.save_cluster_config(fsync=True)
             log.info("No cluster configuration found, I'm %s", node_id)
         self.nursery: trio.Nursery | None = None
-        self._sleep: trio.CancelScope | None = None  # the deadline loop's, while it sleeps
+        self.timer = Timer()  # the deadline pass's, served by the client loop
+        self._timer_at = 0  # clock ms the timer is armed for
+        self._next_cron = 0  # clock ms of the shell's next cron
+        self.gc_freezer = GcFreezer(now_ms=self.clock.now_ms())
         self.shutdown_requested = trio.Event()
         self.ports: list[int] = []
         # The node's one effect dispatcher: its ports (the session runner, the bus,
@@ -174,6 +179,8 @@ class Server:
                 self.ports = [ln.socket.getsockname()[1] for ln in listeners]
                 for listener in listeners:
                     self.tcp.listen(socket.socket(fileno=listener.socket.detach()))
+                self.tcp.watch(self.timer.fd, self._timer_fired)
+                self.timer.arm(0)
                 trusted = self.config.memcache_auth == "loopback"  # else they authenticate (memcached's ASCII auth)
                 if memcache_listeners or memcache_tls_listeners:
                     from disque.protocols.memcache.front import memcache_front
@@ -200,11 +207,9 @@ class Server:
                     nursery.start_soon(http.serve, http_listeners)
                     log.info("Serving metrics and the dashboard on http port %s", self.config.metrics_port)
                 if announced_port(self.config):
-                    nursery.start_soon(self.bus.run, False, self.tcp)  # its cron runs in the deadline loop
-                nursery.start_soon(self._deadline_loop)
+                    nursery.start_soon(self.bus.run, False, self.tcp)  # its cron runs in the deadline pass
                 nursery.start_soon(self._signals, signals)
                 nursery.start_soon(self.aof_file.run)  # loads the AOF, then its cron
-                nursery.start_soon(GcFreezer.run)
                 nursery.start_soon(trim_after_spills, self.core)
                 log.info("Ready to accept connections on port %s", self.ports[0] if self.ports else 0)
                 task_status.started(self)
@@ -212,6 +217,7 @@ class Server:
                 self.flush_all_nowait()
                 log.warning("Disque is now ready to exit, bye bye...")
                 nursery.cancel_scope.cancel()
+            self.timer.close()
 
     async def _open_listeners(self, port: int | None = None) -> list[trio.SocketListener]:
         port = self.config.port if port is None else port
@@ -233,33 +239,41 @@ class Server:
             if not self.shutdown(False):
                 log.warning("SIGTERM received but errors trying to shut down the server, check the logs for more information")
 
-    async def _deadline_loop(self) -> None:
-        """The node's one timer: it sleeps until the core's next deadline or
-        the shell's next 100 ms cron (the bus links, the AOF), whichever
-        comes first.  Each expired trio timer costs a cancellation, which
-        for an idle node is most of its CPU: so the bus and the AOF have no
-        timer of their own.  During CLIENT PAUSE the core is not ticked; the
-        shell's cron goes on."""
-        core, clock = self.core, self.clock
-        next_cron = clock.now_ms()
-        while True:
-            now = clock.now_ms()
-            if now >= next_cron:
-                next_cron = now + SHELL_CRON_MS
-                self.bus.cron()
-                if self.aof_file.started:
-                    self.aof_file.cron()
-            paused = core.pause_left(now)
-            wait_ms = min(next_cron, now + paused if paused else core.next_deadline()) - now
-            if wait_ms > 0:
-                with trio.move_on_after(wait_ms / 1000) as self._sleep:  # `wake` may bring it forward
-                    await trio.sleep_forever()
-                self._sleep = None
-            else:  # due already: still let the other tasks run between ticks
-                await trio.lowlevel.checkpoint()
-            if not core.pause_left(clock.now_ms()):
-                core.tick()
-                self.dispatch.drain()
+    def _timer_fired(self, events: int) -> None:
+        if self.timer.fired():  # else a readiness left from before a re-arm
+            try:
+                self._deadline_pass()
+            finally:
+                self._arm()
+
+    def _deadline_pass(self) -> None:
+        """What the node's one timer runs: the core's tick, and the shell's
+        100 ms cron (the bus links, the AOF, the collector's freezes).  Both run in a wake-up of the
+        client loop, so the frames they send leave at its end (no wake-up of
+        their own) and no trio timer expires (each is a cancellation, which
+        for an idle node was most of its CPU).  During CLIENT PAUSE the core
+        is not ticked; the shell's cron goes on."""
+        core, now = self.core, self.clock.now_ms()
+        if not core.pause_left(now):
+            core.tick()
+            self.dispatch.drain()
+        # Half a period early: the shell's cron rides on the core's 100 ms
+        # cron rather than waking the node a millisecond before or after it.
+        if now >= self._next_cron - SHELL_CRON_MS // 2:
+            self._next_cron = now + SHELL_CRON_MS
+            self.bus.cron()
+            if self.aof_file.started:
+                self.aof_file.cron()
+            self.gc_freezer.tick(now)
+
+    def _arm(self) -> None:
+        """Arm the timer for the next deadline.  The core's 100 ms cron is
+        always among them when it is ticked, so the shell's cron needs a
+        deadline of its own only during CLIENT PAUSE."""
+        core, now = self.core, self.clock.now_ms()
+        paused = core.pause_left(now)
+        self._timer_at = min(self._next_cron, now + paused) if paused else core.next_deadline()
+        self.timer.arm(self._timer_at - now)
 
     # ------------------------------------------------------------ clients
 
@@ -401,10 +415,10 @@ class Server:
 
     def wake(self, at_ms: int) -> None:
         """A client blocked until `at_ms` (a memcache `get q/t=30`), sooner
-        than the deadline loop sleeps: it wakes up then instead."""
-        if self._sleep is not None:
-            at = trio.current_time() + max(at_ms - self.clock.now_ms(), 0) / 1000
-            self._sleep.deadline = min(self._sleep.deadline, at)
+        than the deadline pass runs: it runs then instead."""
+        if at_ms < self._timer_at:
+            self._timer_at = at_ms
+            self.timer.arm(at_ms - self.clock.now_ms())
 
     def process_info(self) -> dict[str, Any]:
         times = os.times()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import random
 import tracemalloc
 from typing import Any, get_args
@@ -723,3 +724,42 @@ def test_setack_carries_its_holders_and_reads_frames_without_them() -> None:
     plain = encode_body(header, SetAck(job_id, 0))
     assert b"\xa2hs" not in plain  # a dummy ACK's SETACK is what an older node sends
     assert decode_body(plain)[1] == SetAck(job_id, 0, ())
+
+
+# --- checked gossip entries are remembered ---------------------------------------
+
+entry_values = st.one_of(st.text(max_size=3), st.integers(-1, 2**33), st.booleans(), st.floats(allow_nan=False), st.none())
+
+
+@fuzz
+@given(st.lists(st.one_of(
+    st.builds(lambda e: [e.node_id, e.ip, e.port, e.flags], st.builds(GossipEntry, node_ids, st.ip_addresses().map(str), ports, st.integers(0, 255))),
+    st.lists(entry_values, min_size=3, max_size=5),
+    st.tuples(node_ids, st.sampled_from(["1.2.3.400", "::1", "", "10.0.0.1"]), st.one_of(ports, st.just(True), st.just(1.0), st.just(-1)),
+              st.one_of(st.integers(0, 2**33), st.just(False))).map(list),
+), max_size=20))  # fmt: skip
+def test_a_remembered_entry_is_what_checking_it_again_gives(items: list[list[Any]]) -> None:
+    """Decoding through the memory of checked entries accepts and builds
+    exactly what the plain check does, the second time as the first."""
+    plain = records._Record(records._ArrayLoader(codec._GOSSIP_ENTRY), GossipEntry)
+    known = codec._KnownEntries(plain)
+    for item in items * 2:
+        try:
+            want: Any = plain.check(item)
+        except DecodeError:
+            with pytest.raises(DecodeError):
+                known.check(item)
+        else:
+            got = known.check(item)
+            assert got == want and type(got) is GossipEntry and type(got.port) is int and type(got.flags) is int
+
+
+def test_remembered_entries_are_bounded_and_shared() -> None:
+    plain = records._Record(records._ArrayLoader(codec._GOSSIP_ENTRY), GossipEntry)
+    known = codec._KnownEntries(plain)
+    first = known.check(["a" * 40, "10.0.0.1", 7711, 0])
+    assert known.check(["a" * 40, "10.0.0.1", 7711, 0]) is first
+    assert known.check(["a" * 40, "10.0.0.1", 7711, 4]) is not first  # another flag: another entry
+    for i in range(codec.ENTRIES_KEPT + 10):
+        known.check(["a" * 40, str(ipaddress.IPv4Address(i + 1)), 1, 0])
+    assert len(known.known) == 12  # all forgotten once ENTRIES_KEPT were kept: 12 added since

@@ -7,7 +7,6 @@ import weakref
 from collections.abc import Iterator
 
 import pytest
-import trio
 
 from disque.shell.gc_freeze import FREEZE_EVERY_MS, FULL_PASS_EVERY_MS, GcFreezer
 
@@ -99,10 +98,3 @@ def test_young_garbage_is_collected_before_freezing() -> None:
     del a, b
     GcFreezer(gc, now_ms=0).tick(FREEZE_EVERY_MS)
     assert gone() is None
-
-
-async def test_the_task_ticks_every_second(autojump_clock: trio.testing.MockClock) -> None:
-    fake = FakeCollector()
-    with trio.move_on_after(3.5):
-        await GcFreezer.run(fake)
-    assert fake.calls == [("collect", 1), ("freeze",)] * 3

@@ -315,6 +315,37 @@ async def test_links_follow_bus_links(nursery: trio.Nursery) -> None:
     assert len(a.core.seen("up", 1)) == 2
 
 
+class KeptLinksCore(FakeCore):
+    """Keeps its dict of wanted links until it changes, as the node's core
+    does (a change replaces the dict)."""
+
+    def bus_links(self) -> dict[int, tuple[str, int]]:
+        return self.wanted
+
+
+async def test_links_follow_a_core_that_keeps_its_dict(nursery: trio.Nursery) -> None:
+    """Once every wanted link is up the cron has nothing to do until the
+    dict changes or a link ends: both are still followed."""
+    a = Node("a")
+    a.core = KeptLinksCore(a.core.id)
+    a.bus = a._new_bus()
+    await a.start(nursery)
+    b = await Node("b").start(nursery)
+    c = await Node("c").start(nursery)
+    a.core.wanted = {1: b.addr}
+    await a.core.wait_for(lambda: a.core.got(Pong, key=1))
+    with trio.fail_after(5):
+        while a.bus._settled is not a.core.wanted:  # the cron found every link up
+            await trio.sleep(0.01)
+    a.apply(DropLink(1))  # a link that ends is made again
+    await a.core.wait_for(lambda: len(a.core.got(Pong, key=1)) == 2)
+    a.core.wanted = {1: c.addr}  # the node moved: the old link goes, a new one comes
+    await c.core.wait_for(lambda: c.core.got(Ping))
+    await a.core.wait_for(lambda: len(a.core.got(Pong, key=1)) == 3)
+    assert a.core.frames[-1].header.sender == "c" * 40
+    assert [e[:2] for e in a.core.events] == [("up", 1), ("down", 1), ("up", 1), ("down", 1), ("up", 1)]
+
+
 async def test_connect_timeout_counts_as_failure(nursery: trio.Nursery) -> None:
     # A backlog of 0 fills with one pending connection; later SYNs go unanswered.
     with socket.socket() as full:

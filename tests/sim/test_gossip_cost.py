@@ -11,7 +11,7 @@ import random
 import pytest
 
 from disque.cluster.membership import FAIL, HANDSHAKE, NOADDR, PFAIL, Membership, Peer
-from disque.cluster.messages import Ping
+from disque.cluster.messages import GossipEntry, Ping
 from gossip_cost import GossipSim, measure
 
 scale = pytest.mark.skipif(not os.environ.get("DISQUE_SCALE"), reason="the 100- and 500-node runs: make scale")
@@ -145,3 +145,22 @@ def test_gossip_at_100_and_500_nodes() -> None:
     assert large.bytes_per_node_s / small.bytes_per_node_s <= 1.2 * (500 / 100) ** 2
     assert 0 < large.fail_s <= 30.0
     assert 0 < large.known_s <= 30.0
+
+
+def test_a_node_is_gossiped_as_it_is_now() -> None:
+    """The entry made for a node is sent again while its ID, address and
+    flags hold, and made again when any of them changes."""
+    members = table_of(3)
+    node = next(n for n in members.table if n is not members.myself)
+
+    def entry() -> GossipEntry:  # a draw may miss it: draw until it is in
+        return next(e for _ in range(100) for e in members.gossip() if e.node_id == node.id)
+
+    first = entry()
+    assert entry() is first
+    changes = [("flags", PFAIL), ("port", 7100), ("ip", "127.0.0.2"), ("id", "f" * 40)]
+    for attr, value in changes:
+        setattr(node, attr, value)
+        now = entry()
+        assert now is not first and (now.node_id, now.ip, now.port, now.flags) == (node.id, node.ip, node.port, node.flags)
+        first = now
