@@ -405,7 +405,7 @@ def test_huge_sets_are_not_buffered(kestrel) -> None:
 
 
 def test_a_waiting_get_ends_at_its_millisecond_not_at_the_next_100_ms_cron(kestrel) -> None:
-    """`get q/t=20` answered END after 20 ms and well before 80, five times in
+    """`get q/t=20` answered END in its 20th ms and well before 80, five times in
     a row: each starts right after the previous answer, which under a 100 ms
     cron would make every one after the first wait about 100 ms."""
     _, port = kestrel()
@@ -414,4 +414,6 @@ def test_a_waiting_get_ends_at_its_millisecond_not_at_the_next_100_ms_cron(kestr
         start = time.monotonic()
         expect(sock, b"get q/t=20\r\n", b"END\r\n")
         elapsed = time.monotonic() - start
-        assert 0.020 <= elapsed < 0.080, elapsed
+        # A timeout counts whole milliseconds of the node's clock, as C Disque's
+        # and Redis's do: a request read late in a millisecond waits up to 1 ms less.
+        assert 0.019 <= elapsed < 0.080, elapsed
