@@ -4,6 +4,7 @@ clock, bounded in slots and in queues, summed over nodes."""
 from __future__ import annotations
 
 import trio
+import trio.testing
 
 from disque.core.rate_history import COUNT_MAX, RateHistory, merge
 from disque.shell.dashboard import History
@@ -120,7 +121,7 @@ async def test_the_jobs_of_a_nodes_first_slot_are_counted(autojump_clock):
     Session(core)("ADDJOB", "q", "before", 0)  # before the history began: not counted
     async with trio.open_nursery() as nursery:
         nursery.start_soon(history.run)
-        await trio.sleep(0.1)
+        await trio.testing.wait_all_tasks_blocked()  # the run took its starting point and sleeps
         for i in range(5):
             Session(core)("ADDJOB", "q", f"job {i}", 0)
         clock.advance(10_000)
