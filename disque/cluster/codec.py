@@ -40,7 +40,7 @@ from disque.cluster.messages import (
 )  # fmt: skip
 from disque.store import schedule
 from disque.store.records import (  # the pieces of the field tables
-    _BITS, _PORT, _UINT, Check, DecodeError, _ArrayLoader, _ArrayPacker, _bool, _bytes, _dump_wire_job, _Each, _Field,
+    _BITS, _FAILURE, _PORT, _UINT, Check, DecodeError, _ArrayLoader, _ArrayPacker, _bool, _bytes, _dump_wire_job, _Each, _Field,
     _Fields, _IntIn, _job_id, _ListOf, _MapLoader, _MapPacker, _node_id, _node_ids, _opt_job_id, _Record, _str, _unpack,
     _unpack_map, _version, _wire_job, _wire_job_pos, _dump_wire_job_pos,
 )  # fmt: skip
@@ -206,7 +206,7 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("REPLJOB", ReplJob, (_Field("job", "j", _wire_job, _dump_wire_job, pos=(_wire_job_pos, _dump_wire_job_pos)),), (("noreply", NOREPLY),)),
     ("GOTJOB", GotJob, (_ID,)),
     ("ENQUEUE", Enqueue, (_ID, _Field("delay", "d", _UINT))),
-    ("QUEUED", Queued, (_ID, _Field("delay", "d", _UINT, default=0)), (("incr_nacks", INCR_NACKS), ("incr_deliv", INCR_DELIV))),
+    ("QUEUED", Queued, (_ID, _Field("delay", "d", _UINT, default=0), _FAILURE), (("incr_nacks", INCR_NACKS), ("incr_deliv", INCR_DELIV))),
     ("WORKING", Working, (_ID,)),
     ("WILLQUEUE", WillQueue, (_ID,)),
     ("SETACK", SetAck, (_ID, _Field("mayhave", "h", _UINT), _Field("holders", "hs", _node_ids, default=()))),

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from disque.store.failure import NO_FAILURE, Failure
 from disque.store.records import WireJob
 
 # Node flag bits, as kept in the node table and sent in headers and gossip.
@@ -146,6 +147,7 @@ class Queued:
     incr_nacks: bool = False
     incr_deliv: bool = False
     delay: int = 0  # NACK DELAY: seconds before any node may queue the job again
+    failure: Failure | tuple[()] = NO_FAILURE  # NACK ERROR: the failure the consumer reported (store/failure.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,6 +110,8 @@ def _postpone(life: Lifecycle, sender: str, msg: Any, working: bool) -> None:
         if job.qtime:  # pragma: no branch - a job with RETRY > 0 always has a qtime
             job.qtime = life.now + (delay + job.retry) * 1000 + life.jitter()
     if not working:
+        if msg.failure:  # NACK ... ERROR: the consumer's failure, kept here too
+            life.set_failure(job, msg.failure)
         if msg.incr_nacks:
             job.nacks = min(job.nacks + 1, 0xFFFF)
         if msg.incr_deliv:

@@ -36,6 +36,7 @@ from disque.cluster import messages as m
 from disque.core import errors
 from disque.core.settings import Settings
 from disque.core.types import Connection, Stats, Status
+from disque.store.failure import NO_FAILURE, Failure
 from disque.store.ids import new_job_id
 from disque.store.job import (
     ABORT,
@@ -367,7 +368,7 @@ class Lifecycle:
             job.flags = (job.flags & ~NACKED) | BCAST_QUEUED
             self.out.broadcast(job.nodes_delivered, m.Queued(job.id))
         elif job.flags & BCAST_QUEUED or nack:
-            self.out.broadcast(job.nodes_delivered, m.Queued(job.id, incr_nacks=nack, incr_deliv=not nack))
+            self.out.broadcast(job.nodes_delivered, m.Queued(job.id, nack, not nack, 0, job.failure if nack else NO_FAILURE))
             if nack:
                 job.nacks = min(job.nacks + 1, 0xFFFF)
                 queue.nacks += 1
@@ -530,6 +531,29 @@ class Lifecycle:
             self.process_job(job)
         return job.retry
 
+    def nack(self, job: Job, delay: int, failure: Failure | None) -> bool:
+        """NACK (spec/commands.md §5.2) with its extensions: DELAY
+        (`nack_later`) and ERROR, the `failure` the consumer reports, kept
+        with the job (stamped with this node's time), logged, and sent with
+        the QUEUED that tells the other holders (store/failure.py).  Only an
+        active job is NACKed."""
+        if job.state != S_ACTIVE:
+            return False
+        if failure is not None:
+            self.set_failure(job, failure._replace(at=self.now))
+        if delay:
+            return self.nack_later(job, delay)  # (it logs the job itself)
+        done = self.enqueue(job, nack=True)
+        if failure is not None and job.id in self.jobs:  # (not when dead-lettered: its copy is logged)
+            self.out.aof_loadjob(job)
+        return done
+
+    def set_failure(self, job: Job, failure: Failure) -> None:
+        """Keep `failure` as the job's last, its bytes counted in memory."""
+        before = job.extra_size()
+        job.failure = failure
+        self.memory.account(job.extra_size() - before)
+
     def nack_later(self, job: Job, delay: int) -> bool:
         """NACK ... DELAY (an extension, docs/commands.md): count the failed
         delivery now, and queue the job again only once `delay` seconds have
@@ -545,7 +569,7 @@ class Lifecycle:
         self.queue(job.queue).nacks += 1  # type: ignore[arg-type]  # (the job goes back to it)
         job.flags |= NACKED | BCAST_WILLQUEUE  # the others are told 500 ms before, as for a RETRY requeue
         job.qtime = self.now + delay * 1000
-        self.out.broadcast(job.nodes_delivered, m.Queued(job.id, incr_nacks=True, delay=delay))
+        self.out.broadcast(job.nodes_delivered, m.Queued(job.id, True, False, delay, job.failure))
         self.reschedule(job)
         self.out.aof_loadjob(job)  # the delay survives a restart (a later record with `not_before` updates the first)
         return True
@@ -560,19 +584,19 @@ class Lifecycle:
     def dead_letter_job(self, job: Job) -> None:
         """MAXATTEMPTS (an extension, docs/commands.md): the job's last
         delivery failed.  It moves, here and once, to its dead-letter queue
-        as a new job (`move_job`) with the same counters and `origin` the old
-        ID.  The copy keeps, for DEADLETTER REQUEUE, the job's MAXATTEMPTS
+        as a new job (`move_job`) with the same counters, its last failure
+        (NACK ... ERROR) and `origin` the old ID.  The copy keeps, for DEADLETTER REQUEUE, the job's MAXATTEMPTS
         and the queue it came from (as `dead_letter`: a copy is never
         dead-lettered again, `_last_attempt`)."""
         self.queue(job.queue).dead_lettered += 1  # type: ignore[arg-type]
         self.stats.dead_lettered += 1
-        self.move_job(job, job.dead_letter, job.nacks, job.deliv, job.max_attempts, job.queue, job.id)  # type: ignore[arg-type]
+        self.move_job(job, job.dead_letter, job.nacks, job.deliv, job.max_attempts, job.queue, job.id, job.failure)  # type: ignore[arg-type]
 
     def requeue_dead_letters(self, name: bytes, count: int) -> int:
         """DEADLETTER REQUEUE (an extension, docs/commands.md): at most
         `count` of the dead-lettered copies queued here in `name`, oldest
         first, go back to the queue they came from as new jobs with fresh
-        attempt counts, their MAXATTEMPTS, and `name` as their dead-letter
+        attempt counts and no failure, their MAXATTEMPTS, and `name` as their dead-letter
         queue.  Copies that do not say where they came from (made by an
         older version) stay.  Returns how many went."""
         queue = self.queues.get(name)
@@ -583,11 +607,12 @@ class Lifecycle:
             job = self.jobs.get(job_id)  # read-behind loads a copy it keeps on disk
             if job is None:  # a disk that fails to read (MISCONF): the rest stay for another call
                 return done
-            self.move_job(job, job.dead_letter, 0, 0, job.max_attempts, name, b"")
+            self.move_job(job, job.dead_letter, 0, 0, job.max_attempts, name, b"", NO_FAILURE)
         return len(ids)
 
     def move_job(
-        self, job: Job, queue: bytes, nacks: int, deliv: int, max_attempts: int, dead_letter: bytes, origin: bytes
+        self, job: Job, queue: bytes, nacks: int, deliv: int, max_attempts: int, dead_letter: bytes, origin: bytes,
+        failure: Failure | tuple[()],
     ) -> None:  # fmt: skip
         """Put `job` in `queue` as a new job (same body, expiry, RETRY and
         replication level), replicated asynchronously as an ADDJOB ... ASYNC
@@ -598,7 +623,7 @@ class Lifecycle:
         copy = Job(
             new_job_id(membership.my_id, self.rng, ttl, job.retry), queue, job.body, S_ACTIVE, 0, job.repl,
             job.etime, self.new_ctime(), 0, job.retry, nacks, deliv, membership.solo, max_attempts, dead_letter,
-            origin, job.priority,
+            origin, job.priority, failure,
         )  # fmt: skip
         copy.qtime = self.now  # due: queue_new_job queues it (and enqueue sets its RETRY timer)
         self.out.broadcast(job.nodes_delivered, m.DelJob(job.id, acked=False))

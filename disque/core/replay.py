@@ -87,9 +87,12 @@ class Replay:
         not_before = job.qtime if job.flags & NACKED else 0
         known = life.jobs.get(job.id)
         if known is not None:
-            self.duplicates += 1  # the first record wins, but for what a NACK ... DELAY logged
-            if not_before:
+            self.duplicates += 1  # the first record wins, but for what a NACK ... DELAY or ERROR logged
+            if job.failure or not_before:
                 known.nacks, known.deliv = job.nacks, job.deliv
+            if job.failure:
+                life.set_failure(known, job.failure)
+            if not_before:
                 known.flags |= NACKED
                 known.qtime = max(known.qtime, not_before)
                 life.reschedule(known)

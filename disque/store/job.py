@@ -12,8 +12,8 @@ Memory matters (hundreds of thousands of queued jobs): the record uses
 single-node tuple, or a received one: cluster/codec.py), and
 `nodes_confirmed` exists only while replication or an ACK is being
 confirmed.  The fields few jobs set (DELAY, the NACK count, MAXATTEMPTS, a
-dead-lettered copy's origin, the ACK garbage collector's attempt count)
-share one slot, `rare`, None for most jobs.  In the compiled build
+dead-lettered copy's origin, the last failure a consumer reported, the ACK
+garbage collector's attempt count) share one slot, `rare`, None for most jobs.  In the compiled build
 (disque/compiled.py) an int field holds its value unboxed, so every field
 costs 8 bytes and the record's allocation changes only in steps of two fields
 (CPython rounds to 16 bytes): the 17 below take 192 bytes (176 in the pure
@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from enum import IntEnum
 from typing import Any, Final
+
+from disque.store.failure import NO_FAILURE, Failure
 
 
 class State(IntEnum):
@@ -73,16 +75,18 @@ DEFAULT_PRIORITY: Final = 5  # ADDJOB PRIORITY's default, and that of a frame or
 MAX_PRIORITY: Final = 9
 
 RARE_BYTES: Final = 96  # a Rare record (GC header included)
+FAILURE_BYTES: Final = 104  # a Failure tuple of six (GC header included), beside its strings
 
 
 class Rare:
     """The fields of a job that few jobs set: `delay` (ADDJOB DELAY),
     `nacks` (NACKed jobs), ADDJOB MAXATTEMPTS (0: no limit), the deliveries
     before `dead_letter`, the queue a job out of attempts moves to; `origin`,
-    a dead-lettered copy's former ID; and `gc_retry`, the ACK garbage
+    a dead-lettered copy's former ID; `failure`, the last failure a
+    consumer reported (store/failure.py); and `gc_retry`, the ACK garbage
     collector's attempts so far."""
 
-    __slots__ = ("delay", "nacks", "max_attempts", "dead_letter", "origin", "gc_retry")
+    __slots__ = ("delay", "nacks", "max_attempts", "dead_letter", "origin", "failure", "gc_retry")
 
     def __init__(self) -> None:
         self.delay = 0
@@ -90,6 +94,7 @@ class Rare:
         self.max_attempts = 0
         self.dead_letter = b""
         self.origin = b""
+        self.failure: Failure | tuple[()] = NO_FAILURE
         self.gc_retry = 0
 
 
@@ -118,6 +123,7 @@ class Job:
         dead_letter: bytes = b"",
         origin: bytes = b"",
         priority: int = DEFAULT_PRIORITY,
+        failure: Failure | tuple[()] = NO_FAILURE,
     ) -> None:
         self.id = id
         self.queue = queue
@@ -141,6 +147,8 @@ class Job:
             rare.delay, rare.nacks, rare.max_attempts, rare.dead_letter, rare.origin = (
                 delay, nacks, max_attempts, dead_letter, origin
             )
+        if failure:
+            self._rare().failure = failure
 
     def _rare(self) -> Rare:
         if self.rare is None:
@@ -173,6 +181,17 @@ class Job:
         return self.rare.origin if self.rare is not None else b""
 
     @property
+    def failure(self) -> Failure | tuple[()]:
+        """The last failure a consumer reported (NO_FAILURE: none); set it
+        through `Lifecycle.set_failure`, which accounts its bytes."""
+        return self.rare.failure if self.rare is not None else NO_FAILURE
+
+    @failure.setter
+    def failure(self, value: Failure | tuple[()]) -> None:
+        if value or self.rare is not None:
+            self._rare().failure = value
+
+    @property
     def gc_retry(self) -> int:
         return self.rare.gc_retry if self.rare is not None else 0
 
@@ -187,13 +206,19 @@ class Job:
 
     def extra_size(self) -> int:
         """The bytes of the `rare` record when a field fixed at creation
-        needs it (DELAY, MAXATTEMPTS, `origin`), with their strings (memory
-        accounting: a job counts the same bytes all its life, so a record
-        that only holds a NACK count or the collector's is not charged)."""
+        needs it (DELAY, MAXATTEMPTS, `origin`), with their strings, and of
+        its failure (memory accounting: a job counts the same bytes as long
+        as it keeps the same failure, so a record that only holds a NACK
+        count or the collector's is not charged)."""
         rare = self.rare
-        if rare is None or not (rare.delay or rare.max_attempts or rare.dead_letter or rare.origin):
+        if rare is None:
             return 0
-        return RARE_BYTES + len(rare.dead_letter) + len(rare.origin)
+        size = 0
+        if failure := rare.failure:
+            size = FAILURE_BYTES + len(failure.type) + len(failure.message) + len(failure.traceback) + len(failure.host)
+        if not (rare.delay or rare.max_attempts or rare.dead_letter or rare.origin):
+            return size
+        return size + RARE_BYTES + len(rare.dead_letter) + len(rare.origin)
 
     def fields(self, flag_mask: int) -> dict[str, Any]:
         """The constructor's arguments by name, flags masked by `flag_mask`:

@@ -33,6 +33,7 @@ from typing import Any, Final
 
 import msgpack
 
+from disque.store import failure as failures
 from disque.store.ids import valid_id
 from disque.store.job import DEFAULT_PRIORITY, DELIVERED, MAX_PRIORITY, NACKED, WIRE_FLAGS, Job, State
 
@@ -194,6 +195,26 @@ class _NodesDelivered(Check):
 
 
 _nodes_delivered: Final = _NodesDelivered()
+
+
+class _Failure(Check):
+    """A job's last failure (store/failure.py): an array of its six fields,
+    within its size rule, or an empty one for none."""
+
+    def check(self, v: Any) -> Any:
+        if type(v) is not list and type(v) is not tuple:
+            raise DecodeError(f"expected an array, got {type(v).__name__}")
+        if not v:
+            return failures.NO_FAILURE
+        if len(v) != len(failures.Failure._fields):
+            raise DecodeError(f"expected {len(failures.Failure._fields)} items")
+        for x in v[:4]:
+            _bytes.check(x)
+        f = failures.Failure(v[0], v[1], v[2], v[3], _UINT.check(v[4]), _UINT.check(v[5]))
+        if (problem := failures.problem(f)) is not None:
+            raise DecodeError(problem)
+        return f
+
 
 
 # --- records: field tables, one pack and one load -----------------------------
@@ -408,10 +429,12 @@ _JOB_COMMON: _Fields = (
 # PRIORITY, left out at its default; after the other fields, so that the
 # positional form of an older node (which has none) still decodes (`_ArrayLoader`).
 _PRIORITY = _Field("priority", "pr", _IntIn(0, MAX_PRIORITY), default=DEFAULT_PRIORITY)
-_WIRE_JOB: _Fields = _JOB_COMMON + (_Field("ttl", "tl", _IntIn(1, _U64)), _Field("etime", "et", _UINT), _PRIORITY)
+# The last failure (store/failure.py), left out when there is none; after PRIORITY, for the same reason.
+_FAILURE = _Field("failure", "er", _Failure(), default=failures.NO_FAILURE)
+_WIRE_JOB: _Fields = _JOB_COMMON + (_Field("ttl", "tl", _IntIn(1, _U64)), _Field("etime", "et", _UINT), _PRIORITY, _FAILURE)
 # `not_before`: the core-clock ms before which a NACK ... DELAY job is not queued again (0: none).
 _STORED_JOB: _Fields = _JOB_COMMON + (
-    _Field("etime", "et", _UINT), _Field("not_before", "nb", _UINT, default=0), _PRIORITY
+    _Field("etime", "et", _UINT), _Field("not_before", "nb", _UINT, default=0), _PRIORITY, _FAILURE
 )
 _wire_job: Final = _MapLoader(_WIRE_JOB)  # checks the job of REPLJOB / YOURJOBS (a dict with our names)
 _dump_wire_job: Final = _MapPacker(_WIRE_JOB, items=True)
@@ -436,6 +459,7 @@ def job_to_wire(job: Job, now_ms: int) -> WireJob:
     d["ttl"] = max(1, job.etime * 1000 - now_ms)
     d["etime"] = job.etime
     d["priority"] = job.priority
+    d["failure"] = job.failure
     return d
 
 
@@ -454,7 +478,7 @@ def _new_job(f: Any, etime: int) -> Job:
     compiled Job parses keywords at twice the cost of the whole call."""
     return Job(f["id"], f["queue"], f["body"], f["state"], f["flags"], f["repl"], etime, f["ctime"], f["delay"],
                f["retry"], f["nacks"], f["deliv"], f["nodes_delivered"], f["max_attempts"], f["dead_letter"],
-               f["origin"], f["priority"])  # fmt: skip
+               f["origin"], f["priority"], f["failure"])  # fmt: skip
 
 
 def job_to_storage(job: Job) -> dict[str, Any]:
@@ -464,6 +488,7 @@ def job_to_storage(job: Job) -> dict[str, Any]:
     d["etime"] = job.etime
     d["not_before"] = job.qtime if job.flags & NACKED else 0
     d["priority"] = job.priority
+    d["failure"] = job.failure
     return d
 
 

@@ -36,6 +36,7 @@ from disque.core.types import NIL_ARRAY, SILENT, Command, Connection, Map, Statu
 from disque.core.lifecycle import check_job_options
 from disque.core.node import NodeCore
 from disque.core.schedules import MIN_EVERY, check_cron
+from disque.store.failure import Failure, problem as failure_problem
 from disque.store.schedule import Schedule
 from disque.store.job import DEFAULT_PRIORITY, MAX_PRIORITY, STATE_BY_NAME, STATE_NAMES, Job, State
 from disque.store.queue import PAUSE_IN, PAUSE_NAMES, PAUSE_OUT, Queue
@@ -253,15 +254,42 @@ def cmd_enqueue(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
     return _each_known(node, argv, lambda job: job.state == State.ACTIVE and node.lifecycle.enqueue(job))
 
 
+# NACK's options (extensions, docs/commands.md) -> how many values follow the word.
+NACK_OPTS: Final = {b"delay": 1, b"error": 2, b"traceback": 1, b"host": 1, b"pid": 1}
+
+
+def parse_nack(argv: list[bytes]) -> tuple[list[bytes], int, Failure | None]:
+    """NACK <id> ... [DELAY <s>] [ERROR <type> <message> [TRACEBACK <text>]
+    [HOST <host>] [PID <pid>]]: the IDs, the delay (0: none) and the failure
+    the consumer reports, checked against its size rule (store/failure.py)."""
+    i = 1
+    while i < len(argv) and argv[i].lower() not in NACK_OPTS:
+        i += 1
+    ids, opts = argv[:i], {}
+    while i < len(argv):
+        word = argv[i].lower()
+        width = NACK_OPTS.get(word)
+        if width is None or i + width >= len(argv):
+            raise err("Syntax error, try NACK <id> ... [DELAY <seconds>] [ERROR <type> <message> [TRACEBACK <text>] [HOST <host>] [PID <pid>]]")
+        opts[word] = argv[i + 1 : i + 1 + width]
+        i += 1 + width
+    delay = _option(ADDJOB_OPTS[b"delay"], opts[b"delay"][0]) if b"delay" in opts else 0  # as ADDJOB's
+    if b"error" not in opts:
+        if opts.keys() - {b"delay"}:
+            raise err("TRACEBACK, HOST and PID need ERROR")
+        return ids, delay, None
+    pid = int_or(opts[b"pid"][0], errors.not_integer) if b"pid" in opts else 0  # its range: the size rule's
+    failure = Failure(*opts[b"error"], opts.get(b"traceback", [b""])[0], opts.get(b"host", [b""])[0], pid)
+    if (problem := failure_problem(failure)) is not None:
+        raise err(f"ERROR {problem}")
+    return ids, delay, failure
+
+
 @command("nack", -1, "mwF")
 def cmd_nack(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
-    """NACK <id> ... [DELAY <seconds>] (DELAY: our extension, node.nack_later)."""
-    if len(argv) >= 3 and argv[-2].lower() == b"delay":
-        delay = _option(ADDJOB_OPTS[b"delay"], argv[-1])  # as ADDJOB's
-        if delay:
-            return _each_known(node, argv[:-2], lambda job: node.lifecycle.nack_later(job, delay))
-        argv = argv[:-2]
-    return _each_known(node, argv, lambda job: job.state == State.ACTIVE and node.lifecycle.enqueue(job, nack=True))
+    """NACK <id> ... with our extensions DELAY and ERROR (parse_nack, node.lifecycle.nack)."""
+    ids, delay, failure = parse_nack(argv)
+    return _each_known(node, ids, lambda job: node.lifecycle.nack(job, delay, failure))
 
 
 @command("deadletter", -3, "wm")
@@ -339,7 +367,19 @@ def show(node: NodeCore, job: Job) -> Map:
         + ([(b"priority", job.priority)] if job.priority != DEFAULT_PRIORITY else [])  # PRIORITY, when used
         + ([(b"dead-letter-of", job.origin)] if job.origin else [])
         + ([(b"dead-letter-from", job.dead_letter)] if job.origin and job.dead_letter else [])
+        + failure_fields(job)
     )
+
+
+def failure_fields(job: Job) -> list[tuple[bytes, Any]]:
+    """The job's last failure (NACK ... ERROR) as SHOW's fields; none without one."""
+    failure = job.failure
+    if not failure:
+        return []
+    return [
+        (b"error-type", failure.type), (b"error-message", failure.message), (b"error-traceback", failure.traceback),
+        (b"error-host", failure.host), (b"error-pid", failure.pid), (b"error-time", failure.at),
+    ]  # fmt: skip
 
 
 @command("loadjob", 2, "w")
