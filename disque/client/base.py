@@ -32,6 +32,7 @@ from disque.client.protocol import (
     _options,
     _text,
     encode_command,
+    failure_args,
     format_address,
     parse_addresses,
     parse_info,
@@ -432,10 +433,13 @@ class _Base:
     def fast_ack(self, *ids: str) -> Any:
         return self._ids("FASTACK", ids)
 
-    def nack(self, *ids: str, delay: int | None = None) -> Any:
+    def nack(self, *ids: str, delay: int | None = None, error: BaseException | None = None) -> Any:
         """NACK: queue again, counting a failed delivery; with `delay`, not
-        handed out again before that many seconds."""
-        return self._run(self._command(["NACK", *ids, *_options(delay=delay)]))
+        handed out again before that many seconds; with `error`, the
+        exception is kept with the job as its last failure (type, message,
+        traceback, this host and process: SHOW, and its dead letter)."""
+        failure = failure_args(error) if error is not None else []
+        return self._run(self._command(["NACK", *ids, *_options(delay=delay), *failure]))
 
     def wait_job(self, *ids: str, timeout_ms: int | None = None) -> Any:
         """WAITJOB: block until every job is acknowledged, or `timeout_ms`

@@ -57,10 +57,20 @@ class JobInfo:
     next_awake_within: int | None
     body: bytes | None
     priority: int = 5  # ADDJOB PRIORITY (SHOW gives it when it is not the default)
+    dead_letter_of: str | None = None  # a dead letter's original job ID
+    dead_letter_from: str | None = None  # ... and the queue it came from
+    # The last failure a consumer reported (NACK ... ERROR); None without one.
+    error_type: str | None = None
+    error_message: str | None = None
+    error_traceback: str | None = None
+    error_host: str | None = None
+    error_pid: int | None = None
+    error_time: int | None = None  # unix ms when a node recorded it
 
     @classmethod
     def from_reply(cls, reply: Sequence[Any]) -> JobInfo:
-        return _build(cls, reply, ("id", "queue", "state"), ("nodes_delivered", "nodes_confirmed"))
+        texts = ("id", "queue", "state", "dead_letter_of", "dead_letter_from", "error_type", "error_message", "error_traceback", "error_host")
+        return _build(cls, reply, texts, ("nodes_delivered", "nodes_confirmed"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 import socket
+import traceback
 from collections.abc import Iterable, Sequence
 from dataclasses import fields
 from typing import Any, TypeVar
 
 from disque.core.errors import DisqueError
+from disque.store.failure import LIMITS
 
 Address = tuple[str, int]
 Arg = str | bytes | int | float
@@ -65,7 +67,8 @@ def _pairs(reply: Sequence[Any]) -> dict[str, Any]:
 def _build(cls: type[T], reply: Sequence[Any], texts: Iterable[str] = (), text_lists: Iterable[str] = ()) -> T:
     values = _pairs(reply)
     for name in texts:
-        values[name] = _text(values[name])
+        if name in values:  # (a field the reply leaves out takes its default)
+            values[name] = _text(values[name])
     for name in text_lists:
         values[name] = [_text(v) for v in values[name]]
     known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
@@ -92,6 +95,21 @@ def _options(flags: Iterable[tuple[str, bool]] = (), **values: Arg | None) -> li
         if value is not None:
             out += [name.upper(), value]
     return out + [flag for flag, on in flags if on]
+
+
+def failure_args(error: BaseException) -> list[Arg]:
+    """NACK's ERROR options for `error` (docs/commands.md): its type
+    (qualified unless a builtin), message and traceback, this host and
+    process, each cut to the node's size rule; a traceback too long keeps
+    its end, where the innermost frames and the exception are."""
+    kind = type(error)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    trace = "".join(traceback.format_exception(error)).encode("utf-8", "surrogateescape")
+    if len(trace) > (limit := LIMITS["traceback"]):
+        trace = b"...\n" + trace[len(trace) - limit + 4 :]
+    fields = {"type": name.encode(), "message": str(error).encode("utf-8", "surrogateescape"), "host": socket.gethostname().encode()}
+    cut = {k: v[: LIMITS[k]] for k, v in fields.items()}
+    return ["ERROR", cut["type"], cut["message"], "TRACEBACK", trace, "HOST", cut["host"], "PID", os.getpid()]
 
 
 def parse_addresses(nodes: str | Address | Iterable[str | Address]) -> list[Address]:

@@ -20,7 +20,9 @@ connect), so CLIENT LIST and the dashboard show which worker waits where:
        its own), WORKING heartbeats beside it, `timeout` seconds at most
     -> ACKJOB when it returns; when it raises (or times out), the failure is
        logged with its traceback and the job NACKed with a DELAY growing
-       exponentially with its delivery count, jittered (`Backoff`).  On the
+       exponentially with its delivery count, jittered (`Backoff`), and the
+       error (NACK ... ERROR: type, message, traceback, host, pid), which
+       SHOW and the job's dead letter show.  On the
        last allowed delivery the server moves the job to the dead-letter
        queue instead (the DELAY still holds back a job sent without the
        handler's MAXATTEMPTS).
@@ -434,7 +436,7 @@ class Worker:
             delay = handler.retry_delay(job, self.rng)
             outcome = {"dead_letter": handler.dead_letter or "(default)"} if handler.exhausted(job) else {"retry_in": delay}
             log.error("job failed", exc_info=error, extra=_fields(job, error=repr(error), **outcome))
-            await self._settle(client.nack(job.id, delay=delay), job)
+            await self._settle(client.nack(job.id, delay=delay, error=error), job)  # the reason stays with the job
 
     async def _attempt(self, client: AsyncClient, handler: Handler, job: Job) -> Exception | None:
         """Run the handler with heartbeats beside it; the exception it raised, if any."""

@@ -20,7 +20,9 @@ worker's memory:
 * A retry: `Retries` enqueues the failed message again with a delay.  For a
   message that came from disque the broker does not add a job: it notes the
   delay, and the consumer answers the delivery with `NACK <id> DELAY <s>`
-  instead of an ACK (the same job, its failure counted).
+  instead of an ACK (the same job, its failure counted, and the exception
+  the actor raised reported with it: NACK ... ERROR, which SHOW and the
+  job's dead letter in `<queue>.XQ` show).
 * `ack` is ACKJOB.  `nack` (the retries are exhausted, or the actor's
   `throws` matched) is NACK when the delivery was the job's last attempt:
   the server moves it to `<queue>.XQ`; before that (`throws`), the broker
@@ -117,6 +119,12 @@ class _Delivery(MessageProxy):
         self.job_id = job_id
         self.deliveries = deliveries
         self.retry_in: int | None = None  # set by a retry: NACK ... DELAY this many seconds
+        self.error: BaseException | None = None  # what the actor raised, reported by the NACK
+
+    def stuff_exception(self, exception: BaseException) -> None:
+        # Kept until the NACK: the worker clears its own copy before the consumer settles the job.
+        super().stuff_exception(exception)
+        self.error = exception
 
 
 class _Consumer(Consumer):
@@ -154,16 +162,18 @@ class _Consumer(Consumer):
 
     def ack(self, message: MessageProxy) -> None:
         assert isinstance(message, _Delivery)
+        message.error, error = None, message.error
         if message.retry_in is None:
             self.jobs_client.ack(message.job_id)
         else:
-            self.jobs_client.nack(message.job_id, delay=message.retry_in or None)
+            self.jobs_client.nack(message.job_id, delay=message.retry_in or None, error=error)
 
     def nack(self, message: MessageProxy) -> None:
         assert isinstance(message, _Delivery)
+        message.error, error = None, message.error
         attempts = self.broker.max_attempts(message)
         if attempts is not None and message.deliveries >= attempts:
-            self.jobs_client.nack(message.job_id)  # the last attempt: the server dead-letters it
+            self.jobs_client.nack(message.job_id, error=error)  # the last attempt: the server dead-letters it
         else:
             self.jobs_client.add_job(xq_name(self.queue_name), message.encode())
             self.jobs_client.ack(message.job_id)

@@ -2,7 +2,7 @@
 process against two real nodes: a flaky actor succeeds on its third try,
 its retries held back by NACK ... DELAY; an actor that always fails ends,
 after max_retries + 1 deliveries, in Dramatiq's dead-letter queue by the
-server's MAXATTEMPTS/DEADLETTER."""
+server's MAXATTEMPTS/DEADLETTER, with the exception it raised."""
 
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ def test_a_dramatiq_worker_retries_through_nack_delay_and_dead_letters_through_m
     nodes = [spawn(), spawn()]
     join(nodes)
     (tmp_path / "tasks.py").write_text(TASKS)
-    env = {**os.environ, "DISQUE_NODES": ",".join(f"{n.host}:{n.port}" for n in nodes), "OUT": str(tmp_path), "PYTHONPATH": str(tmp_path)}
+    env = {**os.environ, "DISQUE_NODES": ",".join(f"{n.host}:{n.port}" for n in nodes), "OUT": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}  # fmt: skip
     sent = subprocess.run([sys.executable, "-c", "import tasks; tasks.flaky.send('a'); tasks.doomed.send('b')"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert sent.returncode == 0, sent.stderr
@@ -79,6 +80,10 @@ def test_a_dramatiq_worker_retries_through_nack_delay_and_dead_letters_through_m
     assert qlen(nodes, "default") == 0
     node = next(n for n in nodes if qlen([n], "default.XQ"))
     with redis.Redis(port=node.port) as r:
-        [[_, _, body]] = r.execute_command("QPEEK", "default.XQ", 1)
+        [[_, dead_id, body]] = r.execute_command("QPEEK", "default.XQ", 1)
+        shown = r.execute_command("SHOW", dead_id)
     message = Message.decode(body)
     assert message.actor_name == "doomed" and message.args == ("b",)
+    # The exception the actor raised is the dead letter's last failure.
+    assert (shown[b"error-type"], shown[b"error-message"], shown[b"dead-letter-from"]) == (b"RuntimeError", b"always", b"default")
+    assert b'raise RuntimeError("always")' in shown[b"error-traceback"] and shown[b"error-pid"] > 0

@@ -11,6 +11,7 @@ import logging
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +26,8 @@ from client_helpers import client, mesh, queue, shared_node, start_all  # noqa: 
 from support import wait_for
 
 from disque.client import Client, Job
+from disque.client.protocol import failure_args
+from disque.store.failure import LIMITS
 from disque.testing.devcluster import NodeProcess
 from disque.client.worker import App, Backoff, Handler, LogFormatter, Worker, load_app
 
@@ -66,6 +69,27 @@ def test_retry_delay_in_whole_seconds_and_the_last_attempt() -> None:
     assert unlimited.retry_delay(delivered(1), rng) == 1  # at least a second
     assert unlimited.retry_delay(delivered(40), rng) == 1000
     assert unlimited.retry_delay(Job(NO_JOB, "unlimited", b""), rng) == 1  # no counters: the first delivery
+
+
+def test_failure_args_name_the_exception_and_keep_the_end_of_a_long_traceback() -> None:
+    class Bounce(Exception):
+        pass
+
+    def deep(n: int) -> None:
+        if n == 0:
+            raise Bounce("x" * 20_000)
+        deep(n - 1)
+
+    try:
+        deep(3)
+    except Bounce as e:
+        args = failure_args(e)
+    assert args[:2] == ["ERROR", f"{__name__}.test_failure_args_name_the_exception_and_keep_the_end_of_a_long_traceback.<locals>.Bounce".encode()]
+    assert len(args[2]) == LIMITS["message"]  # cut to the node's rule
+    trace = args[4]
+    assert len(trace) == LIMITS["traceback"] and trace.startswith(b"...\n") and trace.endswith(b"x\n")
+    assert args[5:] == ["HOST", socket.gethostname().encode(), "PID", os.getpid()]
+    assert failure_args(ValueError("v"))[:3] == ["ERROR", b"ValueError", b"v"]
 
 
 def test_app_registers_handlers_and_their_options(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -244,6 +268,8 @@ def test_a_failing_job_comes_back_later_each_time_then_is_dead_lettered(
     assert len(gaps) == 2 and 0.9 <= gaps[0] < 1.8 and 1.9 <= gaps[1] < 2.8  # NACK DELAY 1, then 2
     [dead] = client.qpeek(queue + "-dead", 1)
     assert dead.body == b"doomed"
+    shown = client.show(dead.id)  # the last failure went with it
+    assert shown is not None and (shown.error_type, shown.error_message, shown.error_pid) == ("RuntimeError", "always", os.getpid())
 
 
 # --------------------------------------------------------------------------
