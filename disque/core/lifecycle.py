@@ -29,6 +29,8 @@ it calls, bound once they exist (`bind`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -86,6 +88,29 @@ def check_job_options(repl: int, retry: int | None, delay: int, ttl: int) -> Non
         raise errors.err("With RETRY set to 0 please explicitly set  REPLICATE to 1 (at-most-once delivery)")
     if delay >= ttl:
         raise errors.err("The specified DELAY is greater than TTL. Job refused since would never be delivered")
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterFilter:
+    """Which dead letters DEADLETTER LIST, REQUEUE and DELETE take: those
+    that came from queue `origin`, whose last failure is of `error_type`,
+    moved to the dead-letter queue (their copy made) at `since` or later
+    and before `until` (unix ms); None and 0 take any."""
+
+    origin: bytes | None = None
+    error_type: bytes | None = None
+    since: int = 0
+    until: int = 0
+
+    def takes(self, job: Job) -> bool:
+        failure = job.failure
+        moved = job.ctime // 1_000_000
+        return (
+            (self.origin is None or job.dead_letter == self.origin)
+            and (self.error_type is None or (bool(failure) and failure.type == self.error_type))  # type: ignore[union-attr]
+            and moved >= self.since
+            and (not self.until or moved < self.until)
+        )
 
 
 # ------------------------------------------------------------------ the hooks it calls above it
@@ -592,23 +617,43 @@ class Lifecycle:
         self.stats.dead_lettered += 1
         self.move_job(job, job.dead_letter, job.nacks, job.deliv, job.max_attempts, job.queue, job.id, job.failure)  # type: ignore[arg-type]
 
-    def requeue_dead_letters(self, name: bytes, count: int) -> int:
-        """DEADLETTER REQUEUE (an extension, docs/commands.md): at most
-        `count` of the dead-lettered copies queued here in `name`, oldest
-        first, go back to the queue they came from as new jobs with fresh
-        attempt counts and no failure, their MAXATTEMPTS, and `name` as their dead-letter
-        queue.  Copies that do not say where they came from (made by an
-        older version) stay.  Returns how many went."""
+    def dead_letters(self, name: bytes, count: int, selection: DeadLetterFilter) -> list[Job]:
+        """DEADLETTER LIST (an extension, docs/commands.md): at most `count`
+        of the dead-lettered copies queued here in `name` that `selection`
+        takes, oldest first.  Copies that do not say where they came from
+        (made by an older version) are never taken."""
         queue = self.queues.get(name)
         if queue is None:
-            return 0
-        ids = [job.id for job in islice((j for j in queue.oldest() if j.origin and j.dead_letter), count)]
+            return []
+        return list(islice((j for j in queue.oldest() if j.origin and j.dead_letter and selection.takes(j)), count))
+
+    def requeue_dead_letters(self, name: bytes, count: int, selection: DeadLetterFilter) -> int:
+        """DEADLETTER REQUEUE (an extension, docs/commands.md): the
+        `dead_letters` go back to the queue they came from as new jobs with
+        fresh attempt counts and no failure, their MAXATTEMPTS, and `name`
+        as their dead-letter queue.  Returns how many went."""
+        return self._each_dead_letter(
+            name, count, selection, lambda job: self.move_job(job, job.dead_letter, 0, 0, job.max_attempts, name, b"", NO_FAILURE)
+        )
+
+    def delete_dead_letters(self, name: bytes, count: int, selection: DeadLetterFilter) -> int:
+        """DEADLETTER DELETE (an extension): the `dead_letters` are deleted
+        on every node that holds them, as FASTACK does.  Returns how many."""
+        return self._each_dead_letter(name, count, selection, self.delete_everywhere)
+
+    def _each_dead_letter(self, name: bytes, count: int, selection: DeadLetterFilter, act: Callable[[Job], None]) -> int:
+        ids = [job.id for job in self.dead_letters(name, count, selection)]
         for done, job_id in enumerate(ids):
             job = self.jobs.get(job_id)  # read-behind loads a copy it keeps on disk
             if job is None:  # a disk that fails to read (MISCONF): the rest stay for another call
                 return done
-            self.move_job(job, job.dead_letter, 0, 0, job.max_attempts, name, b"", NO_FAILURE)
+            act(job)
         return len(ids)
+
+    def delete_everywhere(self, job: Job) -> None:
+        """Delete `job` here and on every node that holds it (no ACK: nobody waiting for it counts it)."""
+        self.out.broadcast(job.nodes_delivered, m.DelJob(job.id, acked=False))
+        self.delete_job(job)
 
     def move_job(
         self, job: Job, queue: bytes, nacks: int, deliv: int, max_attempts: int, dead_letter: bytes, origin: bytes,
@@ -626,8 +671,7 @@ class Lifecycle:
             origin, job.priority, failure,
         )  # fmt: skip
         copy.qtime = self.now  # due: queue_new_job queues it (and enqueue sets its RETRY timer)
-        self.out.broadcast(job.nodes_delivered, m.DelJob(job.id, acked=False))
-        self.delete_job(job)
+        self.delete_everywhere(job)
         self.register(copy, timer=False)
         self.queue_new_job(copy)
         if copy.repl > 1:

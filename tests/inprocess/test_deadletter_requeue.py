@@ -1,5 +1,7 @@
-"""DEADLETTER REQUEUE (node.requeue_dead_letters): dead letters go back to
-the queue they came from with fresh attempt counts, on a fake clock."""
+"""DEADLETTER REQUEUE, LIST and DELETE (node.lifecycle.dead_letters): dead
+letters go back to the queue they came from with fresh attempt counts, are
+listed and deleted, those the filters take (origin queue, error type, time),
+on a fake clock."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from invariants import check_core
 from support import NODE_ID, Session, all_jobs, bus_sent, linked_core, make_core
 
 PEER = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0"
+SYNTAX = "Syntax error, try DEADLETTER LIST|REQUEUE|DELETE <queue> [COUNT <n>] [FROM <queue>] [ERROR <type>] [SINCE <ms>] [UNTIL <ms>]"
 
 
 @pytest.fixture
@@ -20,11 +23,11 @@ def s() -> Session:
     return Session(core)
 
 
-def fail(s: Session, job_id: bytes, times: int) -> None:
-    """A consumer that takes the job and NACKs it, `times` times."""
+def fail(s: Session, job_id: bytes, times: int, *error) -> None:
+    """A consumer that takes the job and NACKs it (with `error`: NACK ... ERROR), `times` times."""
     for _ in range(times):
         assert s("GETJOB", "NOHANG", "FROM", s.core.jobs.get(job_id).queue)[0][1] == job_id
-        assert s("NACK", job_id) == 1
+        assert s("NACK", job_id, *error) == 1
 
 
 def dead_letter(s: Session, queue: str = "q", body: str = "x", attempts: int = 2, *opts) -> bytes:
@@ -88,11 +91,15 @@ def test_the_dead_letters_queued_here_only(s):
 @pytest.mark.parametrize(
     "argv, error",
     [
-        (("DEADLETTER", "LIST", "q"), "Syntax error, try DEADLETTER REQUEUE <queue> [COUNT <n>]"),
-        (("DEADLETTER", "REQUEUE", "q", "COUNT"), "Syntax error, try DEADLETTER REQUEUE <queue> [COUNT <n>]"),
-        (("DEADLETTER", "REQUEUE", "q", "LIMIT", "1"), "Syntax error, try DEADLETTER REQUEUE <queue> [COUNT <n>]"),
+        (("DEADLETTER", "MOVE", "q"), SYNTAX),
+        (("DEADLETTER", "REQUEUE", "q", "COUNT"), SYNTAX),
+        (("DEADLETTER", "REQUEUE", "q", "LIMIT", "1"), SYNTAX),
+        (("DEADLETTER", "LIST", "q", "FROM", "a", "ERROR"), SYNTAX),
         (("DEADLETTER", "REQUEUE", "q", "COUNT", "0"), "COUNT must be a number greater than zero"),
+        (("DEADLETTER", "DELETE", "q", "COUNT", "-1"), "COUNT must be a number greater than zero"),
         (("DEADLETTER", "REQUEUE", "q", "COUNT", "x"), "value is not an integer or out of range"),
+        (("DEADLETTER", "LIST", "q", "SINCE", "soon"), "value is not an integer or out of range"),
+        (("DEADLETTER", "LIST", "q", "UNTIL", "-5"), "SINCE and UNTIL must be unix times in milliseconds"),
         (("DEADLETTER", "REQUEUE"), "wrong number of arguments for 'deadletter' command"),
     ],
 )
@@ -170,3 +177,63 @@ def test_the_figures_list_dead_letter_queues_and_clients(s):
     assert [c["id"] for c in clients] == [blocked.client.id, named.client.id, s.client.id]
     assert clients[0]["queues"] == ["empty", "idle"] and clients[0]["cmd"] == "getjob" and clients[1]["name"] == "worker-1"
     assert clients[2]["queues"] == [] and len(client_figures(s.core, 1)) == 1
+
+
+def failed(s: Session, queue: str, error: str, *opts) -> bytes:
+    """A job of `queue` dead-lettered at its first NACK ... ERROR `error`: its copy's ID."""
+    job_id = bytes(s("ADDJOB", queue, "x", 0, "RETRY", 30, "MAXATTEMPTS", 1, *opts))
+    fail(s, job_id, 1, "ERROR", error, f"{error} in {queue}", "HOST", "h", "PID", 9)
+    (copy,) = [j for j in all_jobs(s.core) if j.origin == job_id]
+    return copy.id
+
+
+def test_list_shows_where_each_came_from_and_why_and_the_filters_select(s):
+    s.core.clock.ms = 1_000_000
+    s.core.read_clock()
+    a = failed(s, "emails", "ValueError", "DEADLETTER", "failed")
+    s.core.clock.ms = 2_000_000
+    s.core.read_clock()
+    b = failed(s, "sms", "KeyError", "DEADLETTER", "failed")
+    c = failed(s, "emails", "KeyError", "DEADLETTER", "failed")
+    entries = [dict(e) for e in s("DEADLETTER", "LIST", "failed")]
+    assert [e[b"id"] for e in entries] == [a, b, c]
+    first = entries[0]
+    assert (first[b"dead-letter-from"], first[b"error-type"], first[b"error-message"], first[b"error-host"], first[b"error-pid"]) == (
+        b"emails", b"ValueError", b"ValueError in emails", b"h", 9
+    )
+    assert first[b"dead-lettered-at"] == 1_000_000 and first[b"error-time"] == 1_000_000 and first[b"nacks"] == 0
+    assert first[b"dead-letter-of"] not in (a, b, c) and b"error-traceback" not in first  # SHOW has it
+
+    def listed(*filters) -> list[bytes]:
+        return [dict(e)[b"id"] for e in s("DEADLETTER", "LIST", "failed", *filters)]
+
+    assert listed("FROM", "emails") == [a, c]
+    assert listed("ERROR", "KeyError") == [b, c]
+    assert listed("from", "emails", "error", "KeyError") == [c]
+    assert listed("SINCE", 1_500_000) == [b, c] and listed("UNTIL", 1_500_000) == [a] and listed("COUNT", 2) == [a, b]
+    assert listed("FROM", "nosuch") == [] and s("DEADLETTER", "LIST", "nosuchqueue") == []
+    # REQUEUE and DELETE take the same filters.
+    assert s("DEADLETTER", "REQUEUE", "failed", "ERROR", "KeyError", "FROM", "sms") == 1
+    assert [body for _, _, body in s("QPEEK", "sms", 10)] == [b"x"]
+    assert s("DEADLETTER", "DELETE", "failed", "ERROR", "KeyError") == 1
+    assert listed() == [a] and s("SHOW", c) is None
+    assert s("DEADLETTER", "DELETE", "failed") == 1 and s("QLEN", "failed") == 0
+    check_core(s.core)
+
+
+def test_a_dead_letter_without_a_failure_is_not_taken_by_an_error_filter(s):
+    copy_id = dead_letter(s)
+    assert s("DEADLETTER", "LIST", "q-dead", "ERROR", "ValueError") == []
+    assert [dict(e)[b"id"] for e in s("DEADLETTER", "LIST", "q-dead")] == [copy_id]
+    assert b"error-type" not in dict(s("DEADLETTER", "LIST", "q-dead")[0])
+
+
+def test_delete_reaches_the_nodes_that_hold_a_copy():
+    conf = f"{NODE_ID} 127.0.0.1:7711 myself 0 0 connected\n{PEER} 127.0.0.1:7712 noflags 0 0 connected\n"
+    core, _, _ = linked_core(conf, (PEER,))
+    s = Session(core)
+    copy_id = failed(s, "q", "E", "REPLICATE", 1)
+    core.jobs.get(copy_id).add_delivered(PEER)  # as if its replica were there
+    bus_sent(core)
+    assert s("DEADLETTER", "DELETE", "q-dead") == 1
+    assert bus_sent(core) == [m.DelJob(copy_id, acked=False)] and s("SHOW", copy_id) is None

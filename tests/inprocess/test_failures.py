@@ -227,3 +227,20 @@ def test_nack_arguments_fuzz(args: list[bytes]) -> None:
     else:
         assert shown["state"] == "active" and "error-type" not in shown
     env.check()
+
+
+dl_words = st.sampled_from([b"LIST", b"REQUEUE", b"DELETE", b"COUNT", b"FROM", b"ERROR", b"SINCE", b"UNTIL", b"q", b"q-dead", b"E", b"0", b"2", b"-1", b""])
+
+
+@settings(max_examples=200, deadline=None)
+@given(args=st.lists(dl_words, min_size=1, max_size=9))
+def test_deadletter_arguments_fuzz(args: list[bytes]) -> None:
+    """Any DEADLETTER arguments: a reply (a count, a list, an error), never a
+    crash, and the node's invariants hold."""
+    env = make_env()
+    job_id = env.add("q", "x", "RETRY", 30, "MAXATTEMPTS", 1)
+    env.s("GETJOB", "FROM", "q")
+    assert env.s("NACK", job_id, "ERROR", "E", "m") == 1
+    got = env.s("DEADLETTER", *args)
+    assert isinstance(got, int | list) or got.message
+    env.check()

@@ -33,7 +33,7 @@ from disque.core import errors
 from disque.cluster import messages as m
 from disque.core.errors import err
 from disque.core.types import NIL_ARRAY, SILENT, Command, Connection, Map, Status
-from disque.core.lifecycle import check_job_options
+from disque.core.lifecycle import DeadLetterFilter, check_job_options
 from disque.core.node import NodeCore
 from disque.core.schedules import MIN_EVERY, check_cron
 from disque.store.failure import Failure, problem as failure_problem
@@ -292,19 +292,52 @@ def cmd_nack(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
     return _each_known(node, ids, lambda job: node.lifecycle.nack(job, delay, failure))
 
 
+DEADLETTER_SYNTAX: Final = (
+    "Syntax error, try DEADLETTER LIST|REQUEUE|DELETE <queue> [COUNT <n>] [FROM <queue>] [ERROR <type>] [SINCE <ms>] [UNTIL <ms>]"
+)
+
+
 @command("deadletter", -3, "wm")
-def cmd_deadletter(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
-    """DEADLETTER REQUEUE <queue> [COUNT n] (an extension, node.requeue_dead_letters):
-    this node's dead letters queued in <queue> back to their queues; the
-    CLI and the dashboard ask every node (docs/commands.md)."""
-    if argv[1].lower() != b"requeue" or len(argv) not in (3, 5) or (len(argv) == 5 and argv[3].lower() != b"count"):
-        raise err("Syntax error, try DEADLETTER REQUEUE <queue> [COUNT <n>]")
-    count = INT64_MAX
-    if len(argv) == 5:
-        count = int_or(argv[4], errors.not_integer)
-        if count <= 0:
-            raise err("COUNT must be a number greater than zero")
-    return node.lifecycle.requeue_dead_letters(argv[2], count)
+def cmd_deadletter(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
+    """DEADLETTER LIST|REQUEUE|DELETE <queue> [COUNT n] [FROM q] [ERROR type]
+    [SINCE ms] [UNTIL ms] (an extension, node.lifecycle.dead_letters): this
+    node's dead letters queued in <queue>, those the filters take, oldest
+    first; the CLI and the dashboard ask every node (docs/commands.md)."""
+    verb = argv[1].lower()
+    if verb not in (b"list", b"requeue", b"delete") or len(argv) % 2 == 0:
+        raise err(DEADLETTER_SYNTAX)
+    count = 100 if verb == b"list" else INT64_MAX
+    opts: dict[bytes, bytes] = {}
+    for i in range(3, len(argv), 2):
+        word = argv[i].lower()
+        if word not in (b"count", b"from", b"error", b"since", b"until"):
+            raise err(DEADLETTER_SYNTAX)
+        opts[word] = argv[i + 1]
+    if b"count" in opts and (count := int_or(opts[b"count"], errors.not_integer)) <= 0:
+        raise err("COUNT must be a number greater than zero")
+    since, until = (int_or(opts.get(w, b"0"), errors.not_integer) for w in (b"since", b"until"))
+    if since < 0 or until < 0:
+        raise err("SINCE and UNTIL must be unix times in milliseconds")
+    selection = DeadLetterFilter(opts.get(b"from"), opts.get(b"error"), since, until)
+    life = node.lifecycle
+    if verb == b"requeue":
+        return life.requeue_dead_letters(argv[2], count, selection)
+    if verb == b"delete":
+        return life.delete_dead_letters(argv[2], count, selection)
+    return [dead_letter_entry(job) for job in life.dead_letters(argv[2], count, selection)]
+
+
+def dead_letter_entry(job: Job) -> Map:
+    """One dead letter as DEADLETTER LIST shows it: SHOW's fields about where
+    it came from and why, the time it was moved (unix ms), its traceback left
+    to SHOW."""
+    return Map(
+        [
+            (b"id", job.id), (b"dead-letter-of", job.origin), (b"dead-letter-from", job.dead_letter),
+            (b"dead-lettered-at", job.ctime // 1_000_000), (b"nacks", job.nacks), (b"additional-deliveries", job.deliv),
+        ]
+        + [field for field in failure_fields(job) if field[0] != b"error-traceback"]
+    )  # fmt: skip
 
 
 @command("dequeue", -1, "wF")
