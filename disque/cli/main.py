@@ -56,7 +56,8 @@ SERVER_COMMANDS: dict[str, tuple[str, str]] = {
     "ENQUEUE": ("id [id ...]", "Queue active jobs again"),
     "DEQUEUE": ("id [id ...]", "Take queued jobs out of their queue"),
     "DELJOB": ("id [id ...]", "Delete jobs from this node only"),
-    "DEADLETTER": ("REQUEUE queue [COUNT n]", "Put this node's dead letters queued in queue back into their own queues"),
+    "DEADLETTER": ("LIST|REQUEUE|DELETE queue [COUNT n] [FROM queue] [ERROR type] [SINCE ms] [UNTIL ms]",
+                   "This node's dead letters queued in queue: list them (with their last error), put them back into their own queues, or delete them"),
     "SHOW": ("id", "Everything this node knows about a job"),
     "JSCAN": ("[cursor] [COUNT n] [BUSYLOOP] [QUEUE q] [STATE s ...] [REPLY id|all]", "Iterate over jobs"),
     "QLEN": ("queue", "Number of jobs queued on this node"),
@@ -450,31 +451,118 @@ def deadletter() -> None:
 REQUEUE_BATCH = 1000  # dead letters per DEADLETTER REQUEUE: the node serves others between two
 
 
-@deadletter.command()
-@click.argument("queue")
-@click.option("--count", type=click.IntRange(min=1), help="At most this many on each node (default: all).")
-@scope_option(True, "DEADLETTER REQUEUE on each, how many each requeued")
-@click.pass_obj
-def requeue(session: Session, queue: str, count: int | None, cluster: bool | None) -> None:
-    """Put the dead letters queued in QUEUE back into the queues they came from,
-    as new jobs with fresh attempt counts (DEADLETTER REQUEUE on every node)."""
+def dead_letter_filters(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The options that select dead letters (DEADLETTER's FROM, ERROR, SINCE, UNTIL)."""
+    for option in reversed((
+        click.option("--from", "origin", metavar="QUEUE", help="Only those that came from QUEUE."),
+        click.option("--error", metavar="TYPE", help="Only those whose last failure is of TYPE (ValueError, app.Timeout)."),
+        click.option("--since", metavar="AGE", help="Only those moved within the last AGE (90s, 5m, 1h, 1d)."),
+        click.option("--until", metavar="AGE", help="Only those moved more than AGE ago."),
+    )):  # fmt: skip
+        command = option(command)
+    return command
 
-    def requeue_on(client: Any) -> int:
+
+def filter_words(origin: str | None, error: str | None, since: str | None, until: str | None) -> list[Any]:
+    """DEADLETTER's filter options; the ages counted back from this machine's clock."""
+    words: list[Any] = []
+    if origin is not None:
+        words += ["FROM", origin]
+    if error is not None:
+        words += ["ERROR", error]
+    if since is not None or until is not None:
+        from disque.client.worker import parse_period
+
+        now = int(time.time() * 1000)
+        for word, age in (("SINCE", since), ("UNTIL", until)):
+            if age is not None:
+                try:
+                    words += [word, max(0, now - parse_period(age))]
+                except ValueError as e:
+                    raise click.BadParameter(str(e), param_hint=f"--{word.lower()}") from None
+    return words
+
+
+def dead_letter_batches(verb: str, queue: str, count: int | None, filters: list[Any], rate: int | None) -> Callable[[Any], int]:
+    """DEADLETTER <verb> on one node's client, in batches until none is left
+    (or `count`), at most `rate` a second."""
+
+    def run(client: Any) -> int:
         done = 0
+        size = rate or REQUEUE_BATCH
         while count is None or done < count:
-            batch = REQUEUE_BATCH if count is None else min(REQUEUE_BATCH, count - done)
-            moved = client.execute_command("DEADLETTER", "REQUEUE", queue, "COUNT", batch)
+            batch = size if count is None else min(size, count - done)
+            started = time.monotonic()
+            moved = client.execute_command("DEADLETTER", verb, queue, "COUNT", batch, *filters)
             done += moved
             if moved < batch:
                 break
+            if rate:
+                time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
         return done
 
+    return run
+
+
+def dead_letter_bulk(session: Session, verb: str, field: str, queue: str, count: int | None, cluster: bool | None, words: list[Any], rate: int | None) -> None:
+    run = dead_letter_batches(verb, queue, count, words, rate)
     if session.wide(cluster, default=True):
-        found = per_node(session, requeue_on)
+        found = per_node(session, run)
     else:
         client = session.client()
-        found = [(client.hello().node_id, session.label, requeue_on(client))]
-    output_sum(session, queue, "requeued", found)
+        found = [(client.hello().node_id, session.label, run(client))]
+    output_sum(session, queue, field, found)
+
+
+RATE = click.option("--rate", type=click.IntRange(min=1), help="At most this many a second on each node (default: as fast as it goes).")
+
+
+@deadletter.command()
+@click.argument("queue")
+@click.option("--count", type=click.IntRange(min=1), help="At most this many on each node (default: all).")
+@dead_letter_filters
+@RATE
+@scope_option(True, "DEADLETTER REQUEUE on each, how many each requeued")
+@click.pass_obj
+def requeue(session: Session, queue: str, count: int | None, cluster: bool | None, rate: int | None, **filters: Any) -> None:
+    """Put the dead letters queued in QUEUE back into the queues they came from,
+    as new jobs with fresh attempt counts (DEADLETTER REQUEUE on every node)."""
+    dead_letter_bulk(session, "REQUEUE", "requeued", queue, count, cluster, filter_words(**filters), rate)
+
+
+@deadletter.command()
+@click.argument("queue")
+@click.option("--count", type=click.IntRange(min=1), help="At most this many on each node (default: all).")
+@dead_letter_filters
+@RATE
+@scope_option(True, "DEADLETTER DELETE on each, how many each deleted")
+@click.pass_obj
+def delete(session: Session, queue: str, count: int | None, cluster: bool | None, rate: int | None, **filters: Any) -> None:
+    """Delete the dead letters queued in QUEUE, on every node that holds a copy
+    (DEADLETTER DELETE on every node)."""
+    dead_letter_bulk(session, "DELETE", "deleted", queue, count, cluster, filter_words(**filters), rate)
+
+
+@deadletter.command("list")
+@click.argument("queue")
+@click.option("--count", type=click.IntRange(min=1), default=100, show_default=True, help="At most this many from each node.")
+@dead_letter_filters
+@scope_option(True, "DEADLETTER LIST on each, one row per dead letter")
+@click.pass_obj
+def list_dead_letters(session: Session, queue: str, count: int, cluster: bool | None, **filters: Any) -> None:
+    """The dead letters queued in QUEUE, oldest first, each with why it failed
+    (its last error), where it came from and when it was moved."""
+    from disque.cli.views import dead_letter_rows
+
+    words = ["DEADLETTER", "LIST", queue, "COUNT", count, *filter_words(**filters)]
+    if session.wide(cluster, default=True):
+        found = per_node(session, lambda client: client.execute_command(*words))
+    else:
+        client = session.client()
+        found = [(client.hello().node_id, session.label, client.execute_command(*words))]
+    rows = dead_letter_rows(found)
+    session.output("dead-letters", rows, raw=[r["id"] for r in rows])
+    session.check_nodes()
 
 
 # --------------------------------------------------------------------------

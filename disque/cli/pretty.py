@@ -20,7 +20,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from disque.cli.views import human_time, plain_lines, record_fields, text
+from disque.cli.views import human_time, job_info_fields, plain_lines, record_fields, text
 from disque.client import Job, JobInfo
 
 
@@ -77,7 +77,10 @@ def names_table(title: str, rows: Iterable[Iterable[Any]], columns: Iterable[str
 
 def render(kind: str, value: Any) -> RenderableType:
     if kind == "record":
-        return kv_block(value)
+        return kv_block(job_info_fields(value) if isinstance(value, JobInfo) else value)
+    if kind == "dead-letters":  # dead_letter_rows
+        columns = ["error", "message", "from", "dead-lettered", "id", "original-id", "nacks", "node"]
+        return names_table(f"{len(value)} dead letter(s)", ([r[c] for c in columns] for r in value), columns)
     if kind == "by-node":  # {"total": a record, "nodes": [(node ID, address, that node's record)]}
         return by_node(value["total"], value["nodes"])
     if kind == "hello":

@@ -87,6 +87,35 @@ def human_time(ns: int) -> str:
     return _dt.datetime.fromtimestamp(ns / 1e9).astimezone().isoformat(sep=" ", timespec="milliseconds")
 
 
+def dead_letter_rows(found: list[tuple[str, str, Any]]) -> list[dict[str, Any]]:
+    """DEADLETTER LIST replies of the nodes `found` ((node, address, reply))
+    as table rows, the error first (as Flower shows a failed task)."""
+    rows = []
+    for node, _, entries in found:
+        for entry in entries:
+            f = {text(k): v for k, v in (entry.items() if isinstance(entry, dict) else zip(entry[::2], entry[1::2]))}
+            rows.append({
+                "error": text(f["error-type"]) if "error-type" in f else "", "message": text(f.get("error-message", b"")),
+                "from": text(f["dead-letter-from"]), "dead-lettered": human_time(f["dead-lettered-at"] * 1_000_000),
+                "id": text(f["id"]), "original-id": text(f["dead-letter-of"]), "nacks": f["nacks"], "node": node,
+            })  # fmt: skip
+    return rows
+
+
+def job_info_fields(info: Any) -> dict[str, Any]:
+    """SHOW's fields for printing: the last error first when the job has one
+    (with its time readable), the extensions' fields it does not use left out."""
+    fields = record_fields(info)
+    error = {k: fields.pop(k) for k in list(fields) if k.startswith("error-")}
+    for k in ("dead-letter-of", "dead-letter-from"):
+        if fields[k] is None:
+            del fields[k]
+    if error["error-type"] is None:
+        return fields
+    error["error-time"] = human_time(error["error-time"] * 1_000_000)
+    return error | fields
+
+
 def record_fields(value: Any) -> dict[str, Any]:
     """A record's fields as the server names them (`jobs-in`), for a dataclass or a dict."""
     if dataclasses.is_dataclass(value):

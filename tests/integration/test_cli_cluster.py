@@ -192,3 +192,59 @@ def test_deadletter_requeue_asks_every_node(disque: Callable[..., Result], clien
     assert [c.qlen(queue) for c in clients] == [1, 2, 3] and sum(c.qlen(dead) for c in clients) == 0
     assert "requeued" in ok(disque("--no-raw", "deadletter", "requeue", dead))
     assert ok(disque("deadletter", "requeue", dead, "--count", "1")) == "0\n"
+
+
+def test_deadletter_list_delete_and_a_paced_requeue_with_filters(disque: Callable[..., Result], clients: list[Client], queue: str) -> None:
+    """`disque deadletter list` shows every node's dead letters, error first,
+    filtered by origin queue, error type and age; `delete` and `requeue`
+    take the same filters, and `--rate` paces the batches; `show` puts the
+    last error first."""
+    errors = {0: ValueError("bad address"), 1: KeyError("to"), 2: ValueError("worse")}
+    for n, c in enumerate(clients):
+        origin = queue if n < 2 else queue + "-other"
+        c.add_job(origin, f"job{n}", retry=30, replicate=1, max_attempts=1, dead_letter=queue + "-failed")
+        [job] = c.get_jobs(origin, count=1)
+        assert c.nack(job.id, error=errors[n]) == 1
+    failed = queue + "-failed"
+    rows = json.loads(ok(disque("--json", "deadletter", "list", failed)))
+    assert sorted((r["error"], r["message"], r["from"]) for r in rows) == [
+        ("KeyError", "'to'", queue), ("ValueError", "bad address", queue), ("ValueError", "worse", queue + "-other")
+    ]
+    assert len(json.loads(ok(disque("--json", "deadletter", "list", failed, "--error", "ValueError", "--from", queue)))) == 1
+    assert len(json.loads(ok(disque("--json", "deadletter", "list", failed, "--since", "1h")))) == 3
+    assert json.loads(ok(disque("--json", "deadletter", "list", failed, "--until", "1h"))) == []
+    pretty = ok(disque("--no-raw", "deadletter", "list", failed))
+    assert "3 dead letter(s)" in pretty and pretty.index("error") < pretty.index("from")
+    [here] = [r for r in rows if r["message"] == "bad address"]  # dead-lettered by the connected node
+    shown = ok(disque("--no-raw", "show", here["id"]))
+    assert shown.index("error-type") < shown.index("error-traceback") < shown.index("queue") and "bad address" in shown
+    result = disque("deadletter", "list", failed, "--since", "soon")
+    assert result.exit_code == 2 and "--since" in result.output
+    assert ok(disque("deadletter", "delete", failed, "--error", "KeyError")) == "1\n"
+    assert ok(disque("deadletter", "requeue", failed, "--rate", "1", "--from", queue)) == "1\n"
+    assert sum(c.qlen(queue) for c in clients) == 1 and sum(c.qlen(failed) for c in clients) == 1
+
+
+def test_a_paced_bulk_command_sends_rate_a_second() -> None:
+    """`--rate n`: batches of at most n, a second apart (less the time each took)."""
+    from disque.cli import main
+
+    class Node:
+        left = 7
+        sent: list[int] = []
+
+        def execute_command(self, *words: object) -> int:
+            batch = min(int(words[4]), self.left)  # type: ignore[call-overload]
+            self.left -= batch
+            self.sent.append(batch)
+            return batch
+
+    slept: list[float] = []
+    node = Node()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(main.time, "sleep", slept.append)
+        assert main.dead_letter_batches("REQUEUE", "q", None, [], 3)(node) == 7
+    assert node.sent == [3, 3, 1] and len(slept) == 2 and all(0.9 < s <= 1.0 for s in slept)
+    node = Node()
+    node.sent = []
+    assert main.dead_letter_batches("DELETE", "q", 5, [], None)(node) == 5 and node.sent == [5]
