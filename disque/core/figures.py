@@ -25,6 +25,7 @@ from disque.store.queue import PAUSE_NAMES, Queue
 
 if TYPE_CHECKING:
     from disque.core.node import NodeCore
+    from disque.store.job import Job
     from disque.core.types import Connection
 
 BODY_PREVIEW = 120  # bytes of a dead letter's body in its figures
@@ -131,7 +132,8 @@ def group_figures(node: NodeCore, max_groups: int) -> tuple[list[tuple[bytes, in
 def dead_letter_figures(node: NodeCore, max_queues: int, sample: int) -> list[dict[str, Any]]:
     """The dead-letter queues (those whose oldest queued job is a
     dead-lettered copy, MAXATTEMPTS), at most `max_queues`: their length and
-    their `sample` oldest jobs, bodies cut to BODY_PREVIEW bytes."""
+    their `sample` oldest jobs, bodies and error messages cut to
+    BODY_PREVIEW bytes."""
     out: list[dict[str, Any]] = []
     for queue in node.queues.values():
         if not len(queue):
@@ -143,12 +145,20 @@ def dead_letter_figures(node: NodeCore, max_queues: int, sample: int) -> list[di
         jobs = [first, *islice(oldest, sample - 1)]
         out.append({"name": _text(queue.name), "len": len(queue), "jobs": [
             {"id": _text(job.id), "from": _text(job.dead_letter), "nacks": job.nacks, "deliveries": job.deliv,
-             "age_ms": max(0, node.now - job.ctime // 1_000_000), "body": _text((job.body or b"")[:BODY_PREVIEW])}
+             "age_ms": max(0, node.now - job.ctime // 1_000_000), "body": _text((job.body or b"")[:BODY_PREVIEW]),
+             **_failure(job)}
             for job in jobs
         ]})  # fmt: skip
         if len(out) == max_queues:
             break
     return out
+
+
+def _failure(job: Job) -> dict[str, str]:
+    """A dead letter's last failure for the dashboard (NACK ... ERROR): its
+    type and the start of its message; nothing without one."""
+    failure = job.failure
+    return {"error": _text(failure.type), "message": _text(failure.message[:BODY_PREVIEW])} if failure else {}
 
 
 def client_figures(node: NodeCore, max_clients: int) -> list[dict[str, Any]]:

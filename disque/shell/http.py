@@ -22,12 +22,18 @@ the body):
   when this one does not know it (`?local`: this one only), with the node;
 * `POST /api/queues/<name>/pause` with `{"state": "in"|"out"|"all"|"none"}`:
   PAUSE ... BCAST;
-* `POST /api/deadletters/<queue>/requeue` with `{"scope": "cluster"|"node"}`
-  (default cluster): DEADLETTER REQUEUE here, in batches, then the same
-  request to every other node's HTTP port with scope `node`; the answer
-  says how many each node requeued, or its error.
+* `POST /api/deadletters/<queue>/requeue` and `.../delete` with
+  `{"scope": "cluster"|"node"}` (default cluster) and optional filters
+  (`from`, `error`, `since`, `until`: DEADLETTER's), `count` and `rate` (at
+  most that many a second on each node): DEADLETTER REQUEUE or DELETE here,
+  in batches, then the same request to every other node's HTTP port with
+  scope `node`; the answer says how many each node requeued or deleted, or
+  its error;
+* `GET /api/deadletters/<queue>?from=&error=&since=&until=&count=`: the
+  dead letters (DEADLETTER LIST) of every node (`scope=node`: this one),
+  oldest first, each with its node and its last error.
 
-The two POSTs need, with `requirepass` set, the same password, sent as
+The POSTs need, with `requirepass` set, the same password, sent as
 `Authorization: Bearer <password>` (or HTTP basic auth, any user name),
 checked by the core's own AUTH before the body is looked at; the requeue
 hands the same header to the other nodes.
@@ -73,7 +79,7 @@ import base64
 import json
 import logging
 import traceback
-from urllib.parse import quote, unquote_to_bytes
+from urllib.parse import parse_qs, quote, unquote_to_bytes, urlencode
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from http import HTTPStatus
@@ -114,6 +120,7 @@ DEAD_LETTER_SECONDS = 5.0  # the dead-letter queues are looked for at most this 
 HISTORY_SECONDS = 5.0  # the cluster's rate history is gathered at most this often
 REQUEUE_BATCH = 1000  # dead letters per DEADLETTER REQUEUE: the loop runs between two batches
 REQUEUE_TIMEOUT = 60.0  # seconds for another node to requeue its dead letters
+MAX_PACED = 3600  # dead letters a paced requeue or delete without a count is given the time for, at its rate
 LOG_INTERVAL = 1.0  # seconds between two logged errors of the port
 WEB = resources.files("disque.shell") / "web"
 CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
@@ -491,9 +498,12 @@ class HttpPort:
                 return await self._show(path.removeprefix("/api/jobs/"), target.endswith("?local"), peer, local)
         if method == "POST" and path.startswith("/api/queues/") and path.endswith("/pause"):
             return await self._pause(path.removeprefix("/api/queues/").removesuffix("/pause"), headers, body, peer, local)
-        if method == "POST" and path.startswith("/api/deadletters/") and path.endswith("/requeue"):
-            queue = unquote_to_bytes(path.removeprefix("/api/deadletters/").removesuffix("/requeue"))
-            return await self._requeue(queue, headers, body, peer, local)
+        if path.startswith("/api/deadletters/"):
+            name, _, verb = path.removeprefix("/api/deadletters/").partition("/")
+            if method in ("GET", "HEAD") and not verb:
+                return await self._dead_letters(unquote_to_bytes(name), target.partition("?")[2], peer, local)
+            if method == "POST" and verb in ("requeue", "delete"):
+                return await self._dead_letter_bulk(verb, unquote_to_bytes(name), headers, body, peer, local)
         return self._json(404, {"error": "not found"})
 
     async def _show(self, job_id: str, local_only: bool, peer: str, local: str) -> tuple[int, str, bytes]:
@@ -544,41 +554,89 @@ class HttpPort:
 
         return await self._authorized(headers, peer, local, pause)
 
-    async def _requeue(self, queue: bytes, headers: dict[bytes, bytes], body: bytes, peer: str, local: str) -> tuple[int, str, bytes]:
-        """DEADLETTER REQUEUE here in batches (the loop runs between them),
-        then, for the cluster, on every other node through its HTTP port."""
+    async def _dead_letters(self, queue: bytes, query: str, peer: str, local: str) -> tuple[int, str, bytes]:
+        """DEADLETTER LIST here with the query's filters (from, error, since,
+        until, count), then on every other node unless `scope=node`: each
+        dead letter with its node, the error first."""
+        params = {k: v[-1] for k, v in parse_qs(query).items()}
+        options = _dead_letter_options(params, ("scope",))
+        if isinstance(options, str) or params.get("scope", "cluster") not in ("cluster", "node") or not queue:
+            return self._json(400, {"error": options if isinstance(options, str) else "scope must be cluster or node"})
+        async with self._client(peer, local) as conn:
+            reply = await self._command(conn, b"DEADLETTER", b"LIST", queue, *options)
+        if isinstance(reply, DisqueError):
+            return self._json(400, {"error": str(reply)})
+        my_id = self.core.membership.my_id
+        found = [{"node": my_id, **to_json(entry)} for entry in reply]
+        nodes: list[dict[str, Any]] = [{"id": my_id}]
+        if params.get("scope") != "node":
+            target = f"/api/deadletters/{quote(queue, safe='')}?{urlencode(params | {'scope': 'node'})}"
+            for answer in await self.peers.each("GET", target):
+                value = answer.value if isinstance(answer.value, dict) else {}
+                if answer.status == 200 and isinstance(value.get("dead_letters"), list):
+                    found += value["dead_letters"]
+                    nodes.append({"id": answer.peer.id})
+                else:
+                    nodes.append({"id": answer.peer.id, "error": answer.error or str(value.get("error", answer.status))})
+        found.sort(key=lambda e: e.get("dead-lettered-at", 0))
+        return self._json(200, {"queue": to_json(queue), "dead_letters": found, "nodes": nodes})
 
-        async def requeue(conn: RequestConn) -> tuple[int, str, bytes]:
-            scope = _body_field(body, "scope", ("cluster", "node"), default="cluster")
-            if scope is None or not queue:
+    async def _dead_letter_bulk(
+        self, verb: str, queue: bytes, headers: dict[bytes, bytes], body: bytes, peer: str, local: str
+    ) -> tuple[int, str, bytes]:  # fmt: skip
+        """DEADLETTER REQUEUE or DELETE here in batches (the loop runs between
+        them; with `rate`, at most that many a second), then, for the cluster,
+        on every other node through its HTTP port, all at once."""
+        done_key = "requeued" if verb == "requeue" else "deleted"
+
+        async def bulk(conn: RequestConn) -> tuple[int, str, bytes]:
+            try:
+                fields = json.loads(body or b"{}")
+                assert isinstance(fields, dict)
+            except (ValueError, AssertionError, RecursionError):
+                return self._json(400, {"error": "the body must be a JSON object"})
+            scope = fields.get("scope", "cluster")
+            options = _dead_letter_options(fields, ("scope", "count", "rate"))
+            limits = [fields.get(k) for k in ("count", "rate")]
+            if scope not in ("cluster", "node") or not queue:
                 return self._json(400, {"error": "scope must be cluster or node"})
+            if isinstance(options, str) or not all(v is None or (type(v) is int and v > 0) for v in limits):
+                return self._json(400, {"error": options if isinstance(options, str) else "count and rate must be positive integers"})
+            count, rate = limits
             done = 0
-            while True:
-                reply = await self._command(conn, b"DEADLETTER", b"REQUEUE", queue, b"COUNT", b"%d" % REQUEUE_BATCH)
+            while count is None or done < count:
+                batch = min(rate or REQUEUE_BATCH, count - done if count else REQUEUE_BATCH)
+                started = trio.current_time()
+                reply = await self._command(conn, b"DEADLETTER", verb.encode(), queue, b"COUNT", b"%d" % batch, *options)
                 if isinstance(reply, DisqueError):
-                    return self._json(400, {"error": str(reply), "requeued": done})
+                    return self._json(400, {"error": str(reply), done_key: done})
                 done += reply
-                if reply < REQUEUE_BATCH:
+                if reply < batch:
                     break
-                await trio.sleep(0)
+                if rate:
+                    await trio.sleep_until(started + 1)
+                else:
+                    await trio.sleep(0)
             self.dead_letters = (float("-inf"), [])  # looked for again at the next rendering ...
             self.rendered_at = float("-inf")  # ... which is the next request's
-            nodes: list[dict[str, Any]] = [{"id": self.core.membership.my_id, "requeued": done}]
+            nodes: list[dict[str, Any]] = [{"id": self.core.membership.my_id, done_key: done}]
             if scope == "cluster":
                 forward: tuple[tuple[str, str], ...] = (("content-type", "application/json"),)
                 if b"authorization" in headers:
                     forward += (("authorization", headers[b"authorization"].decode("latin-1")),)
-                target = f"/api/deadletters/{quote(queue, safe='')}/requeue"
-                for answer in await self.peers.each("POST", target, forward, b'{"scope": "node"}', REQUEUE_TIMEOUT):
+                target = f"/api/deadletters/{quote(queue, safe='')}/{verb}"
+                paced = (count or MAX_PACED) / rate if rate else 0  # the time a paced peer may take
+                request = json.dumps(fields | {"scope": "node"}).encode()
+                for answer in await self.peers.each("POST", target, forward, request, REQUEUE_TIMEOUT + paced):
                     value = answer.value if isinstance(answer.value, dict) else {}
-                    if answer.status == 200 and isinstance(value.get("requeued"), int):
-                        nodes.append({"id": answer.peer.id, "requeued": value["requeued"]})
+                    if answer.status == 200 and isinstance(value.get(done_key), int):
+                        nodes.append({"id": answer.peer.id, done_key: value[done_key]})
                     else:
                         nodes.append({"id": answer.peer.id, "error": answer.error or str(value.get("error", answer.status))})
-            total = sum(n.get("requeued", 0) for n in nodes)
-            return self._json(200, {"queue": to_json(queue), "requeued": total, "nodes": nodes})
+            total = sum(n.get(done_key, 0) for n in nodes)
+            return self._json(200, {"queue": to_json(queue), done_key: total, "nodes": nodes})
 
-        return await self._authorized(headers, peer, local, requeue)
+        return await self._authorized(headers, peer, local, bulk)
 
     # ------------------------------------------------------------ commands
 
@@ -703,6 +761,26 @@ def _body_field(body: bytes, name: str, allowed: tuple[str, ...], default: str |
     except (ValueError, AttributeError, RecursionError):  # not JSON, not an object, nested too deep
         return None
     return value if value in allowed else None
+
+
+def _dead_letter_options(fields: dict[str, Any], theirs: tuple[str, ...]) -> list[bytes] | str:
+    """DEADLETTER's words for the filters (from, error, since, until) and a
+    count in a JSON body or a query string, or what is wrong; the fields in
+    `theirs` are the caller's."""
+    words: list[bytes] = []
+    for key, value in fields.items():
+        if key in theirs:
+            continue
+        if key in ("from", "error"):
+            if not (isinstance(value, str) and value):
+                return f"{key} must be a name"
+        elif key in ("since", "until", "count"):
+            if not str(value).isdigit():
+                return f"{key} must be a non-negative integer"
+        else:
+            return f"unknown field {key!r}"
+        words += [key.upper().encode(), str(value).encode()]
+    return words
 
 
 def _plain(value: Any) -> Any:

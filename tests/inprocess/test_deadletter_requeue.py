@@ -169,7 +169,12 @@ def test_the_figures_list_dead_letter_queues_and_clients(s):
     dead_letter(s, "other", "o", 1)
     assert len(dead_letter_figures(s.core, max_queues=1, sample=1)) == 1 and len(dead_letter_figures(s.core, 5, 1)) == 2
     (failed,) = [q for q in dead_letter_figures(s.core, max_queues=5, sample=5) if q["name"] == "failed"]
-    assert len(failed["jobs"][2]["body"]) == BODY_PREVIEW
+    assert len(failed["jobs"][2]["body"]) == BODY_PREVIEW and "error" not in failed["jobs"][0]
+    failed_job = bytes(s("ADDJOB", "mail", "m", 0, "RETRY", 30, "MAXATTEMPTS", 1))
+    s("GETJOB", "FROM", "mail")
+    assert s("NACK", failed_job, "ERROR", "ValueError", "y" * 500) == 1
+    (mail,) = [q for q in dead_letter_figures(s.core, max_queues=5, sample=5) if q["name"] == "mail-dead"]
+    assert mail["jobs"][0]["error"] == "ValueError" and mail["jobs"][0]["message"] == "y" * BODY_PREVIEW
     named, blocked = Session(s.core), Session(s.core)
     named("CLIENT", "SETNAME", "worker-1")
     assert blocked("GETJOB", "TIMEOUT", 1000, "FROM", "empty", "idle") is BLOCKED

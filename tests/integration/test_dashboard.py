@@ -85,11 +85,11 @@ def api(http: int, path: str, body: Any = None, password: str | None = None) -> 
         return e.code, json.loads(e.read())
 
 
-def dead_letter(client: redis.Redis, queue: str, body: str) -> None:
-    """A job of `queue` out of attempts at once: dead-lettered into <queue>-dead on this node."""
+def dead_letter(client: redis.Redis, queue: str, body: str, *error: str) -> None:
+    """A job of `queue` out of attempts at once (NACK ... `error`): dead-lettered into <queue>-dead on this node."""
     job_id = client.execute_command("ADDJOB", queue, body, 0, "REPLICATE", 1, "RETRY", 30, "MAXATTEMPTS", 1)
     [[_, got, _]] = client.execute_command("GETJOB", "FROM", queue)
-    assert got == job_id and client.execute_command("NACK", job_id) == 1
+    assert got == job_id and client.execute_command("NACK", job_id, *error) == 1
 
 
 def test_the_dashboard_shows_the_whole_cluster_and_acts_on_it(cluster: Cluster, browser, tmp_path: Path) -> None:
@@ -101,7 +101,8 @@ def test_the_dashboard_shows_the_whole_cluster_and_acts_on_it(cluster: Cluster, 
     job_id = rc.execute_command("ADDJOB", "invoices", "invoice 7", 0, "REPLICATE", 1).decode()
     for client, n in ((ra, 2), (rb, 1)):
         for i in range(n):
-            dead_letter(client, "payments", f"payment {i} on {client.connection_pool.connection_kwargs['port']}")
+            error = ("ERROR", "CardDeclined", f"card {i} declined", "TRACEBACK", "Traceback ...\nCardDeclined", "HOST", "w1", "PID", "77")
+            dead_letter(client, "payments", f"payment {i} on {client.connection_pool.connection_kwargs['port']}", *error)
     rc.execute_command("QADD", "events", 60, "e1")
     assert rc.execute_command("QGET", "events", "billing")  # a group with one event in progress
     worker = redis.Redis(port=b.port, socket_timeout=None)  # blocked for as long as the test runs
@@ -140,8 +141,19 @@ def test_the_dashboard_shows_the_whole_cluster_and_acts_on_it(cluster: Cluster, 
     assert len(rb.execute_command("GETJOB", "COUNT", 2, "FROM", "orders")) == 2
     wait.until(lambda _: float(text('tr[data-queue="orders"] td.rate-in')) > 0 and float(text('tr[data-queue="orders"] td.rate-out')) > 0)
     # dead letters of two nodes, the consumer group, the named worker waiting, every node's health
-    wait.until(lambda _: {row[0]: row[1] for row in rows("deadletters")} == {"payments-dead": "3"})
-    assert next(row for row in rows("deadletters"))[3] == "payments"
+    wait.until(lambda _: {row[1]: row[2] for row in rows("deadletters")} == {"payments-dead": "3"})
+    [dead_row] = rows("deadletters")
+    assert dead_row[0] == "CardDeclined: card 0 declined" and dead_row[4] == "payments"  # the error first
+    click('tr[data-queue="payments-dead"] td.error a')  # the job behind it: SHOW, with its traceback, host and process
+    wait.until(lambda _: browser.find_elements(By.CSS_SELECTOR, '#job tr[data-field="error-traceback"]'))
+    shown = {row[0]: row[1] for row in rows("job")}
+    assert (shown["error-type"], shown["error-host"], shown["error-pid"], shown["dead-letter-from"]) == ("CardDeclined", "w1", "77", "payments")
+    # the same dead letters through the API, every node's, filtered
+    status, listed = api(http, "/api/deadletters/payments-dead?error=CardDeclined")
+    assert status == 200 and len(listed["dead_letters"]) == 3 and len(listed["nodes"]) == 3
+    assert {e["error-message"] for e in listed["dead_letters"]} == {"card 0 declined", "card 1 declined"}
+    assert api(http, "/api/deadletters/payments-dead?error=Other&scope=node")[1]["dead_letters"] == []
+    assert api(http, "/api/deadletters/payments-dead?since=soon")[0] == 400
     wait.until(lambda _: any(row[:2] == ["events", "billing"] and row[3] == "1" for row in rows("groups")))
     wait.until(lambda _: any(row[2] == "worker-7" and row[7] == "idle" for row in rows("clients")))
     health = wait.until(lambda _: found if len(found := rows("health")) == 3 else None)
@@ -173,6 +185,7 @@ def test_the_dashboard_shows_the_whole_cluster_and_acts_on_it(cluster: Cluster, 
     assert sum(client.execute_command("QLEN", "payments") for client in (ra, rb, rc)) == 3
     assert sum(client.execute_command("QLEN", "payments-dead") for client in (ra, rb, rc)) == 0
     # a job looked up by ID: SHOW on the node that has it
+    browser.find_element(By.ID, "job-id").clear()  # (it holds the dead letter looked up above)
     browser.find_element(By.ID, "job-id").send_keys(job_id)
     browser.find_element(By.CSS_SELECTOR, "#lookup button").click()
     wait.until(lambda _: browser.find_elements(By.CSS_SELECTOR, '#job tr[data-field="body"]'))
@@ -212,6 +225,18 @@ def test_requeue_needs_the_password_and_reaches_every_node(tmp_path: Path) -> No
         assert [client.execute_command("QLEN", "mail") for client in clients[:2]] == [2, 1]
         status, overview = api(http, "/api/cluster")
         assert status == 200 and sorted("error" in n for n in overview["nodes"]) == [False, False, True]
+        # delete: the same password, the filters, a rate
+        for client, error in zip(clients[:2], ("E", "F")):
+            for i in range(2):
+                dead_letter(client, "post", f"d{i}", "ERROR", error, "m")
+        for bad, problem in (({"error": 5}, "error must be a name"), ({"count": 0}, "count and rate must be positive integers"),
+                             ({"bogus": 1}, "unknown field 'bogus'"), ({"since": -1}, "since must be a non-negative integer")):  # fmt: skip
+            assert api(http, "/api/deadletters/post-dead/delete", bad, "s3cret") == (400, {"error": problem})
+        assert api(http, "/api/deadletters/post-dead/delete", {"error": "E"})[0] == 401
+        status, reply = api(http, "/api/deadletters/post-dead/delete", {"error": "E", "rate": 1, "scope": "node"}, "s3cret")
+        assert status == 200 and reply["deleted"] == 2
+        status, reply = api(http, "/api/deadletters/post-dead/delete", {"count": 5}, "s3cret")
+        assert status == 200 and reply["deleted"] == 2 and sum(client.execute_command("QLEN", "post-dead") for client in clients[:2]) == 0
         for client in clients[:2]:
             client.close()
     finally:

@@ -213,20 +213,39 @@ function renderQueues(queues, rate) {
   });
 }
 
+function errorsOf(q) {
+  return [...q.errors.entries()].sort(([a], [b]) => a.localeCompare(b));
+}
+
 function renderDeadLetters(live) {
   const queues = {};
   for (const node of live) {
     for (const q of node.overview.dead_letters) {
-      const m = (queues[q.name] ||= { name: q.name, len: 0, byNode: [], from: new Set(), oldest: null });
+      const m = (queues[q.name] ||= { name: q.name, len: 0, byNode: [], from: new Set(), errors: new Map(), oldest: null });
       m.len += q.len;
       m.byNode.push(`${short(node.id)}: ${q.len}`);
-      for (const job of q.jobs) m.from.add(job.from || "?");
+      for (const job of q.jobs) {
+        m.from.add(job.from || "?");
+        if (job.error && !m.errors.has(job.error)) m.errors.set(job.error, job);  // the first job of each error type
+      }
       const first = q.jobs[0];
       if (first && (!m.oldest || first.age_ms > m.oldest.age_ms)) m.oldest = first;
     }
   }
   fill("#deadletters", Object.values(queues).sort((a, b) => a.name.localeCompare(b.name)), (row, q) => {
     row.dataset.queue = q.name;
+    // The error first, as Flower shows a failed task: each type with the message of its oldest job; a click shows that job.
+    const errors = row.insertCell();
+    errors.className = "error";
+    for (const [type, job] of errorsOf(q)) {
+      const link = document.createElement("a");
+      link.href = "#job";
+      link.textContent = `${type}: ${job.message}`;
+      link.title = job.id;
+      link.onclick = () => lookup(job.id);
+      errors.append(link, document.createElement("br"));
+    }
+    if (!q.errors.size) errors.textContent = "(no error reported)";
     cell(row, q.name);
     cell(row, q.len, "num len");
     cell(row, q.byNode.join(", "), "muted");
@@ -389,9 +408,13 @@ async function requeue(queue) {
   poll();
 }
 
-document.getElementById("lookup").onsubmit = async (event) => {
+document.getElementById("lookup").onsubmit = (event) => {
   event.preventDefault();
-  const id = document.getElementById("job-id").value.trim();
+  lookup(document.getElementById("job-id").value.trim());
+};
+
+async function lookup(id) {
+  document.getElementById("job-id").value = id;
   const body = document.querySelector("#job tbody");
   body.replaceChildren();
   const response = await fetch("/api/jobs/" + encodeURIComponent(id));
@@ -401,9 +424,9 @@ document.getElementById("lookup").onsubmit = async (event) => {
     const row = body.insertRow();
     row.dataset.field = key;
     cell(row, key);
-    cell(row, Array.isArray(value) ? value.join(" ") : String(value));
+    cell(row, Array.isArray(value) ? value.join(" ") : String(value), key.startsWith("error-") ? "error" : "");
   }
-};
+}
 
 poll();
 pollHistory();
