@@ -631,7 +631,28 @@ def schedule_row(reply: Any) -> dict[str, Any]:
         "options": " ".join(text(w) for w in fields["options"]),
         "last-tick": _when(fields["last-tick"]), "last-node": text(fields["last-node"] or b"")[:8],
         "next-tick": _when(fields["next-tick"]),
+        **consumers([fields]),
     }  # fmt: skip
+
+
+def consumers(views: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether anyone takes a schedule's jobs, from SCHEDULE SHOW's queue
+    fields of one node or of each node: `jobs` queued, and `consumer` (who
+    waits, or when a job was last taken); `stalled` when two jobs or more
+    wait, nobody waits for them and none was taken since the oldest was made
+    (the schedule's worker is gone: docs/schedules.md)."""
+    jobs = sum(v.get("queue-len", 0) for v in views)
+    waiting = sum(v.get("queue-waiting", 0) for v in views)
+    fetched = max((v["queue-fetched"] for v in views if v.get("queue-fetched")), default=None)
+    oldest = min((v["queue-oldest"] for v in views if v.get("queue-oldest")), default=None)
+    stalled = jobs >= 2 and not waiting and (fetched is None or (oldest is not None and fetched < oldest))
+    if waiting:
+        consumer = f"{waiting} waiting"
+    elif stalled:
+        consumer = "NONE: jobs pile up, " + (f"last taken {_when(fetched)}" if fetched else "none ever taken")
+    else:
+        consumer = f"last taken {_when(fetched)}" if fetched else ""
+    return {"jobs": jobs, "consumer": consumer, "stalled": stalled}
 
 
 def _when(ms: int | None) -> str:
@@ -645,9 +666,22 @@ def _when(ms: int | None) -> str:
 @click.pass_obj
 def schedule_list(session: Session) -> None:
     """Every schedule: its queue, its ticks, whether it is paused, the latest
-    tick known fired (and the node that fired it) and the next one."""
+    tick known fired (and the node that fired it), the next one, and whether
+    anyone takes its jobs (every node's queue: the jobs waiting, who waits or
+    when one was last taken; NONE when they pile up with nobody taking them)."""
+    from disque.cli.views import text
+
     rows = schedule_rows(session.client())
+    views: dict[str, list[dict[str, Any]]] = {}
+    for _, _, replies in per_node(session, lambda client: [client.execute_command("SCHEDULE", "SHOW", r["name"]) for r in rows]):
+        for row, reply in zip(rows, replies, strict=True):
+            if reply is not None:
+                show = reply if isinstance(reply, dict) else dict(zip(reply[::2], reply[1::2]))
+                views.setdefault(row["name"], []).append({text(k): v for k, v in show.items()})
+    for row in rows:
+        row |= consumers(views.get(row["name"], []))
     session.output("schedules", rows, raw=[r["name"] for r in rows])
+    session.check_nodes()
 
 
 @schedule.command("show")

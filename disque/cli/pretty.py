@@ -109,7 +109,7 @@ def render(kind: str, value: Any) -> RenderableType:
         rows = [q if isinstance(q, dict) else {"queue": q} for q in value]
         return names_table(f"{len(rows)} queue(s)", (r.values() for r in rows), list(rows[0]) if rows else ["queue"])
     if kind == "schedules":  # schedule list: rows of SCHEDULE SHOW
-        columns = ["name", "queue", "when", "paused", "last-tick", "last-node", "next-tick"]
+        columns = ["name", "queue", "when", "paused", "last-tick", "last-node", "next-tick", "jobs", "consumer"]
         return names_table(f"{len(value)} schedule(s)", ([r[c] for c in columns] for r in value), columns)
     if kind == "groups":  # qstat --groups: QSTATUS rows
         return groups_table(f"{len(value)} consumer group(s)", value)

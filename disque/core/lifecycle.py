@@ -428,7 +428,7 @@ class Lifecycle:
             return None
         job.move(FETCH)
         job.flags |= DELIVERED
-        queue.atime = now = self.now
+        queue.atime = queue.fetched = now = self.now
         queue.jobs_out += 1
         queue.last_wait = now - job.ctime // 1_000_000
         return job

@@ -390,7 +390,23 @@ class Schedules:
             (b"options", s.options()), (b"paused", int(s.paused)),
             (b"last-tick", run.last or None), (b"last-node", run.last_by or None),
             (b"next-tick", next(ticks_after(s, now, now + 366 * 86_400_000), None)),
+            *self._consumers(s.queue),
         ])  # fmt: skip
+
+    def _consumers(self, name: bytes) -> list[tuple[bytes, int | None]]:
+        """Whether anyone takes the jobs of a schedule's queue here: its
+        length, the consumers waiting, when a job was last taken and when
+        the oldest still queued was made (unix ms; None: never, none).  A
+        queue that keeps two jobs or more with nobody waiting and nothing
+        taken since its oldest was made has lost its consumer."""
+        queue = self.life.queues.get(name)
+        if queue is None:
+            return [(b"queue-len", 0), (b"queue-waiting", 0), (b"queue-fetched", None), (b"queue-oldest", None)]
+        oldest = queue.eldest()
+        return [
+            (b"queue-len", len(queue)), (b"queue-waiting", len(queue.waiters)), (b"queue-fetched", queue.fetched or None),
+            (b"queue-oldest", None if oldest is None else oldest.ctime // 1_000_000),
+        ]  # fmt: skip
 
     def names(self) -> list[bytes]:
         return sorted(name for name, s in self.defs.items() if not s.deleted)

@@ -175,7 +175,7 @@ class Queue:
     __slots__ = (
         "name", "levels", "_live", "ctime", "atime", "pause", "waiters",
         "jobs_in", "jobs_out", "nacks", "redeliveries", "dead_lettered", "federation",
-        "nbytes", "expired", "discarded", "last_wait",
+        "nbytes", "expired", "discarded", "last_wait", "fetched",
     )  # fmt: skip
 
     def __init__(self, name: bytes, now_ms: int) -> None:
@@ -199,6 +199,7 @@ class Queue:
         self.expired = 0
         self.discarded = 0
         self.last_wait = 0
+        self.fetched = 0  # ms when a job was last taken out here for delivery (GETJOB, YOURJOBS): 0, never
 
     def __len__(self) -> int:
         return self._live

@@ -16,6 +16,7 @@ from hypothesis import given, strategies as st
 from disque.cluster import messages as m
 from disque.cluster.codec import FrameDecoder, FrameError, decode_body, encode_body, encode_frame
 from disque.core.effects import AofAppend
+from disque.core.types import BLOCKED
 from disque.core.schedules import Schedules, _turn, ticks_after, ticks_back
 from disque.store import schedule as records
 from disque.store.aof import AofCorrupt, check_record
@@ -530,3 +531,24 @@ def test_figures_list_every_schedule_for_the_dashboard(env):
     assert b["next-tick"] == b["last-tick"] + 1000
     assert fig["schedules"]["schedules"] == 2 and fig["schedules"]["schedules_paused"] == 1
     assert fig["schedules"]["schedule_ticks_fired"] == 1
+
+
+def test_show_says_whether_anyone_takes_the_schedules_jobs(env):
+    """SCHEDULE SHOW's queue fields: a schedule whose queue keeps growing
+    with nobody waiting and nothing taken since its oldest job was made has
+    lost its consumer; a fetch or a waiting consumer says otherwise."""
+    assert env("SCHEDULE", "ADD", "s", "reports", "x", "EVERY", 1000, "REPLICATE", 1) == b"OK"
+    show = dict(env("SCHEDULE", "SHOW", "s"))
+    assert (show[b"queue-len"], show[b"queue-waiting"], show[b"queue-fetched"], show[b"queue-oldest"]) == (0, 0, None, None)
+    run(env, 3000)
+    show = dict(env("SCHEDULE", "SHOW", "s"))
+    assert show[b"queue-len"] == 3 and show[b"queue-fetched"] is None and show[b"queue-oldest"] <= env.core.now - 1000
+    assert env("GETJOB", "FROM", "reports")
+    taken = env.core.now
+    run(env, 2000)
+    show = dict(env("SCHEDULE", "SHOW", "s"))
+    assert show[b"queue-fetched"] == taken and show[b"queue-oldest"] < taken  # taken since: still served
+    env("GETJOB", "COUNT", 10, "FROM", "reports")
+    assert dict(env("SCHEDULE", "SHOW", "s"))[b"queue-len"] == 0
+    assert Session(env.core)("GETJOB", "TIMEOUT", 60_000, "FROM", "reports") is BLOCKED
+    assert dict(env("SCHEDULE", "SHOW", "s"))[b"queue-waiting"] == 1

@@ -1,6 +1,7 @@
 """The dashboard's schedules panel in headless Chromium, against a real
 3-node cluster (the fixtures of test_dashboard.py): every schedule with its
-ticks and state, the latest tick any node fired, the tick counters added up."""
+ticks and state, the latest tick any node fired, the tick counters added up,
+and whether anyone takes its jobs."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from test_dashboard import Cluster, api, browser, cluster  # noqa: F401  (fixtur
 
 
 def test_the_schedules_panel(cluster: Cluster, browser) -> None:  # noqa: F811
-    (a, http), (b, _), _ = cluster
-    ra, rb = redis.Redis(port=a.port), redis.Redis(port=b.port)
+    (a, http), (b, _), (c, _) = cluster
+    ra, rb, rc = redis.Redis(port=a.port), redis.Redis(port=b.port), redis.Redis(port=c.port)
     assert ra.execute_command("SCHEDULE", "ADD", "heartbeat", "pings", "ping", "EVERY", 1000, "TTL", 60) == b"OK"
     assert rb.execute_command("SCHEDULE", "ADD", "nightly", "reports", "go", "CRON", "0 3 * * *", "TZ", "Europe/Paris") == b"OK"
     assert rb.execute_command("SCHEDULE", "PAUSE", "nightly") == b"OK"
@@ -35,8 +36,13 @@ def test_the_schedules_panel(cluster: Cluster, browser) -> None:  # noqa: F811
     assert heartbeat[6] and heartbeat[7]  # the node that fired the latest tick, the next tick's time
     assert nightly[:5] == ["nightly", "reports", "0 3 * * * Europe/Paris", "", "paused"] and nightly[5] == nightly[6] == ""
     wait.until(lambda _: ticks("fired") >= 2)
+    # nobody takes the heartbeat's jobs: the panel says so, until a consumer takes one
+    wait.until(lambda _: (row := rows()[0])[8] != "" and int(row[8]) >= 2 and row[9].startswith("NONE: jobs pile up"))
+    assert nightly[8:] == ["0", ""]
+    assert any(r.execute_command("GETJOB", "NOHANG", "FROM", "pings") for r in (ra, rb, rc))  # the node that queued the ticks has them
+    wait.until(lambda _: rows()[0][9].startswith("last taken"))
     assert ticks("refused") == 0
     status, overview = api(http, "/api/overview")
     assert status == 200 and [s["name"] for s in overview["schedule_list"]] == ["heartbeat", "nightly"]
-    ra.close()
-    rb.close()
+    for r in (ra, rb, rc):
+        r.close()

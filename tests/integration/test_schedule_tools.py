@@ -62,6 +62,13 @@ def test_the_schedule_subcommands(disque) -> None:
     assert (n["when"], n["options"], n["last-tick"], n["next-tick"][11:16]) == ("0 3 * * * Europe/Paris", "MAXATTEMPTS 2", "", n["next-tick"][11:16])
     table = ok("--no-raw", "schedule", "list")
     assert "2 schedule(s)" in table and "every 200 ms" in table
+    # nobody takes the jobs of `s`: the list says so, until a consumer takes one
+    s = wait_for(lambda: (found := rows()[1])["jobs"] >= 2 and found)
+    assert s["stalled"] and s["consumer"] == "NONE: jobs pile up, none ever taken"
+    assert "NONE: jobs pile up" in ok("--no-raw", "schedule", "list")
+    assert ok("GETJOB", "FROM", "q").count("tick") == 1
+    s = rows()[1]
+    assert not s["stalled"] and s["consumer"].startswith("last taken ")
     assert "queue" in ok("schedule", "show", "s").split()  # bare field, value lines
 
     assert ok("schedule", "pause", "s") == "OK\n" and rows()[1]["paused"] is True

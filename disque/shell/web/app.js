@@ -281,9 +281,15 @@ function renderGroups(live) {
 function renderSchedules(me, live) {
   // Schedules are cluster state: this node's definitions, with the latest tick any node knows fired.
   const latest = {};
+  const queues = {};  // each schedule's queue on every node: jobs, consumers waiting, last taken, oldest
   for (const { overview } of live) {
     for (const s of overview.schedule_list) {
       if (s["last-tick"] && !(s["last-tick"] <= (latest[s.name] || {})["last-tick"])) latest[s.name] = s;
+      const q = (queues[s.name] ||= { jobs: 0, waiting: 0, fetched: 0, oldest: 0 });
+      q.jobs += s["queue-len"] || 0;
+      q.waiting += s["queue-waiting"] || 0;
+      q.fetched = Math.max(q.fetched, s["queue-fetched"] || 0);
+      if (s["queue-oldest"] && (!q.oldest || s["queue-oldest"] < q.oldest)) q.oldest = s["queue-oldest"];
     }
   }
   const time = (ms) => (ms ? new Date(ms).toLocaleTimeString() : "");
@@ -298,6 +304,13 @@ function renderSchedules(me, live) {
     cell(row, time(last["last-tick"]), "last");
     cell(row, last["last-node"] ? short(last["last-node"]) : "", "muted");
     cell(row, time(s["next-tick"]), "next");
+    // Its worker gone: jobs pile up with nobody waiting and none taken since the oldest was made (docs/schedules.md).
+    const q = queues[s.name] || { jobs: 0, waiting: 0, fetched: 0, oldest: 0 };
+    const stalled = q.jobs >= 2 && !q.waiting && (!q.fetched || q.fetched < q.oldest);
+    cell(row, q.jobs, "num jobs");
+    const taken = q.fetched ? `last taken ${time(q.fetched)}` : "";
+    const consumer = q.waiting ? `${q.waiting} waiting` : stalled ? `NONE: jobs pile up${taken ? ", " + taken : ""}` : taken;
+    cell(row, consumer, stalled ? "consumer down" : "consumer muted");
   });
   const totals = {};
   for (const { overview } of live) {
