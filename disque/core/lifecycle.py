@@ -107,7 +107,7 @@ class DeadLetterFilter:
         moved = job.ctime // 1_000_000
         return (
             (self.origin is None or job.dead_letter == self.origin)
-            and (self.error_type is None or (bool(failure) and failure.type == self.error_type))  # type: ignore[union-attr]
+            and (self.error_type is None or (isinstance(failure, Failure) and failure.type == self.error_type))
             and moved >= self.since
             and (not self.until or moved < self.until)
         )

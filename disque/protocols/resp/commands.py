@@ -279,7 +279,8 @@ def parse_nack(argv: list[bytes]) -> tuple[list[bytes], int, Failure | None]:
             raise err("TRACEBACK, HOST and PID need ERROR")
         return ids, delay, None
     pid = int_or(opts[b"pid"][0], errors.not_integer) if b"pid" in opts else 0  # its range: the size rule's
-    failure = Failure(*opts[b"error"], opts.get(b"traceback", [b""])[0], opts.get(b"host", [b""])[0], pid)
+    kind, message = opts[b"error"]
+    failure = Failure(kind, message, opts.get(b"traceback", [b""])[0], opts.get(b"host", [b""])[0], pid)
     if (problem := failure_problem(failure)) is not None:
         raise err(f"ERROR {problem}")
     return ids, delay, failure
