@@ -557,7 +557,7 @@ class Lifecycle:
         return job.retry
 
     def nack(self, job: Job, delay: int, failure: Failure | None) -> bool:
-        """NACK (spec/commands.md §5.2) with its extensions: DELAY
+        """NACK (spec/commands.md §5.5) with its extensions: DELAY
         (`nack_later`) and ERROR, the `failure` the consumer reports, kept
         with the job (stamped with this node's time), logged, and sent with
         the QUEUED that tells the other holders (store/failure.py).  Only an

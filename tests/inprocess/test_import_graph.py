@@ -142,6 +142,7 @@ CLIENT_MAY_IMPORT = (
     "disque.client",  # its own modules
     "disque.core.errors",  # DisqueReplyError is a DisqueError
     "disque.store.ids",  # node_prefix: which node created a job (affinity)
+    "disque.store.failure",  # LIMITS: a NACK ... ERROR's fields cut to the node's size rule
     "disque.shell.tls",  # client_context, imported only when tls=True
 )
 
