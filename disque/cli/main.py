@@ -514,16 +514,26 @@ def dead_letter_bulk(session: Session, verb: str, field: str, queue: str, count:
     output_sum(session, queue, field, found)
 
 
-RATE = click.option("--rate", type=click.IntRange(min=1), help="At most this many a second on each node (default: as fast as it goes).")
+def bulk_options(merge: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The arguments and options of `deadletter requeue` and `delete`."""
+
+    def apply(command: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed((
+            click.argument("queue"),
+            click.option("--count", type=click.IntRange(min=1), help="At most this many on each node (default: all)."),
+            dead_letter_filters,
+            click.option("--rate", type=click.IntRange(min=1), help="At most this many a second on each node (default: as fast as it goes)."),
+            scope_option(True, merge),
+            click.pass_obj,
+        )):  # fmt: skip
+            command = option(command)
+        return command
+
+    return apply
 
 
 @deadletter.command()
-@click.argument("queue")
-@click.option("--count", type=click.IntRange(min=1), help="At most this many on each node (default: all).")
-@dead_letter_filters
-@RATE
-@scope_option(True, "DEADLETTER REQUEUE on each, how many each requeued")
-@click.pass_obj
+@bulk_options("DEADLETTER REQUEUE on each, how many each requeued")
 def requeue(session: Session, queue: str, count: int | None, cluster: bool | None, rate: int | None, **filters: Any) -> None:
     """Put the dead letters queued in QUEUE back into the queues they came from,
     as new jobs with fresh attempt counts (DEADLETTER REQUEUE on every node)."""
@@ -531,12 +541,7 @@ def requeue(session: Session, queue: str, count: int | None, cluster: bool | Non
 
 
 @deadletter.command()
-@click.argument("queue")
-@click.option("--count", type=click.IntRange(min=1), help="At most this many on each node (default: all).")
-@dead_letter_filters
-@RATE
-@scope_option(True, "DEADLETTER DELETE on each, how many each deleted")
-@click.pass_obj
+@bulk_options("DEADLETTER DELETE on each, how many each deleted")
 def delete(session: Session, queue: str, count: int | None, cluster: bool | None, rate: int | None, **filters: Any) -> None:
     """Delete the dead letters queued in QUEUE, on every node that holds a copy
     (DEADLETTER DELETE on every node)."""

@@ -1,6 +1,7 @@
 """The one-node and two-node cores the job tests drive through commands:
 `env` (one node), `duo` (a node linked to PEER, what it sends in its
-effects), `from_peer` (a bus message from PEER) and the IDs, replies and limits
+effects), `from_peer` (a bus message from PEER), `fetched_with_a_replica`
+(a job of both, delivered by `duo`) and the IDs, replies and limits
 several of those tests share."""
 
 from __future__ import annotations
@@ -8,11 +9,11 @@ from __future__ import annotations
 import pytest
 
 from disque.cluster import messages as m
-from disque.core.types import Status
+from disque.core.types import BLOCKED, Status
 
 from invariants import advance, check_core
 from support import Env as CoreEnv
-from support import NODE_ID, bus_sent, linked_core, make_core
+from support import NODE_ID, Session, bus_sent, linked_core, make_core
 
 
 PEER = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0"
@@ -60,6 +61,17 @@ def duo() -> Env:
     """A node that knows one linked peer (PEER): what it sends is in effects."""
     conf = f"{NODE_ID} 127.0.0.1:7711 myself 0 0 connected\n{PEER} 127.0.0.1:7712 noflags 0 0 connected\n"
     return Env.of(*linked_core(conf, (PEER,)))
+
+
+def fetched_with_a_replica(duo: Env, queue: str = "q") -> bytes:
+    """A job of `queue` (RETRY 10) replicated to PEER and delivered here: its ID."""
+    assert Session(duo.core)("ADDJOB", queue, "x", 0, "RETRY", 10) is BLOCKED
+    (repl,) = duo.sent()
+    job_id = repl.job["id"]
+    from_peer(duo, m.GotJob(job_id))
+    duo.s("GETJOB", "FROM", queue)
+    duo.sent()
+    return job_id
 
 
 def from_peer(env: Env, msg) -> None:

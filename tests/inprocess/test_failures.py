@@ -11,12 +11,11 @@ from hypothesis import given, settings, strategies as st
 from disque.cluster import messages as m
 from disque.cluster.codec import decode_body, encode_body
 from disque.core.effects import AofAppend
-from disque.core.types import BLOCKED, NIL_ARRAY
 from disque.store import failure as failures
 from disque.store.failure import Failure
 from disque.store.records import DecodeError, decode_storage, encode_storage, job_from_wire, job_to_wire
 
-from jobenv import duo, env, from_peer, make_env
+from jobenv import duo, env, fetched_with_a_replica, from_peer, make_env
 from support import Session, make_core, replay
 
 TB = "Traceback (most recent call last):\n  File \"app.py\", line 3, in send\nValueError: no such address"
@@ -111,13 +110,7 @@ def test_the_limits_are_the_edge_of_what_is_accepted(env):
 
 
 def test_the_failure_travels_in_queued_and_is_kept_by_the_peer(duo):
-    producer = Session(duo.core)
-    assert producer("ADDJOB", "q", "x", 0, "RETRY", 10) is BLOCKED
-    (repl,) = duo.sent()
-    job_id = repl.job["id"]
-    from_peer(duo, m.GotJob(job_id))
-    duo.s("GETJOB", "FROM", "q")
-    duo.sent()
+    job_id = fetched_with_a_replica(duo)
     assert duo.s("NACK", job_id, "ERROR", "E", "m", "DELAY", 3) == 1
     [queued] = duo.sent()
     assert queued.failure == Failure(b"E", b"m", at=duo.core.now) and queued.delay == 3

@@ -7,9 +7,8 @@ import pytest
 
 from disque.core import figures
 from disque.cluster import messages as m
-from disque.core.types import BLOCKED
 
-from jobenv import duo, env, from_peer
+from jobenv import duo, env, fetched_with_a_replica, from_peer
 from support import Session
 
 
@@ -61,13 +60,7 @@ def test_nack_delay_refuses_what_nack_refuses(env):
 
 
 def test_nack_delay_travels_to_the_nodes_that_hold_the_job(duo):
-    producer = Session(duo.core)
-    assert producer("ADDJOB", "q", "x", 0, "RETRY", 10) is BLOCKED
-    (repl,) = duo.sent()
-    job_id = repl.job["id"]
-    from_peer(duo, m.GotJob(job_id))
-    duo.s("GETJOB", "FROM", "q")
-    duo.sent()
+    job_id = fetched_with_a_replica(duo)
     assert duo.s("NACK", job_id, "DELAY", 3) == 1
     assert duo.sent() == [m.Queued(job_id, incr_nacks=True, delay=3)]
     duo.wait(2_000)
