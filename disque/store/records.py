@@ -202,7 +202,7 @@ class _Failure(Check):
     within its size rule, or an empty one for none."""
 
     def check(self, v: Any) -> Any:
-        if type(v) is not list and type(v) is not tuple:
+        if type(v) is not list and not isinstance(v, tuple):  # (a Failure itself, in a dict made by this module)
             raise DecodeError(f"expected an array, got {type(v).__name__}")
         if not v:
             return failures.NO_FAILURE

@@ -237,3 +237,21 @@ def test_deadletter_arguments_fuzz(args: list[bytes]) -> None:
     got = env.s("DEADLETTER", *args)
     assert isinstance(got, int | list) or got.message
     env.check()
+
+
+def test_older_nodes_and_files_need_no_failure(env) -> None:
+    """A job row of an older node (positional, without the field that ends
+    it) or a record of an older file (no "er" key) reads with no failure;
+    a row with one more field than this node knows still reads."""
+    from disque.store import records
+
+    job_id = env.add("q", "x")
+    job = env.core.jobs.get(job_id)
+    job.failure = Failure(b"E", b"m")
+    row = records._dump_wire_job_pos.pack(job_to_wire(job, 0), ())
+    assert records._wire_job_pos.check(row)["failure"] == Failure(b"E", b"m")
+    assert records._wire_job_pos.check(row[:-1])["failure"] == ()  # an older node's row
+    assert records._wire_job_pos.check(row + ["a field of a newer node"])["failure"] == Failure(b"E", b"m")
+    stored = msgpack.unpackb(encode_storage(job))
+    del stored["er"]
+    assert decode_storage(msgpack.packb(stored, use_bin_type=True)).failure == ()
