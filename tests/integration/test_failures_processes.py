@@ -1,8 +1,8 @@
 """A failing job's reason, end to end: a `disque worker` process whose
 handler raises; its job's dead letter shows the exception's type, message
 and traceback, the worker's host and PID, the original job ID and queue, on
-the node that dead-lettered it after a restart from its AOF, and on the
-node that holds its replica."""
+the node that dead-lettered it after a restart from its AOF (and from the
+rewritten AOF), and on the node that holds its replica."""
 
 from __future__ import annotations
 
@@ -67,3 +67,9 @@ def test_a_dead_letter_says_why_after_a_restart_and_on_its_replica(spawn: Callab
     nodes[0].start()
     with Client(addresses[0]) as restarted:
         check(restarted.show(dead.id))
+        assert restarted.execute_command("BGREWRITEAOF")  # the rewritten file keeps it too
+        wait_for(lambda: restarted.info("persistence")["Persistence"]["aof_rewrite_in_progress"] == "0", what="the rewrite")
+    nodes[0].stop()
+    nodes[0].start()
+    with Client(addresses[0]) as rewritten:
+        check(rewritten.show(dead.id))
