@@ -57,7 +57,7 @@ SERVER_COMMANDS: dict[str, tuple[str, str]] = {
     "ENQUEUE": ("id [id ...]", "Queue active jobs again"),
     "DEQUEUE": ("id [id ...]", "Take queued jobs out of their queue"),
     "DELJOB": ("id [id ...]", "Delete jobs from this node only"),
-    "DEADLETTER": ("LIST|REQUEUE|DELETE queue [COUNT n] [FROM queue] [ERROR type] [SINCE ms] [UNTIL ms]",
+    "DEADLETTER": ("LIST|REQUEUE|DELETE queue [COUNT n] [FROM queue] [ERROR type] [SINCE ms] [UNTIL ms] [RATE n] | MOVES | STOP queue",
                    "This node's dead letters queued in queue: list them (with their last error), put them back into their own queues, or delete them"),
     "SHOW": ("id", "Everything this node knows about a job"),
     "JSCAN": ("[cursor] [COUNT n] [BUSYLOOP] [QUEUE q] [STATE s ...] [REPLY id|all]", "Iterate over jobs"),

@@ -24,6 +24,7 @@ routes the inputs to them.
   core/groups.py, core/handlers.py: the cluster's job messages and the
   other concerns, built on the lifecycle
 * core/schedules.py  recurring jobs: the schedules, and who fires each tick
+* core/redrives.py   paced dead-letter moves (DEADLETTER ... RATE)
 * core/read_behind.py  jobs on disk, behind the job store (`jobs.spilled`)
 
 The front ends reach a concern through its attribute (`node.lifecycle.add_job`,
@@ -57,6 +58,7 @@ from disque.core import read_behind
 from disque.core.read_behind import ReadBehind
 from disque.core.replay import Replay
 from disque.core.replication import Replication
+from disque.core.redrives import Redrives
 from disque.core.schedules import Schedules
 from disque.core.types import NIL_ARRAY, BodyStore, Clock, Command, Connection, Host, Stats
 from disque.store.aof import AofStatus
@@ -117,6 +119,7 @@ class NodeCore:
         self.items = Items(life, self.out, self.acks, self.blocking, self.clients)
         self.groups = Groups(life, self.out, self.memory, self.blocking)
         self.schedules = Schedules(life, now)
+        self.redrives = Redrives(life)
         life.bind(self.groups, self.acks, self.items, self.replication, self.blocking, self.federation)
         # Read-behind (core/read_behind.py) sits behind the job store; kept here for the shell and INFO.
         self.read_behind: ReadBehind | None = read_behind.install(life, bodies, config.read_behind)
@@ -215,6 +218,7 @@ class NodeCore:
         self.federation.cron()
         self.groups.cron()
         self.schedules.cron()
+        self.redrives.cron()
         self.jobs.spilled.cron()
         self.memory.collect_idle_queues()
         self.collected.expire(self.lifecycle.now)

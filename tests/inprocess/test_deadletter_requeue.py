@@ -9,12 +9,17 @@ import pytest
 
 from disque.cluster import messages as m
 from disque.core.figures import BODY_PREVIEW, client_figures, dead_letter_figures
-from disque.core.types import BLOCKED, NIL_ARRAY
-from invariants import check_core
+from disque.core.types import BLOCKED, NIL_ARRAY, Status
+from disque.protocols.resp.table import INT64_MAX
+from invariants import advance, check_core
 from support import NODE_ID, Session, all_jobs, bus_sent, linked_core, make_core
 
 PEER = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0"
-SYNTAX = "Syntax error, try DEADLETTER LIST|REQUEUE|DELETE <queue> [COUNT <n>] [FROM <queue>] [ERROR <type>] [SINCE <ms>] [UNTIL <ms>]"
+OK = Status(b"OK")
+SYNTAX = (
+    "Syntax error, try DEADLETTER LIST|REQUEUE|DELETE <queue> [COUNT <n>] [FROM <queue>] [ERROR <type>] [SINCE <ms>] [UNTIL <ms>]"
+    " [RATE <n>] | MOVES | STOP <queue>"
+)
 
 
 @pytest.fixture
@@ -100,7 +105,12 @@ def test_the_dead_letters_queued_here_only(s):
         (("DEADLETTER", "REQUEUE", "q", "COUNT", "x"), "value is not an integer or out of range"),
         (("DEADLETTER", "LIST", "q", "SINCE", "soon"), "value is not an integer or out of range"),
         (("DEADLETTER", "LIST", "q", "UNTIL", "-5"), "SINCE and UNTIL must be unix times in milliseconds"),
-        (("DEADLETTER", "REQUEUE"), "wrong number of arguments for 'deadletter' command"),
+        (("DEADLETTER", "REQUEUE"), SYNTAX),
+        (("DEADLETTER", "MOVES", "q"), SYNTAX),
+        (("DEADLETTER", "STOP"), SYNTAX),
+        (("DEADLETTER", "LIST", "q", "RATE", "5"), SYNTAX),
+        (("DEADLETTER", "REQUEUE", "q", "RATE", "0"), "RATE must be a number greater than zero"),
+        (("DEADLETTER",), "wrong number of arguments for 'deadletter' command"),
     ],
 )
 def test_bad_arguments_get_an_error(s, argv, error):
@@ -242,3 +252,47 @@ def test_delete_reaches_the_nodes_that_hold_a_copy():
     bus_sent(core)
     assert s("DEADLETTER", "DELETE", "q-dead") == 1
     assert bus_sent(core) == [m.DelJob(copy_id, acked=False)] and s("SHOW", copy_id) is None
+
+
+def test_a_paced_move_runs_in_the_cron_at_its_rate_until_done():
+    """RATE: the move starts (OK) and the cron moves at most `rate` a second,
+    with no burst after a pause, until none is left; MOVES lists it, a new
+    move of the same queue and verb replaces it, STOP ends it."""
+    core, clock, _ = make_core()
+    s = Session(core)
+    for _ in range(7):
+        failed(s, "q", "E")
+    assert s("DEADLETTER", "REQUEUE", "q-dead", "RATE", 2) == OK
+    assert [dict(mv) for mv in s("DEADLETTER", "MOVES")] == [{b"queue": b"q-dead", b"verb": b"requeue", b"rate": 2, b"done": 0, b"left": INT64_MAX}]
+
+    def after(ms: int) -> tuple[int, int]:
+        advance(core, clock, ms)
+        return s("QLEN", "q"), s("QLEN", "q-dead")
+
+    assert after(400) == (0, 7)  # less than one dead letter's worth of credit yet
+    assert after(700) == (2, 5)
+    clock.ms += 5_000  # a cron held back for 5 s: one second's worth at most, no burst
+    core.tick()
+    assert (s("QLEN", "q"), s("QLEN", "q-dead")) == (4, 3)
+    assert dict(s("DEADLETTER", "MOVES")[0])[b"done"] == 4
+    assert after(2_000) == (7, 0) and s("DEADLETTER", "MOVES") == []  # the last run found fewer: done
+    check_core(core)
+
+
+def test_a_paced_move_stops_at_its_count_or_when_told():
+    core, clock, _ = make_core()
+    s = Session(core)
+    for _ in range(6):
+        failed(s, "q", "E")
+    failed(s, "q", "F")
+    assert s("DEADLETTER", "DELETE", "q-dead", "COUNT", 2, "ERROR", "E", "RATE", 10) == OK
+    advance(core, clock, 1_000)
+    assert s("QLEN", "q-dead") == 5 and s("DEADLETTER", "MOVES") == []
+    assert s("DEADLETTER", "REQUEUE", "q-dead", "RATE", 1) == OK
+    assert s("DEADLETTER", "REQUEUE", "q-dead", "RATE", 3) == OK  # replaces it
+    assert [dict(mv)[b"rate"] for mv in s("DEADLETTER", "MOVES")] == [3]
+    advance(core, clock, 1_100)  # (the cron runs every 100 ms from its own start)
+    assert s("QLEN", "q-dead") == 2
+    assert s("DEADLETTER", "STOP", "q-dead") == 1 and s("DEADLETTER", "STOP", "q-dead") == 0
+    advance(core, clock, 2_000)
+    assert s("QLEN", "q-dead") == 2 and s("QLEN", "q") == 3

@@ -295,32 +295,45 @@ def cmd_nack(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
 
 DEADLETTER_SYNTAX: Final = (
     "Syntax error, try DEADLETTER LIST|REQUEUE|DELETE <queue> [COUNT <n>] [FROM <queue>] [ERROR <type>] [SINCE <ms>] [UNTIL <ms>]"
+    " [RATE <n>] | MOVES | STOP <queue>"
 )
+_DEADLETTER_OPTS: Final = (b"count", b"from", b"error", b"since", b"until", b"rate")
 
 
-@command("deadletter", -3, "wm")
+@command("deadletter", -2, "wm")
 def cmd_deadletter(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     """DEADLETTER LIST|REQUEUE|DELETE <queue> [COUNT n] [FROM q] [ERROR type]
-    [SINCE ms] [UNTIL ms] (an extension, node.lifecycle.dead_letters): this
-    node's dead letters queued in <queue>, those the filters take, oldest
-    first; the CLI and the dashboard ask every node (docs/commands.md)."""
+    [SINCE ms] [UNTIL ms] [RATE n] (an extension, node.lifecycle.dead_letters):
+    this node's dead letters queued in <queue>, those the filters take,
+    oldest first; with RATE a paced move (core/redrives.py), which
+    DEADLETTER MOVES lists and DEADLETTER STOP <queue> ends.  The CLI and
+    the dashboard ask every node (docs/commands.md)."""
     verb = argv[1].lower()
+    if verb == b"moves" and len(argv) == 2:
+        return node.redrives.listing()
+    if verb == b"stop" and len(argv) == 3:
+        return node.redrives.stop(argv[2])
     if verb not in (b"list", b"requeue", b"delete") or len(argv) % 2 == 0:
         raise err(DEADLETTER_SYNTAX)
-    count = 100 if verb == b"list" else INT64_MAX
     opts: dict[bytes, bytes] = {}
     for i in range(3, len(argv), 2):
         word = argv[i].lower()
-        if word not in (b"count", b"from", b"error", b"since", b"until"):
+        if word not in _DEADLETTER_OPTS or (word == b"rate" and verb == b"list"):
             raise err(DEADLETTER_SYNTAX)
         opts[word] = argv[i + 1]
+    count = 100 if verb == b"list" else INT64_MAX
     if b"count" in opts and (count := int_or(opts[b"count"], errors.not_integer)) <= 0:
         raise err("COUNT must be a number greater than zero")
+    if b"rate" in opts and (rate := int_or(opts[b"rate"], errors.not_integer)) <= 0:
+        raise err("RATE must be a number greater than zero")
     since, until = (int_or(opts.get(w, b"0"), errors.not_integer) for w in (b"since", b"until"))
     if since < 0 or until < 0:
         raise err("SINCE and UNTIL must be unix times in milliseconds")
     selection = DeadLetterFilter(opts.get(b"from"), opts.get(b"error"), since, until)
     life = node.lifecycle
+    if b"rate" in opts:
+        node.redrives.start(argv[2], verb, selection, rate, count)
+        return OK
     if verb == b"requeue":
         return life.requeue_dead_letters(argv[2], count, selection)
     if verb == b"delete":
