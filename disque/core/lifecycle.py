@@ -610,9 +610,10 @@ class Lifecycle:
         """MAXATTEMPTS (an extension, docs/commands.md): the job's last
         delivery failed.  It moves, here and once, to its dead-letter queue
         as a new job (`move_job`) with the same counters, its last failure
-        (NACK ... ERROR) and `origin` the old ID.  The copy keeps, for DEADLETTER REQUEUE, the job's MAXATTEMPTS
-        and the queue it came from (as `dead_letter`: a copy is never
-        dead-lettered again, `_last_attempt`)."""
+        (NACK ... ERROR) and `origin` the old ID.  The copy keeps, for
+        DEADLETTER REQUEUE, the job's MAXATTEMPTS and the queue it came from
+        (as `dead_letter`: a copy is never dead-lettered again,
+        `_last_attempt`)."""
         self.queue(job.queue).dead_lettered += 1  # type: ignore[arg-type]
         self.stats.dead_lettered += 1
         self.move_job(job, job.dead_letter, job.nacks, job.deliv, job.max_attempts, job.queue, job.id, job.failure)  # type: ignore[arg-type]
