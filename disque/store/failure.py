@@ -32,8 +32,9 @@ class Failure(NamedTuple):
 
 NO_FAILURE: Final[tuple[()]] = ()
 
-# The rule: the most bytes each text field may have.  A worker trims its
-# traceback to fit, keeping the innermost frames (disque/client/worker.py).
+# The rule: the most bytes each text field may have.  The client cuts its
+# fields to fit, keeping the innermost frames of a traceback
+# (disque/client/protocol.py, failure_args).
 LIMITS: Final = {"type": 256, "message": 4096, "traceback": 16384, "host": 255}
 MAX_PID: Final = 2**32 - 1
 

@@ -13,8 +13,8 @@ single-node tuple, or a received one: cluster/codec.py), and
 `nodes_confirmed` exists only while replication or an ACK is being
 confirmed.  The fields few jobs set (DELAY, the NACK count, MAXATTEMPTS, a
 dead-lettered copy's origin, the last failure a consumer reported, the ACK
-garbage collector's attempt count) share one slot, `rare`, None for most jobs.  In the compiled build
-(disque/compiled.py) an int field holds its value unboxed, so every field
+garbage collector's attempt count) share one slot, `rare`, None for most
+jobs.  In the compiled build (disque/compiled.py) an int field holds its value unboxed, so every field
 costs 8 bytes and the record's allocation changes only in steps of two fields
 (CPython rounds to 16 bytes): the 17 below take 192 bytes (176 in the pure
 build).
