@@ -81,6 +81,7 @@ def test_the_dead_letter_keeps_the_error_the_original_id_and_queue(env):
         (("ERROR", "E"), "Syntax error, try NACK"),
         (("ERROR", "E", "m", "TRACEBACK"), "Syntax error, try NACK"),
         (("DELAY",), "Syntax error, try NACK"),
+        (("DELAY", 1, "junk"), "Syntax error, try NACK"),
         (("TRACEBACK", "t"), "TRACEBACK, HOST and PID need ERROR"),
         (("DELAY", 1, "PID", 3), "TRACEBACK, HOST and PID need ERROR"),
         (("ERROR", "", "m"), "ERROR type must not be empty"),
