@@ -8,7 +8,8 @@ that accrues at `rate` a second and never exceeds one second's worth, so a
 cron that was held back gives no burst), through the lifecycle's own
 `requeue_dead_letters` / `delete_dead_letters` with the move's filters.  A
 move ends when a run finds fewer dead letters than it could take, when its
-COUNT is reached, or on DEADLETTER STOP.  There is one move per (queue,
+COUNT is reached, or on DEADLETTER STOP; a requeue waits while the node
+is out of memory (level 2, where ADDJOB is refused).  There is one move per (queue,
 verb): a new one replaces the old.  Moves are this node's and live in
 memory: a restart forgets them (what they moved stays moved).
 
@@ -68,7 +69,7 @@ class Redrives:
             mv.credit = min(mv.rate * 1000, mv.credit + mv.rate * (now - mv.last))
             mv.last = now
             batch = min(mv.credit // 1000, mv.left)
-            if not batch:
+            if not batch or (mv.verb == b"requeue" and life.memory.level() >= 2):  # out of memory: as ADDJOB, wait
                 continue
             act = life.requeue_dead_letters if mv.verb == b"requeue" else life.delete_dead_letters
             moved = act(mv.queue, batch, mv.selection)

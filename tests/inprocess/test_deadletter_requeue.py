@@ -12,6 +12,7 @@ from disque.core.figures import BODY_PREVIEW, client_figures, dead_letter_figure
 from disque.core.types import BLOCKED, NIL_ARRAY, Status
 from disque.protocols.resp.table import INT64_MAX
 from invariants import advance, check_core
+from jobenv import level2_limit
 from support import NODE_ID, Session, all_jobs, bus_sent, linked_core, make_core
 
 PEER = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0"
@@ -296,3 +297,12 @@ def test_a_paced_move_stops_at_its_count_or_when_told():
     assert s("DEADLETTER", "STOP", "q-dead") == 1 and s("DEADLETTER", "STOP", "q-dead") == 0
     advance(core, clock, 2_000)
     assert s("QLEN", "q-dead") == 2 and s("QLEN", "q") == 3
+    # Out of memory, a requeue waits (as ADDJOB would be refused); a delete goes on.
+    assert s("DEADLETTER", "REQUEUE", "q-dead", "RATE", 10) == OK
+    maxmemory = core.config.maxmemory
+    core.config.maxmemory = level2_limit(core.memory.used)
+    advance(core, clock, 1_000)
+    assert s("QLEN", "q-dead") == 2 and len(core.redrives.moves) == 1  # (DEADLETTER MOVES is refused at OOM too)
+    core.config.maxmemory = maxmemory
+    advance(core, clock, 1_000)
+    assert s("QLEN", "q-dead") == 0 and s("QLEN", "q") == 5
