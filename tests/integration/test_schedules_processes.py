@@ -83,10 +83,11 @@ def test_ticks_survive_kill_9_and_restart(cluster):
 
 
 def test_periods_and_decorators_make_the_schedule_add_arguments() -> None:
-    assert [parse_period(p) for p in ("250ms", "90s", "5m", "1h", "1d", "2", 1.5)] == [
-        250, 90_000, 300_000, 3_600_000, 86_400_000, 2000, 1500]  # fmt: skip
-    with pytest.raises(ValueError, match="not a period"):
-        parse_period("soon")
+    assert [parse_period(p) for p in ("250ms", "90s", "5m", "1h", "1d", " 1.5H", 2, 1.5)] == [
+        250, 90_000, 300_000, 3_600_000, 86_400_000, 5_400_000, 2000, 1500]  # fmt: skip
+    for bad in ("soon", "5", "", "m", "5 minutes"):  # a string says its unit
+        with pytest.raises(ValueError, match=r"not a period: .* \(a number and its unit: 250ms, 90s, 5m, 1h, 1d\)"):
+            parse_period(bad)
     app = App("127.0.0.1:7711")
 
     @app.every("5m")
