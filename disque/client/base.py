@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, overload
 
 import hiredis
 
+from disque.client import tracing
 from disque.client.models import Hello, Job, JobInfo, QueueStats, _jobs, _optional, _same
 from disque.client.protocol import (
     DEFAULT_ADDRESS,
@@ -274,12 +275,16 @@ class _Base:
         socket_timeout: float | None = None,
         rng: random.Random | None = None,
         name: str | None = None,
+        trace_context: bool = False,
     ) -> None:
         seeds = parse_addresses(nodes)
         if not seeds:
             raise ValueError("no Disque node given")
         self.password = password
         self.name = name  # CLIENT SETNAME on every connection (CLIENT LIST, the dashboard show it)
+        if trace_context:  # ADDJOB writes the trace context in front of the body (disque.client.tracing)
+            tracing.require()
+        self.trace_context = trace_context
         if ssl_context is None and tls:
             from disque.shell.tls import client_context
 
@@ -479,7 +484,11 @@ class _Base:
             replicate=replicate, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
             maxattempts=max_attempts, deadletter=dead_letter, priority=priority,
         )  # fmt: skip
-        return self._command(["ADDJOB", queue, body, timeout_ms, *options], _text)
+
+        def send(body: str | bytes) -> Ops[str]:
+            return self._command(["ADDJOB", queue, body, timeout_ms, *options], _text)
+
+        return tracing.sending(queue, body, send) if self.trace_context else send(body)
 
     def _getjob(self, queues: Sequence[str], count: int, timeout_ms: int | None, nohang: bool) -> Ops[list[Job]]:
         if not queues:

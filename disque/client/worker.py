@@ -40,6 +40,7 @@ as `key=value` text or as one JSON object per line.
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import itertools
 import inspect
@@ -72,6 +73,7 @@ from disque.client import (
     Job,
     connection_name,
     format_address,
+    tracing,
 )
 
 log = logging.getLogger("disque.worker")
@@ -137,7 +139,7 @@ class Handler:
     def send(self, body: str | bytes, **options: Any) -> str:
         """ADDJOB to the handler's queue, with its options, through the app's
         client; `options` are `Client.add_job`'s.  Returns the job ID."""
-        return self.app.client.add_job(self.queue, body, **(self.job_options | options))  # type: ignore[no-any-return]
+        return self.app.client.add_job(self.queue, body, **(self.job_options | options))
 
     def retry_delay(self, job: Job, rng: random.Random) -> int:
         """Whole seconds (NACK DELAY) before the failed `job` may be delivered again."""
@@ -269,7 +271,8 @@ async def _in_thread(fn: Callable[[Job], Any], job: Job) -> None:
         except anyio.RunFinishedError:
             pass  # abandoned: the worker has stopped
 
-    threading.Thread(target=target, name=f"job {job.id}", daemon=True).start()
+    context = contextvars.copy_context()  # the job's span, and whatever else the slot's context holds
+    threading.Thread(target=context.run, args=(target,), name=f"job {job.id}", daemon=True).start()
     await done.wait()
     if outcome[0] is not None:
         raise outcome[0]
@@ -448,6 +451,14 @@ class Worker:
             await self._settle(client.nack(job.id, delay=delay), job)
 
     async def _attempt(self, client: AsyncClient, handler: Handler, job: Job) -> Exception | None:
+        """`_run_handler` in the job's trace span (disque.client.tracing), which
+        also takes a producer's trace context off the body."""
+        with tracing.processing(job, handler.exhausted(job)) as traced:
+            error = await self._run_handler(client, handler, traced.job)
+            traced.end(error)
+            return error
+
+    async def _run_handler(self, client: AsyncClient, handler: Handler, job: Job) -> Exception | None:
         """Run the handler with heartbeats beside it; the exception it raised, if any."""
         async with anyio.create_task_group() as beats:
             beats.start_soon(client.heartbeat, job.id, self.first_heartbeat)
