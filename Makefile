@@ -34,8 +34,8 @@ $(RUN_STAMP): pyproject.toml setup.py disque/compiled.py disque/compiled.txt $(C
 	@test -x $(PY) || { echo "[1/4] creating the virtual environment $(VENV)"; $(PYTHON3) -m venv $(VENV); }
 	@echo "[2/4] installing pip and the build's tools (setuptools, mypy) into $(VENV)"
 	@$(call ticking,$(PY) -m pip install -q --upgrade pip && $(build_reqs) | xargs -d '\n' $(PY) -m pip install -q,installing)
-	@echo "[3/4] installing the package (editable) and its dependencies"
-	@$(call ticking,DISQUE_PURE=1 $(PY) -m pip install -q --no-build-isolation --config-settings editable_mode=compat -e .,installing)
+	@echo "[3/4] installing the package (editable), its dependencies, and redis-py and pymemcache for the README's snippets"
+	@$(call ticking,PYTHONWARNINGS=ignore DISQUE_PURE=1 $(PY) -m pip install -q --no-build-isolation --config-settings editable_mode=compat -e '.[clients]',installing)
 	@echo "[4/4] compiling the core with mypyc (about a minute on two idle cores; docs/running.md)"
 	@$(PY) setup.py -q build_ext --inplace --parallel $$(nproc)
 	@touch $@
