@@ -63,9 +63,7 @@ def require() -> None:
 def _tracer() -> Any:
     otel = _otel()
     assert otel is not None
-    from disque import __version__
-
-    return otel[0].get_tracer("disque.client", __version__)
+    return otel[0].get_tracer("disque.client")
 
 
 def wrap(body: str | bytes) -> bytes:
