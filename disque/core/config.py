@@ -32,16 +32,15 @@ Text is ``str``; bytes that are not UTF-8 survive as surrogate escapes, and
 from __future__ import annotations
 
 import copy
-import difflib
 import posixpath
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from disque.cluster.messages import ZONE_MAX_LEN, valid_zone
 from disque.core.settings import HOT, Settings
-from disque.store.queue_config import QueueConfig, QueueConfigError
+from disque.store.queue_config import QueueConfig, QueueConfigError, suggest
 
 MAX_BIND_ADDRESSES = 16
 AUTHPASS_MAX_LEN = 512
@@ -738,11 +737,6 @@ def parse_config_text(text: str, config: Config, *, check: Check | None = None, 
             apply(config, args[1:], check, read)
         except ValueError as exc:
             raise ConfigFileError(line_no, line, str(exc)) from None
-
-
-def suggest(name: str, known: Iterable[str]) -> str | None:
-    """The known name closest to a mistyped one, if any is close."""
-    return next(iter(difflib.get_close_matches(name, known, n=1)), None)
 
 
 # --------------------------------------------------------------------------
