@@ -39,6 +39,7 @@ ERRORS = [
     ("option value", [*SERVER, "--port", "99999"], None, 'disque-server: --port "99999": Invalid port'),
     ("option arity", [*SERVER, "--port"], None, "--port: Bad directive or wrong number of arguments"),
     ("config typo", [*SERVER, "disque.conf"], ("disque.conf", "prot 8731\n"), "'prot 8731'\nBad directive or wrong number of arguments\nDid you mean 'port'?"),
+    ("queue option typo", [*SERVER, "--queue", "work", "max_itmes", "10"], None, "unknown queue option 'max_itmes' (did you mean 'max_items'?)"),
     ("missing config", [*SERVER, "nosuch.conf"], None, "Fatal error, can't open config file 'nosuch.conf'"),
     # CONFIG SET (docs/commands.md)
     ("CONFIG SET typo", [*CLI, "CONFIG", "SET", "maxmemroy", "1mb"], None, "Unsupported CONFIG parameter: maxmemroy (did you mean 'maxmemory'?)"),
