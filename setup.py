@@ -12,6 +12,7 @@
   every ten seconds (the Makefile's `run` builds this way: docs/running.md).
 """
 
+import itertools
 import os
 import shutil
 import sys
@@ -105,7 +106,15 @@ def in_parallel(compile_: Callable[..., list[str]], jobs: int) -> Callable[..., 
 class BuildExt(build_ext):
     def build_extensions(self) -> None:
         self.compiler.compile = in_parallel(self.compiler.compile, len(os.sched_getaffinity(0)))
+        self.built, self.said = itertools.count(1), time.monotonic()  # count: safe from build_ext's threads (--parallel)
         super().build_extensions()
+
+    def build_extension(self, ext: object) -> None:
+        super().build_extension(ext)
+        built = next(self.built)  # the core's shared library, then a small module per compiled source
+        if time.monotonic() - self.said >= 5 or built == len(self.extensions):
+            progress(f"building the extensions: {built} of {len(self.extensions)}")
+            self.said = time.monotonic()
 
     def run(self) -> None:
         super().run()
