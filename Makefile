@@ -26,12 +26,27 @@ STAMP      := $(VENV)/.installed
 # never lag behind their sources.
 COMPILED   := $(shell grep '^disque/.*\.py$$' disque/compiled.txt)
 
+# Four steps, each announced, a line at least every ten seconds: the
+# editable install is a static path in site-packages (editable_mode=compat),
+# which mypy follows too, and its core is compiled in place afterwards, one C
+# file per CPU at once (setup.py), with the build's own tools in .venv.
 $(RUN_STAMP): pyproject.toml setup.py disque/compiled.py disque/compiled.txt $(COMPILED) | tools-cc
-	@test -x $(PY) || { echo "creating the virtual environment $(VENV)"; $(PYTHON3) -m venv $(VENV); }
-	@echo "installing the package into $(VENV) (editable) and compiling its core with mypyc: a minute or two"
-	@$(PY) -m pip install -q --upgrade pip
-	@$(PY) -m pip install -q -e .
+	@test -x $(PY) || { echo "[1/4] creating the virtual environment $(VENV)"; $(PYTHON3) -m venv $(VENV); }
+	@echo "[2/4] installing pip and the build's tools (setuptools, mypy) into $(VENV)"
+	@$(call ticking,$(PY) -m pip install -q --upgrade pip && $(build_reqs) | xargs -d '\n' $(PY) -m pip install -q,installing)
+	@echo "[3/4] installing the package (editable), its dependencies, and redis-py and pymemcache for the README's snippets"
+	@$(call ticking,PYTHONWARNINGS=ignore DISQUE_PURE=1 $(PY) -m pip install -q --no-build-isolation --config-settings editable_mode=compat -e '.[clients]',installing)
+	@echo "[4/4] compiling the core with mypyc (about a minute on two idle cores; docs/running.md)"
+	@$(PY) setup.py -q build_ext --inplace --parallel $$(nproc)
 	@touch $@
+
+# `$(call ticking,command,what)`: run the command, saying `... what, N s`
+# every ten seconds until it ends.
+ticking = ( $(1) ) & pid=$$!; s=0; while kill -0 $$pid 2>/dev/null; do sleep 1; s=$$((s + 1)); \
+	[ $$((s % 10)) -ne 0 ] || echo "    ... $(2), $$s s"; done; wait $$pid
+
+# The build's requirements (pyproject.toml's build-system), one a line.
+build_reqs = $(PY) -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")'
 
 # The requirements of extras ($(1): their names, comma-separated, as in
 # EXTRAS), read from pyproject.toml: installing them alone spares a second

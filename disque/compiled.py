@@ -27,14 +27,16 @@ nothing to choose.  docs/running.md, "The compiled core".
 
 from __future__ import annotations
 
-import logging
+import _thread
 import os
 import sys
-import threading
 from collections.abc import Iterable, Sequence
-from importlib.abc import MetaPathFinder, PathEntryFinder
 from importlib.machinery import EXTENSION_SUFFIXES, SOURCE_SUFFIXES, FileFinder, ModuleSpec, SourceFileLoader
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # importlib.abc loads importlib.resources: a tenth of `disque --version`'s time
+    from importlib.abc import PathEntryFinder
 
 LIST = "compiled.txt"  # in the package directory: the modules to compile, one path a line
 STAMP = "COMPILED"  # in the package directory: what the extensions were built from
@@ -93,13 +95,14 @@ def choose() -> None:
         sys.meta_path.insert(0, FirstCompiledImport(p[:-3].replace("/", ".") for p in MODULES))
 
 
-class FirstCompiledImport(MetaPathFinder):
+class FirstCompiledImport:
     """Checks the build when a compiled module is first imported, then steps
-    aside: it finds nothing itself."""
+    aside: it finds nothing itself (a meta path finder: `find_spec` is all
+    the import system asks of one)."""
 
     def __init__(self, names: Iterable[str]) -> None:
         self.names = frozenset(names)
-        self.lock = threading.Lock()  # two threads importing two compiled modules: one check
+        self.lock = _thread.allocate_lock()  # two threads importing two compiled modules: one check (threading's own lock, without loading threading)
 
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: object = None) -> ModuleSpec | None:
         if fullname in self.names:
@@ -107,6 +110,8 @@ class FirstCompiledImport(MetaPathFinder):
                 if self in sys.meta_path:
                     sys.meta_path.remove(self)
                     if stale():
+                        import logging
+
                         logging.getLogger("disque").warning(
                             "the compiled core is older than its sources: running the sources (reinstall, or `make`, to rebuild)"
                         )

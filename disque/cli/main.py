@@ -265,10 +265,11 @@ named on stderr and the exit status is 1.  Server commands (QLEN, QSTAT,
 @click.option("--raw", "mode", flag_value="raw", help="Print bare reply values, one per line (the default when stdout is not a terminal).")
 @click.option("--no-raw", "mode", flag_value="pretty", help="Print tables even when stdout is not a terminal.")
 @click.option("--cluster/--local", default=None, help="Every node's figures, or the connected node's, for the subcommands that take this option.")
+@click.option("--full", is_flag=True, help="Print whole job bodies in tables (cut at 200 bytes, with their size, by default).")
 @click.option("-v", "--version", is_flag=True, expose_value=False, is_eager=True, callback=print_version, help="Print the version and the git revision.")
 @click.pass_context
 def cli(ctx: click.Context, host: str, port: int, password: str | None, tls: bool, cacert: str | None,
-        cert: str | None, key: str | None, mode: str | None, cluster: bool | None) -> None:  # fmt: skip
+        cert: str | None, key: str | None, mode: str | None, cluster: bool | None, full: bool) -> None:  # fmt: skip
     if (cacert or cert or key) and not tls:
         raise click.UsageError("--cacert, --cert and --key need --tls")
     if cluster is not None and ctx.invoked_subcommand is not None:
@@ -276,7 +277,7 @@ def cli(ctx: click.Context, host: str, port: int, password: str | None, tls: boo
         if command is None or "cluster" not in {p.name for p in command.params}:
             raise click.UsageError(f"--cluster and --local apply to {', '.join(SCOPED)}, not to {ctx.invoked_subcommand}")
     options = {"tls": True, "tls_ca_cert": cacert, "tls_cert": cert, "tls_key": key} if tls else {}
-    ctx.obj = Session(host, port, password, mode or ("pretty" if sys.stdout.isatty() else "raw"), options, cluster)
+    ctx.obj = Session(host, port, password, mode or ("pretty" if sys.stdout.isatty() else "raw"), options, cluster, full=full)
     if ctx.invoked_subcommand is None:
         from disque.cli.prompt import prompt_loop, script_loop
 
@@ -355,12 +356,13 @@ def qstat(session: Session, queue: str, cluster: bool | None, groups: bool) -> N
     from disque.cli.cluster import merge_stats
     from disque.cli.views import jsonable, record_fields
 
-    found = [(n, a, stats) for n, a, stats in per_node(session, lambda c: c.qstat(queue)) if stats is not None]
+    answered = per_node(session, lambda c: c.qstat(queue))
+    found = [(n, a, stats) for n, a, stats in answered if stats is not None]
     total = merge_stats([stats for _, _, stats in found]) if found else None
     if total is None or session.mode == "json":
         session.output("plain", total and {**jsonable(total), "nodes": [{"node": n, "address": a, **jsonable(s)} for n, a, s in found]})
     else:  # --raw: the merged record, as QSTAT prints it
-        session.output("by-node", {"total": total, "nodes": found}, raw=[v for item in record_fields(total).items() for v in item])
+        session.output("by-node", {"total": total, "nodes": found, "asked": len(answered)}, raw=[v for item in record_fields(total).items() for v in item])
     session.check_nodes()
 
 

@@ -20,7 +20,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from disque.cli.views import human_time, job_info_fields, plain_lines, record_fields, text
+from disque.cli.views import body_text, human_time, job_info_fields, plain_lines, record_fields, text
 from disque.client import Job, JobInfo
 
 
@@ -31,14 +31,17 @@ def console(stderr: bool = False) -> Console:
     return Console(file=stream, width=width, highlight=False, stderr=stderr)
 
 
-def kv_block(values: Any) -> Group:
+def kv_block(values: Any, full: bool = False) -> Group:
     values = record_fields(values)
     width = max(map(len, values), default=0)
-    return Group(*(Text.assemble((key.ljust(width), "bold cyan"), "  ", field_text(key, value)) for key, value in values.items()))
+    return Group(*(Text.assemble((key.ljust(width), "bold cyan"), "  ", field_text(key, value, full)) for key, value in values.items()))
 
 
-def field_text(key: str, value: Any) -> str:
-    """A field as a table shows it: SHOW's ctime (ns since the epoch) as a local time."""
+def field_text(key: str, value: Any, full: bool = False) -> str:
+    """A field as a table shows it: SHOW's ctime (ns since the epoch) as a
+    local time, a body cut short unless `full`."""
+    if key == "body":
+        return body_text(value, full)
     return human_time(value) if key == "ctime" and isinstance(value, int) else text(value)
 
 
@@ -46,23 +49,23 @@ def titled(title: str, table: Table) -> Group:
     return Group(Text(title, style="bold"), table)
 
 
-def jobs_table(jobs: list[Job]) -> Group:
+def jobs_table(jobs: list[Job], full: bool = False) -> Group:
     counters = any(j.nacks is not None for j in jobs)
     table = Table()
     for name in ("queue", "id", "body", *(("nacks", "redelivered") if counters else ())):
         table.add_column(name, no_wrap=name not in ("queue", "body"), overflow="fold")
     for j in jobs:
         extra = (str(j.nacks), str(j.additional_deliveries)) if counters else ()
-        table.add_row(Text(j.queue), j.id, Text(text(j.body)), *extra)
+        table.add_row(Text(j.queue), j.id, Text(body_text(j.body, full)), *extra)
     return titled(f"{len(jobs)} job(s)", table)
 
 
-def job_infos_table(jobs: list[JobInfo]) -> Group:
+def job_infos_table(jobs: list[JobInfo], full: bool = False) -> Group:
     table = Table()
     for name in ("id", "queue", "state", "ttl", "retry", "nacks", "redelivered", "body"):
         table.add_column(name, no_wrap=name not in ("queue", "body"), overflow="fold")
     for j in jobs:
-        table.add_row(j.id, Text(text(j.queue)), j.state, str(j.ttl), str(j.retry), str(j.nacks), str(j.additional_deliveries), Text(text(j.body)))
+        table.add_row(j.id, Text(text(j.queue)), j.state, str(j.ttl), str(j.retry), str(j.nacks), str(j.additional_deliveries), Text(body_text(j.body, full)))
     return titled(f"{len(jobs)} job(s)", table)
 
 
@@ -75,14 +78,15 @@ def names_table(title: str, rows: Iterable[Iterable[Any]], columns: Iterable[str
     return titled(title, table)
 
 
-def render(kind: str, value: Any) -> RenderableType:
+def render(kind: str, value: Any, full: bool = False) -> RenderableType:
+    """A view drawn; job bodies cut short unless `full`."""
     if kind == "record":
-        return kv_block(job_info_fields(value) if isinstance(value, JobInfo) else value)
+        return kv_block(job_info_fields(value) if isinstance(value, JobInfo) else value, full)
     if kind == "dead-letters":  # dead_letter_rows
         columns = ["error", "message", "from", "dead-lettered", "id", "original-id", "nacks", "node"]
         return names_table(f"{len(value)} dead letter(s)", ([r[c] for c in columns] for r in value), columns)
-    if kind == "by-node":  # {"total": a record, "nodes": [(node ID, address, that node's record)]}
-        return by_node(value["total"], value["nodes"])
+    if kind == "by-node":  # {"total": a record, "nodes": [(node ID, address, that node's record)], "asked": nodes that answered}
+        return by_node(value["total"], value["nodes"], value.get("asked"))
     if kind == "hello":
         table = Table()
         for name in ("node", "address", "priority", ""):
@@ -100,10 +104,10 @@ def render(kind: str, value: Any) -> RenderableType:
             table.add_row(n.id, n.address, ",".join(n.flags), str(n.ping_sent), str(n.pong_received), n.link)
         return titled(f"{len(value)} node(s)", table)
     if kind == "jobs":
-        return jobs_table(value)
+        return jobs_table(value, full)
     if kind == "job-infos":  # JobInfo records, or bare IDs
         if value and isinstance(value[0], JobInfo):
-            return job_infos_table(value)
+            return job_infos_table(value, full)
         return names_table(f"{len(value)} job(s)", ([i] for i in value), ["id"])
     if kind == "queues":  # names, or {"queue": name, "len": n} rows
         rows = [q if isinstance(q, dict) else {"queue": q} for q in value]
@@ -115,16 +119,20 @@ def render(kind: str, value: Any) -> RenderableType:
         return groups_table(f"{len(value)} consumer group(s)", value)
     if kind == "scan":
         items = value.get("queues", value.get("jobs"))
-        return Group(Text(f"cursor: {value['cursor']}"), render("queues" if "queues" in value else "job-infos", items))
+        return Group(Text(f"cursor: {value['cursor']}"), render("queues" if "queues" in value else "job-infos", items, full))
     return Text("\n".join(plain_lines(value)))
 
 
 NOT_PER_NODE = {"name", "queue", "import-from", "import-rate"}  # the same on every row, or too wide for one
 
 
-def by_node(total: Any, nodes: list[tuple[str, str, Any]]) -> Group:
-    """A figure added up over the cluster, then what each node holds (when there are several)."""
-    parts: list[RenderableType] = [Text(f"cluster-wide, {len(nodes)} node(s)", style="bold"), kv_block(total)]
+def by_node(total: Any, nodes: list[tuple[str, str, Any]], asked: int | None = None) -> Group:
+    """A figure added up over the cluster, then what each node holds (when
+    there are several); `asked`: the nodes that answered, when only some of
+    them (`nodes`) hold what is counted."""
+    asked = len(nodes) if asked is None else asked
+    held = f", {len(nodes)} holding it" if len(nodes) < asked else ""
+    parts: list[RenderableType] = [Text(f"cluster-wide, {asked} node(s){held}", style="bold"), kv_block(total)]
     if len(nodes) > 1:
         columns = [name for name in record_fields(nodes[0][2]) if name not in NOT_PER_NODE]
         table = Table()
@@ -137,8 +145,8 @@ def by_node(total: Any, nodes: list[tuple[str, str, Any]]) -> Group:
     return Group(*parts)
 
 
-def show(kind: str, value: Any) -> None:
-    console().print(render(kind, value))
+def show(kind: str, value: Any, full: bool = False) -> None:
+    console().print(render(kind, value, full))
 
 
 def groups_table(title: str, rows: list[dict[str, Any]]) -> Group:

@@ -43,6 +43,7 @@ class Session:
     mode: str  # pretty | json | raw
     tls: dict[str, Any] = field(default_factory=dict)  # Client's tls, tls_ca_cert, tls_cert, tls_key
     cluster: bool | None = None  # --cluster (True) or --local (False) given before the subcommand
+    full: bool = False  # --full: whole job bodies in the tables
     failed_nodes: list[str] = field(default_factory=list)  # since the last check_nodes
     _clients: dict[tuple[str, int], Client] = field(default_factory=dict, repr=False)
 
@@ -126,4 +127,4 @@ class Session:
         else:
             from disque.cli.pretty import show
 
-            show(kind, value)
+            show(kind, value, self.full)

@@ -72,6 +72,17 @@ def parse_reply(words: list[str], reply: Any) -> tuple[str, Any]:
     return "plain", reply
 
 
+BODY_SHOWN = 200  # bytes of a job's body the tables show (`--full`: all of it)
+
+
+def body_text(body: Any, full: bool = False) -> str:
+    """A job's body as the tables show it: its first BODY_SHOWN bytes and
+    its size when it is longer, unless `full`."""
+    if full or not isinstance(body, bytes) or len(body) <= BODY_SHOWN:
+        return text(body)
+    return f"{text(body[:BODY_SHOWN])}... ({len(body):,} bytes; --full prints it all)"
+
+
 def text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "backslashreplace")

@@ -13,6 +13,7 @@ import anyio
 from disque.client.base import (
     FIRST_HEARTBEAT,
     Ops,
+    _Awaiting,
     _Base,
     _Close,
     _failure,
@@ -28,7 +29,7 @@ from disque.client.models import Job
 from disque.client.protocol import Address, DisqueConnectionError, DisqueReplyError, T, _text
 
 
-class AsyncClient(_Base):
+class AsyncClient(_Base, _Awaiting):
     """The same client for asyncio or trio (through anyio): every command
     method, and `close`, is awaited.  Safe to share between tasks of one
     event loop (one request at a time).
@@ -87,7 +88,7 @@ class AsyncClient(_Base):
             # not standard_compatible: closing does not wait for the server's close_notify
             return await anyio.connect_tcp(*address, ssl_context=self.ssl_context, tls_standard_compatible=False)
 
-    async def _iterate(self, scan: _Scan) -> AsyncIterator[Any]:
+    async def _iterate(self, scan: _Scan[Any]) -> AsyncIterator[Any]:
         while not scan.done:
             for item in await self._run(self._command(scan.request(), scan.page)):
                 yield item

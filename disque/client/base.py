@@ -15,12 +15,13 @@ import logging
 import os
 import random
 from collections import Counter
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, overload
 
 import hiredis
 
+from disque.client import tracing
 from disque.client.models import Hello, Job, JobInfo, QueueStats, _jobs, _optional, _same
 from disque.client.protocol import (
     DEFAULT_ADDRESS,
@@ -154,10 +155,10 @@ def _failure(address: Address, exc: BaseException) -> DisqueConnectionError:
     return DisqueConnectionError(f"{format_address(address)}: {reason}")
 
 
-class _Scan:
+class _Scan(Generic[T]):
     """One JSCAN/QSCAN iteration: the cursor, and how to read a page."""
 
-    def __init__(self, verb: str, options: list[Arg], item: Callable[[Any], Any]) -> None:
+    def __init__(self, verb: str, options: list[Arg], item: Callable[[Any], T]) -> None:
         self.verb, self.options, self.item = verb, options, item
         self.cursor = "0"
         self.done = False
@@ -165,19 +166,98 @@ class _Scan:
     def request(self) -> list[Arg]:
         return [self.verb, self.cursor, *self.options]
 
-    def page(self, reply: list[Any]) -> list[Any]:
+    def page(self, reply: list[Any]) -> list[T]:
         cursor, items = reply
         self.cursor = _text(cursor)
         self.done = self.cursor == "0"
         return [self.item(i) for i in items]
 
 
+P = ParamSpec("P")
+
+
+class _Blocking:
+    """What a client whose commands return their values is (`Client`)."""
+
+
+class _Awaiting:
+    """What a client whose commands return awaitables is (`AsyncClient`)."""
+
+
+class _Method:
+    """A public method of `_Base` written once: its body returns what the
+    driver runs (`runner`: `_run` a generator, `_drive` one that must not
+    wait behind a blocked request, `_iterate` a scan); read from a client,
+    it is a function that hands its body's result to that driver."""
+
+    runner = "_run"
+
+    def __init__(self, body: Callable[..., Any], runner: str | None = None) -> None:
+        self.body = body
+        self.runner = runner or self.runner
+        self.__doc__ = body.__doc__
+        self.__name__ = body.__name__
+
+    def bind(self, client: object) -> Callable[..., Any]:
+        body, run = self.body, getattr(client, self.runner)
+
+        def method(*args: Any, **kwargs: Any) -> Any:
+            return run(body(client, *args, **kwargs))
+
+        method.__doc__, method.__name__ = self.__doc__, self.__name__
+        return method
+
+
+class _Command(_Method, Generic[P, T]):
+    """A command: its value for `Client`, an awaitable of it for `AsyncClient`."""
+
+    def __init__(self, body: Callable[Concatenate[Any, P], Ops[T]], runner: str | None = None) -> None:
+        super().__init__(body, runner)
+
+    @overload
+    def __get__(self, client: None, owner: type) -> _Command[P, T]: ...
+    @overload
+    def __get__(self, client: _Blocking, owner: type | None = None) -> Callable[P, T]: ...
+    @overload
+    def __get__(self, client: _Awaiting, owner: type | None = None) -> Callable[P, Awaitable[T]]: ...
+    @overload
+    def __get__(self, client: _Base, owner: type | None = None) -> Callable[P, Any]: ...
+    def __get__(self, client: object, owner: type | None = None) -> Any:
+        return self if client is None else self.bind(client)
+
+
+class _Scanning(_Method, Generic[P, T]):
+    """A scan: an iterator of its items for `Client`, an async iterator for `AsyncClient`."""
+
+    runner = "_iterate"
+
+    def __init__(self, body: Callable[Concatenate[Any, P], _Scan[T]]) -> None:
+        super().__init__(body)
+
+    @overload
+    def __get__(self, client: None, owner: type) -> _Scanning[P, T]: ...
+    @overload
+    def __get__(self, client: _Blocking, owner: type | None = None) -> Callable[P, Iterator[T]]: ...
+    @overload
+    def __get__(self, client: _Awaiting, owner: type | None = None) -> Callable[P, AsyncIterator[T]]: ...
+    @overload
+    def __get__(self, client: _Base, owner: type | None = None) -> Callable[P, Any]: ...
+    def __get__(self, client: object, owner: type | None = None) -> Any:
+        return self if client is None else self.bind(client)
+
+
+def _api(body: Callable[Concatenate[Any, P], Ops[T]]) -> _Command[P, T]:
+    """Decorator: a public command method (`_Command`)."""
+    return _Command(body)
+
+
 class _Base:
     """State and protocol logic shared by `Client` and `AsyncClient`.
 
-    Public methods return `self._run(generator)` (`_drive` for `close`, which
+    Public methods are `_Command`s (`_Scanning` for the scans): each body
+    returns a generator, which `_run` drives (`_drive` for `close`, which
     must not wait behind a blocked request): the value itself for `Client`,
-    an awaitable for `AsyncClient`."""
+    an awaitable for `AsyncClient`, typed as such."""
 
     def __init__(
         self,
@@ -196,12 +276,16 @@ class _Base:
         socket_timeout: float | None = None,
         rng: random.Random | None = None,
         name: str | None = None,
+        trace_context: bool = False,
     ) -> None:
         seeds = parse_addresses(nodes)
         if not seeds:
             raise ValueError("no Disque node given")
         self.password = password
         self.name = name  # CLIENT SETNAME on every connection (CLIENT LIST, the dashboard show it)
+        if trace_context:  # ADDJOB writes the trace context in front of the body (disque.client.tracing)
+            tracing.require()
+        self.trace_context = trace_context
         if ssl_context is None and tls:
             from disque.shell.tls import client_context
 
@@ -226,7 +310,7 @@ class _Base:
     def _drive(self, ops: Ops[T]) -> Any:
         raise NotImplementedError
 
-    def _iterate(self, scan: _Scan) -> Any:
+    def _iterate(self, scan: _Scan[Any]) -> Any:
         raise NotImplementedError
 
     @property
@@ -244,23 +328,19 @@ class _Base:
         """The last HELLO seen."""
         return self._planner.hello
 
-    def connect(self) -> Any:
+    @_api
+    def connect(self) -> Ops[None]:
         """Connect now rather than at the first command."""
-
-        def ensure() -> Ops[None]:
-            if self._link is None:
-                yield from self._connect(self._planner.plan())
-
-        return self._run(ensure())
-
-    def close(self) -> Any:
-        """Close the connection (awaited for `AsyncClient`); the next command connects again."""
-        return self._drive(self._disconnect())
+        if self._link is None:
+            yield from self._connect(self._planner.plan())
 
     def _disconnect(self) -> Ops[None]:
+        """Close the connection (awaited for `AsyncClient`); the next command connects again."""
         link, self._link = self._link, None
         if link is not None:
             yield _Close(link.transport)
+
+    close = _Command(_disconnect, runner="_drive")
 
     # -- connection management
 
@@ -370,13 +450,16 @@ class _Base:
 
     # -- commands
 
-    def execute_command(self, *args: Arg) -> Any:
+    @_api
+    def execute_command(self, *args: Arg) -> Ops[Any]:
         """Any command; the reply as hiredis decodes it (bytes, int, list, None)."""
-        return self._run(self._command(args))
+        return self._command(args)
 
-    def ping(self) -> Any:
-        return self._run(self._command(["PING"], _text))
+    @_api
+    def ping(self) -> Ops[str]:
+        return self._command(["PING"], _text)
 
+    @_api
     def add_job(
         self,
         queue: str,
@@ -392,7 +475,7 @@ class _Base:
         dead_letter: str | None = None,
         asynchronous: bool = False,
         priority: int | None = None,
-    ) -> Any:
+    ) -> Ops[str]:
         """ADDJOB; returns the job ID.  `timeout_ms` bounds synchronous
         replication; after `max_attempts` failed deliveries the job moves to
         the `dead_letter` queue (the server's default one if None); a higher
@@ -402,7 +485,11 @@ class _Base:
             replicate=replicate, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
             maxattempts=max_attempts, deadletter=dead_letter, priority=priority,
         )  # fmt: skip
-        return self._run(self._command(["ADDJOB", queue, body, timeout_ms, *options], _text))
+
+        def send(body: str | bytes) -> Ops[str]:
+            return self._command(["ADDJOB", queue, body, timeout_ms, *options], _text)
+
+        return tracing.sending(queue, body, send) if self.trace_context else send(body)
 
     def _getjob(self, queues: Sequence[str], count: int, timeout_ms: int | None, nohang: bool) -> Ops[list[Job]]:
         if not queues:
@@ -410,80 +497,94 @@ class _Base:
         options = _options([("NOHANG", nohang), ("WITHCOUNTERS", True)], timeout=timeout_ms, count=count)
         return self._consume(["GETJOB", *options, "FROM", *queues])
 
-    def get_jobs(self, *queues: str, count: int = 1, timeout_ms: int | None = None, nohang: bool = False) -> Any:
+    @_api
+    def get_jobs(self, *queues: str, count: int = 1, timeout_ms: int | None = None, nohang: bool = False) -> Ops[list[Job]]:
         """Up to `count` jobs (waiting for at least one unless `nohang` or timed out)."""
-        return self._run(self._getjob(queues, count, timeout_ms, nohang))
+        return self._getjob(queues, count, timeout_ms, nohang)
 
-    def get_job(self, *queues: str, timeout_ms: int | None = None, nohang: bool = False) -> Any:
+    @_api
+    def get_job(self, *queues: str, timeout_ms: int | None = None, nohang: bool = False) -> Ops[Job | None]:
         """One job, or None on timeout / with `nohang` when nothing is queued."""
+        jobs = yield from self._getjob(queues, 1, timeout_ms, nohang)
+        return jobs[0] if jobs else None
 
-        def first() -> Ops[Job | None]:
-            jobs = yield from self._getjob(queues, 1, timeout_ms, nohang)
-            return jobs[0] if jobs else None
+    def _ids(self, verb: str, ids: Sequence[str]) -> Ops[int]:
+        return self._command([verb, *ids], int)
 
-        return self._run(first())
-
-    def _ids(self, verb: str, ids: Sequence[str]) -> Any:
-        return self._run(self._command([verb, *ids]))
-
-    def ack(self, *ids: str) -> Any:
+    @_api
+    def ack(self, *ids: str) -> Ops[int]:
         """ACKJOB; the number of jobs newly acknowledged."""
         return self._ids("ACKJOB", ids)
 
-    def fast_ack(self, *ids: str) -> Any:
+    @_api
+    def fast_ack(self, *ids: str) -> Ops[int]:
         return self._ids("FASTACK", ids)
 
-    def nack(self, *ids: str, delay: int | None = None, error: BaseException | None = None) -> Any:
+    @_api
+    def nack(self, *ids: str, delay: int | None = None, error: BaseException | None = None) -> Ops[int]:
         """NACK: queue again, counting a failed delivery; with `delay`, not
         handed out again before that many seconds; with `error`, the
         exception is kept with the job as its last failure (type, message,
         traceback, this host and process: SHOW, and its dead letter)."""
         failure = failure_args(error) if error is not None else []
-        return self._run(self._command(["NACK", *ids, *_options(delay=delay), *failure]))
+        return self._command(["NACK", *ids, *_options(delay=delay), *failure], int)
 
-    def wait_job(self, *ids: str, timeout_ms: int | None = None) -> Any:
+    @_api
+    def wait_job(self, *ids: str, timeout_ms: int | None = None) -> Ops[int]:
         """WAITJOB: block until every job is acknowledged, or `timeout_ms`
         passes; the number acknowledged."""
-        return self._run(self._command(["WAITJOB", *ids, *_options(timeout=timeout_ms)]))
+        return self._command(["WAITJOB", *ids, *_options(timeout=timeout_ms)], int)
 
-    def enqueue(self, *ids: str) -> Any:
+    @_api
+    def enqueue(self, *ids: str) -> Ops[int]:
         return self._ids("ENQUEUE", ids)
 
-    def dequeue(self, *ids: str) -> Any:
+    @_api
+    def dequeue(self, *ids: str) -> Ops[int]:
         return self._ids("DEQUEUE", ids)
 
-    def del_job(self, *ids: str) -> Any:
+    @_api
+    def del_job(self, *ids: str) -> Ops[int]:
         return self._ids("DELJOB", ids)
 
-    def working(self, job_id: str) -> Any:
+    @_api
+    def working(self, job_id: str) -> Ops[int]:
         """WORKING: postpone the next delivery; returns the job's RETRY in seconds."""
-        return self._run(self._command(["WORKING", job_id]))
+        return self._command(["WORKING", job_id], int)
 
-    def show(self, job_id: str) -> Any:
+    @_api
+    def show(self, job_id: str) -> Ops[JobInfo | None]:
         """SHOW as a `JobInfo`, or None for an unknown job."""
-        return self._run(self._command(["SHOW", job_id], _optional(JobInfo.from_reply)))
+        return self._command(["SHOW", job_id], _optional(JobInfo.from_reply))
 
-    def qlen(self, queue: str) -> Any:
-        return self._run(self._command(["QLEN", queue]))
+    @_api
+    def qlen(self, queue: str) -> Ops[int]:
+        return self._command(["QLEN", queue], int)
 
-    def qstat(self, queue: str) -> Any:
+    @_api
+    def qstat(self, queue: str) -> Ops[QueueStats | None]:
         """QSTAT as `QueueStats`, or None for a queue that does not exist."""
-        return self._run(self._command(["QSTAT", queue], _optional(QueueStats.from_reply)))
+        return self._command(["QSTAT", queue], _optional(QueueStats.from_reply))
 
-    def qpeek(self, queue: str, count: int) -> Any:
+    @_api
+    def qpeek(self, queue: str, count: int) -> Ops[list[Job]]:
         """The oldest `count` jobs (the newest first when negative), left queued."""
-        return self._run(self._command(["QPEEK", queue, count], _jobs))
+        return self._command(["QPEEK", queue, count], _jobs)
 
-    def pause(self, queue: str, *options: str) -> Any:
+    @_api
+    def pause(self, queue: str, *options: str) -> Ops[str]:
         """PAUSE queue in|out|all|none|state|bcast...; returns the resulting state."""
-        return self._run(self._command(["PAUSE", queue, *(options or ("state",))], _text))
+        return self._command(["PAUSE", queue, *(options or ("state",))], _text)
 
-    def hello(self) -> Any:
-        return self._run(self._command(["HELLO"], self._hello))
+    @_api
+    def hello(self) -> Ops[Hello]:
+        return self._command(["HELLO"], self._hello)
 
-    def info(self, section: str | None = None) -> Any:
-        return self._run(self._command(["INFO", *([section] if section else [])], parse_info))
+    @_api
+    def info(self, section: str | None = None) -> Ops[dict[str, dict[str, str]]]:
+        return self._command(["INFO", *([section] if section else [])], parse_info)
 
+    @_Scanning
     def jscan(
         self,
         queue: str | None = None,
@@ -492,15 +593,16 @@ class _Base:
         count: int | None = None,
         busyloop: bool = False,
         details: bool = False,
-    ) -> Any:
+    ) -> _Scan[Any]:
         """Every job ID (a `JobInfo` each with `details`), following the cursor
         to the end; an async iterator for `AsyncClient`."""
         options = _options([("BUSYLOOP", busyloop)], count=count, queue=queue)
         options += [a for state in states for a in ("STATE", state)]
         if details:
-            return self._iterate(_Scan("JSCAN", [*options, "REPLY", "all"], JobInfo.from_reply))
-        return self._iterate(_Scan("JSCAN", options, _text))
+            return _Scan("JSCAN", [*options, "REPLY", "all"], JobInfo.from_reply)
+        return _Scan("JSCAN", options, _text)
 
+    @_Scanning
     def qscan(
         self,
         *,
@@ -509,7 +611,7 @@ class _Base:
         import_rate: int | None = None,
         count: int | None = None,
         busyloop: bool = False,
-    ) -> Any:
+    ) -> _Scan[str]:
         """Every queue name, following the cursor to the end; an async iterator for `AsyncClient`."""
         options = _options([("BUSYLOOP", busyloop)], count=count, minlen=minlen, maxlen=maxlen, importrate=import_rate)
-        return self._iterate(_Scan("QSCAN", options, _text))
+        return _Scan("QSCAN", options, _text)

@@ -14,6 +14,7 @@ from disque.client.base import (
     FIRST_HEARTBEAT,
     Ops,
     _Base,
+    _Blocking,
     _Close,
     _failure,
     _next_heartbeat,
@@ -28,7 +29,7 @@ from disque.client.models import Job
 from disque.client.protocol import Address, DisqueConnectionError, DisqueReplyError, T, _text
 
 
-class Client(_Base):
+class Client(_Base, _Blocking):
     """Blocking client; safe to share between threads (one request at a time).
 
     >>> with Client(["127.0.0.1:7711", "127.0.0.1:7712"]) as c:
@@ -87,7 +88,7 @@ class Client(_Base):
         sock.settimeout(self.socket_timeout)
         return sock
 
-    def _iterate(self, scan: _Scan) -> Iterator[Any]:
+    def _iterate(self, scan: _Scan[Any]) -> Iterator[Any]:
         while not scan.done:
             yield from self._run(self._command(scan.request(), scan.page))
 

@@ -42,6 +42,7 @@ as `key=value` text or as one JSON object per line.
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import itertools
 import inspect
@@ -74,6 +75,7 @@ from disque.client import (
     Job,
     connection_name,
     format_address,
+    tracing,
 )
 
 log = logging.getLogger("disque.worker")
@@ -102,16 +104,17 @@ PERIOD_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000
 
 
 def parse_period(period: str | float) -> int:
-    """A period in ms: "250ms", "90s", "5m", "1h", "1d", or a number of seconds."""
+    """A period in ms: "250ms", "90s", "5m", "1h", "1d", or a number (not a
+    string) of seconds.  A string without its unit ("5": seconds? minutes?)
+    is refused, with the forms accepted."""
     if isinstance(period, (int, float)):
         return round(period * 1000)
     text = period.strip().lower()
-    unit = "ms" if text.endswith("ms") else text[-1:] if text[-1:] in PERIOD_UNITS else "s"
-    number = text[: len(text) - len(unit)] if text.endswith(unit) else text
+    unit = "ms" if text.endswith("ms") else text[-1:]
     try:
-        return round(float(number) * PERIOD_UNITS[unit])
-    except ValueError:
-        raise ValueError(f"not a period: {period!r} (try 90s, 5m, 1h)") from None
+        return round(float(text.removesuffix(unit)) * PERIOD_UNITS[unit])
+    except (ValueError, KeyError):
+        raise ValueError(f"not a period: {period!r} (a number and its unit: 250ms, 90s, 5m, 1h, 1d)") from None
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,7 @@ class Handler:
     def send(self, body: str | bytes, **options: Any) -> str:
         """ADDJOB to the handler's queue, with its options, through the app's
         client; `options` are `Client.add_job`'s.  Returns the job ID."""
-        return self.app.client.add_job(self.queue, body, **(self.job_options | options))  # type: ignore[no-any-return]
+        return self.app.client.add_job(self.queue, body, **(self.job_options | options))
 
     def retry_delay(self, job: Job, rng: random.Random) -> int:
         """Whole seconds (NACK DELAY) before the failed `job` may be delivered again."""
@@ -270,10 +273,15 @@ async def _in_thread(fn: Callable[[Job], Any], job: Job) -> None:
         except anyio.RunFinishedError:
             pass  # abandoned: the worker has stopped
 
-    threading.Thread(target=target, name=f"job {job.id}", daemon=True).start()
+    context = contextvars.copy_context()  # the job's span, and whatever else the slot's context holds
+    threading.Thread(target=context.run, args=(target,), name=f"job {job.id}", daemon=True).start()
     await done.wait()
     if outcome[0] is not None:
         raise outcome[0]
+
+
+class BadSchedule(ValueError):
+    """A node refused one of the app's schedules (SCHEDULE ADD's error, with the schedule's name)."""
 
 
 class JobTimeout(TimeoutError):
@@ -340,15 +348,18 @@ class Worker:
         """Work until stopped (`stop`, or SIGTERM/SIGINT when `signals`), or
         in burst mode until the queues are empty."""
         log.info("worker started", extra={"queues": ",".join(self._handlers), "concurrency": self.concurrency})
-        async with anyio.create_task_group() as self._tasks:
-            if signals:
-                self._tasks.start_soon(self._watch_signals)
-            if self.app.schedules:
-                self._tasks.start_soon(self._register_schedules)
-            async with anyio.create_task_group() as slots:
-                for n in range(1, self.concurrency + 1):
-                    slots.start_soon(self._slot, n)
-            self._tasks.cancel_scope.cancel()  # the signal watcher and grace timer
+        try:
+            async with anyio.create_task_group() as self._tasks:
+                if signals:
+                    self._tasks.start_soon(self._watch_signals)
+                if self.app.schedules:
+                    self._tasks.start_soon(self._register_schedules)
+                async with anyio.create_task_group() as slots:
+                    for n in range(1, self.concurrency + 1):
+                        slots.start_soon(self._slot, n)
+                self._tasks.cancel_scope.cancel()  # the signal watcher and grace timer
+        except* BadSchedule as group:  # the one error, not the task groups around it
+            raise group.exceptions[0] from None
         log.info("worker stopped", extra={"processed": self.processed, "failed": self.failed})
 
     def stop(self) -> None:
@@ -369,7 +380,10 @@ class Worker:
             for tries in itertools.count(1):
                 try:
                     for name, args in self.app.schedules.items():
-                        await client.execute_command("SCHEDULE", "ADD", name, *args)
+                        try:
+                            await client.execute_command("SCHEDULE", "ADD", name, *args)
+                        except DisqueReplyError as e:
+                            raise BadSchedule(f"schedule {name!r} (queue {args[0]!r}): {e.message or e}") from None
                     log.info("schedules registered", extra={"schedules": ",".join(self.app.schedules)})
                     return
                 except DisqueConnectionError as e:
@@ -439,6 +453,14 @@ class Worker:
             await self._settle(client.nack(job.id, delay=delay, error=error), job)  # the reason stays with the job
 
     async def _attempt(self, client: AsyncClient, handler: Handler, job: Job) -> Exception | None:
+        """`_run_handler` in the job's trace span (disque.client.tracing), which
+        also takes a producer's trace context off the body."""
+        with tracing.processing(job, handler.exhausted(job)) as traced:
+            error = await self._run_handler(client, handler, traced.job)
+            traced.end(error)
+            return error
+
+    async def _run_handler(self, client: AsyncClient, handler: Handler, job: Job) -> Exception | None:
         """Run the handler with heartbeats beside it; the exception it raised, if any."""
         async with anyio.create_task_group() as beats:
             beats.start_soon(client.heartbeat, job.id, self.first_heartbeat)
@@ -530,7 +552,10 @@ def run_worker(
     handler = logging.StreamHandler()
     handler.setFormatter(LogFormatter(json_logs))
     logging.basicConfig(level=level, handlers=[handler], force=True)
-    anyio.run(worker.run, backend=backend)
+    try:
+        anyio.run(worker.run, backend=backend)
+    except BadSchedule as e:
+        raise click.ClickException(str(e)) from None
     return worker
 
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from disque.cluster.messages import ZONE_MAX_LEN, valid_zone
 from disque.core.settings import HOT, Settings
-from disque.store.queue_config import QueueConfig, QueueConfigError
+from disque.store.queue_config import QueueConfig, QueueConfigError, suggest
 
 MAX_BIND_ADDRESSES = 16
 AUTHPASS_MAX_LEN = 512
@@ -62,19 +62,31 @@ class ConfigError(Exception):
 
 
 class ConfigFileError(ConfigError):
-    """A bad line in a config file; ``str()`` is upstream's stderr block."""
+    """A bad line in a config file; ``str()`` is upstream's stderr block,
+    followed by the directive meant when the name is unknown and close to
+    one.  A line that came from a ``--name value`` option (``option``, set by
+    the command line's reader) says so instead: there is no file to name."""
 
-    def __init__(self, line_no: int, line: str, message: str) -> None:
+    def __init__(self, line_no: int, line: str, message: str, hint: str | None = None) -> None:
         super().__init__(message)
         self.line_no = line_no
         self.line = line
+        self.hint = hint  # the known directive an unknown name is closest to
+        self.option = False
 
     def __str__(self) -> str:
+        if self.option:
+            name, _, value = self.line.partition(" ")
+            what = f"unknown option --{name}" if self.hint or name not in _FILE_DIRECTIVES else f"--{name} {value}".rstrip()
+            hint = f" (did you mean --{self.hint}?)" if self.hint else ""
+            message = "" if what.startswith("unknown") else f": {self.message}"
+            return f"disque-server: {what}{message}{hint}; disque-server --help shows the usage"
+        hint = f"\nDid you mean '{self.hint}'?" if self.hint else ""
         return (
             "\n*** FATAL CONFIG FILE ERROR ***\n"
             f"Reading the configuration file, at line {self.line_no}\n"
             f">>> '{self.line}'\n"
-            f"{self.message}"
+            f"{self.message}{hint}"
         )
 
 
@@ -715,8 +727,10 @@ def parse_config_text(text: str, config: Config, *, check: Check | None = None, 
         name = args[0].lower()
         arity, apply = _FILE_DIRECTIVES.get(name, (0, None))
         nargs = len(args) - 1
+        if apply is None:
+            raise ConfigFileError(line_no, line, _BAD_DIRECTIVE, suggest(name, _FILE_DIRECTIVES))
         try:
-            if apply is None or not (nargs == arity if arity >= 0 else nargs >= -arity):
+            if not (nargs == arity if arity >= 0 else nargs >= -arity):
                 raise ValueError(_BAD_DIRECTIVE)
             if check:
                 check(config, name, args[1:])
@@ -792,7 +806,8 @@ def config_set(config: Config, name: str, value: str) -> list[str]:
     """
     directive = DIRECTIVES.get(name.lower())
     if directive is None or directive.store is None:
-        raise ConfigError(f"Unsupported CONFIG parameter: {name}")
+        hint = None if directive else suggest(name.lower(), (n for n, d in DIRECTIVES.items() if d.store))
+        raise ConfigError(f"Unsupported CONFIG parameter: {name}" + (f" (did you mean '{hint}'?)" if hint else ""))
     try:
         new = directive.store(value, config)
     except ValueError:

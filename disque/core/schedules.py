@@ -123,6 +123,16 @@ def _cron(s: Schedule, start_ms: int, reverse: bool = False) -> Iterator[int]:
         yield int(when.timestamp() * 1000)
 
 
+CRON_FIELDS = "5 fields: minute hour day month weekday"
+CRON_RANGES = {  # cronsim's name of a field -> its place, our name for it, what it takes
+    "minute": (0, "minute", "0-59"),
+    "hour": (1, "hour", "0-23"),
+    "day-of-month": (2, "day", "1-31, a day the month has"),
+    "month": (3, "month", "1-12 or JAN-DEC"),
+    "day-of-week": (4, "weekday", "0-7 or SUN-SAT"),
+}
+
+
 def check_cron(expr: bytes, tz: bytes) -> None:
     """-ERR unless `expr` is a 5-field cron expression cronsim accepts."""
     _zone(tz)
@@ -130,12 +140,17 @@ def check_cron(expr: bytes, tz: bytes) -> None:
         from cronsim import CronSim, CronSimError
     except ImportError:  # pragma: no cover - cronsim is a dependency; a broken install says so
         raise errors.err("CRON schedules need the cronsim package") from None
+    fields = expr.split()
+    if len(fields) != 5:  # cronsim also takes a sixth (seconds) field: not ours
+        raise errors.err(f"invalid CRON expression: {len(fields)} fields, {CRON_FIELDS}")
     try:
         CronSim(expr.decode(), datetime(2000, 1, 1, tzinfo=timezone.utc))
-    except (CronSimError, UnicodeDecodeError):
-        raise errors.err("invalid CRON expression (5 fields: minute hour day month weekday)") from None
-    if len(expr.split()) != 5:  # cronsim also takes a sixth (seconds) field: not ours
-        raise errors.err("invalid CRON expression (5 fields: minute hour day month weekday)")
+    except UnicodeDecodeError:
+        raise errors.err(f"invalid CRON expression: not text; {CRON_FIELDS}") from None
+    except CronSimError as e:  # "Bad minute", "Bad day-of-month", ...: which field, and what it takes
+        index, name, accepted = CRON_RANGES[str(e).removeprefix("Bad ")]
+        bad = fields[index].decode()
+        raise errors.err(f'invalid CRON expression: the {name} field "{bad}" must be {accepted}; {CRON_FIELDS}') from None
 
 
 def ticks_after(s: Schedule, lo: int, hi: int) -> Iterator[int]:

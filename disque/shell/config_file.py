@@ -16,6 +16,7 @@ from disque.core.config import (
     Check,
     Config,
     ConfigError,
+    ConfigFileError,
     ShowHelp,
     ShowVersion,
     decode_text,
@@ -87,7 +88,11 @@ def build_config(argv: list[str], *, check: Check | None = None, stdin: TextIO |
         if check:
             check(cfg, name, args)
 
-    parse_config_text(text + "\n" + lines, config, check=hooks, read=read_config)
+    try:
+        parse_config_text(text + "\n" + lines, config, check=hooks, read=read_config)
+    except ConfigFileError as e:
+        e.option = e.line_no > text.count("\n") + 1  # a line of the options, which no file holds
+        raise
     return config
 
 

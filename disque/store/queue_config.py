@@ -31,7 +31,9 @@ option names are Kestrel's, any case, with `-` accepted for `_`;
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -84,6 +86,12 @@ class QueueSettings:
         return [(f.name, format_value(getattr(self, f.name))) for f in fields(self)]
 
 
+def suggest(name: str, known: Iterable[str]) -> str | None:
+    """The known name closest to a mistyped one, if any is close (for the
+    errors of this module and of the server's directives, core/config.py)."""
+    return next(iter(difflib.get_close_matches(name, known, n=1)), None)
+
+
 DEFAULTS = QueueSettings()
 OPTIONS = tuple(f.name for f in fields(QueueSettings))
 
@@ -124,7 +132,8 @@ def _parse_pairs(args: list[str]) -> dict[str, Any]:
     for i in range(0, len(args), 2):
         option = args[i].lower().replace("-", "_")
         if option not in OPTIONS:
-            raise QueueConfigError(f"unknown queue option '{args[i]}'")
+            hint = suggest(option, OPTIONS)
+            raise QueueConfigError(f"unknown queue option '{args[i]}'" + (f" (did you mean '{hint}'?)" if hint else ""))
         out[option] = _parse_value(option, args[i + 1])
     return out
 

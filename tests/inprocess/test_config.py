@@ -249,6 +249,16 @@ def test_fatal_errors(line, message):
     assert (info.value.line_no, info.value.line) == (4, line)
 
 
+def test_unknown_directive_names_the_one_meant():
+    with pytest.raises(ConfigFileError) as info:
+        parsed("port 7711\nprot 7712\n")
+    assert (info.value.message, info.value.hint) == ("Bad directive or wrong number of arguments", "port")
+    assert str(info.value).endswith(">>> 'prot 7712'\nBad directive or wrong number of arguments\nDid you mean 'port'?")
+    with pytest.raises(ConfigFileError) as info:
+        parsed("zzzzzz 1\n")
+    assert info.value.hint is None and str(info.value).endswith("Bad directive or wrong number of arguments")
+
+
 def test_fatal_error_block():
     with pytest.raises(ConfigFileError) as info:
         parsed("\r\n\tloglevel  loud \r")
@@ -467,6 +477,23 @@ def test_build_config_option_errors_count_lines_after_the_file(tmp_path, monkeyp
     with pytest.raises(ConfigFileError) as info:
         build_config(["d.conf", "stray"])
     assert info.value.line == '"stray"'
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--prot", "8731"], "disque-server: unknown option --prot (did you mean --port?)"),
+        (["--nosuchthing", "1"], "disque-server: unknown option --nosuchthing;"),
+        (["--port", "99999"], 'disque-server: --port "99999": Invalid port;'),
+        (["--port"], "disque-server: --port: Bad directive or wrong number of arguments;"),
+    ],
+)
+def test_build_config_option_errors_name_the_option(tmp_path, monkeypatch, argv, said):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigFileError) as info:
+        build_config(argv)
+    assert info.value.option and str(info.value).startswith(said)
+    assert "FATAL CONFIG FILE ERROR" not in str(info.value) and "disque-server --help" in str(info.value)
 
 
 def test_build_config_from_stdin(tmp_path, monkeypatch):
@@ -745,7 +772,6 @@ def test_config_set_invalid(name, value):
         "rename-command",
         "tls-port",
         "tls-cluster",
-        "cluster_node_timeout",
         "nosuch",
     ],
 )
@@ -753,6 +779,16 @@ def test_config_set_unsupported(name):
     with pytest.raises(ConfigError) as info:
         config_set(Config(cwd="/srv"), name, "1")
     assert info.value.message == f"Unsupported CONFIG parameter: {name}"
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [("cluster_node_timeout", "cluster-node-timeout"), ("maxmemroy", "maxmemory"), ("LOGLEVL", "loglevel")],
+)
+def test_config_set_suggests_the_setting_meant(name, meant):
+    with pytest.raises(ConfigError) as info:
+        config_set(Config(cwd="/srv"), name, "1")
+    assert info.value.message == f"Unsupported CONFIG parameter: {name} (did you mean '{meant}'?)"
 
 
 def test_config_get_shows_keepalive_set_quirk():

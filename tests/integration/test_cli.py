@@ -199,6 +199,24 @@ def test_getjob_and_qpeek(disque: Callable[..., Result], pretty: Callable[..., R
     assert ok(disque("--raw", "GETJOB", "WITHCOUNTERS", "FROM", queue)).splitlines() == [queue, first, "one", "nacks", "1", "additional-deliveries", "0"]
 
 
+def test_tables_cut_long_bodies_and_full_prints_them(disque: Callable[..., Result], pretty: Callable[..., Result], client: Client, queue: str) -> None:
+    def squashed(text: str) -> str:  # the table's text without its wrapping and borders
+        return re.sub(r"[\s│┃]", "", text)
+
+    body = "0123456789" * 100_000  # a megabyte
+    job_id = client.add_job(queue, body)
+    cut = squashed("0123456789" * 20 + "... (1,000,000 bytes; --full prints it all)")
+    assert cut in squashed(ok(pretty("show", job_id)))  # a record: the body's first 200 bytes, then its size
+    for view in (("show", job_id), ("QPEEK", queue, "1"), ("JSCAN", "QUEUE", queue, "REPLY", "all"), ("jscan", "--queue", queue)):
+        shown = ok(pretty(*view))
+        assert "(1,000,000" in squashed(shown) and len(shown) < 10_000, view  # in a table's column too
+        assert len(squashed(ok(pretty("--full", *view)))) > len(body), view
+    assert json.loads(ok(disque("--json", "show", job_id)))["body"] == body  # --json and --raw are for programs: all of it
+    assert body in ok(disque("--raw", "SHOW", job_id)).splitlines()
+    short = client.add_job(queue, "x" * 200)  # up to 200 bytes: whole
+    assert squashed(ok(pretty("show", short))).endswith("x" * 200 + "priority5")
+
+
 def test_jscan_and_qscan_pages(disque: Callable[..., Result], pretty: Callable[..., Result], client: Client, queue: str) -> None:
     job_id = client.add_job(queue, "x")
     page = ok(pretty("JSCAN", "QUEUE", queue, "REPLY", "all"))

@@ -97,6 +97,10 @@ def test_qstat_adds_up_every_node(disque: Callable[..., Result], clients: list[C
     shown = ok(disque("--no-raw", "qstat", queue))
     assert "cluster-wide, 3 node(s)" in shown and "per node" in shown and all(node_id in shown for node_id in ids)
     assert ok(disque("--json", "qstat", "missing-" + queue)) == "null\n"
+    clients[1].add_job("one-" + queue, "x", retry=0, replicate=1)  # a queue on one node of the three
+    shown = ok(disque("--no-raw", "qstat", "one-" + queue))
+    assert "cluster-wide, 3 node(s), 1 holding it" in shown and re.search(r"^len\s+1$", shown, re.M)
+    assert "cluster-wide, 3 node(s)" in ok(disque("--no-raw", "qlen", "one-" + queue))  # the same count as qlen's
 
 
 def test_qscan_sums_lengths_and_filters_on_the_sum(disque: Callable[..., Result], clients: list[Client], queue: str) -> None:

@@ -142,6 +142,68 @@ def test_the_installed_wheel_runs_a_node(kind: str, venv: Path, built_head: str 
 
 
 
+# A user's code against the typed client (docs/client.md, "Types"): it must
+# pass `mypy --strict`, with no Any leaking out of a command; and a mistake
+# mypy must catch, which it cannot if the client's methods return Any.
+USER_CODE = """\
+from disque.client import AsyncClient, Client, Job, JobInfo, QueueStats
+
+
+def produce(c: Client) -> str:
+    return c.add_job("q", b"x", retry=10)
+
+
+def consume(c: Client) -> bytes | None:
+    job: Job | None = c.get_job("q", nohang=True)
+    if job is None:
+        return None
+    info: JobInfo | None = c.show(job.id)
+    stats: QueueStats | None = c.qstat("q")
+    n: int = c.qlen("q") + c.ack(job.id)
+    names = [name.upper() for name in c.qscan(minlen=1)]
+    return job.body if info and stats and n and names else None
+
+
+async def consume_async(c: AsyncClient) -> int:
+    job = await c.get_job("q", timeout_ms=100)
+    async for name in c.qscan():
+        print(name.upper())
+    await c.close()
+    return await c.qlen("q") + (len(job.body) if job else 0)
+"""
+USER_MISTAKE = """\
+from disque.client import Client
+
+
+def produce(c: Client) -> int:
+    return c.add_job("q", b"x")
+"""
+
+
+def check_types(python: Path, where: Path) -> None:
+    """`mypy --strict` in a user's project, with the package as `python` has it installed."""
+    (where / "app.py").write_text(USER_CODE)
+    (where / "mistake.py").write_text(USER_MISTAKE)
+    argv = [str(python), "-m", "mypy", "--strict", "--no-incremental"]
+    done = subprocess.run([*argv, "app.py"], cwd=where, capture_output=True, text=True, timeout=600)
+    assert (done.returncode, done.stdout) == (0, "Success: no issues found in 1 source file\n"), done.stdout + done.stderr
+    done = subprocess.run([*argv, "mistake.py"], cwd=where, capture_output=True, text=True, timeout=600)
+    assert 'mistake.py:5: error: Incompatible return value type (got "str", expected "int")' in done.stdout, done.stdout
+
+
+@pytest.mark.timeout(900)
+def test_the_installed_wheel_is_typed(venv: Path, tmp_path: Path) -> None:
+    done = subprocess.run([str(venv / "python"), "-m", "pip", "install", "-q", "mypy"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    check_types(venv / "python", tmp_path)
+
+
+@pytest.mark.skipif(Path(sys.prefix) != ROOT / ".venv" or not (ROOT / ".venv" / ".installed-run").exists(),
+                    reason="make run's editable install is in this checkout's .venv, which is not the one running the tests")  # fmt: skip
+def test_the_editable_install_is_typed(tmp_path: Path) -> None:
+    check_types(Path(sys.executable), tmp_path)  # mypy: a build requirement, which make run installs
+
+
 def make_extras(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), "extras", *args], capture_output=True, text=True, timeout=300)
 
@@ -161,7 +223,7 @@ def test_make_extras_adds_requirements_and_keeps_the_editable_install() -> None:
     assert "installing the requirements of the extra(s) dramatiq into .venv" in done.stdout
     assert installed_record() == before  # the package was not reinstalled, as a copy or at all
     done = make_extras("EXTRAS=dramatiq,nope")
-    assert done.returncode != 0 and "EXTRAS: one or more of test, spark, dramatiq, comma-separated" in done.stderr
+    assert done.returncode != 0 and "EXTRAS: one or more of test, spark, dramatiq, clients, otel, comma-separated" in done.stderr
     assert make_extras().returncode != 0  # EXTRAS is required
 
 

@@ -14,7 +14,7 @@ from client_helpers import queue, shared_node  # noqa: F401  (fixtures)
 
 from clusterkit import Cluster
 from disque.client import Client, Job
-from disque.client.worker import App, Worker, parse_period
+from disque.client.worker import App, BadSchedule, Worker, parse_period
 from disque.testing.devcluster import NodeProcess
 from disque.store.ids import tick_job_id
 
@@ -83,10 +83,11 @@ def test_ticks_survive_kill_9_and_restart(cluster):
 
 
 def test_periods_and_decorators_make_the_schedule_add_arguments() -> None:
-    assert [parse_period(p) for p in ("250ms", "90s", "5m", "1h", "1d", "2", 1.5)] == [
-        250, 90_000, 300_000, 3_600_000, 86_400_000, 2000, 1500]  # fmt: skip
-    with pytest.raises(ValueError, match="not a period"):
-        parse_period("soon")
+    assert [parse_period(p) for p in ("250ms", "90s", "5m", "1h", "1d", " 1.5H", 2, 1.5)] == [
+        250, 90_000, 300_000, 3_600_000, 86_400_000, 5_400_000, 2000, 1500]  # fmt: skip
+    for bad in ("soon", "5", "", "m", "5 minutes"):  # a string says its unit
+        with pytest.raises(ValueError, match=r"not a period: .* \(a number and its unit: 250ms, 90s, 5m, 1h, 1d\)"):
+            parse_period(bad)
     app = App("127.0.0.1:7711")
 
     @app.every("5m")
@@ -126,3 +127,13 @@ def test_a_worker_registers_its_schedule_and_runs_the_ticks(backend: str, shared
     finally:
         with Client(app.nodes) as c:
             c.execute_command("SCHEDULE", "DEL", queue)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_refused_schedule_stops_the_worker_with_its_name(backend: str, shared_node: NodeProcess, queue: str) -> None:
+    app = App(f"{shared_node.host}:{shared_node.port}")
+    app.cron("0 25 * * *", queue, name="nightly")(lambda job: None)
+    with pytest.raises(BadSchedule) as info:  # the error itself, not the task groups' ExceptionGroup
+        anyio.run(functools.partial(Worker(app).run, signals=False), backend=backend)
+    assert str(info.value) == (f"schedule 'nightly' (queue '{queue}'): invalid CRON expression: the hour field \"25\" must be 0-23; "
+                               "5 fields: minute hour day month weekday")  # fmt: skip
