@@ -298,7 +298,8 @@ class Waiting:
 @dataclass(frozen=True, slots=True)
 class SchedSet:
     """A schedule's definition (store/schedule.py's storage form, checked by
-    the codec), told to every node; the newer version wins."""
+    the core, which drops a bad one alone), told to every node; the newer
+    version wins."""
 
     record: bytes
 

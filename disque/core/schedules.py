@@ -75,6 +75,7 @@ from disque.store import schedule as records
 from disque.store.aof import SCHEDTICK, SCHEDULE, encode_record
 from disque.store.ids import tick_job_id
 from disque.store.job import State
+from disque.store.records import DecodeError
 from disque.store.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -169,6 +170,7 @@ class Schedules:
         self.runs: dict[bytes, Run] = {}
         self.client = Connection(0, addr="schedule")  # adds the ticks' jobs (ASYNC: never waits)
         self.fired = self.late = self.collapsed = self.refused = 0
+        self.dropped = 0  # records that broke a rule, from the bus or the AOF
 
     @property
     def grace(self) -> int:
@@ -228,9 +230,19 @@ class Schedules:
     # ------------------------------------------------------------ the bus and the AOF
 
     def on_sched_set(self, sender: str, msg: m.SchedSet) -> None:
-        s = records.decode(msg.record)  # the codec checked it
-        if s.newer(self.defs.get(s.name)):
+        s = self._checked(msg.record, f"from {sender}")
+        if s is not None and s.newer(self.defs.get(s.name)):
             self._keep(s)
+
+    def _checked(self, record: bytes, source: str) -> Schedule | None:
+        """The record decoded; None for a bad one, dropped alone (logged and
+        counted): the link it came on and the file it is in stay in use."""
+        try:
+            return records.decode(record)
+        except DecodeError as e:
+            self.dropped += 1
+            log.warning("Schedule record %s dropped: %s", source, e)
+            return None
 
     def on_ticked(self, sender: str, msg: m.Ticked) -> None:
         run = self.runs.get(msg.name)
@@ -268,10 +280,10 @@ class Schedules:
         return msgs
 
     def replay(self, args: list[bytes]) -> None:
-        """A SCHEDULE or SCHEDTICK record (checked by the loader)."""
+        """A SCHEDULE or SCHEDTICK record (framing and arity checked by the loader)."""
         if args[0].upper() == SCHEDULE:
-            s = records.decode(args[1])
-            if s.newer(self.defs.get(s.name)):
+            s = self._checked(args[1], "in the AOF")
+            if s is not None and s.newer(self.defs.get(s.name)):
                 self.defs[s.name] = s
                 if s.deleted:
                     self.runs.pop(s.name, None)
@@ -400,6 +412,7 @@ class Schedules:
             ("schedules", len(self.runs)), ("schedules_paused", sum(self.defs[n].paused for n in self.runs)),
             ("schedule_ticks_fired", self.fired), ("schedule_ticks_late", self.late),
             ("schedule_ticks_collapsed", self.collapsed), ("schedule_ticks_refused", self.refused),
+            ("schedule_records_dropped", self.dropped),
         ]  # fmt: skip
 
 

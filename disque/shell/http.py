@@ -242,6 +242,8 @@ class NodeCollector:
                 sched["schedule_ticks_collapsed"])  # fmt: skip
         counter("schedule_ticks_refused", "Ticks whose job ADDJOB refused (a full or paused queue, memory).",
                 sched["schedule_ticks_refused"])  # fmt: skip
+        counter("schedule_records_dropped", "Schedule records from the bus or the AOF that broke a rule, dropped alone.",
+                sched["schedule_records_dropped"])  # fmt: skip
         return out
 
     @staticmethod

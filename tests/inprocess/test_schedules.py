@@ -312,7 +312,7 @@ def test_decoding_any_bytes_returns_a_record_or_raises_decode_error(data):
     assert records.encode(s) == data
 
 
-def test_bus_messages_round_trip_and_bad_records_drop_the_link():
+def test_bus_messages_round_trip_and_a_bad_record_is_dropped_alone(env):
     from disque.cluster.messages import Header
 
     header = Header("a" * 40, 7711, 0)
@@ -321,8 +321,40 @@ def test_bus_messages_round_trip_and_bad_records_drop_the_link():
         assert decode_body(encode_body(header, msg))[1] == msg
     decoder = FrameDecoder()
     decoder.feed(encode_frame(header, m.SchedSet(b"garbage")))
-    with pytest.raises(FrameError):
-        decoder.next_frame()
+    sender, msg = decoder.next_frame()  # well framed: the link stays, the core checks the record
+    nameless = records.encode(Schedule(b"n", 5, "a" * 40, b"q", b"b", 1000)).replace(b"\xc4\x01n", b"\xc4\x00", 1)
+    for bad in (msg, m.SchedSet(nameless)):
+        env.core.schedules.on_sched_set("b" * 40, bad)
+    env.core.schedules.on_sched_set("b" * 40, m.SchedSet(record))
+    assert env.core.schedules.names() == [b"n"]
+    assert dict(env.core.schedules.info_fields())["schedule_records_dropped"] == 2
+
+
+@pytest.mark.parametrize(
+    "field, value, rule",
+    [
+        ("name", b"", "name must be 1 to 256 bytes"), ("name", b"x" * 257, "name must be 1 to 256 bytes"),
+        ("name", b"a\nb", "without control characters"), ("cron", b"*" * 1025, "at most 1024 bytes"),
+        ("tz", b"x" * 1025, "at most 1024 bytes"), ("queue", b"q" * 65537, "queue names must be at most"),
+        ("dead_letter", b"q" * 65537, "queue names must be at most"), ("body", b"b" * ((64 << 20) + 1), "body must be at most"),
+    ],
+)  # fmt: skip
+def test_one_rule_per_record_for_the_command_the_bus_and_the_aof(env, field, value, rule):
+    from dataclasses import replace
+
+    bad = replace(Schedule(b"n", 5, "a" * 40, b"q", b"b", 1000), **{field: value})
+    assert rule in records.broken_rule(bad)
+    with pytest.raises(records.RuleError, match=rule):
+        records.decode(records.encode(bad))
+    args = {"name": b"n", "queue": b"q", "body": b"b", "dead_letter": None, "cron": None, "tz": None}
+    args[field] = value
+    words = [b"SCHEDULE", b"ADD", args["name"], args["queue"], args["body"]]
+    words += [b"CRON", args["cron"] or b"* * * * *"] if args["cron"] or args["tz"] else [b"EVERY", b"1000"]
+    words += [b"TZ", args["tz"]] if args["tz"] else []
+    words += [b"MAXATTEMPTS", b"1", b"DEADLETTER", args["dead_letter"]] if args["dead_letter"] else []
+    reply = env(*words)
+    assert isinstance(reply, Exception) and rule in str(reply)
+    assert env("SCHEDULE", "LIST") == []
 
 
 def test_aof_records_are_logged_replayed_and_rewritten(env):
@@ -347,13 +379,21 @@ def test_aof_records_are_logged_replayed_and_rewritten(env):
         assert core2.schedules.defs == env.core.schedules.defs
 
 
-def test_schedule_records_are_checked():
+def test_schedule_records_are_checked_and_a_bad_one_is_skipped_alone(env):
     good = records.encode(Schedule(b"n", 5, "a" * 40, b"q", b"b", 1000))
     assert check_record(0, [b"SCHEDULE", good]) is None
+    assert check_record(0, [b"SCHEDULE", b"x"]) is None  # well framed: replay skips it alone
     assert check_record(0, [b"SCHEDTICK", b"n", b"1000", b"a" * 40]) is None
-    for bad in ([b"SCHEDULE", b"x"], [b"SCHEDULE"], [b"SCHEDTICK", b"n", b"-1", b"a"], [b"SCHEDTICK", b"n", b"1"]):
+    for bad in ([b"SCHEDULE"], [b"SCHEDTICK", b"n", b"-1", b"a"], [b"SCHEDTICK", b"n", b"1"]):
         with pytest.raises(AofCorrupt):
             check_record(0, bad)
+    rep = env.core.begin_load()
+    rep.apply(0, [b"SCHEDULE", b"x"])
+    rep.apply(0, [b"SCHEDULE", good.replace(b"\xc4\x01n", b"\xc4\x00", 1)])
+    rep.apply(0, [b"SCHEDULE", good])
+    env.core.end_load()
+    assert env.core.schedules.names() == [b"n"]
+    assert dict(env.core.schedules.info_fields())["schedule_records_dropped"] == 2
 
 
 def test_a_tick_record_of_an_unknown_schedule_is_ignored(env):
@@ -530,3 +570,25 @@ def test_figures_list_every_schedule_for_the_dashboard(env):
     assert b["next-tick"] == b["last-tick"] + 1000
     assert fig["schedules"]["schedules"] == 2 and fig["schedules"]["schedules_paused"] == 1
     assert fig["schedules"]["schedule_ticks_fired"] == 1
+
+
+_words = st.sampled_from([b"EVERY", b"CRON", b"TZ", b"REPLICATE", b"TTL", b"RETRY", b"DELAY", b"MAXLEN", b"MAXATTEMPTS",
+                          b"DEADLETTER", b"ZONES", b"PRIORITY", b"ASYNC", b"1000", b"0", b"-1", b"* * * * *", b"UTC", b""])  # fmt: skip
+_args = st.lists(st.one_of(_words, st.binary(max_size=40), st.text(max_size=40).map(str.encode)), max_size=12)
+
+
+_adds = st.tuples(
+    st.just(b"ADD"), st.binary(max_size=300), st.binary(max_size=20), st.binary(max_size=20),
+    st.sampled_from([b"EVERY", b"CRON"]), st.one_of(_words, st.binary(max_size=2000)),
+).map(list)  # fmt: skip
+
+
+@given(sub=st.one_of(_adds, st.sampled_from([b"ADD", b"DEL", b"SHOW", b"PAUSE", b"RESUME", b"LIST", b"x"]).map(lambda w: [w])),
+       args=_args)  # fmt: skip
+def test_any_schedule_arguments_answer_ok_or_an_error_and_keep_only_good_records(sub, args):
+    s = ClockedSession()
+    reply = s(b"SCHEDULE", *sub, *args)
+    assert not isinstance(reply, Exception) or str(reply)
+    for rec in s.core.schedules.defs.values():  # what the bus and the AOF would carry: each passes their check
+        assert records.decode(records.encode(rec)) == rec
+    assert s("PING") == b"PONG"

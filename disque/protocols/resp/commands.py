@@ -36,7 +36,7 @@ from disque.core.types import NIL_ARRAY, SILENT, Command, Connection, Map, Statu
 from disque.core.lifecycle import check_job_options
 from disque.core.node import NodeCore
 from disque.core.schedules import MIN_EVERY, check_cron
-from disque.store.schedule import Schedule
+from disque.store.schedule import Schedule, broken_rule
 from disque.store.job import DEFAULT_PRIORITY, MAX_PRIORITY, STATE_BY_NAME, STATE_NAMES, Job, State
 from disque.store.queue import PAUSE_IN, PAUSE_NAMES, PAUSE_OUT, Queue
 
@@ -168,22 +168,27 @@ def _schedule_add(node: NodeCore, argv: list[bytes]) -> Any:
         if tz:
             raise err("TZ goes with CRON")
     elif kind == b"cron":
-        check_cron(spec, tz)
         cron = spec
     else:
         raise errors.syntax()
     values, _, dead_letter = job_options(argv, i)  # ASYNC or not, a tick's job never waits: it has no client
     repl, ttl, retry, delay, maxlen, max_attempts, zones, priority = values
+    s = Schedule(
+        argv[2], 0, "", argv[3], argv[4], every, cron, tz, since=node.now, repl=repl or 0, ttl=ttl or 0,
+        retry=-1 if retry is None else retry, delay=delay or 0, maxlen=maxlen or 0, max_attempts=max_attempts or 0,
+        dead_letter=dead_letter or b"", zones=zones or 0, priority=-1 if priority is None else priority,
+    )  # fmt: skip
+    rule = broken_rule(s)  # the rules the bus and the AOF apply (before a long expression is parsed)
+    if rule:
+        raise err(rule)
+    if cron:
+        check_cron(cron, tz)
     if dead_letter is not None and max_attempts is None:
         raise err("DEADLETTER needs MAXATTEMPTS")
     check_job_options(repl or 3, retry, delay or 0, ttl or 86400)
     if zones is not None and zones > (repl or 3):
         raise err("ZONES can't be greater than the replication level")
-    node.schedules.add(Schedule(
-        argv[2], 0, "", argv[3], argv[4], every, cron, tz, since=node.now, repl=repl or 0, ttl=ttl or 0,
-        retry=-1 if retry is None else retry, delay=delay or 0, maxlen=maxlen or 0, max_attempts=max_attempts or 0,
-        dead_letter=dead_letter or b"", zones=zones or 0, priority=-1 if priority is None else priority,
-    ))  # fmt: skip
+    node.schedules.add(s)
     return OK
 
 
