@@ -40,7 +40,7 @@ from typing import IO, Any
 
 import click
 
-from disque.cli.session import Failure, Session
+from disque.cli.session import DEFAULT_TIMEOUT, Failure, Session
 
 # name: (arguments, summary), for `help`, completion and the prompt's hint line.
 SERVER_COMMANDS: dict[str, tuple[str, str]] = {
@@ -263,10 +263,12 @@ named on stderr and the exit status is 1.  Server commands (QLEN, QSTAT,
 @click.option("--raw", "mode", flag_value="raw", help="Print bare reply values, one per line (the default when stdout is not a terminal).")
 @click.option("--no-raw", "mode", flag_value="pretty", help="Print tables even when stdout is not a terminal.")
 @click.option("--cluster/--local", default=None, help="Every node's figures, or the connected node's, for the subcommands that take this option.")
+@click.option("-t", "--timeout", default=DEFAULT_TIMEOUT, show_default=True, type=click.FloatRange(0),
+              help="Seconds to wait to connect and for each reply (0: forever); GETJOB, ADDJOB, WAITJOB, QNOTIFY and MONITOR wait as long as they ask.")  # fmt: skip
 @click.option("-v", "--version", is_flag=True, expose_value=False, is_eager=True, callback=print_version, help="Print the version and the git revision.")
 @click.pass_context
 def cli(ctx: click.Context, host: str, port: int, password: str | None, tls: bool, cacert: str | None,
-        cert: str | None, key: str | None, mode: str | None, cluster: bool | None) -> None:  # fmt: skip
+        cert: str | None, key: str | None, mode: str | None, cluster: bool | None, timeout: float) -> None:  # fmt: skip
     if (cacert or cert or key) and not tls:
         raise click.UsageError("--cacert, --cert and --key need --tls")
     if cluster is not None and ctx.invoked_subcommand is not None:
@@ -274,7 +276,7 @@ def cli(ctx: click.Context, host: str, port: int, password: str | None, tls: boo
         if command is None or "cluster" not in {p.name for p in command.params}:
             raise click.UsageError(f"--cluster and --local apply to {', '.join(SCOPED)}, not to {ctx.invoked_subcommand}")
     options = {"tls": True, "tls_ca_cert": cacert, "tls_cert": cert, "tls_key": key} if tls else {}
-    ctx.obj = Session(host, port, password, mode or ("pretty" if sys.stdout.isatty() else "raw"), options, cluster)
+    ctx.obj = Session(host, port, password, mode or ("pretty" if sys.stdout.isatty() else "raw"), options, cluster, timeout=timeout)
     if ctx.invoked_subcommand is None:
         from disque.cli.prompt import prompt_loop, script_loop
 
