@@ -30,7 +30,11 @@ the body):
 The two POSTs need, with `requirepass` set, the same password, sent as
 `Authorization: Bearer <password>` (or HTTP basic auth, any user name),
 checked by the core's own AUTH before the body is looked at; the requeue
-hands the same header to the other nodes.
+hands the same header to the other nodes.  With or without a password they
+need a same-origin JSON request (`_cross_site`: `Content-Type:
+application/json`, and an `Origin`, when sent, naming the `Host`), else 403:
+another site's page open in a browser cannot pause a queue or requeue dead
+letters (docs/security.md).
 
 What one client can cost is bounded:
 
@@ -73,7 +77,7 @@ import base64
 import json
 import logging
 import traceback
-from urllib.parse import quote, unquote_to_bytes
+from urllib.parse import quote, unquote_to_bytes, urlsplit
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from http import HTTPStatus
@@ -521,8 +525,9 @@ class HttpPort:
         self, headers: dict[bytes, bytes], peer: str, local: str, act: Callable[[RequestConn], Awaitable[tuple[int, str, bytes]]]
     ) -> tuple[int, str, bytes]:  # fmt: skip
         """`act` on a client of the request once the password (with
-        `requirepass`) is right: checked first, so that nothing of the body
-        is read for a client without it."""
+        `requirepass`) is right, checked first so that nothing of the body
+        is read for a client without it, and the request is a same-origin
+        JSON one (`_cross_site`)."""
         password = _password(headers.get(b"authorization", b""))
         if self.requirepass() and password is None:
             return self._json(401, {"error": str(errors.noauth())})
@@ -532,6 +537,9 @@ class HttpPort:
                 if isinstance(reply, DisqueError) or not conn.client.authenticated:
                     status = 429 if reply == errors.auth_refused() else 401
                     return self._json(status, {"error": str(reply) if isinstance(reply, DisqueError) else "ERR invalid password"})
+            refusal = _cross_site(headers)
+            if refusal:
+                return self._json(403, {"error": refusal})
             return await act(conn)
 
     async def _pause(self, queue: str, headers: dict[bytes, bytes], body: bytes, peer: str, local: str) -> tuple[int, str, bytes]:
@@ -705,6 +713,27 @@ def _body_field(body: bytes, name: str, allowed: tuple[str, ...], default: str |
     except (ValueError, AttributeError, RecursionError):  # not JSON, not an object, nested too deep
         return None
     return value if value in allowed else None
+
+
+def _cross_site(headers: dict[bytes, bytes]) -> str:
+    """Why a state-changing request may come from another site's page ("":
+    it cannot).  A page may POST `text/plain` or a form anywhere without
+    asking first; a JSON POST to another origin needs a CORS preflight this
+    port never grants.  So: `Content-Type: application/json`, and an
+    `Origin` (browsers send it with every POST) naming this host and port."""
+    media = headers.get(b"content-type", b"").partition(b";")[0].strip().lower()
+    if media != b"application/json":
+        return "a state-changing request must be Content-Type: application/json"
+    origin = headers.get(b"origin")
+    if origin is None:  # not a browser's (curl, a script, a peer node forwarding a requeue)
+        return ""
+    try:
+        netloc = urlsplit(origin.decode("latin-1")).netloc
+    except ValueError:  # ("http://[x": not an address)
+        netloc = ""
+    if not netloc or netloc.lower() != headers.get(b"host", b"").decode("latin-1").lower():
+        return "a state-changing request must come from the dashboard's own origin"
+    return ""
 
 
 def _plain(value: Any) -> Any:
