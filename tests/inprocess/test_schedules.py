@@ -592,3 +592,78 @@ def test_any_schedule_arguments_answer_ok_or_an_error_and_keep_only_good_records
     for rec in s.core.schedules.defs.values():  # what the bus and the AOF would carry: each passes their check
         assert records.decode(records.encode(rec)) == rec
     assert s("PING") == b"PONG"
+
+
+# ---------------------------------------------------------------- cost
+
+
+def test_a_pass_looks_only_at_the_schedules_due(env, monkeypatch):
+    started(env)
+    for i in range(300):
+        env("SCHEDULE", "ADD", f"s{i}", "q", "x", "EVERY", 3_600_000)
+    env("SCHEDULE", "ADD", "often", "q", "x", "EVERY", 1000)
+    run(env, 200)  # the first look at each new schedule, PASS_MAX a pass
+    looked: list[bytes] = []
+    real = Schedules._due
+    monkeypatch.setattr(Schedules, "_due", lambda self, s, *a: looked.append(s.name) or real(self, s, *a))
+    run(env, 3000)
+    assert looked and set(looked) == {b"often"}  # the hourly ones wait for their hour in the heap
+    assert env("SCHEDULE", "PAUSE", "often") == b"OK"
+    looked.clear()
+    run(env, 2000)
+    assert looked == []  # paused: not looked at until RESUME (a new record) wakes it
+    env("SCHEDULE", "RESUME", "often")
+    run(env, 100)
+    assert looked == [b"often"]
+
+
+def test_a_pass_looks_at_most_at_pass_max_schedules(env, monkeypatch):
+    from disque.core import schedules as module
+
+    monkeypatch.setattr(module, "PASS_MAX", 2)
+    started(env)
+    for i in range(5):
+        env("SCHEDULE", "ADD", f"s{i}", "q", "x", "EVERY", 3_600_000)
+    waiting = []
+    for _ in range(3):
+        run(env, 100)
+        waiting.append(sum(at <= env.clock.ms for at in env.core.schedules.due_at.values()))
+    assert waiting == [3, 1, 0]
+
+
+def test_records_are_counted_in_used_memory_and_refused_at_the_limit():
+    env = ClockedSession(maxmemory=2_000_000)
+    started(env)
+    before = env.core.memory.used
+    assert env("SCHEDULE", "ADD", "s", "q", b"x" * 100_000, "EVERY", 1000) == b"OK"
+    assert env.core.memory.used - before == env.core.schedules.size() > 100_000
+    for i in range(30):
+        reply = env("SCHEDULE", "ADD", f"big{i}", "q", b"x" * 100_000, "EVERY", 3_600_000)
+        if isinstance(reply, Exception):
+            break
+    assert isinstance(reply, Exception) and "OOM" in str(reply)
+    assert env.core.memory.used <= 2_000_000 + 200_000
+    env("SCHEDULE", "ADD", "s", "q", b"y", "EVERY", 1000)  # replaced: the old body no longer counted
+    assert env.core.memory.data() - env.core.memory.base == env.core.schedules.size()
+
+
+def test_a_tombstone_expires_a_day_after_the_deletion(env):
+    from disque.core.schedules import TOMBSTONE_MS
+
+    started(env)
+    env("SCHEDULE", "ADD", "gone", "q", "x", "EVERY", 1000)
+    base = env.core.memory.used - env.core.schedules.size()
+    assert env("SCHEDULE", "DEL", "gone") == 1
+    assert env.core.schedules.defs[b"gone"].deleted
+    env.clock.advance(TOMBSTONE_MS - 1000)
+    run(env, 500)
+    assert b"gone" in env.core.schedules.defs  # not yet
+    run(env, 1000)
+    assert b"gone" not in env.core.schedules.defs and env.core.memory.used == base
+    ahead = Schedule(b"ahead", env.clock.ms + 5000, "b" * 40, deleted=True)  # made by a node whose clock is ahead
+    env.core.schedules.on_sched_set("b" * 40, m.SchedSet(records.encode(ahead)))
+    env.clock.advance(TOMBSTONE_MS)
+    run(env, 100)
+    assert b"ahead" in env.core.schedules.defs
+    run(env, 5000)
+    assert b"ahead" not in env.core.schedules.defs

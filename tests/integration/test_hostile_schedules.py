@@ -2,14 +2,18 @@
 breaks a record rule is refused by the command, naming the rule, and never
 reaches the bus or the AOF; a bad record that still arrives (an older node,
 a hand-made frame) is dropped alone and the link stays; a bad record in the
-AOF is skipped at start and the node comes up."""
+AOF is skipped at start and the node comes up; schedules count in the
+node's memory and are refused at maxmemory; ten thousand of them leave the
+node as quick as none."""
 
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from clusterkit import Cluster
 from disque.cluster.codec import encode_frame
@@ -66,3 +70,43 @@ def test_a_bad_record_in_the_aof_is_skipped_and_the_node_starts(cluster):
     cluster.restart(2)
     assert cluster.call(2, "SCHEDULE", "LIST") == [b"s"] and dropped(cluster, 2) == 1
     assert "Schedule record in the AOF dropped" in node.log_path.read_text()
+
+
+def test_schedules_count_in_used_memory_and_are_refused_at_maxmemory(spawn):
+    node = spawn("--maxmemory", "60mb")
+    with redis.Redis(port=node.port) as r:
+        body = b"x" * (5 << 20)
+        added = 0
+        for i in range(100):
+            try:
+                r.execute_command("SCHEDULE", "ADD", f"big{i}", "q", body, "EVERY", 3_600_000)
+            except redis.ResponseError as e:
+                assert "maxmemory" in str(e)
+                break
+            added += 1
+        assert 8 <= added <= 12
+        memory = r.execute_command("INFO", "memory")
+        assert memory["used_memory"] >= added * (5 << 20)
+        assert r.execute_command("SCHEDULE", "DEL", "big0") == 1  # room again
+        r.execute_command("SCHEDULE", "ADD", "small", "q", "x", "EVERY", 3_600_000)
+
+
+@pytest.mark.slow
+def test_ten_thousand_schedules_leave_ping_fast(spawn):
+    """10,000 schedules: a pass looks only at those due (a heap), so the
+    node answers as quickly as with none."""
+    node = spawn()
+    with redis.Redis(port=node.port) as r:
+        pipe = r.pipeline(transaction=False)
+        for i in range(10_000):
+            pipe.execute_command("SCHEDULE", "ADD", f"s{i}", "q", "x", "EVERY", 3_600_000)
+        pipe.execute()
+        took = []
+        end = time.monotonic() + 4
+        while time.monotonic() < end:
+            began = time.perf_counter()
+            r.ping()
+            took.append(time.perf_counter() - began)
+            time.sleep(0.004)  # (about 25 of the node's cron passes a pass of 100 ms each)
+        took.sort()
+        assert took[int(len(took) * 0.99)] <= 0.010, (took[len(took) // 2], took[int(len(took) * 0.99)], took[-1])
