@@ -29,6 +29,7 @@ it calls, bound once they exist (`bind`).
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -73,6 +74,7 @@ S_ACKED: Final = State.ACKED
 WILLQUEUE_LEAD: Final = 500
 GC_MAX_DELAY: Final = 180_000
 EVENT_REPL_TIMEOUT = 5000  # ms a QADD waits for its replicas (then -NOREPL), as a Kestrel SET
+SLICE: Final = 200  # jobs a long command (DEADLETTER REQUEUE, QFLUSH) handles before other clients run
 EVENT_COPIES: Final = 3  # an event lives on min(3, cluster size) nodes
 OK = Status(b"OK")
 
@@ -568,23 +570,28 @@ class Lifecycle:
         self.stats.dead_lettered += 1
         self.move_job(job, job.dead_letter, job.nacks, job.deliv, job.max_attempts, job.queue, job.id)  # type: ignore[arg-type]
 
-    def requeue_dead_letters(self, name: bytes, count: int) -> int:
+    def requeue_dead_letters(self, name: bytes, count: int) -> Generator[None, None, int]:
         """DEADLETTER REQUEUE (an extension, docs/commands.md): at most
         `count` of the dead-lettered copies queued here in `name`, oldest
         first, go back to the queue they came from as new jobs with fresh
         attempt counts, their MAXATTEMPTS, and `name` as their dead-letter
         queue.  Copies that do not say where they came from (made by an
-        older version) stay.  Returns how many went."""
-        queue = self.queues.get(name)
-        if queue is None:
-            return 0
-        ids = [job.id for job in islice((j for j in queue.oldest() if j.origin and j.dead_letter), count)]
-        for done, job_id in enumerate(ids):
-            job = self.jobs.get(job_id)  # read-behind loads a copy it keeps on disk
-            if job is None:  # a disk that fails to read (MISCONF): the rest stay for another call
+        older version) stay.  Yields after each SLICE jobs (Blocking.in_slices:
+        other clients run in between); returns how many went."""
+        done = 0
+        while True:
+            queue = self.queues.get(name)
+            want = min(SLICE, count - done)
+            ids = [] if queue is None else [job.id for job in islice((j for j in queue.oldest() if j.origin and j.dead_letter), want)]
+            for job_id in ids:
+                job = self.jobs.get(job_id)  # read-behind loads a copy it keeps on disk
+                if job is None:  # a disk that fails to read (MISCONF): the rest stay for another call
+                    return done
+                self.move_job(job, job.dead_letter, 0, 0, job.max_attempts, name, b"")
+                done += 1
+            if len(ids) < want or done == count:
                 return done
-            self.move_job(job, job.dead_letter, 0, 0, job.max_attempts, name, b"")
-        return len(ids)
+            yield
 
     def move_job(
         self, job: Job, queue: bytes, nacks: int, deliv: int, max_attempts: int, dead_letter: bytes, origin: bytes

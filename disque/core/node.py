@@ -160,7 +160,7 @@ class NodeCore:
     def next_deadline(self) -> int:
         """Absolute ms when `tick` must run next (the scheduler, jobs on
         disk, blocked clients' timeouts and the 100 ms client cron)."""
-        at = self._last_cron + BLOCKED_CRON_MS
+        at = self.lifecycle.now if self.blocking.sliced else self._last_cron + BLOCKED_CRON_MS  # (a long command's next slice)
         for awake in (self.jobs.next_awake(), self.jobs.spilled.next_awake(), self.blocking.timeouts.next()):
             if awake is not None:
                 at = min(at, awake)
@@ -193,6 +193,7 @@ class NodeCore:
         for job in self.jobs.due(now):
             life.process_job(job)
         self.blocking.time_out(now)
+        self.blocking.step_slices()
         if now - self._last_cron >= BLOCKED_CRON_MS:
             self._last_cron = now
             self.membership.timeout = self.config.cluster_node_timeout

@@ -93,6 +93,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from disque.core import errors
 from disque.core.errors import DisqueError
 from disque.core.figures import client_figures, dead_letter_figures, group_figures, node_figures
+from disque.core.lifecycle import SLICE
 from disque.core.node import NodeCore
 from disque.core.rate_history import merge
 from disque.core.types import BLOCKED, NIL_ARRAY, Map, Status
@@ -116,7 +117,7 @@ MAX_DEAD_LETTER_QUEUES = 100  # dead-letter queues in the overview ...
 DEAD_LETTER_SAMPLE = 5  # ... with their oldest jobs
 DEAD_LETTER_SECONDS = 5.0  # the dead-letter queues are looked for at most this often (a walk of every queue)
 HISTORY_SECONDS = 5.0  # the cluster's rate history is gathered at most this often
-REQUEUE_BATCH = 1000  # dead letters per DEADLETTER REQUEUE: the loop runs between two batches
+REQUEUE_BATCH = SLICE  # dead letters per DEADLETTER REQUEUE: one slice, answered at once; the loop runs between two
 REQUEUE_TIMEOUT = 60.0  # seconds for another node to requeue its dead letters
 LOG_INTERVAL = 1.0  # seconds between two logged errors of the port
 WEB = resources.files("disque.shell") / "web"

@@ -270,7 +270,7 @@ def cmd_nack(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
 
 
 @command("deadletter", -3, "wm")
-def cmd_deadletter(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
+def cmd_deadletter(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     """DEADLETTER REQUEUE <queue> [COUNT n] (an extension, node.requeue_dead_letters):
     this node's dead letters queued in <queue> back to their queues; the
     CLI and the dashboard ask every node (docs/commands.md)."""
@@ -281,7 +281,7 @@ def cmd_deadletter(node: NodeCore, client: Connection, argv: list[bytes]) -> int
         count = int_or(argv[4], errors.not_integer)
         if count <= 0:
             raise err("COUNT must be a number greater than zero")
-    return node.lifecycle.requeue_dead_letters(argv[2], count)
+    return node.blocking.in_slices(client, node.lifecycle.requeue_dead_letters(argv[2], count))
 
 
 @command("dequeue", -1, "wF")
