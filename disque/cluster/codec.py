@@ -176,6 +176,7 @@ _GOSSIP = _Field(
 # Added after the first version: an older node sends none (0) and ignores it.
 _FEATURES = _Field("features", "ft", _BITS, default=0)
 _ZONE = _Field("zone", "z", _Zone(), default="")  # optional: older nodes send none
+_CLOCK = _Field("clock", "ck", _UINT, default=0)  # optional: older nodes send none
 _ID = _Field("id", "i", _job_id)
 _JOBS = _Field("jobs", "j", _ListOf(_wire_job, 1), _Each(_dump_wire_job),
                pos=(_ListOf(_wire_job_pos, 1), _Each(_dump_wire_job_pos)))  # fmt: skip
@@ -194,9 +195,9 @@ _WAIT_ENTRIES = _Field(
 # type is its row number (from 1): new types go at the end, and so do new
 # fields of a row, with a default (a body of an older node lacks them).
 _ROWS: tuple[tuple[Any, ...], ...] = (
-    ("PING", Ping, (_GOSSIP, _FEATURES, _ZONE)),
-    ("PONG", Pong, (_GOSSIP, _FEATURES, _ZONE)),
-    ("MEET", Meet, (_GOSSIP, _FEATURES, _ZONE)),
+    ("PING", Ping, (_GOSSIP, _FEATURES, _ZONE, _CLOCK)),
+    ("PONG", Pong, (_GOSSIP, _FEATURES, _ZONE, _CLOCK)),
+    ("MEET", Meet, (_GOSSIP, _FEATURES, _ZONE, _CLOCK)),
     ("FAIL", Fail, (_Field("node", "n", _node_id),)),
     ("REPLJOB", ReplJob, (_Field("job", "j", _wire_job, _dump_wire_job, pos=(_wire_job_pos, _dump_wire_job_pos)),), (("noreply", NOREPLY),)),
     ("GOTJOB", GotJob, (_ID,)),

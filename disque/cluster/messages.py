@@ -76,6 +76,7 @@ class Ping:
     gossip: tuple[GossipEntry, ...] = ()
     features: int = 0  # the sender's FEATURE_* bits (0: an older node that sends none)
     zone: str = ""  # the sender's zone (docs/zones.md); "" from a node without one
+    clock: int = 0  # the sender's clock (ms) as it sent this (0: an older node that sends none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +84,7 @@ class Pong:
     gossip: tuple[GossipEntry, ...] = ()
     features: int = 0  # the sender's FEATURE_* bits (0: an older node that sends none)
     zone: str = ""  # the sender's zone (docs/zones.md); "" from a node without one
+    clock: int = 0  # the sender's clock (ms) as it sent this (0: an older node that sends none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,7 @@ class Meet:
     gossip: tuple[GossipEntry, ...] = ()
     features: int = 0  # the sender's FEATURE_* bits (0: an older node that sends none)
     zone: str = ""  # the sender's zone (docs/zones.md); "" from a node without one
+    clock: int = 0  # the sender's clock (ms) as it sent this (0: an older node that sends none)
 
 
 @dataclass(frozen=True, slots=True)

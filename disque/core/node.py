@@ -116,7 +116,7 @@ class NodeCore:
         self.acks = Acks(life, self.out, self.replication, self.blocking)
         self.items = Items(life, self.out, self.acks, self.blocking, self.clients)
         self.groups = Groups(life, self.out, self.memory, self.blocking)
-        self.schedules = Schedules(life, now)
+        self.schedules = Schedules(life, now, clock)
         life.bind(self.groups, self.acks, self.items, self.replication, self.blocking, self.federation)
         # Read-behind (core/read_behind.py) sits behind the job store; kept here for the shell and INFO.
         self.read_behind: ReadBehind | None = read_behind.install(life, bodies, config.read_behind)

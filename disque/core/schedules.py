@@ -52,6 +52,14 @@ A tick due before it woke may still be in the hands of the next node in
 line, whose turn may come at any moment: it waits for that turn to pass,
 and `grace / 2` more to hear of it, before firing the tick itself.
 
+Ticks follow the time the nodes agree on, not this node's clock alone:
+each pass takes `offset`, the lower median of the clock offsets its peers'
+PING and PONG said and its own (how far its wall clock is behind its node
+clock, which leans back only 1 % a second after a step), and the ticks,
+the window, the turns and the heap run on `now + offset`; so a node whose
+clock is ahead fires no tick early (docs/schedules.md, "A clock far from
+the others'").
+
 What a schedule costs: the cron looks at a schedule only when it is due
 (`due`, a heap of when each needs a look next: its next tick, or the turn
 of a tick still waiting; a change wakes it at once), at most PASS_MAX a
@@ -80,7 +88,7 @@ from zoneinfo import ZoneInfo
 from disque.cluster import messages as m
 from disque.cluster.membership import NOADDR
 from disque.core import errors
-from disque.core.types import Connection, Map
+from disque.core.types import Clock, Connection, Map
 from disque.store import schedule as records
 from disque.store.aof import SCHEDTICK, SCHEDULE, encode_record
 from disque.store.ids import tick_job_id
@@ -177,8 +185,10 @@ def ticks_back(s: Schedule, at: int) -> Iterator[int]:
 
 
 class Schedules:
-    def __init__(self, life: Lifecycle, started: int) -> None:
+    def __init__(self, life: Lifecycle, started: int, clock: Clock) -> None:
         self.life = life
+        self.clock = clock  # (its wall clock: a node clock still leaning back from a step must not run ticks early)
+        self.offset = 0  # the agreed time minus this node's clock, as the last pass found it
         self.out = life.out
         self.config = life.config
         self.started = started  # ms this node started
@@ -201,6 +211,7 @@ class Schedules:
 
     def add(self, s: Schedule) -> None:
         """SCHEDULE ADD: a new definition, or none if it is the one in force."""
+        s = replace(s, since=s.since + self.offset)  # (the ticks after the ADD by the agreed time)
         known = self.defs.get(s.name)
         if known is not None and not known.deleted:
             if replace(known, version=0, origin="", since=0, paused=False) == replace(s, version=0, origin="", since=0):
@@ -342,9 +353,11 @@ class Schedules:
             self.woke = now  # stalled: see the module's doc
             self.quiet_until = max(self.quiet_until, now + self.grace // 2)
         self.last_cron = now
+        self.offset = self.life.membership.agreed_offset(min(0, self.clock.wall_us() // 1000 - now))
         due = self.due
         if now < max(self.quiet_until, self.started + self.grace) or self.life.membership.leaving or not due:
             return
+        now += self.offset  # the time the nodes agree on, from here on
         order: list[str] = []
         for _ in range(PASS_MAX):
             if not due or due[0][0] > now:
@@ -374,7 +387,7 @@ class Schedules:
     def _due(self, s: Schedule, run: Run, now: int, order: list[str]) -> int:
         """Fire what is due of `s`; when it needs a look again (its next
         tick, or the next turn of a tick still waiting for one)."""
-        start = max(now - self.grace * len(self.life.membership.nodes), self.started, s.since)
+        start = max(now - self.grace * len(self.life.membership.nodes), self.started + self.offset, s.since)
         for t in [t for t, at in run.seen.items() if at <= start]:  # every turn since it was seen has passed
             del run.seen[t]
         for t in [t for t in run.fired if t <= start and t not in run.seen]:
@@ -405,8 +418,9 @@ class Schedules:
         mine = _turn(s.name, t, me)
         rank = sum(1 for node in order[1:] if _turn(s.name, t, node) < mine)
         at = seen + self.grace * rank
-        if t <= self.woke:  # due before a stall ended: the next in line may be firing it, let its turn pass first
-            at = max(self.woke, t + self.grace * min(rank + 1, len(order) - 1)) + self.grace // 2
+        woke = self.woke + self.offset
+        if t <= woke:  # due before a stall ended: the next in line may be firing it, let its turn pass first
+            at = max(woke, t + self.grace * min(rank + 1, len(order) - 1)) + self.grace // 2
         if now < at:
             return at
         self._fire(s, run, t, now - t >= self.grace)

@@ -667,3 +667,55 @@ def test_a_tombstone_expires_a_day_after_the_deletion(env):
     assert b"ahead" in env.core.schedules.defs
     run(env, 5000)
     assert b"ahead" not in env.core.schedules.defs
+
+
+class Ahead:
+    """A node's clock `ms` ahead of the others' (its wall clock too, when `wall`)."""
+
+    def __init__(self, clock: Any, ms: int, wall: bool) -> None:
+        self.clock, self.ms, self.wall = clock, ms, wall
+
+    def now_ms(self) -> int:
+        return self.clock.ms + self.ms
+
+    def since_us(self) -> int:
+        return 0
+
+    def wall_us(self) -> int:
+        return (self.clock.ms + self.ms * self.wall) * 1000
+
+
+@pytest.mark.parametrize("wall", [False, True])
+def test_a_node_whose_clock_is_ahead_fires_no_tick_early(wall):
+    """Its node clock 300 s ahead (still leaning back after its wall clock was
+    corrected; or its wall clock wrong too): its ticks follow the time its
+    peers' PING and PONG say, not its own."""
+    mesh = Mesh(3)
+    ahead = mesh.core(0)
+    ahead.clock = ahead.schedules.clock = Ahead(mesh.clock, 300_000, wall)
+
+    def advance(ms: int) -> None:  # (its deadlines are 300 s ahead of the mesh's: its steps are driven here)
+        for _ in range(ms // 100):
+            mesh.advance(100)
+            ahead.tick()
+            mesh.flush()
+
+    mesh.meet(0, 1)
+    mesh.meet(0, 2)
+    advance(3500)
+    assert Session(ahead)("SCHEDULE", "ADD", "s", "q", "x", "EVERY", 1000, "REPLICATE", 1) == b"OK"
+    advance(8000)
+    ticks = {int(t) for core in mesh.cores for t in core.schedules.runs[b"s"].fired}
+    assert ticks and max(ticks) <= mesh.clock.ms
+    mine = dict(ahead.schedules.info_fields())["schedule_ticks_fired"]
+    assert mine >= 1  # it takes its turns, at the agreed time
+    assert abs(ahead.schedules.offset + 300_000) < 100
+
+
+def test_a_node_alone_follows_its_wall_clock_when_its_node_clock_is_ahead():
+    env = ClockedSession()
+    env.core.clock = env.core.schedules.clock = Ahead(env.clock, 300_000, wall=False)
+    run(env, GRACE + 100)
+    env("SCHEDULE", "ADD", "s", "q", "x", "EVERY", 1000)
+    run(env, 3000)
+    assert tick_jobs(env.core) and all(t <= env.clock.ms for t in env.core.schedules.runs[b"s"].fired)
