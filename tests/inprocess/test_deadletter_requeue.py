@@ -170,35 +170,3 @@ def test_the_figures_list_dead_letter_queues_and_clients(s):
     assert [c["id"] for c in clients] == [blocked.client.id, named.client.id, s.client.id]
     assert clients[0]["queues"] == ["empty", "idle"] and clients[0]["cmd"] == "getjob" and clients[1]["name"] == "worker-1"
     assert clients[2]["queues"] == [] and len(client_figures(s.core, 1)) == 1
-
-
-def test_a_long_requeue_runs_in_slices_and_other_clients_run_between():
-    from disque.core.lifecycle import SLICE
-
-    core, clock, _ = make_core()
-    s, other = Session(core), Session(core)
-    n = 2 * SLICE + 7
-    for i in range(n):
-        core.lifecycle.move_job(core.jobs.get(bytes(s("ADDJOB", "q", f"b{i}", 0, "RETRY", 30))), b"q-dead", 0, 0, 1, b"q", b"q")
-    assert s("DEADLETTER", "REQUEUE", "q-dead") is BLOCKED  # the first slice done, the rest to come
-    assert s.core.next_deadline() == core.lifecycle.now and s("QLEN", "q") == SLICE  # (s runs nothing meanwhile ...)
-    assert other("PING") == b"PONG" and other("QLEN", "q-dead") == n - SLICE  # ... but the other client does
-    core.tick()
-    assert s.pending() == [] and other("QLEN", "q") == 2 * SLICE
-    core.tick()
-    assert s.pending() == [n] and other("QLEN", "q") == n and other("QLEN", "q-dead") == 0
-    assert not core.blocking.sliced and core.next_deadline() > core.lifecycle.now
-    check_core(core)
-
-
-def test_a_client_gone_mid_requeue_stops_it():
-    from disque.core.lifecycle import SLICE
-
-    core, _, _ = make_core()
-    s, other = Session(core), Session(core)
-    for i in range(2 * SLICE):
-        core.lifecycle.move_job(core.jobs.get(bytes(s("ADDJOB", "q", f"b{i}", 0, "RETRY", 30))), b"q-dead", 0, 0, 1, b"q", b"q")
-    assert s("DEADLETTER", "REQUEUE", "q-dead") is BLOCKED
-    core.disconnect(s.client.id)
-    core.tick()
-    assert not core.blocking.sliced and other("QLEN", "q-dead") == SLICE  # the rest stays, for another call

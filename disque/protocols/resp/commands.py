@@ -12,7 +12,7 @@ becomes the error reply.  Nothing here keeps state of its own.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, Final
 
 from disque.protocols.resp import admin, groups  # noqa: F401 - groups registers the consumer-group commands
@@ -33,7 +33,7 @@ from disque.core import errors
 from disque.cluster import messages as m
 from disque.core.errors import err
 from disque.core.types import NIL_ARRAY, SILENT, Command, Connection, Map, Status
-from disque.core.lifecycle import check_job_options
+from disque.core.lifecycle import SLICE, check_job_options
 from disque.core.node import NodeCore
 from disque.core.schedules import MIN_EVERY, check_cron
 from disque.store.schedule import Schedule, broken_rule
@@ -235,38 +235,47 @@ def cmd_fastack(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
     return sum(node.acks.fast_ack(job_id) for job_id in job_ids(argv[1:]))
 
 
-def _each_known(node: NodeCore, argv: list[bytes], action: Callable[[Job], bool]) -> int:
+def _each_known(node: NodeCore, client: Connection, argv: list[bytes], action: Callable[[Job], bool]) -> Any:
+    """`action` on each job of the IDs argv names that this node knows (every
+    ID checked first); how many it was true for.  Many IDs go SLICE at a time
+    (Blocking.in_slices: other clients run in between)."""
+    return node.blocking.in_slices(client, _each_in_slices(node, job_ids(argv[1:]), action))
+
+
+def _each_in_slices(node: NodeCore, ids: list[bytes], action: Callable[[Job], bool]) -> Generator[None, None, int]:
     done = 0
-    for job_id in job_ids(argv[1:]):
+    for n, job_id in enumerate(ids, 1):
         job = node.jobs.get(job_id)
         if job is not None and action(job):
             done += 1
+        if not n % SLICE and n < len(ids):
+            yield
     return done
 
 
 @command("deljob", -1, "wF")
-def cmd_deljob(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
+def cmd_deljob(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     def delete(job: Job) -> bool:
         node.lifecycle.delete_job(job)
         return True
 
-    return _each_known(node, argv, delete)
+    return _each_known(node, client, argv, delete)
 
 
 @command("enqueue", -1, "mwF")
-def cmd_enqueue(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
-    return _each_known(node, argv, lambda job: job.state == State.ACTIVE and node.lifecycle.enqueue(job))
+def cmd_enqueue(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
+    return _each_known(node, client, argv, lambda job: job.state == State.ACTIVE and node.lifecycle.enqueue(job))
 
 
 @command("nack", -1, "mwF")
-def cmd_nack(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
+def cmd_nack(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     """NACK <id> ... [DELAY <seconds>] (DELAY: our extension, node.nack_later)."""
     if len(argv) >= 3 and argv[-2].lower() == b"delay":
         delay = _option(ADDJOB_OPTS[b"delay"], argv[-1])  # as ADDJOB's
         if delay:
-            return _each_known(node, argv[:-2], lambda job: node.lifecycle.nack_later(job, delay))
+            return _each_known(node, client, argv[:-2], lambda job: node.lifecycle.nack_later(job, delay))
         argv = argv[:-2]
-    return _each_known(node, argv, lambda job: job.state == State.ACTIVE and node.lifecycle.enqueue(job, nack=True))
+    return _each_known(node, client, argv, lambda job: job.state == State.ACTIVE and node.lifecycle.enqueue(job, nack=True))
 
 
 @command("deadletter", -3, "wm")
@@ -285,8 +294,8 @@ def cmd_deadletter(node: NodeCore, client: Connection, argv: list[bytes]) -> Any
 
 
 @command("dequeue", -1, "wF")
-def cmd_dequeue(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
-    return _each_known(node, argv, node.lifecycle.dequeue)
+def cmd_dequeue(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
+    return _each_known(node, client, argv, node.lifecycle.dequeue)
 
 
 @command("working", 2, "wF")
@@ -401,17 +410,25 @@ def _reply_type(raw: bytes) -> bool:
 
 
 @command("jscan", -1, "r")
-def cmd_jscan(node: NodeCore, client: Connection, argv: list[bytes]) -> list[Any]:
+def cmd_jscan(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
+    """JSCAN; a large COUNT (or BUSYLOOP) builds its reply SLICE jobs at a
+    time (Blocking.in_slices: other clients run in between; a job deleted
+    meanwhile may still be listed, as SCAN allows)."""
     cursor, opts = parse_scan(argv, (), {b"queue": bytes, b"state": _job_state, b"reply": _reply_type})
+    cursor, jobs = _scan(node.jobs, cursor, opts)
+    return node.blocking.in_slices(client, _jscan_reply(node, cursor, jobs, opts))
+
+
+def _jscan_reply(node: NodeCore, cursor: int, jobs: list[Job], opts: dict[bytes, Any]) -> Generator[None, None, list[Any]]:
     queues = opts.get(b"queue")
     states = opts.get(b"state")
     reply_all = opts.get(b"reply", [False])[-1]
-    cursor, jobs = _scan(node.jobs, cursor, opts)
     items: list[Any] = []
-    for job in jobs:
-        if job.is_dummy_ack or (queues and job.queue != queues[-1]) or (states and job.state not in states):
-            continue
-        items.append(show(node, job) if reply_all else Status(job.id))
+    for n, job in enumerate(jobs, 1):
+        if not (job.is_dummy_ack or (queues and job.queue != queues[-1]) or (states and job.state not in states)):
+            items.append(show(node, job) if reply_all else Status(job.id))
+        if not n % SLICE and n < len(jobs):
+            yield
     return [str(cursor).encode(), items]
 
 
