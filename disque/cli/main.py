@@ -40,7 +40,7 @@ from typing import IO, Any
 
 import click
 
-from disque.cli.session import Failure, Session
+from disque.cli.session import DEFAULT_TIMEOUT, Failure, Session
 
 # name: (arguments, summary), for `help`, completion and the prompt's hint line.
 SERVER_COMMANDS: dict[str, tuple[str, str]] = {
@@ -266,10 +266,12 @@ named on stderr and the exit status is 1.  Server commands (QLEN, QSTAT,
 @click.option("--no-raw", "mode", flag_value="pretty", help="Print tables even when stdout is not a terminal.")
 @click.option("--cluster/--local", default=None, help="Every node's figures, or the connected node's, for the subcommands that take this option.")
 @click.option("--full", is_flag=True, help="Print whole job bodies in tables (cut at 200 bytes, with their size, by default).")
+@click.option("-t", "--timeout", default=DEFAULT_TIMEOUT, show_default=True, type=click.FloatRange(0),
+              help="Seconds to wait to connect and for each reply (0: forever); GETJOB, ADDJOB, WAITJOB, QNOTIFY and MONITOR wait as long as they ask.")  # fmt: skip
 @click.option("-v", "--version", is_flag=True, expose_value=False, is_eager=True, callback=print_version, help="Print the version and the git revision.")
 @click.pass_context
 def cli(ctx: click.Context, host: str, port: int, password: str | None, tls: bool, cacert: str | None,
-        cert: str | None, key: str | None, mode: str | None, cluster: bool | None, full: bool) -> None:  # fmt: skip
+        cert: str | None, key: str | None, mode: str | None, cluster: bool | None, full: bool, timeout: float) -> None:  # fmt: skip
     if (cacert or cert or key) and not tls:
         raise click.UsageError("--cacert, --cert and --key need --tls")
     if cluster is not None and ctx.invoked_subcommand is not None:
@@ -277,7 +279,7 @@ def cli(ctx: click.Context, host: str, port: int, password: str | None, tls: boo
         if command is None or "cluster" not in {p.name for p in command.params}:
             raise click.UsageError(f"--cluster and --local apply to {', '.join(SCOPED)}, not to {ctx.invoked_subcommand}")
     options = {"tls": True, "tls_ca_cert": cacert, "tls_cert": cert, "tls_key": key} if tls else {}
-    ctx.obj = Session(host, port, password, mode or ("pretty" if sys.stdout.isatty() else "raw"), options, cluster, full=full)
+    ctx.obj = Session(host, port, password, mode or ("pretty" if sys.stdout.isatty() else "raw"), options, cluster, full=full, timeout=timeout)
     if ctx.invoked_subcommand is None:
         from disque.cli.prompt import prompt_loop, script_loop
 

@@ -1,7 +1,11 @@
 """What one run of `disque` (a one-shot command, or a whole prompt) works
 with: the node it talks to, the output mode, and for the cluster-wide views
 (`qlen`, `qstat`, `top`; the others with `--cluster`) a connection to every
-other node.
+other node.  Every connection has a timeout (`--timeout`, seconds): a node
+that accepts connections but never answers (stopped, overloaded) fails
+like one that is down, and a cluster-wide view names it.  The commands that
+wait by design (GETJOB, ADDJOB, WAITJOB, QNOTIFY, MONITOR) typed as such
+wait on a connection of their own, as long as they ask.
 
 Theory of operation: `Session.client()` connects lazily, so `--help` and
 `--version` never load the client library; `each_node` asks the connected
@@ -27,6 +31,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+DEFAULT_TIMEOUT = 5.0  # seconds (--timeout)
+WAITING = frozenset({"GETJOB", "ADDJOB", "WAITJOB", "QNOTIFY", "MONITOR"})  # the commands that wait by design
+
 
 class Failure(click.ClickException):
     """A server error or connection failure: its text on stderr, exit status 1."""
@@ -45,20 +52,27 @@ class Session:
     cluster: bool | None = None  # --cluster (True) or --local (False) given before the subcommand
     full: bool = False  # --full: whole job bodies in the tables
     failed_nodes: list[str] = field(default_factory=list)  # since the last check_nodes
-    _clients: dict[tuple[str, int], Client] = field(default_factory=dict, repr=False)
+    timeout: float = DEFAULT_TIMEOUT  # seconds to connect and for each reply (0: none)
+    _clients: dict[tuple[str, int, bool], Client] = field(default_factory=dict, repr=False)
 
     @property
     def label(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def client(self, address: tuple[str, int] | None = None) -> Client:
-        """The connection to `address` (by default the node given with -h/-p)."""
+    def client(self, address: tuple[str, int] | None = None, waits: bool = False) -> Client:
+        """The connection to `address` (by default the node given with -h/-p);
+        `waits`: one whose replies may take as long as the command asks."""
         from disque.client import Client
 
-        address = address or (self.host, self.port)
-        if address not in self._clients:
-            self._clients[address] = Client(address, password=self.password, failover=False, **self.tls)
-        return self._clients[address]
+        host, port = address or (self.host, self.port)
+        key = (host, port, waits)
+        if key not in self._clients:
+            limit = self.timeout or None
+            self._clients[key] = Client(
+                (host, port), password=self.password, failover=False, connect_timeout=limit,
+                socket_timeout=None if waits else limit, **self.tls,
+            )  # fmt: skip
+        return self._clients[key]
 
     def wide(self, own: bool | None, default: bool) -> bool:
         """Whether a view spans the cluster: its own --cluster/--local, else
@@ -96,9 +110,11 @@ class Session:
         if [w.upper() for w in words] == ["MONITOR"]:
             self.monitor()
             return
-        reply = self.client().execute_command(*words)
+        reply = self.client(waits=words[0].upper() in WAITING).execute_command(*words)
         if words[0].upper() == "AUTH":  # a reconnection authenticates the same way
-            self.client().password = self.password = words[1]
+            self.password = words[1]
+            for client in self._clients.values():
+                client.password = words[1]
         self.output(*parse_reply(words, reply), raw=reply)
 
     def monitor(self) -> None:
@@ -107,7 +123,7 @@ class Session:
         import json
 
         try:
-            lines = self.client().monitor()
+            lines = self.client(waits=True).monitor()
             for line in chain(["OK"], lines):  # OK as redis-cli prints it: watching from here on
                 click.echo(json.dumps(line, ensure_ascii=False) if self.mode == "json" else line)
         except KeyboardInterrupt:

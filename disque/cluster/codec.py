@@ -21,7 +21,9 @@ Incoming frames are validated strictly: the core never sees an ill-typed or
 out-of-range field.  Bytes stay bytes (msgpack bin) and text stays str, so
 queue names and bodies are binary-safe.  A frame of an unknown version is
 skipped; anything else that is wrong raises `FrameError` and the caller drops
-the link (house rule 5).
+the link (house rule 5).  A record a message carries whole (SCHEDSET's
+schedule) is bytes here: the core checks it and drops a bad one alone, so a
+record sent again on every new link never cuts a node off.
 
 Callers: the trio bus (`encode_frame`, `FrameDecoder`, `LinkCodec`).
 """
@@ -38,7 +40,6 @@ from disque.cluster.messages import (
     Header, Meet, Message, NeedEvent, NeedJobs, NewEvent, Pause, Ping, Pong, Queued, ReplJob, ReplJobs, SetAck, WaitEntry,
     Waiting, WillQueue, Working, YourEvent, YourJobs, SchedSet, Ticked, valid_zone,
 )  # fmt: skip
-from disque.store import schedule
 from disque.store.records import (  # the pieces of the field tables
     _BITS, _FAILURE, _PORT, _UINT, Check, DecodeError, _ArrayLoader, _ArrayPacker, _bool, _bytes, _dump_wire_job, _Each, _Field,
     _Fields, _IntIn, _job_id, _ListOf, _MapLoader, _MapPacker, _node_id, _node_ids, _opt_job_id, _Record, _str, _unpack,
@@ -77,12 +78,6 @@ class _FanoutChild(Check):
         parent, plus, child = _bytes.check(v).partition(b"+")
         if not (parent and plus and child):
             raise DecodeError("not a fanout child name (parent+child)")
-        return v
-
-
-class _Schedule(Check):
-    def check(self, v: Any) -> Any:
-        schedule.decode(_bytes.check(v))  # raises DecodeError
         return v
 
 
@@ -181,6 +176,7 @@ _GOSSIP = _Field(
 # Added after the first version: an older node sends none (0) and ignores it.
 _FEATURES = _Field("features", "ft", _BITS, default=0)
 _ZONE = _Field("zone", "z", _Zone(), default="")  # optional: older nodes send none
+_CLOCK = _Field("clock", "ck", _UINT, default=0)  # optional: older nodes send none
 _ID = _Field("id", "i", _job_id)
 _JOBS = _Field("jobs", "j", _ListOf(_wire_job, 1), _Each(_dump_wire_job),
                pos=(_ListOf(_wire_job_pos, 1), _Each(_dump_wire_job_pos)))  # fmt: skip
@@ -199,9 +195,9 @@ _WAIT_ENTRIES = _Field(
 # type is its row number (from 1): new types go at the end, and so do new
 # fields of a row, with a default (a body of an older node lacks them).
 _ROWS: tuple[tuple[Any, ...], ...] = (
-    ("PING", Ping, (_GOSSIP, _FEATURES, _ZONE)),
-    ("PONG", Pong, (_GOSSIP, _FEATURES, _ZONE)),
-    ("MEET", Meet, (_GOSSIP, _FEATURES, _ZONE)),
+    ("PING", Ping, (_GOSSIP, _FEATURES, _ZONE, _CLOCK)),
+    ("PONG", Pong, (_GOSSIP, _FEATURES, _ZONE, _CLOCK)),
+    ("MEET", Meet, (_GOSSIP, _FEATURES, _ZONE, _CLOCK)),
     ("FAIL", Fail, (_Field("node", "n", _node_id),)),
     ("REPLJOB", ReplJob, (_Field("job", "j", _wire_job, _dump_wire_job, pos=(_wire_job_pos, _dump_wire_job_pos)),), (("noreply", NOREPLY),)),
     ("GOTJOB", GotJob, (_ID,)),
@@ -227,7 +223,7 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("GOTJOBS", GotJobs, (_Field("ids", "i", _ListOf(_job_id, 1)),)),
     ("REPLJOBS", ReplJobs, (_JOBS,), (("noreply", NOREPLY),)),
     ("WAITING", Waiting, (_WAIT_ENTRIES,)),
-    ("SCHEDSET", SchedSet, (_Field("record", "r", _Schedule()),)),
+    ("SCHEDSET", SchedSet, (_Field("record", "r", _bytes),)),  # the record is checked alone: house rule 5
     ("TICKED", Ticked, (_Field("name", "n", _bytes), _Field("tick", "k", _UINT), _Field("node", "o", _node_id))),
 )
 _KINDS = tuple(_Kind(code, *row) for code, row in enumerate(_ROWS, 1))

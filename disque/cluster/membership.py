@@ -99,6 +99,7 @@ class Peer:
     reports: dict[str, int] = field(default_factory=dict)  # reporter id -> when
     features: int = 0  # FEATURE_* bits its PING/PONG/MEET said since our link to it came up
     zone: str = ""  # where the node runs (docs/zones.md): its PING/PONG/MEET say it; "" is no zone
+    clock_offset: int | None = None  # its clock minus this node's, as its last PING/PONG/MEET said (None: not said)
     entry: GossipEntry | None = None  # what gossip last said of it, said again while it holds
 
 
@@ -358,7 +359,7 @@ class Membership:
     def _ping(self, node: Peer, kind: type[Ping | Meet]) -> None:
         if not node.ping_sent:
             node.ping_sent = self.now
-        self.wire.send_key(node.key, kind(self.gossip(), FEATURES, self.myself.zone))
+        self.wire.send_key(node.key, kind(self.gossip(), FEATURES, self.myself.zone, self.now))
 
     @property
     def table(self) -> list[Peer]:
@@ -423,7 +424,7 @@ class Membership:
         if is_meet and sender is None and peer_ip:
             self.meet(peer_ip, header.port, flags=HANDSHAKE)
         if conn is not None:
-            self.wire.answer(conn, Pong(self.gossip(), FEATURES, self.myself.zone))
+            self.wire.answer(conn, Pong(self.gossip(), FEATURES, self.myself.zone, self.now))
         if sender is None:
             if is_meet:
                 self._gossip_in(msg.gossip, None)
@@ -439,6 +440,7 @@ class Membership:
         self._copy_leaving(sender, header)
         self._learn_features(sender, msg.features)
         sender.zone = msg.zone
+        self._learn_clock(sender, msg.clock)
         self._gossip_in(msg.gossip, sender)
 
     def _receive_pong(self, header: Header, msg: Pong, key: int | None) -> None:
@@ -478,12 +480,27 @@ class Membership:
         self._copy_leaving(node, header)
         self._learn_features(node, msg.features)
         node.zone = msg.zone
+        self._learn_clock(node, msg.clock)
         self._gossip_in(msg.gossip, node)
 
     def _copy_leaving(self, node: Peer, header: Header) -> None:
         if (node.flags ^ header.flags) & LEAVING:
             node.flags ^= LEAVING
             self.dirty = True
+
+    def _learn_clock(self, node: Peer, clock: int) -> None:
+        """How far the node's clock is from this one's (the message's time
+        in flight is within it): the schedules' ticks follow the clock the
+        nodes agree on (core/schedules.py)."""
+        node.clock_offset = clock - self.now if clock else None
+
+    def agreed_offset(self, mine: int = 0) -> int:
+        """How far the clock the nodes agree on is from this node's: the
+        lower median of the offsets of this node (`mine`) and of the peers
+        it sees up, so that one node ahead or behind, or a node alone with
+        a peer, counts for no more than the others."""
+        offsets = sorted([mine, *(n.clock_offset for n in self.reachable() if n.clock_offset is not None)])
+        return offsets[(len(offsets) - 1) // 2]
 
     def _learn_features(self, node: Peer, features: int) -> None:
         """What the node understands (rolling upgrades, spec/cluster.md

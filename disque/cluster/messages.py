@@ -77,6 +77,7 @@ class Ping:
     gossip: tuple[GossipEntry, ...] = ()
     features: int = 0  # the sender's FEATURE_* bits (0: an older node that sends none)
     zone: str = ""  # the sender's zone (docs/zones.md); "" from a node without one
+    clock: int = 0  # the sender's clock (ms) as it sent this (0: an older node that sends none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,7 @@ class Pong:
     gossip: tuple[GossipEntry, ...] = ()
     features: int = 0  # the sender's FEATURE_* bits (0: an older node that sends none)
     zone: str = ""  # the sender's zone (docs/zones.md); "" from a node without one
+    clock: int = 0  # the sender's clock (ms) as it sent this (0: an older node that sends none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +93,7 @@ class Meet:
     gossip: tuple[GossipEntry, ...] = ()
     features: int = 0  # the sender's FEATURE_* bits (0: an older node that sends none)
     zone: str = ""  # the sender's zone (docs/zones.md); "" from a node without one
+    clock: int = 0  # the sender's clock (ms) as it sent this (0: an older node that sends none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,7 +303,8 @@ class Waiting:
 @dataclass(frozen=True, slots=True)
 class SchedSet:
     """A schedule's definition (store/schedule.py's storage form, checked by
-    the codec), told to every node; the newer version wins."""
+    the core, which drops a bad one alone), told to every node; the newer
+    version wins."""
 
     record: bytes
 

@@ -8,7 +8,12 @@ later as a reply effect (`unblock`).  Three kinds wait:
 * WAITJOB on job IDs (`job_waits`): the lifecycle calls `settle_waits` when
   a job is acknowledged or goes without it;
 * a late answer (AUTH's throttle, a paused client): no queue, no job, just
-  the reply at its deadline (`expiry`).
+  the reply at its deadline (`expiry`);
+* a long command (DEADLETTER REQUEUE of many jobs, QFLUSH of a long queue):
+  `in_slices` runs its first slice at once, then one slice per step
+  (`step_slices`, NodeCore's tick, due at once while any runs), so other
+  clients wait for a slice, never for the whole command; its client runs
+  nothing meanwhile and gets the reply at the end.
 Deadlines sit in `timeouts`; `next_deadline` and `tick` (NodeCore) read
 them.  A queue that got jobs while someone waits for it is marked `ready`
 (by the lifecycle's `enqueue`), and `serve_ready` runs at the end of every
@@ -25,6 +30,7 @@ the shell's `wake` when a deadline comes before the one it sleeps until.
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from disque.core import errors
@@ -53,6 +59,7 @@ class Blocking:
         self.timeouts = Timeouts()  # blocked clients' deadlines
         self.job_waits: dict[bytes, list[Waiter]] = {}  # job ID -> WAITJOB clients waiting for it
         self.ready: dict[bytes, None] = {}
+        self.sliced: dict[int, Waiter] = {}  # clients whose long command runs in slices
         self.promised = 0  # the last next_deadline() the shell was given (it sleeps until then)
 
     def count(self) -> int:
@@ -151,9 +158,31 @@ class Blocking:
         self.block(client, (), False, delay, reply)
         return BLOCKED
 
+    def in_slices(self, client: Connection, work: Generator[None, None, Any]) -> Any:
+        """A long command: `work` yields after each slice and returns the
+        reply.  Its first slice runs now; the reply, or BLOCKED while slices
+        remain (`step_slices`)."""
+        try:
+            next(work)
+        except StopIteration as done:
+            return done.value
+        waiter = self.block(client, (), False, 0)
+        waiter.work = work
+        self.sliced[client.id] = waiter
+        return BLOCKED
+
+    def step_slices(self) -> None:
+        """One slice of each long command; its reply once it is done."""
+        for waiter in list(self.sliced.values()):
+            try:
+                next(waiter.work)
+            except StopIteration as done:
+                self.unblock(waiter.client, done.value)
+
     def drop_waiter(self, waiter: Waiter) -> None:
         waiter.client.waiter = None
         self.blocked.pop(waiter.client.id, None)
+        self.sliced.pop(waiter.client.id, None)  # (a client gone: the rest of its command is not done)
         if waiter.deadline:
             self.timeouts.dropped()
         for job_id in waiter.jobs or ():

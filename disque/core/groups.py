@@ -43,13 +43,15 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, insort
-from collections.abc import Iterator, Mapping
+from collections import deque
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, replace
-from itertools import chain
+from itertools import chain, islice
 from typing import TYPE_CHECKING, Any
 
 from disque.cluster import messages as m
 from disque.core import errors
+from disque.core.lifecycle import OK, SLICE
 from disque.core.types import BLOCKED, Connection, Waiter
 from disque.store.aof import GROUPSET, encode_record
 from disque.store.job import EVENT, Job, State
@@ -593,18 +595,28 @@ class Groups:
         self.acked += 1
         return True
 
-    def qflush(self, name: bytes) -> None:
-        """Every event of the queue and all progress go, cluster-wide."""
+    def qflush(self, name: bytes) -> Generator[None, None, Any]:
+        """Every event of the queue and all progress go, cluster-wide; here
+        SLICE events at a time (Blocking.in_slices: other clients run in
+        between)."""
         self.out.broadcast(self.life.membership.linked_ids(), m.GroupFlush(name))
-        self.flush(name)
+        return self._flush(name)
 
     def flush(self, name: bytes) -> None:
+        """GROUPFLUSH from a peer: the whole queue at once."""
+        deque(self._flush(name), maxlen=0)  # (every slice)
+
+    def _flush(self, name: bytes) -> Generator[None, None, Any]:
         q = self.queues.get(name)
         if q is None:
-            return
+            return OK
         self._drop_groups(q)
-        for job in list(q.events.values()):  # the last one forgets the queue (`drop_event`)
-            self.life.delete_job(job)
+        while True:
+            for job in list(islice(q.events.values(), SLICE)):  # the last one forgets the queue (`drop_event`)
+                self.life.delete_job(job)
+            if not q.events:
+                return OK
+            yield
 
     def on_group_flush(self, sender: str, msg: m.GroupFlush) -> None:
         self.flush(msg.queue)

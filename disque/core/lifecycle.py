@@ -76,6 +76,7 @@ S_ACKED: Final = State.ACKED
 WILLQUEUE_LEAD: Final = 500
 GC_MAX_DELAY: Final = 180_000
 EVENT_REPL_TIMEOUT = 5000  # ms a QADD waits for its replicas (then -NOREPL), as a Kestrel SET
+SLICE: Final = 64  # jobs a long command (DEADLETTER REQUEUE, QFLUSH) handles before other clients run
 EVENT_COPIES: Final = 3  # an event lives on min(3, cluster size) nodes
 OK = Status(b"OK")
 

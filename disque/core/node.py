@@ -118,7 +118,7 @@ class NodeCore:
         self.acks = Acks(life, self.out, self.replication, self.blocking)
         self.items = Items(life, self.out, self.acks, self.blocking, self.clients)
         self.groups = Groups(life, self.out, self.memory, self.blocking)
-        self.schedules = Schedules(life, now)
+        self.schedules = Schedules(life, now, clock)
         self.redrives = Redrives(life)
         life.bind(self.groups, self.acks, self.items, self.replication, self.blocking, self.federation)
         # Read-behind (core/read_behind.py) sits behind the job store; kept here for the shell and INFO.
@@ -163,7 +163,7 @@ class NodeCore:
     def next_deadline(self) -> int:
         """Absolute ms when `tick` must run next (the scheduler, jobs on
         disk, blocked clients' timeouts and the 100 ms client cron)."""
-        at = self._last_cron + BLOCKED_CRON_MS
+        at = self.lifecycle.now if self.blocking.sliced else self._last_cron + BLOCKED_CRON_MS  # (a long command's next slice)
         for awake in (self.jobs.next_awake(), self.jobs.spilled.next_awake(), self.blocking.timeouts.next()):
             if awake is not None:
                 at = min(at, awake)
@@ -196,6 +196,7 @@ class NodeCore:
         for job in self.jobs.due(now):
             life.process_job(job)
         self.blocking.time_out(now)
+        self.blocking.step_slices()
         if now - self._last_cron >= BLOCKED_CRON_MS:
             self._last_cron = now
             self.membership.timeout = self.config.cluster_node_timeout

@@ -52,6 +52,23 @@ A tick due before it woke may still be in the hands of the next node in
 line, whose turn may come at any moment: it waits for that turn to pass,
 and `grace / 2` more to hear of it, before firing the tick itself.
 
+Ticks follow the time the nodes agree on, not this node's clock alone:
+each pass takes `offset`, the lower median of the clock offsets its peers'
+PING and PONG said and its own (how far its wall clock is behind its node
+clock, which leans back only 1 % a second after a step), and the ticks,
+the window, the turns and the heap run on `now + offset`; so a node whose
+clock is ahead fires no tick early (docs/schedules.md, "A clock far from
+the others'").
+
+What a schedule costs: the cron looks at a schedule only when it is due
+(`due`, a heap of when each needs a look next: its next tick, or the turn
+of a tick still waiting; a change wakes it at once), at most PASS_MAX a
+pass, so a pass over ten thousand schedules touches the few due and a CRON
+expression is read per tick, not per pass.  Every record held is counted
+in the node's memory (`_size`), so SCHEDULE ADD (flag `m`) is refused at
+maxmemory as ADDJOB is; a tombstone is forgotten TOMBSTONE_MS after the
+deletion.
+
 Called by NodeCore: `cron` every 100 ms, `on_sched_set` / `on_ticked` (the
 bus), `sync_messages` (a link comes up), `replay` (AOF records),
 `snapshot_records` (an AOF rewrite); the SCHEDULE command's handlers call
@@ -64,17 +81,19 @@ import logging
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from hashlib import blake2b
+from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from disque.cluster import messages as m
 from disque.cluster.membership import NOADDR
 from disque.core import errors
-from disque.core.types import Connection, Map
+from disque.core.types import Clock, Connection, Map
 from disque.store import schedule as records
 from disque.store.aof import SCHEDTICK, SCHEDULE, encode_record
 from disque.store.ids import tick_job_id
 from disque.store.job import State
+from disque.store.records import DecodeError
 from disque.store.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -88,6 +107,10 @@ MIN_EVERY = 100  # ms: the cron's period, below which ticks could not be told ap
 STALL_MIN_MS = 300  # the cron runs every 100 ms: three periods without it is a stall, one late run is not
 CATCH_UP = {"last": 1, "all": 100, "none": 0}  # `schedule-catch-up`: how many missed ticks fire
 MINE_MAX = 512  # ticks a node remembers firing, to merge with a copy made across a partition
+PASS_MAX = 256  # schedules one cron pass looks at, at most: the others due wait for the next pass
+TOMBSTONE_MS = 86_400_000  # a deletion is forgotten a day after it was made
+HORIZON_MS = 366 * 86_400_000  # how far ahead a next tick is looked for
+SCHEDULE_OVERHEAD = 1500  # bytes per schedule known (record, run, heap entry) on top of its strings
 
 
 @dataclass(slots=True)
@@ -164,6 +187,11 @@ def ticks_after(s: Schedule, lo: int, hi: int) -> Iterator[int]:
         yield t
 
 
+def next_tick(s: Schedule, after: int) -> int | None:
+    """The first tick after `after` (None: none within a year and a day)."""
+    return next(ticks_after(s, after, after + HORIZON_MS), None)
+
+
 def ticks_back(s: Schedule, at: int) -> Iterator[int]:
     """The ticks t <= at, latest first."""
     if s.every:
@@ -172,8 +200,10 @@ def ticks_back(s: Schedule, at: int) -> Iterator[int]:
 
 
 class Schedules:
-    def __init__(self, life: Lifecycle, started: int) -> None:
+    def __init__(self, life: Lifecycle, started: int, clock: Clock) -> None:
         self.life = life
+        self.clock = clock  # (its wall clock: a node clock still leaning back from a step must not run ticks early)
+        self.offset = 0  # the agreed time minus this node's clock, as the last pass found it
         self.out = life.out
         self.config = life.config
         self.started = started  # ms this node started
@@ -182,8 +212,11 @@ class Schedules:
         self.woke = 0  # when the cron ran after its latest stall
         self.defs: dict[bytes, Schedule] = {}  # every schedule known, tombstones included
         self.runs: dict[bytes, Run] = {}
+        self.due: list[tuple[int, bytes]] = []  # (when a schedule needs a look, its name): a heap
+        self.due_at: dict[bytes, int] = {}  # the heap's entry in force per name (the others are stale)
         self.client = Connection(0, addr="schedule")  # adds the ticks' jobs (ASYNC: never waits)
         self.fired = self.late = self.collapsed = self.refused = 0
+        self.dropped = 0  # records that broke a rule, from the bus or the AOF
 
     @property
     def grace(self) -> int:
@@ -193,6 +226,7 @@ class Schedules:
 
     def add(self, s: Schedule) -> None:
         """SCHEDULE ADD: a new definition, or none if it is the one in force."""
+        s = replace(s, since=s.since + self.offset)  # (the ticks after the ADD by the agreed time)
         known = self.defs.get(s.name)
         if known is not None and not known.deleted:
             if replace(known, version=0, origin="", since=0, paused=False) == replace(s, version=0, origin="", since=0):
@@ -229,12 +263,26 @@ class Schedules:
 
     def _keep(self, s: Schedule) -> None:
         """Apply a record known to be newer; it is logged."""
+        self._store(s)
+        self._log(encode_record(SCHEDULE, records.encode(s)))
+
+    def _store(self, s: Schedule) -> None:
+        """Hold a record known to be newer, counted in the node's memory, and
+        look at it in the next pass (a tombstone: once it expires)."""
+        self.life.memory.account(_size(s) - _size(self.defs.get(s.name)))
         self.defs[s.name] = s
         if s.deleted:
             self.runs.pop(s.name, None)
+            self._wake(s.name, s.version + TOMBSTONE_MS)
         else:
             self.runs.setdefault(s.name, Run())
-        self._log(encode_record(SCHEDULE, records.encode(s)))
+            self._wake(s.name, 0)
+
+    def _wake(self, name: bytes, at: int) -> None:
+        """Look at `name` no later than `at`."""
+        if self.due_at.get(name, at + 1) > at:
+            self.due_at[name] = at
+            heappush(self.due, (at, name))
 
     def _log(self, record: bytes) -> None:
         if self.out.aof.state != "off":
@@ -243,9 +291,19 @@ class Schedules:
     # ------------------------------------------------------------ the bus and the AOF
 
     def on_sched_set(self, sender: str, msg: m.SchedSet) -> None:
-        s = records.decode(msg.record)  # the codec checked it
-        if s.newer(self.defs.get(s.name)):
+        s = self._checked(msg.record, f"from {sender}")
+        if s is not None and s.newer(self.defs.get(s.name)):
             self._keep(s)
+
+    def _checked(self, record: bytes, source: str) -> Schedule | None:
+        """The record decoded; None for a bad one, dropped alone (logged and
+        counted): the link it came on and the file it is in stay in use."""
+        try:
+            return records.decode(record)
+        except DecodeError as e:
+            self.dropped += 1
+            log.warning("Schedule record %s dropped: %s", source, e)
+            return None
 
     def on_ticked(self, sender: str, msg: m.Ticked) -> None:
         run = self.runs.get(msg.name)
@@ -283,15 +341,11 @@ class Schedules:
         return msgs
 
     def replay(self, args: list[bytes]) -> None:
-        """A SCHEDULE or SCHEDTICK record (checked by the loader)."""
+        """A SCHEDULE or SCHEDTICK record (framing and arity checked by the loader)."""
         if args[0].upper() == SCHEDULE:
-            s = records.decode(args[1])
-            if s.newer(self.defs.get(s.name)):
-                self.defs[s.name] = s
-                if s.deleted:
-                    self.runs.pop(s.name, None)
-                else:
-                    self.runs.setdefault(s.name, Run())
+            s = self._checked(args[1], "in the AOF")
+            if s is not None and s.newer(self.defs.get(s.name)):
+                self._store(s)
             return
         run = self.runs.get(args[1])
         tick = int(args[2])
@@ -314,13 +368,29 @@ class Schedules:
             self.woke = now  # stalled: see the module's doc
             self.quiet_until = max(self.quiet_until, now + self.grace // 2)
         self.last_cron = now
-        if now < max(self.quiet_until, self.started + self.grace) or self.life.membership.leaving or not self.runs:
+        self.offset = self.life.membership.agreed_offset(min(0, self.clock.wall_us() // 1000 - now))
+        due = self.due
+        if now < max(self.quiet_until, self.started + self.grace) or self.life.membership.leaving or not due:
             return
-        order = self._up()
-        for name, run in self.runs.items():
+        now += self.offset  # the time the nodes agree on, from here on
+        order: list[str] = []
+        for _ in range(PASS_MAX):
+            if not due or due[0][0] > now:
+                return
+            at, name = heappop(due)
+            if self.due_at.get(name) != at:
+                continue  # a stale entry: the name was woken sooner, or forgotten
+            del self.due_at[name]
             s = self.defs[name]
-            if not s.paused:
-                self._due(s, run, now, order)
+            if s.deleted:
+                if s.version + TOMBSTONE_MS > now:  # (its clock is ahead of this node's)
+                    self._wake(name, s.version + TOMBSTONE_MS)
+                else:  # every node that was up has had it for a day: forgotten
+                    del self.defs[name]
+                    self.life.memory.account(-_size(s))
+            elif not s.paused:  # (RESUME is a new record, which wakes it)
+                order = order or self._up()
+                self._wake(name, self._due(s, self.runs[name], now, order))
 
     def _up(self) -> list[str]:
         """The nodes that take turns as this node sees them (itself first):
@@ -329,16 +399,20 @@ class Schedules:
         membership = self.life.membership
         return [membership.my_id] + [n.id for n in membership.reachable() if not n.flags & NOADDR]
 
-    def _due(self, s: Schedule, run: Run, now: int, order: list[str]) -> None:
-        start = max(now - self.grace * len(self.life.membership.nodes), self.started, s.since)
+    def _due(self, s: Schedule, run: Run, now: int, order: list[str]) -> int:
+        """Fire what is due of `s`; when it needs a look again (its next
+        tick, or the next turn of a tick still waiting for one)."""
+        start = max(now - self.grace * len(self.life.membership.nodes), self.started + self.offset, s.since)
         for t in [t for t, at in run.seen.items() if at <= start]:  # every turn since it was seen has passed
             del run.seen[t]
         for t in [t for t in run.fired if t <= start and t not in run.seen]:
             del run.fired[t]
         late = [t for t in run.seen if t <= start]  # seen due late (after a quiet start or a stall): its turns still run
+        wake = next_tick(s, now) or now + HORIZON_MS
         for t in dict.fromkeys([*self._missed(s, run, start), *late, *ticks_after(s, start, now)]):
             if t not in run.fired:
-                self._consider(s, run, t, now, order)
+                wake = min(wake, self._consider(s, run, t, now, order))
+        return wake
 
     def _missed(self, s: Schedule, run: Run, start: int) -> list[int]:
         """The ticks before the window, later than any known fired, that the
@@ -352,16 +426,20 @@ class Schedules:
             missed.append(t)
         return missed[::-1]
 
-    def _consider(self, s: Schedule, run: Run, t: int, now: int, order: list[str]) -> None:
+    def _consider(self, s: Schedule, run: Run, t: int, now: int, order: list[str]) -> int:
+        """Fire tick `t` if this node's turn came; when to look again if not."""
         seen = run.seen.setdefault(t, now)
         me = order[0]
         mine = _turn(s.name, t, me)
         rank = sum(1 for node in order[1:] if _turn(s.name, t, node) < mine)
         at = seen + self.grace * rank
-        if t <= self.woke:  # due before a stall ended: the next in line may be firing it, let its turn pass first
-            at = max(self.woke, t + self.grace * min(rank + 1, len(order) - 1)) + self.grace // 2
-        if now >= at:
-            self._fire(s, run, t, now - t >= self.grace)
+        woke = self.woke + self.offset
+        if t <= woke:  # due before a stall ended: the next in line may be firing it, let its turn pass first
+            at = max(woke, t + self.grace * min(rank + 1, len(order) - 1)) + self.grace // 2
+        if now < at:
+            return at
+        self._fire(s, run, t, now - t >= self.grace)
+        return now + HORIZON_MS
 
     def _fire(self, s: Schedule, run: Run, t: int, late: bool) -> None:
         life = self.life
@@ -404,7 +482,7 @@ class Schedules:
             (b"every", s.every or None), (b"cron", s.cron or None), (b"tz", s.tz or None),
             (b"options", s.options()), (b"paused", int(s.paused)),
             (b"last-tick", run.last or None), (b"last-node", run.last_by or None),
-            (b"next-tick", next(ticks_after(s, now, now + 366 * 86_400_000), None)),
+            (b"next-tick", next_tick(s, now)),
             *self._consumers(s.queue),
         ])  # fmt: skip
 
@@ -423,6 +501,10 @@ class Schedules:
             (b"queue-oldest", None if oldest is None else oldest.ctime // 1_000_000),
         ]  # fmt: skip
 
+    def size(self) -> int:
+        """What the records held cost (in the node's memory account)."""
+        return sum(map(_size, self.defs.values()))
+
     def names(self) -> list[bytes]:
         return sorted(name for name, s in self.defs.items() if not s.deleted)
 
@@ -431,7 +513,15 @@ class Schedules:
             ("schedules", len(self.runs)), ("schedules_paused", sum(self.defs[n].paused for n in self.runs)),
             ("schedule_ticks_fired", self.fired), ("schedule_ticks_late", self.late),
             ("schedule_ticks_collapsed", self.collapsed), ("schedule_ticks_refused", self.refused),
+            ("schedule_records_dropped", self.dropped),
         ]  # fmt: skip
+
+
+def _size(s: Schedule | None) -> int:
+    """What a record costs in memory (0: none)."""
+    if s is None:
+        return 0
+    return SCHEDULE_OVERHEAD + len(s.name) + len(s.queue) + len(s.body) + len(s.cron) + len(s.tz) + len(s.dead_letter)
 
 
 def _turn(name: bytes, tick: int, node_id: str) -> bytes:

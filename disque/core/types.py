@@ -122,8 +122,8 @@ class Connection:
 
 @dataclass(slots=True, eq=False)
 class Waiter:
-    """A client blocked in GETJOB; or, with no queues, in WAITJOB (`jobs`) or
-    waiting for the late answer to an AUTH."""
+    """A client blocked in GETJOB; or, with no queues, in WAITJOB (`jobs`),
+    waiting for the late answer to an AUTH, or for a long command (`work`)."""
 
     client: Connection
     queues: tuple[bytes, ...]
@@ -133,6 +133,7 @@ class Waiter:
     jobs: set[bytes] | None = None  # WAITJOB: the IDs still neither acknowledged nor gone
     acked: int = 0  # WAITJOB: how many of its jobs were acknowledged so far
     take: Any = None  # a Kestrel GET (items.py): job served, or None at the deadline -> the reply
+    work: Any = None  # a long command's rest (Blocking.in_slices): a generator, one slice per step
 
     def timeout_reply(self) -> Any:
         """The reply when the deadline passes."""

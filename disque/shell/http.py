@@ -36,7 +36,11 @@ the body):
 The POSTs need, with `requirepass` set, the same password, sent as
 `Authorization: Bearer <password>` (or HTTP basic auth, any user name),
 checked by the core's own AUTH before the body is looked at; the requeue
-hands the same header to the other nodes.
+hands the same header to the other nodes.  With or without a password they
+need a same-origin JSON request (`_cross_site`: `Content-Type:
+application/json`, and an `Origin`, when sent, naming the `Host`), else 403:
+another site's page open in a browser cannot pause a queue or requeue dead
+letters (docs/security.md).
 
 What one client can cost is bounded:
 
@@ -79,7 +83,7 @@ import base64
 import json
 import logging
 import traceback
-from urllib.parse import parse_qs, quote, unquote_to_bytes, urlencode
+from urllib.parse import parse_qs, quote, unquote_to_bytes, urlencode, urlsplit
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from http import HTTPStatus
@@ -95,6 +99,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from disque.core import errors
 from disque.core.errors import DisqueError
 from disque.core.figures import client_figures, dead_letter_figures, group_figures, node_figures
+from disque.core.lifecycle import SLICE
 from disque.core.node import NodeCore
 from disque.core.rate_history import merge
 from disque.core.types import BLOCKED, NIL_ARRAY, Map, Status
@@ -118,7 +123,7 @@ MAX_DEAD_LETTER_QUEUES = 100  # dead-letter queues in the overview ...
 DEAD_LETTER_SAMPLE = 5  # ... with their oldest jobs
 DEAD_LETTER_SECONDS = 5.0  # the dead-letter queues are looked for at most this often (a walk of every queue)
 HISTORY_SECONDS = 5.0  # the cluster's rate history is gathered at most this often
-REQUEUE_BATCH = 1000  # dead letters per DEADLETTER REQUEUE: the loop runs between two batches
+REQUEUE_BATCH = SLICE  # dead letters per DEADLETTER REQUEUE: one slice, answered at once; the loop runs between two
 REQUEUE_TIMEOUT = 60.0  # seconds for another node to requeue its dead letters
 MAX_PACED = 3600  # dead letters a paced requeue or delete without a count is given the time for, at its rate
 LOG_INTERVAL = 1.0  # seconds between two logged errors of the port
@@ -249,6 +254,8 @@ class NodeCollector:
                 sched["schedule_ticks_collapsed"])  # fmt: skip
         counter("schedule_ticks_refused", "Ticks whose job ADDJOB refused (a full or paused queue, memory).",
                 sched["schedule_ticks_refused"])  # fmt: skip
+        counter("schedule_records_dropped", "Schedule records from the bus or the AOF that broke a rule, dropped alone.",
+                sched["schedule_records_dropped"])  # fmt: skip
         return out
 
     @staticmethod
@@ -529,8 +536,9 @@ class HttpPort:
         self, headers: dict[bytes, bytes], peer: str, local: str, act: Callable[[RequestConn], Awaitable[tuple[int, str, bytes]]]
     ) -> tuple[int, str, bytes]:  # fmt: skip
         """`act` on a client of the request once the password (with
-        `requirepass`) is right: checked first, so that nothing of the body
-        is read for a client without it."""
+        `requirepass`) is right, checked first so that nothing of the body
+        is read for a client without it, and the request is a same-origin
+        JSON one (`_cross_site`)."""
         password = _password(headers.get(b"authorization", b""))
         if self.requirepass() and password is None:
             return self._json(401, {"error": str(errors.noauth())})
@@ -540,6 +548,9 @@ class HttpPort:
                 if isinstance(reply, DisqueError) or not conn.client.authenticated:
                     status = 429 if reply == errors.auth_refused() else 401
                     return self._json(status, {"error": str(reply) if isinstance(reply, DisqueError) else "ERR invalid password"})
+            refusal = _cross_site(headers)
+            if refusal:
+                return self._json(403, {"error": refusal})
             return await act(conn)
 
     async def _pause(self, queue: str, headers: dict[bytes, bytes], body: bytes, peer: str, local: str) -> tuple[int, str, bytes]:
@@ -603,20 +614,23 @@ class HttpPort:
             if isinstance(options, str) or not all(v is None or (type(v) is int and v > 0) for v in limits):
                 return self._json(400, {"error": options if isinstance(options, str) else "count and rate must be positive integers"})
             count, rate = limits
-            done = 0
-            while count is None or done < count:
-                batch = min(rate or REQUEUE_BATCH, count - done if count else REQUEUE_BATCH)
+            done, finished = 0, False
+            while not finished and (count is None or done < count):
                 started = trio.current_time()
-                reply = await self._command(conn, b"DEADLETTER", verb.encode(), queue, b"COUNT", b"%d" % batch, *options)
-                if isinstance(reply, DisqueError):
-                    return self._json(400, {"error": str(reply), done_key: done})
-                done += reply
-                if reply < batch:
-                    break
-                if rate:
-                    await trio.sleep_until(started + 1)
-                else:
+                budget = rate or REQUEUE_BATCH  # this second's, with a rate
+                if count is not None:
+                    budget = min(budget, count - done)
+                while budget and not finished:  # a batch at a time, each answered at once
+                    batch = min(budget, REQUEUE_BATCH)
+                    reply = await self._command(conn, b"DEADLETTER", verb.encode(), queue, b"COUNT", b"%d" % batch, *options)
+                    if isinstance(reply, DisqueError):
+                        return self._json(400, {"error": str(reply), done_key: done})
+                    done += reply
+                    budget -= reply
+                    finished = reply < batch
                     await trio.sleep(0)
+                if rate and not finished:
+                    await trio.sleep_until(started + 1)
             self.dead_letters = (float("-inf"), [])  # looked for again at the next rendering ...
             self.rendered_at = float("-inf")  # ... which is the next request's
             nodes: list[dict[str, Any]] = [{"id": self.core.membership.my_id, done_key: done}]
@@ -781,6 +795,25 @@ def _dead_letter_options(fields: dict[str, Any], theirs: tuple[str, ...]) -> lis
             return f"unknown field {key!r}"
         words += [key.upper().encode(), str(value).encode()]
     return words
+def _cross_site(headers: dict[bytes, bytes]) -> str:
+    """Why a state-changing request may come from another site's page ("":
+    it cannot).  A page may POST `text/plain` or a form anywhere without
+    asking first; a JSON POST to another origin needs a CORS preflight this
+    port never grants.  So: `Content-Type: application/json`, and an
+    `Origin` (browsers send it with every POST) naming this host and port."""
+    media = headers.get(b"content-type", b"").partition(b";")[0].strip().lower()
+    if media != b"application/json":
+        return "a state-changing request must be Content-Type: application/json"
+    origin = headers.get(b"origin")
+    if origin is None:  # not a browser's (curl, a script, a peer node forwarding a requeue)
+        return ""
+    try:
+        netloc = urlsplit(origin.decode("latin-1")).netloc
+    except ValueError:  # ("http://[x": not an address)
+        netloc = ""
+    if not netloc or netloc.lower() != headers.get(b"host", b"").decode("latin-1").lower():
+        return "a state-changing request must come from the dashboard's own origin"
+    return ""
 
 
 def _plain(value: Any) -> Any:

@@ -13,6 +13,14 @@ it back.  The same bytes (`encode`: a msgpack array of the fields in
 <storage form>`); `decode` checks each field's type and raises
 `DecodeError` on anything else.  Fields added later go at the end, and a
 record without them (from an older node) takes their defaults.
+
+The rules a record keeps (`broken_rule`: a name of 1 to MAX_NAME bytes
+without control characters, an expression and a zone of at most MAX_EXPR
+bytes, queue names of at most MAX_QUEUE, a body of at most MAX_BODY so the
+record fits one bus frame) are stated here once: SCHEDULE ADD refuses a
+definition that breaks one, naming it; `decode` raises `RuleError` for a
+record that does (an older node, a bug), and the bus and the AOF loader
+drop that record alone, logged and counted, never the link or the file.
 """
 
 from __future__ import annotations
@@ -22,6 +30,16 @@ from dataclasses import dataclass
 import msgpack
 
 from disque.store.records import DecodeError
+
+MAX_NAME = 256  # bytes of a schedule's name
+MAX_EXPR = 1024  # bytes of a CRON expression, and of its zone
+MAX_QUEUE = 64 << 10  # bytes of the queue's name, and of the dead-letter queue's
+MAX_BODY = 64 << 20  # bytes of the body: with the rest, the record fits one bus frame (64 MiB + 1 MiB)
+_CONTROL = bytes(range(32)) + b"\x7f"
+
+
+class RuleError(DecodeError):
+    """A well-formed schedule record that breaks one of the rules (`broken_rule`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +111,21 @@ def decode(data: bytes) -> Schedule:
         if type(value) is not kind:  # (a bool is not an int here, nor an int a bool)
             raise DecodeError(f"bad schedule field {name}")
         values[name] = value
-    if not values["name"]:
-        raise DecodeError("bad schedule record")
-    return Schedule(**values)  # type: ignore[arg-type]
+    s = Schedule(**values)  # type: ignore[arg-type]
+    rule = broken_rule(s)
+    if rule:
+        raise RuleError(rule)
+    return s
+
+
+def broken_rule(s: Schedule) -> str:
+    """The rule `s` breaks, as an error text ("": none)."""
+    if not 0 < len(s.name) <= MAX_NAME or s.name != s.name.translate(None, _CONTROL):
+        return f"the schedule name must be 1 to {MAX_NAME} bytes without control characters"
+    if len(s.cron) > MAX_EXPR or len(s.tz) > MAX_EXPR:
+        return f"the CRON expression and TZ must be at most {MAX_EXPR} bytes"
+    if len(s.queue) > MAX_QUEUE or len(s.dead_letter) > MAX_QUEUE:
+        return f"queue names must be at most {MAX_QUEUE} bytes"
+    if len(s.body) > MAX_BODY:
+        return f"the body must be at most {MAX_BODY} bytes"
+    return ""

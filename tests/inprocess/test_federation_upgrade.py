@@ -49,7 +49,7 @@ def test_an_older_node_reads_our_ping_in_either_form():
     sender = LinkCodec()
     sender.positional = True
     as_array = msgpack.unpackb(sender.encode(HEADER, ours))
-    assert as_array[4:] == [1, 0, [], m.FEATURES, ""]  # the zone after it (none)
+    assert as_array[4:] == [1, 0, [], m.FEATURES, "", 0]  # the zone and the clock after it (none)
     assert OLDER_PING.load_pos.check(as_array[4:]) == {"gossip": (), "mflags": 0}  # the extra item is ignored
 
 

@@ -510,6 +510,19 @@ def test_qnotify_is_woken_by_a_qadd_on_another_node():
     assert mesh.reply(client) == b"q"
 
 
+def test_a_long_qflush_runs_in_slices(env):
+    from disque.core.lifecycle import SLICE
+    from disque.core.types import BLOCKED
+
+    for i in range(SLICE + 5):
+        env("QADD", "q", 60, f"e{i}")
+    other = Session(env.core)
+    assert env("QFLUSH", "q") is BLOCKED and len(env.core.jobs) == 5  # a slice now, the rest at the next step
+    assert other("PING") == b"PONG"
+    env.core.tick()
+    assert env.pending() == [b"OK"] and len(env.core.jobs) == 0 and other("QSTATUS") == []
+
+
 def test_qflush_reaches_every_node():
     mesh = formed()
     mesh.call(1, "QADD", "q", 60, "a")

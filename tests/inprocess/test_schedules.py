@@ -317,7 +317,7 @@ def test_decoding_any_bytes_returns_a_record_or_raises_decode_error(data):
     assert records.encode(s) == data
 
 
-def test_bus_messages_round_trip_and_bad_records_drop_the_link():
+def test_bus_messages_round_trip_and_a_bad_record_is_dropped_alone(env):
     from disque.cluster.messages import Header
 
     header = Header("a" * 40, 7711, 0)
@@ -326,8 +326,40 @@ def test_bus_messages_round_trip_and_bad_records_drop_the_link():
         assert decode_body(encode_body(header, msg))[1] == msg
     decoder = FrameDecoder()
     decoder.feed(encode_frame(header, m.SchedSet(b"garbage")))
-    with pytest.raises(FrameError):
-        decoder.next_frame()
+    sender, msg = decoder.next_frame()  # well framed: the link stays, the core checks the record
+    nameless = records.encode(Schedule(b"n", 5, "a" * 40, b"q", b"b", 1000)).replace(b"\xc4\x01n", b"\xc4\x00", 1)
+    for bad in (msg, m.SchedSet(nameless)):
+        env.core.schedules.on_sched_set("b" * 40, bad)
+    env.core.schedules.on_sched_set("b" * 40, m.SchedSet(record))
+    assert env.core.schedules.names() == [b"n"]
+    assert dict(env.core.schedules.info_fields())["schedule_records_dropped"] == 2
+
+
+@pytest.mark.parametrize(
+    "field, value, rule",
+    [
+        ("name", b"", "name must be 1 to 256 bytes"), ("name", b"x" * 257, "name must be 1 to 256 bytes"),
+        ("name", b"a\nb", "without control characters"), ("cron", b"*" * 1025, "at most 1024 bytes"),
+        ("tz", b"x" * 1025, "at most 1024 bytes"), ("queue", b"q" * 65537, "queue names must be at most"),
+        ("dead_letter", b"q" * 65537, "queue names must be at most"), ("body", b"b" * ((64 << 20) + 1), "body must be at most"),
+    ],
+)  # fmt: skip
+def test_one_rule_per_record_for_the_command_the_bus_and_the_aof(env, field, value, rule):
+    from dataclasses import replace
+
+    bad = replace(Schedule(b"n", 5, "a" * 40, b"q", b"b", 1000), **{field: value})
+    assert rule in records.broken_rule(bad)
+    with pytest.raises(records.RuleError, match=rule):
+        records.decode(records.encode(bad))
+    args = {"name": b"n", "queue": b"q", "body": b"b", "dead_letter": None, "cron": None, "tz": None}
+    args[field] = value
+    words = [b"SCHEDULE", b"ADD", args["name"], args["queue"], args["body"]]
+    words += [b"CRON", args["cron"] or b"* * * * *"] if args["cron"] or args["tz"] else [b"EVERY", b"1000"]
+    words += [b"TZ", args["tz"]] if args["tz"] else []
+    words += [b"MAXATTEMPTS", b"1", b"DEADLETTER", args["dead_letter"]] if args["dead_letter"] else []
+    reply = env(*words)
+    assert isinstance(reply, Exception) and rule in str(reply)
+    assert env("SCHEDULE", "LIST") == []
 
 
 def test_aof_records_are_logged_replayed_and_rewritten(env):
@@ -352,13 +384,21 @@ def test_aof_records_are_logged_replayed_and_rewritten(env):
         assert core2.schedules.defs == env.core.schedules.defs
 
 
-def test_schedule_records_are_checked():
+def test_schedule_records_are_checked_and_a_bad_one_is_skipped_alone(env):
     good = records.encode(Schedule(b"n", 5, "a" * 40, b"q", b"b", 1000))
     assert check_record(0, [b"SCHEDULE", good]) is None
+    assert check_record(0, [b"SCHEDULE", b"x"]) is None  # well framed: replay skips it alone
     assert check_record(0, [b"SCHEDTICK", b"n", b"1000", b"a" * 40]) is None
-    for bad in ([b"SCHEDULE", b"x"], [b"SCHEDULE"], [b"SCHEDTICK", b"n", b"-1", b"a"], [b"SCHEDTICK", b"n", b"1"]):
+    for bad in ([b"SCHEDULE"], [b"SCHEDTICK", b"n", b"-1", b"a"], [b"SCHEDTICK", b"n", b"1"]):
         with pytest.raises(AofCorrupt):
             check_record(0, bad)
+    rep = env.core.begin_load()
+    rep.apply(0, [b"SCHEDULE", b"x"])
+    rep.apply(0, [b"SCHEDULE", good.replace(b"\xc4\x01n", b"\xc4\x00", 1)])
+    rep.apply(0, [b"SCHEDULE", good])
+    env.core.end_load()
+    assert env.core.schedules.names() == [b"n"]
+    assert dict(env.core.schedules.info_fields())["schedule_records_dropped"] == 2
 
 
 def test_a_tick_record_of_an_unknown_schedule_is_ignored(env):
@@ -556,3 +596,152 @@ def test_show_says_whether_anyone_takes_the_schedules_jobs(env):
     assert dict(env("SCHEDULE", "SHOW", "s"))[b"queue-len"] == 0
     assert Session(env.core)("GETJOB", "TIMEOUT", 60_000, "FROM", "reports") is BLOCKED
     assert dict(env("SCHEDULE", "SHOW", "s"))[b"queue-waiting"] == 1
+
+
+_words = st.sampled_from([b"EVERY", b"CRON", b"TZ", b"REPLICATE", b"TTL", b"RETRY", b"DELAY", b"MAXLEN", b"MAXATTEMPTS",
+                          b"DEADLETTER", b"ZONES", b"PRIORITY", b"ASYNC", b"1000", b"0", b"-1", b"* * * * *", b"UTC", b""])  # fmt: skip
+_args = st.lists(st.one_of(_words, st.binary(max_size=40), st.text(max_size=40).map(str.encode)), max_size=12)
+
+
+_adds = st.tuples(
+    st.just(b"ADD"), st.binary(max_size=300), st.binary(max_size=20), st.binary(max_size=20),
+    st.sampled_from([b"EVERY", b"CRON"]), st.one_of(_words, st.binary(max_size=2000)),
+).map(list)  # fmt: skip
+
+
+@given(sub=st.one_of(_adds, st.sampled_from([b"ADD", b"DEL", b"SHOW", b"PAUSE", b"RESUME", b"LIST", b"x"]).map(lambda w: [w])),
+       args=_args)  # fmt: skip
+def test_any_schedule_arguments_answer_ok_or_an_error_and_keep_only_good_records(sub, args):
+    s = ClockedSession()
+    reply = s(b"SCHEDULE", *sub, *args)
+    assert not isinstance(reply, Exception) or str(reply)
+    for rec in s.core.schedules.defs.values():  # what the bus and the AOF would carry: each passes their check
+        assert records.decode(records.encode(rec)) == rec
+    assert s("PING") == b"PONG"
+
+
+# ---------------------------------------------------------------- cost
+
+
+def test_a_pass_looks_only_at_the_schedules_due(env, monkeypatch):
+    started(env)
+    for i in range(300):
+        env("SCHEDULE", "ADD", f"s{i}", "q", "x", "EVERY", 3_600_000)
+    env("SCHEDULE", "ADD", "often", "q", "x", "EVERY", 1000)
+    run(env, 200)  # the first look at each new schedule, PASS_MAX a pass
+    looked: list[bytes] = []
+    real = Schedules._due
+    monkeypatch.setattr(Schedules, "_due", lambda self, s, *a: looked.append(s.name) or real(self, s, *a))
+    run(env, 3000)
+    assert looked and set(looked) == {b"often"}  # the hourly ones wait for their hour in the heap
+    assert env("SCHEDULE", "PAUSE", "often") == b"OK"
+    looked.clear()
+    run(env, 2000)
+    assert looked == []  # paused: not looked at until RESUME (a new record) wakes it
+    env("SCHEDULE", "RESUME", "often")
+    run(env, 100)
+    assert looked == [b"often"]
+
+
+def test_a_pass_looks_at_most_at_pass_max_schedules(env, monkeypatch):
+    from disque.core import schedules as module
+
+    monkeypatch.setattr(module, "PASS_MAX", 2)
+    started(env)
+    for i in range(5):
+        env("SCHEDULE", "ADD", f"s{i}", "q", "x", "EVERY", 3_600_000)
+    waiting = []
+    for _ in range(3):
+        run(env, 100)
+        waiting.append(sum(at <= env.clock.ms for at in env.core.schedules.due_at.values()))
+    assert waiting == [3, 1, 0]
+
+
+def test_records_are_counted_in_used_memory_and_refused_at_the_limit():
+    env = ClockedSession(maxmemory=2_000_000)
+    started(env)
+    before = env.core.memory.used
+    assert env("SCHEDULE", "ADD", "s", "q", b"x" * 100_000, "EVERY", 1000) == b"OK"
+    assert env.core.memory.used - before == env.core.schedules.size() > 100_000
+    for i in range(30):
+        reply = env("SCHEDULE", "ADD", f"big{i}", "q", b"x" * 100_000, "EVERY", 3_600_000)
+        if isinstance(reply, Exception):
+            break
+    assert isinstance(reply, Exception) and "OOM" in str(reply)
+    assert env.core.memory.used <= 2_000_000 + 200_000
+    env("SCHEDULE", "ADD", "s", "q", b"y", "EVERY", 1000)  # replaced: the old body no longer counted
+    assert env.core.memory.data() - env.core.memory.base == env.core.schedules.size()
+
+
+def test_a_tombstone_expires_a_day_after_the_deletion(env):
+    from disque.core.schedules import TOMBSTONE_MS
+
+    started(env)
+    env("SCHEDULE", "ADD", "gone", "q", "x", "EVERY", 1000)
+    base = env.core.memory.used - env.core.schedules.size()
+    assert env("SCHEDULE", "DEL", "gone") == 1
+    assert env.core.schedules.defs[b"gone"].deleted
+    env.clock.advance(TOMBSTONE_MS - 1000)
+    run(env, 500)
+    assert b"gone" in env.core.schedules.defs  # not yet
+    run(env, 1000)
+    assert b"gone" not in env.core.schedules.defs and env.core.memory.used == base
+    ahead = Schedule(b"ahead", env.clock.ms + 5000, "b" * 40, deleted=True)  # made by a node whose clock is ahead
+    env.core.schedules.on_sched_set("b" * 40, m.SchedSet(records.encode(ahead)))
+    env.clock.advance(TOMBSTONE_MS)
+    run(env, 100)
+    assert b"ahead" in env.core.schedules.defs
+    run(env, 5000)
+    assert b"ahead" not in env.core.schedules.defs
+
+
+class Ahead:
+    """A node's clock `ms` ahead of the others' (its wall clock too, when `wall`)."""
+
+    def __init__(self, clock: Any, ms: int, wall: bool) -> None:
+        self.clock, self.ms, self.wall = clock, ms, wall
+
+    def now_ms(self) -> int:
+        return self.clock.ms + self.ms
+
+    def since_us(self) -> int:
+        return 0
+
+    def wall_us(self) -> int:
+        return (self.clock.ms + self.ms * self.wall) * 1000
+
+
+@pytest.mark.parametrize("wall", [False, True])
+def test_a_node_whose_clock_is_ahead_fires_no_tick_early(wall):
+    """Its node clock 300 s ahead (still leaning back after its wall clock was
+    corrected; or its wall clock wrong too): its ticks follow the time its
+    peers' PING and PONG say, not its own."""
+    mesh = Mesh(3)
+    ahead = mesh.core(0)
+    ahead.clock = ahead.schedules.clock = Ahead(mesh.clock, 300_000, wall)
+
+    def advance(ms: int) -> None:  # (its deadlines are 300 s ahead of the mesh's: its steps are driven here)
+        for _ in range(ms // 100):
+            mesh.advance(100)
+            ahead.tick()
+            mesh.flush()
+
+    mesh.meet(0, 1)
+    mesh.meet(0, 2)
+    advance(3500)
+    assert Session(ahead)("SCHEDULE", "ADD", "s", "q", "x", "EVERY", 1000, "REPLICATE", 1) == b"OK"
+    advance(8000)
+    ticks = {int(t) for core in mesh.cores for t in core.schedules.runs[b"s"].fired}
+    assert ticks and max(ticks) <= mesh.clock.ms
+    mine = dict(ahead.schedules.info_fields())["schedule_ticks_fired"]
+    assert mine >= 1  # it takes its turns, at the agreed time
+    assert abs(ahead.schedules.offset + 300_000) < 100
+
+
+def test_a_node_alone_follows_its_wall_clock_when_its_node_clock_is_ahead():
+    env = ClockedSession()
+    env.core.clock = env.core.schedules.clock = Ahead(env.clock, 300_000, wall=False)
+    run(env, GRACE + 100)
+    env("SCHEDULE", "ADD", "s", "q", "x", "EVERY", 1000)
+    run(env, 3000)
+    assert tick_jobs(env.core) and all(t <= env.clock.ms for t in env.core.schedules.runs[b"s"].fired)

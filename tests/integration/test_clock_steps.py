@@ -78,3 +78,33 @@ def test_a_step_forward_does_not_expire_jobs_at_once(stepped):
     time.sleep(1.0)
     assert r.execute_command("QLEN", "q") == 10
     assert len(r.execute_command("SHOW", ids[0])) > 0
+
+
+def test_a_node_whose_clock_was_ahead_fires_no_tick_early(spawn: Callable[..., NodeProcess], tmp_path: Path) -> None:
+    """A node started with its wall clock 300 s ahead, then corrected: its
+    node clock leans back 1 % a second, so it stays about 300 s ahead for
+    hours; its ticks follow the time its two peers' PING and PONG say."""
+    assert LIBFAKETIME, "libfaketime is missing: `make tools-clock` installs it"
+    step = Step(tmp_path / "faketime")
+    step("+300")
+    env = {"LD_PRELOAD": LIBFAKETIME[0], "FAKETIME_TIMESTAMP_FILE": str(step.path), "FAKETIME_NO_CACHE": "1",
+           "FAKETIME_DONT_FAKE_MONOTONIC": "1"}  # fmt: skip
+    ahead = spawn("--schedule-grace", "500", env=env)
+    others = [spawn("--schedule-grace", "500") for _ in range(2)]
+    step("+0")
+    clients = [redis.Redis(port=n.port, protocol=2) for n in (ahead, *others)]
+    for other in others:
+        clients[0].execute_command("CLUSTER", "MEET", other.host, other.port)
+    wait_for(lambda: all(len(c.execute_command("HELLO")) - 2 == 3 for c in clients), timeout=15, what="three nodes")
+    assert clients[0].execute_command("TIME")[0] < time.time() + 5  # its wall clock is right again ...
+    clients[0].execute_command("SCHEDULE", "ADD", "s", "q", "x", "EVERY", 1000, "REPLICATE", 1, "TTL", 600)
+    wait_for(lambda: sum(c.execute_command("INFO", "schedules")["schedule_ticks_fired"] for c in clients) >= 5, timeout=20,
+             what="five ticks")  # fmt: skip
+    now_ms = time.time() * 1000
+    for c in clients:
+        show = c.execute_command("SCHEDULE", "SHOW", "s")
+        last = dict(zip(show[::2], show[1::2]))[b"last-tick"]
+        assert last <= now_ms + 100, (last - now_ms)  # ... and no tick came 300 s early
+    assert clients[0].execute_command("INFO", "schedules")["schedule_ticks_fired"] >= 1  # it takes its turns
+    for c in clients:
+        c.close()

@@ -26,6 +26,8 @@ PASSWORD = "s3cret"
 def http(port: int, path: str, body: Any = None, auth: str | None = None) -> tuple[int, bytes]:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method="POST" if data else "GET")
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
     if auth:
         request.add_header("Authorization", auth)
     try:
@@ -202,7 +204,8 @@ def test_the_password_is_checked_before_the_body_and_a_nested_body_is_refused(sp
         assert setup.execute_command("CONFIG", "SET", "requirepass", PASSWORD) == b"OK"
     nested = b"[" * 1500
     for auth, status in ((None, 401), ("Bearer wrong", 401), (f"Bearer {PASSWORD}", 400)):
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/api/queues/q/pause", data=nested, method="POST")
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/api/queues/q/pause", data=nested, method="POST",
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
         if auth:
             request.add_header("Authorization", auth)
         try:
@@ -310,3 +313,36 @@ def test_scrapes_of_many_queues_by_clients_that_never_read_cost_little(metrics_n
         for s in scrapers:
             s.close()
     assert r.ping() and http(port, "/metrics")[0] == 200
+
+
+def post(port: int, path: str, body: bytes, headers: dict[str, str]) -> int:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_another_sites_page_cannot_change_state(metrics_node) -> None:
+    """What a page of another site can send without a CORS preflight (a
+    text/plain or form POST, any Origin) is refused 403 and changes nothing;
+    the dashboard's own JSON request, and a script's without Origin, pass."""
+    node, port, r = metrics_node
+    body = b'{"state": "in"}'
+    r.execute_command("ADDJOB", "q-dead", "x", 0)
+    for headers in (
+        {"Content-Type": "text/plain"}, {"Content-Type": "application/x-www-form-urlencoded"}, {},
+        {"Content-Type": "text/plain", "Origin": f"http://127.0.0.1:{port}"},
+        {"Content-Type": "application/json", "Origin": "http://evil.example"},
+        {"Content-Type": "application/json", "Origin": "null"},
+        {"Content-Type": "application/json", "Origin": f"http://127.0.0.1:{port + 1}"},
+    ):  # fmt: skip
+        assert post(port, "/api/queues/q/pause", body, headers) == 403, headers
+        assert post(port, "/api/deadletters/q-dead/requeue", b"{}", headers) == 403, headers
+    assert r.execute_command("PAUSE", "q", "state") == b"none"
+    own = {"Content-Type": "application/json; charset=utf-8", "Origin": f"http://127.0.0.1:{port}"}
+    assert post(port, "/api/queues/q/pause", body, own) == 200
+    assert r.execute_command("PAUSE", "q", "state") == b"in"
+    assert post(port, "/api/queues/q/pause", b'{"state": "none"}', {"Content-Type": "application/json"}) == 200
+    assert r.execute_command("PAUSE", "q", "state") == b"none"

@@ -12,7 +12,7 @@ becomes the error reply.  Nothing here keeps state of its own.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, Final
 
 from disque.protocols.resp import admin, groups  # noqa: F401 - groups registers the consumer-group commands
@@ -33,11 +33,11 @@ from disque.core import errors
 from disque.cluster import messages as m
 from disque.core.errors import err
 from disque.core.types import NIL_ARRAY, SILENT, Command, Connection, Map, Status
-from disque.core.lifecycle import DeadLetterFilter, check_job_options
+from disque.core.lifecycle import SLICE, DeadLetterFilter, check_job_options
 from disque.core.node import NodeCore
 from disque.core.schedules import MIN_EVERY, check_cron
 from disque.store.failure import Failure, problem as failure_problem
-from disque.store.schedule import Schedule
+from disque.store.schedule import Schedule, broken_rule
 from disque.store.job import DEFAULT_PRIORITY, MAX_PRIORITY, STATE_BY_NAME, STATE_NAMES, Job, State
 from disque.store.queue import PAUSE_IN, PAUSE_NAMES, PAUSE_OUT, Queue
 
@@ -169,22 +169,27 @@ def _schedule_add(node: NodeCore, argv: list[bytes]) -> Any:
         if tz:
             raise err("TZ goes with CRON")
     elif kind == b"cron":
-        check_cron(spec, tz)
         cron = spec
     else:
         raise errors.syntax()
     values, _, dead_letter = job_options(argv, i)  # ASYNC or not, a tick's job never waits: it has no client
     repl, ttl, retry, delay, maxlen, max_attempts, zones, priority = values
+    s = Schedule(
+        argv[2], 0, "", argv[3], argv[4], every, cron, tz, since=node.now, repl=repl or 0, ttl=ttl or 0,
+        retry=-1 if retry is None else retry, delay=delay or 0, maxlen=maxlen or 0, max_attempts=max_attempts or 0,
+        dead_letter=dead_letter or b"", zones=zones or 0, priority=-1 if priority is None else priority,
+    )  # fmt: skip
+    rule = broken_rule(s)  # the rules the bus and the AOF apply (before a long expression is parsed)
+    if rule:
+        raise err(rule)
+    if cron:
+        check_cron(cron, tz)
     if dead_letter is not None and max_attempts is None:
         raise err("DEADLETTER needs MAXATTEMPTS")
     check_job_options(repl or 3, retry, delay or 0, ttl or 86400)
     if zones is not None and zones > (repl or 3):
         raise err("ZONES can't be greater than the replication level")
-    node.schedules.add(Schedule(
-        argv[2], 0, "", argv[3], argv[4], every, cron, tz, since=node.now, repl=repl or 0, ttl=ttl or 0,
-        retry=-1 if retry is None else retry, delay=delay or 0, maxlen=maxlen or 0, max_attempts=max_attempts or 0,
-        dead_letter=dead_letter or b"", zones=zones or 0, priority=-1 if priority is None else priority,
-    ))  # fmt: skip
+    node.schedules.add(s)
     return OK
 
 
@@ -231,27 +236,36 @@ def cmd_fastack(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
     return sum(node.acks.fast_ack(job_id) for job_id in job_ids(argv[1:]))
 
 
-def _each_known(node: NodeCore, argv: list[bytes], action: Callable[[Job], bool]) -> int:
+def _each_known(node: NodeCore, client: Connection, argv: list[bytes], action: Callable[[Job], bool]) -> Any:
+    """`action` on each job of the IDs argv names that this node knows (every
+    ID checked first); how many it was true for.  Many IDs go SLICE at a time
+    (Blocking.in_slices: other clients run in between)."""
+    return node.blocking.in_slices(client, _each_in_slices(node, job_ids(argv[1:]), action))
+
+
+def _each_in_slices(node: NodeCore, ids: list[bytes], action: Callable[[Job], bool]) -> Generator[None, None, int]:
     done = 0
-    for job_id in job_ids(argv[1:]):
+    for n, job_id in enumerate(ids, 1):
         job = node.jobs.get(job_id)
         if job is not None and action(job):
             done += 1
+        if not n % SLICE and n < len(ids):
+            yield
     return done
 
 
 @command("deljob", -1, "wF")
-def cmd_deljob(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
+def cmd_deljob(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     def delete(job: Job) -> bool:
         node.lifecycle.delete_job(job)
         return True
 
-    return _each_known(node, argv, delete)
+    return _each_known(node, client, argv, delete)
 
 
 @command("enqueue", -1, "mwF")
-def cmd_enqueue(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
-    return _each_known(node, argv, lambda job: job.state == State.ACTIVE and node.lifecycle.enqueue(job))
+def cmd_enqueue(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
+    return _each_known(node, client, argv, lambda job: job.state == State.ACTIVE and node.lifecycle.enqueue(job))
 
 
 # NACK's options (extensions, docs/commands.md) -> how many values follow the word.
@@ -287,10 +301,10 @@ def parse_nack(argv: list[bytes]) -> tuple[list[bytes], int, Failure | None]:
 
 
 @command("nack", -1, "mwF")
-def cmd_nack(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
+def cmd_nack(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     """NACK <id> ... with our extensions DELAY and ERROR (parse_nack, node.lifecycle.nack)."""
     ids, delay, failure = parse_nack(argv)
-    return _each_known(node, ids, lambda job: node.lifecycle.nack(job, delay, failure))
+    return _each_known(node, client, ids, lambda job: node.lifecycle.nack(job, delay, failure))
 
 
 DEADLETTER_SYNTAX: Final = (
@@ -334,11 +348,25 @@ def cmd_deadletter(node: NodeCore, client: Connection, argv: list[bytes]) -> Any
     if b"rate" in opts:
         node.redrives.start(argv[2], verb, selection, rate, count)
         return OK
-    if verb == b"requeue":
-        return life.requeue_dead_letters(argv[2], count, selection)
-    if verb == b"delete":
-        return life.delete_dead_letters(argv[2], count, selection)
-    return [dead_letter_entry(job) for job in life.dead_letters(argv[2], count, selection)]
+    if verb == b"list":
+        return [dead_letter_entry(job) for job in life.dead_letters(argv[2], count, selection)]
+    act = life.requeue_dead_letters if verb == b"requeue" else life.delete_dead_letters
+    return node.blocking.in_slices(client, _dead_letters_in_slices(act, argv[2], count, selection))
+
+
+def _dead_letters_in_slices(
+    act: Callable[[bytes, int, DeadLetterFilter], int], name: bytes, count: int, selection: DeadLetterFilter
+) -> Generator[None, None, int]:
+    """DEADLETTER REQUEUE or DELETE SLICE dead letters at a time
+    (Blocking.in_slices: other clients run in between); how many went."""
+    done = 0
+    while True:
+        want = min(SLICE, count - done)
+        moved = act(name, want, selection)
+        done += moved
+        if moved < want or done == count:
+            return done
+        yield
 
 
 def dead_letter_entry(job: Job) -> Map:
@@ -355,8 +383,8 @@ def dead_letter_entry(job: Job) -> Map:
 
 
 @command("dequeue", -1, "wF")
-def cmd_dequeue(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
-    return _each_known(node, argv, node.lifecycle.dequeue)
+def cmd_dequeue(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
+    return _each_known(node, client, argv, node.lifecycle.dequeue)
 
 
 @command("working", 2, "wF")
@@ -483,17 +511,25 @@ def _reply_type(raw: bytes) -> bool:
 
 
 @command("jscan", -1, "r")
-def cmd_jscan(node: NodeCore, client: Connection, argv: list[bytes]) -> list[Any]:
+def cmd_jscan(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
+    """JSCAN; a large COUNT (or BUSYLOOP) builds its reply SLICE jobs at a
+    time (Blocking.in_slices: other clients run in between; a job deleted
+    meanwhile may still be listed, as SCAN allows)."""
     cursor, opts = parse_scan(argv, (), {b"queue": bytes, b"state": _job_state, b"reply": _reply_type})
+    cursor, jobs = _scan(node.jobs, cursor, opts)
+    return node.blocking.in_slices(client, _jscan_reply(node, cursor, jobs, opts))
+
+
+def _jscan_reply(node: NodeCore, cursor: int, jobs: list[Job], opts: dict[bytes, Any]) -> Generator[None, None, list[Any]]:
     queues = opts.get(b"queue")
     states = opts.get(b"state")
     reply_all = opts.get(b"reply", [False])[-1]
-    cursor, jobs = _scan(node.jobs, cursor, opts)
     items: list[Any] = []
-    for job in jobs:
-        if job.is_dummy_ack or (queues and job.queue != queues[-1]) or (states and job.state not in states):
-            continue
-        items.append(show(node, job) if reply_all else Status(job.id))
+    for n, job in enumerate(jobs, 1):
+        if not (job.is_dummy_ack or (queues and job.queue != queues[-1]) or (states and job.state not in states)):
+            items.append(show(node, job) if reply_all else Status(job.id))
+        if not n % SLICE and n < len(jobs):
+            yield
     return [str(cursor).encode(), items]
 
 

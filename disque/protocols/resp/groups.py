@@ -145,8 +145,7 @@ def cmd_qnotify(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
 @command("qflush", -1, "w")
 def cmd_qflush(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     _need(argv, 1)
-    node.groups.qflush(argv[1])
-    return OK
+    return node.blocking.in_slices(client, node.groups.qflush(argv[1]))
 
 
 def _status_args(argv: list[bytes]) -> tuple[list[bytes], list[bytes] | None]:
