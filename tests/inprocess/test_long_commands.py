@@ -16,7 +16,7 @@ def test_a_long_requeue_runs_in_slices_and_other_clients_run_between():
     s, other = Session(core), Session(core)
     n = 2 * SLICE + 7
     for i in range(n):
-        core.lifecycle.move_job(core.jobs.get(bytes(s("ADDJOB", "q", f"b{i}", 0, "RETRY", 30))), b"q-dead", 0, 0, 1, b"q", b"q")
+        core.lifecycle.move_job(core.jobs.get(bytes(s("ADDJOB", "q", f"b{i}", 0, "RETRY", 30))), b"q-dead", 0, 0, 1, b"q", b"q", ())
     assert s("DEADLETTER", "REQUEUE", "q-dead") is BLOCKED  # the first slice done, the rest to come
     assert s.core.next_deadline() == core.lifecycle.now and s("QLEN", "q") == SLICE  # (s runs nothing meanwhile ...)
     assert other("PING") == b"PONG" and other("QLEN", "q-dead") == n - SLICE  # ... but the other client does
@@ -32,7 +32,7 @@ def test_a_client_gone_mid_requeue_stops_it():
     core, _, _ = make_core()
     s, other = Session(core), Session(core)
     for i in range(2 * SLICE):
-        core.lifecycle.move_job(core.jobs.get(bytes(s("ADDJOB", "q", f"b{i}", 0, "RETRY", 30))), b"q-dead", 0, 0, 1, b"q", b"q")
+        core.lifecycle.move_job(core.jobs.get(bytes(s("ADDJOB", "q", f"b{i}", 0, "RETRY", 30))), b"q-dead", 0, 0, 1, b"q", b"q", ())
     assert s("DEADLETTER", "REQUEUE", "q-dead") is BLOCKED
     core.disconnect(s.client.id)
     core.tick()
