@@ -358,8 +358,14 @@ class LinkCodec:
 # --- framing ------------------------------------------------------------------
 
 
+def length_prefix(size: int) -> bytes:
+    """The prefix of a frame whose body is `size` bytes (written before it,
+    apart, when the body is big enough that copying it costs)."""
+    return _LENGTH.pack(size)
+
+
 def framed(body: bytes) -> bytes:
-    return _LENGTH.pack(len(body)) + body
+    return length_prefix(len(body)) + body
 
 
 def encode_frame(header: Header, msg: Message) -> bytes:
