@@ -49,7 +49,15 @@ VERSION: Final = 1  # frame body version ("v")
 
 # Largest accepted frame body: a 64 MiB job body plus 1 MiB for the envelope
 # and the other job fields.  A YOURJOBS batch must stay under it as well.
-MAX_FRAME: Final = (64 << 20) + (1 << 20)
+FRAME_SLACK: Final = 1 << 20  # a job's frame beside its body: its other fields, the header
+MAX_FRAME: Final = (64 << 20) + FRAME_SLACK
+
+
+def frame_limit(max_job_size: int) -> int:
+    """The largest frame a link takes: one carrying a job of `max-job-size`
+    (never below the default's, so a smaller setting refuses no peer's frame)."""
+    return max(MAX_FRAME, max_job_size + FRAME_SLACK)
+
 
 # mflags bits.
 NOREPLY: Final = 1

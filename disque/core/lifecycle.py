@@ -98,6 +98,13 @@ def replication_level(repl: int | None, minrepl: int | None, size: int) -> tuple
     return repl, minrepl
 
 
+def check_size(body: bytes, settings: Settings) -> None:
+    """`max-job-size`: every front end's new job (ADDJOB, SET, QADD, a
+    schedule's tick) is refused above it, with an error that names it."""
+    if len(body) > settings.max_job_size:
+        raise errors.job_too_large(len(body), settings.max_job_size)
+
+
 def check_job_options(repl: int, retry: int | None, delay: int, ttl: int) -> None:
     """ADDJOB's checks of its options together (spec/commands.md §4.1 step 4),
     also made when a schedule is added, so its ticks are never refused for them.
@@ -446,11 +453,12 @@ class Lifecycle:
         `priority` (0-9) defaults to the queue's (its `priority` setting, 5
         unless configured); a schedule's tick brings its `job_id`
         (core/schedules.py); `minrepl` is MINREPL (`replication_level`)."""
+        settings = self.settings
+        check_size(body, settings)
         membership = self.membership
         repl, minrepl = replication_level(repl, minrepl, membership.size())
         if ttl is None:
             ttl = 86400
-        settings = self.settings
         limits = settings.queue_config.settings(queue)
         if limits is not NO_LIMITS:  # `queue-defaults` / `queue` lines (Kestrel's options)
             ttl = self.kestrel.make_room(limits, queue, body, ttl)
@@ -510,6 +518,7 @@ class Lifecycle:
         this one included; the reply is its ID, or OK when `is_async`."""
         if self.membership.leaving:
             raise errors.leaving()
+        check_size(body, self.settings)
         job = self.events.new_event(queue, body, ttl, min(EVENT_COPIES, self.membership.size()))
         minrepl = default_minrepl(job.repl)
         additional, _ = self._replicas(job.repl, minrepl, False)

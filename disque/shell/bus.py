@@ -77,7 +77,7 @@ from typing import Any, Protocol
 import trio
 
 from disque.cluster.auth import AuthError, AuthLink
-from disque.cluster.codec import MAX_FRAME, FrameDecoder
+from disque.cluster.codec import MAX_FRAME, FrameDecoder, frame_limit
 from disque.cluster.messages import Header, Message
 from disque.shell.security import Security, bus_protected_mode_refuses
 from disque.shell.wire import READ_SIZE, AuthDecoder, Link, Reactor, Wires
@@ -228,6 +228,18 @@ class Bus:
                 self.cron()
                 await trio.sleep(CRON_PERIOD)
             await trio.sleep_forever()
+
+    def follow(self, max_job_size: int) -> None:
+        """Frames (and the queue of a peer not reading) follow `max-job-size`
+        (CONFIG SET): links carry any job a node may take."""
+        max_frame = frame_limit(max_job_size)
+        if max_frame == self.max_frame:
+            return
+        self.max_frame = self.wires.max_frame = max_frame
+        self.max_queue = self.wires.max_queue = 2 * max_frame
+        for peer in (*self.links.values(), *self.conns.values()):
+            if peer.identified:
+                peer.decoder.max_frame = max_frame
 
     def cron(self) -> None:
         """Reconcile the links with those the core wants (once running)."""

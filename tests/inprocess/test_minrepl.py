@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from disque.cluster import messages as m
+from disque.cluster.codec import MAX_FRAME, frame_limit
 from disque.core.lifecycle import default_minrepl, replication_level
 from disque.core.errors import DisqueError
 from disque.core.replication import BACKGROUND_MS, resend_ms
@@ -235,3 +236,26 @@ def test_the_minimum_must_span_the_zones_asked():
     client = mesh.call(0, "ADDJOB", "q", "b", 3 * T, "REPLICATE", 3, "MINREPL", 2, "ZONES", 2)
     mesh.advance(3 * T + 100)
     assert str(mesh.reply(client)).startswith("NOREPL Timeout reached")
+
+
+# ---------------------------------------------------------------- max-job-size
+
+
+def test_max_job_size_refuses_a_bigger_job_on_every_command_that_adds_one():
+    mesh = formed(1)
+    assert dict(mesh.call(0, "CONFIG", "GET", "max-job-size")) == {"max-job-size": "67108864"}
+    assert mesh.call(0, "CONFIG", "SET", "max-job-size", "10") == b"OK"
+    too_big = "ERR Job body of 11 bytes is larger than max-job-size (10 bytes)"
+    for command in (
+        ("ADDJOB", "q", "x" * 11, 0),
+        ("QADD", "q", 60, "x" * 11),
+        ("SCHEDULE", "ADD", "s", "q", "x" * 11, "EVERY", 1000),
+    ):
+        assert str(mesh.call(0, *command)) == too_big
+    assert isinstance(mesh.call(0, "ADDJOB", "q", "x" * 10, 0), Status)
+    assert str(mesh.call(0, "CONFIG", "SET", "max-job-size", "0")).startswith("ERR")
+
+
+def test_the_bus_frame_limit_follows_max_job_size():
+    assert frame_limit(10) == frame_limit(64 << 20) == MAX_FRAME  # never below the default's
+    assert frame_limit(200 << 20) == (201 << 20)

@@ -33,7 +33,7 @@ from disque.core import errors
 from disque.cluster import messages as m
 from disque.core.errors import err
 from disque.core.types import NIL_ARRAY, SILENT, Command, Connection, Map, Status
-from disque.core.lifecycle import check_job_options
+from disque.core.lifecycle import check_job_options, check_size
 from disque.core.node import NodeCore
 from disque.core.schedules import MIN_EVERY, check_cron
 from disque.store.schedule import Schedule
@@ -180,6 +180,7 @@ def _schedule_add(node: NodeCore, argv: list[bytes]) -> Any:
     if minrepl is not None:
         raise err("MINREPL does not apply to SCHEDULE: a tick's job never waits for its copies")
     check_job_options(repl or 3, retry, delay or 0, ttl or 86400)
+    check_size(argv[4], node.lifecycle.settings)
     if zones is not None and zones > (repl or 3):
         raise err("ZONES can't be greater than the replication level")
     node.schedules.add(Schedule(
