@@ -50,6 +50,14 @@ def test_encode_command() -> None:
         encode_command([None])  # type: ignore[list-item]
 
 
+def test_a_body_over_max_job_size_is_refused_before_it_is_sent() -> None:
+    """No node is running at the address: the refusal comes first."""
+    c = Client(("127.0.0.1", 1), max_job_size=4)
+    with pytest.raises(DisqueReplyError, match=r"Job body of 5 bytes is larger than max-job-size \(4 bytes\): not sent"):
+        c.add_job("q", "héll")  # 5 bytes in UTF-8
+    assert Client().max_job_size == 64 << 20  # the server's default
+
+
 def test_parse_address() -> None:
     assert parse_address("10.0.0.1:7712") == ("10.0.0.1", 7712)
     assert parse_address("[::1]:7711") == ("::1", 7711)
