@@ -230,16 +230,9 @@ class Bus:
             await trio.sleep_forever()
 
     def follow(self, max_job_size: int) -> None:
-        """Frames (and the queue of a peer not reading) follow `max-job-size`
-        (CONFIG SET): links carry any job a node may take."""
-        max_frame = frame_limit(max_job_size)
-        if max_frame == self.max_frame:
-            return
-        self.max_frame = self.wires.max_frame = max_frame
-        self.max_queue = self.wires.max_queue = 2 * max_frame
-        for peer in (*self.links.values(), *self.conns.values()):
-            if peer.identified:
-                peer.decoder.max_frame = max_frame
+        """The queue of a peer not reading follows `max-job-size` (CONFIG
+        SET): room for two of the biggest frames this node may send."""
+        self.max_queue = self.wires.max_queue = 2 * frame_limit(max_job_size)
 
     def cron(self) -> None:
         """Reconcile the links with those the core wants (once running)."""

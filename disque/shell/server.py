@@ -151,7 +151,10 @@ class Server:
             port=announced_port(config) + CLUSTER_PORT_INCR,
             bind=config.bind,
             backlog=config.tcp_backlog,
-            max_frame=frame_limit(config.max_job_size),
+            # Any frame a peer may send: a job of the largest max-job-size, whatever this
+            # node's (a node set lower must not refuse, and so close in a loop, a peer's job).
+            max_frame=frame_limit(cfg.MAX_JOB_SIZE_MAX),
+            max_queue=2 * frame_limit(config.max_job_size),
             security=self.security,
         )
         self.aof_file = AofFile(self.core, config, self, self.dispatch.drain, self.bodies)
