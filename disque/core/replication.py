@@ -39,7 +39,10 @@ moves to `background`, as does an ASYNC job short of targets: every
 `BACKGROUND_MS` REPLJOB goes again, answer asked, to its unconfirmed
 targets in good standing, and to new nodes while its targets that are
 confirmed or in good standing are fewer than REPLICATE, until REPLICATE
-nodes confirmed or the job is acknowledged or gone.
+nodes confirmed or the job is acknowledged or gone.  The holders that
+confirmed get no copy again (a new target's copy names them all): one may
+have deleted the job since (FASTACK, an ACK collected), and a copy would
+bring it back.
 
 Resending: a target that has not confirmed gets the copy again only on a
 new link (it may have restarted) or once `resend_ms` passed since the last
@@ -185,14 +188,15 @@ class Replication:
             job.nodes_delivered = delivered + tuple(added)
         wire = job_to_wire(job, life.now)
         msg = m.ReplJob(wire, noreply)  # one message for every target: the bus encodes it once
-        confirmed: Any = pending.confirmed if pending is not None and pending.client is None else job.nodes_confirmed or ()
+        background = pending is not None and pending.client is None
+        confirmed: Any = pending.confirmed if background else job.nodes_confirmed or ()
         now, nodes, every = life.now, membership.nodes, resend_ms(job)
         for node_id in job.nodes_delivered:
             if node_id == membership.my_id:
                 continue
             done = node_id in confirmed
-            if done and not added:
-                continue
+            if done and (not added or background):
+                continue  # (in the background a holder may have deleted the job since: a copy would bring it back)
             if pending is not None and not done:
                 node = nodes.get(node_id)
                 if node is None or not node.link:
