@@ -2,7 +2,8 @@
 m synchronous copies only when a target is out of good standing (no link,
 or flagged PFAIL/FAIL) and no other node is left to ask; the other copies
 are made in the background.  A default ADDJOB settles for a majority of
-min(3, cluster size); an explicit REPLICATE alone keeps Disque's meaning."""
+min(3, cluster size); an explicit REPLICATE alone keeps Disque's meaning
+(waiting for a node that comes back: test_mesh_cluster.py)."""
 
 from __future__ import annotations
 
@@ -77,19 +78,6 @@ def test_a_dead_node_lets_a_default_addjob_settle_for_two_copies_then_gets_its_o
     mesh.advance(2 * BACKGROUND_MS)
     assert not mesh.core(0).replication.background and b"min-repl" not in show(mesh, 0, job_id)
     assert sorted(show(mesh, 2, job_id)[b"nodes-delivered"]) == sorted(mesh.my_id(i) for i in range(3))
-
-
-def test_an_explicit_replicate_waits_for_the_node_to_come_back():
-    """Disque's test "Sync REPLJOB messages are retried against old nodes":
-    REPLICATE 3 alone means 3 synchronous copies."""
-    mesh = formed()
-    mesh.kill(2)
-    client = mesh.call(0, "ADDJOB", "q", "b", 30_000, "REPLICATE", 3)
-    mesh.advance(2000)
-    assert mesh.reply(client) is None
-    mesh.restart(2)
-    mesh.wait_for(lambda: mesh.reply(client) is not None, 5000)
-    assert isinstance(mesh.reply(client), Status) and holders(mesh, mesh.reply(client)) == [0, 1, 2]
 
 
 def test_a_stalled_target_is_waited_for_until_it_is_flagged():
