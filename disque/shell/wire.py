@@ -190,13 +190,14 @@ class Wires:
         """Encode `msg` onto `peer.out`, after the batch waiting."""
         if peer.batch:
             self.append_batch(peer)
-        body = peer.codec.encode(self.header(), msg)
-        if peer.auth is None:  # the prefix apart: a big body is written as it is, never copied into a frame
-            peer.out.append(length_prefix(len(body)))
-            peer.out.append(body)
-            peer.queued += len(body) + 4
+        if peer.auth is None:  # the prefix apart: a big job's body is written as it is, never copied into a frame
+            parts = peer.codec.encode_parts(self.header(), msg)
+            size = sum([len(part) for part in parts])
+            peer.out.append(length_prefix(size))
+            peer.out.extend(parts)
+            peer.queued += size + 4
         else:
-            frame = peer.auth.seal(body)
+            frame = peer.auth.seal(peer.codec.encode(self.header(), msg))
             peer.out.append(frame)
             peer.queued += len(frame)
 
