@@ -341,8 +341,9 @@ class LinkCodec:
         of `SPLICE_MIN` bytes or more is not copied into the frame's body
         but goes as it is, after its msgpack header (the same bytes on the
         wire; a 50 MB copy holds the event loop for tens of ms)."""
-        if type(msg) is not ReplJob or len(body := msg.job["body"]) < SPLICE_MIN:
+        if not isinstance(msg, ReplJob) or len(msg.job["body"]) < SPLICE_MIN:
             return [self.encode(header, msg)]
+        body: bytes = msg.job["body"]
         packed = self.encode(header, ReplJob({**msg.job, "body": _MARK}, msg.noreply))
         if packed.count(_PACKED_MARK) != 1:  # a name holding the mark too: no splice
             return [self.encode(header, msg)]

@@ -75,7 +75,7 @@ BACKGROUND_MS = 1000  # the pass over the jobs that still lack copies after thei
 
 
 def resend_ms(job: Job) -> int:
-    return max(REPL_STEP_MS, len(job.body) // RESEND_BYTES_PER_MS)
+    return max(REPL_STEP_MS, len(job.body or b"") // RESEND_BYTES_PER_MS)
 
 
 class Pending:  # a plain class: the compiled build keeps a dataclass's __init__ interpreted
@@ -188,8 +188,10 @@ class Replication:
             job.nodes_delivered = delivered + tuple(added)
         wire = job_to_wire(job, life.now)
         msg = m.ReplJob(wire, noreply)  # one message for every target: the bus encodes it once
-        background = pending is not None and pending.client is None
-        confirmed: Any = pending.confirmed if background else job.nodes_confirmed or ()
+        confirmed: Any = job.nodes_confirmed or ()
+        background = False  # the producer has its answer: `pending` keeps the confirmations
+        if pending is not None and pending.client is None:
+            background, confirmed = True, pending.confirmed
         now, nodes, every = life.now, membership.nodes, resend_ms(job)
         for node_id in job.nodes_delivered:
             if node_id == membership.my_id:
