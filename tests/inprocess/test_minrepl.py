@@ -247,3 +247,16 @@ def test_max_job_size_refuses_a_bigger_job_on_every_command_that_adds_one():
 def test_the_bus_frame_limit_follows_max_job_size():
     assert frame_limit(10) == frame_limit(64 << 20) == MAX_FRAME  # never below the default's
     assert frame_limit(200 << 20) == (201 << 20)
+
+
+def test_a_schedule_tick_with_a_node_down_gets_its_level_in_the_background():
+    mesh = formed()
+    mesh.kill(2)
+    assert mesh.call(0, "SCHEDULE", "ADD", "s", "q", "b", "EVERY", 1000) == b"OK"
+    mesh.wait_for(lambda: any(len(mesh.core(i).jobs) for i in (0, 1)), 5000)
+    (job_id,) = [j.id for i in (0, 1) for j in mesh.core(i).jobs.values()][:1]
+    origin = next(i for i in (0, 1) if job_id in mesh.core(i).replication.background)
+    assert show(mesh, origin, job_id)[b"repl"] == 3 and show(mesh, origin, job_id)[b"min-repl"] == 1
+    assert mesh.call(0, "SCHEDULE", "DEL", "s") == 1
+    mesh.restart(2)
+    mesh.wait_for(lambda: holders(mesh, job_id) == [0, 1, 2], 5 * BACKGROUND_MS)
