@@ -353,7 +353,7 @@ def test_monitor_streams_what_the_node_runs(shared_node: NodeProcess, client: Cl
         job_id = client.add_job(queue, "watched")
         client.ack(job_id)
         first, second = next(lines), next(lines)
-    assert re.fullmatch(rf'\d+\.\d{{6}} \[127\.0\.0\.1:\d+\] "ADDJOB" "{queue}" "watched" "0"', first)
+    assert re.fullmatch(rf'\d+\.\d{{6}} \[127\.0\.0\.1:\d+\] "ADDJOB" "{queue}" "watched" "30000"', first)  # add_job's default timeout
     assert second.endswith(f'"ACKJOB" "{job_id}"')
     assert client.ping() == "PONG"  # the other connection is untouched
 
