@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
+import big_jobs
 import cluster
 import common
 import delivery
@@ -26,6 +27,7 @@ BENCHMARKS = {
     "path": request_path,
     "single": single_node,
     "cluster": cluster,
+    "big-jobs": big_jobs,
     "delivery": delivery,
     "memcache": memcache,
     "groups": groups,

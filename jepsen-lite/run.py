@@ -112,6 +112,7 @@ class Workload:
         self.draining = threading.Event()
         self.last_delivery = time.monotonic()
         self.next_process = 0
+        self.down = args.down  # the last nodes, down until the heal
 
     def record(self, type: str, process: Any, node: Any, op: str, **fields: Any) -> dict[str, Any]:
         with self.lock:
@@ -124,6 +125,10 @@ class Workload:
         kind = self.args.workload
         if kind == "mixed":
             kind = "at-most-once" if rng.random() < 0.25 else "at-least-once"
+        if kind == "default":  # no option sent: what the node applies (docs/replication.md), for the checker
+            ttl = rng.choice(TTLS)
+            repl = min(3, self.args.nodes)
+            return {"queue": QUEUE, "replicate": repl, "minrepl": repl // 2 + 1, "retry": min(ttl // 10, 300) or 1, "ttl": ttl}
         if kind == "at-most-once":
             opts = {"queue": QUEUE, "replicate": 1, "retry": 0}
         else:
@@ -158,12 +163,15 @@ class Workload:
         count = 0
         events = self.args.workload == "groups"
         while self.producing.is_set():
-            i = rng.randrange(len(self.nodes))
+            i = rng.randrange(len(self.nodes) - self.down)  # not to the nodes down the whole run (--down)
             count += 1
             body = f"{process}-{count}"
             if events:
                 op, value = QADD, {"queue": QUEUE, "ttl": rng.choice(TTLS)}
                 command: tuple[Any, ...] = ("QADD", QUEUE, value["ttl"], body)
+            elif self.args.workload == "default":
+                op, value = ENQUEUE, self.options(rng)
+                command = ("ADDJOB", QUEUE, body, self.args.addjob_timeout_ms, "TTL", value["ttl"])
             else:
                 op, value = ENQUEUE, self.options(rng)
                 limits = ("MAXATTEMPTS", value["maxattempts"], "DEADLETTER", DEAD) if "maxattempts" in value else ()
@@ -431,6 +439,36 @@ def chosen_faults(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(f for f in args.faults.split(",") if f and f != "none")
 
 
+def add_rates(records: list[dict[str, Any]], slack_ms: int) -> dict[str, dict[str, Any]]:
+    """The producers' adds answered with an ID, among those sent outside the
+    nemesis's fault windows (each widened by `slack_ms` after it ends: the
+    cluster's time to flag and clear nodes) and those sent inside."""
+    windows, opened = [], None
+    for r in records:
+        if r["op"] == checker_stats.NEMESIS:
+            if r["value"]["phase"] == "start":
+                opened = r["time"]
+            elif opened is not None:
+                windows.append((opened, r["time"] + slack_ms))
+                opened = None
+    if opened is not None:
+        windows.append((opened, float("inf")))
+    sent = {}
+    counts = {"outside": [0, 0], "inside": [0, 0]}
+    for r in records:
+        if r["op"] != ENQUEUE:
+            continue
+        key = (r["process"], r["body"])
+        if r["type"] == "invoke":
+            sent[key] = r["time"]
+        elif key in sent:
+            at = sent.pop(key)
+            where = "inside" if any(a <= at <= b for a, b in windows) else "outside"
+            counts[where][0] += r["type"] == OK
+            counts[where][1] += 1
+    return {k: {"ok": ok, "all": n, "rate": ok / n if n else 1.0} for k, (ok, n) in counts.items()}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     faults = chosen_faults(args)
@@ -439,7 +477,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"unknown fault {f!r} (choose from {', '.join(ALL_FAULTS)}, all, none)")
     if "zone" in faults and args.zones < 2:
         raise SystemExit("the zone fault needs --zones 2 or more")
-    plan = schedule(rng, list(faults), args.nodes, args.duration, args.fault_s, args.gap_s, args.zones)
+    if not 0 <= args.down < args.nodes - 1:
+        raise SystemExit("--down must leave at least two nodes up")
+    plan = schedule(rng, list(faults), args.nodes - args.down, args.duration, args.fault_s, args.gap_s, args.zones)
     runs = Path(args.runs_dir)
     rundir = runs / f"{time.strftime('%Y%m%d-%H%M%S')}-seed{args.seed}-{os.getpid()}"
     rundir.mkdir(parents=True)
@@ -462,6 +502,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         nodes = start_cluster(args, net, rundir / "nodes")
         log(f"{len(nodes)} nodes up: {', '.join(f'{n.host}:{n.port}' for n in nodes)}")
+        down = nodes[len(nodes) - args.down :]  # --down: killed before the first job, back only at the heal
+        for node in down:
+            node.kill9()
+        if down:
+            log(f"down for the whole run: node {', '.join(str(n.index) for n in down)}")
         wl = Workload(args, nodes)
         wl.producing.set()
         wl.consuming.set()
@@ -495,6 +540,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(max(0.0, t0 + args.duration - time.monotonic()))
         # heal everything, restart what is down, wait for the full mesh
         net.heal()
+        for node in down:
+            node.start()
+        wl.down = 0
         for node in nodes:
             node.resume()
             if not node.alive():
@@ -574,6 +622,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "diagnostics": diagnostics,
         "args": vars(args),
     }
+    if args.workload != "groups":
+        results["adds"] = add_rates(records, 2 * args.node_timeout_ms)
     ops = checker_stats.operations(records)
     results["ops_per_s"] = round(sum(1 for o in ops if o["type"] == OK) / max(elapsed, 1), 1)
     (rundir / "results.json").write_text(json.dumps(results, indent=1, default=str))
@@ -598,6 +648,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"at-most-once duplicated {verdict.get('at_most_once_duplicated')}, phantom acks {verdict.get('phantom_acks')} "
             f"({net.mode} mode, {elapsed:.0f}s)"
         )
+    if "adds" in results:
+        outside, inside = results["adds"]["outside"], results["adds"]["inside"]
+        log(
+            f"producers' success rate outside the fault windows {outside['rate']:.2%} ({outside['ok']} of "
+            f"{outside['all']}), inside {inside['rate']:.2%} ({inside['ok']} of {inside['all']})"
+            + (f"; node {', '.join(str(i) for i in range(args.nodes - args.down, args.nodes))} down the whole run" if args.down else "")
+        )
     if schedules is not None:
         log(
             f"schedules {'VALID' if schedules['valid'] else 'INVALID'}: {schedules['ticks']} ticks ({schedules['outside']} "
@@ -614,7 +671,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Fault-injection run against a real Disque cluster.")
     p.add_argument("--faults", default="halves,majority,bridge,kill",
                    help=f"comma list of {', '.join(ALL_FAULTS)}; 'all' or 'none' (default: %(default)s)")  # fmt: skip
-    p.add_argument("--workload", choices=("at-least-once", "at-most-once", "mixed", "groups"), default="mixed",
+    p.add_argument("--workload", choices=("at-least-once", "at-most-once", "mixed", "groups", "default"), default="mixed",
                    help="jobs of either guarantee, or consumer-group events (QADD, QGET, QACK) read by three groups")  # fmt: skip
     p.add_argument("--ack", choices=("ackjob", "fastack", "mixed"), default="mixed", help="how consumers acknowledge")
     p.add_argument("--extensions", action="store_true",
@@ -631,6 +688,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gap-s", type=float, default=4, help="healthy seconds between faults")
     p.add_argument("--seed", type=int, default=1, help="fixes the fault schedule and the workload choices")
     p.add_argument("--nodes", type=int, default=5)
+    p.add_argument("--down", type=int, default=0, help="the last N nodes are down the whole run (back at the heal)")
     p.add_argument("--zones", type=int, default=0, help="split the nodes in order into this many zones (0: no zones)")
     p.add_argument("--min-zones", type=int, default=0, help="ADDJOB ZONES of the at-least-once jobs (0: not sent)")
     p.add_argument("--replicate", type=int, default=0, help="REPLICATE of the at-least-once jobs (0: 2 or 3 at random)")

@@ -29,6 +29,7 @@ from disque.client.protocol import (
     Arg,
     DisqueConnectionError,
     DisqueReplyError,
+    ReplicationTimeout,
     T,
     _options,
     _text,
@@ -46,6 +47,8 @@ if TYPE_CHECKING:  # only annotations: disque.shell.tls makes the contexts, and 
 log = logging.getLogger("disque.client")
 
 FIRST_HEARTBEAT = 0.5  # RETRY is at least 1 s and jittered by 250 ms: beat before 0.75 s
+ADD_TIMEOUT_MS = 30_000  # add_job's wait for the copies: twice the default cluster-node-timeout (docs/client.md)
+MAX_JOB_SIZE = 64 << 20  # the server's default max-job-size
 
 
 # --------------------------------------------------------------------------
@@ -277,6 +280,7 @@ class _Base:
         rng: random.Random | None = None,
         name: str | None = None,
         trace_context: bool = False,
+        max_job_size: int = MAX_JOB_SIZE,
     ) -> None:
         seeds = parse_addresses(nodes)
         if not seeds:
@@ -296,6 +300,7 @@ class _Base:
         self.failover = failover
         self.connect_timeout = connect_timeout
         self.socket_timeout = socket_timeout
+        self.max_job_size = max_job_size  # the server's max-job-size, checked before a body is sent
         self._planner = NodePlanner(seeds, rng or random.Random())
         self._affinity = Affinity(affinity_window) if affinity else None
         self._link: _Link | None = None
@@ -465,8 +470,9 @@ class _Base:
         queue: str,
         body: str | bytes,
         *,
-        timeout_ms: int = 0,
+        timeout_ms: int = ADD_TIMEOUT_MS,
         replicate: int | None = None,
+        minrepl: int | None = None,
         delay: int | None = None,
         retry: int | None = None,
         ttl: int | None = None,
@@ -477,19 +483,34 @@ class _Base:
         priority: int | None = None,
     ) -> Ops[str]:
         """ADDJOB; returns the job ID.  `timeout_ms` bounds synchronous
-        replication; after `max_attempts` failed deliveries the job moves to
-        the `dead_letter` queue (the server's default one if None); a higher
-        `priority` (0-9, the queue's default if None) is served first."""
+        replication (30 s by default, 0: wait for ever; docs/client.md), past
+        it `ReplicationTimeout`; `replicate` and `minrepl` are REPLICATE and
+        MINREPL (the server's defaults if None: docs/replication.md); after
+        `max_attempts` failed deliveries the job moves to the `dead_letter`
+        queue (the server's default one if None); a higher `priority` (0-9,
+        the queue's default if None) is served first.  A body over the
+        client's `max_job_size` is refused before it is sent."""
+        size = len(body) if isinstance(body, bytes) else len(body.encode("utf-8", "surrogateescape"))
+        if size > self.max_job_size:
+            raise DisqueReplyError("ERR", f"Job body of {size} bytes is larger than max-job-size ({self.max_job_size} bytes): not sent")
         options = _options(
             [("ASYNC", asynchronous)],
-            replicate=replicate, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
+            replicate=replicate, minrepl=minrepl, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
             maxattempts=max_attempts, deadletter=dead_letter, priority=priority,
         )  # fmt: skip
 
         def send(body: str | bytes) -> Ops[str]:
-            return self._command(["ADDJOB", queue, body, timeout_ms, *options], _text)
+            return self._add_job(["ADDJOB", queue, body, timeout_ms, *options], timeout_ms)
 
         return tracing.sending(queue, body, send) if self.trace_context else send(body)
+
+    def _add_job(self, args: list[Arg], timeout_ms: int) -> Ops[str]:
+        try:
+            return (yield from self._command(args, _text))
+        except DisqueReplyError as e:
+            if e.code == "NOREPL" and e.message.startswith("Timeout"):
+                raise ReplicationTimeout(e.code, f"{e.message} within {timeout_ms} ms (not added: adding it again is safe)") from None
+            raise
 
     def _getjob(self, queues: Sequence[str], count: int, timeout_ms: int | None, nohang: bool) -> Ops[list[Job]]:
         if not queues:

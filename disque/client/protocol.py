@@ -32,6 +32,11 @@ class DisqueReplyError(DisqueError):
         return cls(code, message)
 
 
+class ReplicationTimeout(DisqueReplyError):
+    """ADDJOB's NOREPL at its timeout: the job did not get its synchronous
+    copies in time and was deleted everywhere (adding it again is safe)."""
+
+
 class DisqueConnectionError(ConnectionError):
     """No node could be reached, or a connection broke; the text names the address."""
 

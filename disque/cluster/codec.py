@@ -50,7 +50,15 @@ VERSION: Final = 1  # frame body version ("v")
 
 # Largest accepted frame body: a 64 MiB job body plus 1 MiB for the envelope
 # and the other job fields.  A YOURJOBS batch must stay under it as well.
-MAX_FRAME: Final = (64 << 20) + (1 << 20)
+FRAME_SLACK: Final = 1 << 20  # a job's frame beside its body: its other fields, the header
+MAX_FRAME: Final = (64 << 20) + FRAME_SLACK
+
+
+def frame_limit(max_job_size: int) -> int:
+    """The largest frame a link takes: one carrying a job of `max-job-size`
+    (never below the default's, so a smaller setting refuses no peer's frame)."""
+    return max(MAX_FRAME, max_job_size + FRAME_SLACK)
+
 
 # mflags bits.
 NOREPLY: Final = 1
@@ -324,6 +332,20 @@ class LinkCodec:
         self._sent = header
         return _packb(kind.pack_pos.pack(msg, (0, header.sender, header.port, header.flags, kind.code, kind.mflags_of(msg))))
 
+    def encode_parts(self, header: Header, msg: Message) -> list[bytes]:
+        """`encode` as buffers to write one after another: a REPLJOB's body
+        of `SPLICE_MIN` bytes or more is not copied into the frame's body
+        but goes as it is, after its msgpack header (the same bytes on the
+        wire; a 50 MB copy holds the event loop for tens of ms)."""
+        if not isinstance(msg, ReplJob) or len(msg.job["body"]) < SPLICE_MIN:
+            return [self.encode(header, msg)]
+        body: bytes = msg.job["body"]
+        packed = self.encode(header, ReplJob({**msg.job, "body": _MARK}, msg.noreply))
+        if packed.count(_PACKED_MARK) != 1:  # a name holding the mark too: no splice
+            return [self.encode(header, msg)]
+        at = packed.index(_PACKED_MARK)
+        return [packed[:at], _bin_header(len(body)), body, packed[at + len(_PACKED_MARK) :]]
+
     def decode(self, body: bytes) -> tuple[Header, Message] | None:
         """decode_body for either form; None for a map of an unknown version."""
         try:
@@ -353,9 +375,25 @@ class LinkCodec:
 
 # --- framing ------------------------------------------------------------------
 
+SPLICE_MIN: Final = 1 << 20  # a job body this big is written beside its frame, not copied into it
+_MARK: Final = b"\x00\xffdisque:the-body-goes-here\xff\x00"  # packed in the body's place, then replaced
+_PACKED_MARK: Final = msgpack.packb(_MARK, use_bin_type=True)
+
+
+def _bin_header(size: int) -> bytes:
+    """msgpack's header of a bin of `size` bytes, 64 KB or more (bin 32)."""
+    return b"\xc6" + _LENGTH.pack(size)
+
+
+
+def length_prefix(size: int) -> bytes:
+    """The prefix of a frame whose body is `size` bytes (written before it,
+    apart, when the body is big enough that copying it costs)."""
+    return _LENGTH.pack(size)
+
 
 def framed(body: bytes) -> bytes:
-    return _LENGTH.pack(len(body)) + body
+    return length_prefix(len(body)) + body
 
 
 def encode_frame(header: Header, msg: Message) -> bytes:

@@ -94,6 +94,10 @@ def noreply_reason(reason: str) -> DisqueError:
     )
 
 
+def job_too_large(size: int, limit: int) -> DisqueError:
+    return err(f"Job body of {size} bytes is larger than max-job-size ({limit} bytes)")
+
+
 def wrong_arity(name: str) -> DisqueError:
     return err(f"wrong number of arguments for '{name}' command")
 

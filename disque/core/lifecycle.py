@@ -81,6 +81,34 @@ EVENT_COPIES: Final = 3  # an event lives on min(3, cluster size) nodes
 OK = Status(b"OK")
 
 
+def default_minrepl(repl: int) -> int:
+    """The copies a job added without REPLICATE settles for when a target is
+    out of good standing (docs/replication.md): a majority of its level."""
+    return repl // 2 + 1
+
+
+def replication_level(repl: int | None, minrepl: int | None, size: int) -> tuple[int, int]:
+    """REPLICATE and MINREPL as given (None: not given) -> the level and the
+    minimum: without REPLICATE min(3, cluster size) and a majority of it,
+    an explicit REPLICATE alone its exact level, as in Disque."""
+    if repl is None:
+        repl = min(3, size)
+        if minrepl is None:
+            return repl, default_minrepl(repl)
+    if minrepl is None:
+        return repl, repl
+    if minrepl > repl:
+        raise errors.err("MINREPL can't be greater than the replication level")
+    return repl, minrepl
+
+
+def check_size(body: bytes, settings: Settings) -> None:
+    """`max-job-size`: every front end's new job (ADDJOB, SET, QADD, a
+    schedule's tick) is refused above it, with an error that names it."""
+    if len(body) > settings.max_job_size:
+        raise errors.job_too_large(len(body), settings.max_job_size)
+
+
 def check_job_options(repl: int, retry: int | None, delay: int, ttl: int) -> None:
     """ADDJOB's checks of its options together (spec/commands.md §4.1 step 4),
     also made when a schedule is added, so its ticks are never refused for them.
@@ -136,7 +164,8 @@ class Kestrel(Protocol):  # Kestrel's queue limits (core/items.py)
 
 class Replicas(Protocol):  # replication (core/replication.py)
     def start(
-        self, client: Connection, job: Job, additional: int, timeout: int, is_async: bool, extrepl: bool, zones: int = 1
+        self, client: Connection, job: Job, additional: int, timeout: int, is_async: bool, extrepl: bool,
+        zones: int = 1, minrepl: int = 0,
     ) -> Any: ...
     def replicate(self, job: Job, count: int, noreply: bool) -> int: ...
     def forget(self, job_id: bytes) -> None: ...
@@ -441,7 +470,7 @@ class Lifecycle:
         retry: int | None, delay: int | None, maxlen: int | None, is_async: bool,
         max_attempts: int = 0, dead_letter: bytes | None = None, zones: int | None = None,
         priority: int | None = None,
-        job_id: bytes | None = None,
+        job_id: bytes | None = None, minrepl: int | None = None,
     ) -> Any:  # fmt: skip
         """ADDJOB after option parsing (spec/commands.md §4.1 steps 3-8, creation);
         None stands for an option not given.  `max_attempts` (0: none) and
@@ -450,13 +479,13 @@ class Lifecycle:
         zones the copies must span, `min-zones` by default, at most REPLICATE);
         `priority` (0-9) defaults to the queue's (its `priority` setting, 5
         unless configured); a schedule's tick brings its `job_id`
-        (core/schedules.py)."""
+        (core/schedules.py); `minrepl` is MINREPL (`replication_level`)."""
+        settings = self.settings
+        check_size(body, settings)
         membership = self.membership
-        if repl is None:
-            repl = min(3, membership.size())
+        repl, minrepl = replication_level(repl, minrepl, membership.size())
         if ttl is None:
             ttl = 86400
-        settings = self.settings
         limits = settings.queue_config.settings(queue)
         if limits is not NO_LIMITS:  # `queue-defaults` / `queue` lines (Kestrel's options)
             ttl = self.kestrel.make_room(limits, queue, body, ttl)
@@ -469,7 +498,7 @@ class Lifecycle:
             zones = min(settings.min_zones, repl)
         elif zones > repl:
             raise errors.err("ZONES can't be greater than the replication level")
-        additional, extrepl = self._replicas(repl, membership.leaving or self.memory.level() >= 1)
+        additional, extrepl = self._replicas(repl, minrepl, membership.leaving or self.memory.level() >= 1)
         if zones > 1 and len(membership.reachable_zones(include_me=not extrepl)) < zones:
             raise errors.norepl_zones()
         existing = self.queues.get(queue)
@@ -492,19 +521,21 @@ class Lifecycle:
         if max_attempts:
             job.set_attempts(max_attempts, queue + b"-dead" if dead_letter is None else dead_letter)
         if additional:
-            return self.replicas.start(client, job, additional, timeout, is_async, extrepl, zones)
+            return self.replicas.start(client, job, additional, timeout, is_async, extrepl, zones, minrepl)
         self.register(job, timer=False)
         self.queue_new_job(job)
         return Status(job_id)
 
-    def _replicas(self, repl: int, extrepl: bool) -> tuple[int, bool]:
+    def _replicas(self, repl: int, minrepl: int, extrepl: bool) -> tuple[int, bool]:
         """How many other nodes a new job of level `repl` goes to; with
         external replication (`extrepl`: leaving, or short of memory) all
-        `repl` copies are elsewhere.  -NOREPL when too few are reachable."""
+        `repl` copies are elsewhere.  -NOREPL when too few are reachable
+        for `minrepl` copies."""
         membership = self.membership
         additional = repl if extrepl else repl - 1
-        if additional and additional > (reachable := len(membership.reachable())):  # none: no peer to count
-            if extrepl and additional - 1 == reachable:
+        needed = minrepl if extrepl else minrepl - 1
+        if needed and needed > (reachable := len(membership.reachable())):  # none: no peer to count
+            if extrepl and needed - 1 == reachable:
                 raise errors.noreply_reason("I'm leaving the cluster" if membership.leaving else "I'm out of memory")
             raise errors.norepl_reach()
         return additional, extrepl
@@ -514,10 +545,12 @@ class Lifecycle:
         this one included; the reply is its ID, or OK when `is_async`."""
         if self.membership.leaving:
             raise errors.leaving()
+        check_size(body, self.settings)
         job = self.events.new_event(queue, body, ttl, min(EVENT_COPIES, self.membership.size()))
-        additional, _ = self._replicas(job.repl, False)
+        minrepl = default_minrepl(job.repl)
+        additional, _ = self._replicas(job.repl, minrepl, False)
         if additional:
-            reply = self.replicas.start(client, job, additional, EVENT_REPL_TIMEOUT, is_async, False)
+            reply = self.replicas.start(client, job, additional, EVENT_REPL_TIMEOUT, is_async, False, 1, minrepl)
         else:
             self.register(job)
             self.queue_new_job(job)

@@ -30,6 +30,26 @@ level only once its confirmed copies span that many zones, and the node
 that queues a job replicated externally is one in this node's zone if
 any confirmed.  A cluster without zones draws its targets as before.
 
+MINREPL (docs/replication.md; Kafka's `min.insync.replicas` rule): a job
+may settle for `minrepl` < REPLICATE synchronous copies, but only once no
+target in good standing (a link up, not flagged PFAIL/FAIL) is still to
+answer and no other such node is left to ask (`stranded`): while every
+node answers, the producer still gets all its copies.  A job that settles
+moves to `background`, as does an ASYNC job short of targets: every
+`BACKGROUND_MS` REPLJOB goes again, answer asked, to its unconfirmed
+targets in good standing, and to new nodes while its targets that are
+confirmed or in good standing are fewer than REPLICATE, until REPLICATE
+nodes confirmed or the job is acknowledged or gone.  The holders that
+confirmed get no copy again (a new target's copy names them all): one may
+have deleted the job since (FASTACK, an ACK collected), and a copy would
+bring it back.
+
+Resending: a target that has not confirmed gets the copy again only on a
+new link (it may have restarted) or once `resend_ms` passed since the last
+send on the same link: the 50 ms step for a small job, the time its copy
+takes at 10 MB/s for a big one (a frame of tens of MB sent again on every
+step used to fill the link's queue until the bus closed it, again and again).
+
 A job that never reached its replication level is never written to the AOF.
 """
 
@@ -37,7 +57,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from disque.cluster.membership import Membership, Peer
+from disque.cluster.membership import UNREACHABLE, Membership, Peer
 
 from disque.cluster import messages as m
 from disque.store.records import job_to_wire
@@ -50,17 +70,31 @@ if TYPE_CHECKING:
     from disque.core.outbox import Outbox
 
 REPL_STEP_MS = 50
+RESEND_BYTES_PER_MS = 10_000  # a big job's copy goes again on the same link once it had time to arrive at 10 MB/s
+BACKGROUND_MS = 1000  # the pass over the jobs that still lack copies after their producer got its answer
+
+
+def resend_ms(job: Job) -> int:
+    return max(REPL_STEP_MS, len(job.body or b"") // RESEND_BYTES_PER_MS)
 
 
 class Pending:  # a plain class: the compiled build keeps a dataclass's __init__ interpreted
-    __slots__ = ("client", "deadline", "last_add", "external", "zones")
+    """A job still making copies: its producer waits (`client`), or got its
+    answer and the rest are made in the background (`client` None)."""
 
-    def __init__(self, client: Connection, deadline: int, last_add: int, external: bool, zones: int) -> None:
+    __slots__ = ("client", "deadline", "last_add", "external", "zones", "minrepl", "sent", "confirmed")
+
+    def __init__(
+        self, client: Connection | None, deadline: int, last_add: int, external: bool, zones: int, minrepl: int
+    ) -> None:  # fmt: skip
         self.client = client
         self.deadline = deadline  # 0 = wait forever
         self.last_add = last_add
         self.external = external  # replicas only (this node leaving or short of memory): LEAVING does not end it
         self.zones = zones  # the zones the confirmed copies must span
+        self.minrepl = minrepl  # the copies the producer settles for when a target is out of good standing
+        self.sent: dict[str, tuple[int, int]] = {}  # target -> (its link's time, when) of the last REPLJOB
+        self.confirmed: set[str] = set()  # in the background: the holders that confirmed
 
 
 def place(membership: Membership, candidates: list[Peer], holders: tuple[str, ...], count: int) -> list[str]:
@@ -99,14 +133,21 @@ class Replication:
         self.life = life
         self.out = out
         self.pending: dict[bytes, Pending] = {}
+        self.background: dict[bytes, Pending] = {}  # jobs whose producer has its answer, still short of copies
+        self.next_background = 0
         self.achieved_count = 0  # synchronous replications that reached their level
         self.aborted_count = 0  # ... and those given up (timeout, LEAVING, producer gone)
+        self.settled_count = 0  # ... and those that settled for MINREPL copies
 
     def start(
-        self, client: Connection, job: Job, additional: int, timeout: int, is_async: bool, extrepl: bool, zones: int = 1
+        self, client: Connection, job: Job, additional: int, timeout: int, is_async: bool, extrepl: bool,
+        zones: int = 1, minrepl: int = 0,
     ) -> Any:  # fmt: skip
+        """Replicate a new job to `additional` other nodes; `minrepl` (0: the
+        job's REPLICATE) is MINREPL."""
         life, out = self.life, self.out
         me = life.membership.my_id
+        pending = Pending(client, life.now + timeout if timeout else 0, life.now, extrepl, zones, minrepl or job.repl)
         if is_async:
             if extrepl:  # not registered here: replicas only, one of them queues it
                 self.replicate(job, additional, noreply=True)
@@ -116,19 +157,23 @@ class Replication:
             else:
                 life.register(job)
                 life.queue_new_job(job)
-                self.replicate(job, additional, noreply=True)
+                self.replicate(job, additional, noreply=True, pending=pending)
+                if len(job.nodes_delivered) < job.repl:  # fewer nodes reachable than REPLICATE: MINREPL allowed it
+                    self.to_background(job, pending, {me})
             return Status(job.id)
         job.move(AWAIT_REPL)
         job.nodes_confirmed = set() if extrepl else {me}
         life.register(job)
-        self.replicate(job, additional, noreply=False)
+        self.replicate(job, additional, noreply=False, pending=pending)
         client.repl_jobs[job.id] = None
         out.repl_waiters[job.id] = client
-        self.pending[job.id] = Pending(client, life.now + timeout if timeout else 0, life.now, extrepl, zones)
+        self.pending[job.id] = pending
         return BLOCKED
 
-    def replicate(self, job: Job, count: int, noreply: bool) -> int:
-        """Add up to `count` new targets, then (re)send REPLJOB (§8.2 step 1)."""
+    def replicate(self, job: Job, count: int, noreply: bool, pending: Pending | None = None) -> int:
+        """Add up to `count` new targets, then (re)send REPLJOB (§8.2 step 1):
+        to the new ones, and to those that have not confirmed when it is due
+        (`pending` keeps when each got it last; without it, to all)."""
         life, out = self.life, self.out
         delivered = job.nodes_delivered
         membership = life.membership
@@ -143,15 +188,66 @@ class Replication:
             job.nodes_delivered = delivered + tuple(added)
         wire = job_to_wire(job, life.now)
         msg = m.ReplJob(wire, noreply)  # one message for every target: the bus encodes it once
-        confirmed = job.nodes_confirmed or ()
+        confirmed: Any = job.nodes_confirmed or ()
+        background = False  # the producer has its answer: `pending` keeps the confirmations
+        if pending is not None and pending.client is None:
+            background, confirmed = True, pending.confirmed
+        now, nodes, every = life.now, membership.nodes, resend_ms(job)
         for node_id in job.nodes_delivered:
-            if node_id == life.membership.my_id:
+            if node_id == membership.my_id:
                 continue
             done = node_id in confirmed
-            if done and not added:
-                continue
+            if done and (not added or background):
+                continue  # (in the background a holder may have deleted the job since: a copy would bring it back)
+            if pending is not None and not done:
+                node = nodes.get(node_id)
+                if node is None or not node.link:
+                    continue  # a send would be dropped: the next link gets it
+                last = pending.sent.get(node_id)
+                if last is not None and last[0] == node.link_time and now - last[1] < every and node_id not in added:
+                    continue  # still on its way on the same link
+                pending.sent[node_id] = (node.link_time, now)
             out.send(node_id, m.ReplJob(wire, True) if done and not noreply else msg)
         return len(added)
+
+    def in_good_standing(self, node_id: str) -> bool:
+        """A target expected to answer: known, linked, not flagged PFAIL/FAIL."""
+        node = self.life.membership.nodes.get(node_id)
+        return node is not None and node.link and not node.flags & UNREACHABLE
+
+    def stranded(self, job: Job, pending: Pending) -> bool:
+        """MINREPL's rule: the job holds `minrepl` confirmed copies (spanning
+        its zones) and no target in good standing is still to answer.  A
+        node in good standing not asked yet is asked at once instead."""
+        confirmed = job.nodes_confirmed or set()
+        if len(confirmed) < pending.minrepl:
+            return False
+        if pending.zones > 1 and zones_of(self.life.membership, confirmed) < pending.zones:
+            return False
+        if any(self.in_good_standing(n) for n in job.nodes_delivered if n not in confirmed):
+            return False
+        if self.replicate(job, 1, noreply=False, pending=pending):
+            pending.last_add = self.life.now
+            return False
+        return True
+
+    def settle(self, job: Job, pending: Pending) -> None:
+        """Answer the producer with the MINREPL copies held; the rest are
+        made in the background."""
+        confirmed = set(job.nodes_confirmed or ())
+        self.settled_count += 1
+        if self.achieved(job):
+            self.to_background(job, pending, confirmed)
+
+    def to_background(self, job: Job, pending: Pending, confirmed: set[str]) -> None:
+        pending.client = None
+        pending.confirmed = confirmed
+        self.background[job.id] = pending
+
+    def minrepl_of(self, job_id: bytes) -> int | None:
+        """The MINREPL of a job this node still makes copies of (SHOW)."""
+        pending = self.pending.get(job_id) or self.background.get(job_id)
+        return None if pending is None else pending.minrepl
 
     def on_got_job(self, sender: str, msg: m.GotJob) -> None:
         self.got(sender, msg.id)
@@ -163,14 +259,25 @@ class Replication:
     def got(self, sender: str, job_id: bytes) -> None:
         """`sender` holds a copy of the job: count it toward the replication level."""
         job = self.life.jobs.get(job_id)
-        if job is None or job.state != State.WAIT_REPL or job.nodes_confirmed is None:
+        if job is None:
+            return
+        if job.state != State.WAIT_REPL or job.nodes_confirmed is None:
+            late = self.background.get(job_id)
+            if late is not None:
+                late.confirmed.add(sender)
+                if len(late.confirmed) >= job.repl:
+                    del self.background[job_id]
             return
         confirmed = job.nodes_confirmed
         confirmed.add(sender)
+        pending = self.pending[job_id]  # `start` made both the confirmed set and the Pending
         if len(confirmed) >= job.repl:
-            zones = self.pending[job_id].zones  # `start` made both the confirmed set and the Pending
+            zones = pending.zones
             if zones <= 1 or zones_of(self.life.membership, confirmed) >= zones:
                 self.achieved(job)
+                return
+        if pending.minrepl < job.repl and self.stranded(job, pending):
+            self.settle(job, pending)
 
     def achieved(self, job: Job) -> bool:
         """Replication level reached: answer the producer.  Returns False when
@@ -206,6 +313,7 @@ class Replication:
 
     def forget(self, job_id: bytes) -> None:
         self.pending.pop(job_id, None)
+        self.background.pop(job_id, None)
 
     def cron(self) -> None:
         life = self.life
@@ -218,5 +326,24 @@ class Replication:
                 self.abort(job, errors.norepl_timeout())
             elif life.membership.leaving and not pending.external:
                 self.abort(job, errors.leaving())
-            elif now - pending.last_add >= REPL_STEP_MS and self.replicate(job, 1, noreply=False):
+            elif now - pending.last_add >= REPL_STEP_MS and self.replicate(job, 1, noreply=False, pending=pending):
                 pending.last_add = now
+            elif pending.minrepl < job.repl and self.stranded(job, pending):
+                self.settle(job, pending)
+        if self.background and now >= self.next_background:
+            self.next_background = now + BACKGROUND_MS
+            self.make_the_rest()
+
+    def make_the_rest(self) -> None:
+        """The background pass: each job short of copies asks its targets in
+        good standing again (when due) and new nodes while those and the
+        confirmed ones are fewer than REPLICATE."""
+        life = self.life
+        for job_id, pending in list(self.background.items()):
+            job = life.jobs.get(job_id)
+            if job is None or job.state == State.ACKED:
+                del self.background[job_id]
+                continue
+            confirmed = pending.confirmed
+            held = sum(1 for n in job.nodes_delivered if n in confirmed or self.in_good_standing(n))
+            self.replicate(job, max(0, job.repl - held), noreply=False, pending=pending)

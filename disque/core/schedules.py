@@ -449,12 +449,14 @@ class Schedules:
         run.fired[t] = me
         if job_id in life.jobs or job_id in life.collected:
             return  # a copy from the node that fired it came before its notice
-        repl = min(s.repl or 3, len(life.membership.reachable()) + 1)  # as many copies as can be made now
+        # The level asked (ADDJOB's default without one), made as far as nodes are reachable now
+        # (MINREPL 1: a tick is never refused for its copies), the rest in the background.
+        repl = s.repl or min(3, life.membership.size())
         try:
             life.add_job(
                 self.client, s.queue, s.body, 0, repl, ttl, None if s.retry < 0 else s.retry, s.delay or None,
                 s.maxlen or None, True, s.max_attempts, s.dead_letter or None, min(s.zones, repl) or None,
-                None if s.priority < 0 else s.priority, job_id=job_id,
+                None if s.priority < 0 else s.priority, job_id=job_id, minrepl=1,
             )  # fmt: skip
         except errors.DisqueError as e:  # (a full or paused queue, memory): the tick is done with, not retried
             self.refused += 1

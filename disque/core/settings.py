@@ -18,7 +18,7 @@ from disque.store.queue_config import QueueConfig
 
 HOT: Final = frozenset({
     "requirepass", "maxmemory", "job_memory_limit", "min_zones", "slowlog_log_slower_than",
-    "client_output_buffer_limit", "priority_aging", "queue_config",
+    "client_output_buffer_limit", "priority_aging", "queue_config", "max_job_size",
 })  # fmt: skip
 
 
@@ -35,3 +35,4 @@ class Settings:
         self.client_output_buffer_limit: tuple[int, int, int] = (0, 0, 0)
         self.priority_aging = 0
         self.queue_config = QueueConfig()
+        self.max_job_size = 0

@@ -77,7 +77,7 @@ from typing import Any, Protocol
 import trio
 
 from disque.cluster.auth import AuthError, AuthLink
-from disque.cluster.codec import MAX_FRAME, FrameDecoder
+from disque.cluster.codec import MAX_FRAME, FrameDecoder, frame_limit
 from disque.cluster.messages import Header, Message
 from disque.shell.security import Security, bus_protected_mode_refuses
 from disque.shell.wire import READ_SIZE, AuthDecoder, Link, Reactor, Wires
@@ -228,6 +228,11 @@ class Bus:
                 self.cron()
                 await trio.sleep(CRON_PERIOD)
             await trio.sleep_forever()
+
+    def follow(self, max_job_size: int) -> None:
+        """The queue of a peer not reading follows `max-job-size` (CONFIG
+        SET): room for two of the biggest frames this node may send."""
+        self.max_queue = self.wires.max_queue = 2 * frame_limit(max_job_size)
 
     def cron(self) -> None:
         """Reconcile the links with those the core wants (once running)."""

@@ -36,6 +36,7 @@ from disque.core import config as cfg
 from disque.shell.segments import Segments
 from disque.shell.config_file import read_config, write_config_file
 from disque.shell.bus import CLUSTER_PORT_INCR, Bus
+from disque.cluster.codec import frame_limit
 from disque.cluster.membership import Membership
 from disque.shell.nodes_file import NodesFile
 from disque.core.errors import DisqueError, err
@@ -150,6 +151,10 @@ class Server:
             port=announced_port(config) + CLUSTER_PORT_INCR,
             bind=config.bind,
             backlog=config.tcp_backlog,
+            # Any frame a peer may send: a job of the largest max-job-size, whatever this
+            # node's (a node set lower must not refuse, and so close in a loop, a peer's job).
+            max_frame=frame_limit(cfg.MAX_JOB_SIZE_MAX),
+            max_queue=2 * frame_limit(config.max_job_size),
             security=self.security,
         )
         self.aof_file = AofFile(self.core, config, self, self.dispatch.drain, self.bodies)
@@ -261,6 +266,7 @@ class Server:
         # cron rather than waking the node a millisecond before or after it.
         if now >= self._next_cron - SHELL_CRON_MS // 2:
             self._next_cron = now + SHELL_CRON_MS
+            self.bus.follow(self.config.max_job_size)
             self.bus.cron()
             if self.aof_file.started:
                 self.aof_file.cron()

@@ -40,10 +40,11 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from disque.cluster.auth import AuthError, AuthLink
-from disque.cluster.codec import MAX_FRAME, FrameDecoder, FrameError, LinkCodec, framed
+from disque.cluster.codec import MAX_FRAME, FrameDecoder, FrameError, LinkCodec, length_prefix
 from disque.cluster.messages import GotJob, GotJobs, Header, Message, ReplJob, ReplJobs
 
 READ_SIZE: Final = 64 * 1024
+IOV_MAX: Final = 1024  # the buffers one writev takes (Linux's UIO_MAXIOV)
 _EPOLLIN: Final = select.EPOLLIN
 _EPOLLOUT: Final = select.EPOLLOUT
 _EPOLL_READ: Final = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP
@@ -189,10 +190,16 @@ class Wires:
         """Encode `msg` onto `peer.out`, after the batch waiting."""
         if peer.batch:
             self.append_batch(peer)
-        body = peer.codec.encode(self.header(), msg)
-        frame = framed(body) if peer.auth is None else peer.auth.seal(body)
-        peer.out.append(frame)
-        peer.queued += len(frame)
+        if peer.auth is None:  # the prefix apart: a big job's body is written as it is, never copied into a frame
+            parts = peer.codec.encode_parts(self.header(), msg)
+            size = sum([len(part) for part in parts])
+            peer.out.append(length_prefix(size))
+            peer.out.extend(parts)
+            peer.queued += size + 4
+        else:
+            frame = peer.auth.seal(peer.codec.encode(self.header(), msg))
+            peer.out.append(frame)
+            peer.queued += len(frame)
 
     def append_batch(self, peer: Link) -> None:
         batch = peer.batch
@@ -247,18 +254,21 @@ class Wires:
             self.append_batch(peer)
         out = peer.out
         if out:
-            data = out[0] if len(out) == 1 else b"".join(out)
-            try:
-                sent = os.write(peer.fd, data)
+            try:  # the buffers as they are (a job's body among them): no copy of a big one per write
+                sent = os.writev(peer.fd, out[:IOV_MAX])
             except BlockingIOError:
                 sent = 0
             except OSError:
                 peer.close()
                 return
             peer.queued -= sent
-            out.clear()
-            if sent < len(data):
-                out.append(memoryview(data)[sent:])
+            done = 0
+            while done < len(out) and sent >= len(out[done]):
+                sent -= len(out[done])
+                done += 1
+            del out[:done]
+            if sent:
+                out[0] = memoryview(out[0])[sent:]
         if bool(out) != peer.writing:
             peer.writing = bool(out)
             assert peer.reactor is not None  # the peer has an fd

@@ -111,6 +111,7 @@ class WriteOptions:
     queue_column: str | None  # route each row by this column
     body_column: str | None  # None: the row as JSON
     replicate: int | None
+    minrepl: int | None
     retry: int | None
     ttl: int | None
     delay: int | None
@@ -120,6 +121,7 @@ class WriteOptions:
     transactional: bool
     password: str | None
     checkpoint: str | None = None  # streaming sinks: the query's checkpoint location
+    max_job_size: int = 64 << 20  # the nodes' max-job-size: a bigger row is refused before it is sent
 
     @classmethod
     def parse(cls, options: Mapping[str, str], columns: Sequence[str]) -> WriteOptions:
@@ -150,6 +152,7 @@ class WriteOptions:
             queue_column=queue_column,
             body_column=body_column,
             replicate=replicate,
+            minrepl=_int(options, "minrepl", None, 1),
             retry=retry,
             ttl=ttl,
             delay=delay,
@@ -159,6 +162,7 @@ class WriteOptions:
             transactional=_bool(options, "transactional", True),
             password=_get(options, "password") or None,
             checkpoint=_get(options, "checkpointLocation") or None,
+            max_job_size=_int(options, "maxJobSize", 64 << 20, 1) or 0,
         )
 
     @property
@@ -181,10 +185,13 @@ class WriteOptions:
 
 
 def addjob_args(opts: WriteOptions, queue: str, body: bytes, delay: int | None) -> list[Any]:
-    """ADDJOB queue body timeout [REPLICATE n] [DELAY s] [RETRY s] [TTL s] [MAXLEN n] [ASYNC]."""
+    """ADDJOB queue body timeout [REPLICATE n] [MINREPL m] [DELAY s] [RETRY s] [TTL s] [MAXLEN n] [ASYNC];
+    a body over `maxJobSize` fails the write before anything is sent."""
+    if len(body) > opts.max_job_size:
+        raise ValueError(f"Job body of {len(body)} bytes is larger than max-job-size ({opts.max_job_size} bytes): not sent")
     args: list[Any] = ["ADDJOB", queue, body, opts.timeout_ms]
-    for name, value in (("REPLICATE", opts.replicate), ("DELAY", delay), ("RETRY", opts.retry),
-                        ("TTL", opts.ttl), ("MAXLEN", opts.maxlen)):  # fmt: skip
+    for name, value in (("REPLICATE", opts.replicate), ("MINREPL", opts.minrepl), ("DELAY", delay),
+                        ("RETRY", opts.retry), ("TTL", opts.ttl), ("MAXLEN", opts.maxlen)):  # fmt: skip
         if value is not None:
             args += [name, value]
     if opts.asynchronous:

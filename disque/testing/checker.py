@@ -15,7 +15,7 @@ A record is a flat JSON-friendly dict (one line of a JSON-lines file):
      "value": op-specific}
 
 * `enqueue` (ADDJOB): the invoke carries the unique `body` and, in `value`,
-  the job's options `{"queue", "replicate", "retry", "ttl"}`.  `ok` carries
+  the job's options `{"queue", "replicate", "retry", "ttl"}` (and "minrepl").  `ok` carries
   the job ID; `fail` means the job certainly does not exist (refused before
   creation); `info` means nobody knows (timeout, NOREPL after a replication
   timeout, lost connection).  An invoke without a completion counts as info.
@@ -137,9 +137,10 @@ class _Enqueue:
 
     @property
     def copies(self) -> int:
-        """Nodes a successful ADDJOB put the job on (the default's maximum
-        when the option was not given)."""
-        return self.opts.get("replicate", 3)
+        """Nodes a successful ADDJOB surely put the job on: MINREPL when
+        given (the producer may have settled for it), else REPLICATE (the
+        default's maximum when the option was not given)."""
+        return self.opts.get("minrepl", self.opts.get("replicate", 3))
 
     @property
     def protected(self) -> bool:

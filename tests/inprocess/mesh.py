@@ -95,8 +95,11 @@ class Mesh:
         self.core(i).host.save_cluster_config(fsync=True)
 
     def kill(self, i: int) -> None:
-        """The process dies: its connections close, peers see EOF at once."""
+        """The process dies: its connections close, peers see EOF at once
+        (a stalled one too: what waited in its socket is lost)."""
         self.cores[i] = None
+        self.stalled.pop(i, None)
+        self.held = deque(f for f in self.held if f[0] != i)
         for (node, key), (peer, conn) in list(self.links.items()):
             if i in (node, peer):
                 del self.links[node, key]

@@ -763,3 +763,21 @@ def test_remembered_entries_are_bounded_and_shared() -> None:
     for i in range(codec.ENTRIES_KEPT + 10):
         known.check(["a" * 40, str(ipaddress.IPv4Address(i + 1)), 1, 0])
     assert len(known.known) == 12  # all forgotten once ENTRIES_KEPT were kept: 12 added since
+
+
+@pytest.mark.parametrize("positional", [True, False])
+def test_a_big_job_body_is_written_beside_its_frame_not_copied_into_it(positional: bool) -> None:
+    """encode_parts: the same bytes as encode, a big REPLJOB body left as
+    the very object it is; a small one, or a name that holds the mark, in one piece."""
+    header = Header("a" * 40, 7711, 0)
+    body = b"x" * codec.SPLICE_MIN
+    big = ReplJob(job_to_wire(Job(GOOD_ID, b"q", body, nodes_delivered=(HEADER.sender,), etime=NOW + 60), NOW_MS))
+    parts_codec, whole_codec = LinkCodec(), LinkCodec()
+    parts_codec.positional = whole_codec.positional = positional
+    parts = parts_codec.encode_parts(header, big)
+    assert len(parts) == 4 and parts[2] is body
+    assert b"".join(parts) == whole_codec.encode(header, big)
+    assert LinkCodec().decode(b"".join(parts)) == (header, big)
+    assert parts_codec.encode_parts(header, GotJob(GOOD_ID)) == [whole_codec.encode(header, GotJob(GOOD_ID))]
+    odd = ReplJob(big.job | {"queue": codec._MARK})
+    assert parts_codec.encode_parts(header, odd) == [whole_codec.encode(header, odd)]

@@ -530,11 +530,18 @@ def test_qflush_reaches_every_node():
     assert all(not mesh.core(i).groups.queues and not len(mesh.core(i).jobs) for i in range(3))
 
 
-def test_qadd_needs_its_replicas():
+def test_qadd_needs_a_majority_of_its_replicas():
+    """An event lives on min(3, cluster size) nodes and settles for a majority
+    of them, as a default ADDJOB does: one node of three down, QADD goes on;
+    two down, NOREPL."""
     mesh = formed()
     mesh.kill(2)
     dead = mesh.core(0).membership.nodes[_id_of_dead(mesh)]
     mesh.wait_for(lambda: bool(dead.flags & (m.PFAIL | m.FAIL)), 10_000)
+    assert mesh.reply(mesh.call(0, "QADD", "q", 60, "a")).isdigit()  # once node 1 has its copy
+    assert all(len(mesh.core(i).jobs) == 1 for i in (0, 1))
+    mesh.kill(1)
+    mesh.wait_for(lambda: not mesh.core(0).membership.reachable(), 10_000)
     assert str(mesh.call(0, "QADD", "q", 60, "a")).startswith("NOREPL")
     mesh.call(0, "CLUSTER", "LEAVING", "yes")
     assert str(mesh.call(0, "QADD", "q", 60, "a")).startswith("LEAVING")

@@ -243,3 +243,13 @@ def test_served_waits_leave_no_wake_up_behind_and_their_entries_are_compacted() 
     core.clock.advance(5000)  # type: ignore[attr-defined]
     core.tick()  # the served waits' deadlines pass: nobody is answered twice
     assert core.blocking.timeouts.heap == [] and core.blocking.timeouts.next() is None
+
+
+def test_a_set_over_max_job_size_names_it() -> None:
+    """A SET the memcache port reads (within memcache-max-item-size) is still
+    a job: over max-job-size it is refused with the setting's name."""
+    port = Port(sessions(max_job_size=4))
+    assert port(b"set q 0 0 5\r\nhello\r\n") == (
+        b"SERVER_ERROR ERR Job body of 5 bytes is larger than max-job-size (4 bytes)\r\n"
+    )
+    assert port(b"set q 0 0 4\r\nhell\r\n") == b"STORED\r\n"

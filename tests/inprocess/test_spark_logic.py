@@ -93,6 +93,13 @@ def test_addjob_arguments():
         "ADDJOB", "q", b"x", 100, "REPLICATE", 2, "DELAY", 599, "RETRY", 30, "TTL", 600, "MAXLEN", 10, "ASYNC",
     ]  # fmt: skip
     assert addjob_args(write_opts(), "q", b"x", None) == ["ADDJOB", "q", b"x", 5000]
+    assert addjob_args(write_opts(minrepl="2"), "q", b"x", None) == ["ADDJOB", "q", b"x", 5000, "MINREPL", 2]
+
+
+def test_a_row_over_max_job_size_fails_the_write_before_it_is_sent():
+    assert write_opts().max_job_size == 64 << 20
+    with pytest.raises(ValueError, match=r"Job body of 5 bytes is larger than max-job-size \(4 bytes\): not sent"):
+        addjob_args(write_opts(maxJobSize="4"), "q", b"hello", None)
 
 
 def test_read_options():

@@ -50,6 +50,14 @@ def test_encode_command() -> None:
         encode_command([None])  # type: ignore[list-item]
 
 
+def test_a_body_over_max_job_size_is_refused_before_it_is_sent() -> None:
+    """No node is running at the address: the refusal comes first."""
+    c = Client(("127.0.0.1", 1), max_job_size=4)
+    with pytest.raises(DisqueReplyError, match=r"Job body of 5 bytes is larger than max-job-size \(4 bytes\): not sent"):
+        c.add_job("q", "héll")  # 5 bytes in UTF-8
+    assert Client().max_job_size == 64 << 20  # the server's default
+
+
 def test_parse_address() -> None:
     assert parse_address("10.0.0.1:7712") == ("10.0.0.1", 7712)
     assert parse_address("[::1]:7711") == ("::1", 7711)
@@ -345,7 +353,7 @@ def test_monitor_streams_what_the_node_runs(shared_node: NodeProcess, client: Cl
         job_id = client.add_job(queue, "watched")
         client.ack(job_id)
         first, second = next(lines), next(lines)
-    assert re.fullmatch(rf'\d+\.\d{{6}} \[127\.0\.0\.1:\d+\] "ADDJOB" "{queue}" "watched" "0"', first)
+    assert re.fullmatch(rf'\d+\.\d{{6}} \[127\.0\.0\.1:\d+\] "ADDJOB" "{queue}" "watched" "30000"', first)  # add_job's default timeout
     assert second.endswith(f'"ACKJOB" "{job_id}"')
     assert client.ping() == "PONG"  # the other connection is untouched
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from client_helpers import mesh, start_all
 from support import wait_for
 
-from disque.client import Client, DisqueReplyError, Job
+from disque.client import Client, DisqueReplyError, Job, ReplicationTimeout
 from disque.cli.main import cli
 from disque.testing.devcluster import NodeProcess, command, free_port
 
@@ -67,9 +67,10 @@ def test_failover_to_a_node_learned_from_hello(cluster: list[NodeProcess], spawn
         assert c.address == address(second)
         info = c.show(replicated)
         assert info is not None and info.body == b"survives"
-        with pytest.raises(DisqueReplyError) as norepl:  # REPLICATE defaults to 2: the dead node still counts
+        with pytest.raises(ReplicationTimeout) as norepl:  # REPLICATE 2 settles for a majority of 2: both
             c.add_job("q", "x", timeout_ms=200)
-        assert norepl.value.code == "NOREPL"
+        assert norepl.value.code == "NOREPL" and isinstance(norepl.value, DisqueReplyError)
+        assert str(norepl.value).endswith("within 200 ms (not added: adding it again is safe)")
 
 
 @pytest.mark.parametrize("affinity", [True, False])

@@ -11,7 +11,9 @@ WORKING, or now and then NACK it or crash before acknowledging.  With
 MAXATTEMPTS 3 with a dead-letter queue the consumers also read, every job
 a PRIORITY (0-9, in turn: no random draw), and the first job added and a tenth of the others are followed by a WAITJOB (the
 checker's phantom_acks; a run that added few jobs still waits for one);
-without it, the random choices are exactly those of a plain run.  The
+without it, the random choices are exactly those of a plain run.  With
+`plan.minrepl`, at-least-once jobs are REPLICATE 3 MINREPL 2: the checker
+then counts 2 copies for each (a job wiped on 2 nodes is excused, on 1 lost).  The
 nemesis plays `plan.steps` (see `FaultPlan`): network faults (partitions,
 heals), crashes (kill -9, restart with or without the AOF), and
 administration, sent as commands to the node like any client would:
@@ -90,6 +92,7 @@ class FaultPlan:
     consumers: int = 2
     node_timeout: int = 1000
     zones: tuple[str, ...] = ()  # node index -> zone; with zones, at-least-once jobs need ZONES 2
+    minrepl: bool = False  # at-least-once jobs are REPLICATE 3 MINREPL 2 (the default ADDJOB's rule)
 
 
 class Workload:
@@ -136,6 +139,8 @@ class Workload:
             opts = {"queue": QUEUE, "replicate": 1, "retry": 0}
         else:
             opts = {"queue": QUEUE, "replicate": self.rng.choice((2, 3)), "retry": self.rng.randint(1, 3)}
+            if self.plan.minrepl:
+                opts |= {"replicate": 3, "minrepl": 2}
         opts["ttl"] = self.rng.choice((15, 300, 300, 300))
         delay = self.rng.choice((0, 0, 0, 1))
         limits = ("MAXATTEMPTS", 3, "DEADLETTER", DEAD) if self.extensions and opts["retry"] else ()
@@ -146,6 +151,7 @@ class Workload:
         reply = await self.cluster.call(
             node, "ADDJOB", QUEUE, body, ADDJOB_TIMEOUT_MS, "REPLICATE", opts["replicate"],
             "RETRY", opts["retry"], "TTL", opts["ttl"], "DELAY", delay, *limits, *priority,
+            *(("MINREPL", opts["minrepl"]) if "minrepl" in opts else ()),
         )  # fmt: skip
         if self.added(op, reply) and self.extensions and (not self._waited or self.rng.random() < 0.1):
             self._waited = True  # (checked by phantom_acks)

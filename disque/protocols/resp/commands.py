@@ -33,7 +33,7 @@ from disque.core import errors
 from disque.cluster import messages as m
 from disque.core.errors import err
 from disque.core.types import NIL_ARRAY, SILENT, Command, Connection, Map, Status
-from disque.core.lifecycle import SLICE, DeadLetterFilter, check_job_options
+from disque.core.lifecycle import SLICE, DeadLetterFilter, check_job_options, check_size
 from disque.core.node import NodeCore
 from disque.core.schedules import MIN_EVERY, check_cron
 from disque.store.failure import Failure, problem as failure_problem
@@ -74,6 +74,7 @@ ADDJOB_OPTS: Final[dict[bytes, tuple[int, int, int, str]]] = {  # Final: a stati
     b"maxattempts": (5, 1, 65535, "MAXATTEMPTS must be between 1 and 65535"),  # an extension, as DEADLETTER
     b"zones": (6, 1, 65535, "ZONES must be between 1 and 65535"),  # an extension: docs/zones.md
     b"priority": (7, 0, MAX_PRIORITY, "PRIORITY must be between 0 and 9"),  # an extension (docs/priorities.md)
+    b"minrepl": (8, 1, 65535, "MINREPL must be between 1 and 65535"),  # an extension (docs/replication.md)
 }
 # The same under their upper-case names, as clients send them: found without lowering the argument.
 _ADDJOB_OPTS_UPPER: Final[dict[bytes, tuple[int, int, int, str]]] = {k.upper(): v for k, v in ADDJOB_OPTS.items()}
@@ -122,12 +123,12 @@ def job_options(argv: list[bytes], i: int) -> tuple[list[int | None], bool, byte
 def cmd_addjob(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     values, is_async, dead_letter = job_options(argv, 4)
     timeout = parse_timeout(argv[3])
-    repl, ttl, retry, delay, maxlen, max_attempts, zones, priority = values
+    repl, ttl, retry, delay, maxlen, max_attempts, zones, priority, minrepl = values
     if dead_letter is not None and max_attempts is None:
         raise err("DEADLETTER needs MAXATTEMPTS")
     return node.lifecycle.add_job(
         client, argv[1], argv[2], timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter,
-        zones, priority,
+        zones, priority, minrepl=minrepl,
     )
 
 
@@ -173,7 +174,7 @@ def _schedule_add(node: NodeCore, argv: list[bytes]) -> Any:
     else:
         raise errors.syntax()
     values, _, dead_letter = job_options(argv, i)  # ASYNC or not, a tick's job never waits: it has no client
-    repl, ttl, retry, delay, maxlen, max_attempts, zones, priority = values
+    repl, ttl, retry, delay, maxlen, max_attempts, zones, priority, minrepl = values
     s = Schedule(
         argv[2], 0, "", argv[3], argv[4], every, cron, tz, since=node.now, repl=repl or 0, ttl=ttl or 0,
         retry=-1 if retry is None else retry, delay=delay or 0, maxlen=maxlen or 0, max_attempts=max_attempts or 0,
@@ -186,7 +187,10 @@ def _schedule_add(node: NodeCore, argv: list[bytes]) -> Any:
         check_cron(cron, tz)
     if dead_letter is not None and max_attempts is None:
         raise err("DEADLETTER needs MAXATTEMPTS")
+    if minrepl is not None:
+        raise err("MINREPL does not apply to SCHEDULE: a tick's job never waits for its copies")
     check_job_options(repl or 3, retry, delay or 0, ttl or 86400)
+    check_size(argv[4], node.lifecycle.settings)
     if zones is not None and zones > (repl or 3):
         raise err("ZONES can't be greater than the replication level")
     node.schedules.add(s)
@@ -436,6 +440,7 @@ def show(node: NodeCore, job: Job) -> Map:
             (b"next-awake-within", max(0, job.awake - now) if job.awake else None),
             (b"body", job.body),
         ]
+        + ([(b"min-repl", minrepl)] if (minrepl := node.replication.minrepl_of(job.id)) is not None and minrepl < job.repl else [])
         # The MAXATTEMPTS extension, only for the jobs that use it: a dead-lettered
         # copy keeps its origin's MAXATTEMPTS and queue for DEADLETTER REQUEUE.
         + ([(b"max-attempts", job.max_attempts), (b"dead-letter", job.dead_letter)] if job.max_attempts and not job.origin else [])
