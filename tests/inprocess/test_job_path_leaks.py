@@ -37,7 +37,7 @@ def test_jobs_that_come_and_go_leave_nothing_behind():
     def step() -> None:
         ids = [bytes(s("ADDJOB", "q", b"x" * 600, 0, "RETRY", 300)) for _ in range(100)]
         assert len(s("GETJOB", "COUNT", 100, "FROM", "q")) == 100
-        assert s("DELJOB", *ids) == 100  # (an acknowledged ID is remembered a while: store/collected.py)
+        assert s("DELJOB", *ids[:50]) + s("DELJOB", *ids[50:]) == 100  # within a slice: answered at once (an acknowledged ID is remembered a while: store/collected.py)
         clock.advance(100)
         core.tick()  # its cron writes out the body store's buffer
 
@@ -53,7 +53,7 @@ def test_jobs_moved_to_disk_and_back_leave_nothing_behind():
         ids = [bytes(s("ADDJOB", "q", b"x" * 600, 0, "RETRY", 300)) for _ in range(100)]
         assert core.read_behind.index.live >= 90  # the queue's newest went to disk
         assert len(s("GETJOB", "COUNT", 100, "FROM", "q")) == 100  # and came back
-        assert s("DELJOB", *ids) == 100  # (an acknowledged ID is remembered a while: store/collected.py)
+        assert s("DELJOB", *ids[:50]) + s("DELJOB", *ids[50:]) == 100  # within a slice: answered at once (an acknowledged ID is remembered a while: store/collected.py)
         clock.advance(100)
         core.tick()  # its cron writes out the body store's buffer
 
