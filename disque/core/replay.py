@@ -1,6 +1,6 @@
 """Replaying the AOF into a node (spec/persistence.md §7).
 
-Theory of operation: the shell reads the file (shell/aof_file.py), the
+Theory of operation: the shell reads the file (shell/aof_loader.py), the
 parser checks each record (store/aof.py), and `Replay.apply` gives it to
 the job lifecycle: a `LOADJOB` job is adopted by the rule every job this
 node did not just create follows (`Lifecycle.adopt`, as a copy from a peer

@@ -631,7 +631,7 @@ class HttpPort:
         core, sessions = self.core, self.sessions
         groups, total = group_figures(core, MAX_GROUP_SERIES)
         g = core.groups
-        read_behind = [("read_behind", "no")] if core.read_behind is None else core.read_behind.info_fields()
+        read_behind = core.read_behind.info_fields()
         if trio.current_time() - self.dead_letters[0] >= DEAD_LETTER_SECONDS:
             self.dead_letters = (trio.current_time(), dead_letter_figures(core, MAX_DEAD_LETTER_QUEUES, DEAD_LETTER_SAMPLE))
         return Snapshot(

@@ -21,7 +21,7 @@ Applying the records to a node is core/replay.py's (`Replay`); `scan` runs
 the parser and the record checks over a whole byte string, for `disque
 check-aof` and tests.
 
-The shell (`disque/shell/aof_file.py`) owns files, fsync and rewrites; `AofStatus` is what
+The shell (`disque/shell/aof_*.py`) owns files, fsync and rewrites; `AofStatus` is what
 it reports through INFO.
 """
 
@@ -119,7 +119,11 @@ def encode_record(*args: bytes) -> bytes:
 
 
 def encode_loadjob(job: Job) -> bytes:
-    payload = encode_storage(job)
+    return loadjob_record(encode_storage(job))
+
+
+def loadjob_record(payload: bytes) -> bytes:
+    """The LOADJOB of a job's storage form."""
     return b"*2\r\n$7\r\nLOADJOB\r\n$%d\r\n%s\r\n" % (len(payload), payload)
 
 

@@ -155,10 +155,7 @@ SECTIONS = {
     # Recurring jobs (docs/schedules.md); per schedule: SCHEDULE SHOW.
     "schedules": ("Schedules", lambda node, proc: node.schedules.info_fields()),
     # Queues larger than memory (docs/read-behind.md); off: `read_behind:no` only.
-    "read-behind": (
-        "Read-behind",
-        lambda node, proc: [("read_behind", "no")] if node.read_behind is None else node.read_behind.info_fields(),
-    ),
+    "read-behind": ("Read-behind", lambda node, proc: node.read_behind.info_fields()),
 }
 EXTRA = ("security", "commandstats", "kestrel", "groups", "read-behind", "federation", "schedules")  # shown by INFO <section> and INFO all only
 
