@@ -21,7 +21,8 @@ from typing import Any
 
 from disque.core.node import NodeCore
 from disque.core.replay import Replay
-from disque.store.aof import AofCorrupt, RecordReader, all_nul, tail_is_corrupt
+from disque.store.aof import LOADJOB, AofCorrupt, RecordReader
+from disque.store.records import DecodeError, decode_storage
 
 log = logging.getLogger("disque")
 
@@ -31,6 +32,25 @@ LOAD_YIELD_EVERY = 1000  # records between two event-loop turns while loading
 
 class AofLoadError(Exception):
     """The AOF cannot be loaded: the message is logged and the node exits."""
+
+
+class Damage:
+    """Damaged bytes from `start`, and the jobs of the damaged LOADJOBs
+    whose IDs can still be read."""
+
+    def __init__(self, start: int, reason: str, byte: int) -> None:
+        self.start = start
+        self.reason = reason
+        self.byte = byte
+        self.jobs: list[tuple[bytes, bytes]] = []
+
+    def note(self, record: list[bytes] | None) -> None:
+        if record and len(record) == 2 and record[0].upper() == LOADJOB:
+            try:
+                job = decode_storage(record[1])
+            except DecodeError:
+                return  # its ID went with it
+            self.jobs.append((job.id, job.queue))
 
 
 class AofLoader:
@@ -62,56 +82,67 @@ class AofLoader:
             status.loading_loaded_bytes = 0
             status.loading_elapsed = 0.0
             reader = RecordReader()
-            truncated_at: int | None = None
+            damage: Damage | None = None  # damaged bytes not yet known to be in the middle or at the end
+            dropped: list[tuple[bytes, bytes]] = []  # (job ID, queue) of the damaged LOADJOBs skipped
             count = 0
-            while truncated_at is None:
+            final = False
+            while not final:
                 chunk = f.read(READ_CHUNK)
-                if not chunk:
-                    break
+                final = not chunk
                 reader.feed(chunk)
-                try:
-                    for offset, args in reader:
-                        replay.apply(offset, args)
-                        count += 1
-                        if not count % LOAD_YIELD_EVERY:
-                            status.loading_loaded_bytes = reader.offset
-                            status.loading_elapsed = time.monotonic() - started
-                            yield
-                            replay.refresh_time()
-                except AofCorrupt as e:
-                    if not self._rest_is_nul(f, e.byte_offset):
-                        raise AofLoadError(
-                            f"Bad file format reading the append only file {path}: {e.message} "
-                            f"at offset {e.offset} (byte {e.byte_offset}). Make a backup of your AOF file, "
-                            f"then use 'disque check-aof --fix {path}'."
-                        ) from None
-                    truncated_at = e.offset
-            if truncated_at is None and reader.pending:
-                tail = reader.tail()
-                if not all_nul(tail) and tail_is_corrupt(tail):
-                    raise AofLoadError(
-                        f"Bad file format reading the append only file {path}: damaged record at offset "
-                        f"{reader.offset} (complete records follow an unfinished one). Make a backup of "
-                        f"your AOF file, then use 'disque check-aof --fix {path}'."
-                    )
-                truncated_at = reader.offset
-        if truncated_at is not None:
+                while True:
+                    try:
+                        for offset, args in reader:
+                            if damage is not None:  # whole records follow it: damage in the middle
+                                self._skip_damage(path, damage, offset, dropped)
+                                damage = None
+                            try:
+                                replay.apply(offset, args)
+                            except AofCorrupt as e:  # well framed, not valid: the reader is past it
+                                e.end, e.record = reader.offset, args
+                                raise
+                            count += 1
+                            if not count % LOAD_YIELD_EVERY:
+                                status.loading_loaded_bytes = reader.offset
+                                status.loading_elapsed = time.monotonic() - started
+                                yield
+                                replay.refresh_time()
+                    except AofCorrupt as e:
+                        damage = damage or Damage(e.offset, e.message, e.byte_offset)
+                        damage.note(e.record)
+                        if e.end is None:
+                            reader.skip(final)
+                        continue
+                    if final and reader.pending:  # an unfinished record: torn, unless whole records follow
+                        damage = damage or Damage(reader.offset, "unfinished record", reader.offset)
+                        reader.skip(final)
+                        continue
+                    break
+        if damage is not None:
             replay.clean_marker = None  # something was being appended after it
             if not config.aof_load_truncated:
                 raise AofLoadError(
                     f"Unexpected end of file reading the append only file {path} (last complete record "
-                    f"ends at offset {truncated_at}). You can: 1) Make a backup of your AOF file, then use "
+                    f"ends at offset {damage.start}). You can: 1) Make a backup of your AOF file, then use "
                     f"'disque check-aof --fix {path}'. 2) Alternatively you can set the 'aof-load-truncated' "
                     "configuration option to yes and restart the server."
                 )
             log.warning("!!! Warning: short read while loading the AOF file %s!!!", path)
             log.warning(
                 "!!! Truncating the AOF at offset %d (dropping %d bytes of an unfinished record) !!!",
-                truncated_at,
-                size - truncated_at,
+                damage.start,
+                size - damage.start,
             )
-            self._truncate(path, truncated_at)
+            dropped += damage.jobs
+            self._truncate(path, damage.start)
             log.warning("AOF loaded anyway because aof-load-truncated is enabled")
+        self._report_dropped(dropped)
+        if config.appendonly and (reader.unsealed or status.damaged_records):
+            status.rewrite_scheduled = True  # a whole file, every record sealed
+            log.warning(
+                "The AOF will be rewritten: %s",
+                "it has damaged records" if status.damaged_records else "its records have no checksums (older version)",
+            )
         for _ in replay.requeue():
             yield
         queued = replay.requeued
@@ -129,13 +160,37 @@ class AofLoader:
             replay.expired,
         )
 
-    @staticmethod
-    def _rest_is_nul(f: Any, offset: int) -> bool:
-        f.seek(offset)
-        while chunk := f.read(READ_CHUNK):
-            if not all_nul(chunk):
-                return False
-        return True
+    def _skip_damage(self, path: str, damage: Damage, end: int, dropped: list[tuple[bytes, bytes]]) -> None:
+        """Damage with whole records after it (bit rot, a bad copy): never
+        delivered.  Refuse to start (`aof-load-damaged no`), or start
+        without it, logged and counted (INFO, /metrics)."""
+        where = f"{damage.reason} at offset {damage.start} (byte {damage.byte})"
+        if not self.config.aof_load_damaged:
+            raise AofLoadError(
+                f"Bad file format reading the append only file {path}: {where}. Make a backup of your AOF "
+                f"file, then use 'disque check-aof --fix {path}', or set 'aof-load-damaged' to yes to start "
+                "without the damaged records."
+            )
+        status = self.status
+        status.damaged_records += 1
+        status.damaged_bytes += end - damage.start
+        log.warning("!!! Damaged records in the AOF file %s: %s, %d bytes skipped !!!", path, where, end - damage.start)
+        dropped += damage.jobs
+
+    def _report_dropped(self, dropped: list[tuple[bytes, bytes]]) -> None:
+        """The jobs whose LOADJOB was skipped and that no later record
+        brought back: lost here; a copy on another node comes back when its
+        retry time requeues it."""
+        jobs = self.core.jobs
+        for job_id, queue in dropped:
+            if job_id not in jobs:
+                self.status.dropped_jobs += 1
+                log.warning(
+                    "Job %s of queue %s dropped: its AOF record is damaged (other nodes holding a copy "
+                    "requeue it after its retry time)",
+                    job_id.decode("ascii", "replace"),
+                    queue.decode("utf-8", "replace"),
+                )
 
     @staticmethod
     def _truncate(path: str, size: int) -> None:

@@ -27,7 +27,7 @@ import trio
 from disque.core.node import NodeCore
 from disque.core.snapshot import Snapshot
 from disque.shell.aof_writer import AofWriter
-from disque.store.aof import encode_clean_marker
+from disque.store.aof import encode_clean_marker, format_marker
 from disque.store.spill import SpillCorrupt
 
 log = logging.getLogger("disque")
@@ -189,7 +189,7 @@ class Rewriter:
         records = _readable(snapshot.records(stop=lambda: rw.cancelled))
         try:
             size = await trio.to_thread.run_sync(
-                lambda: write_snapshot(rw.tmp, records, incremental_fsync=incremental)
+                lambda: write_snapshot(rw.tmp, chain((format_marker(),), records), incremental_fsync=incremental)
             )
         except OSError as e:
             if not rw.cancelled:
@@ -292,7 +292,7 @@ class Rewriter:
         marker = encode_clean_marker(self.core.clock.now_ms())
         try:
             size = write_snapshot(
-                tmp, _readable(chain(snapshot.records(), (marker,))),
+                tmp, _readable(chain((format_marker(),), snapshot.records(), (marker,))),
                 incremental_fsync=self.config.aof_rewrite_incremental_fsync,
             )  # fmt: skip
             os.rename(tmp, path)

@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from disque.core.node import NodeCore
+from disque.store.aof import format_marker
 
 if TYPE_CHECKING:
     from disque.shell.aof_rewrite import Rewrite
@@ -64,7 +65,7 @@ log = logging.getLogger("disque")
 
 POSTPONE_MAX = 2.0  # seconds a write may wait for a running everysec fsync
 
-_LOADJOB = b"*2\r\n$7\r\nLOADJOB\r\n"  # (store/aof.py's encode_loadjob)
+_LOADJOB = b"*3\r\n$7\r\nLOADJOB\r\n"  # (store/aof.py's loadjob_record)
 
 
 class AofWriter:
@@ -390,6 +391,8 @@ class AofWriter:
         self.status.state = "on"
         self.status.current_size = self.status.base_size = self.file_size
         self.bus_seen = self.core.stats.bus_sent
+        if not self.file_size:  # a new file: every record of it is sealed
+            self.append(format_marker())
 
     def switch_to(self, fd: int, size: int) -> None:
         """Append to a rewrite's new file, fsynced whole with everything

@@ -45,7 +45,7 @@ def test_a_cancelled_snapshot_stops_reading():
     assert list(snapshot.records(stop=lambda: True)) == []
     asked = count()
     written = list(snapshot.records(stop=lambda: next(asked) > 0))  # stops before the jobs on disk
-    assert len(written) == 2 and all(r.startswith(b"*2\r\n$7\r\nLOADJOB") for r in written)
+    assert len(written) == 2 and all(r.startswith(b"*3\r\n$7\r\nLOADJOB") for r in written)
     snapshot.release()
 
 

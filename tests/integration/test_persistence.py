@@ -358,7 +358,7 @@ def test_truncated_tail_is_dropped_and_the_node_starts(spawn: Spawn) -> None:
     assert "short read while loading the AOF" in node.log_path.read_text()
 
 
-def test_corruption_in_the_middle_refuses_to_start_then_check_aof_fixes(spawn: Spawn) -> None:
+def test_corruption_in_the_middle_can_refuse_the_start_then_check_aof_fixes(spawn: Spawn) -> None:
     node = spawn(*AOF_ALWAYS)
     r = client(node)
     ids = [r.execute_command("ADDJOB", "q", f"x{i}", 0) for i in range(10)]
@@ -366,12 +366,14 @@ def test_corruption_in_the_middle_refuses_to_start_then_check_aof_fixes(spawn: S
     path = aof_path(node)
     data = path.read_bytes()
     report = scan(data)
-    assert report.status == "ok" and report.records == 10
+    assert report.status == "ok" and report.records == 11  # the format marker, then the jobs
     at = data.index(b"LOADJOB", len(data) // 2) - 8  # a record in the middle
     path.write_bytes(data[:at] + b"?" + data[at + 1 :])
+    node.extra = [*AOF_ALWAYS, "--aof-load-damaged", "no"]
     with pytest.raises(RuntimeError):
         node.start()
     closed(node)
+    node.extra = list(AOF_ALWAYS)
     text = node.log_path.read_text()
     assert "Bad file format" in text and f"at offset {at}" in text
     cli = [sys.executable, "-m", "disque.cli.check_aof"]
@@ -380,6 +382,25 @@ def test_corruption_in_the_middle_refuses_to_start_then_check_aof_fixes(spawn: S
     assert subprocess.run([*cli, "--fix", str(path)], capture_output=True).returncode == 0
     node.start()
     assert len(set(all_ids(client(node))) & set(ids)) == 9  # only the damaged record is lost
+
+
+def test_a_flipped_bit_in_a_body_is_never_delivered(spawn: Spawn) -> None:
+    node = spawn(*AOF_ALWAYS)
+    r = client(node)
+    ids = [r.execute_command("ADDJOB", "q", f"hello-world-body{i}", 0) for i in range(3)]
+    crash(node)
+    path = aof_path(node)
+    data = path.read_bytes()
+    at = data.index(b"hello-world-body1") + 6
+    path.write_bytes(data[:at] + b"W" + data[at + 1 :])  # hello-World-body1
+    node.start()
+    r = client(node)
+    assert set(all_ids(r)) == {ids[0], ids[2]}
+    info = r.info("persistence")
+    assert info["aof_damaged_records"] == 1 and info["aof_dropped_jobs"] == 1
+    text = node.log_path.read_text()
+    assert "checksum mismatch" in text and f"Job {ids[1].decode()} of queue q dropped" in text
+    wait_until(lambda: b"World" not in path.read_bytes(), what="the rewrite of the damaged file")
 
 
 @pytest.fixture
