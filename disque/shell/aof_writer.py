@@ -95,6 +95,7 @@ class AofWriter:
         self.write_error: str | None = None
         self.fsync_error: str | None = None  # the file is suspect until a rewrite replaced it (see above)
         self.bus_seen = 0
+        self.fault: str | None = None  # DEBUG AOF-FAULT: the next `write` or `fsync` fails with EIO
         if hasattr(signal, "SIGXFSZ"):
             # a file-size limit must give EFBIG (MISCONF), not kill the node
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -246,6 +247,7 @@ class AofWriter:
         done = 0
         try:
             view = memoryview(data)
+            self._injected("write")
             while done < len(data):
                 done += os.write(fd, view[done:])
         except OSError as e:
@@ -295,7 +297,21 @@ class AofWriter:
         self.core.set_aof_error(error)
         self.status.last_write_ok = error is None
 
+    def inject_fault(self, kind: str | None) -> None:
+        """DEBUG AOF-FAULT: the next write or fsync of the file fails with
+        EIO, as the kernel reports a failing disk (a test of what follows)."""
+        self.fault = kind
+
+    def _injected(self, kind: str) -> None:
+        if self.fault == kind:
+            self.fault = None
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
     # ------------------------------------------------------------ fsync
+
+    def _fdatasync(self, fd: int) -> None:
+        self._injected("fsync")
+        os.fdatasync(fd)
 
     def _request_fsync(self) -> None:
         if self.fsync_wanted is not None:
@@ -305,7 +321,7 @@ class AofWriter:
         assert self.fd is not None
         target = self.written
         try:
-            os.fdatasync(self.fd)
+            self._fdatasync(self.fd)
         except OSError as e:
             self._fsync_failed(e)
             return
@@ -337,7 +353,7 @@ class AofWriter:
             self.fsync_running = True
             self.status.pending_bio_fsync = 1
             try:
-                await trio.to_thread.run_sync(os.fdatasync, fd)
+                await trio.to_thread.run_sync(self._fdatasync, fd)
             except OSError as e:
                 if fd == self.fd:
                     self._fsync_failed(e)

@@ -492,6 +492,9 @@ class Server:
             return Status(b"OK")
         if sub == "loadaof":
             return self.aof_file.debug_loadaof()
+        if sub == "aof-fault":
+            self.aof_file.inject_fault(None if args[0] == b"off" else args[0].decode())
+            return Status(b"OK")
         if sub in ("segfault", "assert", "oom"):
             log.warning("DEBUG %s: crashing the server on request", sub)
             os.abort()

@@ -455,6 +455,38 @@ def test_failing_disk_gives_misconf_until_writes_succeed(spawn: Spawn, fsize_lim
     assert set(all_ids(client(node))) == left  # the records held while the disk was full were written after it
 
 
+@pytest.mark.parametrize("fault", ["fsync", "write"])
+@pytest.mark.parametrize("policy", ["always", "everysec"])
+def test_an_io_error_is_never_retried_writes_wait_for_a_rewrite(spawn: Spawn, fault: str, policy: str) -> None:
+    """EIO from fsync or write (the kernel may have dropped dirty pages and
+    marked them clean): MISCONF until a rewrite replaced the file, and every
+    job acknowledged, before or after, survives a kill -9."""
+    node = spawn("--appendonly", "yes", "--appendfsync", policy)
+    r = client(node)
+    ids = {r.execute_command("ADDJOB", "q", f"x{i}", 0) for i in range(10)}
+    assert r.execute_command("DEBUG", "AOF-FAULT", fault) == b"OK"
+    refused = 0
+
+    def writes_again() -> bool:
+        nonlocal refused
+        try:
+            ids.add(r.execute_command("ADDJOB", "q", "more", 0))
+        except redis.ResponseError as e:
+            assert str(e) == "MISCONF Errors writing to the AOF file: Input/output error"
+            refused += 1
+            return False
+        return refused > 0
+
+    wait_until(writes_again, what="MISCONF, then writes again after the rewrite")
+    text = node.log_path.read_text()
+    failed = text.index("Error syncing the AOF file" if fault == "fsync" else "Error writing to the AOF file")
+    assert text.index("Background AOF rewrite finished successfully", failed) > failed
+    assert r.info("persistence")["aof_last_write_status"] == "ok"
+    crash(node)
+    node.start()
+    assert set(all_ids(client(node))) >= ids
+
+
 def test_rewrite_aof_shutdown_with_enqueue_jobs_once_and_aof_off(spawn: Spawn) -> None:
     """The upstream upgrade procedure (spec/persistence.md §9), AOF off."""
     node = spawn()

@@ -401,6 +401,8 @@ def debug_command(node: NodeCore, argv: list[bytes]) -> Any:
         return node.host.debug(_text(sub), args)
     if sub in (b"loadaof", b"segfault", b"assert", b"oom") and not args:
         return node.host.debug(_text(sub), args)
+    if sub == b"aof-fault" and len(args) == 1 and args[0].lower() in (b"write", b"fsync", b"off"):
+        return node.host.debug("aof-fault", [args[0].lower()])  # this project: EIO on the AOF's next write or fsync
     raise err(f"Unknown DEBUG subcommand or wrong number of arguments for '{_text(argv[1])}'")
 
 
