@@ -136,7 +136,7 @@ class AofStatus:
 
 def _sealed(head: bytes) -> bytes:
     """The record `head` (whose count includes the seal) with its seal."""
-    return b"%s$8\r\n%08x\r\n" % (head, crc32(head))
+    return b"".join((head, b"$8\r\n%08x\r\n" % crc32(head)))
 
 
 def encode_record(*args: bytes) -> bytes:
