@@ -319,14 +319,20 @@ class AofWriter:
 
     def _fsync_inline(self) -> None:
         assert self.fd is not None
-        target = self.written
+        target, size = self.written, self.file_size
         try:
             self._fdatasync(self.fd)
         except OSError as e:
             self._fsync_failed(e)
             return
-        self.synced = max(self.synced, target)
+        self._synced(target, size)
         self.last_fsync_sec = int(time.time())
+
+    def _synced(self, target: int, size: int) -> None:
+        """The records up to `target` (the file up to `size`) are on disk."""
+        if target > self.synced:
+            self.synced = target
+            self.status.fsynced_size = size
 
     def _fsync_failed(self, e: OSError) -> None:
         strerror = e.strerror or str(e)
@@ -349,7 +355,7 @@ class AofWriter:
             fd = self.fd
             if fd is None or self.written <= self.synced or self.fsync_error:
                 continue
-            target = self.written
+            target, size = self.written, self.file_size
             self.fsync_running = True
             self.status.pending_bio_fsync = 1
             try:
@@ -359,7 +365,7 @@ class AofWriter:
                     self._fsync_failed(e)
             else:
                 if fd == self.fd:
-                    self.synced = max(self.synced, target)
+                    self._synced(target, size)
             finally:
                 self.fsync_running = False
                 self.status.pending_bio_fsync = 0
@@ -405,7 +411,7 @@ class AofWriter:
         self.file_size = os.fstat(fd).st_size
         self.written = self.synced = self.appended  # offsets only grow
         self.status.state = "on"
-        self.status.current_size = self.status.base_size = self.file_size
+        self.status.current_size = self.status.base_size = self.status.fsynced_size = self.file_size
         self.bus_seen = self.core.stats.bus_sent
         if not self.file_size:  # a new file: every record of it is sealed
             self.append(format_marker())
@@ -421,7 +427,7 @@ class AofWriter:
         self.buf_len = self.status.buffer_length = 0
         self.written = self.synced = self.appended
         self.postponed_since = 0.0
-        self.file_size = size
+        self.file_size = self.status.fsynced_size = size
         if self.write_error or self.fsync_error:
             log.warning("AOF write error looks solved, Disque can write again.")
         self.write_error = self.fsync_error = None

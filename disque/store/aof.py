@@ -82,6 +82,7 @@ class AofStatus:
     rewrite_buffer_length: int = 0
     pending_bio_fsync: int = 0
     delayed_fsync: int = 0
+    fsynced_size: int = 0  # the file's size at its last fsync: what a power cut keeps
     # what loading the file cost: damaged records skipped, the jobs they held
     damaged_records: int = 0
     damaged_bytes: int = 0
@@ -116,6 +117,7 @@ class AofStatus:
                 ("aof_rewrite_buffer_length", self.rewrite_buffer_length),
                 ("aof_pending_bio_fsync", self.pending_bio_fsync),
                 ("aof_delayed_fsync", self.delayed_fsync),
+                ("aof_fsynced_size", self.fsynced_size),
             ]
         if loading:
             total, done = self.loading_total_bytes, self.loading_loaded_bytes
