@@ -13,7 +13,8 @@ a PRIORITY (0-9, in turn: no random draw), and the first job added and a tenth o
 checker's phantom_acks; a run that added few jobs still waits for one);
 without it, the random choices are exactly those of a plain run.  The
 nemesis plays `plan.steps` (see `FaultPlan`): network faults (partitions,
-heals), crashes (kill -9, restart with or without the AOF), and
+heals), crashes (kill -9, restart with or without the AOF), disks that
+lie (a lost unsynced tail, a torn record, flipped bits, a full disk), and
 administration, sent as commands to the node like any client would:
 DEBUG FLUSHALL, CLUSTER RESET SOFT|HARD followed by the operator's re-MEET
 (and, for HARD, CLUSTER FORGET of the old ID on every other live node),
@@ -57,6 +58,7 @@ QUEUE = "jobs"
 DEAD = "jobs-dead"  # extensions: the dead-letter queue, consumed too
 ADDJOB_TIMEOUT_MS = 1000
 PRODUCE_AFTER_S = 3  # producers keep going this long on the healed cluster
+DISK_FULL_MS = 2000  # how long a "full" disk step refuses writes
 QUIET_S = 10  # a drain ends after this long without a delivery
 DRAIN_LIMIT_S = 120
 GC_LIMIT_S = 400
@@ -78,6 +80,10 @@ class FaultPlan:
     ("timeout", i, ms)     CONFIG SET cluster-node-timeout
     ("zone", z, mode)      every node of zone z at once: "isolate" (a partition
                            of the zone from the rest) or "kill" (each killed)
+    ("disk", i, how)       node i's disk lies: "lose-tail", "torn" or "bitflip"
+                           kill it (-9) and damage its AOF (network.py's disk
+                           model) for its next restart; "full" makes its AOF
+                           fail (MISCONF) for DISK_FULL_MS
 
     Commands to a dead node (or i == j) are skipped."""
 
@@ -279,6 +285,18 @@ class Workload:
     async def _timeout(self, i: int, ms: int) -> None:
         if self.cluster.nodes[i].alive:
             await self._admin(i, "CONFIG", "SET", "cluster-node-timeout", ms)
+
+    async def _disk(self, i: int, how: str) -> None:
+        node = self.cluster.nodes[i]
+        if how == "full":
+            core = node.core
+            if core is not None:
+                core.set_aof_error("No space left on device")
+                await trio.sleep(DISK_FULL_MS / 1000)
+                core.set_aof_error(None)  # (a core killed meanwhile is gone: nothing to undo)
+            return
+        await self._kill(i)
+        node.damage(how, self.rng)
 
     async def _zone(self, name: str, mode: str) -> None:
         cluster = self.cluster
