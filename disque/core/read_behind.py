@@ -400,7 +400,8 @@ class ReadBehind:
             self.read_error = e.strerror or str(e)
             log.warning("Read-behind: cannot read a job record: %s", self.read_error)
         except (SpillCorrupt, DecodeError) as e:
-            log.warning("Read-behind: a job record is damaged (%s): this node's copy is lost", e)
+            queue = index.names[index.qid[slot]].decode("utf-8", "replace")
+            log.warning("Read-behind: the record of a job of queue %s is damaged (%s): this node's copy is lost", queue, e)
             self.lost += 1
             self._forget(slot, lost=True)
         return None

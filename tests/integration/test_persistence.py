@@ -358,13 +358,19 @@ def test_truncated_tail_is_dropped_and_the_node_starts(spawn: Spawn) -> None:
     assert "short read while loading the AOF" in node.log_path.read_text()
 
 
-def test_corruption_in_the_middle_can_refuse_the_start_then_check_aof_fixes(spawn: Spawn) -> None:
+def added_then_crashed(spawn: Spawn, bodies: list[str]) -> tuple[NodeProcess, list[bytes], Path, bytes]:
+    """A node (AOF, fsync always) given one job per body, then killed: its
+    job IDs, its file and the file's bytes."""
     node = spawn(*AOF_ALWAYS)
     r = client(node)
-    ids = [r.execute_command("ADDJOB", "q", f"x{i}", 0) for i in range(10)]
+    ids = [r.execute_command("ADDJOB", "q", body, 0) for body in bodies]
     crash(node)
     path = aof_path(node)
-    data = path.read_bytes()
+    return node, ids, path, path.read_bytes()
+
+
+def test_corruption_in_the_middle_can_refuse_the_start_then_check_aof_fixes(spawn: Spawn) -> None:
+    node, ids, path, data = added_then_crashed(spawn, [f"x{i}" for i in range(10)])
     report = scan(data)
     assert report.status == "ok" and report.records == 11  # the format marker, then the jobs
     at = data.index(b"LOADJOB", len(data) // 2) - 8  # a record in the middle
@@ -385,12 +391,7 @@ def test_corruption_in_the_middle_can_refuse_the_start_then_check_aof_fixes(spaw
 
 
 def test_a_flipped_bit_in_a_body_is_never_delivered(spawn: Spawn) -> None:
-    node = spawn(*AOF_ALWAYS)
-    r = client(node)
-    ids = [r.execute_command("ADDJOB", "q", f"hello-world-body{i}", 0) for i in range(3)]
-    crash(node)
-    path = aof_path(node)
-    data = path.read_bytes()
+    node, ids, path, data = added_then_crashed(spawn, [f"hello-world-body{i}" for i in range(3)])
     at = data.index(b"hello-world-body1") + 6
     path.write_bytes(data[:at] + b"W" + data[at + 1 :])  # hello-World-body1
     node.start()
