@@ -4,11 +4,17 @@ Theory of operation (spec/persistence.md §7).  The file is read in chunks
 through the streaming parser (store/aof.py's `RecordReader`) and each record
 is handed to the core's replay (core/replay.py).  Every LOAD_YIELD_EVERY
 records the loader yields, so the event loop can answer -LOADING meanwhile.
-What a damaged file costs is decided here: an unfinished last record (a
-crash in the middle of a write) or a tail of NUL bytes is cut off (with
-`aof-load-truncated yes`, the default) and the node starts; damage followed
-by complete records stops the start with a message that names the file and
-the offset, for `disque check-aof --fix`.
+What a damaged file costs is decided here (docs/persistence.md): every
+record's seal is checked as it is read, and a record that fails it is never
+applied.  Damage with nothing whole after it (an unfinished last record, a
+torn or bit-flipped one, a tail of NUL bytes) is a crash in the middle of a
+write: the file is cut back to the last whole record (`aof-load-truncated
+yes`, the default) and the node starts.  Damage with whole records after
+it (bit rot) is skipped to the next whole record (`aof-load-damaged yes`,
+the default), logged with the jobs it held and counted in INFO, or stops
+the start with a message that names the file and the offset.  A file that
+had damage or records without seals (an older version) is rewritten once
+loaded.
 """
 
 from __future__ import annotations
