@@ -87,6 +87,7 @@ class AofLoader:
             status.loading_total_bytes = size
             status.loading_loaded_bytes = 0
             status.loading_elapsed = 0.0
+            status.damaged_records = status.damaged_bytes = status.dropped_jobs = 0  # what this load costs
             reader = RecordReader()
             damage: Damage | None = None  # damaged bytes not yet known to be in the middle or at the end
             dropped: list[tuple[bytes, bytes]] = []  # (job ID, queue) of the damaged LOADJOBs skipped
