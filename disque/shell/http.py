@@ -211,8 +211,8 @@ class NodeCollector:
         gauge("aof_last_write_ok", "0 after a failed AOF write (MISCONF).", int(aof["aof_last_write_status"] == "ok"))
         gauge("aof_current_size_bytes", "Size of the AOF.", aof.get("aof_current_size", 0))
         counter("aof_delayed_fsync", "Writes made while an everysec fsync was late.", aof.get("aof_delayed_fsync", 0))
-        counter("aof_damaged_records", "Damaged AOF records skipped at the last load (checksum, framing).", aof["aof_damaged_records"])
-        counter("aof_dropped_jobs", "Jobs whose AOF record was damaged, lost here at the last load.", aof["aof_dropped_jobs"])
+        counter("aof_damaged_records", "Damaged AOF records skipped at the last load (checksum, framing).", aof.get("aof_damaged_records", 0))
+        counter("aof_dropped_jobs", "Jobs whose AOF record was damaged, lost here at the last load.", aof.get("aof_dropped_jobs", 0))
         repl, fed = fig["replication"], fig["federation"]
         gauge("replication_pending", "Jobs waiting for their synchronous replication.", repl["pending"])
         counter("replication_achieved", "Synchronous replications that reached their level.", repl["achieved"])

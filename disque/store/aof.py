@@ -104,9 +104,6 @@ class AofStatus:
             ("aof_current_rewrite_time_sec", self.current_rewrite_time_sec),
             ("aof_last_bgrewrite_status", "ok" if self.last_bgrewrite_ok else "err"),
             ("aof_last_write_status", "ok" if self.last_write_ok else "err"),
-            ("aof_damaged_records", self.damaged_records),
-            ("aof_damaged_bytes", self.damaged_bytes),
-            ("aof_dropped_jobs", self.dropped_jobs),
         ]
         if self.state != "off":
             fields += [
@@ -118,6 +115,9 @@ class AofStatus:
                 ("aof_pending_bio_fsync", self.pending_bio_fsync),
                 ("aof_delayed_fsync", self.delayed_fsync),
                 ("aof_fsynced_size", self.fsynced_size),
+                ("aof_damaged_records", self.damaged_records),
+                ("aof_damaged_bytes", self.damaged_bytes),
+                ("aof_dropped_jobs", self.dropped_jobs),
             ]
         if loading:
             total, done = self.loading_total_bytes, self.loading_loaded_bytes
