@@ -62,7 +62,7 @@ from disque.core.schedules import Schedules
 from disque.core.types import NIL_ARRAY, BodyStore, Clock, Command, Connection, Host, Stats
 from disque.store.aof import AofStatus
 from disque.store.collected import Collected
-from disque.store.job import Job, State
+from disque.store.job import State
 
 if TYPE_CHECKING:  # annotations only: the core draws from the injected rng
     import random
