@@ -124,9 +124,9 @@ class SpilledJobs:
     def payloads(self) -> Iterator[bytes]:
         """Their storage forms, in slot order.  Raises SpillCorrupt (a
         snapshot must not be written without a job) or OSError."""
-        bodies = self.bodies
         for loc, size in zip(self.locs, self.sizes):
-            yield bodies.read(loc, size)[1]  # type: ignore[union-attr]
+            assert self.bodies is not None  # (locations come with their store)
+            yield self.bodies.read(loc, size)[1]
 
     def release(self) -> None:
         if self.bodies is not None:
