@@ -183,6 +183,7 @@ jepsen-long: $(TEST_STAMP) tools-net tools-clock
 	$(PY) jepsen-lite/run.py --faults all --duration 540 --fault-s 10 --gap-s 5 --seed 1
 	$(PY) jepsen-lite/run.py --nodes 6 --zones 3 --min-zones 2 --replicate 3 --faults zone,halves,kill --duration 240 --fault-s 10 --gap-s 5 --seed 1
 	$(PY) jepsen-lite/run.py --schedules 3 --faults halves,majority,bridge,kill,pause,clock --nodes 3 --duration 192 --fault-s 4 --gap-s 12 --seed 1
+	$(PY) jepsen-lite/run.py --faults disk --workload at-least-once --duration 240 --fault-s 5 --gap-s 3 --seed 1
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -21,6 +21,7 @@ from typing import Any, Self, TypeVar
 from disque.cluster.membership import Membership
 from disque.core.config import Config
 from disque.core.node import NodeCore
+from disque.core.read_behind import ReadBehind
 from disque.core.replay import Replay
 from disque.core.types import Status
 from disque.protocols.resp.front import RESP
@@ -164,7 +165,7 @@ def all_jobs(core: NodeCore) -> list[Any]:
     keeps on disk (read where they are: changing a copy changes nothing)."""
     jobs = list(core.jobs.values())
     spill = core.read_behind
-    if spill is not None:
+    if isinstance(spill, ReadBehind):
         flags = spill.index.flags
         jobs += [job for slot in range(len(flags)) if flags[slot] & 1 and (job := spill.peek(slot)) is not None]
     return jobs

@@ -38,10 +38,9 @@ def node_figures(node: NodeCore, max_queues: int | None = None) -> dict[str, Any
     jobs = dict.fromkeys(STATE_NAMES.values(), 0)
     for job in node.jobs.values():
         jobs[STATE_NAMES[job.state]] += 1
-    if node.read_behind is not None:  # the jobs on disk: queued in a tail, or active copies
-        queued, active = node.read_behind.counts()
-        jobs["queued"] += queued
-        jobs["active"] += active
+    queued, active = node.read_behind.counts()  # the jobs on disk: queued in a tail, or active copies
+    jobs["queued"] += queued
+    jobs["active"] += active
     stats, fed, repl = node.stats, node.federation, node.replication
     return {
         "node_id": node.membership.my_id,

@@ -55,7 +55,8 @@ from disque.core.lifecycle import Lifecycle
 from disque.core.memory import Memory
 from disque.core.outbox import Outbox
 from disque.core import read_behind
-from disque.core.read_behind import ReadBehind
+from disque.core.read_behind import NoReadBehind, ReadBehind
+from disque.core.snapshot import Snapshot, snapshot_jobs
 from disque.core.replay import Replay
 from disque.core.replication import Replication
 from disque.core.redrives import Redrives
@@ -63,7 +64,7 @@ from disque.core.schedules import Schedules
 from disque.core.types import NIL_ARRAY, BodyStore, Clock, Command, Connection, Host, Stats
 from disque.store.aof import AofStatus
 from disque.store.collected import Collected
-from disque.store.job import Job, State
+from disque.store.job import State
 
 if TYPE_CHECKING:  # annotations only: the core draws from the injected rng
     import random
@@ -122,7 +123,7 @@ class NodeCore:
         self.redrives = Redrives(life)
         life.bind(self.groups, self.acks, self.items, self.replication, self.blocking, self.federation)
         # Read-behind (core/read_behind.py) sits behind the job store; kept here for the shell and INFO.
-        self.read_behind: ReadBehind | None = read_behind.install(life, bodies, config.read_behind)
+        self.read_behind: ReadBehind | NoReadBehind = read_behind.install(life, bodies, config.read_behind)
         self.gate = Gate(config, clock, self.stats, life, self.out, self.memory, self.blocking, self.jobs.spilled)
         # The bus table: the handler of each job message, by type.
         self.on_bus: dict[type, Callable[[str, Any], None]] = {
@@ -291,14 +292,14 @@ class NodeCore:
         """Memory the shell holds for the core's clients (their input)."""
         self.memory.account(delta)
 
-    def journaled(self, job: Job) -> bool:
-        """Whether the job's queue is in the AOF (an AOF rewrite asks)."""
-        return self.out.journaled(job)
-
-    def state_records(self) -> list[bytes]:
-        """The AOF records of the state that is not jobs (consumer groups'
-        progress, schedules), for a rewrite."""
-        return [*self.groups.snapshot_records(), *self.schedules.snapshot_records()]
+    def snapshot(self) -> Snapshot:
+        """Everything an AOF rewrite must hold (core/snapshot.py): jobs in
+        memory and on disk, consumer groups' progress, schedules."""
+        return Snapshot(
+            snapshot_jobs(self.jobs.values(), self.out.journaled),
+            self.read_behind.snapshot(),
+            [*self.groups.snapshot_records(), *self.schedules.snapshot_records()],
+        )
 
     def conf_dirty(self) -> bool:
         """Whether nodes.conf no longer matches the cluster state."""

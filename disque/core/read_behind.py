@@ -64,7 +64,7 @@ from __future__ import annotations
 import heapq
 import logging
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from disque.store.records import DecodeError, decode_storage, encode_storage
@@ -96,14 +96,58 @@ def by_ctime(slots: array[int], ctime: array[int]) -> array[int]:
     return array("I", heapq.merge(*runs, key=ctime.__getitem__))
 
 
-def install(life: Lifecycle, bodies: BodyStore | None, mode: str) -> ReadBehind | None:
+def install(life: Lifecycle, bodies: BodyStore | None, mode: str) -> ReadBehind | NoReadBehind:
     """Read-behind for a node whose shell gives a body store, unless the
-    config says `no`: its job store keeps jobs on disk through it from now on."""
+    config says `no` (then its do-nothing form): its job store keeps jobs
+    on disk through it from now on."""
     if bodies is None or mode == "no":
-        return None
+        return NoReadBehind()
     spill = ReadBehind(life, bodies, mode == "force")
     life.jobs.spill_to(spill)
     return spill
+
+
+class SpilledJobs:
+    """The jobs on disk a snapshot (core/snapshot.py) holds: their storage
+    forms, read from the body store, whose segments are kept until `release`
+    (compaction must not move them meanwhile)."""
+
+    def __init__(self, bodies: BodyStore | None = None, locs: Sequence[int] = (), sizes: Sequence[int] = ()) -> None:
+        self.bodies = bodies
+        self.locs, self.sizes = locs, sizes
+        if bodies is not None:
+            bodies.hold()
+
+    def __len__(self) -> int:
+        return len(self.locs)
+
+    def payloads(self) -> Iterator[bytes]:
+        """Their storage forms, in slot order.  Raises SpillCorrupt (a
+        snapshot must not be written without a job) or OSError."""
+        for loc, size in zip(self.locs, self.sizes):
+            assert self.bodies is not None  # (locations come with their store)
+            yield self.bodies.read(loc, size)[1]
+
+    def release(self) -> None:
+        if self.bodies is not None:
+            self.bodies.unhold()
+            self.bodies = None
+
+
+class NoReadBehind:
+    """Read-behind of a node that keeps every job in memory: nothing on
+    disk, nothing to snapshot, one INFO line."""
+
+    spilled = 0
+
+    def counts(self) -> tuple[int, int]:
+        return 0, 0
+
+    def snapshot(self) -> SpilledJobs:
+        return SpilledJobs()
+
+    def info_fields(self) -> list[tuple[str, Any]]:
+        return [("read_behind", "no")]
 
 
 class ReadBehind:
@@ -356,7 +400,8 @@ class ReadBehind:
             self.read_error = e.strerror or str(e)
             log.warning("Read-behind: cannot read a job record: %s", self.read_error)
         except (SpillCorrupt, DecodeError) as e:
-            log.warning("Read-behind: a job record is damaged (%s): this node's copy is lost", e)
+            queue = index.names[index.qid[slot]].decode("utf-8", "replace")
+            log.warning("Read-behind: the record of a job of queue %s is damaged (%s): this node's copy is lost", queue, e)
             self.lost += 1
             self._forget(slot, lost=True)
         return None
@@ -566,9 +611,9 @@ class ReadBehind:
                 level.tail = None
         self._sync()
 
-    def snapshot(self) -> tuple[array[int], array[int]]:
-        """Locations and sizes of every spilled job of a journaled queue,
-        for an AOF rewrite (which holds the body store's segments meanwhile)."""
+    def snapshot(self) -> SpilledJobs:
+        """Every spilled job of a journaled queue, for an AOF rewrite (the
+        body store's segments are held until it releases them)."""
         index = self.index
         flags, loc, size = index.flags, index.loc, index.size
         locs, sizes = array("Q"), array("I")
@@ -576,7 +621,7 @@ class ReadBehind:
             if flags[slot] & LIVE and not flags[slot] & UNJOURNALED:
                 locs.append(loc[slot])
                 sizes.append(size[slot])
-        return locs, sizes
+        return SpilledJobs(self.bodies, locs, sizes)
 
     def in_bucket(self, bucket: int) -> list[Job]:
         """JSCAN's jobs on disk in `bucket`, read and left there."""

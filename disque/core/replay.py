@@ -1,6 +1,6 @@
 """Replaying the AOF into a node (spec/persistence.md §7).
 
-Theory of operation: the shell reads the file (shell/aof_file.py), the
+Theory of operation: the shell reads the file (shell/aof_loader.py), the
 parser checks each record (store/aof.py), and `Replay.apply` gives it to
 the job lifecycle: a `LOADJOB` job is adopted by the rule every job this
 node did not just create follows (`Lifecycle.adopt`, as a copy from a peer
@@ -25,7 +25,7 @@ import heapq
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from disque.store.aof import DELJOB, GROUPSET, LOADJOB, SCHEDTICK, SCHEDULE, check_record
+from disque.store.aof import CLEANSHUTDOWN, DELJOB, GROUPSET, LOADJOB, SCHEDTICK, SCHEDULE, check_record
 from disque.store.job import NACKED, Job, State
 
 if TYPE_CHECKING:
@@ -77,7 +77,8 @@ class Replay:
             self.schedules.replay(args)
         else:
             check_record(offset, args)
-            self.clean_marker = offset
+            if name == CLEANSHUTDOWN:  # (else the AOFFORMAT marker, which the reader took)
+                self.clean_marker = offset
 
     def _loadjob(self, job: Job) -> None:
         life = self.life

@@ -80,6 +80,10 @@ class BodyStore(Protocol):
 
     def figures(self) -> dict[str, Any]: ...
 
+    def hold(self) -> None: ...  # keep every segment as it is (a snapshot reads them) until `unhold`
+
+    def unhold(self) -> None: ...
+
 
 REPLY_ON, REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT = 0, 1, 2, 3
 SILENT = object()  # handle_command result: write nothing

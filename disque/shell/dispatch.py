@@ -40,7 +40,7 @@ class BusPort(Protocol):
 
 
 class AofPort(Protocol):
-    """What the dispatcher asks of the AOF writer (shell/aof_file.py)."""
+    """What the dispatcher asks of the AOF writer (shell/aof_writer.py)."""
 
     def append(self, record: bytes, sync: bool = False) -> None: ...
     def flush(self, current: object = None) -> None: ...

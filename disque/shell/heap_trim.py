@@ -49,9 +49,10 @@ def map_large_blocks(mallopt: Callable[[int, int], int] | None = None) -> bool:
 
 
 async def trim_after_spills(core: Any, trim: Callable[[int], int] | None = None) -> None:
-    """The server's task: trim the heap after read-behind moved jobs to disk."""
+    """The server's task on a node with read-behind: trim the heap after
+    jobs moved to disk."""
     trim = trim or malloc_trim()
-    if trim is None or core.read_behind is None:
+    if trim is None:
         return
     seen = 0
     while True:

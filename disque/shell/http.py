@@ -223,6 +223,8 @@ class NodeCollector:
         gauge("aof_last_write_ok", "0 after a failed AOF write (MISCONF).", int(aof["aof_last_write_status"] == "ok"))
         gauge("aof_current_size_bytes", "Size of the AOF.", aof.get("aof_current_size", 0))
         counter("aof_delayed_fsync", "Writes made while an everysec fsync was late.", aof.get("aof_delayed_fsync", 0))
+        counter("aof_damaged_records", "Damaged AOF records skipped at the last load (checksum, framing).", aof.get("aof_damaged_records", 0))
+        counter("aof_dropped_jobs", "Jobs whose AOF record was damaged, lost here at the last load.", aof.get("aof_dropped_jobs", 0))
         repl, fed = fig["replication"], fig["federation"]
         gauge("replication_pending", "Jobs waiting for their synchronous replication.", repl["pending"])
         counter("replication_achieved", "Synchronous replications that reached their level.", repl["achieved"])
@@ -703,7 +705,7 @@ class HttpPort:
         core, sessions = self.core, self.sessions
         groups, total = group_figures(core, MAX_GROUP_SERIES)
         g = core.groups
-        read_behind = [("read_behind", "no")] if core.read_behind is None else core.read_behind.info_fields()
+        read_behind = core.read_behind.info_fields()
         if trio.current_time() - self.dead_letters[0] >= DEAD_LETTER_SECONDS:
             self.dead_letters = (trio.current_time(), dead_letter_figures(core, MAX_DEAD_LETTER_QUEUES, DEAD_LETTER_SAMPLE))
         return Snapshot(

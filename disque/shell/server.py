@@ -157,7 +157,7 @@ class Server:
             max_queue=2 * frame_limit(config.max_job_size),
             security=self.security,
         )
-        self.aof_file = AofFile(self.core, config, self, self.dispatch.drain, self.bodies)
+        self.aof_file = AofFile(self.core, config, self, self.dispatch.drain)
         self.sessions = Sessions(self.core, config, self.dispatch, self._output_limit_closed)
         self.dispatch.plug(self.sessions, self.bus.wires, self.aof_file)
         # Plain bus sockets share the client loop (`Bus.run`): it writes their frames after each wake-up.
@@ -177,7 +177,7 @@ class Server:
             http_listeners = await self._open_listeners(self.config.metrics_port)
             if announced_port(self.config):
                 await self.bus.listen()
-            if self.core.read_behind is not None:
+            if self.bodies is not None:  # jobs will move to disk and back (shell/heap_trim.py)
                 map_large_blocks()
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
@@ -215,7 +215,8 @@ class Server:
                     nursery.start_soon(self.bus.run, False, self.tcp)  # its cron runs in the deadline pass
                 nursery.start_soon(self._signals, signals)
                 nursery.start_soon(self.aof_file.run)  # loads the AOF, then its cron
-                nursery.start_soon(trim_after_spills, self.core)
+                if self.bodies is not None:
+                    nursery.start_soon(trim_after_spills, self.core)
                 log.info("Ready to accept connections on port %s", self.ports[0] if self.ports else 0)
                 task_status.started(self)
                 await self.shutdown_requested.wait()
@@ -497,6 +498,9 @@ class Server:
             return Status(b"OK")
         if sub == "loadaof":
             return self.aof_file.debug_loadaof()
+        if sub == "aof-fault":
+            self.aof_file.inject_fault(None if args[0] == b"off" else args[0].decode())
+            return Status(b"OK")
         if sub in ("segfault", "assert", "oom"):
             log.warning("DEBUG %s: crashing the server on request", sub)
             os.abort()

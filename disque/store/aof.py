@@ -1,17 +1,29 @@
 """The append-only file without I/O: INFO status, record codec, parser, replay.
 
 Theory of operation (spec/persistence.md): the AOF is a concatenation of RESP
-multibulk records.  Two are written while the node runs, `LOADJOB <storage
+multibulk records, each *sealed*: its last argument is the CRC-32 (zlib's,
+8 lowercase hex digits) of every byte of the record before that argument,
+so a bit flipped anywhere in a record (bit rot, a copy gone wrong) is seen
+when it is read, and a record is never delivered altered.  A file written
+since checksums exist starts with `AOFFORMAT 2`; from that record on, a
+record without its checksum is damaged.  Files of older versions (no
+marker, no checksums) still load, and the rewrite that follows their load
+seals them (shell/aof_loader.py).  Two are written while the node runs, `LOADJOB <storage
 form>` ("this node now holds the job") and `DELJOB <id>` ("no longer").  A
 third one, `CLEANSHUTDOWN <unix ms>`, is written only as the last record of
 the snapshot a controlled shutdown (SHUTDOWN, SIGTERM) leaves behind: it
 tells the next start that the `queued` states in the file were taken while
 no client could fetch a job, so they can be trusted.  The loader strips the
 marker once it has used it, so a later crash never trusts them again.
+Whether a record is sealed shows in its argument count: each name has a
+fixed arity (`ARITY`), and a sealed record has one argument more.
 
 `RecordReader` is a streaming parser.  It yields complete records with their
-offsets and stops at an incomplete one; bytes that can never become a valid
-record raise `AofCorrupt` with the offset of the record and of the bad byte.
+offsets (and checks and strips their seals) and stops at an incomplete one;
+bytes that can never become a valid record raise `AofCorrupt` with the
+offset of the record and of the bad byte (`skip` then looks for the next
+record), a record whose framing is whole but whose checksum fails raises it
+once the reader is past it (`AofCorrupt.end`).
 What is left at end of input is a truncated tail (power loss in the middle
 of a write) unless `tail_is_corrupt` sees complete records after it, which
 means a damaged length field rather than a short file.  A tail of NUL bytes
@@ -21,7 +33,7 @@ Applying the records to a node is core/replay.py's (`Replay`); `scan` runs
 the parser and the record checks over a whole byte string, for `disque
 check-aof` and tests.
 
-The shell (`disque/shell/aof_file.py`) owns files, fsync and rewrites; `AofStatus` is what
+The shell (`disque/shell/aof_*.py`) owns files, fsync and rewrites; `AofStatus` is what
 it reports through INFO.
 """
 
@@ -30,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from zlib import crc32
 
 from disque.store.records import DecodeError, decode_storage, encode_storage
 from disque.store.ids import valid_id
@@ -41,8 +54,11 @@ CLEANSHUTDOWN = b"CLEANSHUTDOWN"
 GROUPSET = b"GROUPSET"  # GROUPSET <event job ID> <group> <deadline ms, 0 = done>: a consumer group's progress
 SCHEDULE = b"SCHEDULE"  # SCHEDULE <schedule storage form>: a recurring job's definition (store/schedule.py)
 SCHEDTICK = b"SCHEDTICK"  # SCHEDTICK <name> <tick ms> <node ID>: the latest tick of a schedule known fired
-RECORD_NAMES = (LOADJOB, DELJOB, CLEANSHUTDOWN, GROUPSET, SCHEDULE, SCHEDTICK)
-ARITY = {GROUPSET: 4, SCHEDTICK: 4}  # arguments of a record, with its name (the others: 2)
+AOFFORMAT = b"AOFFORMAT"  # AOFFORMAT <version>: the first record of a file whose records are all sealed
+FORMAT_VERSION = b"2"
+RECORD_NAMES = (LOADJOB, DELJOB, CLEANSHUTDOWN, GROUPSET, SCHEDULE, SCHEDTICK, AOFFORMAT)
+ARITY = {GROUPSET: 4, SCHEDTICK: 4}  # arguments of a record, with its name and without its seal (the others: 2)
+SEAL = 14  # bytes of the seal: $8 CRLF, 8 hex digits, CRLF
 
 MAX_ARGS = 64  # a record with more arguments is garbage
 MAX_LINE = 21  # digits of a count or a length, plus the sign
@@ -65,6 +81,11 @@ class AofStatus:
     rewrite_buffer_length: int = 0
     pending_bio_fsync: int = 0
     delayed_fsync: int = 0
+    fsynced_size: int = 0  # the file's size at its last fsync: what a power cut keeps
+    # what loading the file cost: damaged records skipped, the jobs they held
+    damaged_records: int = 0
+    damaged_bytes: int = 0
+    dropped_jobs: int = 0
     # progress of a load (INFO only shows it while loading)
     loading_start_time: int = 0
     loading_total_bytes: int = 0
@@ -92,6 +113,10 @@ class AofStatus:
                 ("aof_rewrite_buffer_length", self.rewrite_buffer_length),
                 ("aof_pending_bio_fsync", self.pending_bio_fsync),
                 ("aof_delayed_fsync", self.delayed_fsync),
+                ("aof_fsynced_size", self.fsynced_size),
+                ("aof_damaged_records", self.damaged_records),
+                ("aof_damaged_bytes", self.damaged_bytes),
+                ("aof_dropped_jobs", self.dropped_jobs),
             ]
         if loading:
             total, done = self.loading_total_bytes, self.loading_loaded_bytes
@@ -110,20 +135,33 @@ class AofStatus:
 # --------------------------------------------------------------------- codec
 
 
+def _sealed(head: bytes) -> bytes:
+    """The record `head` (whose count includes the seal) with its seal."""
+    return b"".join((head, b"$8\r\n%08x\r\n" % crc32(head)))
+
+
 def encode_record(*args: bytes) -> bytes:
-    out = [b"*%d\r\n" % len(args)]
+    out = [b"*%d\r\n" % (len(args) + 1)]
     for arg in args:
         out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
-    return b"".join(out)
+    return _sealed(b"".join(out))
 
 
 def encode_loadjob(job: Job) -> bytes:
-    payload = encode_storage(job)
-    return b"*2\r\n$7\r\nLOADJOB\r\n$%d\r\n%s\r\n" % (len(payload), payload)
+    return loadjob_record(encode_storage(job))
+
+
+def loadjob_record(payload: bytes) -> bytes:
+    """The LOADJOB of a job's storage form."""
+    return _sealed(b"*3\r\n$7\r\nLOADJOB\r\n$%d\r\n%s\r\n" % (len(payload), payload))
 
 
 def encode_deljob(job_id: bytes) -> bytes:
-    return b"*2\r\n$6\r\nDELJOB\r\n$%d\r\n%s\r\n" % (len(job_id), job_id)
+    return _sealed(b"*3\r\n$6\r\nDELJOB\r\n$%d\r\n%s\r\n" % (len(job_id), job_id))
+
+
+def format_marker() -> bytes:
+    return encode_record(AOFFORMAT, FORMAT_VERSION)
 
 
 def encode_clean_marker(now_ms: int) -> bytes:
@@ -136,11 +174,16 @@ def encode_clean_marker(now_ms: int) -> bytes:
 class AofCorrupt(Exception):
     """Bytes that are not (a prefix of) a valid record, or a bad record."""
 
-    def __init__(self, offset: int, message: str, byte_offset: int | None = None) -> None:
+    def __init__(
+        self, offset: int, message: str, byte_offset: int | None = None, *,
+        end: int | None = None, record: list[bytes] | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(offset, message)
         self.offset = offset  # start of the bad record
         self.byte_offset = offset if byte_offset is None else byte_offset  # first bad byte
         self.message = message
+        self.end = end  # its end when its framing is whole (a checksum that fails): reading goes on there
+        self.record = record  # its arguments then (what it held can be logged)
 
     def __str__(self) -> str:
         return f"{self.message} (record at offset {self.offset}, byte {self.byte_offset})"
@@ -189,14 +232,18 @@ def _number(buf: bytes, pos: int, limit: int, what: str, record: int, base: int)
     return value, eol + 2
 
 
-_FAST = tuple((b"*2\r\n$%d\r\n%s\r\n$" % (len(name), name), name) for name in (LOADJOB, DELJOB))
+_FAST = tuple(
+    (b"*%d\r\n$%d\r\n%s\r\n$" % (count, len(name), name), name, count == 3)
+    for name in (LOADJOB, DELJOB)
+    for count in (3, 2)
+)
 
 
 def parse_record(buf: bytes, pos: int, base: int = 0) -> tuple[list[bytes], int] | None:
     """The record starting at buf[pos]: (arguments, end position), or None
     when buf ends before it does.  Raises AofCorrupt (offsets are absolute:
     `base` is the file offset of buf[0])."""
-    for prefix, name in _FAST:  # the records we write: skip the generic parse
+    for prefix, name, sealed in _FAST:  # the records we write: skip the generic parse
         if buf.startswith(prefix, pos):
             start = pos + len(prefix)
             eol = buf.find(b"\r\n", start, start + MAX_LINE)
@@ -206,7 +253,10 @@ def parse_record(buf: bytes, pos: int, base: int = 0) -> tuple[list[bytes], int]
                     begin = eol + 2
                     end = begin + int(text)
                     if buf[end : end + 2] == b"\r\n":
-                        return [name, buf[begin:end]], end + 2
+                        if not sealed:
+                            return [name, buf[begin:end]], end + 2
+                        if buf[end + 2 : end + 6] == b"$8\r\n" and buf[end + 14 : end + 16] == b"\r\n":
+                            return [name, buf[begin:end], buf[end + 6 : end + 14]], end + 16
             break  # anything unusual: the generic path reports it precisely
     n = len(buf)
     if pos >= n:
@@ -240,19 +290,35 @@ def parse_record(buf: bytes, pos: int, base: int = 0) -> tuple[list[bytes], int]
     return args, p
 
 
+def unseal(buf: bytes, pos: int, end: int, args: list[bytes], strict: bool) -> list[bytes]:
+    """The arguments of the record buf[pos:end] without its seal, once the
+    seal is checked; `strict`: a record must have one.  Raises AofCorrupt."""
+    if len(args) != ARITY.get(args[0].upper(), 2) + 1:
+        if strict:
+            raise AofCorrupt(pos, "record without a checksum", end=end, record=args)
+        return args  # a record of an older version (or of the wrong arity: check_record says so)
+    if buf[end - SEAL : end - SEAL + 4] != b"$8\r\n" or b"%08x" % crc32(memoryview(buf)[pos : end - SEAL]) != args[-1]:
+        raise AofCorrupt(pos, "checksum mismatch", end=end, record=args[:-1])
+    return args[:-1]
+
+
 class RecordReader:
     """Streaming parser: `feed` bytes, iterate complete records.
 
-    Iteration yields `(offset, args)` and stops at the first incomplete
-    record; `offset` is then the end of the last complete record and
-    `pending` the number of bytes after it."""
+    Iteration yields `(offset, args)` (unsealed) and stops at the first
+    incomplete record; `offset` is then the end of the last complete
+    record and `pending` the number of bytes after it.  `sealed` turns on
+    at an AOFFORMAT record: every record after it must carry a checksum;
+    `unsealed` counts the records read without one."""
 
-    __slots__ = ("_buf", "_pos", "_base")
+    __slots__ = ("_buf", "_pos", "_base", "sealed", "unsealed")
 
     def __init__(self, base: int = 0) -> None:
         self._buf = b""
         self._pos = 0
         self._base = base  # file offset of _buf[0]
+        self.sealed = False
+        self.unsealed = 0
 
     def feed(self, data: bytes) -> None:
         if self._pos:
@@ -281,10 +347,37 @@ class RecordReader:
             if parsed is None:
                 return
             args, self._pos = parsed
+            n = len(args)
+            try:
+                args = unseal(buf, pos, self._pos, args, self.sealed)
+            except AofCorrupt as e:
+                e.offset = e.byte_offset = base + pos
+                e.end = base + self._pos
+                raise
+            if len(args) == n:
+                self.unsealed += 1
+            elif args[0] == AOFFORMAT:
+                self.sealed = True
             yield base + pos, args
 
+    def skip(self, final: bool) -> None:
+        """Past damaged bytes: on to the next place a record may start (a
+        signature), or to the end of what was fed (`final`: no more will
+        come; else the last bytes stay, a signature may straddle the feed)."""
+        buf, start = self._buf, self._pos + 1
+        found = [i for i in (buf.find(sig, start) for sig in SIGNATURES) if i >= 0]
+        if found:
+            self._pos = min(found)
+        else:
+            self._pos = len(buf) if final else max(start, len(buf) - LONGEST_SIGNATURE + 1)
 
-SIGNATURES = tuple(b"*2\r\n$%d\r\n%s\r\n" % (len(name), name) for name in RECORD_NAMES)
+
+SIGNATURES = tuple(
+    b"*%d\r\n$%d\r\n%s\r\n" % (count, len(name), name)
+    for name in RECORD_NAMES
+    for count in (ARITY.get(name, 2), ARITY.get(name, 2) + 1)
+)  # how every record starts, sealed or not
+LONGEST_SIGNATURE = max(map(len, SIGNATURES))
 
 
 def tail_is_corrupt(tail: bytes) -> bool:
@@ -327,6 +420,8 @@ def check_record(offset: int, args: list[bytes], decode: bool = True) -> Job | N
         raise AofCorrupt(offset, "corrupted DELJOB data: invalid job ID")
     if name == CLEANSHUTDOWN and not args[1].isdigit():
         raise AofCorrupt(offset, "corrupted CLEANSHUTDOWN data")
+    if name == AOFFORMAT and args[1] != FORMAT_VERSION:
+        raise AofCorrupt(offset, "unknown AOF format version")
     if name == GROUPSET and not (valid_id(args[1]) and args[3].isdigit() and len(args[3]) < 20):
         raise AofCorrupt(offset, "corrupted GROUPSET data")
     if name == SCHEDTICK and not (args[2].isdigit() and len(args[2]) < 20):

@@ -1,14 +1,16 @@
 """What `disque check-aof` finds in an append-only file, and the repaired bytes.
 
-Theory of operation: the whole file is parsed with the loader's parser and
-record checks (aof.py).  Problems are of two kinds.  A truncated tail (an
-unfinished last record, or a NUL-filled tail after power loss) is what the
-server itself tolerates with `aof-load-truncated yes`; `--fix` cuts it off
-in place.  Corruption in the middle (bad framing, unknown command, an
-undecodable LOADJOB) makes the server refuse to start; `--fix` drops each
-damaged region up to the next point where valid records resume, writes the
-result to a new file renamed over FILE, and keeps the original as
-`FILE.bak`.  A CLEANSHUTDOWN marker is dropped from a repaired file, since
+Theory of operation: the whole file is parsed with the loader's parser,
+seals and record checks (aof.py), and judged as the loader judges it
+(shell/aof_loader.py).  Problems are of two kinds.  A truncated tail (an
+unfinished last record, a NUL-filled tail after power loss, damaged bytes
+with no whole record after them) is what the server itself cuts off with
+`aof-load-truncated yes`; `--fix` cuts it off in place.  Damage in the
+middle (bad framing, a checksum that fails, an unknown command, an
+undecodable LOADJOB) is what the server skips with `aof-load-damaged yes`
+(or refuses to start on); `--fix` drops each damaged region up to the next
+point where valid records resume, writes the result to a new file renamed
+over FILE, and keeps the original as `FILE.bak`.  A CLEANSHUTDOWN marker is dropped from a repaired file, since
 its queued states can no longer be trusted.
 
 This module only looks at bytes (`analyze`, `repair`); reading, writing
@@ -20,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from disque.store.aof import (
+    AOFFORMAT,
     SIGNATURES,
     CLEANSHUTDOWN,
     AofCorrupt,
@@ -27,6 +30,7 @@ from disque.store.aof import (
     check_record,
     parse_record,
     tail_is_corrupt,
+    unseal,
 )
 
 
@@ -57,7 +61,7 @@ def _valid_at(data: bytes, pos: int) -> int | None:
         parsed = parse_record(data, pos)
         if parsed is None:
             return None
-        check_record(pos, parsed[0])
+        check_record(pos, unseal(data, pos, parsed[1], parsed[0], False))
     except AofCorrupt:
         return None
     return parsed[1]
@@ -79,6 +83,7 @@ def _resync(data: bytes, start: int) -> int | None:
 def analyze(data: bytes) -> Analysis:
     result = Analysis(len(data))
     n, pos = len(data), 0
+    sealed = False  # past an AOFFORMAT record: every record has a checksum
     while pos < n:
         try:
             parsed = parse_record(data, pos)
@@ -89,6 +94,7 @@ def analyze(data: bytes) -> Analysis:
                     break
                 raise AofCorrupt(pos, "damaged record (complete records follow an unfinished one)")
             args, end = parsed
+            args = unseal(data, pos, end, args, sealed)
             check_record(pos, args)
         except AofCorrupt as e:
             if all_nul(data[e.byte_offset :]):
@@ -96,7 +102,8 @@ def analyze(data: bytes) -> Analysis:
                 break
             nxt = _resync(data, pos)
             stop = n if nxt is None else nxt
-            result.damage.append(Damage(pos, stop - pos, f"{e.message} (byte {e.byte_offset})"))
+            # no whole record after it: the loader cuts it off as a torn tail
+            result.damage.append(Damage(pos, stop - pos, f"{e.message} (byte {e.byte_offset})", truncated=nxt is None))
             if nxt is None:
                 break
             pos = nxt
@@ -104,6 +111,7 @@ def analyze(data: bytes) -> Analysis:
         result.records += 1
         result.keep.append((pos, end))
         result.marker = (pos, end) if args[0].upper() == CLEANSHUTDOWN else None
+        sealed = sealed or args[0] == AOFFORMAT
         pos = end
     return result
 

@@ -41,6 +41,8 @@ The counts (jepsen.md, "total-queue"):
 * `lost`: acknowledged at-least-once enqueues (RETRY > 0 and REPLICATE >= 2)
   never dequeued, although their TTL cannot have passed by the end;
 * `unexpected`: dequeued values never enqueued, or whose enqueue failed;
+* `altered`: deliveries whose body is not the body added under that job ID
+  (a job served with bytes a damaged disk changed);
 * `duplicated`: values dequeued more than once (allowed for at-least-once);
 * `recovered`: indeterminate enqueues that were dequeued.
 Also reported: `lost_best_effort` (the same as lost for RETRY 0 or
@@ -59,8 +61,8 @@ ACK or FASTACK for before it answered), `at_most_once_duplicated` (RETRY 0 value
 transfer may extend a job's life by up to a second, spec/cluster.md §8.1) and
 `uncollected` (acknowledged job IDs that a final scan still found).
 
-A run is valid when lost, unexpected, at_most_once_duplicated, late,
-uncollected and phantom_acks are all zero.  Values moved to a dead-letter
+A run is valid when lost, unexpected, altered, at_most_once_duplicated,
+late, uncollected and phantom_acks are all zero.  Values moved to a dead-letter
 queue (MAXATTEMPTS) keep their body, so their delivery from there counts.
 """
 
@@ -162,7 +164,7 @@ class Result:
     counts: dict[str, int] = field(default_factory=dict)
     problems: dict[str, list[Any]] = field(default_factory=dict)  # samples per count
 
-    INVALID = ("lost", "unexpected", "at_most_once_duplicated", "late", "uncollected", "phantom_acks")
+    INVALID = ("lost", "unexpected", "altered", "at_most_once_duplicated", "late", "uncollected", "phantom_acks")
 
     @property
     def valid(self) -> bool:
@@ -226,6 +228,8 @@ def check(history: Iterable[Record], *, ttl_grace_ms: int = 2000) -> Result:
     result._note("lost", [b for b, e in alive if e.protected])
     result._note("lost_best_effort", [b for b, e in alive if not e.protected])
     result._note("unexpected", [b for b in times if b not in enqueues or enqueues[b].outcome == FAIL])
+    added = {e.job: body for body, e in enqueues.items() if e.job is not None}
+    result._note("altered", [d["job"] for d in deliveries if d["job"] in added and added[d["job"]] != d["body"]])
     result._note("duplicated", [b for b, n in times.items() if n > 1])
     result._note(
         "at_most_once_duplicated", [b for b, n in times.items() if n > 1 and b in enqueues and enqueues[b].at_most_once]

@@ -495,6 +495,9 @@ def test_debug_sleep_reads_seconds_like_strtod(env, raw, seconds):
         (("SEGFAULT",), ("segfault", ())),
         (("assert",), ("assert", ())),
         (("OOM",), ("oom", ())),
+        (("AOF-FAULT", "FSYNC"), ("aof-fault", (b"fsync",))),
+        (("aof-fault", "write"), ("aof-fault", (b"write",))),
+        (("AOF-FAULT", "OFF"), ("aof-fault", (b"off",))),
     ],
 )
 def test_debug_host_subcommands(env, argv, call):
@@ -510,7 +513,7 @@ def test_debug_restart_delay_must_be_an_integer(env):
 @pytest.mark.parametrize(
     "argv",
     [("Nope",), ("SLEEP",), ("SLEEP", "1", "2"), ("FLUSHALL", "x"), ("ERROR",), ("STRUCTSIZE", "x"),
-     ("RESTART", "1", "2"), ("LOADAOF", "x"), ("OOM", "now")],
+     ("RESTART", "1", "2"), ("LOADAOF", "x"), ("OOM", "now"), ("AOF-FAULT",), ("AOF-FAULT", "READ")],
 )  # fmt: skip
 def test_debug_unknown_or_wrong_arity(env, argv):
     reply = env.s("DEBUG", *argv)

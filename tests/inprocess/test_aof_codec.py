@@ -3,6 +3,8 @@ under corruption, and the replay rules (spec/persistence.md §2, §7, §9, §10)
 
 from __future__ import annotations
 
+import zlib
+
 import random
 
 import pytest
@@ -79,9 +81,9 @@ files = st.lists(records(), max_size=8)
 @given(jobs())
 def test_loadjob_round_trip(job: Job) -> None:
     data = encode_loadjob(job)
-    assert data.startswith(b"*2\r\n$7\r\nLOADJOB\r\n$")
+    assert data.startswith(b"*3\r\n$7\r\nLOADJOB\r\n$")
     args, end = parse_record(data, 0)  # type: ignore[misc]
-    assert end == len(data) and args[0] == LOADJOB
+    assert end == len(data) and args[0] == LOADJOB and args[2] == b"%08x" % zlib.crc32(data[:-14])
     report = scan(data)
     assert report.status == "ok" and report.records == 1
     from disque.store.records import decode_storage
@@ -93,16 +95,19 @@ def test_loadjob_round_trip(job: Job) -> None:
 @given(job_ids)
 def test_deljob_is_the_resp_command(job_id: bytes) -> None:
     data = encode_deljob(job_id)
-    assert data == b"*2\r\n$6\r\nDELJOB\r\n$48\r\n%s\r\n" % job_id
-    assert parse_record(data, 0) == ([DELJOB, job_id], len(data))
+    head = b"*3\r\n$6\r\nDELJOB\r\n$48\r\n%s\r\n" % job_id
+    seal = b"%08x" % zlib.crc32(head)
+    assert data == head + b"$8\r\n%s\r\n" % seal  # the RESP command, sealed with the CRC-32 of what comes before
+    assert parse_record(data, 0) == ([DELJOB, job_id, seal], len(data))
 
 
 @fuzz
 @given(st.lists(st.binary(max_size=50), min_size=1, max_size=6))
 def test_any_multibulk_round_trips(args: list[bytes]) -> None:
     data = encode_record(*args)
-    assert parse_record(data, 0) == (args, len(data))
-    assert parse_record(b"xx" + data, 2, base=100) == (args, len(data) + 2)
+    sealed = [*args, data[-10:-2]]
+    assert parse_record(data, 0) == (sealed, len(data))
+    assert parse_record(b"xx" + data, 2, base=100) == (sealed, len(data) + 2)
 
 
 @fuzz
@@ -349,7 +354,8 @@ def test_enqueue_jobs_once_trusts_without_marker() -> None:
 
 
 def test_marker_record_shape() -> None:
-    assert encode_clean_marker(1234) == b"*2\r\n$13\r\nCLEANSHUTDOWN\r\n$4\r\n1234\r\n"
+    head = b"*3\r\n$13\r\nCLEANSHUTDOWN\r\n$4\r\n1234\r\n"
+    assert encode_clean_marker(1234) == head + b"$8\r\n%08x\r\n" % zlib.crc32(head)
     assert parse_record(encode_clean_marker(1), 0)[0][0] == CLEANSHUTDOWN  # type: ignore[index]
 
 

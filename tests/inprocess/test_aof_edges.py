@@ -131,7 +131,7 @@ def test_clean_marker_with_a_non_numeric_time_is_corrupt() -> None:
     assert report.error is not None and report.error.message == "corrupted CLEANSHUTDOWN data"
     core, _, _ = make_core()
     with pytest.raises(AofCorrupt, match="corrupted CLEANSHUTDOWN data"):
-        Replay(core.lifecycle, core.groups, core.settle, core.read_clock).apply(0, parse_record(bad, 0)[0])  # type: ignore[index]
+        Replay(core.lifecycle, core.groups, core.settle, core.read_clock).apply(0, [CLEANSHUTDOWN, b"soon"])
 
 
 # --------------------------------------------------------------------- replay
@@ -186,7 +186,8 @@ def test_delivered_retry0_job_stored_queued_is_not_queued_again() -> None:
 def test_analyze_resync_skips_invalid_candidates_to_the_end(tmp_path, capsys) -> None:
     """After a bad record the checker looks for the next valid one.  A
     signature followed by an undecodable record, or by a torn one, is no
-    place to resume: with nothing valid after it the damage runs to the end."""
+    place to resume: with nothing valid after it the damage runs to the end,
+    a torn tail the loader cuts off and so does the fix."""
     good = records(3)
     head = b"".join(good)
     bad_id = encode_record(DELJOB, b"not-a-job-id")
@@ -196,23 +197,23 @@ def test_analyze_resync_skips_invalid_candidates_to_the_end(tmp_path, capsys) ->
     analysis = aof_repair.analyze(data)
     assert analysis.records == 3 and analysis.keep[-1] == (len(head) - len(good[2]), len(head))
     [damage] = analysis.damage
-    assert (damage.offset, damage.length, damage.truncated) == (len(head), len(data) - len(head), False)
+    assert (damage.offset, damage.length, damage.truncated) == (len(head), len(data) - len(head), True)
     assert damage.reason.startswith("corrupted DELJOB data: invalid job ID")
 
     path = tmp_path / "appendonly.aof"
     path.write_bytes(data)
     assert check_aof.main(["--fix", str(path)]) == 0
     out = capsys.readouterr().out
-    assert f"AOF is corrupt at offset {len(head)}" in out and "clean-shutdown marker" not in out
-    assert f"Dropped {len(data) - len(head)} bytes in 1 damaged region(s)" in out
-    assert path.read_bytes() == head and (tmp_path / "appendonly.aof.bak").read_bytes() == data
+    assert f"AOF is truncated at offset {len(head)}" in out and "clean-shutdown marker" not in out
+    assert f"Successfully truncated AOF to {len(head)} bytes" in out
+    assert path.read_bytes() == head and not (tmp_path / "appendonly.aof.bak").exists()
 
 
 def test_analyze_inflated_length_drops_only_that_record() -> None:
     """An unfinished record with complete records after it is damage, not a
     torn tail: the checker resumes at the next record."""
     good = records(4)
-    header = b"*2\r\n$7\r\nLOADJOB\r\n$"
+    header = b"*3\r\n$7\r\nLOADJOB\r\n$"
     assert good[2].startswith(header)
     inflated = header + b"9" + good[2][len(header) + 1 :]  # $1xx -> $9xx: runs past the end
     data = good[0] + good[1] + inflated + good[3]

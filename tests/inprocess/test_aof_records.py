@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from disque.core.effects import AofAppend
+from disque.store.aof import encode_deljob
 
 from jobenv import ODD_ID, duo, env
 
@@ -28,9 +29,8 @@ def test_aof_records_follow_the_job(env, prepare, command, logged):
         env.s(*prepare, *([] if prepare[0] == "GETJOB" else [job_id]))
     env.s(command, job_id)
     records = [e.record for e in env.core.out.effects if isinstance(e, AofAppend)]
-    deljob = b"*2\r\n$6\r\nDELJOB\r\n$48\r\n%s\r\n" % job_id
-    assert len(records) == 1 + logged and records[1:] == ([deljob] if logged else [])
-    assert records[0].startswith(b"*2\r\n$7\r\nLOADJOB\r\n") and job_id in records[0]
+    assert len(records) == 1 + logged and records[1:] == ([encode_deljob(job_id)] if logged else [])
+    assert records[0].startswith(b"*3\r\n$7\r\nLOADJOB\r\n") and job_id in records[0]
 
 
 def test_no_aof_records_when_off(env):
@@ -43,7 +43,7 @@ def test_expiry_is_logged_and_acked_jobs_are_not(duo):
     job_id = duo.add("q", "x", "TTL", 2, "REPLICATE", 1)
     duo.wait(3_100)
     assert duo.show(job_id) is None
-    assert [e.record for e in duo.core.out.effects if isinstance(e, AofAppend)][-1].startswith(b"*2\r\n$6\r\nDELJOB")
+    assert [e.record for e in duo.core.out.effects if isinstance(e, AofAppend)][-1].startswith(b"*3\r\n$6\r\nDELJOB")
     duo.core.out.effects.clear()
     duo.s("ACKJOB", ODD_ID)
     assert not any(isinstance(e, AofAppend) for e in duo.core.out.effects)

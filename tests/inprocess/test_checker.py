@@ -56,7 +56,7 @@ def test_valid_history():
     assert result.valid
     assert result.counts == {
         "attempted": 2, "acknowledged": 2, "dequeued": 2, "expired": 0, "wiped": 0, "lost": 0, "lost_best_effort": 0,
-        "unexpected": 0, "duplicated": 0, "at_most_once_duplicated": 0, "recovered": 0, "late": 0, "uncollected": 0,
+        "unexpected": 0, "altered": 0, "duplicated": 0, "at_most_once_duplicated": 0, "recovered": 0, "late": 0, "uncollected": 0,
         "phantom_acks": 0,
     }  # fmt: skip
     assert result.to_json()["valid"] is True and result.to_json()["problems"] == {}
@@ -125,6 +125,17 @@ def test_unexpected_values():
     s.dequeue("ghost")  # never enqueued
     result = s.check()
     assert result.problems["unexpected"] == ["a", "ghost"] and not result.valid
+
+
+def test_a_body_other_than_the_one_added_under_that_id_is_altered():
+    s = Script()
+    s.enqueue("hello-world-body")
+    s.enqueue("other")
+    op = s.history.invoke(2, "n2", DEQUEUE, value={"queues": ["q"]})
+    s.history.complete(op, OK, job="D-hello-world-body", body="hello-World-body")  # a damaged disk's doing
+    s.dequeue("other")
+    result = s.check()
+    assert result.problems["altered"] == ["D-hello-world-body"] and not result.valid
 
 
 def test_indeterminate_enqueues_that_show_up_are_recovered():

@@ -564,10 +564,10 @@ def test_a_rewrite_snapshot_lists_the_journaled_jobs_on_disk():
     core.config.queue_config.set_queue(["transient", "journal", "false"])
     add(s, 5)
     add(s, 5, "transient")
-    locs, sizes = core.read_behind.snapshot()
-    assert len(locs) == len(sizes) == 3
-    store = core.read_behind.bodies
-    assert {decode_queue(store.read(loc, size)[1]) for loc, size in zip(locs, sizes)} == {b"q"}
+    spilled = core.read_behind.snapshot()
+    assert len(spilled) == 3
+    assert {decode_queue(payload) for payload in spilled.payloads()} == {b"q"}
+    spilled.release()
 
 
 def decode_queue(payload: bytes) -> bytes:

@@ -1,4 +1,4 @@
-"""The diff of a background AOF rewrite (shell/aof_file.py `_Rewrite`): the
+"""The diff of a background AOF rewrite (shell/aof_rewrite.py `Rewrite`): the
 records appended while the rewrite runs, kept in memory up to a bound and
 in a file of their own past it, written whole to the new AOF."""
 
@@ -9,13 +9,13 @@ import os
 
 import pytest
 
-from disque.shell import aof_file
-from disque.shell.aof_file import _Rewrite
+from disque.shell import aof_rewrite
+from disque.shell.aof_rewrite import Rewrite
 
 
 def test_a_large_diff_goes_to_a_file_and_comes_back_whole(tmp_path, monkeypatch):
-    monkeypatch.setattr(aof_file, "DIFF_IN_MEMORY", 100)
-    rw = _Rewrite(str(tmp_path / "new.aof"))
+    monkeypatch.setattr(aof_rewrite, "DIFF_IN_MEMORY", 100)
+    rw = Rewrite(str(tmp_path / "new.aof"))
     records = [b"record %03d;" % i * 3 for i in range(50)]
     for record in records:
         rw.add(record)
@@ -30,8 +30,8 @@ def test_a_large_diff_goes_to_a_file_and_comes_back_whole(tmp_path, monkeypatch)
 
 
 def test_a_diff_that_cannot_be_written_fails_the_rewrite(tmp_path, monkeypatch):
-    monkeypatch.setattr(aof_file, "DIFF_IN_MEMORY", 10)
-    rw = _Rewrite(str(tmp_path / "missing-dir" / "new.aof"))
+    monkeypatch.setattr(aof_rewrite, "DIFF_IN_MEMORY", 10)
+    rw = Rewrite(str(tmp_path / "missing-dir" / "new.aof"))
     rw.add(b"x" * 20)  # the diff file cannot be created: kept in memory, the rewrite will fail
     rw.add(b"y" * 20)
     assert rw.diff_error and rw.held == 40

@@ -373,7 +373,7 @@ def test_aof_records_are_logged_replayed_and_rewritten(env):
     run(env, 2000)
     log = b"".join(e.record for e in env.core.out.effects if isinstance(e, AofAppend))
     assert log.count(b"SCHEDULE\r\n") == 5 and log.count(b"SCHEDTICK") == 2
-    rewrite = b"".join(env.core.state_records())
+    rewrite = b"".join(env.core.snapshot().other)
     assert rewrite.count(b"SCHEDULE\r\n") == 2 and rewrite.count(b"SCHEDTICK") == 1
     for data in (log, rewrite, rewrite + log):
         core2, clock2, _ = make_core()

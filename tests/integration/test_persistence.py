@@ -358,20 +358,28 @@ def test_truncated_tail_is_dropped_and_the_node_starts(spawn: Spawn) -> None:
     assert "short read while loading the AOF" in node.log_path.read_text()
 
 
-def test_corruption_in_the_middle_refuses_to_start_then_check_aof_fixes(spawn: Spawn) -> None:
+def added_then_crashed(spawn: Spawn, bodies: list[str]) -> tuple[NodeProcess, list[bytes], Path, bytes]:
+    """A node (AOF, fsync always) given one job per body, then killed: its
+    job IDs, its file and the file's bytes."""
     node = spawn(*AOF_ALWAYS)
     r = client(node)
-    ids = [r.execute_command("ADDJOB", "q", f"x{i}", 0) for i in range(10)]
+    ids = [r.execute_command("ADDJOB", "q", body, 0) for body in bodies]
     crash(node)
     path = aof_path(node)
-    data = path.read_bytes()
+    return node, ids, path, path.read_bytes()
+
+
+def test_corruption_in_the_middle_can_refuse_the_start_then_check_aof_fixes(spawn: Spawn) -> None:
+    node, ids, path, data = added_then_crashed(spawn, [f"x{i}" for i in range(10)])
     report = scan(data)
-    assert report.status == "ok" and report.records == 10
+    assert report.status == "ok" and report.records == 11  # the format marker, then the jobs
     at = data.index(b"LOADJOB", len(data) // 2) - 8  # a record in the middle
     path.write_bytes(data[:at] + b"?" + data[at + 1 :])
+    node.extra = [*AOF_ALWAYS, "--aof-load-damaged", "no"]
     with pytest.raises(RuntimeError):
         node.start()
     closed(node)
+    node.extra = list(AOF_ALWAYS)
     text = node.log_path.read_text()
     assert "Bad file format" in text and f"at offset {at}" in text
     cli = [sys.executable, "-m", "disque.cli.check_aof"]
@@ -380,6 +388,20 @@ def test_corruption_in_the_middle_refuses_to_start_then_check_aof_fixes(spawn: S
     assert subprocess.run([*cli, "--fix", str(path)], capture_output=True).returncode == 0
     node.start()
     assert len(set(all_ids(client(node))) & set(ids)) == 9  # only the damaged record is lost
+
+
+def test_a_flipped_bit_in_a_body_is_never_delivered(spawn: Spawn) -> None:
+    node, ids, path, data = added_then_crashed(spawn, [f"hello-world-body{i}" for i in range(3)])
+    at = data.index(b"hello-world-body1") + 6
+    path.write_bytes(data[:at] + b"W" + data[at + 1 :])  # hello-World-body1
+    node.start()
+    r = client(node)
+    assert set(all_ids(r)) == {ids[0], ids[2]}
+    info = r.info("persistence")
+    assert info["aof_damaged_records"] == 1 and info["aof_dropped_jobs"] == 1
+    text = node.log_path.read_text()
+    assert "checksum mismatch" in text and f"Job {ids[1].decode()} of queue q dropped" in text
+    wait_until(lambda: b"World" not in path.read_bytes(), what="the rewrite of the damaged file")
 
 
 @pytest.fixture
@@ -432,6 +454,38 @@ def test_failing_disk_gives_misconf_until_writes_succeed(spawn: Spawn, fsize_lim
     crash(node)
     node.start()
     assert set(all_ids(client(node))) == left  # the records held while the disk was full were written after it
+
+
+@pytest.mark.parametrize("fault", ["fsync", "write"])
+@pytest.mark.parametrize("policy", ["always", "everysec"])
+def test_an_io_error_is_never_retried_writes_wait_for_a_rewrite(spawn: Spawn, fault: str, policy: str) -> None:
+    """EIO from fsync or write (the kernel may have dropped dirty pages and
+    marked them clean): MISCONF until a rewrite replaced the file, and every
+    job acknowledged, before or after, survives a kill -9."""
+    node = spawn("--appendonly", "yes", "--appendfsync", policy)
+    r = client(node)
+    ids = {r.execute_command("ADDJOB", "q", f"x{i}", 0) for i in range(10)}
+    assert r.execute_command("DEBUG", "AOF-FAULT", fault) == b"OK"
+    refused = 0
+
+    def writes_again() -> bool:
+        nonlocal refused
+        try:
+            ids.add(r.execute_command("ADDJOB", "q", "more", 0))
+        except redis.ResponseError as e:
+            assert str(e) == "MISCONF Errors writing to the AOF file: Input/output error"
+            refused += 1
+            return False
+        return refused > 0
+
+    wait_until(writes_again, what="MISCONF, then writes again after the rewrite")
+    text = node.log_path.read_text()
+    failed = text.index("Error syncing the AOF file" if fault == "fsync" else "Error writing to the AOF file")
+    assert text.index("Background AOF rewrite finished successfully", failed) > failed
+    assert r.info("persistence")["aof_last_write_status"] == "ok"
+    crash(node)
+    node.start()
+    assert set(all_ids(client(node))) >= ids
 
 
 def test_rewrite_aof_shutdown_with_enqueue_jobs_once_and_aof_off(spawn: Spawn) -> None:

@@ -32,7 +32,12 @@ node ID and the membership of the nodes.conf it last saved, and either no jobs
 AOF: the shell writes the records of a batch of effects before it sends
 anything, and a killed process loses nothing it wrote (only a power loss
 would), so the log holds every AofAppend the node ever produced; a restart
-with AOF replays it with `disque.store.aof.Replay`, as the trio shell does.
+with AOF loads it with the shell's own loader (shell/aof_loader.py: seals
+checked, a damaged record skipped, a torn tail cut off).  The disk model
+(`damage`) is what a lying disk leaves of a dead node's file: the tail
+written since its last "fsync" lost (the file counts as fsynced once per
+simulated second, as with `appendfsync everysec`), its last record torn,
+or bits flipped at random offsets.
 
 Determinism: every random choice comes from the cluster seed, and trio's
 scheduler is made deterministic for the run (`deterministic_scheduling`),
@@ -46,7 +51,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import random
+import tempfile
 from collections.abc import Iterator
 from contextlib import AsyncExitStack, contextmanager
 from typing import Any
@@ -62,7 +69,7 @@ from disque.client import encode_command
 from disque.core.errors import DisqueError
 from disque.core.types import NIL_ARRAY, Status
 from disque.core.node import NodeCore
-from disque.store.aof import RecordReader
+from disque.shell.aof_loader import AofLoader
 from disque.store.job import State
 from disque.protocols.resp.front import RESP
 from disque.shell.session import Conn, Sessions
@@ -275,6 +282,8 @@ class SimNode:
         self.generation = 0
         self.conf_text = ""  # nodes.conf as last saved
         self.aof = bytearray()  # the append-only file
+        self.synced = 0  # its size at its last "fsync" (once per simulated second)
+        self.synced_at = 0.0
         self.held_at_death: list[str] = []  # IDs of the jobs the node held when killed
         self.clock_offset = 0  # ms its clock is ahead of the true time (see step_clock)
         self.links: dict[int, SimConnection] = {}  # outgoing, by link key
@@ -326,20 +335,41 @@ class SimNode:
         self.core = core
         self.sessions = session_runner(core, self, self, lambda: core.host.save_cluster_config(fsync=False))
         if aof:
-            replay = core.begin_load()
-            reader = RecordReader()
-            reader.feed(bytes(self.aof))
-            for offset, args in reader:
-                replay.apply(offset, args)
-            assert not reader.pending, "a torn AOF record"
-            replay.finish()
-            core.end_load()
+            self._load_aof(core)
         else:
             self.aof.clear()
+        self.synced = len(self.aof)
         core.aof.state = "on"
         core.host.save_cluster_config(fsync=True)
         self.scope = trio.CancelScope()
         await net.nursery.start(self._run, rng.random() * LINK_CRON)
+
+    def _load_aof(self, core: NodeCore) -> None:
+        """The shell's loader over the file as the disk kept it; the file
+        then is what the loader left of it (a torn tail cut off)."""
+        with tempfile.TemporaryDirectory(prefix="disque-sim-") as tmp:
+            path = os.path.join(tmp, "disque.aof")
+            with open(path, "wb") as f:
+                f.write(self.aof)
+            for _ in AofLoader(core, core.config).steps(path):
+                pass
+            with open(path, "rb") as f:
+                self.aof = bytearray(f.read())
+
+    def damage(self, how: str, rng: random.Random) -> None:
+        """The disk model (a dead node's file): `lose-tail` (a power cut: what
+        was written since the last fsync), `torn` (the last record cut in the
+        middle) or `bitflip` (8 bits flipped at random offsets)."""
+        aof = self.aof
+        if not aof:
+            return
+        if how == "lose-tail":
+            del aof[self.synced :]
+        elif how == "torn":
+            del aof[len(aof) - rng.randint(1, min(200, len(aof))) :]
+        else:
+            for _ in range(8):
+                aof[rng.randrange(len(aof))] ^= 1 << rng.randrange(8)
 
     async def _run(self, phase: float, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         with self.scope:
@@ -481,6 +511,9 @@ class SimNode:
         self._close_link(key)
 
     def append(self, record: bytes, sync: bool = False) -> None:
+        now = trio.current_time()
+        if now - self.synced_at >= 1.0:  # the everysec fsync of what was written before
+            self.synced, self.synced_at = len(self.aof), now
         self.aof += record  # a killed process loses nothing it wrote
 
     def flush(self, current: Any = None) -> None:

@@ -15,7 +15,8 @@ without it, the random choices are exactly those of a plain run.  With
 `plan.minrepl`, at-least-once jobs are REPLICATE 3 MINREPL 2: the checker
 then counts 2 copies for each (a job wiped on 2 nodes is excused, on 1 lost).  The
 nemesis plays `plan.steps` (see `FaultPlan`): network faults (partitions,
-heals), crashes (kill -9, restart with or without the AOF), and
+heals), crashes (kill -9, restart with or without the AOF), disks that
+lie (a lost unsynced tail, a torn record, flipped bits, a full disk), and
 administration, sent as commands to the node like any client would:
 DEBUG FLUSHALL, CLUSTER RESET SOFT|HARD followed by the operator's re-MEET
 (and, for HARD, CLUSTER FORGET of the old ID on every other live node),
@@ -59,6 +60,7 @@ QUEUE = "jobs"
 DEAD = "jobs-dead"  # extensions: the dead-letter queue, consumed too
 ADDJOB_TIMEOUT_MS = 1000
 PRODUCE_AFTER_S = 3  # producers keep going this long on the healed cluster
+DISK_FULL_MS = 2000  # how long a "full" disk step refuses writes
 QUIET_S = 10  # a drain ends after this long without a delivery
 DRAIN_LIMIT_S = 120
 GC_LIMIT_S = 400
@@ -80,6 +82,10 @@ class FaultPlan:
     ("timeout", i, ms)     CONFIG SET cluster-node-timeout
     ("zone", z, mode)      every node of zone z at once: "isolate" (a partition
                            of the zone from the rest) or "kill" (each killed)
+    ("disk", i, how)       node i's disk lies: "lose-tail", "torn" or "bitflip"
+                           kill it (-9) and damage its AOF (network.py's disk
+                           model) for its next restart; "full" makes its AOF
+                           fail (MISCONF) for DISK_FULL_MS
 
     Commands to a dead node (or i == j) are skipped."""
 
@@ -285,6 +291,18 @@ class Workload:
     async def _timeout(self, i: int, ms: int) -> None:
         if self.cluster.nodes[i].alive:
             await self._admin(i, "CONFIG", "SET", "cluster-node-timeout", ms)
+
+    async def _disk(self, i: int, how: str) -> None:
+        node = self.cluster.nodes[i]
+        if how == "full":
+            core = node.core
+            if core is not None:
+                core.set_aof_error("No space left on device")
+                await trio.sleep(DISK_FULL_MS / 1000)
+                core.set_aof_error(None)  # (a core killed meanwhile is gone: nothing to undo)
+            return
+        await self._kill(i)
+        node.damage(how, self.rng)
 
     async def _zone(self, name: str, mode: str) -> None:
         cluster = self.cluster

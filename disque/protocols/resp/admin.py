@@ -155,10 +155,7 @@ SECTIONS = {
     # Recurring jobs (docs/schedules.md); per schedule: SCHEDULE SHOW.
     "schedules": ("Schedules", lambda node, proc: node.schedules.info_fields()),
     # Queues larger than memory (docs/read-behind.md); off: `read_behind:no` only.
-    "read-behind": (
-        "Read-behind",
-        lambda node, proc: [("read_behind", "no")] if node.read_behind is None else node.read_behind.info_fields(),
-    ),
+    "read-behind": ("Read-behind", lambda node, proc: node.read_behind.info_fields()),
 }
 EXTRA = ("security", "commandstats", "kestrel", "groups", "read-behind", "federation", "schedules")  # shown by INFO <section> and INFO all only
 
@@ -404,6 +401,8 @@ def debug_command(node: NodeCore, argv: list[bytes]) -> Any:
         return node.host.debug(_text(sub), args)
     if sub in (b"loadaof", b"segfault", b"assert", b"oom") and not args:
         return node.host.debug(_text(sub), args)
+    if sub == b"aof-fault" and len(args) == 1 and args[0].lower() in (b"write", b"fsync", b"off"):
+        return node.host.debug("aof-fault", [args[0].lower()])  # this project: EIO on the AOF's next write or fsync
     raise err(f"Unknown DEBUG subcommand or wrong number of arguments for '{_text(argv[1])}'")
 
 
