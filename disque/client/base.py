@@ -30,6 +30,7 @@ from disque.client.protocol import (
     DisqueReplyError,
     T,
     _options,
+    _to_bytes,
     _text,
     encode_command,
     format_address,
@@ -144,6 +145,7 @@ class _Close:
 Ops = Generator[Any, Any, T]
 HELLO = encode_command(["HELLO"])
 BATCH = 1000  # pipelined requests per write: their replies are read before the next write
+_BODY_MARK = b"\x00the body of every job\x00"  # add_jobs: where each body goes in the request encoded once
 
 
 def _failure(address: Address, exc: BaseException) -> DisqueConnectionError:
@@ -376,11 +378,13 @@ class _Base:
         return Pipeline(self)
 
     def add_jobs(self, queue: str, bodies: Iterable[str | bytes], **options: Any) -> Any:
-        """ADDJOB of every body, pipelined (`add_job`'s options for all); the job IDs, in order."""
-        batch = self.pipeline()
-        for body in bodies:
-            batch.add_job(queue, body, **options)
-        return batch.execute()
+        """ADDJOB of every body, pipelined (`add_job`'s options for all); the
+        job IDs, in order.  The request is encoded once, around a marker
+        body, and each body put in its place."""
+        probe, convert = self.pipeline().add_job(queue, _BODY_MARK, **options)._queued[0]
+        head, _, tail = probe.partition(b"$%d\r\n%s\r\n" % (len(_BODY_MARK), _BODY_MARK))
+        requests = [(b"%s$%d\r\n%s\r\n%s" % (head, len(b), b, tail), convert) for b in map(_to_bytes, bodies)]
+        return self._run(self._batch(requests))
 
     def _consume(self, args: Sequence[Arg], acking: Sequence[str] = ()) -> Ops[list[Job]]:
         """GETJOB (after ACKJOB of `acking`, in the same write), then move
