@@ -19,8 +19,10 @@ connect), so CLIENT LIST and the dashboard show which worker waits where:
     many jobs as the slot ran in the last `PACE` seconds (`prefetch` at most):
     quick jobs come in batches, slow ones one at a time
     -> each job in turn: the handler (async: awaited in the slot; sync: in a
-       daemon thread the slot reuses while its handlers return), WORKING
-       heartbeats beside it, `timeout` seconds at most
+       daemon thread the slot reuses while its handlers return), `timeout`
+       seconds at most; the slot's heartbeat task (one for the slot's life,
+       not one per job) sends WORKING for a job still running after
+       `first_heartbeat` seconds, then every RETRY/2
     -> ACKJOB when it returns, of all the jobs finished since the last one:
        in the same write as the next GETJOB, or alone after `ACK_DELAY`
        (a long job never holds back the ACK of the quick one before it);
@@ -80,6 +82,7 @@ from disque.client import (
     connection_name,
     format_address,
 )
+from disque.client.base import _next_heartbeat
 
 log = logging.getLogger("disque.worker")
 
@@ -334,6 +337,26 @@ class _Acks:
             self.added.set()
 
 
+class _Beat:
+    """A slot's running job (None between jobs) and when it started, for
+    the slot's heartbeat task (`Worker._heartbeats`)."""
+
+    def __init__(self) -> None:
+        self.job: Job | None = None
+        self.since = 0.0
+        self._changed: anyio.Event | None = None  # set when a job starts, if the task waits for one
+
+    def start(self, job: Job) -> None:
+        self.job, self.since = job, anyio.current_time()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def wait_change(self) -> None:
+        self._changed = anyio.Event()
+        await self._changed.wait()
+
+
 class _CancelGroup:
     """Cancel scopes cancelled together, those entered afterwards included."""
 
@@ -447,18 +470,19 @@ class Worker:
 
     async def _slot(self, n: int) -> None:
         client = self.app.async_client(connection_name("worker", n))
-        acks = _Acks()
+        acks, beat = _Acks(), _Beat()
         try:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(self._acker, client, acks)
-                await self._consume(client, acks)
+                tasks.start_soon(self._heartbeats, client, beat)
+                await self._consume(client, acks, beat)
                 tasks.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
                 await self._acknowledge(client, acks.take())
                 await client.close()
 
-    async def _consume(self, client: AsyncClient, acks: _Acks) -> None:
+    async def _consume(self, client: AsyncClient, acks: _Acks, beat: _Beat) -> None:
         """Fetch (the finished jobs' ACKJOB in the same write) and run, until stopped."""
         queues = list(self._handlers)
         outage = 0  # failed tries in a row
@@ -489,7 +513,7 @@ class Worker:
                 if self._fetching.cancelled:
                     await self._hand_back(client, jobs[i:])
                     break
-                await self._process(client, job, acks)
+                await self._process(client, job, acks, beat)
             pace = (time.monotonic() - started) / max(1, len(jobs))
             count = max(1, min(self.prefetch, int(PACE / pace) if pace else self.prefetch))
 
@@ -516,11 +540,11 @@ class Worker:
         log.info("prefetched jobs handed back", extra={"jobs": ",".join(j.id for j in jobs)})
         await self._settle(client.nack(*[j.id for j in jobs]), jobs[0])
 
-    async def _process(self, client: AsyncClient, job: Job, acks: _Acks) -> None:
+    async def _process(self, client: AsyncClient, job: Job, acks: _Acks, beat: _Beat) -> None:
         handler = self._handlers[job.queue]
         started = time.monotonic()
         with self._running.scope() as scope:
-            error = await self._attempt(client, handler, job)
+            error = await self._attempt(beat, handler, job)
         if scope.cancelled_caught:
             log.warning("job interrupted by the stop, NACKed", extra=_fields(job))
             await self._settle(client.nack(job.id), job)
@@ -535,25 +559,49 @@ class Worker:
             log.error("job failed", exc_info=error, extra=_fields(job, error=repr(error), **outcome))
             await self._settle(client.nack(job.id, delay=delay), job)
 
-    async def _attempt(self, client: AsyncClient, handler: Handler, job: Job) -> Exception | None:
-        """Run the handler with heartbeats beside it; the exception it raised, if any."""
-        async with anyio.create_task_group() as beats:
-            beats.start_soon(client.heartbeat, job.id, self.first_heartbeat)
-            error: Exception | None = None
-            try:
-                with anyio.fail_after(handler.timeout) as deadline:
-                    if inspect.iscoroutinefunction(handler.fn):
-                        await handler.fn(job)
-                    else:
-                        await self._threads.run(handler.fn, job)
-            except Exception as e:
-                error = e
-            if deadline.cancelled_caught:
-                timeout = JobTimeout(f"still running after {handler.timeout:g} s")
-                timeout.__cause__ = error  # anyio's TimeoutError: its context shows where the handler was
-                error = timeout
-            beats.cancel_scope.cancel()
+    async def _attempt(self, beat: _Beat, handler: Handler, job: Job) -> Exception | None:
+        """Run the handler, the slot's heartbeats watching it; the exception it raised, if any."""
+        beat.start(job)
+        error: Exception | None = None
+        try:
+            with anyio.fail_after(handler.timeout) as deadline:
+                if inspect.iscoroutinefunction(handler.fn):
+                    await handler.fn(job)
+                else:
+                    await self._threads.run(handler.fn, job)
+        except Exception as e:
+            error = e
+        finally:
+            beat.job = None
+        if deadline.cancelled_caught:
+            timeout = JobTimeout(f"still running after {handler.timeout:g} s")
+            timeout.__cause__ = error  # anyio's TimeoutError: its context shows where the handler was
+            error = timeout
         return error
+
+    async def _heartbeats(self, client: AsyncClient, beat: _Beat) -> None:
+        """WORKING for the slot's running job `first_heartbeat` seconds after
+        it started, then every RETRY/2, until it ends; gives up on a job,
+        with a warning, once the node cannot be reached or no longer knows
+        it.  One task for the slot's life: quick jobs cost it no wake-up."""
+        while True:
+            job = beat.job
+            if job is None or self.first_heartbeat is None:
+                await beat.wait_change()
+                continue
+            await anyio.sleep_until(beat.since + self.first_heartbeat)
+            delay: float | None = self.first_heartbeat
+            while beat.job is job and delay is not None:
+                try:
+                    with anyio.CancelScope(shield=True):  # never cut a request in half
+                        delay = _next_heartbeat(await client.working(job.id))
+                except (DisqueReplyError, DisqueConnectionError) as e:
+                    log.warning("WORKING %s: %s", job.id, e)
+                    delay = None
+                if delay is not None:
+                    await anyio.sleep(delay)
+            if beat.job is job:  # given up: wait for the next job
+                await beat.wait_change()
 
     async def _settle(self, request: Any, job: Job) -> None:
         """ACKJOB or NACK; when it fails the job comes back after its RETRY."""

@@ -202,6 +202,27 @@ def test_quick_jobs_are_prefetched_acked_together_and_handed_back_on_stop(
         assert info is not None and (info.state, info.nacks) == ("queued", 1)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_slot_heartbeats_keep_a_long_job_after_quick_ones(backend: str, client: Client, shared_node: NodeProcess, queue: str) -> None:
+    """RETRY 1: without WORKING the node would queue the long job again
+    after about a second; the quick jobs before it (and their ended
+    heartbeat waits) change nothing."""
+    app = App(address(shared_node))
+    requeued: list[int] = []
+
+    @app.job(queue)
+    def handle(job: Job) -> None:
+        if job.body == b"slow":
+            with Client(address(shared_node)) as observer, pytest.raises(AssertionError):  # never requeued while it runs
+                wait_for(lambda: observer.qlen(queue), timeout=2.0, what="a requeue")
+            requeued.append(client.qlen(queue))
+
+    ids = client.add_jobs(queue, ["quick", "quick", "slow"], retry=1)
+    worker = work(app, backend, burst=True, first_heartbeat=0.3)
+    assert requeued == [0] and (worker.processed, worker.failed) == (3, 0)
+    assert [client.show(i) for i in ids] == [None] * 3
+
+
 def test_prefetch_must_be_positive(shared_node: NodeProcess) -> None:
     app = App(address(shared_node))
     app.job("q")(lambda job: None)
