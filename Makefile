@@ -20,7 +20,7 @@ RUN_STAMP  := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 STAMP      := $(VENV)/.installed
 
-.PHONY: run test test-slow test-read-behind scale bench venv extras tools tools-cc tools-valgrind tools-redis tools-java tools-net tools-browser tools-clock tools-systemd tools-memcached clean jepsen jepsen-long
+.PHONY: run test test-slow test-read-behind scale bench venv extras tools tools-cc tools-valgrind tools-strace tools-redis tools-java tools-net tools-browser tools-clock tools-systemd tools-memcached clean jepsen jepsen-long
 
 # The modules setup.py compiles (disque/compiled.txt, its lines that are
 # paths): the install is redone when one of them changes, so the extensions
@@ -109,6 +109,10 @@ tools-memcached:
 tools-valgrind:
 	@$(call apt,valgrind:valgrind)
 
+# strace, for the system calls per request of bench/request_path.py.
+tools-strace:
+	@$(call apt,strace:strace)
+
 # systemd-analyze (the systemd package) verifies examples/disque@.service.
 tools-systemd:
 	@$(call apt,systemd-analyze:systemd)
@@ -166,7 +170,7 @@ $(BENCH_VENV)/.installed: pyproject.toml
 	@$(call extra,bench,$(BENCH_VENV)/bin/python)
 	@touch $@
 
-bench: $(STAMP) $(BENCH_VENV)/.installed tools-redis tools-java tools-memcached
+bench: $(STAMP) $(BENCH_VENV)/.installed tools-redis tools-java tools-memcached tools-strace
 	$(PY) bench/run.py
 
 # Fault injection against 5 real nodes (network namespaces as root, else TCP
