@@ -8,14 +8,19 @@ without persistence started here, from the virtual environment of the
 `bench` extra (BENCH_PYTHON, default .venv-bench/bin/python: `make bench`
 makes it); ours on a node with AOF off (REPLICATE 1), then on three joined
 nodes with REPLICATE 3.  bench/peers.py holds every system's producer and
-handler.  A system that does not install or does not finish is shown as
+handler.  Every server stays up for the whole run, and the systems run one
+after the other in each of three rounds (one with --quick), so that a
+change in the machine's load moves every system's figures alike; the table
+gives the medians.  A system that does not install or does not finish is shown as
 such, and the others still run.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -101,45 +106,33 @@ def measure(python: Path | str, env: dict[str, str], bulk: bool, argv: list[str]
     return figures
 
 
+ROUNDS = 3  # every system once per round, the rounds one after the other: the load of the machine moves every figure alike
+SLOW = 60.0  # s: a system whose drain took longer in the first round is not run again (its figure is far off anyway)
+
+
 def run(quick: bool) -> dict[str, Any]:
-    jobs = 2000 if quick else 10_000
-    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores); {jobs:,} jobs of 100 bytes; one worker process at concurrency 8, no-op handler")
-    rows: dict[str, dict[str, Any]] = {}
+    jobs, rounds = (2000, 1) if quick else (10_000, ROUNDS)
+    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores); {jobs:,} jobs of 100 bytes; one worker process at concurrency 8, "
+          f"no-op handler; medians of {rounds} round(s)")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="disque-bench-workers-") as tmp:
         base = Path(tmp)
-        out = base / "marks"
-        if BENCH_PYTHON.exists():
-            redis = ServerProcess(base / "redis").start()
-            url = f"redis://127.0.0.1:{redis.port}/0"
-            try:
-                for name, system, bulk, argv in PEERS:
-                    env = _env(system, BENCH_REDIS=url, BENCH_JOBS=str(jobs))
-                    rows[name] = measure(BENCH_PYTHON, env, bulk, argv, out, lambda: command("127.0.0.1", redis.port, "FLUSHALL"))
-            finally:
-                redis.stop()
-        else:
-            print(f"  the peers are skipped: {BENCH_PYTHON} does not exist (`make bench` installs the bench extra there)")
-        for replicate in (1, 3):
-            nodes = [NodeProcess(free_port(), base / f"r{replicate}-{i}") for i in range(replicate)]
-            try:
-                for node in nodes:
-                    node.start()
-                if replicate > 1:
-                    join(nodes)
-                addresses = ",".join(f"{n.host}:{n.port}" for n in nodes)
-                env = _env("ours", DISQUE_NODES=addresses, BENCH_JOBS=str(jobs), BENCH_REPLICATE=str(replicate))
-
-                def flush() -> None:
-                    for node in nodes:
-                        command(node.host, node.port, "DEBUG", "FLUSHALL")
-
-                name = f"ours, {replicate} node{'s' if replicate > 1 else ''}, REPLICATE {replicate}"
-                rows[name] = measure(sys.executable, env, True, OURS_WORKER, out, flush)
-                rows[name]["redis-py pipeline"] = produce(sys.executable, env | {"BENCH_SYSTEM": "redis-py"}, bulk=True)
-                flush()
-            finally:
-                for node in nodes:
-                    node.stop()
+        servers: list[Any] = []
+        try:
+            systems = _systems(base, jobs, servers)
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in systems}
+            for _ in range(rounds):
+                for name, python, env, bulk, argv, flush in systems:
+                    if runs[name] and (runs[name][0]["drain"] or 0) < jobs / SLOW:
+                        continue
+                    figures = measure(python, env, bulk, argv, base / "marks", flush)
+                    if env["BENCH_SYSTEM"] == "ours":
+                        figures["redis-py pipeline"] = produce(python, env | {"BENCH_SYSTEM": "redis-py"}, bulk=True)
+                        flush()
+                    runs[name].append(figures)
+        finally:
+            for server in servers:
+                server.stop()
+    rows = {name: {key: _median([r.get(key) for r in done]) for key in done[0]} for name, done in runs.items()}
     reference = next((r["drain"] for n, r in rows.items() if n.startswith("Dramatiq")), None)
     table = []
     for name, r in rows.items():
@@ -154,7 +147,45 @@ def run(quick: bool) -> dict[str, Any]:
     for name, r in rows.items():
         if r.get("redis-py pipeline") and r["bulk"]:
             print(f"{name}: add_jobs at {r['bulk'] / r['redis-py pipeline']:.2f}x redis-py's pipeline")
-    return {"cpu_model": cpu_model(), "jobs": jobs, "workers": rows}
+    return {"cpu_model": cpu_model(), "jobs": jobs, "rounds": runs, "workers": rows}
+
+
+def _systems(base: Path, jobs: int, servers: list[Any]) -> list[tuple[str, Path | str, dict[str, str], bool, list[str], Any]]:
+    """Start the servers (appended to `servers`, for the caller to stop) and
+    list every system: name, Python, environment, bulk call, worker command, flush."""
+    systems: list[tuple[str, Path | str, dict[str, str], bool, list[str], Any]] = []
+    if BENCH_PYTHON.exists():
+        redis = ServerProcess(base / "redis")
+        servers.append(redis)
+        redis.start()
+        url = f"redis://127.0.0.1:{redis.port}/0"
+        for name, system, bulk, argv in PEERS:
+            systems.append((name, BENCH_PYTHON, _env(system, BENCH_REDIS=url, BENCH_JOBS=str(jobs)), bulk, argv,
+                            lambda: command("127.0.0.1", redis.port, "FLUSHALL")))  # fmt: skip
+    else:
+        print(f"  the peers are skipped: {BENCH_PYTHON} does not exist (`make bench` installs the bench extra there)")
+    for replicate in (1, 3):
+        nodes = [NodeProcess(free_port(), base / f"r{replicate}-{i}") for i in range(replicate)]
+        for node in nodes:
+            servers.append(node)
+            node.start()
+        if replicate > 1:
+            join(nodes)
+        addresses = ",".join(f"{n.host}:{n.port}" for n in nodes)
+        env = _env("ours", DISQUE_NODES=addresses, BENCH_JOBS=str(jobs), BENCH_REPLICATE=str(replicate))
+        name = f"ours, {replicate} node{'s' if replicate > 1 else ''}, REPLICATE {replicate}"
+        systems.append((name, sys.executable, env, True, OURS_WORKER, functools.partial(_flush_nodes, nodes)))
+    return systems
+
+
+def _flush_nodes(nodes: list[NodeProcess]) -> None:
+    for node in nodes:
+        command(node.host, node.port, "DEBUG", "FLUSHALL")
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def _num(value: float | None) -> str:
