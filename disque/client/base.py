@@ -588,6 +588,8 @@ class Pipeline(_Base):
         return self
 
     def _consume(self, args: Sequence[Arg], acking: Sequence[str] = ()) -> Any:
+        if acking:
+            raise ValueError("in a pipeline, queue ack() before get_jobs() instead of acking=")
         return self._command(args, _jobs)  # GETJOB queues too (no affinity move inside a pipeline)
 
     def __len__(self) -> int:

@@ -144,6 +144,8 @@ def test_add_jobs_and_a_pipeline_send_many_commands_in_one_write(client: Client,
         client.pipeline().add_job(queue, "x").execute_command("NOSUCH").add_job(queue, "y").execute()
     assert client.qlen(queue) == 2499 and client.ping() == "PONG"  # both ADDJOBs ran; the connection is in step
     assert client.add_jobs(queue, []) == []
+    with pytest.raises(ValueError, match="queue ack"):
+        client.pipeline().get_jobs(queue, acking=[ids[3]])
 
 
 def test_ack_fast_ack_and_del_job(client: Client, queue: str) -> None:
