@@ -105,7 +105,7 @@ tools-memcached:
 	@$(call apt,memcached:memcached)
 
 # valgrind, for the instruction counts of bench/instructions.py and
-# bench/codec_frames.py (docs/performance.md); not part of `make tools`.
+# bench/codec_frames.py (docs/performance.md, and `make bench`); not part of `make tools`.
 tools-valgrind:
 	@$(call apt,valgrind:valgrind)
 
@@ -170,7 +170,7 @@ $(BENCH_VENV)/.installed: pyproject.toml
 	@$(call extra,bench,$(BENCH_VENV)/bin/python)
 	@touch $@
 
-bench: $(STAMP) $(BENCH_VENV)/.installed tools-redis tools-java tools-memcached tools-strace
+bench: $(STAMP) $(BENCH_VENV)/.installed tools-redis tools-java tools-memcached tools-strace tools-valgrind
 	$(PY) bench/run.py
 
 # Fault injection against 5 real nodes (network namespaces as root, else TCP

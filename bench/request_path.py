@@ -13,7 +13,8 @@ Single node: PING unpipelined; `ADDJOB q <body> 0 REPLICATE 1 RETRY 0` and
 ADDJOBs, so every GETJOB takes a job); with the server's user and system
 CPU per request (/proc) and redis-benchmark's p99 latency; then the system
 calls per ADDJOB (unpipelined, pipelined 16) of each server, counted by
-`strace -c -f` (fewer requests: tracing slows the server).  3 local nodes:
+`strace -c -f` (fewer requests: tracing slows the server), and the
+instructions per ADDJOB of bench/instructions.py under callgrind.  3 local nodes:
 `ADDJOB ... REPLICATE 3` unpipelined and pipelined 16, and ASYNC pipelined
 16.  The same path's other protocols: memcache SET/GET (4 connections,
 bench/memcache.py's generator) next to memcached, and QADD/QGET (consumer
@@ -30,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import instructions
 import memcache
 from common import BODY, CLIENTS, ServerProcess, c_disque_argv, cpu_seconds, expect_success, print_table, redis_benchmark_row, start_node
 
@@ -71,6 +73,7 @@ TARGETS = {
     "REPLICATE 3 ASYNC / C, pipelined 16": ("R3_ASYNC_pipelined", "c", 0.5),
 }
 USER_US_TARGET = 25.0  # server user CPU per unpipelined ADDJOB
+INSTRUCTIONS_TARGET = {1: 25_000, 16: 15_000}  # per ADDJOB, by pipeline depth: machine-free, unlike the ratios
 
 
 def _sizes(quick: bool) -> dict[int, int]:
@@ -255,6 +258,13 @@ def run(quick: bool) -> dict[str, Any]:
         ["figure", "ours", "redis", "C"],
         [[figure.replace("_", " "), *(side[figure]["syscalls"] if figure in side else "-" for side in (ours, redis, c))] for figure in SYSCALLS],
     )
+    print("\nInstructions per ADDJOB (callgrind, bench/instructions.py: the whole process, 2,000 and 6,000 rounds)...")
+    counts = {pipeline: instructions.per_request("addjob", pipeline) for pipeline in (1, 16)}
+    print_table(
+        "Instructions per ADDJOB REPLICATE 1 RETRY 0 (- : no valgrind, `make tools-valgrind`)",
+        ["figure", "instructions", "target"],
+        [["unpipelined", counts[1] or "-", f"<= {INSTRUCTIONS_TARGET[1]:,}"], ["pipelined 16", counts[16] or "-", f"<= {INSTRUCTIONS_TARGET[16]:,}"]],
+    )
     mc_rows = [[f"{name} -P {p}", mc[f"{name} -P {p}"], mc[f"memcached {name} -P {p}"], mc[f"{name} -P {p}"] / mc[f"memcached {name} -P {p}"]]
                for p in (1, 16) for name in ("SET", "GET")]  # fmt: skip
     print_table(
@@ -270,7 +280,8 @@ def run(quick: bool) -> dict[str, Any]:
                    for name, (_, _, goal) in TARGETS.items()]  # fmt: skip
     target_rows.append(["user µs per unpipelined ADDJOB", f"<= {USER_US_TARGET}", user_us, "yes" if user_us <= USER_US_TARGET else "NO"])
     print_table("Targets (- : needs DISQUE_C)", ["figure", "target", "measured", "met"], target_rows)
-    return {"sizes": sizes, "figures": figures, "memcache": mc, "targets": measured, "addjob_user_us": user_us}
+    return {"sizes": sizes, "figures": figures, "memcache": mc, "targets": measured, "addjob_user_us": user_us,
+            "addjob_instructions": counts}  # fmt: skip
 
 
 if __name__ == "__main__":
