@@ -10,7 +10,8 @@
 #   test, venv     + the spark extra; test also a JDK (Spark), redis-tools,
 #                  redis-server, iproute2, iptables, chromium,
 #                  chromium-driver, faketime, systemd and memcached (`tools`)
-#   bench          the venv of test + a JDK, redis-tools, redis-server
+#   bench          the venv of test + a JDK, redis-tools, redis-server, and
+#                  the bench extra in .venv-bench (the worker comparison's peers)
 #   extras         + the extras named in EXTRAS (make extras EXTRAS=spark)
 VENV       := .venv
 PY         := $(VENV)/bin/python
@@ -19,7 +20,7 @@ RUN_STAMP  := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 STAMP      := $(VENV)/.installed
 
-.PHONY: run test test-slow test-read-behind scale bench venv extras tools tools-cc tools-valgrind tools-redis tools-java tools-net tools-browser tools-clock tools-systemd tools-memcached clean jepsen jepsen-long
+.PHONY: run test test-slow test-read-behind scale bench venv extras tools tools-cc tools-valgrind tools-strace tools-redis tools-java tools-net tools-browser tools-clock tools-systemd tools-memcached clean jepsen jepsen-long
 
 # The modules setup.py compiles (disque/compiled.txt, its lines that are
 # paths): the install is redone when one of them changes, so the extensions
@@ -49,12 +50,12 @@ ticking = ( $(1) ) & pid=$$!; s=0; while kill -0 $$pid 2>/dev/null; do sleep 1; 
 build_reqs = $(PY) -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")'
 
 # The requirements of extras ($(1): their names, comma-separated, as in
-# EXTRAS), read from pyproject.toml: installing them alone spares a second
-# build of the package.
+# EXTRAS), read from pyproject.toml, into the Python $(2) (.venv's by
+# default): installing them alone spares a second build of the package.
 extra = reqs=$$($(PY) -c 'import sys, tomllib; known = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]; \
 	names = [n for n in sys.argv[1].split(",") if n]; bad = [n for n in names if n not in known] or not names; \
 	sys.exit("EXTRAS: one or more of " + ", ".join(known) + ", comma-separated") if bad else print(*(r for n in names for r in known[n]), sep="\n")' '$(1)') && \
-	echo "$$reqs" | xargs -d '\n' $(PY) -m pip install -q
+	echo "$$reqs" | xargs -d '\n' $(or $(2),$(PY)) -m pip install -q
 
 $(TEST_STAMP): $(RUN_STAMP)
 	$(call extra,test)
@@ -119,9 +120,13 @@ tools-memcached:
 	@$(call apt,memcached:memcached)
 
 # valgrind, for the instruction counts of bench/instructions.py and
-# bench/codec_frames.py (docs/performance.md); not part of `make tools`.
+# bench/codec_frames.py (docs/performance.md, and `make bench`); not part of `make tools`.
 tools-valgrind:
 	@$(call apt,valgrind:valgrind)
+
+# strace, for the system calls per request of bench/request_path.py.
+tools-strace:
+	@$(call apt,strace:strace)
 
 # systemd-analyze (the systemd package) verifies examples/disque@.service.
 tools-systemd:
@@ -171,7 +176,16 @@ scale: $(STAMP)
 	$(PY) bench/scale.py --nodes 24,48,100 --idle 60
 
 # Benchmarks print figures (ratios against redis-server measured in the same run).
-bench: $(STAMP) tools-redis tools-java tools-memcached
+# The worker comparison's peers (the bench extra) live in .venv-bench, apart
+# from .venv: their redis-py pin would break the test extra's.
+BENCH_VENV := .venv-bench
+$(BENCH_VENV)/.installed: pyproject.toml
+	@test -x $(BENCH_VENV)/bin/python || $(PYTHON3) -m venv $(BENCH_VENV)
+	@echo "installing the bench extra (Celery, RQ, Dramatiq, huey, arq, taskiq) into $(BENCH_VENV)"
+	@$(call extra,bench,$(BENCH_VENV)/bin/python)
+	@touch $@
+
+bench: $(STAMP) $(BENCH_VENV)/.installed tools-redis tools-java tools-memcached tools-strace tools-valgrind
 	$(PY) bench/run.py
 
 # Fault injection against 5 real nodes (network namespaces as root, else TCP

@@ -22,7 +22,10 @@ one pass of the client loop's handling of a readable socket, and one
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 
@@ -70,6 +73,20 @@ def main() -> None:
     serve(request, WARMUP)
     last = serve(request, n)
     assert last and not last.startswith(b"-"), last
+
+
+def per_request(kind: str, pipeline: int = 1, low: int = 2000, high: int = 6000) -> float | None:
+    """Instructions of one request of `kind` (pipelined `pipeline` deep):
+    callgrind's totals for `high` and `low` rounds, their difference over
+    the requests between; None without valgrind (`make tools-valgrind`)."""
+    if shutil.which("valgrind") is None:
+        return None
+    totals = []
+    for n in (low, high):
+        argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__, kind, str(n), str(pipeline)]
+        done = subprocess.run(argv, capture_output=True, text=True, check=True)
+        totals.append(int(re.search(r"Collected : (\d+)", done.stderr).group(1)))  # type: ignore[union-attr]
+    return (totals[1] - totals[0]) / ((high - low) * pipeline)
 
 
 if __name__ == "__main__":

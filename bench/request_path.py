@@ -11,7 +11,10 @@ references, so that the machine's load moves both sides of a ratio alike:
 Single node: PING unpipelined; `ADDJOB q <body> 0 REPLICATE 1 RETRY 0` and
 `GETJOB NOHANG FROM q` unpipelined and pipelined 16 (as many GETJOBs as
 ADDJOBs, so every GETJOB takes a job); with the server's user and system
-CPU per request (/proc) and redis-benchmark's p99 latency.  3 local nodes:
+CPU per request (/proc) and redis-benchmark's p99 latency; then the system
+calls per ADDJOB (unpipelined, pipelined 16) of each server, counted by
+`strace -c -f` (fewer requests: tracing slows the server), and the
+instructions per ADDJOB of bench/instructions.py under callgrind.  3 local nodes:
 `ADDJOB ... REPLICATE 3` unpipelined and pipelined 16, and ASYNC pipelined
 16.  The same path's other protocols: memcache SET/GET (4 connections,
 bench/memcache.py's generator) next to memcached, and QADD/QGET (consumer
@@ -21,12 +24,14 @@ groups) next to LPUSH/RPOP.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import instructions
 import memcache
 from common import BODY, CLIENTS, ServerProcess, c_disque_argv, cpu_seconds, expect_success, print_table, redis_benchmark_row, start_node
 
@@ -56,6 +61,7 @@ CLUSTER = {
     "R3_pipelined": (R3, 16),
     "R3_ASYNC_pipelined": ([*R3, "ASYNC"], 16),
 }
+SYSCALLS = ("ADDJOB_unpipelined", "ADDJOB_pipelined")  # figures whose system calls per request are counted
 # name -> (figure, reference, at least); references: "redis" or "c"
 TARGETS = {
     "PING / redis PING, unpipelined": ("PING_unpipelined", "redis", 0.75),
@@ -67,6 +73,7 @@ TARGETS = {
     "REPLICATE 3 ASYNC / C, pipelined 16": ("R3_ASYNC_pipelined", "c", 0.5),
 }
 USER_US_TARGET = 25.0  # server user CPU per unpipelined ADDJOB
+INSTRUCTIONS_TARGET = {1: 25_000, 16: 15_000}  # per ADDJOB, by pipeline depth: machine-free, unlike the ratios
 
 
 def _sizes(quick: bool) -> dict[int, int]:
@@ -81,6 +88,27 @@ def _measure(server: Any, args: list[Any], requests: int, pipeline: int) -> dict
     row = redis_benchmark_row(server.port, requests, pipeline, *args)
     user2, system2 = cpu_seconds(server.pid)
     return {**row, "user_us": (user2 - user) / requests * 1e6, "system_us": (system2 - system) / requests * 1e6}
+
+
+SYSCALL_REQUESTS = 20_000  # per count: strace slows the server, so fewer requests than the throughput figures
+
+
+def syscalls_per_request(server: Any, args: list[Any], pipeline: int, requests: int = SYSCALL_REQUESTS) -> float:
+    """System calls the server makes per request (every thread, `strace -c
+    -f` attached for the run of `requests` requests): a count that does not
+    depend on how fast the machine runs user code."""
+    with tempfile.NamedTemporaryFile("r", suffix=".strace") as out:
+        tracer = subprocess.Popen(["strace", "-c", "-f", "-o", out.name, "-p", str(server.pid)], stderr=subprocess.PIPE, text=True)
+        assert tracer.stderr is not None
+        while "attached" not in tracer.stderr.readline():  # traced from here on
+            if tracer.poll() is not None:
+                raise RuntimeError("strace could not attach (ptrace not permitted?)")
+        redis_benchmark_row(server.port, requests, pipeline, *args)
+        tracer.send_signal(signal.SIGINT)
+        tracer.communicate(timeout=30)
+        header, *lines = out.read().splitlines()
+        total = next(line for line in lines if line.rstrip().endswith("total"))
+    return int(total[: header.index("calls") + len("calls")].split()[-1]) / requests  # the column is right-aligned
 
 
 def _join_c(nodes: list[ServerProcess], timeout: float = 15.0) -> None:
@@ -114,6 +142,10 @@ def _single(base: Path, sizes: dict[int, int]) -> dict[str, dict[str, dict[str, 
                 expect_success(servers["ours"].port, *QADD)  # the group starts reading from here
                 expect_success(servers["ours"].port, *QGET)
             out["ours"][figure] = _measure(servers["ours"], ours, n, pipeline)
+        for figure in SYSCALLS:  # after the throughput figures: strace must not slow them
+            ours, theirs, pipeline = SINGLE[figure]
+            for side, server in servers.items():
+                out[side][figure]["syscalls"] = syscalls_per_request(server, theirs if side == "redis" else ours, pipeline)
     finally:
         for server in servers.values():
             server.stop()
@@ -221,6 +253,18 @@ def run(quick: bool) -> dict[str, Any]:
         ["figure", "ours user", "system", "redis user", "system", "C user", "system"],
         cpu_rows,
     )
+    print_table(
+        f"System calls per request (strace -c -f on the server, {SYSCALL_REQUESTS:,} requests; the target: no more than C's)",
+        ["figure", "ours", "redis", "C"],
+        [[figure.replace("_", " "), *(side[figure]["syscalls"] if figure in side else "-" for side in (ours, redis, c))] for figure in SYSCALLS],
+    )
+    print("\nInstructions per ADDJOB (callgrind, bench/instructions.py: the whole process, 2,000 and 6,000 rounds)...")
+    counts = {pipeline: instructions.per_request("addjob", pipeline) for pipeline in (1, 16)}
+    print_table(
+        "Instructions per ADDJOB REPLICATE 1 RETRY 0 (- : no valgrind, `make tools-valgrind`)",
+        ["figure", "instructions", "target"],
+        [["unpipelined", counts[1] or "-", f"<= {INSTRUCTIONS_TARGET[1]:,}"], ["pipelined 16", counts[16] or "-", f"<= {INSTRUCTIONS_TARGET[16]:,}"]],
+    )
     mc_rows = [[f"{name} -P {p}", mc[f"{name} -P {p}"], mc[f"memcached {name} -P {p}"], mc[f"{name} -P {p}"] / mc[f"memcached {name} -P {p}"]]
                for p in (1, 16) for name in ("SET", "GET")]  # fmt: skip
     print_table(
@@ -236,7 +280,8 @@ def run(quick: bool) -> dict[str, Any]:
                    for name, (_, _, goal) in TARGETS.items()]  # fmt: skip
     target_rows.append(["user µs per unpipelined ADDJOB", f"<= {USER_US_TARGET}", user_us, "yes" if user_us <= USER_US_TARGET else "NO"])
     print_table("Targets (- : needs DISQUE_C)", ["figure", "target", "measured", "met"], target_rows)
-    return {"sizes": sizes, "figures": figures, "memcache": mc, "targets": measured, "addjob_user_us": user_us}
+    return {"sizes": sizes, "figures": figures, "memcache": mc, "targets": measured, "addjob_user_us": user_us,
+            "addjob_instructions": counts}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import scale
 import security
 import single_node
 import spark as spark_bench
+import workers
 
 BENCHMARKS = {
     "path": request_path,
@@ -35,6 +36,7 @@ BENCHMARKS = {
     "read-behind": read_behind,
     "security": security,
     "spark": spark_bench,
+    "workers": workers,
     "scale": scale,  # 24, 48 and 100 local nodes: only with --only scale (make scale)
 }
 OPT_IN = {"scale"}

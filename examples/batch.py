@@ -21,7 +21,7 @@ def consume(address: str, count: int) -> None:
 
 
 with Client(nodes[0], failover=False) as producer:
-    ids = [producer.add_job("batch", f"part {n}", replicate=min(2, len(nodes))) for n in range(100)]
+    ids = producer.add_jobs("batch", [f"part {n}" for n in range(100)], replicate=min(2, len(nodes)))  # one write
     threading.Thread(target=consume, args=(nodes[-1], len(ids)), daemon=True).start()
     done = producer.wait_job(*ids, timeout_ms=60_000)
     print(f"{done} of {len(ids)} jobs acknowledged")

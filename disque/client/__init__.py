@@ -43,7 +43,7 @@ below, so `from disque.client import Client` is the import to write.
 """
 
 from disque.client.aio import AsyncClient
-from disque.client.base import FIRST_HEARTBEAT, Affinity, NodePlanner
+from disque.client.base import FIRST_HEARTBEAT, Affinity, NodePlanner, Pipeline
 from disque.client.models import Hello, Job, JobInfo, NodeInfo, QueueStats
 from disque.client.protocol import (
     DEFAULT_ADDRESS,
@@ -76,6 +76,7 @@ __all__ = [
     "JobInfo",
     "NodeInfo",
     "NodePlanner",
+    "Pipeline",
     "QueueStats",
     "ReplicationTimeout",
     "connection_name",

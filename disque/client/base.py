@@ -32,6 +32,7 @@ from disque.client.protocol import (
     ReplicationTimeout,
     T,
     _options,
+    _to_bytes,
     _text,
     encode_command,
     failure_args,
@@ -148,6 +149,8 @@ class _Close:
 
 Ops = Generator[Any, Any, T]
 HELLO = encode_command(["HELLO"])
+BATCH = 1000  # pipelined requests per write: their replies are read before the next write
+_BODY_MARK = b"\x00the body of every job\x00"  # add_jobs: where each body goes in the request encoded once
 
 
 def _failure(address: Address, exc: BaseException) -> DisqueConnectionError:
@@ -425,9 +428,60 @@ class _Base:
                 raise
             return convert(reply)
 
-    def _consume(self, args: Sequence[Arg]) -> Ops[list[Job]]:
-        """GETJOB, then move towards the producers if affinity says so."""
-        jobs = yield from self._command(args, _jobs)
+    def _batch(self, requests: Sequence[tuple[bytes, Callable[[Any], Any]]]) -> Ops[list[Any]]:
+        """Send encoded requests `BATCH` at a time, each write followed by the
+        reading of its replies; the converted replies, in order.  An error
+        reply raises once every reply is read (the connection stays in step);
+        a broken connection raises at once, with no failover: some requests
+        may have run."""
+        if self._link is None:
+            yield from self._connect(self._planner.plan())
+        link = self._link
+        assert link is not None
+        replies: list[Any] = []
+        error: DisqueReplyError | None = None
+        try:
+            for start in range(0, len(requests), BATCH):
+                chunk = requests[start : start + BATCH]
+                yield _Send(link, b"".join(payload for payload, _ in chunk))
+                for _, convert in chunk:
+                    try:
+                        replies.append(convert((yield from self._reply(link))))
+                    except DisqueReplyError as e:
+                        replies.append(e)
+                        error = error or e
+        except BaseException:
+            yield from self._disconnect()
+            raise
+        if error is not None:
+            raise error
+        return replies
+
+    def pipeline(self) -> Pipeline:
+        """Commands queued and sent together: `p = client.pipeline()`,
+        `p.add_job(...)` and `p.ack(...)` as often as needed, then
+        `p.execute()` (awaited for `AsyncClient`) for their replies."""
+        return Pipeline(self)
+
+    def add_jobs(self, queue: str, bodies: Iterable[str | bytes], **options: Any) -> Any:
+        """ADDJOB of every body, pipelined (`add_job`'s options for all); the
+        job IDs, in order.  The request is encoded once, around a marker
+        body, and each body put in its place."""
+        probe, convert = self.pipeline().add_job(queue, _BODY_MARK, **options)._queued[0]
+        head, _, tail = probe.partition(b"$%d\r\n%s\r\n" % (len(_BODY_MARK), _BODY_MARK))
+        encoded = [_to_bytes(b) for b in bodies]
+        for b in encoded:  # before anything is sent
+            self._check_size(b)
+        requests = [(b"%s$%d\r\n%s\r\n%s" % (head, len(b), b, tail), convert) for b in encoded]
+        return self._run(self._batch(requests))
+
+    def _consume(self, args: Sequence[Arg], acking: Sequence[str] = ()) -> Ops[list[Job]]:
+        """GETJOB (after ACKJOB of `acking`, in the same write), then move
+        towards the producers if affinity says so."""
+        if acking:
+            _, jobs = yield from self._batch([(encode_command(["ACKJOB", *acking]), _same), (encode_command(args), _jobs)])
+        else:
+            jobs = yield from self._command(args, _jobs)
         if self._affinity is not None and jobs and self._link is not None:
             prefix = self._affinity.observe([j.id for j in jobs], self._link.node_id[:8])
             if prefix is not None:
@@ -490,9 +544,7 @@ class _Base:
         queue (the server's default one if None); a higher `priority` (0-9,
         the queue's default if None) is served first.  A body over the
         client's `max_job_size` is refused before it is sent."""
-        size = len(body) if isinstance(body, bytes) else len(body.encode("utf-8", "surrogateescape"))
-        if size > self.max_job_size:
-            raise DisqueReplyError("ERR", f"Job body of {size} bytes is larger than max-job-size ({self.max_job_size} bytes): not sent")
+        self._check_size(body)
         options = _options(
             [("ASYNC", asynchronous)],
             replicate=replicate, minrepl=minrepl, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
@@ -504,6 +556,12 @@ class _Base:
 
         return tracing.sending(queue, body, send) if self.trace_context else send(body)
 
+    def _check_size(self, body: str | bytes) -> None:
+        """A body over the client's `max_job_size` is refused before it is sent."""
+        size = len(body) if isinstance(body, bytes) else len(body.encode("utf-8", "surrogateescape"))
+        if size > self.max_job_size:
+            raise DisqueReplyError("ERR", f"Job body of {size} bytes is larger than max-job-size ({self.max_job_size} bytes): not sent")
+
     def _add_job(self, args: list[Arg], timeout_ms: int) -> Ops[str]:
         try:
             return (yield from self._command(args, _text))
@@ -512,16 +570,22 @@ class _Base:
                 raise ReplicationTimeout(e.code, f"{e.message} within {timeout_ms} ms (not added: adding it again is safe)") from None
             raise
 
-    def _getjob(self, queues: Sequence[str], count: int, timeout_ms: int | None, nohang: bool) -> Ops[list[Job]]:
+    def _getjob(
+        self, queues: Sequence[str], count: int, timeout_ms: int | None, nohang: bool, acking: Sequence[str] = ()
+    ) -> Ops[list[Job]]:
         if not queues:
             raise ValueError("GETJOB needs at least one queue")
         options = _options([("NOHANG", nohang), ("WITHCOUNTERS", True)], timeout=timeout_ms, count=count)
-        return self._consume(["GETJOB", *options, "FROM", *queues])
+        return self._consume(["GETJOB", *options, "FROM", *queues], acking)
 
     @_api
-    def get_jobs(self, *queues: str, count: int = 1, timeout_ms: int | None = None, nohang: bool = False) -> Ops[list[Job]]:
-        """Up to `count` jobs (waiting for at least one unless `nohang` or timed out)."""
-        return self._getjob(queues, count, timeout_ms, nohang)
+    def get_jobs(
+        self, *queues: str, count: int = 1, timeout_ms: int | None = None, nohang: bool = False, acking: Sequence[str] = ()
+    ) -> Ops[list[Job]]:
+        """Up to `count` jobs (waiting for at least one unless `nohang` or
+        timed out); `acking`: job IDs to acknowledge first, in the same write
+        (a worker's finished jobs: one round trip for both)."""
+        return self._getjob(queues, count, timeout_ms, nohang, acking)
 
     @_api
     def get_job(self, *queues: str, timeout_ms: int | None = None, nohang: bool = False) -> Ops[Job | None]:
@@ -636,3 +700,41 @@ class _Base:
         """Every queue name, following the cursor to the end; an async iterator for `AsyncClient`."""
         options = _options([("BUSYLOOP", busyloop)], count=count, minlen=minlen, maxlen=maxlen, importrate=import_rate)
         return _Scan("QSCAN", options, _text)
+
+
+class Pipeline(_Base):
+    """Commands queued by `_Base.pipeline`, sent by `execute` in as few
+    writes as `BATCH` allows.  The single-request methods queue: add_job,
+    get_jobs, ack, fast_ack, nack, working, enqueue, dequeue, del_job, show,
+    qlen, qstat, execute_command (each returns the pipeline); `execute` returns
+    their replies, converted as the client's methods convert them, and
+    empties the pipeline."""
+
+    def __init__(self, client: _Base) -> None:  # not _Base's: the client's connection and settings are used
+        self._client = client
+        self.max_job_size = client.max_job_size
+        self.trace_context = False  # a span per queued ADDJOB would end before it is sent
+        self._queued: list[tuple[bytes, Callable[[Any], Any]]] = []
+
+    def _add_job(self, args: list[Arg], timeout_ms: int) -> Any:
+        return self._command(args, _text)  # (a NOREPL comes back as the node says it: `execute` raises it)
+
+    def _command(self, args: Sequence[Arg], convert: Callable[[Any], T] = _same) -> Any:
+        return (encode_command(args), convert)
+
+    def _run(self, request: Any) -> Pipeline:
+        self._queued.append(request)
+        return self
+
+    def _consume(self, args: Sequence[Arg], acking: Sequence[str] = ()) -> Any:
+        if acking:
+            raise ValueError("in a pipeline, queue ack() before get_jobs() instead of acking=")
+        return self._command(args, _jobs)  # GETJOB queues too (no affinity move inside a pipeline)
+
+    def __len__(self) -> int:
+        return len(self._queued)
+
+    def execute(self) -> Any:
+        """The replies (awaited for `AsyncClient`); an error reply raises (`_Base._batch`)."""
+        queued, self._queued = self._queued, []
+        return self._client._run(self._client._batch(queued))

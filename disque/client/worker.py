@@ -15,10 +15,18 @@ the node that handed it out, and a blocked GETJOB never holds up another slot;
 its connection is named `worker:<host>:<pid>:<slot>` (CLIENT SETNAME, on every
 connect), so CLIENT LIST and the dashboard show which worker waits where:
 
-    GETJOB (GETJOB NOHANG in burst mode)
-    -> the handler (async: awaited in the slot; sync: in a daemon thread of
-       its own), WORKING heartbeats beside it, `timeout` seconds at most
-    -> ACKJOB when it returns; when it raises (or times out), the failure is
+    GETJOB COUNT n (GETJOB NOHANG in burst mode), n = 1 at first, then as
+    many jobs as the slot ran in the last `PACE` seconds (`prefetch` at most):
+    quick jobs come in batches, slow ones one at a time
+    -> each job in turn: the handler (async: awaited in the slot; sync: in a
+       daemon thread the slot reuses while its handlers return), `timeout`
+       seconds at most; the slot's heartbeat task (one for the slot's life,
+       not one per job) sends WORKING for a job still running after
+       `first_heartbeat` seconds, then every RETRY/2
+    -> ACKJOB when it returns, of all the jobs finished since the last one:
+       in the same write as the next GETJOB, or alone after `ACK_DELAY`
+       (a long job never holds back the ACK of the quick one before it);
+       when it raises (or times out), the failure is
        logged with its traceback and the job NACKed with a DELAY growing
        exponentially with its delivery count, jittered (`Backoff`), and the
        error (NACK ... ERROR: type, message, traceback, host, pid), which
@@ -30,8 +38,8 @@ connect), so CLIENT LIST and the dashboard show which worker waits where:
 A slot that reaches no node sleeps (`RECONNECT` backoff) and tries again,
 forever.  SIGTERM or SIGINT stops the fetching; running jobs get `grace`
 seconds to finish, then are cancelled (a sync handler's thread is abandoned,
-and dies with the process) and NACKed; a second signal ends the grace period
-at once.  In burst mode a slot stops when GETJOB NOHANG finds nothing (its
+and dies with the process) and NACKed, as are the prefetched jobs not
+started, at once; a second signal ends the grace period at once.  In burst mode a slot stops when GETJOB NOHANG finds nothing (its
 node's queues are empty), and the worker when every slot has.
 
 Logs are records of the `disque.worker` logger (a name of its own, not the
@@ -49,6 +57,7 @@ import inspect
 import json
 import logging
 import os
+import queue
 import random
 import signal
 import sys
@@ -77,6 +86,7 @@ from disque.client import (
     format_address,
     tracing,
 )
+from disque.client.base import _next_heartbeat
 
 log = logging.getLogger("disque.worker")
 
@@ -98,6 +108,8 @@ class Backoff:
 
 
 RECONNECT = Backoff(base=0.1, cap=5.0, jitter=0.5)
+PACE = 0.05  # s: a slot fetches as many jobs as it ran in this long (at least 1, at most the prefetch)
+ACK_DELAY = 0.02  # s: a finished job's ACKJOB waits this long at most for a fetch to carry it
 
 
 PERIOD_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -255,29 +267,48 @@ class App:
 # Running handlers
 
 
-async def _in_thread(fn: Callable[[Job], Any], job: Job) -> None:
-    """`fn(job)` in a daemon thread of its own: one that never returns can be
-    abandoned, and cannot keep the process alive."""
-    done = anyio.Event()
-    token = anyio.lowlevel.current_token()
-    outcome: list[BaseException | None] = []
+class _Threads:
+    """Daemon threads that run sync handlers, reused from job to job (each
+    named after the job it runs).  One whose wait is cancelled (a timeout,
+    the end of the grace period) is abandoned and never reused: a handler
+    that never returns cannot hold up the next job, nor keep the process
+    alive.  The thread tells the event loop it is done without waiting for it."""
 
-    def target() -> None:
-        try:
-            fn(job)
-            outcome.append(None)
-        except BaseException as e:
-            outcome.append(e)
-        try:
-            anyio.from_thread.run_sync(done.set, token=token)
-        except anyio.RunFinishedError:
-            pass  # abandoned: the worker has stopped
+    def __init__(self) -> None:
+        self.idle: list[queue.SimpleQueue[Any]] = []
 
-    context = contextvars.copy_context()  # the job's span, and whatever else the slot's context holds
-    threading.Thread(target=context.run, args=(target,), name=f"job {job.id}", daemon=True).start()
-    await done.wait()
-    if outcome[0] is not None:
-        raise outcome[0]
+    async def run(self, fn: Callable[[Job], Any], job: Job) -> None:
+        inbox = self.idle.pop() if self.idle else self._start()
+        done = anyio.Event()
+        token = anyio.lowlevel.current_token()
+        outcome: list[BaseException | None] = []
+        context = contextvars.copy_context()  # the job's span, and whatever else the slot's context holds
+        inbox.put((context, fn, job, outcome, lambda: token.backend_class.run_sync_soon(done.set, (), token.native_token)))
+        await done.wait()
+        self.idle.append(inbox)
+        if outcome[0] is not None:
+            raise outcome[0]
+
+    @staticmethod
+    def _start() -> queue.SimpleQueue[Any]:
+        inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+        def serve() -> None:
+            while True:
+                context, fn, job, outcome, notify = inbox.get()
+                threading.current_thread().name = f"job {job.id}"
+                try:
+                    context.run(fn, job)
+                    outcome.append(None)
+                except BaseException as e:
+                    outcome.append(e)
+                try:
+                    notify()
+                except anyio.RunFinishedError:
+                    return  # abandoned: the worker has stopped
+
+        threading.Thread(target=serve, daemon=True).start()
+        return inbox
 
 
 class BadSchedule(ValueError):
@@ -290,6 +321,50 @@ class JobTimeout(TimeoutError):
 
 def _fields(job: Job, **more: Any) -> dict[str, Any]:
     return {"job": job.id, "queue": job.queue, "attempt": job.deliveries, **more}
+
+
+class _Acks:
+    """A slot's finished jobs not yet acknowledged: their ACKJOB goes with
+    the slot's next GETJOB, or alone once they have waited ACK_DELAY."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.added = anyio.Event()
+
+    def add(self, job_id: str) -> None:
+        self.ids.append(job_id)
+        self.added.set()
+
+    def take(self) -> list[str]:
+        ids, self.ids = self.ids, []
+        if self.added.is_set():
+            self.added = anyio.Event()
+        return ids
+
+    def restore(self, ids: list[str]) -> None:
+        self.ids[:0] = ids
+        if ids:
+            self.added.set()
+
+
+class _Beat:
+    """A slot's running job (None between jobs) and when it started, for
+    the slot's heartbeat task (`Worker._heartbeats`)."""
+
+    def __init__(self) -> None:
+        self.job: Job | None = None
+        self.since = 0.0
+        self._changed: anyio.Event | None = None  # set when a job starts, if the task waits for one
+
+    def start(self, job: Job) -> None:
+        self.job, self.since = job, anyio.current_time()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def wait_change(self) -> None:
+        self._changed = anyio.Event()
+        await self._changed.wait()
 
 
 class _CancelGroup:
@@ -326,6 +401,7 @@ class Worker:
     grace: float = 30.0
     queues: tuple[str, ...] = ()
     first_heartbeat: float | None = FIRST_HEARTBEAT
+    prefetch: int = 8  # jobs a slot fetches at most at once (fewer while its jobs are slow: PACE)
     rng: random.Random = field(default_factory=random.Random)
     processed: int = 0  # jobs acknowledged
     failed: int = 0  # failed runs, each NACKed or left to the job's RETRY
@@ -333,6 +409,7 @@ class Worker:
     _fetching: _CancelGroup = field(default_factory=_CancelGroup, init=False)  # cancelled by `stop`
     _running: _CancelGroup = field(default_factory=_CancelGroup, init=False)  # cancelled when the grace ends
     _tasks: anyio.abc.TaskGroup | None = field(default=None, init=False)
+    _threads: _Threads = field(default_factory=_Threads, init=False)
 
     def __post_init__(self) -> None:
         unknown = set(self.queues) - set(self.app.handlers)
@@ -343,6 +420,8 @@ class Worker:
             raise ValueError("the app has no handler")
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if self.prefetch < 1:
+            raise ValueError("prefetch must be at least 1")
 
     async def run(self, *, signals: bool = True) -> None:
         """Work until stopped (`stop`, or SIGTERM/SIGINT when `signals`), or
@@ -407,44 +486,88 @@ class Worker:
 
     async def _slot(self, n: int) -> None:
         client = self.app.async_client(connection_name("worker", n))
-        queues = list(self._handlers)
-        outage = 0  # failed tries in a row
+        acks, beat = _Acks(), _Beat()
         try:
-            while not self._fetching.cancelled:
-                jobs: list[Job] = []
-                with self._fetching.scope():
-                    try:
-                        if outage:
-                            await client.connect()
-                            log.info("connected again", extra={"node": format_address(client.address), "tries": outage})  # type: ignore[arg-type]
-                            outage = 0
-                        jobs = await client.get_jobs(*queues, nohang=self.burst)
-                    except (DisqueConnectionError, DisqueReplyError) as e:
-                        outage += 1
-                        delay = RECONNECT.delay(outage, self.rng)
-                        log.warning("cannot fetch jobs: %s", e, extra={"retry_in": round(delay, 2), "tries": outage})
-                        await anyio.sleep(delay)
-                        continue
-                if not jobs and self.burst:
-                    return
-                for job in jobs:
-                    await self._process(client, job)
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(self._acker, client, acks)
+                tasks.start_soon(self._heartbeats, client, beat)
+                await self._consume(client, acks, beat)
+                tasks.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
+                await self._acknowledge(client, acks.take())
                 await client.close()
 
-    async def _process(self, client: AsyncClient, job: Job) -> None:
+    async def _consume(self, client: AsyncClient, acks: _Acks, beat: _Beat) -> None:
+        """Fetch (the finished jobs' ACKJOB in the same write) and run, until stopped."""
+        queues = list(self._handlers)
+        outage = 0  # failed tries in a row
+        count = 1  # jobs asked for: as many as the slot's pace runs in PACE seconds
+        while not self._fetching.cancelled:
+            jobs: list[Job] = []
+            with self._fetching.scope():
+                acking = acks.take()
+                try:
+                    if outage:
+                        await client.connect()
+                        log.info("connected again", extra={"node": format_address(client.address), "tries": outage})  # type: ignore[arg-type]
+                        outage = 0
+                    jobs = await client.get_jobs(*queues, count=count, nohang=self.burst, acking=acking)
+                except BaseException as e:
+                    acks.restore(acking)  # sent again with the next fetch (an ACKJOB twice is harmless)
+                    if not isinstance(e, (DisqueConnectionError, DisqueReplyError)):
+                        raise
+                    outage += 1
+                    delay = RECONNECT.delay(outage, self.rng)
+                    log.warning("cannot fetch jobs: %s", e, extra={"retry_in": round(delay, 2), "tries": outage})
+                    await anyio.sleep(delay)
+                    continue
+            if not jobs and self.burst:
+                return
+            started = time.monotonic()
+            for i, job in enumerate(jobs):
+                if self._fetching.cancelled:
+                    await self._hand_back(client, jobs[i:])
+                    break
+                await self._process(client, job, acks, beat)
+            pace = (time.monotonic() - started) / max(1, len(jobs))
+            count = max(1, min(self.prefetch, int(PACE / pace) if pace else self.prefetch))
+
+    async def _acker(self, client: AsyncClient, acks: _Acks) -> None:
+        """ACKJOB of finished jobs that waited ACK_DELAY without a fetch to carry them."""
+        while True:
+            await acks.added.wait()
+            await anyio.sleep(ACK_DELAY)
+            await self._acknowledge(client, acks.take())
+
+    async def _acknowledge(self, client: AsyncClient, ids: list[str]) -> None:
+        if not ids:
+            return
+        try:
+            with anyio.CancelScope(shield=True):  # never cut a request in half
+                await client.ack(*ids)
+        except (DisqueConnectionError, DisqueReplyError) as e:
+            log.warning("could not acknowledge %d job(s), they will be delivered again: %s", len(ids), e, extra={"jobs": ",".join(ids)})
+
+    async def _hand_back(self, client: AsyncClient, jobs: list[Job]) -> None:
+        """NACK, with no DELAY, of prefetched jobs the stop left unstarted, so
+        that another worker runs them at once (a NACK counts a delivery, as
+        for a job interrupted by the stop)."""
+        log.info("prefetched jobs handed back", extra={"jobs": ",".join(j.id for j in jobs)})
+        await self._settle(client.nack(*[j.id for j in jobs]), jobs[0])
+
+    async def _process(self, client: AsyncClient, job: Job, acks: _Acks, beat: _Beat) -> None:
         handler = self._handlers[job.queue]
         started = time.monotonic()
         with self._running.scope() as scope:
-            error = await self._attempt(client, handler, job)
+            error = await self._attempt(beat, handler, job)
         if scope.cancelled_caught:
             log.warning("job interrupted by the stop, NACKed", extra=_fields(job))
             await self._settle(client.nack(job.id), job)
         elif error is None:
             self.processed += 1
             log.debug("job done", extra=_fields(job, seconds=round(time.monotonic() - started, 3)))
-            await self._settle(client.ack(job.id), job)
+            acks.add(job.id)
         else:
             self.failed += 1
             delay = handler.retry_delay(job, self.rng)
@@ -452,33 +575,57 @@ class Worker:
             log.error("job failed", exc_info=error, extra=_fields(job, error=repr(error), **outcome))
             await self._settle(client.nack(job.id, delay=delay, error=error), job)  # the reason stays with the job
 
-    async def _attempt(self, client: AsyncClient, handler: Handler, job: Job) -> Exception | None:
+    async def _attempt(self, beat: _Beat, handler: Handler, job: Job) -> Exception | None:
         """`_run_handler` in the job's trace span (disque.client.tracing), which
         also takes a producer's trace context off the body."""
         with tracing.processing(job, handler.exhausted(job)) as traced:
-            error = await self._run_handler(client, handler, traced.job)
+            error = await self._run_handler(beat, handler, traced.job)
             traced.end(error)
             return error
 
-    async def _run_handler(self, client: AsyncClient, handler: Handler, job: Job) -> Exception | None:
-        """Run the handler with heartbeats beside it; the exception it raised, if any."""
-        async with anyio.create_task_group() as beats:
-            beats.start_soon(client.heartbeat, job.id, self.first_heartbeat)
-            error: Exception | None = None
-            try:
-                with anyio.fail_after(handler.timeout) as deadline:
-                    if inspect.iscoroutinefunction(handler.fn):
-                        await handler.fn(job)
-                    else:
-                        await _in_thread(handler.fn, job)
-            except Exception as e:
-                error = e
-            if deadline.cancelled_caught:
-                timeout = JobTimeout(f"still running after {handler.timeout:g} s")
-                timeout.__cause__ = error  # anyio's TimeoutError: its context shows where the handler was
-                error = timeout
-            beats.cancel_scope.cancel()
+    async def _run_handler(self, beat: _Beat, handler: Handler, job: Job) -> Exception | None:
+        """Run the handler, the slot's heartbeats watching it; the exception it raised, if any."""
+        beat.start(job)
+        error: Exception | None = None
+        try:
+            with anyio.fail_after(handler.timeout) as deadline:
+                if inspect.iscoroutinefunction(handler.fn):
+                    await handler.fn(job)
+                else:
+                    await self._threads.run(handler.fn, job)
+        except Exception as e:
+            error = e
+        finally:
+            beat.job = None
+        if deadline.cancelled_caught:
+            timeout = JobTimeout(f"still running after {handler.timeout:g} s")
+            timeout.__cause__ = error  # anyio's TimeoutError: its context shows where the handler was
+            error = timeout
         return error
+
+    async def _heartbeats(self, client: AsyncClient, beat: _Beat) -> None:
+        """WORKING for the slot's running job `first_heartbeat` seconds after
+        it started, then every RETRY/2, until it ends; gives up on a job,
+        with a warning, once the node cannot be reached or no longer knows
+        it.  One task for the slot's life: quick jobs cost it no wake-up."""
+        while True:
+            job = beat.job
+            if job is None or self.first_heartbeat is None:
+                await beat.wait_change()
+                continue
+            await anyio.sleep_until(beat.since + self.first_heartbeat)
+            delay: float | None = self.first_heartbeat
+            while beat.job is job and delay is not None:
+                try:
+                    with anyio.CancelScope(shield=True):  # never cut a request in half
+                        delay = _next_heartbeat(await client.working(job.id))
+                except (DisqueReplyError, DisqueConnectionError) as e:
+                    log.warning("WORKING %s: %s", job.id, e)
+                    delay = None
+                if delay is not None:
+                    await anyio.sleep(delay)
+            if beat.job is job:  # given up: wait for the next job
+                await beat.wait_change()
 
     async def _settle(self, request: Any, job: Job) -> None:
         """ACKJOB or NACK; when it fails the job comes back after its RETRY."""
@@ -537,6 +684,7 @@ def run_worker(
     queues: tuple[str, ...] = (),
     nodes: list[str] | None = None,
     backend: str = "asyncio",
+    prefetch: int = 8,
     json_logs: bool = False,
     level: int = logging.INFO,
 ) -> Worker:
@@ -546,7 +694,7 @@ def run_worker(
         app = load_app(app_path)
         if nodes:
             app.nodes = nodes
-        worker = Worker(app, concurrency=concurrency, burst=burst, grace=grace, queues=queues)
+        worker = Worker(app, concurrency=concurrency, burst=burst, grace=grace, queues=queues, prefetch=prefetch)
     except (ModuleNotFoundError, AttributeError, TypeError, ValueError) as e:
         raise click.UsageError(str(e)) from e
     handler = logging.StreamHandler()
@@ -568,16 +716,17 @@ def run_worker(
 @click.option("--node", "nodes", multiple=True, metavar="HOST:PORT", help="Node to connect to, instead of the app's (repeatable).")
 @click.option("--backend", type=click.Choice(["asyncio", "trio"]), default="asyncio", show_default=True, help="Event loop for the handlers.")
 @click.option("--json-logs", is_flag=True, help="One JSON object per log line.")
+@click.option("--prefetch", default=8, show_default=True, type=click.IntRange(min=1), help="Jobs a slot fetches at most at once, while its jobs are quick.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every job done too.")
 def worker_command(
     app_path: str, concurrency: int, burst: bool, grace: float, queues: tuple[str, ...], nodes: tuple[str, ...],
-    backend: str, json_logs: bool, verbose: bool,
+    backend: str, json_logs: bool, prefetch: int, verbose: bool,
 ) -> None:  # fmt: skip
     """Run the handlers of MODULE:APP (a disque.client.worker.App), CONCURRENCY
     jobs at a time, until SIGTERM or SIGINT.  The nodes are the app's (or --node),
     not -h/-p."""
     run_worker(app_path, concurrency, burst, grace=grace, queues=queues, nodes=list(nodes) or None,
-               backend=backend, json_logs=json_logs, level=logging.DEBUG if verbose else logging.INFO)  # fmt: skip
+               backend=backend, prefetch=prefetch, json_logs=json_logs, level=logging.DEBUG if verbose else logging.INFO)  # fmt: skip
 
 
 if __name__ == "__main__":

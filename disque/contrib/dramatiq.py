@@ -13,8 +13,10 @@ worker's memory:
   <queue>.XQ`, Dramatiq's dead-letter name.  A message's `broker_priority`
   option (as RabbitMQ's broker takes it: higher first) is the job's
   `PRIORITY`, held to 0-9; without it the job takes its queue's default.
-* A consumer reads with GETJOB WITHCOUNTERS on a connection of its own
-  (named `dramatiq:<host>:<pid>:<queue>` for CLIENT LIST); a
+* A consumer reads with GETJOB COUNT n WITHCOUNTERS on a connection of its
+  own (named `dramatiq:<host>:<pid>:<queue>` for CLIENT LIST), n being the
+  room the worker's prefetch leaves (its messages not yet acked or nacked),
+  and hands the jobs out one at a time; a
   message's `retries` option is its job's NACK count, so the count Dramatiq
   uses is the server's.
 * A retry: `Retries` enqueues the failed message again with a delay.  For a
@@ -26,8 +28,10 @@ worker's memory:
 * `ack` is ACKJOB.  `nack` (the retries are exhausted, or the actor's
   `throws` matched) is NACK when the delivery was the job's last attempt:
   the server moves it to `<queue>.XQ`; before that (`throws`), the broker
-  adds the message to `<queue>.XQ` itself and acknowledges the job.
-* `requeue` (prefetched messages a stopping worker did not run) is ENQUEUE.
+  adds the message to `<queue>.XQ` itself and acknowledges the job (both
+  in one write: a pipeline).
+* `requeue` (prefetched messages a stopping worker did not run) is ENQUEUE,
+  as is `close` for the jobs fetched but not handed out yet.
 
 Every command about a delivered job goes to the node that delivered the
 job, on a second connection of the consumer: Dramatiq's worker threads
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -50,7 +55,7 @@ from dramatiq.common import xq_name
 from dramatiq.message import Message
 from dramatiq.middleware import Middleware, Retries
 
-from disque.client import Client, connection_name
+from disque.client import Client, Job, connection_name
 
 
 class DisqueBroker(Broker):
@@ -137,6 +142,8 @@ class _Consumer(Consumer):
         self.client = Client(broker.nodes, **{"name": connection_name("dramatiq", queue_name), **broker.client_options})
         self._jobs_client: Client | None = None
         self._jobs_lock = threading.Lock()
+        self._fetched: deque[Job] = deque()  # fetched, not handed out yet
+        self._unsettled = 0  # handed out, not yet acked, nacked or requeued (worker threads settle them)
 
     @property
     def jobs_client(self) -> Client:
@@ -153,16 +160,25 @@ class _Consumer(Consumer):
             return client
 
     def __next__(self) -> MessageProxy | None:
-        job = self.client.get_job(self.queue_name, timeout_ms=self.timeout)
-        if job is None:
-            return None
+        if not self._fetched:
+            room = max(1, self.prefetch - self._unsettled)
+            self._fetched.extend(self.client.get_jobs(self.queue_name, count=room, timeout_ms=self.timeout))
+            if not self._fetched:
+                return None
+        job = self._fetched.popleft()
+        self._settled(-1)
         message = Message.decode(job.body)
         message.options["retries"] = job.nacks
         return _Delivery(message, job.id, job.deliveries)
 
+    def _settled(self, n: int) -> None:
+        with self._jobs_lock:
+            self._unsettled -= n
+
     def ack(self, message: MessageProxy) -> None:
         assert isinstance(message, _Delivery)
         message.error, error = None, message.error
+        self._settled(1)
         if message.retry_in is None:
             self.jobs_client.ack(message.job_id)
         else:
@@ -171,19 +187,23 @@ class _Consumer(Consumer):
     def nack(self, message: MessageProxy) -> None:
         assert isinstance(message, _Delivery)
         message.error, error = None, message.error
+        self._settled(1)
         attempts = self.broker.max_attempts(message)
         if attempts is not None and message.deliveries >= attempts:
             self.jobs_client.nack(message.job_id, error=error)  # the last attempt: the server dead-letters it
         else:
-            self.jobs_client.add_job(xq_name(self.queue_name), message.encode())
-            self.jobs_client.ack(message.job_id)
+            self.jobs_client.pipeline().add_job(xq_name(self.queue_name), message.encode()).ack(message.job_id).execute()
 
     def requeue(self, messages: Iterable[MessageProxy]) -> None:
         ids = [m.job_id for m in messages if isinstance(m, _Delivery)]
+        self._settled(len(ids))
         if ids:
             self.jobs_client.enqueue(*ids)
 
     def close(self) -> None:
+        if self._fetched:  # never handed out: queued again at once
+            self.jobs_client.enqueue(*[job.id for job in self._fetched])
+            self._fetched.clear()
         self.client.close()
         if self._jobs_client is not None:
             self._jobs_client.close()

@@ -138,6 +138,24 @@ def test_get_job_and_get_jobs(client: Client, queue: str) -> None:
         client.get_job()
 
 
+def test_add_jobs_and_a_pipeline_send_many_commands_in_one_write(client: Client, queue: str) -> None:
+    ids = client.add_jobs(queue, [f"b{i}" for i in range(2500)], retry=30)  # three writes of BATCH requests
+    assert len(set(ids)) == 2500 and client.qlen(queue) == 2500
+    assert client.show(ids[-1]).retry == 30  # every job has the options
+    pipe = client.pipeline()
+    assert pipe.get_jobs(queue, count=2).ack(ids[0]).qlen(queue) is pipe and len(pipe) == 3
+    jobs, acked, left = pipe.execute()
+    assert ([j.id for j in jobs], acked, left) == (ids[:2], 1, 2498) and len(pipe) == 0
+    [third] = client.get_jobs(queue, acking=[ids[1]])  # the ACKJOB travels with the GETJOB
+    assert third.id == ids[2] and client.show(ids[1]) is None
+    with pytest.raises(DisqueReplyError, match="^ERR unknown command"):  # raised once every reply is read
+        client.pipeline().add_job(queue, "x").execute_command("NOSUCH").add_job(queue, "y").execute()
+    assert client.qlen(queue) == 2499 and client.ping() == "PONG"  # both ADDJOBs ran; the connection is in step
+    assert client.add_jobs(queue, []) == []
+    with pytest.raises(ValueError, match="queue ack"):
+        client.pipeline().get_jobs(queue, acking=[ids[3]])
+
+
 def test_ack_fast_ack_and_del_job(client: Client, queue: str) -> None:
     a, b, c = (client.add_job(queue, x) for x in "abc")
     assert client.ack(a) == 1

@@ -57,6 +57,18 @@ def test_commands_and_a_worker(backend: str, shared_node: NodeProcess, queue: st
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_add_jobs_and_a_pipeline(backend: str, shared_node: NodeProcess, queue: str) -> None:
+    async def scenario() -> None:
+        async with AsyncClient(f"{shared_node.host}:{shared_node.port}") as c:
+            ids = await c.add_jobs(queue, [b"a", "b", b"c"], priority=2)
+            assert [j.body for j in await c.get_jobs(queue, count=2, acking=[])] == [b"a", b"b"]
+            assert await c.pipeline().ack(ids[0]).fast_ack(ids[1]).qlen(queue).execute() == [1, 1, 1]
+            assert [j.id for j in await c.get_jobs(queue, acking=ids[:2])] == [ids[2]]
+
+    run(backend, scenario)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_tasks_share_a_client_and_cancel_a_request(backend: str, shared_node: NodeProcess, queue: str) -> None:
     async def scenario() -> None:
         async with AsyncClient((shared_node.host, shared_node.port)) as consumer, AsyncClient((shared_node.host, shared_node.port)) as c:

@@ -14,9 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
+from client_helpers import queue, shared_node  # noqa: F401  (fixtures)
 from support import wait_for
 from dramatiq.message import Message
 
+from disque.client import Client
+from disque.contrib.dramatiq import DisqueBroker
 from disque.testing.devcluster import NodeProcess, command, join
 
 TASKS = '''
@@ -87,3 +90,21 @@ def test_a_dramatiq_worker_retries_through_nack_delay_and_dead_letters_through_m
     # The exception the actor raised is the dead letter's last failure.
     assert (shown[b"error-type"], shown[b"error-message"], shown[b"dead-letter-from"]) == (b"RuntimeError", b"always", b"default")
     assert b'raise RuntimeError("always")' in shown[b"error-traceback"] and shown[b"error-pid"] > 0
+
+
+def test_the_consumer_fetches_what_the_prefetch_leaves_room_for_and_queues_the_rest_again_on_close(shared_node: NodeProcess, queue: str) -> None:
+    address = f"{shared_node.host}:{shared_node.port}"
+    broker = DisqueBroker(address, middleware=[])  # no Retries: a nack goes to the dead-letter queue
+    with Client(address) as client:
+        ids = client.add_jobs(queue, [Message(queue, "a", (i,), {}, {}).encode() for i in range(5)], retry=60)
+        consumer = broker.consume(queue, prefetch=3, timeout=100)
+        first, second = next(consumer), next(consumer)
+        assert (first.job_id, second.job_id, client.qlen(queue)) == (ids[0], ids[1], 2)  # three fetched at once
+        consumer.ack(first)
+        consumer.ack(second)
+        third = next(consumer)  # the last of the three fetched
+        assert next(consumer).job_id == ids[3] and client.qlen(queue) == 0  # room for two: both others fetched
+        consumer.nack(third)  # not its last attempt: to the dead-letter queue, acknowledged, in one write
+        assert client.show(third.job_id) is None and client.qlen(f"{queue}.XQ") == 1
+        consumer.close()  # ids[4] was fetched, never handed out
+        assert [j.id for j in client.qpeek(queue, 5)] == [ids[4]]

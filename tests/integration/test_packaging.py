@@ -223,7 +223,7 @@ def test_make_extras_adds_requirements_and_keeps_the_editable_install() -> None:
     assert "installing the requirements of the extra(s) dramatiq into .venv" in done.stdout
     assert installed_record() == before  # the package was not reinstalled, as a copy or at all
     done = make_extras("EXTRAS=dramatiq,nope")
-    assert done.returncode != 0 and "EXTRAS: one or more of test, spark, dramatiq, clients, otel, comma-separated" in done.stderr
+    assert done.returncode != 0 and "EXTRAS: one or more of test, spark, dramatiq, clients, otel, bench, comma-separated" in done.stderr
     assert make_extras().returncode != 0  # EXTRAS is required
 
 

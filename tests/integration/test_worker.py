@@ -185,7 +185,73 @@ def test_sync_and_async_handlers_until_the_queues_are_empty(backend: str, client
     assert sorted(seen) == sorted(f"{kind} {i}".encode() for kind in ("sync", "async") for i in range(3))
     assert (worker.processed, worker.failed) == (6, 0)
     assert [client.show(i) for i in ids] == [None] * 6  # acknowledged
-    assert threads == {f"job {i}" for i in ids[:3]}  # a thread of its own each
+    assert threads == {f"job {i}" for i in ids[:3]}  # a thread named after the job it runs
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_quick_jobs_are_prefetched_acked_together_and_handed_back_on_stop(
+    backend: str, client: Client, shared_node: NodeProcess, queue: str
+) -> None:
+    """The first fetch asks for one job; quick ones make the next ask for up
+    to `prefetch`.  A finished job is acknowledged while the next one runs;
+    the stop hands the prefetched jobs not started back (NACK)."""
+    app = App(address(shared_node))
+    holding, release = threading.Event(), threading.Event()
+
+    @app.job(queue)
+    def handle(job: Job) -> None:
+        if job.body == b"hold":
+            holding.set()
+            release.wait(10)
+
+    quick, second, hold, *rest = client.add_jobs(queue, ["quick", "second", "hold", "c", "d"], retry=60)
+    worker = Worker(app, prefetch=4)
+    acked_while_holding: list[bool] = []
+
+    async def scenario() -> None:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(functools.partial(worker.run, signals=False))
+            await anyio.to_thread.run_sync(holding.wait, 10)
+            assert client.qlen(queue) == 0  # the three after `quick` came with `hold`
+            await anyio.to_thread.run_sync(wait_for, lambda: client.show(second) is None)  # acked while `hold` runs
+            acked_while_holding.append(client.show(hold) is not None)
+            worker.stop()
+            release.set()
+
+    anyio.run(scenario, backend=backend)
+    assert acked_while_holding == [True] and (worker.processed, worker.failed) == (3, 0)
+    assert [client.show(i) for i in (quick, second, hold)] == [None] * 3
+    for job_id in rest:  # not started: handed back at once, counted as a delivery
+        info = client.show(job_id)
+        assert info is not None and (info.state, info.nacks) == ("queued", 1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_slot_heartbeats_keep_a_long_job_after_quick_ones(backend: str, client: Client, shared_node: NodeProcess, queue: str) -> None:
+    """RETRY 1: without WORKING the node would queue the long job again
+    after about a second; the quick jobs before it (and their ended
+    heartbeat waits) change nothing."""
+    app = App(address(shared_node))
+    requeued: list[int] = []
+
+    @app.job(queue)
+    def handle(job: Job) -> None:
+        if job.body == b"slow":
+            with Client(address(shared_node)) as observer, pytest.raises(AssertionError):  # never requeued while it runs
+                wait_for(lambda: observer.qlen(queue), timeout=2.0, what="a requeue")
+            requeued.append(client.qlen(queue))
+
+    ids = client.add_jobs(queue, ["quick", "quick", "slow"], retry=1)
+    worker = work(app, backend, burst=True, first_heartbeat=0.3)
+    assert requeued == [0] and (worker.processed, worker.failed) == (3, 0)
+    assert [client.show(i) for i in ids] == [None] * 3
+
+
+def test_prefetch_must_be_positive(shared_node: NodeProcess) -> None:
+    app = App(address(shared_node))
+    app.job("q")(lambda job: None)
+    with pytest.raises(ValueError, match="prefetch"):
+        Worker(app, prefetch=0)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
