@@ -182,8 +182,8 @@ CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any], list[bytes]]] = [
     ("wait_job", ("DI1", "DI2"), {"timeout_ms": 500}, [b"WAITJOB", b"DI1", b"DI2", b"TIMEOUT", b"500"]),
     ("wait_job", ("DI1",), {}, [b"WAITJOB", b"DI1"]),
     ("add_job", ("q", "b"), {"max_attempts": 3, "dead_letter": "dead", "retry": 5},
-     [b"ADDJOB", b"q", b"b", b"0", b"RETRY", b"5", b"MAXATTEMPTS", b"3", b"DEADLETTER", b"dead"]),
-    ("add_job", ("q", "b"), {"max_attempts": 1, "asynchronous": True}, [b"ADDJOB", b"q", b"b", b"0", b"MAXATTEMPTS", b"1", b"ASYNC"]),
+     [b"ADDJOB", b"q", b"b", b"30000", b"RETRY", b"5", b"MAXATTEMPTS", b"3", b"DEADLETTER", b"dead"]),
+    ("add_job", ("q", "b"), {"max_attempts": 1, "asynchronous": True}, [b"ADDJOB", b"q", b"b", b"30000", b"MAXATTEMPTS", b"1", b"ASYNC"]),
 ]  # fmt: skip
 
 
