@@ -583,7 +583,7 @@ def test_monitor_at_the_prompt_gives_the_prompt_back_on_ctrl_c(prompt: Callable[
     p.process.send("monitor\r")
     p.process.expect(r"\nOK\n")
     client.add_job(queue, "seen")
-    p.process.expect(rf'"ADDJOB" "{re.escape(queue)}" "seen" "0"')
+    p.process.expect(rf'"ADDJOB" "{re.escape(queue)}" "seen" "30000"')
     os.kill(p.process.proc.pid, signal.SIGINT)  # Ctrl-C (the test's pty is not a controlling terminal)
     p.process.expect(p.label)  # back at the prompt, on a fresh connection
     p.run(f"QLEN {queue}", r"\(integer\) 1")

@@ -1238,7 +1238,6 @@ def test_help_exits_1() -> None:
         ("# comment\n\n  loglevel loud  \n", (), 3, "loglevel loud", "Invalid log level. Must be one of debug, verbose, notice, warning"),
         ("maxclients 0\n", (), 1, "maxclients 0", "Invalid max clients limit"),
         ('requirepass "abc\n', (), 1, 'requirepass "abc', "Unbalanced quotes in configuration line"),
-        ("port 7711\n", ("--daemonize", "maybe"), 3, 'daemonize "maybe"', "argument must be 'yes' or 'no'"),
     ],
 )  # fmt: skip
 def test_bad_config_file_exits_1_with_the_fatal_block(
@@ -1250,6 +1249,14 @@ def test_bad_config_file_exits_1_with_the_fatal_block(
     assert result.returncode == 1
     expected = f"\n*** FATAL CONFIG FILE ERROR ***\nReading the configuration file, at line {line_no}\n>>> '{line}'\n{message}\n"
     assert result.stderr.decode() == expected
+
+
+def test_a_bad_command_line_option_is_named_as_an_option(tmp_path: Path) -> None:
+    conf = tmp_path / "good.conf"
+    conf.write_text("port 7711\n")
+    result = run_cli(str(conf), "--daemonize", "maybe")
+    assert result.returncode == 1
+    assert result.stderr.decode() == "disque-server: --daemonize \"maybe\": argument must be 'yes' or 'no'; disque-server --help shows the usage\n"
 
 
 def test_missing_config_file_exits_1(tmp_path: Path) -> None:
