@@ -32,7 +32,7 @@ def test_a_requeue_jscan_and_deljob_of_50000_jobs_leave_ping_fast(spawn):
     dead_letters(r, "q", N)
     took: dict[str, list[float]] = {"requeue": [], "jscan": [], "deljob": []}
     phase = ["requeue"]
-    done = threading.Event()
+    done, pinging = threading.Event(), threading.Event()
 
     def ping() -> None:
         with redis.Redis(port=node.port, socket_timeout=60) as other:
@@ -41,12 +41,13 @@ def test_a_requeue_jscan_and_deljob_of_50000_jobs_leave_ping_fast(spawn):
                 other.ping()
                 if phase[0] == during:  # (a PING that straddles two commands counts for neither)
                     took[during].append(time.perf_counter() - began)
-                time.sleep(0.002)
+                pinging.set()
+                time.sleep(0.002)  # (the pace of the PINGs)
 
     pinger = threading.Thread(target=ping)
     pinger.start()
     try:
-        time.sleep(0.2)
+        assert pinging.wait(10), "the PINGs to start"
         assert r.execute_command("DEADLETTER", "REQUEUE", "q-dead") == N
         assert r.execute_command("QLEN", "q") == N and r.execute_command("QLEN", "q-dead") == 0
         phase[0] = "jscan"
