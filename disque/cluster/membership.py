@@ -202,6 +202,13 @@ class Membership:
             self._reachable = [n for n in self.nodes.values() if not n.flags & (UNREACHABLE | MYSELF)]
         return self._reachable
 
+    def up_ids(self) -> list[str]:
+        """The nodes this one sees up, itself first: those not flagged,
+        linked or not (a link is made again after a PING answered late, well
+        before the peer would be flagged).  Schedules take turns among them
+        and homes are chosen from them (core/homes.py)."""
+        return [self.my_id] + [n.id for n in self.reachable() if not n.flags & NOADDR]
+
     def touch(self) -> None:
         """Forget the cached size and reachable set: called by every entry
         point that may change the table (ADDJOB asks on every call)."""

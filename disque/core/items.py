@@ -46,6 +46,7 @@ from disque.cluster import messages as m
 from disque.core import errors
 from disque.core.types import BLOCKED, NIL_ARRAY, Connection
 from disque.store.job import State
+from disque.store.job_options import JobOptions
 from disque.store.queue_config import QueueSettings, fanout_parent
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ class Items:
         """Add `body` to `queue` as ADDJOB ... ASYNC does; a copy refused (a
         full queue, no reachable replicas now) is dropped."""
         try:
-            self.life.add_job(client, queue, body, 0, None, ttl, None, None, None, True)
+            self.life.add_job(client, queue, body, JobOptions(ttl=ttl, is_async=True))
         except errors.DisqueError:
             pass
 

@@ -54,6 +54,7 @@ from disque.store.job import (
     Job,
     State,
 )
+from disque.store.job_options import JobOptions
 from disque.store.jobs import JobStore
 from disque.store.queue import PAUSE_IN, PAUSE_OUT, Queue
 from disque.store.queue_config import DEFAULTS as NO_LIMITS, QueueSettings
@@ -465,25 +466,20 @@ class Lifecycle:
 
     # ------------------------------------------------------------ producers
 
-    def add_job(
-        self, client: Connection, queue: bytes, body: bytes, timeout: int, repl: int | None, ttl: int | None,
-        retry: int | None, delay: int | None, maxlen: int | None, is_async: bool,
-        max_attempts: int = 0, dead_letter: bytes | None = None, zones: int | None = None,
-        priority: int | None = None,
-        job_id: bytes | None = None, minrepl: int | None = None,
-    ) -> Any:  # fmt: skip
-        """ADDJOB after option parsing (spec/commands.md §4.1 steps 3-8, creation);
-        None stands for an option not given.  `max_attempts` (0: none) and
-        `dead_letter` (default `<queue>-dead`) are the MAXATTEMPTS/DEADLETTER
-        extension (`dead_letter_job`); `zones` is ZONES (docs/zones.md: the
-        zones the copies must span, `min-zones` by default, at most REPLICATE);
+    def add_job(self, client: Connection, queue: bytes, body: bytes, opts: JobOptions) -> Any:
+        """ADDJOB after option parsing (spec/commands.md §4.1 steps 3-8,
+        creation), with the options of store/job_options.py: `max_attempts`
+        and `dead_letter` are the MAXATTEMPTS/DEADLETTER extension
+        (`dead_letter_job`); `zones` is ZONES (docs/zones.md: the zones the
+        copies must span, `min-zones` by default, at most REPLICATE);
         `priority` (0-9) defaults to the queue's (its `priority` setting, 5
         unless configured); a schedule's tick brings its `job_id`
         (core/schedules.py); `minrepl` is MINREPL (`replication_level`)."""
+        ttl, delay, retry, zones = opts.ttl, opts.delay, opts.retry, opts.zones
         settings = self.settings
         check_size(body, settings)
         membership = self.membership
-        repl, minrepl = replication_level(repl, minrepl, membership.size())
+        repl, minrepl = replication_level(opts.repl, opts.minrepl, membership.size())
         if ttl is None:
             ttl = 86400
         limits = settings.queue_config.settings(queue)
@@ -503,10 +499,11 @@ class Lifecycle:
             raise errors.norepl_zones()
         existing = self.queues.get(queue)
         if existing is not None:
-            if maxlen is not None and len(existing) >= maxlen:
+            if opts.maxlen is not None and len(existing) >= opts.maxlen:
                 raise errors.maxlen()
             if existing.pause & PAUSE_IN:
                 raise errors.paused()
+        job_id = opts.job_id
         if job_id is None:
             job_id = new_job_id(membership.my_id, self.rng, ttl, retry)
         if job_id in self.jobs:
@@ -516,12 +513,12 @@ class Lifecycle:
             job_id, queue, body, S_ACTIVE, 0, repl, now // 1000 + ttl, self.new_ctime(), delay, retry, 0, 0,
             () if extrepl else membership.solo,
         )  # fmt: skip
-        job.priority = limits.priority if priority is None else priority
+        job.priority = limits.priority if opts.priority is None else opts.priority
         job.qtime = now + (delay or retry) * 1000
-        if max_attempts:
-            job.set_attempts(max_attempts, queue + b"-dead" if dead_letter is None else dead_letter)
+        if opts.max_attempts:
+            job.set_attempts(opts.max_attempts, queue + b"-dead" if opts.dead_letter is None else opts.dead_letter)
         if additional:
-            return self.replicas.start(client, job, additional, timeout, is_async, extrepl, zones, minrepl)
+            return self.replicas.start(client, job, additional, opts.timeout, opts.is_async, extrepl, zones, minrepl)
         self.register(job, timer=False)
         self.queue_new_job(job)
         return Status(job_id)

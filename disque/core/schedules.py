@@ -80,19 +80,19 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from hashlib import blake2b
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from disque.cluster import messages as m
-from disque.cluster.membership import NOADDR
 from disque.core import errors
+from disque.core.homes import score
 from disque.core.types import Clock, Connection, Map
 from disque.store import schedule as records
 from disque.store.aof import SCHEDTICK, SCHEDULE, encode_record
 from disque.store.ids import tick_job_id
 from disque.store.job import State
+from disque.store.job_options import JobOptions
 from disque.store.records import DecodeError
 from disque.store.schedule import Schedule
 
@@ -389,15 +389,8 @@ class Schedules:
                     del self.defs[name]
                     self.life.memory.account(-_size(s))
             elif not s.paused:  # (RESUME is a new record, which wakes it)
-                order = order or self._up()
+                order = order or self.life.membership.up_ids()
                 self._wake(name, self._due(s, self.runs[name], now, order))
-
-    def _up(self) -> list[str]:
-        """The nodes that take turns as this node sees them (itself first):
-        those not flagged, linked or not (a link is made again after a PING
-        answered late, well before the peer would be flagged)."""
-        membership = self.life.membership
-        return [membership.my_id] + [n.id for n in membership.reachable() if not n.flags & NOADDR]
 
     def _due(self, s: Schedule, run: Run, now: int, order: list[str]) -> int:
         """Fire what is due of `s`; when it needs a look again (its next
@@ -453,11 +446,11 @@ class Schedules:
         # (MINREPL 1: a tick is never refused for its copies), the rest in the background.
         repl = s.repl or min(3, life.membership.size())
         try:
-            life.add_job(
-                self.client, s.queue, s.body, 0, repl, ttl, None if s.retry < 0 else s.retry, s.delay or None,
-                s.maxlen or None, True, s.max_attempts, s.dead_letter or None, min(s.zones, repl) or None,
-                None if s.priority < 0 else s.priority, job_id=job_id, minrepl=1,
-            )  # fmt: skip
+            life.add_job(self.client, s.queue, s.body, JobOptions(
+                0, repl, ttl, None if s.retry < 0 else s.retry, s.delay or None, s.maxlen or None, True,
+                s.max_attempts, s.dead_letter or None, min(s.zones, repl) or None,
+                None if s.priority < 0 else s.priority, minrepl=1, job_id=job_id,
+            ))  # fmt: skip
         except errors.DisqueError as e:  # (a full or paused queue, memory): the tick is done with, not retried
             self.refused += 1
             log.warning("Schedule %r: tick %d not added: %s", s.name, t, e)
@@ -528,4 +521,4 @@ def _size(s: Schedule | None) -> int:
 
 def _turn(name: bytes, tick: int, node_id: str) -> bytes:
     """A node's place in the order of tick `tick` of `name` (the lowest fires first)."""
-    return blake2b(b"%s\0%d\0%s" % (name, tick, node_id.encode()), digest_size=8).digest()
+    return score(b"%s\0%d" % (name, tick), node_id)

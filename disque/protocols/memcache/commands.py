@@ -38,6 +38,7 @@ from disque.core import errors
 from disque.core.errors import DisqueError
 from disque.core.items import ITEM_TTL, OpenReadMismatch
 from disque.core.types import BLOCKED, SILENT, Command, Connection, Status
+from disque.store.job_options import JobOptions
 from disque.protocols.memcache import encoder as reply
 from disque.protocols.memcache.parser import (
     Delete, DumpConfig, DumpStats, Flush, FlushAll, FlushAllExpired, FlushExpired, Get, Quit, Reload, Set,
@@ -110,7 +111,7 @@ def _set(node: NodeCore, client: Connection, req: Set) -> Any:
         return reply.STORED  # expired already: Kestrel stores it and drops it at once
     ttl = -(-(expiry - now) // 1000) if expiry else ITEM_TTL
     items.copy_to_children(client, req.queue, req.data, ttl)
-    return node.lifecycle.add_job(client, req.queue, req.data, SET_TIMEOUT_MS, None, ttl, None, None, None, False)
+    return node.lifecycle.add_job(client, req.queue, req.data, JobOptions(SET_TIMEOUT_MS, ttl=ttl))
 
 
 def _auth(node: NodeCore, client: Connection, req: Set) -> Any:

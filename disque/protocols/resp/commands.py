@@ -39,6 +39,7 @@ from disque.core.schedules import MIN_EVERY, check_cron
 from disque.store.failure import Failure, problem as failure_problem
 from disque.store.schedule import Schedule, broken_rule
 from disque.store.job import DEFAULT_PRIORITY, MAX_PRIORITY, STATE_BY_NAME, STATE_NAMES, Job, State
+from disque.store.job_options import JobOptions
 from disque.store.queue import PAUSE_IN, PAUSE_NAMES, PAUSE_OUT, Queue
 
 log = logging.getLogger("disque")
@@ -92,9 +93,10 @@ def _option(spec: tuple[int, int, int, str], raw: bytes) -> int:
     return value
 
 
-def job_options(argv: list[bytes], i: int) -> tuple[list[int | None], bool, bytes | None]:
-    """ADDJOB's options from argv[i:] (ADDJOB_OPTS' values, ASYNC, DEADLETTER);
-    SCHEDULE ADD takes the same."""
+def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> JobOptions:
+    """ADDJOB's options from argv[i:] (ADDJOB_OPTS' values, ASYNC, DEADLETTER)
+    and its `raw_timeout`, checked after them, as one record; SCHEDULE ADD
+    takes the same options, without a timeout."""
     values: list[int | None] = [None] * len(ADDJOB_OPTS)  # None: not given
     is_async = False
     dead_letter = None
@@ -116,20 +118,18 @@ def job_options(argv: list[bytes], i: int) -> tuple[list[int | None], bool, byte
             i += 2
         else:
             raise errors.syntax()
-    return values, is_async, dead_letter
+    timeout = 0 if raw_timeout is None else parse_timeout(raw_timeout)
+    repl, ttl, retry, delay, maxlen, max_attempts, zones, priority, minrepl = values
+    if dead_letter is not None and max_attempts is None:
+        raise err("DEADLETTER needs MAXATTEMPTS")
+    return JobOptions(
+        timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter, zones, priority, minrepl
+    )
 
 
 @command("addjob", -4, "wmF")
 def cmd_addjob(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
-    values, is_async, dead_letter = job_options(argv, 4)
-    timeout = parse_timeout(argv[3])
-    repl, ttl, retry, delay, maxlen, max_attempts, zones, priority, minrepl = values
-    if dead_letter is not None and max_attempts is None:
-        raise err("DEADLETTER needs MAXATTEMPTS")
-    return node.lifecycle.add_job(
-        client, argv[1], argv[2], timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter,
-        zones, priority, minrepl=minrepl,
-    )
+    return node.lifecycle.add_job(client, argv[1], argv[2], job_options(argv, 4, argv[3]))
 
 
 @command("schedule", -2, "wm")
@@ -173,25 +173,23 @@ def _schedule_add(node: NodeCore, argv: list[bytes]) -> Any:
         cron = spec
     else:
         raise errors.syntax()
-    values, _, dead_letter = job_options(argv, i)  # ASYNC or not, a tick's job never waits: it has no client
-    repl, ttl, retry, delay, maxlen, max_attempts, zones, priority, minrepl = values
+    o = job_options(argv, i)  # ASYNC or not, a tick's job never waits: it has no client
     s = Schedule(
-        argv[2], 0, "", argv[3], argv[4], every, cron, tz, since=node.now, repl=repl or 0, ttl=ttl or 0,
-        retry=-1 if retry is None else retry, delay=delay or 0, maxlen=maxlen or 0, max_attempts=max_attempts or 0,
-        dead_letter=dead_letter or b"", zones=zones or 0, priority=-1 if priority is None else priority,
+        argv[2], 0, "", argv[3], argv[4], every, cron, tz, since=node.now, repl=o.repl or 0, ttl=o.ttl or 0,
+        retry=-1 if o.retry is None else o.retry, delay=o.delay or 0, maxlen=o.maxlen or 0,
+        max_attempts=o.max_attempts, dead_letter=o.dead_letter or b"", zones=o.zones or 0,
+        priority=-1 if o.priority is None else o.priority,
     )  # fmt: skip
     rule = broken_rule(s)  # the rules the bus and the AOF apply (before a long expression is parsed)
     if rule:
         raise err(rule)
     if cron:
         check_cron(cron, tz)
-    if dead_letter is not None and max_attempts is None:
-        raise err("DEADLETTER needs MAXATTEMPTS")
-    if minrepl is not None:
+    if o.minrepl is not None:
         raise err("MINREPL does not apply to SCHEDULE: a tick's job never waits for its copies")
-    check_job_options(repl or 3, retry, delay or 0, ttl or 86400)
+    check_job_options(o.repl or 3, o.retry, o.delay or 0, o.ttl or 86400)
     check_size(argv[4], node.lifecycle.settings)
-    if zones is not None and zones > (repl or 3):
+    if o.zones is not None and o.zones > (o.repl or 3):
         raise err("ZONES can't be greater than the replication level")
     node.schedules.add(s)
     return OK

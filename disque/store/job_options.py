@@ -1,0 +1,32 @@
+"""The options a new job is made with, as one parsed record.
+
+Theory of operation: each front end parses its command (ADDJOB, a memcache
+SET, a schedule's tick, a fan-out copy) into one frozen `JobOptions`, and
+`Lifecycle.add_job` takes that record: a new option is one field here and
+one line in the parser that sets it, not another parameter on every path.
+None stands for an option not given; the core fills in the defaults, since
+some depend on the cluster (REPLICATE, MINREPL) or on the queue (PRIORITY).
+The record is only checked where it is used (core/lifecycle.py), by the same
+rules the bus and the AOF apply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class JobOptions:
+    timeout: int = 0  # ms the producer waits for the synchronous copies (0: forever)
+    repl: int | None = None  # REPLICATE
+    ttl: int | None = None  # TTL, seconds
+    retry: int | None = None  # RETRY, seconds
+    delay: int | None = None  # DELAY, seconds
+    maxlen: int | None = None  # MAXLEN: refused when the queue holds as many
+    is_async: bool = False  # ASYNC: answer before the copies are made
+    max_attempts: int = 0  # MAXATTEMPTS (0: no limit), an extension with DEADLETTER
+    dead_letter: bytes | None = None  # DEADLETTER (default `<queue>-dead`)
+    zones: int | None = None  # ZONES (docs/zones.md)
+    priority: int | None = None  # PRIORITY 0-9 (the queue's by default)
+    minrepl: int | None = None  # MINREPL (docs/replication.md)
+    job_id: bytes | None = None  # a schedule's tick brings its own ID (core/schedules.py)
