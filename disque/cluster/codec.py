@@ -38,7 +38,7 @@ import msgpack
 from disque.cluster.messages import (
     Claim, Claimed, DelJob, Enqueue, Fail, Fanout, GossipEntry, GotAck, GotJob, GotJobs, GroupAck, GroupFlush, GroupSet,
     Header, Meet, Message, NeedEvent, NeedJobs, NewEvent, Pause, Ping, Pong, Queued, ReplJob, ReplJobs, SetAck, WaitEntry,
-    Waiting, WillQueue, Working, YourEvent, YourJobs, SchedSet, Ticked, valid_zone,
+    Waiting, WillQueue, Working, YourEvent, YourJobs, SchedSet, Ticked, QSet, LimitAsk, LimitGrant, valid_zone,
 )  # fmt: skip
 from disque.store.records import (  # the pieces of the field tables
     _BITS, _FAILURE, _PORT, _UINT, Check, DecodeError, _ArrayLoader, _ArrayPacker, _bool, _bytes, _dump_wire_job, _Each, _Field,
@@ -233,6 +233,11 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("WAITING", Waiting, (_WAIT_ENTRIES,)),
     ("SCHEDSET", SchedSet, (_Field("record", "r", _bytes),)),  # the record is checked alone: house rule 5
     ("TICKED", Ticked, (_Field("name", "n", _bytes), _Field("tick", "k", _UINT), _Field("node", "o", _node_id))),
+    ("QSET", QSet, (_Field("record", "r", _bytes),)),  # checked alone, as SCHEDSET's
+    ("LIMITASK", LimitAsk, (_QUEUE, _Field("want", "w", _UINT), _Field("out", "o", _UINT), _Field("held", "h", _UINT),
+                            _Field("tokens", "n", _UINT), _Field("at", "a", _UINT))),
+    ("LIMITGRANT", LimitGrant, (_QUEUE, _Field("slots", "l", _UINT), _Field("tokens", "n", _UINT),
+                                _Field("retry", "y", _UINT), _Field("at", "a", _UINT))),
 )
 _KINDS = tuple(_Kind(code, *row) for code, row in enumerate(_ROWS, 1))
 _BY_NAME: Final = {k.name: k for k in _KINDS}

@@ -44,7 +44,8 @@ LEAVING: Final = 128
 # never gets one (rolling upgrades, spec/cluster.md §2.3).
 FEATURE_WAITING: Final = 1  # WAITING (core/federation.py)
 FEATURE_SCHEDULES: Final = 2  # SCHEDSET and TICKED (core/schedules.py)
-FEATURES: Final = FEATURE_WAITING | FEATURE_SCHEDULES  # this node's
+FEATURE_LIMITS: Final = 8  # QSET, LIMITASK and LIMITGRANT (core/limits.py)
+FEATURES: Final = FEATURE_WAITING | FEATURE_SCHEDULES | FEATURE_LIMITS  # this node's
 
 ZONE_MAX_LEN: Final = 64
 
@@ -319,9 +320,45 @@ class Ticked:
     node: str
 
 
+@dataclass(frozen=True, slots=True)
+class QSet:
+    """A queue's limits (store/limits.py's storage form, checked by the
+    core, which drops a bad one alone), told to every node; the newer
+    version wins."""
+
+    record: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LimitAsk:
+    """To a limited queue's home (core/limits.py): the sender wants a lease
+    of `want` slots (it has `out` jobs out and holds a lease of `held`)
+    and `tokens` more tokens; `at` is its time of asking, echoed."""
+
+    queue: bytes
+    want: int
+    out: int
+    held: int
+    tokens: int
+    at: int
+
+
+@dataclass(frozen=True, slots=True)
+class LimitGrant:
+    """The home's answer to the LIMITASK of time `at`: a lease of `slots`
+    (the whole lease), `tokens` tokens, and, with none, `retry` ms until
+    the next token comes."""
+
+    queue: bytes
+    slots: int
+    tokens: int
+    retry: int
+    at: int
+
+
 Message = (
     Ping | Pong | Meet | Fail | ReplJob | ReplJobs | GotJob | GotJobs | Enqueue | Queued | Working
     | WillQueue | SetAck | GotAck | DelJob | NeedJobs | YourJobs | Pause | Fanout
     | GroupSet | Claim | GroupAck | Claimed | NeedEvent | YourEvent | NewEvent | GroupFlush | Waiting
-    | SchedSet | Ticked
+    | SchedSet | Ticked | QSet | LimitAsk | LimitGrant
 )  # fmt: skip

@@ -43,15 +43,18 @@ from disque.store.queue import PAUSE_OUT
 if TYPE_CHECKING:
     from disque.core.federation import Federation
     from disque.core.lifecycle import Lifecycle
+    from disque.core.limits import Limits
     from disque.core.outbox import Outbox
     from disque.store.job import Job
+    from disque.store.queue import Queue
 
 S_ACKED = State.ACKED
 
 
 class Blocking:
-    def __init__(self, life: Lifecycle, out: Outbox, federation: Federation, host: Host) -> None:
+    def __init__(self, life: Lifecycle, out: Outbox, federation: Federation, host: Host, limits: Limits) -> None:
         self.life = life
+        self.limits = limits  # a limited queue's jobs are taken through it (core/limits.py)
         self.out = out
         self.federation = federation
         self.host = host
@@ -91,7 +94,7 @@ class Blocking:
             took = False
             for name in names:
                 queue = life.queues.get(name)
-                if queue is None or queue.pause & PAUSE_OUT or (job := life.fetch(queue)) is None:
+                if queue is None or queue.pause & PAUSE_OUT or (job := self.fetch(queue)) is None:
                     federation.need_jobs(queue or life.queue(name), CLIENTS_WAITING)
                     continue
                 took = True
@@ -233,8 +236,8 @@ class Blocking:
                 continue
             while queue.waiters and len(queue):
                 waiter = next(iter(queue.waiters.values()))
-                job = life.fetch(queue)
-                if job is None:  # its job is on a disk that failed to read (MISCONF)
+                job = self.fetch(queue)
+                if job is None:  # a limit holds it back, or its job is on a disk that failed to read (MISCONF)
                     break
                 take = waiter.take
                 self.unblock(waiter.client, [self.job_entry(job, waiter.withcounters)] if take is None else take(job))
@@ -242,6 +245,11 @@ class Blocking:
                     self.federation.need_jobs(queue, REACHED_ZERO)
             if len(queue) and not queue.waiters:
                 self.federation.hand_out(queue)
+
+    def fetch(self, queue: Queue) -> Job | None:
+        """The job to hand a consumer here: the lifecycle's, within the queue's limits if it has some."""
+        limits = self.limits
+        return self.life.fetch(queue) if queue.name not in limits.budgets else limits.fetch(queue)
 
     @staticmethod
     def job_entry(job: Job, withcounters: bool) -> list[Any]:

@@ -24,6 +24,7 @@ routes the inputs to them.
   core/groups.py, core/handlers.py: the cluster's job messages and the
   other concerns, built on the lifecycle
 * core/schedules.py  recurring jobs: the schedules, and who fires each tick
+* core/limits.py     queues' rate and concurrency limits, budgets lent by homes
 * core/redrives.py   paced dead-letter moves (DEADLETTER ... RATE)
 * core/read_behind.py  jobs on disk, behind the job store (`jobs.spilled`)
 
@@ -52,6 +53,7 @@ from disque.core.groups import Groups
 from disque.core.handlers import HANDLERS
 from disque.core.items import Items
 from disque.core.lifecycle import Lifecycle
+from disque.core.limits import Limits
 from disque.core.memory import Memory
 from disque.core.outbox import Outbox
 from disque.core import read_behind
@@ -75,7 +77,7 @@ BLOCKED_CRON_MS: Final = 100
 # Cluster state every node keeps whole, last writer wins (schedules): taken
 # from a peer whose handshake with us is still under way too, since a peer
 # sends it when it learns what we read, which may be before we know its ID.
-SHARED_STATE: Final = (m.SchedSet, m.Ticked)
+SHARED_STATE: Final = (m.SchedSet, m.Ticked, m.QSet)
 
 
 class NodeCore:
@@ -114,7 +116,8 @@ class NodeCore:
         self.jobs = life.jobs
         self.queues = life.queues
         self.federation = Federation(life, self.out)
-        self.blocking = Blocking(life, self.out, self.federation, host)
+        self.limits = Limits(life, self.out, now)
+        self.blocking = Blocking(life, self.out, self.federation, host, self.limits)
         self.replication = Replication(life, self.out)
         self.acks = Acks(life, self.out, self.replication, self.blocking)
         self.items = Items(life, self.out, self.acks, self.blocking, self.clients)
@@ -147,6 +150,9 @@ class NodeCore:
             m.GroupFlush: self.groups.on_group_flush,
             m.SchedSet: self.schedules.on_sched_set,
             m.Ticked: self.schedules.on_ticked,
+            m.QSet: self.limits.on_qset,
+            m.LimitAsk: self.limits.on_ask,
+            m.LimitGrant: self.limits.on_grant,
         }
 
     @property
@@ -165,7 +171,9 @@ class NodeCore:
         """Absolute ms when `tick` must run next (the scheduler, jobs on
         disk, blocked clients' timeouts and the 100 ms client cron)."""
         at = self.lifecycle.now if self.blocking.sliced else self._last_cron + BLOCKED_CRON_MS  # (a long command's next slice)
-        for awake in (self.jobs.next_awake(), self.jobs.spilled.next_awake(), self.blocking.timeouts.next()):
+        for awake in (
+            self.jobs.next_awake(), self.jobs.spilled.next_awake(), self.blocking.timeouts.next(), self.limits.next_deadline(),
+        ):  # fmt: skip
             if awake is not None:
                 at = min(at, awake)
         self.blocking.promised = at
@@ -184,7 +192,7 @@ class NodeCore:
         self.read_clock()
         return Replay(
             self.lifecycle, self.groups, self.settle, self.read_clock, trust_queued=trust_queued,
-            schedules=self.schedules,
+            schedules=self.schedules, limits=self.limits,
         )  # fmt: skip
 
     def end_load(self) -> None:
@@ -198,6 +206,8 @@ class NodeCore:
             life.process_job(job)
         self.blocking.time_out(now)
         self.blocking.step_slices()
+        if self.limits.throttled:
+            self.limits.tick()
         if now - self._last_cron >= BLOCKED_CRON_MS:
             self._last_cron = now
             self.membership.timeout = self.config.cluster_node_timeout
@@ -210,7 +220,10 @@ class NodeCore:
 
     def settle(self) -> None:
         """The end of a step: read-behind moves what it may to disk, and
-        peers hear of the queues whose blocked clients changed."""
+        peers hear of the queues whose blocked clients changed; consumers
+        a limit held back are served once it allows."""
+        if self.limits.throttled and self.limits.recheck():
+            self.blocking.serve_ready()
         self.jobs.spilled.settle()
         if self.federation.changed:
             self.federation.announce()
@@ -220,6 +233,7 @@ class NodeCore:
         self.federation.cron()
         self.groups.cron()
         self.schedules.cron()
+        self.limits.cron()
         self.redrives.cron()
         self.jobs.spilled.cron()
         self.memory.collect_idle_queues()
@@ -294,11 +308,11 @@ class NodeCore:
 
     def snapshot(self) -> Snapshot:
         """Everything an AOF rewrite must hold (core/snapshot.py): jobs in
-        memory and on disk, consumer groups' progress, schedules."""
+        memory and on disk, consumer groups' progress, schedules, limits."""
         return Snapshot(
             snapshot_jobs(self.jobs.values(), self.out.journaled),
             self.read_behind.snapshot(),
-            [*self.groups.snapshot_records(), *self.schedules.snapshot_records()],
+            [*self.groups.snapshot_records(), *self.schedules.snapshot_records(), *self.limits.snapshot_records()],
         )
 
     def conf_dirty(self) -> bool:
@@ -368,7 +382,7 @@ class NodeCore:
     def _new_features(self) -> None:
         """Peers that just said what they read (on a link that came up, their
         PONG) get what was kept from them until then: the waiting consumers,
-        every schedule and the ticks fired."""
+        every schedule and the ticks fired, every queue's limits."""
         peers, self.membership.new_features = self.membership.new_features, []
         for peer in peers:
             if not peer.link:
@@ -379,6 +393,9 @@ class NodeCore:
             if peer.features & m.FEATURE_SCHEDULES:
                 for state in self.schedules.sync_messages():  # (another name: mypyc types `msg` by the loop above)
                     self.out.send_key(peer.key, state)
+            if peer.features & m.FEATURE_LIMITS:
+                for record in self.limits.sync_messages():
+                    self.out.send_key(peer.key, record)
 
     # ------------------------------------------------------------ flushing
 

@@ -25,12 +25,13 @@ import heapq
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from disque.store.aof import CLEANSHUTDOWN, DELJOB, GROUPSET, LOADJOB, SCHEDTICK, SCHEDULE, check_record
+from disque.store.aof import CLEANSHUTDOWN, DELJOB, GROUPSET, LOADJOB, QLIMITS, SCHEDTICK, SCHEDULE, check_record
 from disque.store.job import NACKED, Job, State
 
 if TYPE_CHECKING:
     from disque.core.groups import Groups
     from disque.core.lifecycle import Lifecycle
+    from disque.core.limits import Limits
     from disque.core.schedules import Schedules
 
 KEEP_FLAGS = ~0  # a replayed record keeps the flags it was stored with
@@ -39,11 +40,11 @@ KEEP_FLAGS = ~0  # a replayed record keeps the flags it was stored with
 class Replay:
     def __init__(
         self, life: Lifecycle, groups: Groups, settle: Callable[[], None], read_clock: Callable[[], int], *,
-        trust_queued: bool = False, schedules: Schedules | None = None,
+        trust_queued: bool = False, schedules: Schedules | None = None, limits: Limits | None = None,
     ) -> None:  # fmt: skip
         self.life = life
         self.groups = groups
-        self.schedules = schedules  # (tests that replay jobs only leave it out)
+        self.schedules, self.limits = schedules, limits  # (tests that replay jobs only leave them out)
         self.settle = settle  # the end of a step (read-behind moves jobs to disk)
         self.read_clock = read_clock
         self.trust_queued = trust_queued
@@ -75,6 +76,10 @@ class Replay:
             check_record(offset, args)
             assert self.schedules is not None
             self.schedules.replay(args)
+        elif name == QLIMITS:
+            check_record(offset, args)
+            assert self.limits is not None
+            self.limits.replay(args[1])
         else:
             check_record(offset, args)
             if name == CLEANSHUTDOWN:  # (else the AOFFORMAT marker, which the reader took)

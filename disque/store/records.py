@@ -394,6 +394,33 @@ def _unpack_map(data: bytes) -> dict[Any, Any]:
     return m
 
 
+def encode_row(record: Any, fields: tuple[tuple[str, type], ...]) -> bytes:
+    """A whole-record kind's storage form (schedules, queue limits): a
+    msgpack array of its `fields`' values, in order."""
+    return msgpack.packb([getattr(record, name) for name, _ in fields])  # type: ignore[no-any-return]
+
+
+def decode_row(data: Any, fields: tuple[tuple[str, type], ...], required: int, what: str) -> dict[str, Any]:
+    """`encode_row`'s array back as values by name: the first `required`
+    fields always there, the later ones (added since) left to their
+    defaults when missing; DecodeError for anything else, a bool is not an
+    int here, nor an int a bool."""
+    if not isinstance(data, bytes):
+        raise DecodeError(f"a {what} record is bytes")
+    try:
+        row = msgpack.unpackb(data)
+    except Exception:  # msgpack's errors for truncated, extra or malformed data
+        raise DecodeError(f"bad {what} record") from None
+    if type(row) is not list or not required <= len(row) <= len(fields):
+        raise DecodeError(f"bad {what} record")
+    values: dict[str, Any] = {}
+    for (name, kind), value in zip(fields, row):
+        if type(value) is not kind:
+            raise DecodeError(f"bad {what} field {name}")
+        values[name] = value
+    return values
+
+
 _VERSION = (_Field("v", "v", _IntIn(-(2**63), _U64)),)  # any msgpack integer
 
 

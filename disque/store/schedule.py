@@ -27,9 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import msgpack
-
-from disque.store.records import DecodeError
+from disque.store.records import DecodeError, decode_row, encode_row
 
 MAX_NAME = 256  # bytes of a schedule's name
 MAX_EXPR = 1024  # bytes of a CRON expression, and of its zone
@@ -93,25 +91,12 @@ _REQUIRED = 18  # the fields after these came later: a record without them takes
 
 
 def encode(s: Schedule) -> bytes:
-    return msgpack.packb([getattr(s, name) for name, _ in _FIELDS])  # type: ignore[no-any-return]
+    return encode_row(s, _FIELDS)
 
 
 def decode(data: bytes) -> Schedule:
     """The record `encode` made; DecodeError for anything else."""
-    if not isinstance(data, bytes):
-        raise DecodeError("a schedule record is bytes")
-    try:
-        row = msgpack.unpackb(data)
-    except Exception:  # msgpack's errors for truncated, extra or malformed data
-        raise DecodeError("bad schedule record") from None
-    if type(row) is not list or not _REQUIRED <= len(row) <= len(_FIELDS):
-        raise DecodeError("bad schedule record")
-    values: dict[str, object] = {}
-    for (name, kind), value in zip(_FIELDS, row):
-        if type(value) is not kind:  # (a bool is not an int here, nor an int a bool)
-            raise DecodeError(f"bad schedule field {name}")
-        values[name] = value
-    s = Schedule(**values)  # type: ignore[arg-type]
+    s = Schedule(**decode_row(data, _FIELDS, _REQUIRED, "schedule"))
     rule = broken_rule(s)
     if rule:
         raise RuleError(rule)

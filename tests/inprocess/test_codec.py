@@ -26,7 +26,7 @@ from disque.cluster.messages import (
     DelJob, Enqueue, Fail, GossipEntry, GotAck, GotJob, GotJobs, Header, Meet, Message,
     NeedJobs, Pause, Ping, Pong, Queued, ReplJob, ReplJobs, SetAck, WillQueue, Working, Fanout, GroupSet, Claim, Claimed,
     GroupAck, GroupFlush, NeedEvent, YourEvent, NewEvent,
-    WaitEntry, Waiting, YourJobs, SchedSet, Ticked,
+    WaitEntry, Waiting, YourJobs, SchedSet, Ticked, QSet, LimitAsk, LimitGrant,
 )  # fmt: skip
 from disque.store import schedule
 from disque.store.ids import new_job_id
@@ -107,6 +107,9 @@ MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     Waiting: st.builds(Waiting, st.lists(st.builds(WaitEntry, blobs, uints), min_size=1, max_size=3).map(tuple)),
     SchedSet: st.builds(lambda name, body: SchedSet(schedule.encode(schedule.Schedule(b"n" + name, 1, "a", b"q", body, 1000))), blobs, blobs),
     Ticked: st.builds(Ticked, blobs, uints, node_ids),
+    QSet: st.builds(QSet, blobs),
+    LimitAsk: st.builds(LimitAsk, blobs, uints, uints, uints, uints, uints),
+    LimitGrant: st.builds(LimitGrant, blobs, uints, uints, uints, uints),
 }
 frames = st.tuples(headers, st.one_of(*MESSAGES.values()))
 one_of_each = st.tuples(*(st.tuples(headers, s) for s in MESSAGES.values())).map(list)

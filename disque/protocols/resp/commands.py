@@ -37,6 +37,7 @@ from disque.core.lifecycle import SLICE, DeadLetterFilter, check_job_options, ch
 from disque.core.node import NodeCore
 from disque.core.schedules import MIN_EVERY, check_cron
 from disque.store.failure import Failure, problem as failure_problem
+from disque.store.limits import OptionError
 from disque.store.schedule import Schedule, broken_rule
 from disque.store.job import DEFAULT_PRIORITY, MAX_PRIORITY, STATE_BY_NAME, STATE_NAMES, Job, State
 from disque.store.job_options import JobOptions
@@ -151,6 +152,27 @@ def cmd_schedule(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
         schedules.pause(argv[2], sub == b"pause")
         return OK
     raise err("Syntax error, try SCHEDULE ADD|DEL|LIST|SHOW|PAUSE|RESUME")
+
+
+@command("qconfig", -2, "w")
+def cmd_qconfig(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
+    """QCONFIG <queue> SET <option> <value> ... | GET | DEL, QCONFIG LIST: a
+    queue's cluster-wide limits (core/limits.py, docs/limits.md)."""
+    limits = node.limits
+    if len(argv) == 2 and argv[1].lower() == b"list":
+        return limits.names()
+    sub = argv[2].lower() if len(argv) > 2 else b""
+    if sub == b"set" and len(argv) > 3:
+        try:
+            limits.set(argv[1], argv[3:])
+        except OptionError as e:
+            raise err(str(e)) from None
+        return OK
+    if len(argv) == 3 and sub == b"get":
+        return limits.show(argv[1])
+    if len(argv) == 3 and sub == b"del":
+        return limits.delete(argv[1])
+    raise err("Syntax error, try QCONFIG <queue> SET <option> <value> ... | GET | DEL, or QCONFIG LIST")
 
 
 def bad_every() -> errors.DisqueError:

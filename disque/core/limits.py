@@ -1,0 +1,406 @@
+"""Limits the cluster enforces: a queue's rate and concurrency, with no single counter (docs/limits.md).
+
+Theory of operation: a queue's limits (store/limits.py) are cluster state
+as schedules are: QCONFIG SET and DEL make a whole new record, stamped with
+the time and this node; it goes to every linked node (QSET) and to the AOF
+(QLIMITS), a node that links up is sent every record, tombstones included,
+and of two records of a queue the newer wins.
+
+Enforcement.  Each limited queue has a home (core/homes.py: the lowest
+score among the nodes this one sees up), which owns its budget and lends
+shares of it; every node hands jobs of the queue to its own consumers only
+within the share it holds (`Budget`):
+* concurrency: a lease of `slots` jobs out at once.  A node asks its home
+  (LIMITASK: what it wants, the jobs it has out, the lease it holds) when a
+  consumer waits and no slot is free, and again every RENEW_MS while it
+  holds a lease or has consumers waiting; the home answers (LIMITGRANT)
+  with the whole lease, at most the limit less the other nodes' live
+  leases, and, when several nodes want slots, no more than a fair share
+  beyond the jobs the asker has out.  A lease lasts LEASE_MS from the ask
+  that got it on the asker's clock, and LEASE_MS + LEASE_SLACK from the
+  answer on the home's, so the home lends a lapsed lease again only once
+  its holder stopped using it.
+* rate: tokens, one per job handed out.  The home fills a bucket at the
+  limit's rate, holding at most a twentieth of a period's (BURST), and
+  answers an ask with what it has (at most what was asked), or with when
+  the next token comes (`retry`): the asker asks again then.  Tokens lapse
+  TOKEN_MS after the ask that got them, so none are saved for a burst.
+The home asks itself without a message.  A home grants nothing new while it
+sees no majority of the nodes it knows (the other side's home may lend the
+whole budget), nor in its first LEASE_MS + LEASE_SLACK after it started or
+its view of the nodes up changed (leases the previous home made may still
+run): then it renews at most the lease an asker says it holds.  So while
+the nodes agree on who is up, the leases live at once never sum above the
+limit; what a fault does is in docs/limits.md.
+
+What a node counts as out (`Budget.out`): the jobs it handed to consumers
+of a limited queue that are still active here, neither acknowledged, NACKed
+nor queued again by their RETRY (WORKING keeps them out).  It is checked
+lazily, when a slot is wanted, so ACK, NACK and requeue need no hook; the
+end of every step (`recheck`, only while a consumer waits on a limit)
+serves the waiters again once a slot or a token is there.
+
+Called by NodeCore: `fetch` (blocked clients' GETJOB, in place of the
+lifecycle's for a limited queue), `recheck` (end of a step), `tick` and
+`next_deadline` (asks due), `cron` (renewals), `on_qset` / `on_ask` /
+`on_grant` (the bus), `sync_messages` (a link comes up), `replay` (AOF
+records), `snapshot_records` (an AOF rewrite); QCONFIG's handlers call
+`set`, `delete`, `show`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from disque.cluster import messages as m
+from disque.core.homes import home
+from disque.core.types import Map
+from disque.store import limits as records
+from disque.store.aof import QLIMITS, encode_record
+from disque.store.job import NACKED, State
+from disque.store.limits import QueueLimits, apply_options
+from disque.store.records import DecodeError
+
+if TYPE_CHECKING:
+    from disque.core.lifecycle import Lifecycle
+    from disque.core.outbox import Outbox
+    from disque.store.job import Job
+    from disque.store.queue import Queue
+
+log = logging.getLogger("disque")
+
+LEASE_MS = 2000  # a concurrency lease lasts this long from the ask that got it
+LEASE_SLACK = 500  # ... and this much longer at the home, which reissues it only then
+RENEW_MS = 500  # a holder asks again this often (unused slots go back to the home)
+TOKEN_MS = 250  # tokens lapse this long after the ask that got them
+ASK_TIMEOUT_MS = 200  # an ask unanswered this long is made again
+BURST = 20  # a home's bucket holds at most rate / BURST tokens (at least one)
+S_ACTIVE = State.ACTIVE
+
+
+@dataclass(slots=True)
+class Budget:
+    """This node's share of a queue's budget, and what it used of it."""
+
+    slots: int = 0  # the concurrency lease
+    slots_until: int = 0  # ... valid until (ms)
+    tokens: int = 0  # rate tokens left
+    tokens_until: int = 0
+    out: dict[bytes, tuple[Job, int]] = field(default_factory=dict)  # job ID -> (the job, its deliveries then)
+    asked: int = 0  # ms of the ask awaiting its answer (0: none)
+    ask_at: int = 0  # ms the next ask is due (0: when needed)
+    since: int = 0  # ms a consumer began waiting on the limit (0: none waits)
+    waited: int = 0  # ms consumers waited on the limit, in all
+    waits: int = 0  # ... that many times
+    handed: int = 0  # jobs handed out within the limit
+
+
+@dataclass(slots=True)
+class Lender:
+    """A queue's budget at its home: the leases lent, the bucket of tokens."""
+
+    leases: dict[str, tuple[int, int]] = field(default_factory=dict)  # node -> (slots, until)
+    wants: dict[str, tuple[int, int]] = field(default_factory=dict)  # node -> (slots it wanted, until)
+    units: int = 0  # the bucket, in 1/period tokens (a token is `period` units; each ms adds `rate`)
+    filled: int = 0  # ms of the last fill
+
+
+def _handed(job: Job) -> int:
+    """What changes when a job is handed out again (its deliveries)."""
+    return job.nacks + job.deliv
+
+
+class Limits:
+    def __init__(self, life: Lifecycle, out: Outbox, now: int) -> None:
+        self.life, self.out = life, out
+        self.defs: dict[bytes, QueueLimits] = {}  # queue -> its record (tombstones too)
+        self.budgets: dict[bytes, Budget] = {}  # limited queues -> this node's share
+        self.lenders: dict[bytes, Lender] = {}  # queues this node lent for as their home
+        self.throttled: dict[bytes, None] = {}  # queues whose consumers wait on a limit
+        self.view = tuple(life.membership.up_ids())  # the nodes up when this node last lent
+        self.quiet_until = now + LEASE_MS + LEASE_SLACK  # a node that starts lends no new slots first
+        self.dropped = 0  # records that broke a rule, from the bus or the AOF
+
+    # ------------------------------------------------------------ changes
+
+    def set(self, queue: bytes, words: list[bytes]) -> None:
+        """QCONFIG SET (OptionError, store/limits.py, for a bad option)."""
+        known = self.defs.get(queue) or QueueLimits(queue, 0, "", deleted=True)
+        limits = apply_options(known, words)
+        if limits != known:
+            self._change(limits)
+
+    def delete(self, queue: bytes) -> int:
+        known = self.defs.get(queue)
+        if known is None or known.deleted:
+            return 0
+        self._change(QueueLimits(queue, 0, "", deleted=True))
+        return 1
+
+    def _change(self, limits: QueueLimits) -> None:
+        """A change made here, stamped newer than the record in force, kept and told."""
+        known = self.defs.get(limits.queue)
+        now = self.life.now
+        limits = replace(limits, version=now if known is None else max(now, known.version + 1), origin=self.life.membership.my_id)
+        self._keep(limits)
+        self.out.broadcast(self.life.membership.linked_ids(features=m.FEATURE_LIMITS), m.QSet(records.encode(limits)))
+
+    def _keep(self, limits: QueueLimits) -> None:
+        self._store(limits)
+        if self.out.aof.state != "off":
+            self.out.aof_record(None, encode_record(QLIMITS, records.encode(limits)))
+
+    def _store(self, limits: QueueLimits) -> None:
+        self.defs[limits.queue] = limits
+        if limits.rate or limits.concurrency:
+            self.budgets.setdefault(limits.queue, Budget())
+        else:  # nothing left to hold back: its waiters are served
+            self.budgets.pop(limits.queue, None)
+            self.lenders.pop(limits.queue, None)
+            if self.throttled.pop(limits.queue, False) is None:  # its waiters are served now
+                self.life.consumers.ready[limits.queue] = None
+
+    # ------------------------------------------------------------ the bus and the AOF
+
+    def on_qset(self, sender: str, msg: m.QSet) -> None:
+        limits = self._checked(msg.record, f"from {sender}")
+        if limits is not None and limits.newer(self.defs.get(limits.queue)):
+            self._keep(limits)
+
+    def _checked(self, record: bytes, source: str) -> QueueLimits | None:
+        """The record decoded; None for a bad one, dropped alone (logged and counted)."""
+        try:
+            return records.decode(record)
+        except DecodeError as e:
+            self.dropped += 1
+            log.warning("Limits record %s dropped: %s", source, e)
+            return None
+
+    def sync_messages(self) -> list[m.QSet]:
+        """Every record, for a node that just linked up."""
+        return [m.QSet(records.encode(limits)) for limits in self.defs.values()]
+
+    def replay(self, record: bytes) -> None:
+        limits = self._checked(record, "in the AOF")
+        if limits is not None and limits.newer(self.defs.get(limits.queue)):
+            self._store(limits)
+
+    def snapshot_records(self) -> list[bytes]:
+        return [encode_record(QLIMITS, records.encode(limits)) for limits in self.defs.values()]
+
+    # ------------------------------------------------------------ handing jobs out
+
+    def fetch(self, queue: Queue) -> Job | None:
+        """The lifecycle's `fetch` for a limited queue: a job only within
+        this node's share; None (and an ask to the home) when none is left."""
+        name = queue.name
+        budget = self.budgets[name]
+        if not len(queue):
+            return None
+        limits = self.defs[name]
+        if not self._room(limits, budget):
+            fresh = name not in self.throttled
+            if fresh:
+                self.throttled[name] = None
+                budget.since = self.life.now
+            self._ask_if_due(name, budget)
+            if not self._room(limits, budget):
+                return None
+            if fresh:  # this node is the home: its answer came at once
+                del self.throttled[name]
+        job = self.life.fetch(queue)
+        if job is not None:
+            budget.out[job.id] = (job, _handed(job))
+            budget.tokens -= 1
+            budget.handed += 1
+        return job
+
+    def _room(self, limits: QueueLimits, budget: Budget) -> bool:
+        """Whether this node's share lets one more job out now."""
+        now = self.life.now
+        if limits.rate and (budget.tokens_until <= now or budget.tokens <= 0):
+            return False
+        return not limits.concurrency or self._out(budget) < (budget.slots if budget.slots_until > now else 0)
+
+    def _out(self, budget: Budget) -> int:
+        """The jobs still out (those acknowledged, NACKed or queued again are forgotten)."""
+        peek = self.life.jobs.peek
+        out = budget.out
+        for job_id, (job, handed) in list(out.items()):
+            if peek(job_id) is not job or job.state != S_ACTIVE or job.flags & NACKED or _handed(job) != handed:
+                del out[job_id]
+        return len(out)
+
+    def recheck(self) -> bool:
+        """The end of a step: the queues whose waiters a limit held back and
+        that have room now are marked ready.  Whether any was."""
+        life, woke = self.life, False
+        for name in list(self.throttled):
+            queue = life.queues.get(name)
+            if queue is None or not queue.waiters or not len(queue):
+                del self.throttled[name]  # nobody, or nothing, waits on it any more
+            elif self._room(self.defs[name], self.budgets[name]):
+                self._stop_waiting(name)
+                life.consumers.ready[name] = None
+                woke = True
+        return woke
+
+    def _stop_waiting(self, name: bytes) -> None:
+        """The limit lets `name`'s waiters be served: how long they waited is counted."""
+        del self.throttled[name]
+        budget = self.budgets[name]
+        budget.waited += self.life.now - budget.since
+        budget.waits += 1
+
+    # ------------------------------------------------------------ asking the home
+
+    def _ask_if_due(self, name: bytes, budget: Budget) -> None:
+        """A consumer wants a job the share does not allow: ask, unless an
+        ask is on its way or the home said when to."""
+        now = self.life.now
+        if budget.asked and now - budget.asked < ASK_TIMEOUT_MS or budget.ask_at > now:
+            return
+        self._ask(name, budget)
+
+    def _ask(self, name: bytes, budget: Budget) -> None:
+        """Ask the home for a lease of the jobs out here and one per consumer
+        waiting (a throttled queue: one at least), and a token for each."""
+        life = self.life
+        now = life.now
+        limits = self.defs[name]
+        queue = life.queues.get(name)
+        waiting = len(queue.waiters) if queue is not None else 0
+        if name in self.throttled:
+            waiting = max(1, waiting)
+        out = self._out(budget)
+        held = budget.slots if budget.slots_until > now else 0
+        want = min(out + waiting, limits.concurrency) if limits.concurrency else 0
+        tokens = min(waiting, _burst(limits)) if limits.rate else 0
+        budget.asked, budget.ask_at = now, 0
+        ask = m.LimitAsk(name, want, out, held, tokens, now)
+        owner = home(name, life.membership.up_ids())
+        if owner == life.membership.my_id:
+            self.on_grant(owner, self._lend(owner, ask))
+        else:
+            self.out.send(owner, ask)
+
+    def on_ask(self, sender: str, msg: m.LimitAsk) -> None:
+        if msg.queue in self.budgets:
+            self.out.send(sender, self._lend(sender, msg))
+
+    def _lend(self, node: str, ask: m.LimitAsk) -> m.LimitGrant:
+        """The home's answer to `node`'s ask."""
+        life = self.life
+        now = life.now
+        limits = self.defs[ask.queue]
+        lender = self.lenders.setdefault(ask.queue, Lender(filled=now))
+        up = tuple(life.membership.up_ids())
+        if up != self.view:
+            self.view, self.quiet_until = up, max(self.quiet_until, now + LEASE_MS + LEASE_SLACK)
+        majority = 2 * len(up) > life.membership.size()
+        slots = tokens = retry = 0
+        if limits.concurrency:
+            slots = self._slots(limits.concurrency, lender, node, ask, now)
+            if not majority or now < self.quiet_until:
+                slots = min(slots, ask.held)  # renew at most what it holds
+            lender.leases[node] = (slots, now + LEASE_MS + LEASE_SLACK)
+        if limits.rate and majority and now >= self.quiet_until:
+            tokens, retry = self._tokens(limits, lender, ask.tokens, now)
+        elif limits.rate:  # asked again once the quiet time is over, or the partition maybe healed
+            retry = max(1, self.quiet_until - now) if majority else RENEW_MS
+        return m.LimitGrant(ask.queue, slots, tokens, retry, ask.at)
+
+    @staticmethod
+    def _slots(concurrency: int, lender: Lender, node: str, ask: m.LimitAsk, now: int) -> int:
+        """The lease `node` gets: what it wants within what the others' live
+        leases leave, and no more than a fair share (or its jobs out) while others want slots too."""
+        for other, (_, until) in list(lender.leases.items()):
+            if until <= now:
+                del lender.leases[other]
+        wants = lender.wants
+        wants[node] = (ask.want, now + LEASE_MS)
+        wanting = [n for n, (want, until) in list(wants.items()) if want and until > now]
+        lent = sum(slots for other, (slots, _) in lender.leases.items() if other != node)
+        fair = -(-concurrency // max(1, len(wanting)))
+        return max(0, min(ask.want, concurrency - lent, max(fair, ask.out)))
+
+    @staticmethod
+    def _tokens(limits: QueueLimits, lender: Lender, wanted: int, now: int) -> tuple[int, int]:
+        """Tokens from the bucket (at most `wanted`), and when the next comes if it is empty."""
+        period = limits.period
+        lender.units = min(lender.units + (now - lender.filled) * limits.rate, _burst(limits) * period)
+        lender.filled = now
+        given = min(wanted, lender.units // period)
+        lender.units -= given * period
+        if given:
+            return given, 0
+        return 0, max(1, -(-(period - lender.units) // limits.rate))
+
+    def on_grant(self, sender: str, msg: m.LimitGrant) -> None:
+        budget = self.budgets.get(msg.queue)
+        if budget is None or msg.at != budget.asked:
+            return  # an answer to an ask made before the last, or to a limit gone
+        budget.asked = 0
+        budget.slots, budget.slots_until = msg.slots, msg.at + LEASE_MS
+        budget.tokens, budget.tokens_until = msg.tokens, msg.at + TOKEN_MS
+        if msg.retry:
+            budget.ask_at = self.life.now + msg.retry
+
+    # ------------------------------------------------------------ time
+
+    def next_deadline(self) -> int | None:
+        """When an ask is due for a queue whose consumers wait on it (None: none)."""
+        due = [self.budgets[name].ask_at for name in self.throttled if self.budgets[name].ask_at]
+        return min(due) if due else None
+
+    def tick(self) -> None:
+        """Asks that came due for queues whose consumers wait."""
+        now = self.life.now
+        for name in self.throttled:
+            budget = self.budgets[name]
+            if budget.ask_at and budget.ask_at <= now:
+                self._ask(name, budget)
+
+    def cron(self) -> None:
+        """Every 100 ms: a lease is renewed (or given back) every RENEW_MS,
+        an unanswered ask is made again."""
+        now = self.life.now
+        for name, budget in self.budgets.items():
+            if budget.slots_until > now or name in self.throttled:
+                if now - max(budget.asked, budget.slots_until - LEASE_MS) >= RENEW_MS:
+                    self._ask(name, budget)
+
+    # ------------------------------------------------------------ reading
+
+    def show(self, queue: bytes) -> Map:
+        """QCONFIG GET: the limits in force and this node's use of them."""
+        limits = self.defs.get(queue)
+        if limits is None or limits.deleted:
+            limits = QueueLimits(queue, 0, "")
+        budget = self.budgets.get(queue) or Budget()
+        now = self.life.now
+        return Map([
+            *limits.options(),
+            (b"out", self._out(budget)), (b"lease", budget.slots if budget.slots_until > now else 0),
+            (b"tokens", budget.tokens if budget.tokens_until > now else 0), (b"handed", budget.handed),
+            (b"waiting", int(queue in self.throttled)), (b"waits", budget.waits), (b"waited-ms", budget.waited),
+        ])  # fmt: skip
+
+    def names(self) -> list[bytes]:
+        return sorted(name for name, limits in self.defs.items() if limits.any())
+
+    def info_fields(self) -> list[tuple[str, int]]:
+        budgets = self.budgets.values()
+        return [
+            ("limited_queues", len(self.budgets)), ("limited_queues_waiting", len(self.throttled)),
+            ("limited_jobs_out", sum(len(b.out) for b in budgets)), ("limited_jobs_handed", sum(b.handed for b in budgets)),
+            ("limit_waits", sum(b.waits for b in budgets)), ("limit_waited_ms", sum(b.waited for b in budgets)),
+            ("limit_queues_lent", len(self.lenders)), ("limit_records_dropped", self.dropped),
+        ]  # fmt: skip
+
+
+def _burst(limits: QueueLimits) -> int:
+    """The most tokens a home's bucket holds, or one ask gets."""
+    return max(1, limits.rate // BURST)

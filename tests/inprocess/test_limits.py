@@ -1,0 +1,275 @@
+"""Limits the cluster enforces (core/limits.py, store/limits.py, QCONFIG)
+under the fake clock: the record and its rules, the option parser (fuzzed),
+the command, the AOF records and the bus; one node handing out jobs within
+a concurrency and a rate limit (ACK, NACK and a requeue free a slot,
+WORKING keeps it, a blocked GETJOB wakes, NOHANG returns at once); then
+whole nodes on the mesh: the leases lent by the queue's home never sum
+above the limit, a dead node's lease lapses before it is lent again, and a
+node that sees no majority lends nothing new."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from hypothesis import given, strategies as st
+
+from disque.cluster import messages as m
+from disque.cluster.codec import decode_body, encode_body
+from disque.core.effects import AofAppend
+from disque.core.limits import LEASE_MS, LEASE_SLACK
+from disque.core.types import BLOCKED, NIL_ARRAY
+from disque.store import limits as records
+from disque.store.aof import AofCorrupt, check_record
+from disque.store.limits import OptionError, QueueLimits, apply_options
+from disque.store.records import DecodeError
+from mesh import Mesh
+from support import ClockedSession, Session, make_core, replay
+
+QUIET = LEASE_MS + LEASE_SLACK  # a node lends no new slot this long after it starts
+
+
+@pytest.fixture
+def env() -> ClockedSession:
+    return ClockedSession()
+
+
+def run(s: ClockedSession, ms: int, step: int = 100) -> None:
+    for _ in range(ms // step):
+        s.clock.advance(step)
+        s.core.tick()
+
+
+def started(s: ClockedSession) -> None:
+    run(s, QUIET)
+
+
+def jobs(s: ClockedSession, n: int, queue: str = "q") -> list[bytes]:
+    return [s("ADDJOB", queue, f"b{i}", 0, "REPLICATE", 1, "RETRY", 5) for i in range(n)]
+
+
+def take(s: Any, queue: str = "q") -> list[bytes]:
+    reply = s("GETJOB", "NOHANG", "COUNT", 100, "FROM", queue)
+    return [] if reply is NIL_ARRAY else [job_id for _, job_id, _ in reply]
+
+
+# ---------------------------------------------------------------- the record and its options
+
+
+def test_options_parse_into_a_record():
+    base = QueueLimits(b"q", 0, "", deleted=True)
+    limits = apply_options(base, [b"RATE-LIMIT", b"300/s", b"concurrency", b"5", b"rate-limit-per-key", b"2/M",
+                                  b"concurrency-per-key", b"1"])  # fmt: skip
+    assert (limits.rate, limits.period, limits.concurrency) == (300, 1000, 5)
+    assert (limits.key_rate, limits.key_period, limits.key_concurrency) == (2, 60_000, 1)
+    assert not limits.deleted and limits.any() and records.broken_rule(limits) == ""
+    assert dict(limits.options()) == {b"rate-limit": b"300/s", b"concurrency": 5, b"rate-limit-per-key": b"2/m",
+                                      b"concurrency-per-key": 1}  # fmt: skip
+    cleared = apply_options(limits, [b"rate-limit", b"none", b"concurrency", b"0", b"rate-limit-per-key", b"off",
+                                     b"concurrency-per-key", b"none"])  # fmt: skip
+    assert not cleared.any() and cleared.options()[0] == (b"rate-limit", None)
+    assert apply_options(base, [b"rate-limit", b"7/h"]).period == 3_600_000
+
+
+@pytest.mark.parametrize(
+    "words, error",
+    [
+        ([], "takes <option> <value> pairs"), ([b"concurrency"], "takes <option> <value> pairs"),
+        ([b"concurrency", b"-1"], "concurrency must be a number from 0"),
+        ([b"concurrency", b"1000000001"], "concurrency must be a number from 0"),
+        ([b"rate-limit", b"10"], "rate-limit must be <n>/s"), ([b"rate-limit", b"10/d"], "rate-limit must be <n>/s"),
+        ([b"rate-limit", b"0/s"], "rate-limit must be <n>/s"), ([b"rate-limit", b"x/s"], "rate-limit must be <n>/s"),
+        ([b"rate-limit-per-key", b"/s"], "rate-limit-per-key must be"),
+        ([b"concurrency-per-key", b"a"], "concurrency-per-key must be"),
+        ([b"speed", b"1"], "unknown option 'speed'"),
+    ],
+)  # fmt: skip
+def test_bad_options_are_named(words, error):
+    with pytest.raises(OptionError, match=error):
+        apply_options(QueueLimits(b"q", 0, ""), words)
+
+
+@given(st.lists(st.one_of(
+    st.sampled_from([b"rate-limit", b"concurrency", b"rate-limit-per-key", b"concurrency-per-key", b"none", b"0"]),
+    st.from_regex(rb"\A[0-9]{1,11}/[smhd]?\Z"), st.binary(max_size=12),
+), max_size=8))  # fmt: skip
+def test_the_parser_takes_any_words_and_makes_only_good_records(words):
+    try:
+        limits = apply_options(QueueLimits(b"q", 1, "a"), words)
+    except OptionError:
+        return
+    assert records.broken_rule(limits) == ""
+    assert records.decode(records.encode(limits)) == limits
+
+
+@pytest.mark.parametrize(
+    "change, rule",
+    [
+        ({"queue": b""}, "queue name must be 1 to"), ({"queue": b"q" * 65537}, "queue name must be 1 to"),
+        ({"concurrency": -1}, "a limit must be 0 to"), ({"key_rate": 10**10, "key_period": 1000}, "a limit must be 0 to"),
+        ({"rate": 5}, "a rate's period"), ({"period": 1000}, "a rate's period"), ({"rate": 1, "period": 7}, "a rate's period"),
+    ],
+)  # fmt: skip
+def test_one_rule_per_record_for_the_bus_and_the_aof(change, rule):
+    bad = replace(QueueLimits(b"q", 5, "a"), **change)
+    assert rule in records.broken_rule(bad)
+    with pytest.raises(records.RuleError, match=rule):
+        records.decode(records.encode(bad))
+
+
+@pytest.mark.parametrize("data", ["text", b"\xc1", b"\x93\x01\x02\x03", b"\x9a" + b"\x01" * 10])
+def test_a_malformed_record_is_a_decode_error(data):
+    with pytest.raises(DecodeError):
+        records.decode(data)
+
+
+# ---------------------------------------------------------------- the command
+
+
+def test_qconfig_set_get_del_list(env):
+    assert env("QCONFIG", "q", "SET", "concurrency", 2, "rate-limit", "10/s") == b"OK"
+    version = env.core.limits.defs[b"q"].version
+    assert env("QCONFIG", "q", "SET", "concurrency", 2) == b"OK"  # no change: no new record
+    assert env.core.limits.defs[b"q"].version == version
+    show = dict(env("QCONFIG", "q", "GET"))
+    assert show[b"rate-limit"] == b"10/s" and show[b"concurrency"] == 2 and show[b"out"] == 0
+    assert env("QCONFIG", "LIST") == [b"q"]
+    assert env("QCONFIG", "q", "DEL") == 1 and env("QCONFIG", "q", "DEL") == 0 and env("QCONFIG", "nope", "DEL") == 0
+    assert env("QCONFIG", "LIST") == [] and env.core.limits.defs[b"q"].deleted
+    assert dict(env("QCONFIG", "q", "GET"))[b"concurrency"] is None
+    assert env("QCONFIG", "q", "SET", "concurrency", 3) == b"OK"  # over a tombstone: from nothing
+    assert env.core.limits.defs[b"q"].concurrency == 3 and env.core.limits.defs[b"q"].rate == 0
+
+
+@pytest.mark.parametrize(
+    "args, error",
+    [
+        (("q",), "Syntax error, try QCONFIG"), (("q", "SET"), "Syntax error, try QCONFIG"),
+        (("q", "GET", "x"), "Syntax error, try QCONFIG"), (("q", "FROB"), "Syntax error, try QCONFIG"),
+        (("q", "SET", "concurrency", "x"), "concurrency must be a number"), (("q", "SET", "concurrency"), "pairs"),
+    ],
+)  # fmt: skip
+def test_qconfig_errors(env, args, error):
+    reply = env("QCONFIG", *args)
+    assert isinstance(reply, Exception) and error in str(reply)
+    assert env("QCONFIG", "LIST") == []
+
+
+def test_aof_records_are_logged_replayed_and_rewritten(env):
+    env.core.aof.state = "on"
+    env("QCONFIG", "q", "SET", "concurrency", 2)
+    env("QCONFIG", "gone", "SET", "rate-limit", "5/m")
+    env("QCONFIG", "gone", "DEL")
+    log = b"".join(e.record for e in env.core.out.effects if isinstance(e, AofAppend))
+    assert log.count(b"QLIMITS\r\n") == 3
+    rewrite = b"".join(env.core.snapshot().other)
+    assert rewrite.count(b"QLIMITS\r\n") == 2
+    for data in (log, rewrite, rewrite + log):
+        core2, _, _ = make_core()
+        replay(core2, data)
+        assert Session(core2)("QCONFIG", "LIST") == [b"q"] and core2.limits.defs == env.core.limits.defs
+
+
+def test_limits_records_are_checked_and_a_bad_one_is_skipped_alone(env):
+    good = records.encode(QueueLimits(b"q", 5, "a" * 40, concurrency=1))
+    assert check_record(0, [b"QLIMITS", b"x"]) is None  # well framed: replay skips it alone
+    with pytest.raises(AofCorrupt):
+        check_record(0, [b"QLIMITS"])
+    rep = env.core.begin_load()
+    rep.apply(0, [b"QLIMITS", b"x"])
+    rep.apply(0, [b"QLIMITS", records.encode(QueueLimits(b"", 5, "a", concurrency=1))])
+    rep.apply(0, [b"QLIMITS", good])
+    rep.apply(0, [b"QLIMITS", records.encode(QueueLimits(b"q", 4, "a", concurrency=9))])  # older: ignored
+    env.core.end_load()
+    assert env.core.limits.names() == [b"q"] and env.core.limits.defs[b"q"].concurrency == 1
+    assert dict(env.core.limits.info_fields())["limit_records_dropped"] == 2
+
+
+def test_messages_cross_the_codec():
+    header = m.Header("a" * 40, 7711, 0)
+    for msg in (m.QSet(b"r"), m.LimitAsk(b"q", 3, 1, 2, 4, 99), m.LimitGrant(b"q", 2, 5, 7, 99)):
+        assert decode_body(encode_body(header, msg)) == (header, msg)
+
+
+def test_a_record_from_the_bus_is_kept_if_newer_and_a_bad_one_dropped(env):
+    limits = env.core.limits
+    limits.on_qset("b" * 40, m.QSet(b"junk"))
+    limits.on_qset("b" * 40, m.QSet(records.encode(QueueLimits(b"q", 5, "b" * 40, concurrency=4))))
+    limits.on_qset("b" * 40, m.QSet(records.encode(QueueLimits(b"q", 4, "b" * 40, concurrency=9))))
+    assert limits.defs[b"q"].concurrency == 4 and limits.dropped == 1
+    limits.on_grant("b" * 40, m.LimitGrant(b"other", 1, 1, 0, 5))  # a grant for no limit here: ignored
+    limits.on_ask("b" * 40, m.LimitAsk(b"other", 1, 0, 0, 0, 5))  # an ask for a queue not limited here: no answer
+    assert b"other" not in limits.budgets and b"other" not in limits.lenders
+
+
+# ---------------------------------------------------------------- one node
+
+
+def test_concurrency_is_held_and_each_answer_frees_its_slot(env):
+    env("QCONFIG", "q", "SET", "concurrency", 2)
+    ids = jobs(env, 6)
+    assert take(env) == []  # a node lends nothing new in its first lease time
+    started(env)
+    got = take(env)
+    assert len(got) == 2 and take(env) == []  # NOHANG returns at once, with nothing past the limit
+    assert env("WORKING", got[0]) > 0 and take(env) == []  # WORKING keeps the slot
+    assert env("ACKJOB", got[0]) == 1
+    third = take(env)
+    assert len(third) == 1  # ACK freed one at once
+    assert env("NACK", third[0]) == 1
+    again = take(env)
+    assert again == [third[0]]  # NACK freed it, and the job came back
+    assert env("NACK", again[0], "DELAY", 100) == 1 and len(take(env)) == 1  # a NACK ... DELAY frees it too
+    out = dict(env("QCONFIG", "q", "GET"))
+    assert out[b"out"] == 2 and out[b"lease"] == 2 and out[b"handed"] == 5
+    run(env, 6000)  # RETRY 5: the jobs out are queued again, their slots free
+    assert dict(env("QCONFIG", "q", "GET"))[b"out"] == 0 and len(take(env)) == 2
+    assert set(ids) >= set(env.core.limits.budgets[b"q"].out)
+
+
+def test_a_blocked_getjob_wakes_when_a_slot_frees(env):
+    env("QCONFIG", "q", "SET", "concurrency", 1)
+    started(env)
+    jobs(env, 2)
+    [first] = take(env)
+    waiter = Session(env.core)
+    assert waiter("GETJOB", "FROM", "q") is BLOCKED  # held back by the limit
+    assert dict(env("QCONFIG", "q", "GET"))[b"waiting"] == 1
+    env.clock.advance(40)
+    env("ACKJOB", first)
+    reply = waiter.pending()
+    assert len(reply) == 1 and reply[0][0][1] != first
+    info = dict(env.core.limits.info_fields())
+    assert info["limit_waits"] == 1 and info["limit_waited_ms"] == 40 and info["limited_queues_waiting"] == 0
+
+
+def test_a_rate_limit_hands_out_no_more_than_its_rate(env):
+    env("QCONFIG", "q", "SET", "rate-limit", "100/s")
+    started(env)
+    jobs(env, 400)
+    waiters = [Session(env.core) for _ in range(10)]
+    for w in waiters:
+        assert w("GETJOB", "FROM", "q") is BLOCKED
+    handed: list[int] = []  # when each job went out
+    for _ in range(300):  # 3 s in 10 ms steps: a consumer that got a job acknowledges it and waits again
+        env.clock.advance(10)
+        env.core.tick()
+        for w in waiters:
+            for reply in w.pending():
+                handed.append(env.clock.ms)
+                w("ACKJOB", reply[0][1])
+                assert w("GETJOB", "FROM", "q") is BLOCKED
+    windows = [sum(1 for t in handed if start <= t < start + 1000) for start in range(handed[0], handed[-1] - 999, 10)]
+    assert 290 <= len(handed) <= 310 and max(windows) <= 110
+
+
+def test_a_limit_removed_serves_the_waiters_at_once(env):
+    env("QCONFIG", "q", "SET", "rate-limit", "1/h")
+    started(env)
+    jobs(env, 3)
+    assert len(take(env)) == 0  # the home's bucket starts empty
+    waiter = Session(env.core)
+    assert waiter("GETJOB", "FROM", "q") is BLOCKED
+    env("QCONFIG", "q", "SET", "rate-limit", "none")
+    assert len(waiter.pending()) == 1 and len(take(env)) == 2
