@@ -211,7 +211,7 @@ class Limits:
             if fresh:  # this node is the home: its answer came at once
                 del self.throttled[name]
         job = self.life.fetch(queue)
-        if job is not None:
+        if job is not None:  # pragma: no branch - None only for a job on a disk that fails to read
             budget.out[job.id] = (job, _handed(job))
             budget.tokens -= 1
             budget.handed += 1
@@ -266,12 +266,13 @@ class Limits:
 
     def _ask(self, name: bytes, budget: Budget) -> None:
         """Ask the home for a lease of the jobs out here and one per consumer
-        waiting (a throttled queue: one at least), and a token for each."""
+        waiting with a job queued for it (a throttled queue: one at least),
+        and a token for each."""
         life = self.life
         now = life.now
         limits = self.defs[name]
         queue = life.queues.get(name)
-        waiting = len(queue.waiters) if queue is not None else 0
+        waiting = min(len(queue.waiters), len(queue)) if queue is not None else 0  # (no job here: no slot wanted)
         if name in self.throttled:
             waiting = max(1, waiting)
         out = self._out(budget)
@@ -296,9 +297,7 @@ class Limits:
         now = life.now
         limits = self.defs[ask.queue]
         lender = self.lenders.setdefault(ask.queue, Lender(filled=now))
-        up = tuple(life.membership.up_ids())
-        if up != self.view:
-            self.view, self.quiet_until = up, max(self.quiet_until, now + LEASE_MS + LEASE_SLACK)
+        up = self._look()
         majority = 2 * len(up) > life.membership.size()
         slots = tokens = retry = 0
         if limits.concurrency:
@@ -363,10 +362,20 @@ class Limits:
             if budget.ask_at and budget.ask_at <= now:
                 self._ask(name, budget)
 
+    def _look(self) -> tuple[str, ...]:
+        """The nodes up; if they changed, this node lends nothing new for a
+        lease time (the previous home's leases may still run)."""
+        up = tuple(self.life.membership.up_ids())
+        if up != self.view:
+            self.view, self.quiet_until = up, max(self.quiet_until, self.life.now + LEASE_MS + LEASE_SLACK)
+        return up
+
     def cron(self) -> None:
-        """Every 100 ms: a lease is renewed (or given back) every RENEW_MS,
-        an unanswered ask is made again."""
+        """Every 100 ms: the nodes up are looked at, a lease is renewed (or
+        given back) every RENEW_MS, an unanswered ask is made again."""
         now = self.life.now
+        if self.budgets:
+            self._look()
         for name, budget in self.budgets.items():
             if budget.slots_until > now or name in self.throttled:
                 if now - max(budget.asked, budget.slots_until - LEASE_MS) >= RENEW_MS:

@@ -18,6 +18,7 @@ from hypothesis import given, strategies as st
 from disque.cluster import messages as m
 from disque.cluster.codec import decode_body, encode_body
 from disque.core.effects import AofAppend
+from disque.core.homes import home
 from disque.core.limits import LEASE_MS, LEASE_SLACK
 from disque.core.types import BLOCKED, NIL_ARRAY
 from disque.store import limits as records
@@ -264,6 +265,17 @@ def test_a_rate_limit_hands_out_no_more_than_its_rate(env):
     assert 290 <= len(handed) <= 310 and max(windows) <= 110
 
 
+def test_a_consumer_takes_a_token_that_came_while_others_wait(env):
+    env("QCONFIG", "q", "SET", "rate-limit", "10/s")
+    started(env)
+    jobs(env, 3)
+    waiter = Session(env.core)
+    assert waiter("GETJOB", "FROM", "q") is BLOCKED  # the bucket starts empty: the next token in 100 ms
+    env.clock.advance(100)  # (before the node's tick serves the waiter)
+    assert len(take(env)) == 1 and waiter.pending() == []
+    assert env.core.limits.throttled == {b"q": None}
+
+
 def test_a_limit_removed_serves_the_waiters_at_once(env):
     env("QCONFIG", "q", "SET", "rate-limit", "1/h")
     started(env)
@@ -273,3 +285,136 @@ def test_a_limit_removed_serves_the_waiters_at_once(env):
     assert waiter("GETJOB", "FROM", "q") is BLOCKED
     env("QCONFIG", "q", "SET", "rate-limit", "none")
     assert len(waiter.pending()) == 1 and len(take(env)) == 2
+
+
+# ---------------------------------------------------------------- a cluster
+
+
+@pytest.fixture
+def mesh() -> Mesh:
+    mesh = Mesh(3)
+    mesh.meet(0, 1)
+    mesh.meet(0, 2)
+    mesh.advance(3500)  # joined, past every node's quiet start
+    return mesh
+
+
+class Consumers:
+    """`per_node` consumers blocked on `queue` on each live node of the
+    mesh; each holds a job `hold_ms`, acknowledges it and asks again.  The
+    history is theirs (when each job was seen and acknowledged), not the
+    nodes' counters."""
+
+    def __init__(self, mesh: Mesh, queue: str, per_node: int, hold_ms: int, nodes: tuple[int, ...] = (0, 1, 2)) -> None:
+        self.mesh, self.queue, self.hold_ms = mesh, queue, hold_ms
+        self.waiting: dict[int, int] = {}  # client id -> node
+        self.out: dict[bytes, tuple[int, int]] = {}  # job ID -> (node, seen at)
+        self.done: list[tuple[int, int]] = []
+        self.most_out = 0
+        for i in nodes:
+            for _ in range(per_node):
+                self.wait(i)
+
+    def wait(self, i: int) -> None:
+        self.waiting[self.mesh.call(i, "GETJOB", "FROM", self.queue)] = i
+
+    def run(self, ms: int, step: int = 10) -> None:
+        mesh = self.mesh
+        for _ in range(ms // step):
+            mesh.advance(step)
+            now = mesh.clock.ms
+            for job_id, (i, seen) in list(self.out.items()):
+                if now - seen >= self.hold_ms and mesh.cores[i] is not None:
+                    assert mesh.call(i, "ACKJOB", job_id) == 1
+                    del self.out[job_id]
+                    self.done.append((seen, now))
+                    self.wait(i)
+            for client, i in list(self.waiting.items()):
+                reply = mesh.reply(client)
+                if reply is not None:
+                    del self.waiting[client]
+                    for _, job_id, _ in reply:
+                        self.out[job_id] = (i, now)
+            self.most_out = max(self.most_out, len(self.out))
+
+
+def add_jobs(mesh: Mesh, n: int, queue: str = "q", nodes: tuple[int, ...] = (0, 1, 2)) -> None:
+    for k in range(n):
+        mesh.call(nodes[k % len(nodes)], "ADDJOB", queue, f"b{k}", 0, "REPLICATE", 1, "RETRY", 60)
+
+
+def test_a_record_reaches_every_node_and_one_that_links_up_later():
+    mesh = Mesh(3)
+    mesh.meet(0, 1)
+    mesh.advance(3500)
+    assert mesh.call(1, "QCONFIG", "q", "SET", "concurrency", 4) == b"OK"
+    mesh.call(0, "QCONFIG", "gone", "SET", "rate-limit", "3/s")
+    mesh.call(0, "QCONFIG", "gone", "DEL")
+    assert all(mesh.core(i).limits.names() == [b"q"] for i in (0, 1))
+    mesh.meet(0, 2)
+    mesh.advance(1000)
+    assert mesh.core(2).limits.defs == mesh.core(0).limits.defs and mesh.core(2).limits.defs[b"gone"].deleted
+
+
+def test_concurrency_holds_across_the_cluster(mesh):
+    mesh.call(0, "QCONFIG", "q", "SET", "concurrency", 3)
+    add_jobs(mesh, 60)
+    consumers = Consumers(mesh, "q", per_node=4, hold_ms=50)
+    consumers.run(5000)  # (the nodes just joined: the home lends nothing new for its quiet time)
+    assert consumers.most_out == 3 and len(consumers.done) == 60
+    assert sum(1 for i in range(3) if mesh.core(i).limits.budgets[b"q"].handed) >= 2  # the share went where the jobs were
+    assert [i for i in range(3) if b"q" in mesh.core(i).limits.lenders] == [home_of(mesh, b"q")]
+
+
+def home_of(mesh: Mesh, queue: bytes) -> int:
+    ids = [mesh.my_id(i) for i in range(3)]
+    return ids.index(home(queue, ids))
+
+
+def test_a_rate_holds_across_the_cluster(mesh):
+    mesh.call(0, "QCONFIG", "q", "SET", "rate-limit", "50/s")
+    add_jobs(mesh, 400)
+    consumers = Consumers(mesh, "q", per_node=5, hold_ms=0)
+    consumers.run(7000)  # (the home lends nothing for its quiet time after the join)
+    seen = sorted(t for t, _ in consumers.done)
+    windows = [sum(1 for t in seen if s <= t < s + 1000) for s in range(seen[0], seen[-1] - 999, 10)]
+    assert 190 <= len(seen) and 47.5 <= len(seen) * 1000 / (seen[-1] - seen[0]) <= 52.5 and max(windows) <= 55
+
+
+def test_a_dead_nodes_lease_is_lent_again_only_once_it_lapsed(mesh):
+    mesh.call(0, "QCONFIG", "q", "SET", "concurrency", 2)
+    mesh.advance(3000)  # past the home's quiet time
+    other = next(i for i in range(3) if i != home_of(mesh, b"q"))
+    rest = tuple(i for i in range(3) if i != other)
+    add_jobs(mesh, 20, nodes=(other,))
+    holder = Consumers(mesh, "q", per_node=2, hold_ms=100_000, nodes=(other,))  # holds its jobs for good
+    holder.run(500)
+    assert len(holder.out) == 2
+    add_jobs(mesh, 20, nodes=rest)
+    late = Consumers(mesh, "q", per_node=2, hold_ms=100_000, nodes=rest)
+    late.run(1000)
+    assert late.out == {}  # the whole budget is out on `other`
+    mesh.kill(other)
+    late.run(LEASE_MS)  # its lease has not lapsed at the home yet
+    assert late.out == {}
+    late.run(3 * LEASE_MS)
+    assert len(late.out) == 2  # lapsed: lent again (the dead node's jobs come back by their RETRY)
+
+
+def test_a_node_that_sees_no_majority_lends_nothing_new(mesh):
+    mesh.call(0, "QCONFIG", "q", "SET", "concurrency", 5)
+    mesh.advance(3000)
+    lone = home_of(mesh, b"q")
+    for i in range(3):
+        if i != lone:
+            mesh.kill(i)
+    mesh.advance(5000)  # the others are flagged failing: it sees one node of three
+    assert mesh.core(lone).membership.up_ids() == [mesh.my_id(lone)]
+    add_jobs(mesh, 5, nodes=(lone,))
+    assert take(Session(mesh.core(lone))) == []
+    mesh.advance(3 * LEASE_MS)
+    assert take(Session(mesh.core(lone))) == []
+    mesh.restart((lone + 1) % 3)
+    mesh.meet(lone, (lone + 1) % 3)
+    mesh.advance(5000)  # a majority again, and the quiet time of a new view over
+    assert len(take(Session(mesh.core(lone)))) == 5
