@@ -77,6 +77,8 @@ def node_figures(node: NodeCore, max_queues: int | None = None) -> dict[str, Any
         ],
         "schedules": dict(node.schedules.info_fields()),
         "schedule_list": schedule_figures(node),
+        "limits": dict(node.limits.info_fields()),
+        "limit_list": node.limits.figures(),
         **queues_figures(node, max_queues),
     }
 

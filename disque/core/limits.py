@@ -397,6 +397,20 @@ class Limits:
             (b"waiting", int(queue in self.throttled)), (b"waits", budget.waits), (b"waited-ms", budget.waited),
         ])  # fmt: skip
 
+    def figures(self) -> list[dict[str, Any]]:
+        """Each limited queue's limits and this node's use of them (/metrics, the dashboard)."""
+        now = self.life.now
+        return [
+            {
+                "queue": name.decode("utf-8", "backslashreplace"), "concurrency": self.defs[name].concurrency,
+                "rate_per_second": self.defs[name].rate * 1000 / self.defs[name].period if self.defs[name].rate else 0,
+                "out": self._out(budget), "lease": budget.slots if budget.slots_until > now else 0,
+                "handed": budget.handed, "waiting": int(name in self.throttled),
+                "waited_seconds": (budget.waited + (now - budget.since if name in self.throttled else 0)) / 1000,
+            }
+            for name, budget in sorted(self.budgets.items())
+        ]  # fmt: skip
+
     def names(self) -> list[bytes]:
         return sorted(name for name, limits in self.defs.items() if limits.any())
 

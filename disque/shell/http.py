@@ -258,7 +258,31 @@ class NodeCollector:
                 sched["schedule_ticks_refused"])  # fmt: skip
         counter("schedule_records_dropped", "Schedule records from the bus or the AOF that broke a rule, dropped alone.",
                 sched["schedule_records_dropped"])  # fmt: skip
+        lim = fig["limits"]  # INFO limits (docs/limits.md)
+        gauge("limited_queues", "Queues with a cluster-wide rate or concurrency limit.", lim["limited_queues"])
+        counter("limit_records_dropped", "Limits records from the bus or the AOF that broke a rule, dropped alone.",
+                lim["limit_records_dropped"])  # fmt: skip
+        out += self._limits(fig["limit_list"])
         return out
+
+    @staticmethod
+    def _limits(rows: list[dict[str, Any]]) -> list[Metric]:
+        """Each limited queue: its limits, this node's share and use of them, how long consumers waited on them."""
+        families = {
+            "concurrency": GaugeMetricFamily("disque_limit_concurrency", "The queue's concurrency limit (0: none).", labels=["queue"]),
+            "rate_per_second": GaugeMetricFamily("disque_limit_rate_per_second", "The queue's rate limit (0: none).", labels=["queue"]),
+            "out": GaugeMetricFamily("disque_limit_jobs_out", "Jobs this node handed out that are still out.", labels=["queue"]),
+            "lease": GaugeMetricFamily("disque_limit_lease", "The concurrency share this node holds.", labels=["queue"]),
+            "handed": CounterMetricFamily("disque_limit_jobs_handed", "Jobs this node handed out within the limits.", labels=["queue"]),
+            "waiting": GaugeMetricFamily("disque_limit_waiting", "1 while consumers here wait on the limit.", labels=["queue"]),
+            "waited_seconds": CounterMetricFamily(
+                "disque_limit_waited_seconds", "Time consumers here waited on the limit, in all.", labels=["queue"]
+            ),
+        }
+        for row in rows:
+            for key, family in families.items():
+                family.add_metric([row["queue"]], row[key])
+        return list(families.values())
 
     @staticmethod
     def _groups(status: list[tuple[bytes, int, list[Any]]]) -> list[Metric]:

@@ -1,0 +1,88 @@
+"""Limits on real processes (docs/limits.md): a 3-node cluster with the AOF
+on, consumers on every node, a queue at `concurrency 5`; how many jobs
+were out at once is read from the consumers' own history (from the GETJOB
+reply to the ACK sent), never from what the nodes report.  The limit holds
+while the cluster is connected, and again after every node was killed with
+SIGKILL and started from its AOF."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from clusterkit import Cluster
+
+FAST = ("--cluster-node-timeout", "1000", "--appendonly", "yes")
+
+
+def most_at_once(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals open at one instant (an interval closes before one opening at the same time)."""
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals], key=lambda e: (e[0], e[1]))
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def consume(cluster: Cluster, queue: str, per_node: int, seconds: float, hold: float) -> list[tuple[float, float]]:
+    """`per_node` consumers on each node take jobs for `seconds`, hold each
+    `hold` seconds and acknowledge it: their (got, acknowledged) times."""
+    history: list[tuple[float, float]] = []
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def consumer(port: int) -> None:
+        client = redis.Redis(port=port, socket_timeout=10)
+        try:
+            while time.monotonic() < stop:
+                reply = client.execute_command("GETJOB", "TIMEOUT", 200, "FROM", queue)
+                if not reply:
+                    continue
+                got = time.monotonic()
+                time.sleep(hold)
+                ended = time.monotonic()
+                client.execute_command("ACKJOB", reply[0][1])
+                with lock:
+                    history.append((got, ended))
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=consumer, args=(node.port,)) for node in cluster.nodes for _ in range(per_node)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return history
+
+
+def add_jobs(cluster: Cluster, queue: str, n: int) -> None:
+    for i in range(n):
+        cluster.call(i % len(cluster), "ADDJOB", queue, f"job {i}", 5000, "REPLICATE", 2, "RETRY", 30)
+
+
+@pytest.mark.slow
+def test_concurrency_holds_on_a_real_cluster_and_after_kill_9(tmp_path: Path) -> None:
+    with Cluster(tmp_path / "c3", 3, *FAST) as cluster:
+        assert cluster.call(0, "QCONFIG", "reports", "SET", "concurrency", 5) == b"OK"
+        cluster.wait(lambda: all(cluster.call(i, "QCONFIG", "LIST") == [b"reports"] for i in cluster.indexes), what="QSET everywhere")
+        add_jobs(cluster, "reports", 2000)
+        history = consume(cluster, "reports", per_node=10, seconds=12, hold=0.02)
+        print(f"concurrency 5, 30 consumers: {len(history)} jobs in 12 s, at most {most_at_once(history)} out at once")
+        assert most_at_once(history) <= 5
+        assert len(history) >= 100, len(history)  # (not starved: the five slots kept busy)
+        for i in cluster.indexes:
+            cluster.kill(i)
+        for i in cluster.indexes:
+            cluster.restart(i)
+        cluster.wait_healthy()
+        for i in cluster.indexes:  # each from its own AOF
+            assert dict(zip(*[iter(cluster.call(i, "QCONFIG", "reports", "GET"))] * 2))[b"concurrency"] == 5
+        add_jobs(cluster, "reports", 2000)
+        again = consume(cluster, "reports", per_node=10, seconds=8, hold=0.02)
+        print(f"after kill -9 of every node: {len(again)} jobs in 8 s, at most {most_at_once(again)} out at once")
+        assert most_at_once(again) <= 5 and len(again) >= 50, len(again)
