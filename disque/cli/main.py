@@ -80,6 +80,8 @@ SERVER_COMMANDS: dict[str, tuple[str, str]] = {
     "QREGISTER": ("[queue ...]", "okq: the queues of this connection's one-argument QNOTIFY"),
     "SCHEDULE": ("ADD name queue body EVERY ms|CRON expr [TZ zone] [ADDJOB options] | DEL | SHOW | PAUSE | RESUME name | LIST",
                  "Recurring jobs: a job added to a queue at every tick (see `schedule --help`)"),
+    "QCONFIG": ("queue SET option value ... | queue GET | queue DEL | LIST",
+                "A queue's cluster-wide limits: rate-limit n/s|m|h, concurrency n (see `qconfig --help`)"),
     "HELLO": ("", "This node and the cluster's nodes, with priorities"),
     "INFO": ("[section]", "Server information and statistics"),
     "PING": ("[message]", "Check the connection"),
@@ -573,6 +575,71 @@ def list_dead_letters(session: Session, queue: str, count: int, cluster: bool | 
     rows = dead_letter_rows(found)
     session.output("dead-letters", rows, raw=[r["id"] for r in rows])
     session.check_nodes()
+
+
+# --------------------------------------------------------------------------
+# qconfig (docs/limits.md)
+
+
+@cli.group(cls=CommandGroup, prefix=("QCONFIG",), context_settings={"ignore_unknown_options": True})
+def qconfig() -> None:
+    """Queues' cluster-wide limits (QCONFIG): how many jobs a queue hands
+    to consumers per second, minute or hour, and how many may be out at
+    once, over the whole cluster.  Limits are cluster state: a change made
+    on one node reaches every node."""
+
+
+@qconfig.command("set")
+@click.argument("queue")
+@click.option("--rate", help="Jobs handed out per period, cluster-wide: 100/s, 20/m, 500/h (none: no limit).")
+@click.option("--concurrency", help="Jobs out with consumers at once, cluster-wide (0 or none: no limit).")
+@click.option("--rate-per-key", help="The same per key of a keyed job.")
+@click.option("--concurrency-per-key", help="The same per key of a keyed job.")
+@click.pass_obj
+def qconfig_set(session: Session, queue: str, rate: str | None, concurrency: str | None, rate_per_key: str | None,
+                concurrency_per_key: str | None) -> None:  # fmt: skip
+    """Set QUEUE's limits (the options not given keep their value)."""
+    words = [
+        w for option, value in (("rate-limit", rate), ("concurrency", concurrency), ("rate-limit-per-key", rate_per_key),
+                                ("concurrency-per-key", concurrency_per_key))
+        if value is not None for w in (option, value)
+    ]  # fmt: skip
+    if not words:
+        raise click.UsageError("give at least one of --rate, --concurrency, --rate-per-key, --concurrency-per-key")
+    session.run(["QCONFIG", queue, "SET", *words])
+
+
+def limits_row(queue: Any, reply: Any) -> dict[str, Any]:
+    from disque.cli.views import text
+
+    show = reply if isinstance(reply, dict) else dict(zip(reply[::2], reply[1::2]))
+    return {"queue": text(queue), **{text(k): (text(v) if isinstance(v, bytes) else v) for k, v in show.items()}}
+
+
+@qconfig.command("get")
+@click.argument("queue")
+@click.pass_obj
+def qconfig_get(session: Session, queue: str) -> None:
+    """QUEUE's limits and this node's use of them: jobs out, its lease, how long consumers waited."""
+    row = limits_row(queue, session.client().execute_command("QCONFIG", queue, "GET"))
+    session.output("record", row, raw=[v for item in row.items() for v in item])
+
+
+@qconfig.command("list")
+@click.pass_obj
+def qconfig_list(session: Session) -> None:
+    """Every limited queue, with its limits and this node's use of them."""
+    client = session.client()
+    rows = [limits_row(q, client.execute_command("QCONFIG", q, "GET")) for q in client.execute_command("QCONFIG", "LIST")]
+    session.output("limits", rows, raw=[r["queue"] for r in rows])
+
+
+@qconfig.command("del")
+@click.argument("queue")
+@click.pass_obj
+def qconfig_del(session: Session, queue: str) -> None:
+    """Remove every limit of QUEUE, everywhere (1; 0 if it had none)."""
+    session.run(["QCONFIG", queue, "DEL"])
 
 
 # --------------------------------------------------------------------------

@@ -115,6 +115,9 @@ def render(kind: str, value: Any, full: bool = False) -> RenderableType:
     if kind == "schedules":  # schedule list: rows of SCHEDULE SHOW
         columns = ["name", "queue", "when", "paused", "last-tick", "last-node", "next-tick", "jobs", "consumer"]
         return names_table(f"{len(value)} schedule(s)", ([r[c] for c in columns] for r in value), columns)
+    if kind == "limits":  # qconfig list: rows of QCONFIG GET
+        columns = ["queue", "rate-limit", "concurrency", "out", "lease", "handed", "waiting", "waited-ms"]
+        return names_table(f"{len(value)} limited queue(s)", ([r[c] for c in columns] for r in value), columns)
     if kind == "groups":  # qstat --groups: QSTATUS rows
         return groups_table(f"{len(value)} consumer group(s)", value)
     if kind == "scan":

@@ -59,6 +59,7 @@ import logging
 import os
 import queue
 import random
+import re
 import signal
 import sys
 import threading
@@ -177,6 +178,7 @@ class App:
         self.client_options = client_options
         self.handlers: dict[str, Handler] = {}
         self.schedules: dict[str, list[str | int]] = {}  # name -> SCHEDULE ADD's arguments after the name
+        self.limits: dict[str, list[str | int]] = {}  # queue -> QCONFIG SET's options (docs/limits.md)
         self._client: Client | None = None
 
     def job(
@@ -189,12 +191,18 @@ class App:
         timeout: float | None = None,
         backoff: Backoff = Backoff(),
         priority: int | None = None,
+        rate: str | None = None,
+        concurrency: int | None = None,
     ) -> Callable[[Callable[[Job], Any]], Handler]:
         """Decorator: the function handles the jobs of `queue`.  A job is
         delivered at most `max_attempts` times (`retries` + 1), then moved to
         `dead_letter` (the server's default dead-letter queue if None); each
         run may take `timeout` seconds.  `send` adds jobs of `priority`
-        (0-9, the queue's default if None; `send(..., priority=p)` overrides it)."""
+        (0-9, the queue's default if None; `send(..., priority=p)` overrides it).
+        `rate` ("100/s", "20/m", "500/h") and `concurrency` become the
+        queue's cluster-wide limits (QCONFIG SET, docs/limits.md) when a
+        worker starts: how many jobs the whole cluster hands out per period,
+        and how many may be out at once."""
         if retries is not None:
             if max_attempts is not None:
                 raise ValueError("give retries or max_attempts, not both")
@@ -203,6 +211,11 @@ class App:
             raise ValueError("dead_letter needs retries or max_attempts")
         if queue in self.handlers:
             raise ValueError(f"queue {queue!r} already has a handler")
+        if rate is not None and not re.fullmatch(r"[1-9][0-9]*/[smh]", rate):
+            raise ValueError(f"rate must be <n>/s, <n>/m or <n>/h, not {rate!r}")
+        limits = [*(["rate-limit", rate] if rate else []), *(["concurrency", concurrency] if concurrency is not None else [])]
+        if limits:
+            self.limits[queue] = limits
 
         def register(fn: Callable[[Job], Any]) -> Handler:
             handler = Handler(self, queue, fn, max_attempts, dead_letter, timeout, backoff, priority)
@@ -311,8 +324,8 @@ class _Threads:
         return inbox
 
 
-class BadSchedule(ValueError):
-    """A node refused one of the app's schedules (SCHEDULE ADD's error, with the schedule's name)."""
+class BadSetting(ValueError):
+    """A node refused one of the app's schedules or limits (SCHEDULE ADD's or QCONFIG SET's error, naming it)."""
 
 
 class JobTimeout(TimeoutError):
@@ -431,13 +444,13 @@ class Worker:
             async with anyio.create_task_group() as self._tasks:
                 if signals:
                     self._tasks.start_soon(self._watch_signals)
-                if self.app.schedules:
-                    self._tasks.start_soon(self._register_schedules)
+                if self.app.schedules or self.app.limits:
+                    self._tasks.start_soon(self._register_settings)
                 async with anyio.create_task_group() as slots:
                     for n in range(1, self.concurrency + 1):
                         slots.start_soon(self._slot, n)
                 self._tasks.cancel_scope.cancel()  # the signal watcher and grace timer
-        except* BadSchedule as group:  # the one error, not the task groups around it
+        except* BadSetting as group:  # the one error, not the task groups around it
             raise group.exceptions[0] from None
         log.info("worker stopped", extra={"processed": self.processed, "failed": self.failed})
 
@@ -451,23 +464,27 @@ class Worker:
         assert self._tasks is not None, "stop() before run()"
         self._tasks.start_soon(self._grace_timer)
 
-    async def _register_schedules(self) -> None:
-        """SCHEDULE ADD of the app's schedules, until a node takes them (adding
-        an unchanged schedule again changes nothing, so every worker does it)."""
-        client = self.app.async_client()
+    async def _register_settings(self) -> None:
+        """SCHEDULE ADD of the app's schedules and QCONFIG SET of its limits,
+        until a node takes them (setting an unchanged one again changes
+        nothing, so every worker does it)."""
+        app = self.app
+        commands = [(f"schedule {name!r} (queue {args[0]!r})", ["SCHEDULE", "ADD", name, *args]) for name, args in app.schedules.items()]
+        commands += [(f"the limits of queue {queue!r}", ["QCONFIG", queue, "SET", *words]) for queue, words in app.limits.items()]
+        client = app.async_client()
         try:
             for tries in itertools.count(1):
                 try:
-                    for name, args in self.app.schedules.items():
+                    for what, argv in commands:
                         try:
-                            await client.execute_command("SCHEDULE", "ADD", name, *args)
+                            await client.execute_command(*argv)
                         except DisqueReplyError as e:
-                            raise BadSchedule(f"schedule {name!r} (queue {args[0]!r}): {e.message or e}") from None
-                    log.info("schedules registered", extra={"schedules": ",".join(self.app.schedules)})
+                            raise BadSetting(f"{what}: {e.message or e}") from None
+                    log.info("settings registered", extra={"schedules": ",".join(app.schedules), "limits": ",".join(app.limits)})
                     return
                 except DisqueConnectionError as e:
                     delay = RECONNECT.delay(tries, self.rng)
-                    log.warning("cannot register the schedules: %s", e, extra={"retry_in": round(delay, 2)})
+                    log.warning("cannot register the settings: %s", e, extra={"retry_in": round(delay, 2)})
                     await anyio.sleep(delay)
         finally:
             with anyio.CancelScope(shield=True):

@@ -156,6 +156,20 @@ def test_qstat(disque: Callable[..., Result], pretty: Callable[..., Result], cli
     assert ok(disque("--json", "qstat", "missing-" + queue)) == "null\n"
 
 
+def test_qconfig(disque: Callable[..., Result], pretty: Callable[..., Result], client: Client, queue: str) -> None:
+    assert ok(disque("qconfig", "set", queue, "--rate", "100/s", "--concurrency", "5")) == "OK\n"
+    shown = fields(ok(pretty("qconfig", "get", queue)))
+    assert (shown["queue"], shown["rate-limit"], shown["concurrency"], shown["out"]) == (queue, "100/s", "5", "0")
+    assert queue in ok(pretty("qconfig", "list"))
+    data = json.loads(ok(disque("--json", "qconfig", "list")))
+    assert {"queue": queue, "rate-limit": "100/s", "concurrency": 5}.items() <= next(r for r in data if r["queue"] == queue).items()
+    result = disque("qconfig", "set", queue)
+    assert result.exit_code != 0 and "give at least one of" in result.output
+    assert "rate-limit must be" in disque("qconfig", "set", queue, "--rate", "fast").output
+    assert ok(disque("qconfig", "del", queue)) == "1\n"
+    assert queue not in ok(disque("qconfig", "list"))
+
+
 def test_hello(disque: Callable[..., Result], pretty: Callable[..., Result], client: Client, shared_node: NodeProcess) -> None:
     my_id = client.hello().node_id
     shown = ok(pretty("HELLO"))

@@ -7,14 +7,20 @@ SIGKILL and started from its AOF."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from pathlib import Path
 
+import anyio
 import pytest
 import redis
+from client_helpers import queue, shared_node  # noqa: F401  (fixtures)
 
 from clusterkit import Cluster
+from disque.client import Client, Job
+from disque.client.worker import App, BadSetting, Worker
+from disque.testing.devcluster import NodeProcess
 
 FAST = ("--cluster-node-timeout", "1000", "--appendonly", "yes")
 
@@ -86,3 +92,33 @@ def test_concurrency_holds_on_a_real_cluster_and_after_kill_9(tmp_path: Path) ->
         again = consume(cluster, "reports", per_node=10, seconds=8, hold=0.02)
         print(f"after kill -9 of every node: {len(again)} jobs in 8 s, at most {most_at_once(again)} out at once")
         assert most_at_once(again) <= 5 and len(again) >= 50, len(again)
+
+
+def test_a_workers_limits_become_the_queues_setting(shared_node: NodeProcess, queue: str) -> None:
+    with pytest.raises(ValueError, match="rate must be"):
+        App().job("x", rate="100/day")
+    app = App(f"{shared_node.host}:{shared_node.port}")
+    seen: list[bytes] = []
+    worker: Worker | None = None
+
+    @app.job(queue, rate="100/s", concurrency=5)
+    async def stripe(job: Job) -> None:
+        seen.append(job.body)
+        assert worker is not None
+        worker.stop()
+
+    assert app.limits == {queue: ["rate-limit", "100/s", "concurrency", 5]}
+    with Client(app.nodes) as c:
+        c.add_job(queue, "charge")
+        worker = Worker(app)
+        anyio.run(functools.partial(worker.run, signals=False))
+        limits = dict(zip(*[iter(c.execute_command("QCONFIG", queue, "GET"))] * 2))
+        assert seen == [b"charge"] and limits[b"rate-limit"] == b"100/s" and limits[b"concurrency"] == 5
+        c.execute_command("QCONFIG", queue, "DEL")
+
+
+def test_a_refused_limit_stops_the_worker_with_its_queue(shared_node: NodeProcess, queue: str) -> None:
+    app = App(f"{shared_node.host}:{shared_node.port}")
+    app.job(queue, concurrency=-1)(lambda job: None)
+    with pytest.raises(BadSetting, match=f"the limits of queue '{queue}': concurrency must be a number"):
+        anyio.run(functools.partial(Worker(app).run, signals=False))

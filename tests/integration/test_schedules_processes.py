@@ -14,7 +14,7 @@ from client_helpers import queue, shared_node  # noqa: F401  (fixtures)
 
 from clusterkit import Cluster
 from disque.client import Client, Job
-from disque.client.worker import App, BadSchedule, Worker, parse_period
+from disque.client.worker import App, BadSetting, Worker, parse_period
 from disque.testing.devcluster import NodeProcess
 from disque.store.ids import tick_job_id
 
@@ -133,7 +133,7 @@ def test_a_worker_registers_its_schedule_and_runs_the_ticks(backend: str, shared
 def test_a_refused_schedule_stops_the_worker_with_its_name(backend: str, shared_node: NodeProcess, queue: str) -> None:
     app = App(f"{shared_node.host}:{shared_node.port}")
     app.cron("0 25 * * *", queue, name="nightly")(lambda job: None)
-    with pytest.raises(BadSchedule) as info:  # the error itself, not the task groups' ExceptionGroup
+    with pytest.raises(BadSetting) as info:  # the error itself, not the task groups' ExceptionGroup
         anyio.run(functools.partial(Worker(app).run, signals=False), backend=backend)
     assert str(info.value) == (f"schedule 'nightly' (queue '{queue}'): invalid CRON expression: the hour field \"25\" must be 0-23; "
                                "5 fields: minute hour day month weekday")  # fmt: skip
