@@ -535,6 +535,7 @@ class _Base:
         dead_letter: str | None = None,
         asynchronous: bool = False,
         priority: int | None = None,
+        key: str | bytes | None = None,
     ) -> Ops[str]:
         """ADDJOB; returns the job ID.  `timeout_ms` bounds synchronous
         replication (30 s by default, 0: wait for ever; docs/client.md), past
@@ -542,13 +543,14 @@ class _Base:
         MINREPL (the server's defaults if None: docs/replication.md); after
         `max_attempts` failed deliveries the job moves to the `dead_letter`
         queue (the server's default one if None); a higher `priority` (0-9,
-        the queue's default if None) is served first.  A body over the
-        client's `max_job_size` is refused before it is sent."""
+        the queue's default if None) is served first; `key` is KEY
+        (docs/keys.md).  A body over the client's `max_job_size` is refused
+        before it is sent."""
         self._check_size(body)
         options = _options(
             [("ASYNC", asynchronous)],
             replicate=replicate, minrepl=minrepl, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
-            maxattempts=max_attempts, deadletter=dead_letter, priority=priority,
+            maxattempts=max_attempts, deadletter=dead_letter, priority=priority, key=key,
         )  # fmt: skip
 
         def send(body: str | bytes) -> Ops[str]:

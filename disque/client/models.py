@@ -23,6 +23,7 @@ class Job:
     nacks: int | None = None
     additional_deliveries: int | None = None
     priority: int | None = None  # QPEEK's, for a job of another priority than the default (5)
+    key: str | None = None  # ADDJOB KEY (docs/keys.md), None without one
 
     @property
     def deliveries(self) -> int | None:
@@ -34,7 +35,10 @@ class Job:
     @classmethod
     def from_entry(cls, entry: Sequence[Any]) -> Job:
         queue, job_id, body, *counters = entry
-        return cls(_text(job_id), _text(queue), body, **_pairs(counters))
+        pairs = _pairs(counters)
+        if "key" in pairs:
+            pairs["key"] = _text(pairs["key"])
+        return cls(_text(job_id), _text(queue), body, **pairs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +70,11 @@ class JobInfo:
     error_host: str | None = None
     error_pid: int | None = None
     error_time: int | None = None  # unix ms when a node recorded it
+    key: str | None = None  # ADDJOB KEY (docs/keys.md), None without one
 
     @classmethod
     def from_reply(cls, reply: Sequence[Any]) -> JobInfo:
-        texts = ("id", "queue", "state", "dead_letter_of", "dead_letter_from", "error_type", "error_message", "error_traceback", "error_host")
+        texts = ("id", "queue", "state", "dead_letter_of", "dead_letter_from", "error_type", "error_message", "error_traceback", "error_host", "key")
         return _build(cls, reply, texts, ("nodes_delivered", "nodes_confirmed"))
 
 

@@ -253,6 +253,9 @@ class Blocking:
 
     @staticmethod
     def job_entry(job: Job, withcounters: bool) -> list[Any]:
-        if withcounters:
-            return [job.queue, job.id, job.body, b"nacks", job.nacks, b"additional-deliveries", job.deliv]
-        return [job.queue, job.id, job.body]
+        if not withcounters:
+            return [job.queue, job.id, job.body]
+        rare = job.rare
+        if rare is not None and rare.key:  # ADDJOB KEY, with the counters (docs/keys.md)
+            return [job.queue, job.id, job.body, b"nacks", rare.nacks, b"additional-deliveries", job.deliv, b"key", rare.key]
+        return [job.queue, job.id, job.body, b"nacks", job.nacks, b"additional-deliveries", job.deliv]

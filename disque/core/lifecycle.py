@@ -474,7 +474,8 @@ class Lifecycle:
         copies must span, `min-zones` by default, at most REPLICATE);
         `priority` (0-9) defaults to the queue's (its `priority` setting, 5
         unless configured); a schedule's tick brings its `job_id`
-        (core/schedules.py); `minrepl` is MINREPL (`replication_level`)."""
+        (core/schedules.py); `minrepl` is MINREPL (`replication_level`);
+        `key` is KEY (docs/keys.md)."""
         ttl, delay, retry, zones = opts.ttl, opts.delay, opts.retry, opts.zones
         settings = self.settings
         check_size(body, settings)
@@ -517,6 +518,8 @@ class Lifecycle:
         job.qtime = now + (delay or retry) * 1000
         if opts.max_attempts:
             job.set_attempts(opts.max_attempts, queue + b"-dead" if opts.dead_letter is None else opts.dead_letter)
+        if opts.key:
+            job.key = opts.key
         if additional:
             return self.replicas.start(client, job, additional, opts.timeout, opts.is_async, extrepl, zones, minrepl)
         self.register(job, timer=False)
@@ -691,7 +694,7 @@ class Lifecycle:
         self, job: Job, queue: bytes, nacks: int, deliv: int, max_attempts: int, dead_letter: bytes, origin: bytes,
         failure: Failure | tuple[()],
     ) -> None:  # fmt: skip
-        """Put `job` in `queue` as a new job (same body, expiry, RETRY and
+        """Put `job` in `queue` as a new job (same body, key, expiry, RETRY and
         replication level), replicated asynchronously as an ADDJOB ... ASYNC
         is; the old job is deleted on every node that holds it, as FASTACK
         does.  Queued before the old one goes: at least once."""
@@ -700,7 +703,7 @@ class Lifecycle:
         copy = Job(
             new_job_id(membership.my_id, self.rng, ttl, job.retry), queue, job.body, S_ACTIVE, 0, job.repl,
             job.etime, self.new_ctime(), 0, job.retry, nacks, deliv, membership.solo, max_attempts, dead_letter,
-            origin, job.priority, failure,
+            origin, job.priority, failure, job.key,
         )  # fmt: skip
         copy.qtime = self.now  # due: queue_new_job queues it (and enqueue sets its RETRY timer)
         self.delete_everywhere(job)

@@ -13,8 +13,8 @@ single-node tuple, or a received one: cluster/codec.py), and
 `nodes_confirmed` exists only while replication or an ACK is being
 confirmed.  The fields few jobs set (DELAY, the NACK count, MAXATTEMPTS, a
 dead-lettered copy's origin, the last failure a consumer reported, the ACK
-garbage collector's attempt count) share one slot, `rare`, None for most
-jobs.  In the compiled build (disque/compiled.py) an int field holds its value unboxed, so every field
+garbage collector's attempt count, ADDJOB KEY) share one slot, `rare`, None
+for most jobs.  In the compiled build (disque/compiled.py) an int field holds its value unboxed, so every field
 costs 8 bytes and the record's allocation changes only in steps of two fields
 (CPython rounds to 16 bytes): the 17 below take 192 bytes (176 in the pure
 build).
@@ -76,6 +76,13 @@ MAX_PRIORITY: Final = 9
 
 RARE_BYTES: Final = 96  # a Rare record (GC header included)
 FAILURE_BYTES: Final = 104  # a Failure tuple of six (GC header included), beside its strings
+MAX_KEY: Final = 1024  # ADDJOB KEY's longest key, in bytes (docs/keys.md)
+
+
+def key_problem(key: bytes) -> str | None:
+    """What breaks the key rule in `key`, or None when it keeps it: the one
+    rule ADDJOB, the bus and the AOF loader apply (b"": no key)."""
+    return f"KEY longer than {MAX_KEY} bytes" if len(key) > MAX_KEY else None
 
 
 class Rare:
@@ -83,10 +90,10 @@ class Rare:
     `nacks` (NACKed jobs), ADDJOB MAXATTEMPTS (0: no limit), the deliveries
     before `dead_letter`, the queue a job out of attempts moves to; `origin`,
     a dead-lettered copy's former ID; `failure`, the last failure a
-    consumer reported (store/failure.py); and `gc_retry`, the ACK garbage
-    collector's attempts so far."""
+    consumer reported (store/failure.py); `gc_retry`, the ACK garbage
+    collector's attempts so far; and `key`, ADDJOB KEY (docs/keys.md)."""
 
-    __slots__ = ("delay", "nacks", "max_attempts", "dead_letter", "origin", "failure", "gc_retry")
+    __slots__ = ("delay", "nacks", "max_attempts", "dead_letter", "origin", "failure", "gc_retry", "key")
 
     def __init__(self) -> None:
         self.delay = 0
@@ -96,6 +103,7 @@ class Rare:
         self.origin = b""
         self.failure: Failure | tuple[()] = NO_FAILURE
         self.gc_retry = 0
+        self.key = b""
 
 
 class Job:
@@ -124,6 +132,7 @@ class Job:
         origin: bytes = b"",
         priority: int = DEFAULT_PRIORITY,
         failure: Failure | tuple[()] = NO_FAILURE,
+        key: bytes = b"",
     ) -> None:
         self.id = id
         self.queue = queue
@@ -149,6 +158,8 @@ class Job:
             )
         if failure:
             self._rare().failure = failure
+        if key:
+            self._rare().key = key
 
     def _rare(self) -> Rare:
         if self.rare is None:
@@ -192,6 +203,16 @@ class Job:
             self._rare().failure = value
 
     @property
+    def key(self) -> bytes:
+        """ADDJOB KEY (b"": none), fixed at creation (docs/keys.md)."""
+        return self.rare.key if self.rare is not None else b""
+
+    @key.setter
+    def key(self, value: bytes) -> None:
+        if value or self.rare is not None:
+            self._rare().key = value
+
+    @property
     def gc_retry(self) -> int:
         return self.rare.gc_retry if self.rare is not None else 0
 
@@ -206,7 +227,7 @@ class Job:
 
     def extra_size(self) -> int:
         """The bytes of the `rare` record when a field fixed at creation
-        needs it (DELAY, MAXATTEMPTS, `origin`), with their strings, and of
+        needs it (DELAY, MAXATTEMPTS, `origin`, KEY), with their strings, and of
         its failure (memory accounting: a job counts the same bytes as long
         as it keeps the same failure, so a record that only holds a NACK
         count or the collector's is not charged)."""
@@ -216,9 +237,9 @@ class Job:
         size = 0
         if failure := rare.failure:
             size = FAILURE_BYTES + len(failure.type) + len(failure.message) + len(failure.traceback) + len(failure.host)
-        if not (rare.delay or rare.max_attempts or rare.dead_letter or rare.origin):
+        if not (rare.delay or rare.max_attempts or rare.dead_letter or rare.origin or rare.key):
             return size
-        return size + RARE_BYTES + len(rare.dead_letter) + len(rare.origin)
+        return size + RARE_BYTES + len(rare.dead_letter) + len(rare.origin) + len(rare.key)
 
     def fields(self, flag_mask: int) -> dict[str, Any]:
         """The constructor's arguments by name, flags masked by `flag_mask`:

@@ -30,3 +30,4 @@ class JobOptions:
     priority: int | None = None  # PRIORITY 0-9 (the queue's by default)
     minrepl: int | None = None  # MINREPL (docs/replication.md)
     job_id: bytes | None = None  # a schedule's tick brings its own ID (core/schedules.py)
+    key: bytes = b""  # KEY (docs/keys.md; b"": none), within store/job.py's key rule

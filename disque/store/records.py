@@ -35,7 +35,7 @@ import msgpack
 
 from disque.store import failure as failures
 from disque.store.ids import valid_id
-from disque.store.job import DEFAULT_PRIORITY, DELIVERED, MAX_PRIORITY, NACKED, WIRE_FLAGS, Job, State
+from disque.store.job import DEFAULT_PRIORITY, DELIVERED, MAX_PRIORITY, NACKED, WIRE_FLAGS, Job, State, key_problem
 
 STORAGE_VERSION = 1  # storage form version ("v")
 WireJob = dict[str, Any]  # a job's bus form, as REPLJOB and YOURJOBS carry it (read-only)
@@ -215,6 +215,15 @@ class _Failure(Check):
             raise DecodeError(problem)
         return f
 
+
+
+class _Key(Check):
+    """ADDJOB KEY: bytes within the key rule (store/job.py)."""
+
+    def check(self, v: Any) -> Any:
+        if (problem := key_problem(_bytes.check(v))) is not None:
+            raise DecodeError(problem)
+        return v
 
 
 # --- records: field tables, one pack and one load -----------------------------
@@ -458,10 +467,14 @@ _JOB_COMMON: _Fields = (
 _PRIORITY = _Field("priority", "pr", _IntIn(0, MAX_PRIORITY), default=DEFAULT_PRIORITY)
 # The last failure (store/failure.py), left out when there is none; after PRIORITY, for the same reason.
 _FAILURE = _Field("failure", "er", _Failure(), default=failures.NO_FAILURE)
-_WIRE_JOB: _Fields = _JOB_COMMON + (_Field("ttl", "tl", _IntIn(1, _U64)), _Field("etime", "et", _UINT), _PRIORITY, _FAILURE)
+# ADDJOB KEY (docs/keys.md), left out when there is none; after the failure, for the same reason.
+_KEY = _Field("key", "k", _Key(), default=b"")
+_WIRE_JOB: _Fields = _JOB_COMMON + (
+    _Field("ttl", "tl", _IntIn(1, _U64)), _Field("etime", "et", _UINT), _PRIORITY, _FAILURE, _KEY
+)
 # `not_before`: the core-clock ms before which a NACK ... DELAY job is not queued again (0: none).
 _STORED_JOB: _Fields = _JOB_COMMON + (
-    _Field("etime", "et", _UINT), _Field("not_before", "nb", _UINT, default=0), _PRIORITY, _FAILURE
+    _Field("etime", "et", _UINT), _Field("not_before", "nb", _UINT, default=0), _PRIORITY, _FAILURE, _KEY
 )
 _wire_job: Final = _MapLoader(_WIRE_JOB)  # checks the job of REPLJOB / YOURJOBS (a dict with our names)
 _dump_wire_job: Final = _MapPacker(_WIRE_JOB, items=True)
@@ -487,6 +500,7 @@ def job_to_wire(job: Job, now_ms: int) -> WireJob:
     d["etime"] = job.etime
     d["priority"] = job.priority
     d["failure"] = job.failure
+    d["key"] = job.key
     return d
 
 
@@ -505,7 +519,7 @@ def _new_job(f: Any, etime: int) -> Job:
     compiled Job parses keywords at twice the cost of the whole call."""
     return Job(f["id"], f["queue"], f["body"], f["state"], f["flags"], f["repl"], etime, f["ctime"], f["delay"],
                f["retry"], f["nacks"], f["deliv"], f["nodes_delivered"], f["max_attempts"], f["dead_letter"],
-               f["origin"], f["priority"], f["failure"])  # fmt: skip
+               f["origin"], f["priority"], f["failure"], f["key"])  # fmt: skip
 
 
 def job_to_storage(job: Job) -> dict[str, Any]:
@@ -516,6 +530,7 @@ def job_to_storage(job: Job) -> dict[str, Any]:
     d["not_before"] = job.qtime if job.flags & NACKED else 0
     d["priority"] = job.priority
     d["failure"] = job.failure
+    d["key"] = job.key
     return d
 
 

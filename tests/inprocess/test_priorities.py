@@ -175,11 +175,11 @@ def test_the_wire_form_carries_it_and_an_older_frame_means_five() -> None:
     assert LinkCodec().decode(msgpack.packb(older))[1].job["priority"] == 5
     sender.positional = True
     arrays = [msgpack.unpackb(sender.encode(header, ReplJob(w, False))) for w in (wire, job_to_wire(_job(5), 0))]
-    assert arrays[0][-1][-2] == 2 and arrays[1][-1][-2] == 5  # (the last failure follows it)
-    del arrays[0][-1][-2:]  # an older node's array ends before it
+    assert arrays[0][-1][-3] == 2 and arrays[1][-1][-3] == 5  # (the last failure and the key follow it)
+    del arrays[0][-1][-3:]  # an older node's array ends before it
     older_node = LinkCodec()
     assert older_node.decode(msgpack.packb(arrays[0]))[1].job["priority"] == 5
-    arrays[1][-1][-2] = 10
+    arrays[1][-1][-3] = 10
     with pytest.raises(ValueError, match="priority"):
         older_node.decode(msgpack.packb(arrays[1]))
 

@@ -39,7 +39,7 @@ from disque.core.schedules import MIN_EVERY, check_cron
 from disque.store.failure import Failure, problem as failure_problem
 from disque.store.limits import OptionError
 from disque.store.schedule import Schedule, broken_rule
-from disque.store.job import DEFAULT_PRIORITY, MAX_PRIORITY, STATE_BY_NAME, STATE_NAMES, Job, State
+from disque.store.job import DEFAULT_PRIORITY, MAX_PRIORITY, STATE_BY_NAME, STATE_NAMES, Job, State, key_problem
 from disque.store.job_options import JobOptions
 from disque.store.queue import PAUSE_IN, PAUSE_NAMES, PAUSE_OUT, Queue
 
@@ -95,12 +95,13 @@ def _option(spec: tuple[int, int, int, str], raw: bytes) -> int:
 
 
 def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> JobOptions:
-    """ADDJOB's options from argv[i:] (ADDJOB_OPTS' values, ASYNC, DEADLETTER)
-    and its `raw_timeout`, checked after them, as one record; SCHEDULE ADD
-    takes the same options, without a timeout."""
+    """ADDJOB's options from argv[i:] (ADDJOB_OPTS' values, ASYNC, DEADLETTER,
+    KEY) and its `raw_timeout`, checked after them, as one record; SCHEDULE
+    ADD takes the same options, without a timeout."""
     values: list[int | None] = [None] * len(ADDJOB_OPTS)  # None: not given
     is_async = False
     dead_letter = None
+    key = b""
     n = len(argv)
     while i < n:
         spec = _ADDJOB_OPTS_UPPER.get(argv[i])
@@ -117,6 +118,11 @@ def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> 
         elif opt == b"deadletter" and i + 1 < n:
             dead_letter = argv[i + 1]
             i += 2
+        elif opt == b"key" and i + 1 < n:
+            key = argv[i + 1]
+            if (problem := key_problem(key)) is not None:
+                raise err(problem)
+            i += 2
         else:
             raise errors.syntax()
     timeout = 0 if raw_timeout is None else parse_timeout(raw_timeout)
@@ -124,7 +130,8 @@ def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> 
     if dead_letter is not None and max_attempts is None:
         raise err("DEADLETTER needs MAXATTEMPTS")
     return JobOptions(
-        timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter, zones, priority, minrepl
+        timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter, zones, priority, minrepl,
+        key=key,
     )
 
 
@@ -209,6 +216,8 @@ def _schedule_add(node: NodeCore, argv: list[bytes]) -> Any:
         check_cron(cron, tz)
     if o.minrepl is not None:
         raise err("MINREPL does not apply to SCHEDULE: a tick's job never waits for its copies")
+    if o.key:
+        raise err("KEY does not apply to SCHEDULE")
     check_job_options(o.repl or 3, o.retry, o.delay or 0, o.ttl or 86400)
     check_size(argv[4], node.lifecycle.settings)
     if o.zones is not None and o.zones > (o.repl or 3):
@@ -468,6 +477,7 @@ def show(node: NodeCore, job: Job) -> Map:
         + ([(b"dead-letter-of", job.origin)] if job.origin else [])
         + ([(b"dead-letter-from", job.dead_letter)] if job.origin and job.dead_letter else [])
         + failure_fields(job)
+        + ([(b"key", job.key)] if job.key else [])
     )
 
 
@@ -540,7 +550,7 @@ def cmd_jscan(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     """JSCAN; a large COUNT (or BUSYLOOP) builds its reply SLICE jobs at a
     time (Blocking.in_slices: other clients run in between; a job deleted
     meanwhile may still be listed, as SCAN allows)."""
-    cursor, opts = parse_scan(argv, (), {b"queue": bytes, b"state": _job_state, b"reply": _reply_type})
+    cursor, opts = parse_scan(argv, (), {b"queue": bytes, b"state": _job_state, b"reply": _reply_type, b"key": bytes})
     cursor, jobs = _scan(node.jobs, cursor, opts)
     return node.blocking.in_slices(client, _jscan_reply(node, cursor, jobs, opts))
 
@@ -548,10 +558,14 @@ def cmd_jscan(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
 def _jscan_reply(node: NodeCore, cursor: int, jobs: list[Job], opts: dict[bytes, Any]) -> Generator[None, None, list[Any]]:
     queues = opts.get(b"queue")
     states = opts.get(b"state")
+    keys = opts.get(b"key")
     reply_all = opts.get(b"reply", [False])[-1]
     items: list[Any] = []
     for n, job in enumerate(jobs, 1):
-        if not (job.is_dummy_ack or (queues and job.queue != queues[-1]) or (states and job.state not in states)):
+        if not (
+            job.is_dummy_ack or (queues and job.queue != queues[-1]) or (states and job.state not in states)
+            or (keys and job.key != keys[-1])
+        ):
             items.append(show(node, job) if reply_all else Status(job.id))
         if not n % SLICE and n < len(jobs):
             yield
@@ -598,7 +612,11 @@ def cmd_qpeek(node: NodeCore, client: Connection, argv: list[bytes]) -> list[Any
         if len(out) == abs(count):
             break
         entry = node.blocking.job_entry(job, False)
-        out.append(entry if job.priority == DEFAULT_PRIORITY else [*entry, b"priority", job.priority])
+        if job.priority != DEFAULT_PRIORITY:
+            entry += [b"priority", job.priority]
+        if job.rare is not None and job.rare.key:
+            entry += [b"key", job.rare.key]
+        out.append(entry)
     return out
 
 

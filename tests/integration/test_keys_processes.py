@@ -1,0 +1,50 @@
+"""Job keys (ADDJOB ... KEY, docs/keys.md) on real processes: a 3-node
+cluster whose replicas and AOF keep a job's key through kill -9 and a
+restart, and the Python client and worker that set and read it."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+from clusterkit import Cluster
+from support import wait_for
+
+from disque.client import Client, Job
+from disque.client.worker import App, Worker
+from disque.testing.devcluster import NodeProcess
+
+
+def test_replicas_and_the_aof_keep_the_key_through_kill_9_and_a_restart(tmp_path: Path) -> None:
+    with Cluster(tmp_path, 3, "--appendonly", "yes", "--appendfsync", "always") as cluster:
+        keyed = cluster.addjob(0, "kq", "body", 5000, "REPLICATE", 3, "RETRY", 1, "KEY", "customer-7")
+        for i in cluster.indexes:  # every copy has it
+            assert cluster.show(i, keyed)["key"] == b"customer-7"
+        cluster.kill(0)
+        cluster.restart(0)  # its AOF replayed
+        shown = wait_for(lambda: cluster.show(0, keyed), timeout=10, what="the replayed job")
+        assert shown["key"] == b"customer-7"
+        _, found = cluster.call(0, "JSCAN", "KEY", "customer-7")
+        assert found == [keyed.encode()]
+
+
+def test_the_client_and_the_worker_see_the_key(spawn: Callable[..., NodeProcess]) -> None:
+    node = spawn()
+    address = f"{node.host}:{node.port}"
+    with Client([address]) as client:
+        job_id = client.add_job("cq", "x", key="tenant-1")
+        assert client.show(job_id).key == "tenant-1"
+        client.add_job("wq", "y", key="tenant-2")
+    seen: list[str | None] = []
+    app = App([address])
+
+    @app.job("wq")
+    def handle(job: Job) -> None:
+        seen.append(job.key)
+
+    worker = Worker(app, burst=True)
+    anyio.run(functools.partial(worker.run, signals=False))
+    app.close()
+    assert seen == ["tenant-2"]
