@@ -29,7 +29,7 @@ from disque.testing.devcluster import NodeProcess, free_port, join
 
 RATE = 300
 CONSUMERS = 10  # per node
-PLAIN_JOBS = 20_000
+PLAIN_JOBS = 10_000
 
 
 def deliveries(ports: list[int], queue: str, seconds: float) -> list[float]:

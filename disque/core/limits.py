@@ -50,7 +50,6 @@ records), `snapshot_records` (an AOF rewrite); QCONFIG's handlers call
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -61,15 +60,13 @@ from disque.store import limits as records
 from disque.store.aof import QLIMITS, encode_record
 from disque.store.job import NACKED, State
 from disque.store.limits import QueueLimits, apply_options
-from disque.store.records import DecodeError
+from disque.store.records import decode_alone
 
 if TYPE_CHECKING:
     from disque.core.lifecycle import Lifecycle
     from disque.core.outbox import Outbox
     from disque.store.job import Job
     from disque.store.queue import Queue
-
-log = logging.getLogger("disque")
 
 LEASE_MS = 2000  # a concurrency lease lasts this long from the ask that got it
 LEASE_SLACK = 500  # ... and this much longer at the home, which reissues it only then
@@ -171,12 +168,9 @@ class Limits:
 
     def _checked(self, record: bytes, source: str) -> QueueLimits | None:
         """The record decoded; None for a bad one, dropped alone (logged and counted)."""
-        try:
-            return records.decode(record)
-        except DecodeError as e:
-            self.dropped += 1
-            log.warning("Limits record %s dropped: %s", source, e)
-            return None
+        limits = decode_alone(records.decode, record, "Limits", source)
+        self.dropped += limits is None
+        return limits
 
     def sync_messages(self) -> list[m.QSet]:
         """Every record, for a node that just linked up."""

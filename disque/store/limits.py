@@ -23,17 +23,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from disque.store.records import DecodeError, decode_row, encode_row
+from disque.store.records import RuleError, decode_row, encode_row
 
 MAX_QUEUE = 64 << 10  # bytes of a queue's name
 MAX_COUNT = 1_000_000_000  # the largest rate or concurrency
 PERIODS = {b"s": 1000, b"m": 60_000, b"h": 3_600_000}  # a rate's unit -> its period in ms
 UNITS = {ms: unit for unit, ms in PERIODS.items()}
 NONE_WORDS = (b"0", b"none", b"off")  # a limit set to one of these is removed
-
-
-class RuleError(DecodeError):
-    """A well-formed limits record that breaks one of the rules (`broken_rule`)."""
 
 
 class OptionError(ValueError):

@@ -26,10 +26,11 @@ codec, and the core when it sends or receives jobs (`job_to_wire`,
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgpack
 
@@ -41,10 +42,15 @@ STORAGE_VERSION = 1  # storage form version ("v")
 WireJob = dict[str, Any]  # a job's bus form, as REPLJOB and YOURJOBS carry it (read-only)
 
 _U64 = 2**64 - 1  # msgpack's largest integer
+T = TypeVar("T")
 
 
 class DecodeError(ValueError):
     """A frame body or a serialized job is malformed."""
+
+
+class RuleError(DecodeError):
+    """A well-formed whole record (a schedule, a queue's limits) that breaks one of its kind's rules."""
 
 
 
@@ -407,6 +413,17 @@ def encode_row(record: Any, fields: tuple[tuple[str, type], ...]) -> bytes:
     """A whole-record kind's storage form (schedules, queue limits): a
     msgpack array of its `fields`' values, in order."""
     return msgpack.packb([getattr(record, name) for name, _ in fields])  # type: ignore[no-any-return]
+
+
+def decode_alone(decode: Callable[[bytes], T], record: bytes, what: str, source: str) -> T | None:
+    """A whole record from the bus or the AOF, decoded; None for a bad one,
+    logged: its caller drops it alone and counts it, and the link it came on
+    and the file it is in stay in use (house rule 5)."""
+    try:
+        return decode(record)
+    except DecodeError as e:
+        logging.getLogger("disque").warning("%s record %s dropped: %s", what, source, e)
+        return None
 
 
 def decode_row(data: Any, fields: tuple[tuple[str, type], ...], required: int, what: str) -> dict[str, Any]:

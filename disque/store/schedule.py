@@ -27,17 +27,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from disque.store.records import DecodeError, decode_row, encode_row
+from disque.store.records import RuleError, decode_row, encode_row
 
 MAX_NAME = 256  # bytes of a schedule's name
 MAX_EXPR = 1024  # bytes of a CRON expression, and of its zone
 MAX_QUEUE = 64 << 10  # bytes of the queue's name, and of the dead-letter queue's
 MAX_BODY = 64 << 20  # bytes of the body: with the rest, the record fits one bus frame (64 MiB + 1 MiB)
 _CONTROL = bytes(range(32)) + b"\x7f"
-
-
-class RuleError(DecodeError):
-    """A well-formed schedule record that breaks one of the rules (`broken_rule`)."""
 
 
 @dataclass(frozen=True, slots=True)
