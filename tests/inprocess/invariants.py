@@ -59,7 +59,7 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
                 live_in[job.id] = queue.name
         assert len(queue) == total, (queue.name, len(queue), total)
         if queue.waiters and not queue.pause & 2:  # PAUSE_OUT
-            assert not len(queue), f"queue {queue.name!r} has both waiters and jobs"
+            assert not len(queue) or queue.name in core.limits.throttled, f"queue {queue.name!r} has both waiters and jobs"
     assert not core.blocking.ready, "ready queues left unserved"
 
     # -- every job: one state, consistent timers and flags -----------------
