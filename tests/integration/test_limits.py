@@ -68,7 +68,9 @@ def consume(cluster: Cluster, queue: str, per_node: int, seconds: float, hold: f
 
 def add_jobs(cluster: Cluster, queue: str, n: int) -> None:
     for i in range(n):
-        cluster.call(i % len(cluster), "ADDJOB", queue, f"job {i}", 5000, "REPLICATE", 2, "RETRY", 30)
+        # (RETRY counts from when a job was queued, and a retry that fires frees its slot: long enough
+        # never to fire while a consumer holds a job for 20 ms)
+        cluster.call(i % len(cluster), "ADDJOB", queue, f"job {i}", 5000, "REPLICATE", 2, "RETRY", 600)
 
 
 @pytest.mark.slow

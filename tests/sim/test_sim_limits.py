@@ -44,6 +44,9 @@ async def run(n: int, steps: list[tuple[str, list, int, int]], seed: int) -> Con
                     await trio.sleep(0.05)
                     continue
                 got = now_ms()
+                # RETRY counts from when the job was queued (as in Disque) and a retry that fires frees
+                # its slot: WORKING restarts it, so the job stays counted while it is worked on.
+                await cluster.call(node, "WORKING", reply[0][1])
                 await trio.sleep(rng.uniform(0.02, 0.1))
                 answer = await cluster.call(node, "ACKJOB", reply[0][1])
                 intervals.append((got, now_ms()))  # (the ACK sent, or the node gone: the job given up)
