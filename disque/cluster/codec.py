@@ -190,6 +190,7 @@ _JOBS = _Field("jobs", "j", _ListOf(_wire_job, 1), _Each(_dump_wire_job),
                pos=(_ListOf(_wire_job_pos, 1), _Each(_dump_wire_job_pos)))  # fmt: skip
 _OPT_ID = _Field("id", "i", _opt_job_id, default=b"")
 _QUEUE = _Field("queue", "q", _bytes)
+_LIMIT_KEY = _Field("key", "K", _bytes, default=b"")  # a key's budget (LIMITASK, LIMITGRANT)
 _GROUP = _Field("group", "g", _bytes)
 _TICKET = _Field("ticket", "k", _UINT)
 _WAIT_ENTRY: _Fields = (_QUEUE, _Field("count", "c", _UINT))
@@ -235,9 +236,9 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("TICKED", Ticked, (_Field("name", "n", _bytes), _Field("tick", "k", _UINT), _Field("node", "o", _node_id))),
     ("QSET", QSet, (_Field("record", "r", _bytes),)),  # checked alone, as SCHEDSET's
     ("LIMITASK", LimitAsk, (_QUEUE, _Field("want", "w", _UINT), _Field("out", "o", _UINT), _Field("held", "h", _UINT),
-                            _Field("tokens", "n", _UINT), _Field("at", "a", _UINT))),
+                            _Field("tokens", "n", _UINT), _Field("at", "a", _UINT), _LIMIT_KEY)),
     ("LIMITGRANT", LimitGrant, (_QUEUE, _Field("slots", "l", _UINT), _Field("tokens", "n", _UINT),
-                                _Field("retry", "y", _UINT), _Field("at", "a", _UINT))),
+                                _Field("retry", "y", _UINT), _Field("at", "a", _UINT), _LIMIT_KEY)),
 )
 _KINDS = tuple(_Kind(code, *row) for code, row in enumerate(_ROWS, 1))
 _BY_NAME: Final = {k.name: k for k in _KINDS}

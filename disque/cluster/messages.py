@@ -331,7 +331,7 @@ class QSet:
 
 @dataclass(frozen=True, slots=True)
 class LimitAsk:
-    """To a limited queue's home (core/limits.py): the sender wants a lease
+    """To a limited queue's (or key's) home (core/limits.py): the sender wants a lease
     of `want` slots (it has `out` jobs out and holds a lease of `held`)
     and `tokens` more tokens; `at` is its time of asking, echoed."""
 
@@ -341,6 +341,7 @@ class LimitAsk:
     held: int
     tokens: int
     at: int
+    key: bytes = b""  # a key's budget (per-key limits), not the queue's
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,6 +355,7 @@ class LimitGrant:
     tokens: int
     retry: int
     at: int
+    key: bytes = b""
 
 
 Message = (

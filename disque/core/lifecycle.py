@@ -457,6 +457,16 @@ class Lifecycle:
         job = queue.pop(self.now, self.settings.priority_aging)
         if job is None:
             return None
+        return self.deliver(queue, job)
+
+    def take(self, queue: Queue, job: Job) -> Job:
+        """`fetch` of a chosen job queued in memory in `queue` (a per-key
+        limit held back the jobs served before it: core/limits.py)."""
+        queue.discard(job)
+        return self.deliver(queue, job)
+
+    def deliver(self, queue: Queue, job: Job) -> Job:
+        """A job just taken out of `queue` goes out for delivery."""
         job.move(FETCH)
         job.flags |= DELIVERED
         queue.atime = queue.fetched = now = self.now

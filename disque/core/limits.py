@@ -51,6 +51,7 @@ records), `snapshot_records` (an AOF rewrite); QCONFIG's handlers call
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from disque.cluster import messages as m
@@ -73,7 +74,9 @@ LEASE_SLACK = 500  # ... and this much longer at the home, which reissues it onl
 RENEW_MS = 500  # a holder asks again this often (unused slots go back to the home)
 TOKEN_MS = 250  # tokens lapse this long after the ask that got them
 ASK_TIMEOUT_MS = 200  # an ask unanswered this long is made again
+ASK_GAP_MS = 100  # an answer that lends nothing more is asked again this much later
 BURST = 20  # a home's bucket holds at most rate / BURST tokens (at least one)
+KEY_SCAN = 64  # with per-key limits, the queued jobs looked at for one whose key has room
 S_ACTIVE = State.ACTIVE
 
 
@@ -102,6 +105,7 @@ class Lender:
     wants: dict[str, tuple[int, int]] = field(default_factory=dict)  # node -> (slots it wanted, until)
     units: int = 0  # the bucket, in 1/period tokens (a token is `period` units; each ms adds `rate`)
     filled: int = 0  # ms of the last fill
+    used: int = 0  # ms of the last ask
 
 
 def _handed(job: Job) -> int:
@@ -114,7 +118,8 @@ class Limits:
         self.life, self.out = life, out
         self.defs: dict[bytes, QueueLimits] = {}  # queue -> its record (tombstones too)
         self.budgets: dict[bytes, Budget] = {}  # limited queues -> this node's share
-        self.lenders: dict[bytes, Lender] = {}  # queues this node lent for as their home
+        self.keyed: dict[tuple[bytes, bytes], Budget] = {}  # (queue, key) -> this node's share of the key's
+        self.lenders: dict[tuple[bytes, bytes], Lender] = {}  # (queue, key or b"") this node lent for as its home
         self.throttled: dict[bytes, None] = {}  # queues whose consumers wait on a limit
         self.view = tuple(life.membership.up_ids())  # the nodes up when this node last lent
         self.quiet_until = now + LEASE_MS + LEASE_SLACK  # a node that starts lends no new slots first
@@ -150,14 +155,19 @@ class Limits:
             self.out.aof_record(None, encode_record(QLIMITS, records.encode(limits)))
 
     def _store(self, limits: QueueLimits) -> None:
-        self.defs[limits.queue] = limits
-        if limits.rate or limits.concurrency:
-            self.budgets.setdefault(limits.queue, Budget())
-        else:  # nothing left to hold back: its waiters are served
-            self.budgets.pop(limits.queue, None)
-            self.lenders.pop(limits.queue, None)
-            if self.throttled.pop(limits.queue, False) is None:  # its waiters are served now
-                self.life.consumers.ready[limits.queue] = None
+        name = limits.queue
+        self.defs[name] = limits
+        if not (limits.key_rate or limits.key_concurrency):  # the keys' shares go, and what they lent
+            for at in [at for at in (*self.keyed, *self.lenders) if at[0] == name and at[1]]:
+                self.keyed.pop(at, None)
+                self.lenders.pop(at, None)
+        if limits.any():
+            self.budgets.setdefault(name, Budget())
+        else:  # nothing left to hold back
+            self.budgets.pop(name, None)
+            self.lenders.pop((name, b""), None)
+        if self.throttled.pop(name, False) is None:  # its waiters are served, or held again, now
+            self.life.consumers.ready[name] = None
 
     # ------------------------------------------------------------ the bus and the AOF
 
@@ -188,35 +198,87 @@ class Limits:
 
     def fetch(self, queue: Queue) -> Job | None:
         """The lifecycle's `fetch` for a limited queue: a job only within
-        this node's share; None (and an ask to the home) when none is left."""
+        this node's share of the queue's budget and of its key's; None (and
+        an ask to the home) when none is left."""
         name = queue.name
-        budget = self.budgets[name]
         if not len(queue):
             return None
+        budget = self.budgets[name]
+        if not self._admit(name, b"", budget):
+            return self._hold(name, budget)
         limits = self.defs[name]
-        if not self._room(limits, budget):
-            fresh = name not in self.throttled
-            if fresh:
-                self.throttled[name] = None
-                budget.since = self.life.now
-            self._ask_if_due(name, budget)
-            if not self._room(limits, budget):
+        if limits.key_rate or limits.key_concurrency:
+            job = self._keyed_job(queue)
+            if job is None:
+                return self._hold(name, budget)
+            job = self.life.take(queue, job)
+            if job.key:
+                self._count(self.keyed[name, job.key], job)
+        else:
+            job = self.life.fetch(queue)
+            if job is None:  # pragma: no cover - a job on a disk that fails to read
                 return None
-            if fresh:  # this node is the home: its answer came at once
-                del self.throttled[name]
-        job = self.life.fetch(queue)
-        if job is not None:  # pragma: no branch - None only for a job on a disk that fails to read
-            budget.out[job.id] = (job, _handed(job))
-            budget.tokens -= 1
-            budget.handed += 1
+        self._count(budget, job)
         return job
 
-    def _room(self, limits: QueueLimits, budget: Budget) -> bool:
-        """Whether this node's share lets one more job out now."""
+    def _hold(self, name: bytes, budget: Budget) -> None:
+        """A consumer here waits on `name`'s limits (since now, if it is the first)."""
+        if name not in self.throttled:
+            self.throttled[name] = None
+            budget.since = self.life.now
+
+    @staticmethod
+    def _count(budget: Budget, job: Job) -> None:
+        budget.out[job.id] = (job, _handed(job))
+        budget.tokens -= 1
+        budget.handed += 1
+
+    def _keyed_job(self, queue: Queue) -> Job | None:
+        """The first job, in serving order among the first KEY_SCAN queued in
+        memory, whose key's share allows it (a job without a key always
+        does); the homes of the keys that have none left are asked."""
+        name, life = queue.name, self.life
+        peek = life.jobs.peek
+        for job in islice(queue.oldest(life.now, life.settings.priority_aging), KEY_SCAN):
+            if peek(job.id) is not job:
+                continue  # on disk (read-behind): it waits until it is read back
+            key = job.key
+            if not key:
+                return job
+            budget = self.keyed.get((name, key))
+            if budget is None:
+                budget = self.keyed[name, key] = Budget()
+            if self._admit(name, key, budget):
+                return job
+        return None
+
+    def _admit(self, name: bytes, key: bytes, budget: Budget) -> bool:
+        """Whether the share of `name`'s budget (its `key`'s) lets one more
+        job out now; if not, the home is asked, and its answer may come at
+        once (this node is the home)."""
+        rule = self._rule(name, key)
+        if self._room(rule, budget):
+            return True
         now = self.life.now
-        if limits.rate and (budget.tokens_until <= now or budget.tokens <= 0):
+        if budget.asked and now - budget.asked < ASK_TIMEOUT_MS or budget.ask_at > now:
+            return False  # an ask is on its way, or the home said when to ask again
+        self._ask(name, key, budget, True)
+        return self._room(rule, budget)
+
+    def _rule(self, name: bytes, key: bytes) -> tuple[int, int, int]:
+        """(rate, period, concurrency) of `name`'s budget, or of its keys'."""
+        limits = self.defs[name]
+        if key:
+            return limits.key_rate, limits.key_period, limits.key_concurrency
+        return limits.rate, limits.period, limits.concurrency
+
+    def _room(self, rule: tuple[int, int, int], budget: Budget) -> bool:
+        """Whether a share lets one more job out now."""
+        now = self.life.now
+        rate, _, concurrency = rule
+        if rate and (budget.tokens_until <= now or budget.tokens <= 0):
             return False
-        return not limits.concurrency or self._out(budget) < (budget.slots if budget.slots_until > now else 0)
+        return not concurrency or self._out(budget) < (budget.slots if budget.slots_until > now else 0)
 
     def _out(self, budget: Budget) -> int:
         """The jobs still out (those acknowledged, NACKed or queued again are forgotten)."""
@@ -235,7 +297,9 @@ class Limits:
             queue = life.queues.get(name)
             if queue is None or not queue.waiters or not len(queue):
                 del self.throttled[name]  # nobody, or nothing, waits on it any more
-            elif self._room(self.defs[name], self.budgets[name]):
+            elif self._room(self._rule(name, b""), self.budgets[name]) and (
+                not (self.defs[name].key_rate or self.defs[name].key_concurrency) or self._keyed_job(queue)
+            ):
                 self._stop_waiting(name)
                 life.consumers.ready[name] = None
                 woke = True
@@ -250,32 +314,25 @@ class Limits:
 
     # ------------------------------------------------------------ asking the home
 
-    def _ask_if_due(self, name: bytes, budget: Budget) -> None:
-        """A consumer wants a job the share does not allow: ask, unless an
-        ask is on its way or the home said when to."""
-        now = self.life.now
-        if budget.asked and now - budget.asked < ASK_TIMEOUT_MS or budget.ask_at > now:
-            return
-        self._ask(name, budget)
-
-    def _ask(self, name: bytes, budget: Budget) -> None:
-        """Ask the home for a lease of the jobs out here and one per consumer
-        waiting with a job queued for it (a throttled queue: one at least),
-        and a token for each."""
+    def _ask(self, name: bytes, key: bytes, budget: Budget, wanting: bool) -> None:
+        """Ask the home of `name` (of its `key`) for a lease of the jobs out
+        here and one per consumer waiting with a job queued for it (one at
+        least when `wanting`: a consumer wants a job now), and a token for
+        each."""
         life = self.life
         now = life.now
-        limits = self.defs[name]
+        rate, _, concurrency = self._rule(name, key)
         queue = life.queues.get(name)
-        waiting = min(len(queue.waiters), len(queue)) if queue is not None else 0  # (no job here: no slot wanted)
-        if name in self.throttled:
+        waiting = 0 if key or queue is None else min(len(queue.waiters), len(queue))  # (no job here: no slot wanted)
+        if wanting:
             waiting = max(1, waiting)
         out = self._out(budget)
         held = budget.slots if budget.slots_until > now else 0
-        want = min(out + waiting, limits.concurrency) if limits.concurrency else 0
-        tokens = min(waiting, _burst(limits)) if limits.rate else 0
+        want = min(out + waiting, concurrency) if concurrency else 0
+        tokens = min(waiting, _burst(rate)) if rate else 0
         budget.asked, budget.ask_at = now, 0
-        ask = m.LimitAsk(name, want, out, held, tokens, now)
-        owner = home(name, life.membership.up_ids())
+        ask = m.LimitAsk(name, want, out, held, tokens, now, key)
+        owner = home(name + b"\0" + key if key else name, life.membership.up_ids())
         if owner == life.membership.my_id:
             self.on_grant(owner, self._lend(owner, ask))
         else:
@@ -289,21 +346,24 @@ class Limits:
         """The home's answer to `node`'s ask."""
         life = self.life
         now = life.now
-        limits = self.defs[ask.queue]
-        lender = self.lenders.setdefault(ask.queue, Lender(filled=now))
+        rate, period, concurrency = self._rule(ask.queue, ask.key)
+        lender = self.lenders.get((ask.queue, ask.key))
+        if lender is None:
+            lender = self.lenders[ask.queue, ask.key] = Lender(filled=now)
+        lender.used = now
         up = self._look()
         majority = 2 * len(up) > life.membership.size()
         slots = tokens = retry = 0
-        if limits.concurrency:
-            slots = self._slots(limits.concurrency, lender, node, ask, now)
+        if concurrency:
+            slots = self._slots(concurrency, lender, node, ask, now)
             if not majority or now < self.quiet_until:
                 slots = min(slots, ask.held)  # renew at most what it holds
             lender.leases[node] = (slots, now + LEASE_MS + LEASE_SLACK)
-        if limits.rate and majority and now >= self.quiet_until:
-            tokens, retry = self._tokens(limits, lender, ask.tokens, now)
-        elif limits.rate:  # asked again once the quiet time is over, or the partition maybe healed
+        if rate and majority and now >= self.quiet_until:
+            tokens, retry = self._tokens(rate, period, lender, ask.tokens, now)
+        elif rate:  # asked again once the quiet time is over, or the partition maybe healed
             retry = max(1, self.quiet_until - now) if majority else RENEW_MS
-        return m.LimitGrant(ask.queue, slots, tokens, retry, ask.at)
+        return m.LimitGrant(ask.queue, slots, tokens, retry, ask.at, ask.key)
 
     @staticmethod
     def _slots(concurrency: int, lender: Lender, node: str, ask: m.LimitAsk, now: int) -> int:
@@ -320,19 +380,18 @@ class Limits:
         return max(0, min(ask.want, concurrency - lent, max(fair, ask.out)))
 
     @staticmethod
-    def _tokens(limits: QueueLimits, lender: Lender, wanted: int, now: int) -> tuple[int, int]:
+    def _tokens(rate: int, period: int, lender: Lender, wanted: int, now: int) -> tuple[int, int]:
         """Tokens from the bucket (at most `wanted`), and when the next comes if it is empty."""
-        period = limits.period
-        lender.units = min(lender.units + (now - lender.filled) * limits.rate, _burst(limits) * period)
+        lender.units = min(lender.units + (now - lender.filled) * rate, _burst(rate) * period)
         lender.filled = now
         given = min(wanted, lender.units // period)
         lender.units -= given * period
         if given:
             return given, 0
-        return 0, max(1, -(-(period - lender.units) // limits.rate))
+        return 0, max(1, -(-(period - lender.units) // rate))
 
     def on_grant(self, sender: str, msg: m.LimitGrant) -> None:
-        budget = self.budgets.get(msg.queue)
+        budget = self.keyed.get((msg.queue, msg.key)) if msg.key else self.budgets.get(msg.queue)
         if budget is None or msg.at != budget.asked:
             return  # an answer to an ask made before the last, or to a limit gone
         budget.asked = 0
@@ -340,21 +399,29 @@ class Limits:
         budget.tokens, budget.tokens_until = msg.tokens, msg.at + TOKEN_MS
         if msg.retry:
             budget.ask_at = self.life.now + msg.retry
+        elif not msg.tokens and msg.slots <= len(budget.out):  # nothing more: not asked again at once
+            budget.ask_at = self.life.now + ASK_GAP_MS
 
     # ------------------------------------------------------------ time
 
     def next_deadline(self) -> int | None:
         """When an ask is due for a queue whose consumers wait on it (None: none)."""
-        due = [self.budgets[name].ask_at for name in self.throttled if self.budgets[name].ask_at]
+        due = [b.ask_at for name in self.throttled for b in self._waited_on(name) if b.ask_at]
         return min(due) if due else None
+
+    def _waited_on(self, name: bytes) -> list[Budget]:
+        """The budgets a queue's waiters may wait on: the queue's, its keys'."""
+        return [self.budgets[name], *(b for (queue, _), b in self.keyed.items() if queue == name)]
 
     def tick(self) -> None:
         """Asks that came due for queues whose consumers wait."""
         now = self.life.now
         for name in self.throttled:
-            budget = self.budgets[name]
-            if budget.ask_at and budget.ask_at <= now:
-                self._ask(name, budget)
+            if (budget := self.budgets[name]).ask_at and budget.ask_at <= now:
+                self._ask(name, b"", budget, True)
+            for (queue, key), budget in self.keyed.items():
+                if queue == name and budget.ask_at and budget.ask_at <= now:
+                    self._ask(name, key, budget, True)
 
     def _look(self) -> tuple[str, ...]:
         """The nodes up; if they changed, this node lends nothing new for a
@@ -371,9 +438,22 @@ class Limits:
         if self.budgets:
             self._look()
         for name, budget in self.budgets.items():
-            if budget.slots_until > now or name in self.throttled:
-                if now - max(budget.asked, budget.slots_until - LEASE_MS) >= RENEW_MS:
-                    self._ask(name, budget)
+            self._renew(name, b"", budget, name in self.throttled, now)
+        for (name, key), budget in list(self.keyed.items()):
+            if not self._renew(name, key, budget, False, now) and max(budget.asked, budget.ask_at, budget.tokens_until) <= now - RENEW_MS:
+                del self.keyed[name, key]  # a key with nothing out, held, asked for or given of late: forgotten
+        for at, lender in list(self.lenders.items()):
+            if now - lender.used > LEASE_MS + LEASE_SLACK + TOKEN_MS and at[1]:
+                del self.lenders[at]  # a key no node asked for since its leases lapsed
+
+    def _renew(self, name: bytes, key: bytes, budget: Budget, wanting: bool, now: int) -> bool:
+        """Ask again every RENEW_MS while a lease is held or consumers want
+        one (unused slots go back to the home); whether the budget is in use."""
+        if budget.slots and budget.slots_until > now or wanting or self._out(budget):
+            if now - max(budget.asked, budget.slots_until - LEASE_MS) >= RENEW_MS:
+                self._ask(name, key, budget, wanting)
+            return True
+        return False
 
     # ------------------------------------------------------------ reading
 
@@ -414,10 +494,11 @@ class Limits:
             ("limited_queues", len(self.budgets)), ("limited_queues_waiting", len(self.throttled)),
             ("limited_jobs_out", sum(len(b.out) for b in budgets)), ("limited_jobs_handed", sum(b.handed for b in budgets)),
             ("limit_waits", sum(b.waits for b in budgets)), ("limit_waited_ms", sum(b.waited for b in budgets)),
-            ("limit_queues_lent", len(self.lenders)), ("limit_records_dropped", self.dropped),
+            ("limited_keys", len(self.keyed)), ("limit_budgets_lent", len(self.lenders)),
+            ("limit_records_dropped", self.dropped),
         ]  # fmt: skip
 
 
-def _burst(limits: QueueLimits) -> int:
+def _burst(rate: int) -> int:
     """The most tokens a home's bucket holds, or one ask gets."""
-    return max(1, limits.rate // BURST)
+    return max(1, rate // BURST)

@@ -201,7 +201,7 @@ def test_a_record_from_the_bus_is_kept_if_newer_and_a_bad_one_dropped(env):
     assert limits.defs[b"q"].concurrency == 4 and limits.dropped == 1
     limits.on_grant("b" * 40, m.LimitGrant(b"other", 1, 1, 0, 5))  # a grant for no limit here: ignored
     limits.on_ask("b" * 40, m.LimitAsk(b"other", 1, 0, 0, 0, 5))  # an ask for a queue not limited here: no answer
-    assert b"other" not in limits.budgets and b"other" not in limits.lenders
+    assert b"other" not in limits.budgets and (b"other", b"") not in limits.lenders
 
 
 # ---------------------------------------------------------------- one node
@@ -238,11 +238,17 @@ def test_a_blocked_getjob_wakes_when_a_slot_frees(env):
     assert waiter("GETJOB", "FROM", "q") is BLOCKED  # held back by the limit
     assert dict(env("QCONFIG", "q", "GET"))[b"waiting"] == 1
     env.clock.advance(40)
+    env("PING")
+    [row] = env.core.limits.figures()
+    assert row == {"queue": "q", "concurrency": 1, "rate_per_second": 0, "out": 1, "lease": 1, "handed": 1, "waiting": 1,
+                   "waited_seconds": 0.04}  # fmt: skip
     env("ACKJOB", first)
     reply = waiter.pending()
     assert len(reply) == 1 and reply[0][0][1] != first
     info = dict(env.core.limits.info_fields())
     assert info["limit_waits"] == 1 and info["limit_waited_ms"] == 40 and info["limited_queues_waiting"] == 0
+    env("QCONFIG", "q", "SET", "rate-limit", "30/m")
+    assert env.core.limits.figures()[0]["rate_per_second"] == 0.5 and env.core.limits.figures()[0]["waited_seconds"] == 0.04
 
 
 def test_a_rate_limit_hands_out_no_more_than_its_rate(env):
@@ -309,14 +315,23 @@ class Consumers:
         self.mesh, self.queue, self.hold_ms = mesh, queue, hold_ms
         self.waiting: dict[int, int] = {}  # client id -> node
         self.out: dict[bytes, tuple[int, int]] = {}  # job ID -> (node, seen at)
-        self.done: list[tuple[int, int]] = []
+        self.done: list[tuple[int, int, bytes]] = []  # (seen, acknowledged, job ID)
         self.most_out = 0
         for i in nodes:
             for _ in range(per_node):
                 self.wait(i)
 
     def wait(self, i: int) -> None:
-        self.waiting[self.mesh.call(i, "GETJOB", "FROM", self.queue)] = i
+        reply = self.mesh.call(i, "GETJOB", "FROM", self.queue)
+        if isinstance(reply, list):  # a job at once
+            self.got(i, reply)
+        else:
+            self.waiting[reply] = i
+
+    def got(self, i: int, reply: list[Any]) -> None:
+        for _, job_id, _ in reply:
+            self.out[job_id] = (i, self.mesh.clock.ms)
+        self.most_out = max(self.most_out, len(self.out))
 
     def run(self, ms: int, step: int = 10) -> None:
         mesh = self.mesh
@@ -327,15 +342,13 @@ class Consumers:
                 if now - seen >= self.hold_ms and mesh.cores[i] is not None:
                     assert mesh.call(i, "ACKJOB", job_id) == 1
                     del self.out[job_id]
-                    self.done.append((seen, now))
+                    self.done.append((seen, now, job_id))
                     self.wait(i)
             for client, i in list(self.waiting.items()):
                 reply = mesh.reply(client)
                 if reply is not None:
                     del self.waiting[client]
-                    for _, job_id, _ in reply:
-                        self.out[job_id] = (i, now)
-            self.most_out = max(self.most_out, len(self.out))
+                    self.got(i, reply)
 
 
 def add_jobs(mesh: Mesh, n: int, queue: str = "q", nodes: tuple[int, ...] = (0, 1, 2)) -> None:
@@ -363,7 +376,7 @@ def test_concurrency_holds_across_the_cluster(mesh):
     consumers.run(5000)  # (the nodes just joined: the home lends nothing new for its quiet time)
     assert consumers.most_out == 3 and len(consumers.done) == 60
     assert sum(1 for i in range(3) if mesh.core(i).limits.budgets[b"q"].handed) >= 2  # the share went where the jobs were
-    assert [i for i in range(3) if b"q" in mesh.core(i).limits.lenders] == [home_of(mesh, b"q")]
+    assert [i for i in range(3) if (b"q", b"") in mesh.core(i).limits.lenders] == [home_of(mesh, b"q")]
 
 
 def home_of(mesh: Mesh, queue: bytes) -> int:
@@ -376,7 +389,7 @@ def test_a_rate_holds_across_the_cluster(mesh):
     add_jobs(mesh, 400)
     consumers = Consumers(mesh, "q", per_node=5, hold_ms=0)
     consumers.run(7000)  # (the home lends nothing for its quiet time after the join)
-    seen = sorted(t for t, _ in consumers.done)
+    seen = sorted(t for t, _, _ in consumers.done)
     windows = [sum(1 for t in seen if s <= t < s + 1000) for s in range(seen[0], seen[-1] - 999, 10)]
     assert 190 <= len(seen) and 47.5 <= len(seen) * 1000 / (seen[-1] - seen[0]) <= 52.5 and max(windows) <= 55
 
@@ -418,3 +431,92 @@ def test_a_node_that_sees_no_majority_lends_nothing_new(mesh):
     mesh.meet(lone, (lone + 1) % 3)
     mesh.advance(5000)  # a majority again, and the quiet time of a new view over
     assert len(take(Session(mesh.core(lone)))) == 5
+
+
+# ---------------------------------------------------------------- per key
+
+
+def keyed(s: Any, keys: list[str], queue: str = "q") -> list[bytes]:
+    return [s("ADDJOB", queue, f"{key}{i}", 0, "REPLICATE", 1, "RETRY", 60, *(("KEY", key) if key else ()))
+            for i, key in enumerate(keys)]  # fmt: skip
+
+
+def test_concurrency_per_key_passes_over_the_jobs_of_a_busy_key(env):
+    env("QCONFIG", "q", "SET", "concurrency-per-key", 1)
+    started(env)
+    a1, a2, b1, free, b2 = keyed(env, ["a", "a", "b", "", "b"])
+    assert take(env) == [a1, b1, free]  # a2 and b2 wait for their key's slot; a job without a key does not
+    assert take(env) == []
+    env("ACKJOB", a1)
+    assert take(env) == [a2]
+    waiter = Session(env.core)
+    assert waiter("GETJOB", "FROM", "q") is BLOCKED  # b2 waits for b1
+    env("NACK", b1)  # b1 goes back to the queue, ahead of b2: it is served first
+    assert waiter.pending()[0][0][1] == b1
+    info = dict(env.core.limits.info_fields())
+    assert info["limited_keys"] == 2 and info["limit_budgets_lent"] == 2  # each key's (the queue has no limit of its own)
+
+
+def test_a_rate_per_key_lets_each_key_go_at_its_rate(env):
+    env("QCONFIG", "q", "SET", "rate-limit-per-key", "5/s")
+    started(env)
+    keyed(env, ["a", "b"] * 40)
+    waiters = [Session(env.core) for _ in range(4)]
+    for w in waiters:
+        assert w("GETJOB", "FROM", "q") is BLOCKED
+    got: dict[bytes, int] = {b"a": 0, b"b": 0}
+    for _ in range(300):  # 3 s
+        env.clock.advance(10)
+        env.core.tick()
+        for w in waiters:
+            for reply in w.pending():
+                got[reply[0][2][:1]] += 1
+                w("ACKJOB", reply[0][1])
+                assert w("GETJOB", "FROM", "q") is BLOCKED
+    assert 13 <= got[b"a"] <= 16 and 13 <= got[b"b"] <= 16  # 5 a second each (and the first token)
+
+
+def test_the_shares_of_idle_keys_are_forgotten(env):
+    env("QCONFIG", "q", "SET", "concurrency-per-key", 2, "concurrency", 10)
+    started(env)
+    [a] = keyed(env, ["a"])
+    assert take(env) == [a]
+    limits = env.core.limits
+    assert (b"q", b"a") in limits.keyed and (b"q", b"a") in limits.lenders
+    env("ACKJOB", a)
+    run(env, 2 * QUIET)
+    assert (b"q", b"a") not in limits.keyed and (b"q", b"a") not in limits.lenders
+    keyed(env, ["c"])
+    take(env)
+    env("QCONFIG", "q", "SET", "concurrency-per-key", "none")  # the keys' shares go with the limit
+    assert limits.keyed == {} and all(not key for _, key in limits.lenders)
+    assert limits.budgets[b"q"] is not None
+
+
+def test_a_job_on_disk_waits_to_be_read_back_before_its_key_is_looked_at():
+    core, clock, _ = make_core(read_behind="force", read_behind_prefetch=1)
+    s = Session(core)
+    s("QCONFIG", "q", "SET", "concurrency-per-key", 1)
+    for _ in range(QUIET // 100):
+        clock.advance(100)
+        core.tick()
+    ids = keyed(s, ["a", "b", "c", "d", "e", "f"])
+    assert core.queues.get(b"q").has_tail()  # the newest are on disk
+    got = take(s)
+    assert 0 < len(got) < len(ids) and got == ids[: len(got)]  # those in memory, in order
+
+
+def test_concurrency_per_key_holds_across_the_cluster(mesh):
+    mesh.call(0, "QCONFIG", "q", "SET", "concurrency-per-key", 1)
+    mesh.advance(3000)
+    keys = {}
+    for k in range(60):
+        job_id = mesh.call(k % 3, "ADDJOB", "q", "x", 0, "REPLICATE", 1, "RETRY", 60, "KEY", f"k{k % 4}")
+        keys[job_id] = k % 4
+    consumers = Consumers(mesh, "q", per_node=3, hold_ms=50)
+    consumers.run(6000)
+    assert len(consumers.done) == 60
+    for key in range(4):  # from the consumers' history: one job of a key out at a time
+        spans = sorted((seen, acked) for seen, acked, job_id in consumers.done if keys[job_id] == key)
+        assert all(prev[1] <= nxt[0] for prev, nxt in zip(spans, spans[1:]))
+    assert consumers.most_out > 1  # the keys went in parallel
