@@ -35,9 +35,12 @@ def most_at_once(intervals: list[tuple[float, float]]) -> int:
     return most
 
 
-def consume(cluster: Cluster, queue: str, per_node: int, seconds: float, hold: float) -> list[tuple[float, float]]:
+def consume(
+    cluster: Cluster, queue: str, per_node: int, seconds: float, hold: float, ids: dict[tuple[float, float], bytes] | None = None
+) -> list[tuple[float, float]]:
     """`per_node` consumers on each node take jobs for `seconds`, hold each
-    `hold` seconds and acknowledge it: their (got, acknowledged) times."""
+    `hold` seconds and acknowledge it: their (got, acknowledged) times (and
+    the job of each in `ids`)."""
     history: list[tuple[float, float]] = []
     lock = threading.Lock()
     stop = time.monotonic() + seconds
@@ -55,6 +58,8 @@ def consume(cluster: Cluster, queue: str, per_node: int, seconds: float, hold: f
                 client.execute_command("ACKJOB", reply[0][1])
                 with lock:
                     history.append((got, ended))
+                    if ids is not None:
+                        ids[got, ended] = reply[0][1]
         finally:
             client.close()
 
@@ -94,6 +99,23 @@ def test_concurrency_holds_on_a_real_cluster_and_after_kill_9(tmp_path: Path) ->
         again = consume(cluster, "reports", per_node=10, seconds=8, hold=0.02)
         print(f"after kill -9 of every node: {len(again)} jobs in 8 s, at most {most_at_once(again)} out at once")
         assert most_at_once(again) <= 5 and len(again) >= 50, len(again)
+
+
+@pytest.mark.slow
+def test_concurrency_per_key_holds_on_a_real_cluster(tmp_path: Path) -> None:
+    with Cluster(tmp_path / "k3", 3, *FAST) as cluster:
+        cluster.call(0, "QCONFIG", "customers", "SET", "concurrency-per-key", 1)
+        cluster.wait(lambda: all(cluster.call(i, "QCONFIG", "LIST") == [b"customers"] for i in cluster.indexes), what="QSET everywhere")
+        keys = {}
+        for k in range(600):
+            job_id = cluster.call(k % 3, "ADDJOB", "customers", "x", 5000, "REPLICATE", 2, "RETRY", 600, "KEY", f"c{k % 6}")
+            keys[job_id] = k % 6
+        ids: dict[tuple[float, float], bytes] = {}
+        history = consume(cluster, "customers", per_node=4, seconds=10, hold=0.02, ids=ids)
+        worst = max(most_at_once([span for span in history if keys[ids[span]] == key]) for key in range(6))
+        print(f"concurrency-per-key 1, 6 keys, 12 consumers: {len(history)} jobs in 10 s, at most {worst} of a key "
+              f"and {most_at_once(history)} in all out at once")  # fmt: skip
+        assert worst == 1 and most_at_once(history) > 1 and len(history) >= 60
 
 
 def test_a_workers_limits_become_the_queues_setting(shared_node: NodeProcess, queue: str) -> None:
