@@ -32,6 +32,9 @@ worker's memory:
   in one write: a pipeline).
 * `requeue` (prefetched messages a stopping worker did not run) is ENQUEUE,
   as is `close` for the jobs fetched but not handed out yet.
+* An actor's `queue_rate` ("100/s", "20/m", "500/h") and
+  `queue_concurrency` options become its queue's cluster-wide limits
+  (QCONFIG SET, docs/limits.md) when a worker starts consuming the queue.
 
 Every command about a delivered job goes to the node that delivered the
 job, on a second connection of the consumer: Dramatiq's worker threads
@@ -63,6 +66,7 @@ class DisqueBroker(Broker):
 
     def __init__(self, nodes: Any = "127.0.0.1:7711", *, middleware: list[Middleware] | None = None, **client_options: Any) -> None:
         super().__init__(middleware=middleware)
+        self.add_middleware(QueueLimits())
         self.nodes = nodes
         self.client_options = client_options
         self.queues: set[str] = set()
@@ -107,6 +111,13 @@ class DisqueBroker(Broker):
         return message
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 30000) -> Consumer:
+        words = [
+            w for name in self.get_declared_actors() if (actor := self.get_actor(name)).queue_name == queue_name
+            for option, word in (("queue_rate", "rate-limit"), ("queue_concurrency", "concurrency"))
+            if option in actor.options for w in (word, str(actor.options[option]))
+        ]  # fmt: skip
+        if words:  # the actors' limits become the queue's setting
+            self.client.execute_command("QCONFIG", queue_name, "SET", *words)
         return _Consumer(self, queue_name, prefetch, timeout)
 
     def get_declared_queues(self) -> set[str]:
@@ -114,6 +125,12 @@ class DisqueBroker(Broker):
 
     def get_declared_delay_queues(self) -> set[str]:
         return set()  # delays are the server's (ADDJOB DELAY, NACK DELAY)
+
+
+class QueueLimits(Middleware):
+    """Lets actors take `queue_rate` and `queue_concurrency` (DisqueBroker.consume sets them)."""
+
+    actor_options = {"queue_rate", "queue_concurrency"}
 
 
 class _Delivery(MessageProxy):

@@ -108,3 +108,22 @@ def test_the_consumer_fetches_what_the_prefetch_leaves_room_for_and_queues_the_r
         assert client.show(third.job_id) is None and client.qlen(f"{queue}.XQ") == 1
         consumer.close()  # ids[4] was fetched, never handed out
         assert [j.id for j in client.qpeek(queue, 5)] == [ids[4]]
+
+
+def test_an_actors_queue_limits_become_the_queues_setting_when_it_is_consumed(shared_node: NodeProcess, queue: str) -> None:
+    import dramatiq
+
+    address = f"{shared_node.host}:{shared_node.port}"
+    broker = DisqueBroker(address, middleware=[])
+
+    @dramatiq.actor(broker=broker, queue_name=queue, queue_rate="100/s", queue_concurrency=5)
+    def stripe(amount: int) -> None: ...
+
+    with Client(address) as client:
+        broker.consume(queue, timeout=100).close()
+        limits = dict(zip(*[iter(client.execute_command("QCONFIG", queue, "GET"))] * 2))
+        assert limits[b"rate-limit"] == b"100/s" and limits[b"concurrency"] == 5
+        client.execute_command("QCONFIG", queue, "DEL")
+        broker.consume(queue + "-plain", timeout=100).close()  # no limits: none set
+        assert f"{queue}-plain".encode() not in client.execute_command("QCONFIG", "LIST")
+    broker.client.close()
