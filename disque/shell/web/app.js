@@ -278,6 +278,29 @@ function renderGroups(live) {
   });
 }
 
+function renderLimits(live) {
+  // Limits are cluster state; each node reports its own use of them (core/limits.py figures()).
+  const limits = {};
+  for (const { overview } of live) {
+    for (const l of overview.limit_list || []) {
+      const m = (limits[l.queue] ||= { ...l, out: 0, handed: 0, waiting: 0, waited_seconds: 0 });
+      m.out += l.out;
+      m.handed += l.handed;
+      m.waiting += l.waiting;
+      m.waited_seconds += l.waited_seconds;
+    }
+  }
+  fill("#limits", Object.values(limits), (row, l) => {
+    row.dataset.queue = l.queue;
+    cell(row, l.queue);
+    cell(row, l.rate_per_second || "", "num");
+    cell(row, l.concurrency || "", "num");
+    for (const f of ["out", "handed"]) cell(row, l[f], "num");
+    cell(row, l.waiting ? `${l.waiting} node(s)` : "", l.waiting ? "down" : "muted");
+    cell(row, l.waited_seconds.toFixed(1), "num");
+  });
+}
+
 function renderSchedules(me, live) {
   // Schedules are cluster state: this node's definitions, with the latest tick any node knows fired.
   const latest = {};
@@ -382,6 +405,7 @@ async function poll() {
     renderDeadLetters(live);
     renderGroups(live);
     renderSchedules(me, live);
+    renderLimits(live);
     renderClients(live);
     renderHealth(live);
   } catch (e) {
