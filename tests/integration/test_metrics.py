@@ -346,3 +346,17 @@ def test_another_sites_page_cannot_change_state(metrics_node) -> None:
     assert r.execute_command("PAUSE", "q", "state") == b"in"
     assert post(port, "/api/queues/q/pause", b'{"state": "none"}', {"Content-Type": "application/json"}) == 200
     assert r.execute_command("PAUSE", "q", "state") == b"none"
+
+
+def test_metrics_show_each_limited_queue(metrics_node) -> None:
+    node, port, r = metrics_node
+    r.execute_command("QCONFIG", "stripe", "SET", "rate-limit", "120/m", "concurrency", 5)
+    r.execute_command("ADDJOB", "stripe", "charge", 0)
+    assert r.execute_command("GETJOB", "TIMEOUT", 10_000, "FROM", "stripe")  # (after the node's first lease time)
+    got = samples(port)
+    q = (("queue", "stripe"),)
+    assert got[("disque_limited_queues", ())] == 1
+    assert got[("disque_limit_concurrency", q)] == 5 and got[("disque_limit_rate_per_second", q)] == 2
+    assert got[("disque_limit_jobs_out", q)] == 1 and got[("disque_limit_jobs_handed_total", q)] == 1
+    assert got[("disque_limit_lease", q)] >= 1 and got[("disque_limit_waiting", q)] == 0
+    assert got[("disque_limit_waited_seconds_total", q)] > 0  # it waited for the node's first lease time
