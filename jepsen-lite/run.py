@@ -32,6 +32,7 @@ from disque.testing import checker_stats  # noqa: E402
 from disque.testing.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, NACK, OK, SCAN, WAITJOB, History, check  # noqa: E402
 from disque.testing.checker_groups import QACK, QADD, QGET, check_groups  # noqa: E402
 from disque.testing.checker_schedules import SCHEDULE, TICK, check_schedules  # noqa: E402
+from disque.testing.checker_limits import check_concurrency  # noqa: E402
 
 ALL_FAULTS = ("halves", "majority", "bridge", "kill", "pause", "netem", "admin", "clock", "zone", "disk")
 CLOCK_STEPS = (-3600, -60, 60, 600)  # seconds a node's wall clock is stepped by (the clock fault)
@@ -46,6 +47,8 @@ GROUP_CRASH_RATE = 0.05  # --workload groups: deliveries never acknowledged (red
 TICKS = QUEUE + "-ticks"  # --schedules: the queue of every schedule's ticks
 TICK_OPTIONS = {"every": 1000, "ttl": 300, "retry": 5, "replicate": 2}  # --schedules: each schedule's
 TICK_CONSUMERS = 2  # --schedules: threads reading TICKS
+LIMITED = QUEUE + "-limited"  # --limit: the queue with a concurrency limit, its jobs and consumers apart
+LIMITED_RETRY = 5  # s, the RETRY of its jobs (a lost node's jobs come back this soon)
 
 
 def now_ms() -> int:
@@ -116,6 +119,8 @@ class Workload:
         self.last_delivery = time.monotonic()
         self.next_process = 0
         self.down = args.down  # the last nodes, down until the heal
+        self.limited: list[tuple[float, float]] = []  # --limit: (got, ended) ms of each job of LIMITED
+        self.fault_windows: list[tuple[float, float]] = []  # (start, stop) ms of each fault
 
     def record(self, type: str, process: Any, node: Any, op: str, **fields: Any) -> dict[str, Any]:
         with self.lock:
@@ -292,6 +297,49 @@ class Workload:
         mode = self.args.ack
         kind = (FASTACK if rng.random() < 0.3 else ACK) if mode == "mixed" else (FASTACK if mode == "fastack" else ACK)
         self.job_command(conns, process, i, kind, job, "FASTACK" if kind == FASTACK else "ACKJOB", job)
+
+    def limited_producer(self) -> None:
+        """--limit: keeps about 50 jobs queued in LIMITED (ADDJOB ... ASYNC on
+        random nodes); they are not judged by the main checker."""
+        rng = random.Random(f"{self.args.seed}-lp")
+        conns: dict[int, Conn] = {}
+        while self.producing.is_set():
+            i = rng.randrange(len(self.nodes))
+            try:
+                queued = self._call(conns, i, "QLEN", LIMITED)
+                if isinstance(queued, int) and queued < 50:
+                    self._call(conns, i, "ADDJOB", LIMITED, "x", 0, "REPLICATE", 2, "RETRY", LIMITED_RETRY, "ASYNC")
+                    continue
+            except (OSError, ConnectionError, ReplyError):
+                pass
+            time.sleep(0.05)
+
+    def limited_consumer(self, process: int) -> None:
+        """--limit: GETJOB from LIMITED on random nodes, WORKING (its RETRY
+        counts from now: docs/limits.md), 20 to 100 ms of work, ACKJOB; each
+        job's (got, done) times go to `limited`: the GETJOB's reply read, and
+        the ACKJOB about to be sent (or the job given up)."""
+        rng = random.Random(f"{self.args.seed}-lc{process}")
+        conns: dict[int, Conn] = {}
+        while self.consuming.is_set() and not self.draining.is_set():
+            i = rng.randrange(len(self.nodes))
+            try:
+                reply = self._call(conns, i, "GETJOB", "TIMEOUT", 500, "FROM", LIMITED)
+            except (OSError, ConnectionError, ReplyError):
+                time.sleep(0.1)
+                continue
+            if not isinstance(reply, list) or not reply:
+                continue
+            got, job = now_ms(), reply[0][1]
+            try:
+                self._call(conns, i, "WORKING", job)
+                time.sleep(rng.uniform(0.02, 0.1))
+                ended = now_ms()  # (before the ACK: once the node reads it, another consumer may get the slot)
+                self._call(conns, i, "ACKJOB", job)
+            except (OSError, ConnectionError, ReplyError):
+                ended = now_ms()  # its node went away: the job is given up here, and comes back by its RETRY
+            with self.lock:
+                self.limited.append((got, ended))
 
     def schedules(self, action: str) -> None:
         """--schedules: SCHEDULE ADD each schedule on a node in turn (recorded
@@ -521,6 +569,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             threads.append(threading.Thread(target=wl.producer, args=(p,), daemon=True))
         for c in range(args.consumers):
             threads.append(threading.Thread(target=wl.consumer, args=(1000 + c,), daemon=True))
+        if args.limit:
+            assert call_once(nodes[0].host, nodes[0].port, "QCONFIG", LIMITED, "SET", "concurrency", args.limit) == b"OK"
+            threads.append(threading.Thread(target=wl.limited_producer, daemon=True))
+            for c in range(3 * len(nodes)):
+                threads.append(threading.Thread(target=wl.limited_consumer, args=(3000 + c,), daemon=True))
         if args.schedules:
             wl.schedules("add")
             for c in range(TICK_CONSUMERS):
@@ -532,6 +585,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(max(0.0, t0 + step["at"] - time.monotonic()))
             log(f"fault {step['fault']}: {json.dumps({k: v for k, v in step.items() if k not in ('at', 'fault', 'hold')})}")
             wl.nemesis("start", step["fault"], **{k: v for k, v in step.items() if k not in ("fault",)})
+            fault_start = now_ms()
             try:
                 apply(step, net, nodes, True, wl)
                 injected.append(step)
@@ -543,6 +597,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             except Exception as e:  # noqa: BLE001
                 notes.append(f"could not end {step['fault']} at {step['at']}s: {e!r}")
             wl.nemesis("stop", step["fault"])
+            wl.fault_windows.append((fault_start, now_ms()))
             log(f"healed {step['fault']}")
         time.sleep(max(0.0, t0 + args.duration - time.monotonic()))
         # heal everything, restart what is down, wait for the full mesh
@@ -608,8 +663,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.schedules:
         settle = args.settle_ms if args.settle_ms is not None else 2 * args.node_timeout_ms + args.schedule_grace
         schedules = check_schedules(records, grace_ms=args.schedule_grace, nodes=args.nodes, settle_ms=settle).to_json()
+    limits = None
+    if args.limit:  # the jobs a lost node handed out count until their RETRY, and its lease until it lapses
+        settle = 2 * args.node_timeout_ms + LIMITED_RETRY * 1000 + 3000
+        limits = check_concurrency(wl.limited, args.limit, wl.fault_windows, settle)
     results = {
-        "valid": verdict["valid"] and (schedules is None or schedules["valid"]) and not any("died" in n for n in notes),
+        "valid": verdict["valid"] and (schedules is None or schedules["valid"]) and (limits is None or limits.valid)
+        and not any("died" in n for n in notes),
         "mode": net.mode,
         "seed": args.seed,
         "workload": args.workload,
@@ -621,6 +681,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "enqueued": verdict.get("acknowledged", 0),
         "checker": verdict,
         "schedules": schedules,
+        "limits": None if limits is None else {
+            "valid": limits.valid, "limit": limits.limit, "jobs": len(wl.limited), "most": limits.most,
+            "most_in_faults": limits.most_in_faults, "violations": len(limits.violations),
+            "fault_violations": len(limits.fault_violations),
+        },
         "faults": injected,
         "fault_counts": {f: sum(1 for s in injected if s["fault"] == f) for f in sorted({s["fault"] for s in injected})},
         "latency_ms": checker_stats.latencies(records),
@@ -669,6 +734,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{schedules['duplicated_outside']}, inside {schedules['duplicated_inside']}, retried {schedules['retried']}, "
             f"unexpected {schedules['unexpected']}, other ticks {schedules['beyond']}, wiped {schedules['wiped']}"
         )
+    if limits is not None:
+        log(f"limits {'VALID' if limits.valid else 'INVALID'}: {len(wl.limited)} jobs of {LIMITED}, {limits.summary()}")
     for n in notes:
         log(f"note: {n}")
     return results
@@ -687,6 +754,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--schedules", type=int, default=0,
                    help="also run this many schedules (EVERY 1 s) and check one job per tick (README)")  # fmt: skip
     p.add_argument("--schedule-grace", type=int, default=2000, help="the nodes' schedule-grace, ms")
+    p.add_argument("--limit", type=int, default=0,
+                   help="also run a queue at QCONFIG concurrency N and check, from its consumers' history, that no more "
+                        "than N jobs are out at once outside the faults (docs/limits.md)")  # fmt: skip
     p.add_argument("--settle-ms", type=int, default=None,
                    help="how long after a fault the schedules checker still excuses a tick "
                         "(default: 2 x node timeout + schedule grace)")  # fmt: skip

@@ -25,6 +25,12 @@ within the share it holds (`Budget`):
   answers an ask with what it has (at most what was asked), or with when
   the next token comes (`retry`): the asker asks again then.  Tokens lapse
   TOKEN_MS after the ask that got them, so none are saved for a burst.
+Per-key limits work the same way, one budget per (queue, key) with the
+key's own home, created when a job of the key is wanted and forgotten once
+it has nothing out, held or asked for: a queue with them serves the first
+of its first KEY_SCAN queued jobs (in serving order) whose key has a share
+left (`Lifecycle.take`), or holds its consumers back.  A job without a key
+is held back by the queue's limits only.
 The home asks itself without a message.  A home grants nothing new while it
 sees no majority of the nodes it knows (the other side's home may lend the
 whole budget), nor in its first LEASE_MS + LEASE_SLACK after it started or
@@ -40,8 +46,8 @@ lazily, when a slot is wanted, so ACK, NACK and requeue need no hook; the
 end of every step (`recheck`, only while a consumer waits on a limit)
 serves the waiters again once a slot or a token is there.
 
-Called by NodeCore: `fetch` (blocked clients' GETJOB, in place of the
-lifecycle's for a limited queue), `recheck` (end of a step), `tick` and
+Called by NodeCore and core/blocking.py: `fetch` (GETJOB, in place of
+the lifecycle's for a limited queue), `recheck` (end of a step), `tick` and
 `next_deadline` (asks due), `cron` (renewals), `on_qset` / `on_ask` /
 `on_grant` (the bus), `sync_messages` (a link comes up), `replay` (AOF
 records), `snapshot_records` (an AOF rewrite); QCONFIG's handlers call
