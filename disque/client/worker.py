@@ -213,7 +213,9 @@ class App:
             raise ValueError(f"queue {queue!r} already has a handler")
         if rate is not None and not re.fullmatch(r"[1-9][0-9]*/[smh]", rate):
             raise ValueError(f"rate must be <n>/s, <n>/m or <n>/h, not {rate!r}")
-        limits = [*(["rate-limit", rate] if rate else []), *(["concurrency", concurrency] if concurrency is not None else [])]
+        limits: list[str | int] = ["rate-limit", rate] if rate else []
+        if concurrency is not None:
+            limits += ["concurrency", concurrency]
         if limits:
             self.limits[queue] = limits
 
@@ -719,7 +721,7 @@ def run_worker(
     logging.basicConfig(level=level, handlers=[handler], force=True)
     try:
         anyio.run(worker.run, backend=backend)
-    except BadSchedule as e:
+    except BadSetting as e:
         raise click.ClickException(str(e)) from None
     return worker
 

@@ -211,12 +211,14 @@ class Limits:
             return None
         budget = self.budgets[name]
         if not self._admit(name, b"", budget):
-            return self._hold(name, budget)
+            self._hold(name, budget)
+            return None
         limits = self.defs[name]
         if limits.key_rate or limits.key_concurrency:
             job = self._keyed_job(queue)
             if job is None:
-                return self._hold(name, budget)
+                self._hold(name, budget)
+                return None
             job = self.life.take(queue, job)
             if job.key:
                 self._count(self.keyed[name, job.key], job)
