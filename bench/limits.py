@@ -7,7 +7,8 @@
   most delivered in any one-second window (slid by 10 ms) against it.
 * plain: one node, N jobs preloaded, then 8 consumers loop `GETJOB NOHANG`
   + `ACKJOB` until the queue is empty (no limit on the queue): cycles per
-  second, the median of 5 runs.  Run it once with this tree's sources and
+  second, and the node's CPU time per cycle (user + system, which the
+  other processes of a shared machine disturb less), the median of 5 runs.  Run it once with this tree's sources and
   once with another's (PYTHONPATH=<tree> python bench/limits.py --plain) to
   compare what a queue without limits costs.
 
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import redis
 
+from common import cpu_seconds
 from disque.testing.devcluster import NodeProcess, free_port, join
 
 RATE = 300
@@ -87,7 +89,8 @@ def plain_run(base: Path) -> None:
     node = NodeProcess(free_port(), base / "plain").start()
     try:
         client = redis.Redis(port=node.port)
-        rates = []
+        rates, costs = [], []
+        assert node.proc is not None
         for _ in range(5):
             pipe = client.pipeline(transaction=False)
             for _ in range(PLAIN_JOBS):
@@ -102,17 +105,19 @@ def plain_run(base: Path) -> None:
                     done[k] += 1
                 c.close()
 
-            began = time.monotonic()
+            began, cpu = time.monotonic(), sum(cpu_seconds(node.proc.pid))
             threads = [threading.Thread(target=consumer, args=(k,)) for k in range(8)]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
             rates.append(sum(done) / (time.monotonic() - began))
+            costs.append((sum(cpu_seconds(node.proc.pid)) - cpu) / sum(done) * 1e6)
         import disque
 
         print(f"plain queue, GETJOB NOHANG + ACKJOB, 8 consumers ({Path(disque.__file__).parent.parent}): "
-              f"{statistics.median(rates):.0f} cycles/s (median of {len(rates)}: {', '.join(f'{x:.0f}' for x in rates)})")  # fmt: skip
+              f"{statistics.median(rates):.0f} cycles/s (median of {len(rates)}: {', '.join(f'{x:.0f}' for x in rates)}), "
+              f"the node's CPU {statistics.median(costs):.1f} us a cycle ({', '.join(f'{x:.1f}' for x in costs)})")  # fmt: skip
         client.close()
     finally:
         node.stop()
