@@ -31,3 +31,5 @@ class JobOptions:
     minrepl: int | None = None  # MINREPL (docs/replication.md)
     job_id: bytes | None = None  # a schedule's tick brings its own ID (core/schedules.py)
     key: bytes = b""  # KEY (docs/keys.md; b"": none), within store/job.py's key rule
+    dedup: int = 0  # DEDUP <ms>: the key held by the job that long (core/keys.py; 0: none)
+    dedup_active: bool = False  # DEDUP ACTIVE: held until the job is acknowledged

@@ -55,7 +55,7 @@ def test_the_key_rule_is_checked_by_the_command(env) -> None:
     assert env.s("QLEN", "q") == 1
     assert key_problem(b"") is None
     reply = env.s("SCHEDULE", "ADD", "s", "q", "b", "EVERY", 1000, "KEY", "k")
-    assert str(reply) == "ERR KEY does not apply to SCHEDULE"
+    assert str(reply) == "ERR KEY and DEDUP do not apply to SCHEDULE"
 
 
 def test_a_replica_and_a_dead_letter_keep_the_key(duo) -> None:

@@ -14,6 +14,7 @@ from support import wait_for
 
 from disque.client import Client, Job
 from disque.client.worker import App, Worker
+from disque.core.homes import ranked
 from disque.testing.devcluster import NodeProcess
 
 
@@ -48,3 +49,30 @@ def test_the_client_and_the_worker_see_the_key(spawn: Callable[..., NodeProcess]
     anyio.run(functools.partial(worker.run, signals=False))
     app.close()
     assert seen == ["tenant-2"]
+
+
+def test_dedup_holds_across_nodes_kill_9_and_restarts(tmp_path: Path) -> None:
+    with Cluster(tmp_path, 3, "--appendonly", "yes", "--appendfsync", "always") as cluster:
+        first = cluster.addjob(0, "dq", "a", 5000, "KEY", "order-9", "DEDUP", 600_000)
+        assert [cluster.addjob(i, "dq", "b", 5000, "KEY", "order-9", "DEDUP", 600_000) for i in (1, 2, 0)] == [first] * 3
+        home = cluster.index_of(ranked(b"dq\0order-9", cluster.ids)[0])
+        cluster.kill(home)  # the standby answers once the home is flagged
+        other = next(i for i in cluster.indexes if i != home)
+        assert wait_for(
+            lambda: cluster.addjob(other, "dq", "c", 5000, "KEY", "order-9", "DEDUP", 600_000) == first, timeout=20,
+            what="the standby's answer",
+        )
+        cluster.restart(home)  # its AOF holds the hold
+        assert cluster.addjob(home, "dq", "d", 5000, "KEY", "order-9", "DEDUP", 600_000) == first
+        assert sum(int(cluster.call(i, "INFO", "keys")["dedup_hits"]) for i in cluster.live()) >= 1
+
+
+def test_the_client_sends_dedup(spawn: Callable[..., NodeProcess]) -> None:
+    node = spawn()
+    with Client([f"{node.host}:{node.port}"]) as client:
+        first = client.add_job("cq", "x", key="k", dedup=60_000)
+        assert client.add_job("cq", "y", key="k", dedup=60_000) == first
+        active = client.add_job("cq", "z", key="a", dedup="active")
+        assert client.add_job("cq", "w", key="a", dedup="active") == active
+        client.ack(active)
+        assert client.add_job("cq", "v", key="a", dedup="active") != active

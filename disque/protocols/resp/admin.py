@@ -154,10 +154,12 @@ SECTIONS = {
     "federation": ("Federation", lambda node, proc: node.federation.info_fields()),
     # Recurring jobs (docs/schedules.md); per schedule: SCHEDULE SHOW.
     "schedules": ("Schedules", lambda node, proc: node.schedules.info_fields()),
+    # Keyed jobs' deduplication (docs/keys.md): holds, producers waiting for a key's home, hits.
+    "keys": ("Keys", lambda node, proc: node.keys.info_fields()),
     # Queues larger than memory (docs/read-behind.md); off: `read_behind:no` only.
     "read-behind": ("Read-behind", lambda node, proc: node.read_behind.info_fields()),
 }
-EXTRA = ("security", "commandstats", "kestrel", "groups", "read-behind", "federation", "schedules")  # shown by INFO <section> and INFO all only
+EXTRA = ("security", "commandstats", "kestrel", "groups", "read-behind", "federation", "schedules", "keys")  # shown by INFO <section> and INFO all only
 
 
 def info(node: NodeCore, section: str) -> bytes:
