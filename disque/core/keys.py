@@ -50,6 +50,7 @@ from disque.core.types import BLOCKED, Connection, Status, Waiter
 from disque.store import keyed
 from disque.store.aof import KEYHOLD, encode_record
 from disque.store.ids import new_job_id
+from disque.store.job_options import DEDUP_ACTIVE
 from disque.store.keyed import KeyHold
 from disque.store.records import DecodeError
 
@@ -99,13 +100,14 @@ class Keys:
         retry = default_retry(ttl) if opts.retry is None else opts.retry
         job_id = new_job_id(life.membership.my_id, life.rng, ttl, retry)
         opts = replace(opts, job_id=job_id)
-        hold = ttl * 1000 if opts.dedup_active else opts.dedup
+        active = opts.dedup == DEDUP_ACTIVE
+        hold = ttl * 1000 if active else opts.dedup
         home = self._order(queue + b"\0" + opts.key)[0]
         if home == life.membership.my_id:
-            return self._answer(client, queue, body, opts, self._claim(queue, opts.key, job_id, hold, opts.dedup_active))
+            return self._answer(client, queue, body, opts, self._claim(queue, opts.key, job_id, hold, active))
         self.tickets += 1
         ticket = self.tickets
-        self.out.send(home, m.KeyClaim(ticket, queue, opts.key, job_id, hold, opts.dedup_active))
+        self.out.send(home, m.KeyClaim(ticket, queue, opts.key, job_id, hold, active))
         waiter = self.waits.block(client, (), False, 0)  # its deadline is the ask's (`cron`)
         self.asks[ticket] = _Ask(client, waiter, queue, body, opts, life.now + ASK_MS)
         return BLOCKED
