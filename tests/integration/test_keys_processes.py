@@ -15,7 +15,8 @@ from support import wait_for
 from disque.client import Client, Job
 from disque.client.worker import App, Worker
 from disque.core.homes import ranked
-from disque.testing.devcluster import NodeProcess
+from disque.testing.devcluster import NodeProcess, free_port
+from test_metrics import samples
 
 
 def test_replicas_and_the_aof_keep_the_key_through_kill_9_and_a_restart(tmp_path: Path) -> None:
@@ -67,8 +68,9 @@ def test_dedup_holds_across_nodes_kill_9_and_restarts(tmp_path: Path) -> None:
         assert sum(int(cluster.call(i, "INFO", "keys")["dedup_hits"]) for i in cluster.live()) >= 1
 
 
-def test_the_client_sends_dedup(spawn: Callable[..., NodeProcess]) -> None:
-    node = spawn()
+def test_the_client_sends_dedup_and_metrics_count_the_hits(spawn: Callable[..., NodeProcess]) -> None:
+    port = free_port()
+    node = spawn("--metrics-port", str(port))
     with Client([f"{node.host}:{node.port}"]) as client:
         first = client.add_job("cq", "x", key="k", dedup=60_000)
         assert client.add_job("cq", "y", key="k", dedup=60_000) == first
@@ -76,3 +78,6 @@ def test_the_client_sends_dedup(spawn: Callable[..., NodeProcess]) -> None:
         assert client.add_job("cq", "w", key="a", dedup="active") == active
         client.ack(active)
         assert client.add_job("cq", "v", key="a", dedup="active") != active
+    got = samples(port)
+    assert got[("disque_dedup_hits_total", ())] == 2 and got[("disque_keys_held", ())] == 2
+    assert got[("disque_dedup_released_total", ())] == 1 and got[("disque_keys_waiting", ())] == 0
