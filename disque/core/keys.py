@@ -5,8 +5,10 @@ Theory of operation: ADDJOB ... KEY k DEDUP <ms> | DEDUP ACTIVE asks for
 is acknowledged, at most its TTL.  A second ADDJOB of the key while it is
 held answers the holder's ID and adds nothing.  Who decides is the home of
 (queue, k) (core/homes.py: rendezvous hashing over the nodes this node sees
-up, those it cannot send KEYCLAIM to left out), so whichever node receives
-each ADDJOB, one node decides, in the order the claims reach it.
+up, linked or not, so that a link dropped and made again does not move a
+home for a moment), so whichever node receives each ADDJOB, one node
+decides, in the order the claims reach it.  A claim waits for a link to
+the home that reads KEYCLAIM (its PONG said FEATURE_KEYS).
 
 The job's ID is drawn first (`claim`).  At the home the decision is local
 (`_claim`); elsewhere KEYCLAIM goes to the home and the producer waits, as
@@ -18,8 +20,8 @@ KEYDONE (`done`, aborted) and the hold goes: a producer retrying does not
 get the ID of a job never made.  The ACK of a keyed job (ACKJOB, FASTACK
 here) sends KEYDONE too, which ends a DEDUP ACTIVE hold.
 
-A home that does not answer within ASK_MS (gone, cut off, or the claim
-lost) does not hold the producer longer: the job is added without the
+A home that does not answer within ASK_MS (gone, cut off, not linked, of
+an older version, or the claim lost) does not hold the producer longer: the job is added without the
 hold (`_unanswered`): at least once, never lost; a duplicate is possible
 and counted (`dedup_unconfirmed`).
 
@@ -77,6 +79,9 @@ class _Ask:
     body: bytes
     opts: JobOptions
     deadline: int
+    hold: int  # ms (KEYCLAIM's)
+    active: bool
+    sent: bool = False  # KEYCLAIM went to the home (else: it waits for a link to it)
 
 
 class Keys:
@@ -102,24 +107,33 @@ class Keys:
         opts = replace(opts, job_id=job_id)
         active = opts.dedup == DEDUP_ACTIVE
         hold = ttl * 1000 if active else opts.dedup
-        home = self._order(queue + b"\0" + opts.key)[0]
-        if home == life.membership.my_id:
+        if self._home(queue + b"\0" + opts.key) == life.membership.my_id:
             return self._answer(client, queue, body, opts, self._claim(queue, opts.key, job_id, hold, active))
         self.tickets += 1
-        ticket = self.tickets
-        self.out.send(home, m.KeyClaim(ticket, queue, opts.key, job_id, hold, active))
         waiter = self.waits.block(client, (), False, 0)  # its deadline is the ask's (`cron`)
-        self.asks[ticket] = _Ask(client, waiter, queue, body, opts, life.now + ASK_MS)
+        ask = self.asks[self.tickets] = _Ask(client, waiter, queue, body, opts, life.now + ASK_MS, hold, active)
+        self._send(self.tickets, ask)
         return BLOCKED
 
-    def _order(self, name: bytes) -> list[str]:
-        """`name`'s order (core/homes.py) among the nodes up that can be
-        asked (this one, and the linked peers that read KEYCLAIM): its
-        home, then its standbys."""
-        membership = self.life.membership
-        askable = set(membership.linked_ids(features=m.FEATURE_KEYS))
-        me = membership.my_id
-        return ranked(name, [n for n in membership.up_ids() if n == me or n in askable])
+    def _home(self, name: bytes) -> str:
+        """The home of `name` (core/homes.py) among the nodes this one sees
+        up, linked or not: a link dropped and made again (a PING answered
+        late) must not move a key's home for a moment."""
+        return ranked(name, self.life.membership.up_ids())[0]
+
+    def _send(self, ticket: int, ask: _Ask) -> None:
+        """KEYCLAIM to the key's home once there is a link to it that reads
+        it (or decide here, if this node became the home meanwhile)."""
+        life = self.life
+        home = self._home(ask.queue + b"\0" + ask.opts.key)
+        if home == life.membership.my_id:
+            del self.asks[ticket]
+            self.waits.drop_waiter(ask.waiter)
+            holder = self._claim(ask.queue, ask.opts.key, ask.opts.job_id, ask.hold, ask.active)  # type: ignore[arg-type]
+            self._reply(ask, lambda: self._answer(ask.client, ask.queue, ask.body, ask.opts, holder))
+        elif home in life.membership.linked_ids(features=m.FEATURE_KEYS):
+            ask.sent = True
+            self.out.send(home, m.KeyClaim(ticket, ask.queue, ask.opts.key, ask.opts.job_id, ask.hold, ask.active))  # type: ignore[arg-type]
 
     def _answer(self, client: Connection, queue: bytes, body: bytes, opts: JobOptions, holder: bytes) -> Any:
         """The ADDJOB's reply once the home said who holds the key."""
@@ -168,6 +182,8 @@ class Keys:
             elif now >= ask.deadline:
                 del self.asks[ticket]
                 self._unanswered(ask)
+            elif not ask.sent:
+                self._send(ticket, ask)
         expiries = self.expiries
         while expiries and expiries[0][0] <= now:
             _, name = heappop(expiries)
@@ -198,10 +214,13 @@ class Keys:
         self._send_done(job.queue, job.key, job.id, aborted)  # type: ignore[arg-type]
 
     def _send_done(self, queue: bytes, key: bytes, job: bytes, aborted: bool) -> None:
-        home = self._order(queue + b"\0" + key)[0]
-        if home == self.life.membership.my_id:
+        """KEYDONE to the key's home (when it cannot be told now, its hold
+        runs to its end)."""
+        membership = self.life.membership
+        home = self._home(queue + b"\0" + key)
+        if home == membership.my_id:
             self._release(queue, key, job, aborted)
-        else:
+        elif home in membership.linked_ids(features=m.FEATURE_KEYS):
             self.out.send(home, m.KeyDone(queue, key, job, aborted))
 
     def on_key_done(self, sender: str, msg: m.KeyDone) -> None:
@@ -221,8 +240,9 @@ class Keys:
         h = replace(h, version=version, origin=life.membership.my_id)
         self._keep(h)
         me = life.membership.my_id
-        standbys = [n for n in self._order(h.name) if n != me][:STANDBYS]
-        self.out.broadcast(standbys, m.KeySet(keyed.encode(h)))
+        standbys = [n for n in ranked(h.name, life.membership.up_ids()) if n != me][:STANDBYS]
+        readers = life.membership.linked_ids(features=m.FEATURE_KEYS)  # (the others get it when they link up)
+        self.out.broadcast([n for n in standbys if n in readers], m.KeySet(keyed.encode(h)))
 
     def _keep(self, h: KeyHold) -> None:
         """Hold a record known to be newer, logged and counted in memory."""
@@ -269,6 +289,10 @@ class Keys:
         return [encode_record(KEYHOLD, keyed.encode(h)) for h in self.holds.values() if h.until > now]
 
     # ------------------------------------------------------------ reading
+
+    def size(self) -> int:
+        """What the records held cost (in the node's memory account)."""
+        return sum(map(_size, self.holds.values()))
 
     def info_fields(self) -> list[tuple[str, int]]:
         now = self.life.now

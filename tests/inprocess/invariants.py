@@ -128,6 +128,7 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
         assert held == spill.index.nbytes() - spill._empty
     expected = core.memory.base + sum(core.memory.job_size(j) for j in jobs.values()) + held
     expected += sum(QUEUE_OVERHEAD + len(q.name) for q in core.queues.values()) + core.groups.size() + core.schedules.size()
+    expected += core.keys.size()
     assert core.memory.data() == expected, (core.memory.data(), expected)
     assert core.memory.retained >= 0 and (spill is not None or not core.memory.retained)
     assert core.memory.peak >= core.memory.used

@@ -277,3 +277,31 @@ def test_a_hold_replaced_before_it_ends_stays(duo) -> None:
     from_peer(duo, m.KeySet(keyed.encode(KeyHold(b"q", b"k", now + 1, PEER, job, now + 100_000))))
     duo.wait(300)  # the first one's end comes: the record in force runs on
     assert duo.core.keys.holds[b"q\0k"].holds(duo.core.now)
+
+
+def test_a_claim_waits_for_a_link_to_the_home_that_reads_it(duo) -> None:
+    key = key_homed_at(PEER, duo.core.membership.up_ids())
+    s = Session(duo.core)
+    s("ADDJOB", "q", "a", 0, "KEY", key, "DEDUP", 5000)
+    assert duo.sent() == [] and info(duo.core)["keys_waiting"] == 1  # its PONG said no FEATURE_KEYS (yet)
+    duo.wait(200)
+    assert duo.sent() == []
+    reading_keys(duo)
+    duo.wait(100)
+    [claim] = duo.sent()
+    assert isinstance(claim, m.KeyClaim)
+    job_id = duo.add("q", "plain", "KEY", key, "REPLICATE", 1)  # KEY alone: no claim, and its ACK tells a home that reads it
+    duo.core.membership.nodes[PEER].features = 0
+    assert duo.s("FASTACK", job_id) == 1 and duo.sent() == []
+
+
+def test_a_claim_waiting_when_this_node_becomes_the_home_is_decided_here(duo) -> None:
+    key = key_homed_at(PEER, duo.core.membership.up_ids())
+    s = Session(duo.core)
+    s("ADDJOB", "q", "a", 0, "KEY", key, "DEDUP", 5000, "REPLICATE", 1)
+    assert duo.sent() == []
+    duo.core.membership.nodes[PEER].flags |= m.FAIL  # flagged: out of the key's order
+    duo.core.membership.touch()
+    duo.wait(100)
+    [reply] = s.pending()
+    assert isinstance(reply, Status) and duo.s("QLEN", "q") == 1 and info(duo.core)["dedup_granted"] == 1
