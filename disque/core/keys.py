@@ -15,9 +15,11 @@ The job's ID is drawn first (`claim`).  At the home the decision is local
 for replication (BLOCKED, a waiter), for KEYCLAIMED: the holder's ID,
 which is a duplicate's answer unless it is the ID drawn.  A granted claim
 then adds the job as ADDJOB does (`Lifecycle.add_job`, with the ID
-drawn); an ADDJOB that fails then, or whose replication gives up, sends
-KEYDONE (`done`, aborted) and the hold goes: a producer retrying does not
-get the ID of a job never made.  The ACK of a keyed job (ACKJOB, FASTACK
+drawn); an ADDJOB that fails then, or whose replication gives up, or whose
+producer went away before the answer (`abandoned`), sends KEYDONE (`done`,
+aborted) and the hold goes: a producer retrying does not get the ID of a
+job never made.  (An answer that comes twice, or after the job was added
+without the hold, names a job that may exist: it ends nothing.)  The ACK of a keyed job (ACKJOB, FASTACK
 here) sends KEYDONE too, which ends a DEDUP ACTIVE hold.
 
 A home that does not answer within ASK_MS (gone, cut off, not linked, of
@@ -39,7 +41,6 @@ replication through `Lifecycle.keys` (`done`).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Any
@@ -54,7 +55,7 @@ from disque.store.aof import KEYHOLD, encode_record
 from disque.store.ids import new_job_id
 from disque.store.job_options import DEDUP_ACTIVE
 from disque.store.keyed import KeyHold
-from disque.store.records import DecodeError
+from disque.store.records import decoded
 
 if TYPE_CHECKING:
     from disque.core.blocking import Blocking
@@ -62,9 +63,8 @@ if TYPE_CHECKING:
     from disque.store.job import Job
     from disque.store.job_options import JobOptions
 
-log = logging.getLogger("disque")
-
 ASK_MS = 1000  # how long a producer waits for the key's home before its job is added without the hold
+FORGET_MS = 10 * ASK_MS  # how long the claim of a producer gone is remembered, to end its hold if granted late
 STANDBYS = 2  # the nodes after the home in a key's order that keep its holds
 HOLD_OVERHEAD = 300  # bytes per hold kept (record, dict and heap entries) on top of its strings
 
@@ -92,6 +92,7 @@ class Keys:
         self.holds: dict[bytes, KeyHold] = {}  # KeyHold.name -> the newest record known
         self.expiries: list[tuple[int, bytes]] = []  # (when a hold ends, its name): a heap, stale entries skipped
         self.asks: dict[int, _Ask] = {}  # ticket -> the ADDJOB waiting for the home's answer
+        self.abandoned: dict[int, tuple[bytes, int]] = {}  # ticket -> (the job never made, when to forget it)
         self.tickets = 0
         self.hits = self.granted = self.unconfirmed = self.released = self.dropped = 0
 
@@ -152,8 +153,12 @@ class Keys:
 
     def on_key_claimed(self, sender: str, msg: m.KeyClaimed) -> None:
         ask = self.asks.pop(msg.ticket, None)
-        if ask is None or ask.client.waiter is not ask.waiter:  # too late, or the client went away
-            if msg.job not in self.life.jobs:  # granted a job never made here: not held
+        if ask is not None and ask.client.waiter is not ask.waiter:  # the client went away
+            self.abandoned[msg.ticket] = (ask.opts.job_id, 0)  # type: ignore[assignment]
+            ask = None
+        if ask is None:  # too late (its job made without the hold), a copy of an answer, or abandoned
+            gone = self.abandoned.pop(msg.ticket, None)
+            if gone is not None and gone[0] == msg.job:  # granted a job never made: not held
                 self._send_done(msg.queue, msg.key, msg.job, True)
             return
         self.waits.drop_waiter(ask.waiter)
@@ -179,11 +184,14 @@ class Keys:
         for ticket, ask in list(self.asks.items()):
             if ask.client.waiter is not ask.waiter:
                 del self.asks[ticket]
+                self.abandoned[ticket] = (ask.opts.job_id, now + FORGET_MS)  # type: ignore[assignment]
             elif now >= ask.deadline:
                 del self.asks[ticket]
                 self._unanswered(ask)
             elif not ask.sent:
                 self._send(ticket, ask)
+        for ticket in [t for t, (_, until) in self.abandoned.items() if until <= now]:
+            del self.abandoned[ticket]
         expiries = self.expiries
         while expiries and expiries[0][0] <= now:
             _, name = heappop(expiries)
@@ -264,12 +272,9 @@ class Keys:
 
     def _checked(self, record: bytes, source: str) -> KeyHold | None:
         """The record decoded; None for a bad one, dropped alone (logged and counted)."""
-        try:
-            return keyed.decode(record)
-        except DecodeError as e:
-            self.dropped += 1
-            log.warning("Key record %s dropped: %s", source, e)
-            return None
+        h = decoded(keyed.decode, record, "Key", source)
+        self.dropped += h is None
+        return h
 
     def sync_messages(self) -> list[m.KeySet]:
         """Every record not ended (holds, and releases of holds not ended),

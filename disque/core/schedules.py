@@ -93,7 +93,7 @@ from disque.store.aof import SCHEDTICK, SCHEDULE, encode_record
 from disque.store.ids import tick_job_id
 from disque.store.job import State
 from disque.store.job_options import JobOptions
-from disque.store.records import DecodeError
+from disque.store.records import decoded
 from disque.store.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -296,14 +296,10 @@ class Schedules:
             self._keep(s)
 
     def _checked(self, record: bytes, source: str) -> Schedule | None:
-        """The record decoded; None for a bad one, dropped alone (logged and
-        counted): the link it came on and the file it is in stay in use."""
-        try:
-            return records.decode(record)
-        except DecodeError as e:
-            self.dropped += 1
-            log.warning("Schedule record %s dropped: %s", source, e)
-            return None
+        """The record decoded; None for a bad one, dropped alone (logged and counted)."""
+        s = decoded(records.decode, record, "Schedule", source)
+        self.dropped += s is None
+        return s
 
     def on_ticked(self, sender: str, msg: m.Ticked) -> None:
         run = self.runs.get(msg.name)

@@ -26,10 +26,11 @@ codec, and the core when it sends or receives jobs (`job_to_wire`,
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgpack
 
@@ -43,8 +44,23 @@ WireJob = dict[str, Any]  # a job's bus form, as REPLJOB and YOURJOBS carry it (
 _U64 = 2**64 - 1  # msgpack's largest integer
 
 
+log = logging.getLogger("disque")
+T = TypeVar("T")
+
+
 class DecodeError(ValueError):
     """A frame body or a serialized job is malformed."""
+
+
+def decoded(decode: Callable[[bytes], T], record: bytes, what: str, source: str) -> T | None:
+    """`decode(record)`, or None for a record that is malformed or breaks a
+    rule, logged: the bus and the AOF drop such a record alone (a schedule,
+    a key's hold), never the link it came on or the file it is in."""
+    try:
+        return decode(record)
+    except DecodeError as e:
+        log.warning("%s record %s dropped: %s", what, source, e)
+        return None
 
 
 

@@ -12,7 +12,7 @@ import pytest
 from disque.cluster import messages as m
 from disque.core.effects import AofAppend
 from disque.core.homes import ranked
-from disque.core.keys import ASK_MS
+from disque.core.keys import ASK_MS, FORGET_MS
 from disque.core.types import Status
 from disque.store import keyed
 from disque.store.aof import KEYHOLD, encode_record
@@ -21,6 +21,7 @@ from disque.store.records import DecodeError
 
 from jobenv import PEER, duo, env, from_peer, make_env  # noqa: F401 (fixtures)
 from mesh import Mesh
+from test_federation_upgrade import formed as upgrade_formed
 from support import Session, make_core, replay
 
 
@@ -156,8 +157,9 @@ def test_a_claim_the_peer_home_answers(duo) -> None:
     holder = b"DI" + b"2" * 44 + b"SQ"
     from_peer(duo, m.KeyClaimed(claim.ticket, b"q", key, holder))
     assert s.pending() == [Status(holder)] and info(duo.core)["dedup_hits"] == 1 and duo.s("QLEN", "q") == 0
-    from_peer(duo, m.KeyClaimed(999, b"q", key, holder))  # unknown ticket, a job not here: released
-    assert duo.sent() == [m.KeyDone(b"q", key, holder, True)]
+    from_peer(duo, m.KeyClaimed(claim.ticket, b"q", key, holder))  # the same answer again (a copy): ends nothing
+    from_peer(duo, m.KeyClaimed(999, b"q", key, holder))  # nor an unknown ticket
+    assert duo.sent() == []
 
 
 def test_a_home_that_does_not_answer_lets_the_job_in_without_the_hold(duo) -> None:
@@ -178,10 +180,24 @@ def test_a_producer_gone_before_the_answer_releases_the_grant(duo) -> None:
     s("ADDJOB", "q", "a", 0, "KEY", key, "DEDUP", 5000)
     [claim] = duo.sent()
     duo.core.disconnect(s.client.id)
-    duo.wait(200)  # the cron forgets the ask
+    duo.wait(200)  # the cron forgets the ask, and remembers its claim
     assert info(duo.core)["keys_waiting"] == 0
     from_peer(duo, m.KeyClaimed(claim.ticket, b"q", key, claim.job))
     assert duo.sent() == [m.KeyDone(b"q", key, claim.job, True)]
+    s = Session(duo.core)  # gone before the cron ran: the same
+    s("ADDJOB", "q", "b", 0, "KEY", key, "DEDUP", 5000)
+    [claim] = duo.sent()
+    duo.core.disconnect(s.client.id)
+    from_peer(duo, m.KeyClaimed(claim.ticket, b"q", key, claim.job))
+    assert duo.sent() == [m.KeyDone(b"q", key, claim.job, True)]
+    s = Session(duo.core)  # an answer later than FORGET_MS: ends nothing
+    s("ADDJOB", "q", "c", 0, "KEY", key, "DEDUP", 5000)
+    [claim] = duo.sent()
+    duo.core.disconnect(s.client.id)
+    duo.wait(FORGET_MS + 200)
+    assert duo.core.keys.abandoned == {}
+    from_peer(duo, m.KeyClaimed(claim.ticket, b"q", key, claim.job))
+    assert duo.sent() == []
 
 
 def test_the_home_decides_a_peer_s_claims_and_ends_holds_on_keydone(duo) -> None:
@@ -202,12 +218,8 @@ def test_the_home_decides_a_peer_s_claims_and_ends_holds_on_keydone(duo) -> None
 # ---------------------------------------------------------------- three nodes
 
 
-def formed(seed: int = 1) -> Mesh:
-    mesh = Mesh(3, seed=seed)
-    for i in (1, 2):
-        mesh.meet(i, 0)
-    mesh.wait_for(lambda: all(len(c.membership.reachable()) == 2 for c in mesh.cores if c is not None), 5000)
-    return mesh
+def formed() -> Mesh:
+    return upgrade_formed(older=())
 
 
 def add(mesh: Mesh, i: int, *args: Any) -> bytes:
