@@ -9,11 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import anyio
+import dramatiq
 from clusterkit import Cluster
 from support import wait_for
 
 from disque.client import Client, Job
 from disque.client.worker import App, Worker
+from disque.contrib.dramatiq import DisqueBroker
 from disque.core.homes import ranked
 from disque.testing.devcluster import NodeProcess, free_port
 from test_metrics import samples
@@ -78,6 +80,17 @@ def test_the_client_sends_dedup_and_metrics_count_the_hits(spawn: Callable[..., 
         assert client.add_job("cq", "w", key="a", dedup="active") == active
         client.ack(active)
         assert client.add_job("cq", "v", key="a", dedup="active") != active
+    broker = DisqueBroker([f"{node.host}:{node.port}"])
+    dramatiq.set_broker(broker)
+
+    @dramatiq.actor(queue_name="dq", broker=broker)
+    def task(n: int) -> None:
+        pass
+
+    for n in range(3):
+        task.send_with_options(args=(n,), key="order-7", dedup=60_000)
+    with Client([f"{node.host}:{node.port}"]) as client:
+        assert client.execute_command("QLEN", "dq") == 1
     got = samples(port)
-    assert got[("disque_dedup_hits_total", ())] == 2 and got[("disque_keys_held", ())] == 2
+    assert got[("disque_dedup_hits_total", ())] == 4 and got[("disque_keys_held", ())] == 3
     assert got[("disque_dedup_released_total", ())] == 1 and got[("disque_keys_waiting", ())] == 0
