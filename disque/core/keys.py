@@ -208,7 +208,7 @@ class Keys:
         known = self.holds.get(queue + b"\0" + key)
         if known is not None and known.holds(now):
             return known.job
-        self._change(KeyHold(queue, key, 0, "", job, now + hold, active), known)
+        self._change(queue, key, known, job, now + hold, active)
         return job
 
     def on_key_claim(self, sender: str, msg: m.KeyClaim) -> None:
@@ -238,19 +238,22 @@ class Keys:
         known = self.holds.get(queue + b"\0" + key)
         if known is not None and known.job == job and known.holds(self.life.now) and (known.active or aborted):
             self.released += 1
-            self._change(KeyHold(queue, key, 0, "", until=known.until), known)  # kept as long as the hold would have been
+            self._change(queue, key, known, b"", known.until, False)  # kept as long as the hold would have been
 
-    def _change(self, h: KeyHold, known: KeyHold | None) -> None:
-        """A change made here: stamped newer than the record it replaces,
-        kept, and sent to the key's standbys."""
+    def _change(self, queue: bytes, key: bytes, known: KeyHold | None, job: bytes, until: int, active: bool) -> None:
+        """A change made here (`job` holds the key until `until`; b"": none):
+        stamped newer than the record it replaces (`known`), kept, and sent
+        to the key's standbys."""
         life = self.life
+        membership = life.membership
         version = life.now if known is None else max(life.now, known.version + 1)
-        h = replace(h, version=version, origin=life.membership.my_id)
+        h = KeyHold(queue, key, version, membership.my_id, job, until, active)
         self._keep(h)
-        me = life.membership.my_id
-        standbys = [n for n in ranked(h.name, life.membership.up_ids()) if n != me][:STANDBYS]
-        readers = life.membership.linked_ids(features=m.FEATURE_KEYS)  # (the others get it when they link up)
-        self.out.broadcast([n for n in standbys if n in readers], m.KeySet(keyed.encode(h)))
+        readers = membership.linked_ids(features=m.FEATURE_KEYS)  # (the others get it when they link up)
+        if readers:
+            me = membership.my_id
+            standbys = [n for n in ranked(h.name, membership.up_ids()) if n != me][:STANDBYS]
+            self.out.broadcast([n for n in standbys if n in readers], m.KeySet(keyed.encode(h)))
 
     def _keep(self, h: KeyHold) -> None:
         """Hold a record known to be newer, logged and counted in memory."""
