@@ -19,13 +19,14 @@ drawn); an ADDJOB that fails then, or whose replication gives up, or whose
 producer went away before the answer (`abandoned`), sends KEYDONE (`done`,
 aborted) and the hold goes: a producer retrying does not get the ID of a
 job never made.  (An answer that comes twice, or after the job was added
-without the hold, names a job that may exist: it ends nothing.)  The ACK of a keyed job (ACKJOB, FASTACK
-here) sends KEYDONE too, which ends a DEDUP ACTIVE hold.
+without the hold, names a job that may exist: it ends nothing.)  The ACK
+of a keyed job (ACKJOB, FASTACK here) sends KEYDONE too, which ends a
+DEDUP ACTIVE hold.
 
 A home that does not answer within ASK_MS (gone, cut off, not linked, of
-an older version, or the claim lost) does not hold the producer longer: the job is added without the
-hold (`_unanswered`): at least once, never lost; a duplicate is possible
-and counted (`dedup_unconfirmed`).
+an older version, or the claim lost) does not hold the producer longer:
+the job is added without the hold (`_unanswered`): at least once, never
+lost; a duplicate is possible and counted (`dedup_unconfirmed`).
 
 Every hold is a record (store/keyed.py), newest wins: the home writes it to
 the AOF (KEYHOLD) and sends it (KEYSET) to its standbys, the next two
@@ -47,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from disque.cluster import messages as m
 from disque.core import errors
-from disque.core.homes import ranked
+from disque.core.homes import home as home_of, ranked
 from disque.core.lifecycle import DEFAULT_TTL, default_retry
 from disque.core.types import BLOCKED, Connection, Status, Waiter
 from disque.store import keyed
@@ -120,7 +121,7 @@ class Keys:
         """The home of `name` (core/homes.py) among the nodes this one sees
         up, linked or not: a link dropped and made again (a PING answered
         late) must not move a key's home for a moment."""
-        return ranked(name, self.life.membership.up_ids())[0]
+        return home_of(name, self.life.membership.up_ids())
 
     def _send(self, ticket: int, ask: _Ask) -> None:
         """KEYCLAIM to the key's home once there is a link to it that reads
