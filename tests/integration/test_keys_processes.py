@@ -94,3 +94,18 @@ def test_the_client_sends_dedup_and_metrics_count_the_hits(spawn: Callable[..., 
     got = samples(port)
     assert got[("disque_dedup_hits_total", ())] == 4 and got[("disque_keys_held", ())] == 3
     assert got[("disque_dedup_released_total", ())] == 1 and got[("disque_keys_waiting", ())] == 0
+
+
+def test_keys_take_turns_after_kill_9_and_a_restart(tmp_path: Path) -> None:
+    with Cluster(tmp_path, 3, "--appendonly", "yes", "--appendfsync", "always") as cluster:
+        for n in range(5):
+            cluster.addjob(0, "fq", f"big-{n}", 5000, "REPLICATE", 1, "RETRY", 1, "KEY", "big")
+        for n in range(2):
+            cluster.addjob(0, "fq", f"small-{n}", 5000, "REPLICATE", 1, "RETRY", 1, "KEY", "small")
+        cluster.kill(0)
+        cluster.restart(0)  # its AOF replayed: the jobs queued again by their retry
+        wait_for(lambda: cluster.qlen(0, "fq") == 7, timeout=20, what="the jobs queued again")
+        got = [e[2].decode() for e in cluster.call(0, "GETJOB", "COUNT", 7, "FROM", "fq")]
+        keys = [body.split("-")[0] for body in got]
+        assert keys[:4] in (["big", "small"] * 2, ["small", "big"] * 2) and keys[4:] == ["big"] * 3, got
+        assert [b for b in got if b.startswith("big")] == [f"big-{n}" for n in range(5)]  # each key in creation order
