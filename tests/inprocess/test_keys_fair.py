@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from disque.store.job import ENQUEUE, Job, State
 from disque.store.queue import Queue
 
+from invariants import check_core
 from jobenv import env, make_env  # noqa: F401 (fixtures)
+from support import Session, make_core
 
 
 def bodies(entries: list) -> list[bytes]:
@@ -105,3 +107,16 @@ def test_keys_take_turns_and_keep_their_order(keys: list[bytes]) -> None:
     for key in set(keys):
         mine = [j.ctime for j in out if j.key == key]
         assert mine == sorted(mine)
+
+
+def test_read_behind_leaves_keyed_jobs_in_memory() -> None:
+    core, clock, _ = make_core(read_behind="force", read_behind_prefetch=2)
+    s = Session(core)
+    for n in range(6):
+        s("ADDJOB", "q", f"a{n}", 0, "KEY", "a")
+    for n in range(6):
+        s("ADDJOB", "q", f"p{n}", 0)
+    figures = dict(core.read_behind.info_fields())
+    assert figures["jobs_on_disk"] == 4  # the plain jobs' tail only
+    assert bodies(s("GETJOB", "COUNT", 4, "FROM", "q")) == [b"p0", b"a0", b"p1", b"a1"]
+    check_core(core)
