@@ -147,12 +147,19 @@ def reading_keys(duo: Any) -> Any:
     return duo
 
 
-def test_a_claim_the_peer_home_answers(duo) -> None:
+def ask_peer(duo: Any, body: str = "a", *opts: Any) -> tuple[Session, bytes, m.KeyClaim]:
+    """An ADDJOB ... KEY DEDUP 5000 on `duo` (its PEER reading the key
+    messages) of a key homed at PEER: the session, the key, its KEYCLAIM."""
     reading_keys(duo)
     key = key_homed_at(PEER, duo.core.membership.up_ids())
     s = Session(duo.core)
-    assert s("ADDJOB", "q", "a", 0, "KEY", key, "DEDUP", 5000) is not None
+    s("ADDJOB", "q", body, 0, "KEY", key, "DEDUP", 5000, *opts)
     [claim] = duo.sent()
+    return s, key, claim
+
+
+def test_a_claim_the_peer_home_answers(duo) -> None:
+    s, key, claim = ask_peer(duo)
     assert isinstance(claim, m.KeyClaim) and claim.hold == 5000 and info(duo.core)["keys_waiting"] == 1
     holder = b"DI" + b"2" * 44 + b"SQ"
     from_peer(duo, m.KeyClaimed(claim.ticket, b"q", key, holder))
@@ -163,10 +170,7 @@ def test_a_claim_the_peer_home_answers(duo) -> None:
 
 
 def test_a_home_that_does_not_answer_lets_the_job_in_without_the_hold(duo) -> None:
-    reading_keys(duo)
-    key = key_homed_at(PEER, duo.core.membership.up_ids())
-    Session(duo.core)("ADDJOB", "q", "a", 0, "KEY", key, "DEDUP", 5000, "REPLICATE", 1)
-    [claim] = duo.sent()
+    _, key, claim = ask_peer(duo, "a", "REPLICATE", 1)
     duo.wait(ASK_MS + 100)
     assert duo.s("QLEN", "q") == 1 and info(duo.core)["dedup_unconfirmed"] == 1
     from_peer(duo, m.KeyClaimed(claim.ticket, b"q", key, claim.job))  # granted late: the job exists, kept
@@ -174,25 +178,17 @@ def test_a_home_that_does_not_answer_lets_the_job_in_without_the_hold(duo) -> No
 
 
 def test_a_producer_gone_before_the_answer_releases_the_grant(duo) -> None:
-    reading_keys(duo)
-    key = key_homed_at(PEER, duo.core.membership.up_ids())
-    s = Session(duo.core)
-    s("ADDJOB", "q", "a", 0, "KEY", key, "DEDUP", 5000)
-    [claim] = duo.sent()
+    s, key, claim = ask_peer(duo)
     duo.core.disconnect(s.client.id)
     duo.wait(200)  # the cron forgets the ask, and remembers its claim
     assert info(duo.core)["keys_waiting"] == 0
     from_peer(duo, m.KeyClaimed(claim.ticket, b"q", key, claim.job))
     assert duo.sent() == [m.KeyDone(b"q", key, claim.job, True)]
-    s = Session(duo.core)  # gone before the cron ran: the same
-    s("ADDJOB", "q", "b", 0, "KEY", key, "DEDUP", 5000)
-    [claim] = duo.sent()
+    s, _, claim = ask_peer(duo, "b")  # gone before the cron ran: the same
     duo.core.disconnect(s.client.id)
     from_peer(duo, m.KeyClaimed(claim.ticket, b"q", key, claim.job))
     assert duo.sent() == [m.KeyDone(b"q", key, claim.job, True)]
-    s = Session(duo.core)  # an answer later than FORGET_MS: ends nothing
-    s("ADDJOB", "q", "c", 0, "KEY", key, "DEDUP", 5000)
-    [claim] = duo.sent()
+    s, _, claim = ask_peer(duo, "c")  # an answer later than FORGET_MS: ends nothing
     duo.core.disconnect(s.client.id)
     duo.wait(FORGET_MS + 200)
     assert duo.core.keys.abandoned == {}
@@ -271,11 +267,7 @@ def test_a_replication_that_gives_up_releases_the_hold() -> None:
 
 
 def test_a_granted_claim_whose_addjob_fails_answers_the_error_and_releases(duo) -> None:
-    reading_keys(duo)
-    key = key_homed_at(PEER, duo.core.membership.up_ids())
-    s = Session(duo.core)
-    s("ADDJOB", "q", "a", 0, "KEY", key, "DEDUP", 5000)
-    [claim] = duo.sent()
+    s, key, claim = ask_peer(duo)
     duo.s("PAUSE", "q", "in")
     from_peer(duo, m.KeyClaimed(claim.ticket, b"q", key, claim.job))
     [reply] = s.pending()

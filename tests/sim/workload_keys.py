@@ -21,7 +21,7 @@ from disque.core.types import NIL_ARRAY, Status
 from disque.testing.checker import ACK, FAIL, INFO, OK, Record
 from disque.testing.checker_keys import DEDUP, TAKE
 from sim.network import CONNECTION_LOST, SimCluster
-from sim.workload_schedules import QUIET_S, SchedulePlan, ScheduleWorkload
+from sim.workload_schedules import SchedulePlan, ScheduleWorkload
 
 QUEUE = "kq"
 WINDOW_MS = 3_600_000  # DEDUP's window: longer than any run
@@ -86,11 +86,7 @@ class KeyWorkload(ScheduleWorkload):
                     producers.start_soon(self.producer, process)
                 await self.nemesis()
             await cluster.form()
-            clients.start_soon(self.taker, 3, True)
-            self.last_delivery = trio.current_time()
-            while trio.current_time() - self.last_delivery < QUIET_S:
-                await trio.sleep(1)
-            clients.cancel_scope.cancel()
+            await self.drain(clients, self.taker)
         return self.history.records
 
 
