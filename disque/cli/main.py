@@ -44,7 +44,7 @@ from disque.cli.session import DEFAULT_TIMEOUT, Failure, Session
 
 # name: (arguments, summary), for `help`, completion and the prompt's hint line.
 SERVER_COMMANDS: dict[str, tuple[str, str]] = {
-    "ADDJOB": ("queue body ms-timeout [REPLICATE n] [DELAY sec] [RETRY sec] [TTL sec] [MAXLEN n] [ASYNC] [MAXATTEMPTS n [DEADLETTER queue]] [PRIORITY 0-9]",
+    "ADDJOB": ("queue body ms-timeout [REPLICATE n] [DELAY sec] [RETRY sec] [TTL sec] [MAXLEN n] [ASYNC] [MAXATTEMPTS n [DEADLETTER queue]] [PRIORITY 0-9] [KEY key [DEDUP ms|ACTIVE]]",
                "Add a job to a queue (MAXATTEMPTS: after n failed deliveries the job moves to its dead-letter queue, by default <queue>-dead; "
                "PRIORITY: higher is served first, default 5)"),
     "GETJOB": ("[NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] FROM queue [queue ...]", "Fetch jobs, blocking until one is available"),

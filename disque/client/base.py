@@ -536,6 +536,7 @@ class _Base:
         asynchronous: bool = False,
         priority: int | None = None,
         key: str | bytes | None = None,
+        dedup: int | str | None = None,
     ) -> Ops[str]:
         """ADDJOB; returns the job ID.  `timeout_ms` bounds synchronous
         replication (30 s by default, 0: wait for ever; docs/client.md), past
@@ -543,14 +544,16 @@ class _Base:
         MINREPL (the server's defaults if None: docs/replication.md); after
         `max_attempts` failed deliveries the job moves to the `dead_letter`
         queue (the server's default one if None); a higher `priority` (0-9,
-        the queue's default if None) is served first; `key` is KEY
+        the queue's default if None) is served first; `key` is KEY, and
+        `dedup` DEDUP: ms during which another job of the key answers this
+        one's ID, or "active" for as long as this one is not acknowledged
         (docs/keys.md).  A body over the client's `max_job_size` is refused
         before it is sent."""
         self._check_size(body)
         options = _options(
             [("ASYNC", asynchronous)],
             replicate=replicate, minrepl=minrepl, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
-            maxattempts=max_attempts, deadletter=dead_letter, priority=priority, key=key,
+            maxattempts=max_attempts, deadletter=dead_letter, priority=priority, key=key, dedup=dedup,
         )  # fmt: skip
 
         def send(body: str | bytes) -> Ops[str]:

@@ -38,11 +38,12 @@ import msgpack
 from disque.cluster.messages import (
     Claim, Claimed, DelJob, Enqueue, Fail, Fanout, GossipEntry, GotAck, GotJob, GotJobs, GroupAck, GroupFlush, GroupSet,
     Header, Meet, Message, NeedEvent, NeedJobs, NewEvent, Pause, Ping, Pong, Queued, ReplJob, ReplJobs, SetAck, WaitEntry,
-    Waiting, WillQueue, Working, YourEvent, YourJobs, SchedSet, Ticked, QSet, LimitAsk, LimitGrant, valid_zone,
+    Waiting, WillQueue, Working, YourEvent, YourJobs, SchedSet, Ticked, KeyClaim, KeyClaimed, KeySet, KeyDone, QSet, LimitAsk,
+    LimitGrant, valid_zone,
 )  # fmt: skip
 from disque.store.records import (  # the pieces of the field tables
     _BITS, _FAILURE, _PORT, _UINT, Check, DecodeError, _ArrayLoader, _ArrayPacker, _bool, _bytes, _dump_wire_job, _Each, _Field,
-    _Fields, _IntIn, _job_id, _ListOf, _MapLoader, _MapPacker, _node_id, _node_ids, _opt_job_id, _Record, _str, _unpack,
+    _Fields, _IntIn, _job_id, _Key, _ListOf, _MapLoader, _MapPacker, _node_id, _node_ids, _opt_job_id, _Record, _str, _unpack,
     _unpack_map, _version, _wire_job, _wire_job_pos, _dump_wire_job_pos,
 )  # fmt: skip
 
@@ -193,6 +194,8 @@ _QUEUE = _Field("queue", "q", _bytes)
 _LIMIT_KEY = _Field("key", "K", _bytes, default=b"")  # a key's budget (LIMITASK, LIMITGRANT)
 _GROUP = _Field("group", "g", _bytes)
 _TICKET = _Field("ticket", "k", _UINT)
+_KEY_NAME = _Field("key", "y", _Key())  # ADDJOB KEY's rule (store/job.py)
+_KEY_JOB = _Field("job", "i", _job_id)
 _WAIT_ENTRY: _Fields = (_QUEUE, _Field("count", "c", _UINT))
 _WAIT_ENTRIES = _Field(
     "entries", "e", _ListOf(_Record(_MapLoader(_WAIT_ENTRY), WaitEntry), 1), _Each(_MapPacker(_WAIT_ENTRY)),
@@ -234,6 +237,10 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("WAITING", Waiting, (_WAIT_ENTRIES,)),
     ("SCHEDSET", SchedSet, (_Field("record", "r", _bytes),)),  # the record is checked alone: house rule 5
     ("TICKED", Ticked, (_Field("name", "n", _bytes), _Field("tick", "k", _UINT), _Field("node", "o", _node_id))),
+    ("KEYCLAIM", KeyClaim, (_TICKET, _QUEUE, _KEY_NAME, _KEY_JOB, _Field("hold", "h", _UINT), _Field("active", "a", _bool, default=False))),
+    ("KEYCLAIMED", KeyClaimed, (_TICKET, _QUEUE, _KEY_NAME, _KEY_JOB)),
+    ("KEYSET", KeySet, (_Field("record", "r", _bytes),)),  # the record is checked alone: house rule 5
+    ("KEYDONE", KeyDone, (_QUEUE, _KEY_NAME, _KEY_JOB, _Field("aborted", "a", _bool, default=False))),
     ("QSET", QSet, (_Field("record", "r", _bytes),)),  # checked alone, as SCHEDSET's
     ("LIMITASK", LimitAsk, (_QUEUE, _Field("want", "w", _UINT), _Field("out", "o", _UINT), _Field("held", "h", _UINT),
                             _Field("tokens", "n", _UINT), _Field("at", "a", _UINT), _LIMIT_KEY)),

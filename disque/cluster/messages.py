@@ -44,8 +44,9 @@ LEAVING: Final = 128
 # never gets one (rolling upgrades, spec/cluster.md §2.3).
 FEATURE_WAITING: Final = 1  # WAITING (core/federation.py)
 FEATURE_SCHEDULES: Final = 2  # SCHEDSET and TICKED (core/schedules.py)
+FEATURE_KEYS: Final = 4  # KEYCLAIM, KEYCLAIMED, KEYSET and KEYDONE (core/keys.py)
 FEATURE_LIMITS: Final = 8  # QSET, LIMITASK and LIMITGRANT (core/limits.py)
-FEATURES: Final = FEATURE_WAITING | FEATURE_SCHEDULES | FEATURE_LIMITS  # this node's
+FEATURES: Final = FEATURE_WAITING | FEATURE_SCHEDULES | FEATURE_KEYS | FEATURE_LIMITS  # this node's
 
 ZONE_MAX_LEN: Final = 64
 
@@ -321,6 +322,52 @@ class Ticked:
 
 
 @dataclass(frozen=True, slots=True)
+class KeyClaim:
+    """ADDJOB ... KEY DEDUP on a node that is not the key's home: may `job`
+    hold (queue, key) for `hold` ms (`active`: until it is acknowledged, at
+    most that)?  The home (core/keys.py) answers KEYCLAIMED."""
+
+    ticket: int
+    queue: bytes
+    key: bytes
+    job: bytes
+    hold: int
+    active: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class KeyClaimed:
+    """The home's answer to KEYCLAIM `ticket`: the job that holds the key
+    (the one asked for when the claim is granted)."""
+
+    ticket: int
+    queue: bytes
+    key: bytes
+    job: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class KeySet:
+    """A key's hold (store/keyed.py's storage form, checked by the core,
+    which drops a bad one alone), from its home to its standbys, or to a
+    node that links up; the newer version wins."""
+
+    record: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class KeyDone:
+    """Job `job` no longer needs its hold of (queue, key): acknowledged
+    (which ends a DEDUP ACTIVE hold), or never made (`aborted`: its ADDJOB
+    failed, which ends any hold)."""
+
+    queue: bytes
+    key: bytes
+    job: bytes
+    aborted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class QSet:
     """A queue's limits (store/limits.py's storage form, checked by the
     core, which drops a bad one alone), told to every node; the newer
@@ -362,5 +409,5 @@ Message = (
     Ping | Pong | Meet | Fail | ReplJob | ReplJobs | GotJob | GotJobs | Enqueue | Queued | Working
     | WillQueue | SetAck | GotAck | DelJob | NeedJobs | YourJobs | Pause | Fanout
     | GroupSet | Claim | GroupAck | Claimed | NeedEvent | YourEvent | NewEvent | GroupFlush | Waiting
-    | SchedSet | Ticked | QSet | LimitAsk | LimitGrant
+    | SchedSet | Ticked | KeyClaim | KeyClaimed | KeySet | KeyDone | QSet | LimitAsk | LimitGrant
 )  # fmt: skip

@@ -62,6 +62,8 @@ class Acks:
                 return True  # handed to a replica and forgotten here (external replication)
             self.acknowledge(job)  # a waiting producer got its ID first, as with SETACK
             counted = True
+            if job.rare is not None and job.rare.key:  # its key's home may end its hold (core/keys.py)
+                life.keys.done(job, False)
         if job is not None:
             self.try_gc(job)
         return counted
@@ -76,6 +78,8 @@ class Acks:
             return False
         self.out.broadcast(job.nodes_delivered, m.DelJob(job_id))
         self.waits.settle_waits(job_id, True)
+        if job.rare is not None and job.rare.key:
+            life.keys.done(job, False)
         life.delete_job(job)
         life.collected.remember(job_id, life.now)  # acknowledged: a late REPLJOB must not revive it
         return True

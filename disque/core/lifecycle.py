@@ -79,6 +79,7 @@ GC_MAX_DELAY: Final = 180_000
 EVENT_REPL_TIMEOUT = 5000  # ms a QADD waits for its replicas (then -NOREPL), as a Kestrel SET
 SLICE: Final = 64  # jobs a long command (DEADLETTER REQUEUE, QFLUSH) handles before other clients run
 EVENT_COPIES: Final = 3  # an event lives on min(3, cluster size) nodes
+DEFAULT_TTL: Final = 86400  # s: ADDJOB's TTL when none is given
 OK = Status(b"OK")
 
 
@@ -101,6 +102,11 @@ def replication_level(repl: int | None, minrepl: int | None, size: int) -> tuple
     if minrepl > repl:
         raise errors.err("MINREPL can't be greater than the replication level")
     return repl, minrepl
+
+
+def default_retry(ttl: int) -> int:
+    """ADDJOB's RETRY (s) when none is given: a tenth of the TTL, 1 to 300."""
+    return min(ttl // 10, 300) or 1
 
 
 def check_size(body: bytes, settings: Settings) -> None:
@@ -179,6 +185,10 @@ class Consumers(Protocol):  # who waits for jobs: blocked clients here (core/blo
     def settle_waits(self, job_id: bytes, acked: bool) -> None: ...
 
 
+class KeyHolds(Protocol):  # keyed jobs' holds at their homes (core/keys.py)
+    def done(self, job: Job, aborted: bool) -> None: ...
+
+
 class Wanted(Protocol):
     wanted: dict[bytes, Any]  # queues that consumers on other nodes wait for (core/federation.py)
 
@@ -191,6 +201,7 @@ class Lifecycle:
     replicas: Replicas
     consumers: Consumers
     wanted: Wanted
+    keys: KeyHolds  # (set by NodeCore once it exists)
 
     def __init__(
         self, config: Any, rng: random.Random, membership: Membership, out: Outbox, memory: Memory,
@@ -492,7 +503,7 @@ class Lifecycle:
         membership = self.membership
         repl, minrepl = replication_level(opts.repl, opts.minrepl, membership.size())
         if ttl is None:
-            ttl = 86400
+            ttl = DEFAULT_TTL
         limits = settings.queue_config.settings(queue)
         if limits is not NO_LIMITS:  # `queue-defaults` / `queue` lines (Kestrel's options)
             ttl = self.kestrel.make_room(limits, queue, body, ttl)
@@ -500,7 +511,7 @@ class Lifecycle:
             delay = 0
         check_job_options(repl, retry, delay, ttl)
         if retry is None:
-            retry = min(ttl // 10, 300) or 1
+            retry = default_retry(ttl)
         if zones is None:
             zones = min(settings.min_zones, repl)
         elif zones > repl:

@@ -63,6 +63,7 @@ from disque.core.replay import Replay
 from disque.core.replication import Replication
 from disque.core.redrives import Redrives
 from disque.core.schedules import Schedules
+from disque.core.keys import Keys
 from disque.core.types import NIL_ARRAY, BodyStore, Clock, Command, Connection, Host, Stats
 from disque.store.aof import AofStatus
 from disque.store.collected import Collected
@@ -74,10 +75,10 @@ if TYPE_CHECKING:  # annotations only: the core draws from the injected rng
 log = logging.getLogger("disque")
 
 BLOCKED_CRON_MS: Final = 100
-# Cluster state every node keeps whole, last writer wins (schedules): taken
+# Cluster state every node keeps whole, last writer wins (schedules, key holds, limits): taken
 # from a peer whose handshake with us is still under way too, since a peer
 # sends it when it learns what we read, which may be before we know its ID.
-SHARED_STATE: Final = (m.SchedSet, m.Ticked, m.QSet)
+SHARED_STATE: Final = (m.SchedSet, m.Ticked, m.KeySet, m.QSet)
 
 
 class NodeCore:
@@ -123,6 +124,7 @@ class NodeCore:
         self.items = Items(life, self.out, self.acks, self.blocking, self.clients)
         self.groups = Groups(life, self.out, self.memory, self.blocking)
         self.schedules = Schedules(life, now, clock)
+        self.keys = life.keys = Keys(life, self.blocking)
         self.redrives = Redrives(life)
         life.bind(self.groups, self.acks, self.items, self.replication, self.blocking, self.federation)
         # Read-behind (core/read_behind.py) sits behind the job store; kept here for the shell and INFO.
@@ -150,6 +152,10 @@ class NodeCore:
             m.GroupFlush: self.groups.on_group_flush,
             m.SchedSet: self.schedules.on_sched_set,
             m.Ticked: self.schedules.on_ticked,
+            m.KeyClaim: self.keys.on_key_claim,
+            m.KeyClaimed: self.keys.on_key_claimed,
+            m.KeySet: self.keys.on_key_set,
+            m.KeyDone: self.keys.on_key_done,
             m.QSet: self.limits.on_qset,
             m.LimitAsk: self.limits.on_ask,
             m.LimitGrant: self.limits.on_grant,
@@ -192,7 +198,7 @@ class NodeCore:
         self.read_clock()
         return Replay(
             self.lifecycle, self.groups, self.settle, self.read_clock, trust_queued=trust_queued,
-            schedules=self.schedules, limits=self.limits,
+            schedules=self.schedules, keys=self.keys, limits=self.limits,
         )  # fmt: skip
 
     def end_load(self) -> None:
@@ -233,6 +239,7 @@ class NodeCore:
         self.federation.cron()
         self.groups.cron()
         self.schedules.cron()
+        self.keys.cron()
         self.limits.cron()
         self.redrives.cron()
         self.jobs.spilled.cron()
@@ -308,11 +315,15 @@ class NodeCore:
 
     def snapshot(self) -> Snapshot:
         """Everything an AOF rewrite must hold (core/snapshot.py): jobs in
-        memory and on disk, consumer groups' progress, schedules, limits."""
+        memory and on disk, consumer groups' progress, schedules, key holds,
+        limits."""
         return Snapshot(
             snapshot_jobs(self.jobs.values(), self.out.journaled),
             self.read_behind.snapshot(),
-            [*self.groups.snapshot_records(), *self.schedules.snapshot_records(), *self.limits.snapshot_records()],
+            [
+                *self.groups.snapshot_records(), *self.schedules.snapshot_records(), *self.keys.snapshot_records(),
+                *self.limits.snapshot_records(),
+            ],
         )
 
     def conf_dirty(self) -> bool:
@@ -382,7 +393,7 @@ class NodeCore:
     def _new_features(self) -> None:
         """Peers that just said what they read (on a link that came up, their
         PONG) get what was kept from them until then: the waiting consumers,
-        every schedule and the ticks fired, every queue's limits."""
+        every schedule and the ticks fired, the key holds, every queue's limits."""
         peers, self.membership.new_features = self.membership.new_features, []
         for peer in peers:
             if not peer.link:
@@ -393,6 +404,9 @@ class NodeCore:
             if peer.features & m.FEATURE_SCHEDULES:
                 for state in self.schedules.sync_messages():  # (another name: mypyc types `msg` by the loop above)
                     self.out.send_key(peer.key, state)
+            if peer.features & m.FEATURE_KEYS:
+                for hold in self.keys.sync_messages():
+                    self.out.send_key(peer.key, hold)
             if peer.features & m.FEATURE_LIMITS:
                 for record in self.limits.sync_messages():
                     self.out.send_key(peer.key, record)

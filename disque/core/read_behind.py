@@ -197,7 +197,11 @@ class ReadBehind:
         return self.spilling
 
     def _spillable(self, job: Job) -> bool:
-        return job.nodes_confirmed is None and not job.flags & EVENT and job.id not in self.out.repl_waiters
+        """Not an event, nor a keyed job (their queues serve keys in turns from memory: store/queue.py)."""
+        return (
+            job.nodes_confirmed is None and not job.flags & EVENT and job.id not in self.out.repl_waiters
+            and (job.rare is None or not job.rare.key)
+        )
 
     # ------------------------------------------------------------ the end of a step
 

@@ -7,7 +7,8 @@ node did not just create follows (`Lifecycle.adopt`, as a copy from a peer
 is): it comes back `active` with timers of its own, keeping the flags it
 was stored with; `DELJOB` deletes it; `GROUPSET` restores a consumer
 group's progress; `SCHEDULE` and `SCHEDTICK` restore the schedules and
-the latest tick each is known to have fired.  The first record of a job wins, except that a later one
+the latest tick each is known to have fired; `KEYHOLD` a key's hold
+(core/keys.py).  The first record of a job wins, except that a later one
 carrying `not_before` (written by NACK ... DELAY) brings its counters and
 that requeue time.  Jobs stored `queued` are re-queued once, at the end
 (`finish`/`requeue`), only when the file is trusted: `trust_queued`
@@ -25,11 +26,12 @@ import heapq
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from disque.store.aof import CLEANSHUTDOWN, DELJOB, GROUPSET, LOADJOB, QLIMITS, SCHEDTICK, SCHEDULE, check_record
+from disque.store.aof import CLEANSHUTDOWN, DELJOB, GROUPSET, KEYHOLD, LOADJOB, QLIMITS, SCHEDTICK, SCHEDULE, check_record
 from disque.store.job import NACKED, Job, State
 
 if TYPE_CHECKING:
     from disque.core.groups import Groups
+    from disque.core.keys import Keys
     from disque.core.lifecycle import Lifecycle
     from disque.core.limits import Limits
     from disque.core.schedules import Schedules
@@ -40,11 +42,12 @@ KEEP_FLAGS = ~0  # a replayed record keeps the flags it was stored with
 class Replay:
     def __init__(
         self, life: Lifecycle, groups: Groups, settle: Callable[[], None], read_clock: Callable[[], int], *,
-        trust_queued: bool = False, schedules: Schedules | None = None, limits: Limits | None = None,
+        trust_queued: bool = False, schedules: Schedules | None = None, keys: Keys | None = None,
+        limits: Limits | None = None,
     ) -> None:  # fmt: skip
         self.life = life
         self.groups = groups
-        self.schedules, self.limits = schedules, limits  # (tests that replay jobs only leave them out)
+        self.schedules, self.keys, self.limits = schedules, keys, limits  # (tests that replay jobs only leave them out)
         self.settle = settle  # the end of a step (read-behind moves jobs to disk)
         self.read_clock = read_clock
         self.trust_queued = trust_queued
@@ -76,6 +79,10 @@ class Replay:
             check_record(offset, args)
             assert self.schedules is not None
             self.schedules.replay(args)
+        elif name == KEYHOLD:
+            check_record(offset, args)
+            assert self.keys is not None
+            self.keys.replay(args[1])
         elif name == QLIMITS:
             check_record(offset, args)
             assert self.limits is not None

@@ -309,6 +309,8 @@ class Replication:
         self.pending.pop(job.id, None)
         self.aborted_count += 1
         out.answer_producer(job.id, reply)
+        if job.rare is not None and job.rare.key:  # never made: its key's home ends any hold of it (core/keys.py)
+            life.keys.done(job, True)
         life.abort_replication(job)
 
     def forget(self, job_id: bytes) -> None:

@@ -258,6 +258,15 @@ class NodeCollector:
                 sched["schedule_ticks_refused"])  # fmt: skip
         counter("schedule_records_dropped", "Schedule records from the bus or the AOF that broke a rule, dropped alone.",
                 sched["schedule_records_dropped"])  # fmt: skip
+        keys = fig["keys"]  # INFO keys (docs/keys.md)
+        gauge("keys_held", "Keys held by a job here (DEDUP), as their home or a standby.", keys["keys_held"])
+        gauge("keys_waiting", "ADDJOBs waiting for their key's home to answer.", keys["keys_waiting"])
+        counter("dedup_hits", "ADDJOB ... DEDUP answered with the ID of the job holding the key (nothing added).", keys["dedup_hits"])
+        counter("dedup_granted", "ADDJOB ... DEDUP whose job holds its key.", keys["dedup_granted"])
+        counter("dedup_unconfirmed", "ADDJOB ... DEDUP added without a hold: the key's home did not answer in time.",
+                keys["dedup_unconfirmed"])  # fmt: skip
+        counter("dedup_released", "Holds ended early: a DEDUP ACTIVE job acknowledged, or an ADDJOB that failed.", keys["dedup_released"])
+        counter("key_records_dropped", "Key records from the bus or the AOF that broke a rule, dropped alone.", keys["key_records_dropped"])
         lim = fig["limits"]  # INFO limits (docs/limits.md)
         gauge("limited_queues", "Queues with a cluster-wide rate or concurrency limit.", lim["limited_queues"])
         counter("limit_records_dropped", "Limits records from the bus or the AOF that broke a rule, dropped alone.",

@@ -54,10 +54,11 @@ CLEANSHUTDOWN = b"CLEANSHUTDOWN"
 GROUPSET = b"GROUPSET"  # GROUPSET <event job ID> <group> <deadline ms, 0 = done>: a consumer group's progress
 SCHEDULE = b"SCHEDULE"  # SCHEDULE <schedule storage form>: a recurring job's definition (store/schedule.py)
 SCHEDTICK = b"SCHEDTICK"  # SCHEDTICK <name> <tick ms> <node ID>: the latest tick of a schedule known fired
+KEYHOLD = b"KEYHOLD"  # KEYHOLD <key hold storage form>: a key's DEDUP hold at its home (store/keyed.py)
 QLIMITS = b"QLIMITS"  # QLIMITS <limits storage form>: a queue's cluster-wide limits (store/limits.py)
 AOFFORMAT = b"AOFFORMAT"  # AOFFORMAT <version>: the first record of a file whose records are all sealed
 FORMAT_VERSION = b"2"
-RECORD_NAMES = (LOADJOB, DELJOB, CLEANSHUTDOWN, GROUPSET, SCHEDULE, SCHEDTICK, QLIMITS, AOFFORMAT)
+RECORD_NAMES = (LOADJOB, DELJOB, CLEANSHUTDOWN, GROUPSET, SCHEDULE, SCHEDTICK, KEYHOLD, QLIMITS, AOFFORMAT)
 ARITY = {GROUPSET: 4, SCHEDTICK: 4}  # arguments of a record, with its name and without its seal (the others: 2)
 SEAL = 14  # bytes of the seal: $8 CRLF, 8 hex digits, CRLF
 
@@ -427,7 +428,7 @@ def check_record(offset: int, args: list[bytes], decode: bool = True) -> Job | N
         raise AofCorrupt(offset, "corrupted GROUPSET data")
     if name == SCHEDTICK and not (args[2].isdigit() and len(args[2]) < 20):
         raise AofCorrupt(offset, "corrupted SCHEDTICK data")
-    return None  # (a SCHEDULE or QLIMITS record is checked when replayed, and a bad one skipped alone)
+    return None  # (a SCHEDULE, KEYHOLD or QLIMITS record is checked when replayed, and a bad one skipped alone)
 
 
 @dataclass(slots=True)

@@ -7,12 +7,16 @@ one line in the parser that sets it, not another parameter on every path.
 None stands for an option not given; the core fills in the defaults, since
 some depend on the cluster (REPLICATE, MINREPL) or on the queue (PRIORITY).
 The record is only checked where it is used (core/lifecycle.py), by the same
-rules the bus and the AOF apply.
+rules the bus and the AOF apply.  Each field costs every ADDJOB a little
+(the frozen record sets it): an option is one field where it can be.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
+
+DEDUP_ACTIVE: Final = -1  # JobOptions.dedup of DEDUP ACTIVE: the key held until the job is acknowledged
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,3 +35,4 @@ class JobOptions:
     minrepl: int | None = None  # MINREPL (docs/replication.md)
     job_id: bytes | None = None  # a schedule's tick brings its own ID (core/schedules.py)
     key: bytes = b""  # KEY (docs/keys.md; b"": none), within store/job.py's key rule
+    dedup: int = 0  # DEDUP <ms>: the key held by the job that long (core/keys.py; 0: none, DEDUP_ACTIVE)

@@ -28,6 +28,17 @@ holds its level's oldest job (`first` against the tail's front).  `oldest`
 and `newest` merge the two, reading tail jobs through `tail.read` without
 loading them, and the levels in serving order.
 
+Keyed jobs (ADDJOB ... KEY) are kept apart, in `fair` (a `Fair`, made with
+the queue's first keyed job): one level per key (its priority unused: keys
+take turns), and `turns`, the keys in the order they are served next, the
+queue's plain jobs (its levels) taking one turn among them as if they were
+one key (`PLAIN`).  `pop` serves the key whose turn it is and moves it to
+the end: a key with 100,000 jobs queued and one with 10 take turns, one job
+each (docs/keys.md, "Fair GETJOB").  A key's level with no live job is
+dropped when its turn comes.  Keyed jobs stay in memory (read-behind spills
+the plain levels' tails only); `oldest` and `newest` list them with the
+plain ones by creation time.
+
 Blocked GETJOB clients wait in `waiters`, an insertion-ordered dict, so they
 are served in arrival order.  `Federation` state (NEEDJOBS/YOURJOBS policy)
 is attached lazily by the cluster layer.
@@ -159,6 +170,66 @@ class Level:
         return live
 
 
+PLAIN: Final = b""  # the turn of a queue's plain jobs among its keys (no key is empty: b"" is no key)
+
+
+class Fair:
+    """A queue's keyed jobs: one level per key, the keys served in turn."""
+
+    __slots__ = ("lanes", "turns", "live")
+
+    def __init__(self) -> None:
+        self.lanes: dict[bytes, Level] = {}
+        self.turns: dict[bytes, None] = {PLAIN: None}  # an ordered set: the first key is served next
+        self.live = 0
+
+    def push(self, job: Job) -> None:
+        key = job.key
+        lane = self.lanes.get(key)
+        if lane is None:
+            lane = self.lanes[key] = Level(0)
+            self.turns[key] = None
+        lane.push(job)
+        self.live += 1
+
+    def next_turn(self) -> bytes:
+        """The key whose turn it is, moved to the end of the turns."""
+        turns = self.turns
+        key = next(iter(turns))
+        del turns[key]
+        turns[key] = None
+        return key
+
+    def pop(self, key: bytes) -> Job | None:
+        """The oldest job of `key` (None: it had none left, and is dropped)."""
+        lane = self.lanes[key]
+        job = lane.pop()
+        if job is None:
+            lane.drain()  # its tombstones must not be revived in a level no longer listed
+            del self.lanes[key]
+            del self.turns[key]
+            return None
+        self.live -= 1
+        return job
+
+    def discard(self, job: Job) -> None:
+        self.live -= 1
+        self.lanes[job.key].discard()
+
+    def oldest(self) -> Iterator[Job]:
+        return heapq.merge(*(lane.oldest() for lane in self.lanes.values()), key=_key)
+
+    def newest(self) -> Iterator[Job]:
+        return heapq.merge(*(lane.newest() for lane in self.lanes.values()), key=_key, reverse=True)
+
+    def drain(self) -> list[Job]:
+        live = [job for lane in self.lanes.values() for job in lane.drain()]
+        self.lanes.clear()
+        self.turns = {PLAIN: None}
+        self.live = 0
+        return live
+
+
 def effective(job: Job, now_ms: int, aging: int) -> int:
     """A job's priority once aged: one level up per `aging` ms it has waited since its creation."""
     if not aging or job.priority >= MAX_PRIORITY:
@@ -175,7 +246,7 @@ class Queue:
     __slots__ = (
         "name", "levels", "_live", "ctime", "atime", "pause", "waiters",
         "jobs_in", "jobs_out", "nacks", "redeliveries", "dead_lettered", "federation",
-        "nbytes", "expired", "discarded", "last_wait", "fetched",
+        "nbytes", "expired", "discarded", "last_wait", "fetched", "fair",
     )  # fmt: skip
 
     def __init__(self, name: bytes, now_ms: int) -> None:
@@ -200,6 +271,7 @@ class Queue:
         self.discarded = 0
         self.last_wait = 0
         self.fetched = 0  # ms when a job was last taken out here for delivery (GETJOB, YOURJOBS): 0, never
+        self.fair: Fair | None = None  # its keyed jobs, once it has had one
 
     def __len__(self) -> int:
         return self._live
@@ -221,6 +293,12 @@ class Queue:
         """Insert a job already moved to `queued`."""
         self._live += 1
         self.nbytes += len(job.body or b"")
+        rare = job.rare
+        if rare is not None and rare.key:
+            if self.fair is None:
+                self.fair = Fair()
+            self.fair.push(job)
+            return
         levels = self.levels
         if levels and levels[0].priority == job.priority:  # most queues: their one level
             levels[0].push(job)
@@ -229,6 +307,26 @@ class Queue:
 
     def pop(self, now_ms: int = 0, aging: int = 0) -> Job | None:
         """Remove and return the job to serve first (caller moves its state)."""
+        fair = self.fair
+        if fair is not None and fair.live:
+            return self._pop_fair(fair, now_ms, aging)
+        return self._pop_plain(now_ms, aging)
+
+    def _pop_fair(self, fair: Fair, now_ms: int, aging: int) -> Job | None:
+        """The job of the key whose turn it is (the plain jobs' turn: theirs)."""
+        while True:
+            key = fair.next_turn()
+            if key == PLAIN:
+                job = self._pop_plain(now_ms, aging) if self._live > fair.live else None
+            else:
+                job = fair.pop(key)
+                if job is not None:
+                    self._live -= 1
+                    self.nbytes -= len(job.body or b"")
+            if job is not None:
+                return job
+
+    def _pop_plain(self, now_ms: int, aging: int) -> Job | None:
         levels = self.levels
         if not levels:
             return None
@@ -258,7 +356,11 @@ class Queue:
         """Forget a job that is leaving the `queued` state (lazily)."""
         self._live -= 1
         self.nbytes -= len(job.body or b"")
-        self.level(job.priority).discard()
+        rare = job.rare
+        if rare is not None and rare.key:
+            self.fair.discard(job)  # type: ignore[union-attr]
+        else:
+            self.level(job.priority).discard()
 
     def lose(self, level: Level, nbytes: int) -> None:
         """A job of a tail is gone without coming back (a damaged record)."""
@@ -286,7 +388,14 @@ class Queue:
 
     def oldest(self, now_ms: int = 0, aging: int = 0) -> Iterator[Job]:
         """The queued jobs in serving order at `now_ms` (aged by `aging`;
-        0: by their own priority), the tails' read without loading them."""
+        0: by their own priority), the tails' read without loading them;
+        with keyed jobs, by creation time."""
+        fair = self.fair
+        if fair is not None and fair.live:
+            return heapq.merge(self._oldest_plain(now_ms, aging), fair.oldest(), key=_key)
+        return self._oldest_plain(now_ms, aging)
+
+    def _oldest_plain(self, now_ms: int, aging: int) -> Iterator[Job]:
         levels = self.levels
         if len(levels) == 1:
             return levels[0].oldest()
@@ -296,6 +405,12 @@ class Queue:
 
     def newest(self, now_ms: int = 0, aging: int = 0) -> Iterator[Job]:
         """`oldest` backwards."""
+        fair = self.fair
+        if fair is not None and fair.live:
+            return heapq.merge(self._newest_plain(now_ms, aging), fair.newest(), key=_key, reverse=True)
+        return self._newest_plain(now_ms, aging)
+
+    def _newest_plain(self, now_ms: int, aging: int) -> Iterator[Job]:
         levels = self.levels
         if len(levels) == 1:
             return levels[0].newest()
@@ -304,8 +419,9 @@ class Queue:
         return heapq.merge(*(level.newest() for level in reversed(levels)), key=rank(now_ms, aging), reverse=True)
 
     def eldest(self) -> Job | None:
-        """The queued job created first, whatever its priority."""
-        fronts = [job for job in (next(level.oldest(), None) for level in self.levels) if job is not None]
+        """The queued job created first, whatever its priority or key."""
+        lanes = [*self.levels, *(self.fair.lanes.values() if self.fair is not None else ())]
+        fronts = [job for job in (next(level.oldest(), None) for level in lanes) if job is not None]
         return min(fronts, key=_key, default=None)
 
     def drain(self) -> list[Job]:
@@ -313,5 +429,7 @@ class Queue:
         flushes: the tails were emptied before)."""
         live = [job for level in self.levels for job in level.drain()]
         self.levels.clear()
+        if self.fair is not None:
+            live += self.fair.drain()
         self._live = self.nbytes = 0
         return live

@@ -41,12 +41,21 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
         priorities = [level.priority for level in queue.levels]
         assert priorities == sorted(set(priorities), reverse=True), f"queue {queue.name!r}: levels {priorities}"
         total = 0
-        for level in queue.levels:
+        lanes = [(level, None) for level in queue.levels]  # (a level, the key of a keyed job's: fair GETJOB)
+        if queue.fair is not None:
+            assert set(queue.fair.turns) == {b"", *queue.fair.lanes}, f"queue {queue.name!r}: turns and lanes differ"
+            assert queue.fair.live == sum(lane.live for lane in queue.fair.lanes.values())
+            lanes += [(lane, key) for key, lane in queue.fair.lanes.items()]
+        for level, key in lanes:
             entries = list(level.items)
             for job in entries:
                 assert job.flags & IN_LIST, f"{job} in {queue.name!r} without IN_LIST"
                 assert id(job) not in listed, f"{job} listed twice"
-                assert job.priority == level.priority, f"{job} in the level of priority {level.priority}"
+                if key is None:
+                    assert job.priority == level.priority, f"{job} in the level of priority {level.priority}"
+                    assert not job.key, f"keyed {job} in a level"
+                else:
+                    assert job.key == key, f"{job} in the lane of {key!r}"
                 listed[id(job)] = job
             live = [job for job in entries if job.state == State.QUEUED]
             assert level.live == len(live) + (level.tail.live if level.tail else 0), (queue.name, level.priority)
@@ -119,6 +128,7 @@ def check_core(core: NodeCore, *, settled: bool = True) -> None:
         assert held == spill.index.nbytes() - spill._empty
     expected = core.memory.base + sum(core.memory.job_size(j) for j in jobs.values()) + held
     expected += sum(QUEUE_OVERHEAD + len(q.name) for q in core.queues.values()) + core.groups.size() + core.schedules.size()
+    expected += core.keys.size()
     assert core.memory.data() == expected, (core.memory.data(), expected)
     assert core.memory.retained >= 0 and (spill is not None or not core.memory.retained)
     assert core.memory.peak >= core.memory.used

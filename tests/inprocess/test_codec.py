@@ -26,9 +26,9 @@ from disque.cluster.messages import (
     DelJob, Enqueue, Fail, GossipEntry, GotAck, GotJob, GotJobs, Header, Meet, Message,
     NeedJobs, Pause, Ping, Pong, Queued, ReplJob, ReplJobs, SetAck, WillQueue, Working, Fanout, GroupSet, Claim, Claimed,
     GroupAck, GroupFlush, NeedEvent, YourEvent, NewEvent,
-    WaitEntry, Waiting, YourJobs, SchedSet, Ticked, QSet, LimitAsk, LimitGrant,
+    WaitEntry, Waiting, YourJobs, SchedSet, Ticked, KeyClaim, KeyClaimed, KeySet, KeyDone, QSet, LimitAsk, LimitGrant,
 )  # fmt: skip
-from disque.store import schedule
+from disque.store import keyed, schedule
 from disque.store.ids import new_job_id
 from disque.store.job import BCAST_QUEUED, BCAST_WILLQUEUE, DELIVERED, IN_LIST, NACKED, WIRE_FLAGS, Job, State
 
@@ -107,6 +107,10 @@ MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     Waiting: st.builds(Waiting, st.lists(st.builds(WaitEntry, blobs, uints), min_size=1, max_size=3).map(tuple)),
     SchedSet: st.builds(lambda name, body: SchedSet(schedule.encode(schedule.Schedule(b"n" + name, 1, "a", b"q", body, 1000))), blobs, blobs),
     Ticked: st.builds(Ticked, blobs, uints, node_ids),
+    KeyClaim: st.builds(KeyClaim, uints, blobs, blobs, job_ids, uints, st.booleans()),
+    KeyClaimed: st.builds(KeyClaimed, uints, blobs, blobs, job_ids),
+    KeySet: st.builds(lambda key, job: KeySet(keyed.encode(keyed.KeyHold(b"q", b"k" + key, 1, "a", job, 2))), blobs, job_ids),
+    KeyDone: st.builds(KeyDone, blobs, blobs, job_ids, st.booleans()),
     QSet: st.builds(QSet, blobs),
     LimitAsk: st.builds(LimitAsk, blobs, uints, uints, uints, uints, uints),
     LimitGrant: st.builds(LimitGrant, blobs, uints, uints, uints, uints),

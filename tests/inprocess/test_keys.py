@@ -29,9 +29,9 @@ def test_a_key_is_kept_with_the_job_and_shown(env) -> None:
     assert "key" not in env.show(plain)
     assert env.core.jobs.get(plain).rare is None  # a plain job costs nothing more
     assert env.s("QPEEK", "q", 2) == [[b"q", keyed, b"k", b"key", b"customer-7"], [b"q", plain, b"p"]]
-    assert env.s("GETJOB", "COUNT", 2, "WITHCOUNTERS", "FROM", "q") == [
-        [b"q", keyed, b"k", b"nacks", 0, b"additional-deliveries", 0, b"key", b"customer-7"],
+    assert env.s("GETJOB", "COUNT", 2, "WITHCOUNTERS", "FROM", "q") == [  # plain jobs first: their turn (fair GETJOB)
         [b"q", plain, b"p", b"nacks", 0, b"additional-deliveries", 0],
+        [b"q", keyed, b"k", b"nacks", 0, b"additional-deliveries", 0, b"key", b"customer-7"],
     ]
     env.s("NACK", keyed)
     assert env.s("GETJOB", "FROM", "q") == [[b"q", keyed, b"k"]]  # without counters: Disque's three fields
@@ -55,7 +55,7 @@ def test_the_key_rule_is_checked_by_the_command(env) -> None:
     assert env.s("QLEN", "q") == 1
     assert key_problem(b"") is None
     reply = env.s("SCHEDULE", "ADD", "s", "q", "b", "EVERY", 1000, "KEY", "k")
-    assert str(reply) == "ERR KEY does not apply to SCHEDULE"
+    assert str(reply) == "ERR KEY and DEDUP do not apply to SCHEDULE"
 
 
 def test_a_replica_and_a_dead_letter_keep_the_key(duo) -> None:

@@ -9,12 +9,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import anyio
+import dramatiq
 from clusterkit import Cluster
 from support import wait_for
 
 from disque.client import Client, Job
 from disque.client.worker import App, Worker
-from disque.testing.devcluster import NodeProcess
+from disque.contrib.dramatiq import DisqueBroker
+from disque.core.homes import ranked
+from disque.testing.devcluster import NodeProcess, free_port
+from test_metrics import samples
 
 
 def test_replicas_and_the_aof_keep_the_key_through_kill_9_and_a_restart(tmp_path: Path) -> None:
@@ -48,3 +52,60 @@ def test_the_client_and_the_worker_see_the_key(spawn: Callable[..., NodeProcess]
     anyio.run(functools.partial(worker.run, signals=False))
     app.close()
     assert seen == ["tenant-2"]
+
+
+def test_dedup_holds_across_nodes_kill_9_and_restarts(tmp_path: Path) -> None:
+    with Cluster(tmp_path, 3, "--appendonly", "yes", "--appendfsync", "always") as cluster:
+        first = cluster.addjob(0, "dq", "a", 5000, "KEY", "order-9", "DEDUP", 600_000)
+        assert [cluster.addjob(i, "dq", "b", 5000, "KEY", "order-9", "DEDUP", 600_000) for i in (1, 2, 0)] == [first] * 3
+        home = cluster.index_of(ranked(b"dq\0order-9", cluster.ids)[0])
+        cluster.kill(home)  # the standby answers once the home is flagged
+        other = next(i for i in cluster.indexes if i != home)
+        assert wait_for(
+            lambda: cluster.addjob(other, "dq", "c", 5000, "KEY", "order-9", "DEDUP", 600_000) == first, timeout=20,
+            what="the standby's answer",
+        )
+        cluster.restart(home)  # its AOF holds the hold
+        assert cluster.addjob(home, "dq", "d", 5000, "KEY", "order-9", "DEDUP", 600_000) == first
+        assert sum(int(cluster.call(i, "INFO", "keys")["dedup_hits"]) for i in cluster.live()) >= 1
+
+
+def test_the_client_sends_dedup_and_metrics_count_the_hits(spawn: Callable[..., NodeProcess]) -> None:
+    port = free_port()
+    node = spawn("--metrics-port", str(port))
+    with Client([f"{node.host}:{node.port}"]) as client:
+        first = client.add_job("cq", "x", key="k", dedup=60_000)
+        assert client.add_job("cq", "y", key="k", dedup=60_000) == first
+        active = client.add_job("cq", "z", key="a", dedup="active")
+        assert client.add_job("cq", "w", key="a", dedup="active") == active
+        client.ack(active)
+        assert client.add_job("cq", "v", key="a", dedup="active") != active
+    broker = DisqueBroker([f"{node.host}:{node.port}"])
+    dramatiq.set_broker(broker)
+
+    @dramatiq.actor(queue_name="dq", broker=broker)
+    def task(n: int) -> None:
+        pass
+
+    for n in range(3):
+        task.send_with_options(args=(n,), key="order-7", dedup=60_000)
+    with Client([f"{node.host}:{node.port}"]) as client:
+        assert client.execute_command("QLEN", "dq") == 1
+    got = samples(port)
+    assert got[("disque_dedup_hits_total", ())] == 4 and got[("disque_keys_held", ())] == 3
+    assert got[("disque_dedup_released_total", ())] == 1 and got[("disque_keys_waiting", ())] == 0
+
+
+def test_keys_take_turns_after_kill_9_and_a_restart(tmp_path: Path) -> None:
+    with Cluster(tmp_path, 3, "--appendonly", "yes", "--appendfsync", "always") as cluster:
+        for n in range(5):
+            cluster.addjob(0, "fq", f"big-{n}", 5000, "REPLICATE", 1, "RETRY", 1, "KEY", "big")
+        for n in range(2):
+            cluster.addjob(0, "fq", f"small-{n}", 5000, "REPLICATE", 1, "RETRY", 1, "KEY", "small")
+        cluster.kill(0)
+        cluster.restart(0)  # its AOF replayed: the jobs queued again by their retry
+        wait_for(lambda: cluster.qlen(0, "fq") == 7, timeout=20, what="the jobs queued again")
+        got = [e[2].decode() for e in cluster.call(0, "GETJOB", "COUNT", 7, "FROM", "fq")]
+        keys = [body.split("-")[0] for body in got]
+        assert keys[:4] in (["big", "small"] * 2, ["small", "big"] * 2) and keys[4:] == ["big"] * 3, got
+        assert [b for b in got if b.startswith("big")] == [f"big-{n}" for n in range(5)]  # each key in creation order

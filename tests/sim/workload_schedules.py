@@ -141,12 +141,16 @@ class ScheduleWorkload:
             await cluster.form()
             await trio.sleep(AFTER_S)
             await self.schedules("del")
-            clients.start_soon(self.consumer, 3, True)
-            self.last_delivery = trio.current_time()
-            while trio.current_time() - self.last_delivery < QUIET_S:
-                await trio.sleep(1)
-            clients.cancel_scope.cancel()
+            await self.drain(clients, self.consumer)
         return self.history.records
+
+    async def drain(self, clients: trio.Nursery, drainer: Any) -> None:
+        """`drainer` reads every node in turn until nothing came for QUIET_S; then every client stops."""
+        clients.start_soon(drainer, 3, True)
+        self.last_delivery = trio.current_time()
+        while trio.current_time() - self.last_delivery < QUIET_S:
+            await trio.sleep(1)
+        clients.cancel_scope.cancel()
 
 
 async def run_schedule_workload(plan: SchedulePlan, seed: int) -> list[Record]:

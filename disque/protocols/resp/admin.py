@@ -154,12 +154,14 @@ SECTIONS = {
     "federation": ("Federation", lambda node, proc: node.federation.info_fields()),
     # Recurring jobs (docs/schedules.md); per schedule: SCHEDULE SHOW.
     "schedules": ("Schedules", lambda node, proc: node.schedules.info_fields()),
+    # Keyed jobs' deduplication (docs/keys.md): holds, producers waiting for a key's home, hits.
+    "keys": ("Keys", lambda node, proc: node.keys.info_fields()),
     # Queues' cluster-wide limits (docs/limits.md); per queue: QCONFIG <queue> GET.
     "limits": ("Limits", lambda node, proc: node.limits.info_fields()),
     # Queues larger than memory (docs/read-behind.md); off: `read_behind:no` only.
     "read-behind": ("Read-behind", lambda node, proc: node.read_behind.info_fields()),
 }
-EXTRA = ("security", "commandstats", "kestrel", "groups", "read-behind", "federation", "schedules", "limits")  # shown by INFO <section> and INFO all only
+EXTRA = ("security", "commandstats", "kestrel", "groups", "read-behind", "federation", "schedules", "keys", "limits")  # shown by INFO <section> and INFO all only
 
 
 def info(node: NodeCore, section: str) -> bytes:

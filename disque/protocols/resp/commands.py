@@ -40,7 +40,7 @@ from disque.store.failure import Failure, problem as failure_problem
 from disque.store.limits import OptionError
 from disque.store.schedule import Schedule, broken_rule
 from disque.store.job import DEFAULT_PRIORITY, MAX_PRIORITY, STATE_BY_NAME, STATE_NAMES, Job, State, key_problem
-from disque.store.job_options import JobOptions
+from disque.store.job_options import DEDUP_ACTIVE, JobOptions
 from disque.store.queue import PAUSE_IN, PAUSE_NAMES, PAUSE_OUT, Queue
 
 log = logging.getLogger("disque")
@@ -78,6 +78,7 @@ ADDJOB_OPTS: Final[dict[bytes, tuple[int, int, int, str]]] = {  # Final: a stati
     b"priority": (7, 0, MAX_PRIORITY, "PRIORITY must be between 0 and 9"),  # an extension (docs/priorities.md)
     b"minrepl": (8, 1, 65535, "MINREPL must be between 1 and 65535"),  # an extension (docs/replication.md)
 }
+_DEDUP: Final = (0, 1, INT64_MAX, "DEDUP must be a number of ms > 0 or ACTIVE")  # (an ADDJOB_OPTS entry's shape)
 # The same under their upper-case names, as clients send them: found without lowering the argument.
 _ADDJOB_OPTS_UPPER: Final[dict[bytes, tuple[int, int, int, str]]] = {k.upper(): v for k, v in ADDJOB_OPTS.items()}
 
@@ -96,12 +97,13 @@ def _option(spec: tuple[int, int, int, str], raw: bytes) -> int:
 
 def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> JobOptions:
     """ADDJOB's options from argv[i:] (ADDJOB_OPTS' values, ASYNC, DEADLETTER,
-    KEY) and its `raw_timeout`, checked after them, as one record; SCHEDULE
-    ADD takes the same options, without a timeout."""
+    KEY, DEDUP) and its `raw_timeout`, checked after them, as one record;
+    SCHEDULE ADD takes the same options, without a timeout."""
     values: list[int | None] = [None] * len(ADDJOB_OPTS)  # None: not given
     is_async = False
     dead_letter = None
     key = b""
+    dedup = 0
     n = len(argv)
     while i < n:
         spec = _ADDJOB_OPTS_UPPER.get(argv[i])
@@ -123,21 +125,29 @@ def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> 
             if (problem := key_problem(key)) is not None:
                 raise err(problem)
             i += 2
+        elif opt == b"dedup" and i + 1 < n:
+            dedup = DEDUP_ACTIVE if argv[i + 1].lower() == b"active" else _option(_DEDUP, argv[i + 1])
+            i += 2
         else:
             raise errors.syntax()
     timeout = 0 if raw_timeout is None else parse_timeout(raw_timeout)
     repl, ttl, retry, delay, maxlen, max_attempts, zones, priority, minrepl = values
     if dead_letter is not None and max_attempts is None:
         raise err("DEADLETTER needs MAXATTEMPTS")
-    return JobOptions(
-        timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter, zones, priority, minrepl,
-        key=key,
-    )
+    args = (timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter, zones, priority, minrepl)
+    if key:  # (keywords cost a plain ADDJOB a tenth of its option parsing: given only when used)
+        return JobOptions(*args, key=key, dedup=dedup)
+    if dedup:
+        raise err("DEDUP needs KEY")
+    return JobOptions(*args)
 
 
 @command("addjob", -4, "wmF")
 def cmd_addjob(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
-    return node.lifecycle.add_job(client, argv[1], argv[2], job_options(argv, 4, argv[3]))
+    opts = job_options(argv, 4, argv[3])
+    if opts.dedup:  # the key's home decides first (core/keys.py)
+        return node.keys.claim(client, argv[1], argv[2], opts)
+    return node.lifecycle.add_job(client, argv[1], argv[2], opts)
 
 
 @command("schedule", -2, "wm")
@@ -217,7 +227,7 @@ def _schedule_add(node: NodeCore, argv: list[bytes]) -> Any:
     if o.minrepl is not None:
         raise err("MINREPL does not apply to SCHEDULE: a tick's job never waits for its copies")
     if o.key:
-        raise err("KEY does not apply to SCHEDULE")
+        raise err("KEY and DEDUP do not apply to SCHEDULE")
     check_job_options(o.repl or 3, o.retry, o.delay or 0, o.ttl or 86400)
     check_size(argv[4], node.lifecycle.settings)
     if o.zones is not None and o.zones > (o.repl or 3):

@@ -1,0 +1,317 @@
+"""Keyed jobs' deduplication with no single store (docs/keys.md).
+
+Theory of operation: ADDJOB ... KEY k DEDUP <ms> | DEDUP ACTIVE asks for
+(queue, k) to be held by the new job: for <ms>, or (ACTIVE) until the job
+is acknowledged, at most its TTL.  A second ADDJOB of the key while it is
+held answers the holder's ID and adds nothing.  Who decides is the home of
+(queue, k) (core/homes.py: rendezvous hashing over the nodes this node sees
+up, linked or not, so that a link dropped and made again does not move a
+home for a moment), so whichever node receives each ADDJOB, one node
+decides, in the order the claims reach it.  A claim waits for a link to
+the home that reads KEYCLAIM (its PONG said FEATURE_KEYS).
+
+The job's ID is drawn first (`claim`).  At the home the decision is local
+(`_claim`); elsewhere KEYCLAIM goes to the home and the producer waits, as
+for replication (BLOCKED, a waiter), for KEYCLAIMED: the holder's ID,
+which is a duplicate's answer unless it is the ID drawn.  A granted claim
+then adds the job as ADDJOB does (`Lifecycle.add_job`, with the ID
+drawn); an ADDJOB that fails then, or whose replication gives up, or whose
+producer went away before the answer (`abandoned`), sends KEYDONE (`done`,
+aborted) and the hold goes: a producer retrying does not get the ID of a
+job never made.  (An answer that comes twice, or after the job was added
+without the hold, names a job that may exist: it ends nothing.)  The ACK
+of a keyed job (ACKJOB, FASTACK here) sends KEYDONE too, which ends a
+DEDUP ACTIVE hold.
+
+A home that does not answer within ASK_MS (gone, cut off, not linked, of
+an older version, or the claim lost) does not hold the producer longer:
+the job is added without the hold (`_unanswered`): at least once, never
+lost; a duplicate is possible and counted (`dedup_unconfirmed`).
+
+Every hold is a record (store/keyed.py), newest wins: the home writes it to
+the AOF (KEYHOLD) and sends it (KEYSET) to its standbys, the next two
+nodes in the key's order, which take the home's place when it goes away;
+a node that links up is sent every live hold.  Holds are kept until they
+end (`expiries`: a heap of when each ends), counted in the node's memory.
+
+Called by NodeCore: `cron` (100 ms), the bus (`on_key_claim`,
+`on_key_claimed`, `on_key_set`, `on_key_done`), `sync_messages`,
+`replay`, `snapshot_records`; by the ADDJOB command (`claim`); by acks and
+replication through `Lifecycle.keys` (`done`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from heapq import heappop, heappush
+from typing import TYPE_CHECKING, Any
+
+from disque.cluster import messages as m
+from disque.core import errors
+from disque.core.homes import home as home_of, ranked
+from disque.core.lifecycle import DEFAULT_TTL, default_retry
+from disque.core.types import BLOCKED, Connection, Status, Waiter
+from disque.store import keyed
+from disque.store.aof import KEYHOLD, encode_record
+from disque.store.ids import new_job_id
+from disque.store.job_options import DEDUP_ACTIVE
+from disque.store.keyed import KeyHold
+from disque.store.records import decode_alone
+
+if TYPE_CHECKING:
+    from disque.core.blocking import Blocking
+    from disque.core.lifecycle import Lifecycle
+    from disque.store.job import Job
+    from disque.store.job_options import JobOptions
+
+ASK_MS = 1000  # how long a producer waits for the key's home before its job is added without the hold
+FORGET_MS = 10 * ASK_MS  # how long the claim of a producer gone is remembered, to end its hold if granted late
+STANDBYS = 2  # the nodes after the home in a key's order that keep its holds
+HOLD_OVERHEAD = 300  # bytes per hold kept (record, dict and heap entries) on top of its strings
+
+
+@dataclass(slots=True)
+class _Ask:
+    """An ADDJOB waiting for the key's home."""
+
+    client: Connection
+    waiter: Waiter
+    queue: bytes
+    body: bytes
+    opts: JobOptions
+    deadline: int
+    hold: int  # ms (KEYCLAIM's)
+    active: bool
+    sent: bool = False  # KEYCLAIM went to the home (else: it waits for a link to it)
+
+
+class Keys:
+    def __init__(self, life: Lifecycle, waits: Blocking) -> None:
+        self.life = life
+        self.out = life.out
+        self.waits = waits
+        self.holds: dict[bytes, KeyHold] = {}  # KeyHold.name -> the newest record known
+        self.expiries: list[tuple[int, bytes]] = []  # (when a hold ends, its name): a heap, stale entries skipped
+        self.asks: dict[int, _Ask] = {}  # ticket -> the ADDJOB waiting for the home's answer
+        self.abandoned: dict[int, tuple[bytes, int]] = {}  # ticket -> (the job never made, when to forget it)
+        self.tickets = 0
+        self.hits = self.granted = self.unconfirmed = self.released = self.dropped = 0
+
+    # ------------------------------------------------------------ ADDJOB
+
+    def claim(self, client: Connection, queue: bytes, body: bytes, opts: JobOptions) -> Any:
+        """ADDJOB ... KEY DEDUP: the holder's ID (a duplicate), or the new
+        job's reply, or BLOCKED while the key's home is asked."""
+        life = self.life
+        ttl = DEFAULT_TTL if opts.ttl is None else opts.ttl
+        retry = default_retry(ttl) if opts.retry is None else opts.retry
+        job_id = new_job_id(life.membership.my_id, life.rng, ttl, retry)
+        opts = replace(opts, job_id=job_id)
+        active = opts.dedup == DEDUP_ACTIVE
+        hold = ttl * 1000 if active else opts.dedup
+        if self._home(queue + b"\0" + opts.key) == life.membership.my_id:
+            return self._answer(client, queue, body, opts, self._claim(queue, opts.key, job_id, hold, active))
+        self.tickets += 1
+        waiter = self.waits.block(client, (), False, 0)  # its deadline is the ask's (`cron`)
+        ask = self.asks[self.tickets] = _Ask(client, waiter, queue, body, opts, life.now + ASK_MS, hold, active)
+        self._send(self.tickets, ask)
+        return BLOCKED
+
+    def _home(self, name: bytes) -> str:
+        """The home of `name` (core/homes.py) among the nodes this one sees
+        up, linked or not: a link dropped and made again (a PING answered
+        late) must not move a key's home for a moment."""
+        return home_of(name, self.life.membership.up_ids())
+
+    def _send(self, ticket: int, ask: _Ask) -> None:
+        """KEYCLAIM to the key's home once there is a link to it that reads
+        it (or decide here, if this node became the home meanwhile)."""
+        life = self.life
+        home = self._home(ask.queue + b"\0" + ask.opts.key)
+        if home == life.membership.my_id:
+            del self.asks[ticket]
+            self.waits.drop_waiter(ask.waiter)
+            holder = self._claim(ask.queue, ask.opts.key, ask.opts.job_id, ask.hold, ask.active)  # type: ignore[arg-type]
+            self._reply(ask, lambda: self._answer(ask.client, ask.queue, ask.body, ask.opts, holder))
+        elif home in life.membership.linked_ids(features=m.FEATURE_KEYS):
+            ask.sent = True
+            self.out.send(home, m.KeyClaim(ticket, ask.queue, ask.opts.key, ask.opts.job_id, ask.hold, ask.active))  # type: ignore[arg-type]
+
+    def _answer(self, client: Connection, queue: bytes, body: bytes, opts: JobOptions, holder: bytes) -> Any:
+        """The ADDJOB's reply once the home said who holds the key."""
+        if holder != opts.job_id:
+            self.hits += 1
+            return Status(holder)
+        self.granted += 1
+        return self._add(client, queue, body, opts)
+
+    def _add(self, client: Connection, queue: bytes, body: bytes, opts: JobOptions) -> Any:
+        try:
+            return self.life.add_job(client, queue, body, opts)
+        except errors.DisqueError:
+            self._send_done(queue, opts.key, opts.job_id, True)  # type: ignore[arg-type]
+            raise
+
+    def on_key_claimed(self, sender: str, msg: m.KeyClaimed) -> None:
+        ask = self.asks.pop(msg.ticket, None)
+        if ask is not None and ask.client.waiter is not ask.waiter:  # the client went away
+            self.abandoned[msg.ticket] = (ask.opts.job_id, 0)  # type: ignore[assignment]
+            ask = None
+        if ask is None:  # too late (its job made without the hold), a copy of an answer, or abandoned
+            gone = self.abandoned.pop(msg.ticket, None)
+            if gone is not None and gone[0] == msg.job:  # granted a job never made: not held
+                self._send_done(msg.queue, msg.key, msg.job, True)
+            return
+        self.waits.drop_waiter(ask.waiter)
+        self._reply(ask, lambda: self._answer(ask.client, ask.queue, ask.body, ask.opts, msg.job))
+
+    def _reply(self, ask: _Ask, make: Any) -> None:
+        try:
+            reply = make()
+        except errors.DisqueError as e:
+            reply = e
+        if reply is not BLOCKED:  # (else replication answers it)
+            self.out.reply_to(ask.client, reply)
+
+    def _unanswered(self, ask: _Ask) -> None:
+        """The home did not answer in time: the job is added without the hold."""
+        self.unconfirmed += 1
+        self.waits.drop_waiter(ask.waiter)
+        self._reply(ask, lambda: self.life.add_job(ask.client, ask.queue, ask.body, ask.opts))
+
+    def cron(self) -> None:
+        """Every 100 ms: unanswered asks, asks of clients gone, holds ended."""
+        now = self.life.now
+        for ticket, ask in list(self.asks.items()):
+            if ask.client.waiter is not ask.waiter:
+                del self.asks[ticket]
+                self.abandoned[ticket] = (ask.opts.job_id, now + FORGET_MS)  # type: ignore[assignment]
+            elif now >= ask.deadline:
+                del self.asks[ticket]
+                self._unanswered(ask)
+            elif not ask.sent:
+                self._send(ticket, ask)
+        for ticket in [t for t, (_, until) in self.abandoned.items() if until <= now]:
+            del self.abandoned[ticket]
+        expiries = self.expiries
+        while expiries and expiries[0][0] <= now:
+            _, name = heappop(expiries)
+            h = self.holds.get(name)
+            if h is not None and h.until <= now:
+                del self.holds[name]
+                self.life.memory.account(-_size(h))
+
+    # ------------------------------------------------------------ at the home
+
+    def _claim(self, queue: bytes, key: bytes, job: bytes, hold: int, active: bool) -> bytes:
+        """Decide a claim: the job that holds (queue, key) now."""
+        now = self.life.now
+        known = self.holds.get(queue + b"\0" + key)
+        if known is not None and known.holds(now):
+            return known.job
+        self._change(queue, key, known, job, now + hold, active)
+        return job
+
+    def on_key_claim(self, sender: str, msg: m.KeyClaim) -> None:
+        holder = self._claim(msg.queue, msg.key, msg.job, msg.hold, msg.active)
+        self.out.send(sender, m.KeyClaimed(msg.ticket, msg.queue, msg.key, holder))
+
+    def done(self, job: Job, aborted: bool) -> None:
+        """Keyed `job` was acknowledged here, or (`aborted`) never made:
+        its home ends the hold it may have (DEDUP ACTIVE's, or any hold of
+        a job never made)."""
+        self._send_done(job.queue, job.key, job.id, aborted)  # type: ignore[arg-type]
+
+    def _send_done(self, queue: bytes, key: bytes, job: bytes, aborted: bool) -> None:
+        """KEYDONE to the key's home (when it cannot be told now, its hold
+        runs to its end)."""
+        membership = self.life.membership
+        home = self._home(queue + b"\0" + key)
+        if home == membership.my_id:
+            self._release(queue, key, job, aborted)
+        elif home in membership.linked_ids(features=m.FEATURE_KEYS):
+            self.out.send(home, m.KeyDone(queue, key, job, aborted))
+
+    def on_key_done(self, sender: str, msg: m.KeyDone) -> None:
+        self._release(msg.queue, msg.key, msg.job, msg.aborted)
+
+    def _release(self, queue: bytes, key: bytes, job: bytes, aborted: bool) -> None:
+        known = self.holds.get(queue + b"\0" + key)
+        if known is not None and known.job == job and known.holds(self.life.now) and (known.active or aborted):
+            self.released += 1
+            self._change(queue, key, known, b"", known.until, False)  # kept as long as the hold would have been
+
+    def _change(self, queue: bytes, key: bytes, known: KeyHold | None, job: bytes, until: int, active: bool) -> None:
+        """A change made here (`job` holds the key until `until`; b"": none):
+        stamped newer than the record it replaces (`known`), kept, and sent
+        to the key's standbys."""
+        life = self.life
+        membership = life.membership
+        version = life.now if known is None else max(life.now, known.version + 1)
+        h = KeyHold(queue, key, version, membership.my_id, job, until, active)
+        self._keep(h)
+        readers = membership.linked_ids(features=m.FEATURE_KEYS)  # (the others get it when they link up)
+        if readers:
+            me = membership.my_id
+            standbys = [n for n in ranked(h.name, membership.up_ids()) if n != me][:STANDBYS]
+            self.out.broadcast([n for n in standbys if n in readers], m.KeySet(keyed.encode(h)))
+
+    def _keep(self, h: KeyHold) -> None:
+        """Hold a record known to be newer, logged and counted in memory."""
+        self._store(h)
+        if self.out.aof.state != "off":
+            self.out.aof_record(None, encode_record(KEYHOLD, keyed.encode(h)))
+
+    def _store(self, h: KeyHold) -> None:
+        self.life.memory.account(_size(h) - _size(self.holds.get(h.name)))
+        self.holds[h.name] = h
+        heappush(self.expiries, (h.until, h.name))
+
+    # ------------------------------------------------------------ standbys, links and the AOF
+
+    def on_key_set(self, sender: str, msg: m.KeySet) -> None:
+        h = self._checked(msg.record, f"from {sender}")
+        if h is not None and h.newer(self.holds.get(h.name)):
+            self._keep(h)
+
+    def _checked(self, record: bytes, source: str) -> KeyHold | None:
+        """The record decoded; None for a bad one, dropped alone (logged and counted)."""
+        h = decode_alone(keyed.decode, record, "Key", source)
+        self.dropped += h is None
+        return h
+
+    def sync_messages(self) -> list[m.KeySet]:
+        """Every record not ended (holds, and releases of holds not ended),
+        for a node that just linked up."""
+        now = self.life.now
+        return [m.KeySet(keyed.encode(h)) for h in self.holds.values() if h.until > now]
+
+    def replay(self, record: bytes) -> None:
+        """A KEYHOLD record (framing and arity checked by the loader)."""
+        h = self._checked(record, "in the AOF")
+        if h is not None and h.newer(self.holds.get(h.name)):
+            self._store(h)
+
+    def snapshot_records(self) -> list[bytes]:
+        """The records not ended, for an AOF rewrite."""
+        now = self.life.now
+        return [encode_record(KEYHOLD, keyed.encode(h)) for h in self.holds.values() if h.until > now]
+
+    # ------------------------------------------------------------ reading
+
+    def size(self) -> int:
+        """What the records held cost (in the node's memory account)."""
+        return sum(map(_size, self.holds.values()))
+
+    def info_fields(self) -> list[tuple[str, int]]:
+        now = self.life.now
+        return [
+            ("keys_held", sum(h.holds(now) for h in self.holds.values())), ("keys_waiting", len(self.asks)),
+            ("dedup_hits", self.hits), ("dedup_granted", self.granted), ("dedup_unconfirmed", self.unconfirmed),
+            ("dedup_released", self.released), ("key_records_dropped", self.dropped),
+        ]  # fmt: skip
+
+
+def _size(h: KeyHold | None) -> int:
+    """What a hold costs in memory (0: none)."""
+    return 0 if h is None else HOLD_OVERHEAD + 2 * len(h.queue) + 2 * len(h.key) + len(h.job)

@@ -1,0 +1,95 @@
+"""Keyed jobs' deduplication on the simulated network under a fault plan,
+recorded for disque/testing/checker_keys.py.
+
+Theory of operation: `run_key_workload(plan, seed)` forms a `SimCluster`
+and runs producers that, for key after key, send `ADDJOB ... KEY <key>
+DEDUP <a window longer than the run>` to random live nodes, one to three
+times (a producer retrying elsewhere after a timeout), and consumers that
+GETJOB the queue on random live nodes and ACKJOB each job, while the
+nemesis of tests/sim/workload_schedules.py plays `plan.steps` (partitions,
+kills restarted from the AOF, clock jumps).  Then the producers stop and a
+drainer reads every node until nothing came for QUIET_S.
+"""
+
+from __future__ import annotations
+
+import random
+
+import trio
+
+from disque.core.types import NIL_ARRAY, Status
+from disque.testing.checker import ACK, FAIL, INFO, OK, Record
+from disque.testing.checker_keys import DEDUP, TAKE
+from sim.network import CONNECTION_LOST, SimCluster
+from sim.workload_schedules import SchedulePlan, ScheduleWorkload
+
+QUEUE = "kq"
+WINDOW_MS = 3_600_000  # DEDUP's window: longer than any run
+KEYS_PER_PRODUCER = 20
+
+
+class KeyWorkload(ScheduleWorkload):
+    """The schedules' workload's nemesis and history, with keyed producers."""
+
+    def __init__(self, cluster: SimCluster, plan: SchedulePlan, seed: int) -> None:
+        super().__init__(cluster, plan, seed)
+        self.rng = random.Random(f"{seed}/keys")
+
+    def live(self) -> list[int]:
+        return [n.index for n in self.cluster.nodes if n.alive]
+
+    async def producer(self, process: int) -> None:
+        for n in range(KEYS_PER_PRODUCER):
+            key = f"p{process}-{n}"
+            for _ in range(self.rng.randint(1, 3)):
+                node = self.rng.choice(self.live())
+                op = self.history.invoke(process, node, DEDUP, body=key, value={"key": key})
+                reply = await self.cluster.call(node, "ADDJOB", QUEUE, key, 2000, "KEY", key, "DEDUP", WINDOW_MS,
+                                                "REPLICATE", 2, "RETRY", 2, "TTL", 600)  # fmt: skip
+                if isinstance(reply, Status):
+                    self.history.complete(op, OK, job=bytes(reply).decode())
+                else:
+                    self.history.complete(op, INFO, value=str(reply))
+                await trio.sleep(self.rng.uniform(0.05, 0.5))
+
+    async def taker(self, process: int, drain: bool = False) -> None:
+        turn = process
+        while True:
+            turn += 1
+            live = self.live()
+            node = turn % len(self.cluster.nodes) if drain else self.rng.choice(live)
+            if node not in live:
+                await trio.sleep(0.05)
+                continue
+            op = self.history.invoke(process, node, TAKE)
+            reply = await self.cluster.call(node, "GETJOB", *(("NOHANG",) if drain else ("TIMEOUT", 500)), "FROM", QUEUE)
+            if reply is CONNECTION_LOST or not isinstance(reply, list):
+                self.history.complete(op, FAIL if reply is NIL_ARRAY else INFO, value=str(reply))
+                await trio.sleep(0.05)
+                continue
+            job = reply[0][1].decode()
+            self.history.complete(op, OK, job=job, value=reply[0][2].decode())
+            self.last_delivery = trio.current_time()
+            ack = self.history.invoke(process, node, ACK, job=job)
+            answer = await self.cluster.call(node, "ACKJOB", job)
+            self.history.complete(ack, OK if isinstance(answer, int) else INFO, value=str(answer))
+            await trio.sleep(self.rng.uniform(0.01, 0.05))
+
+    async def run(self) -> list[Record]:
+        cluster = self.cluster
+        await cluster.form()
+        async with trio.open_nursery() as clients:
+            for process in (1, 2):
+                clients.start_soon(self.taker, process)
+            async with trio.open_nursery() as producers:
+                for process in (10, 11, 12):
+                    producers.start_soon(self.producer, process)
+                await self.nemesis()
+            await cluster.form()
+            await self.drain(clients, self.taker)
+        return self.history.records
+
+
+async def run_key_workload(plan: SchedulePlan, seed: int) -> list[Record]:
+    async with SimCluster(plan.nodes, seed, dup=plan.dup, delay=plan.delay, node_timeout=plan.node_timeout) as cluster:
+        return await KeyWorkload(cluster, plan, seed).run()
