@@ -21,7 +21,8 @@ Requests per second move with the machine's load; `instructions` counts
 what one request costs instead, which does not: `valgrind --tool=callgrind`
 on this file running LOW and HIGH requests of a kind (`one KIND N`: GETJOB
 from PREFILL jobs added first), the difference of the totals over HIGH -
-LOW (the start-up cancels out).
+LOW (the start-up cancels out), with the hash seed fixed (the layout of
+the dicts moves a count by a few thousand from one run to the next).
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def instructions() -> None:
         totals = []
         for n in (LOW, HIGH):
             argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__, "one", kind, str(n)]
-            done = subprocess.run(argv, capture_output=True, text=True)
+            done = subprocess.run(argv, capture_output=True, text=True, env=os.environ | {"PYTHONHASHSEED": "0"})
             totals.append(int(re.findall(r"Collected : (\d+)", done.stderr)[-1]) if done.returncode == 0 else 0)
         if not all(totals):  # refused (a build without KEY)
             print(f"{kind:18} {'n/a':>10}")
