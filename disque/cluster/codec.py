@@ -45,6 +45,7 @@ from disque.store.records import (  # the pieces of the field tables
     _Fields, _IntIn, _job_id, _ListOf, _MapLoader, _MapPacker, _node_id, _node_ids, _opt_job_id, _Record, _str, _unpack,
     _unpack_map, _version, _wire_job, _wire_job_pos, _dump_wire_job_pos,
 )  # fmt: skip
+from disque.store.results import problem as result_problem
 
 VERSION: Final = 1  # frame body version ("v")
 
@@ -137,6 +138,15 @@ class _Zone(Check):
         return v
 
 
+class _Result(Check):
+    """A job's result (store/results.py): bytes within its size rule."""
+
+    def check(self, v: Any) -> Any:
+        if (trouble := result_problem(_bytes.check(v))) is not None:
+            raise DecodeError(trouble)
+        return v
+
+
 # --- messages -----------------------------------------------------------------
 
 
@@ -213,7 +223,8 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("QUEUED", Queued, (_ID, _Field("delay", "d", _UINT, default=0), _FAILURE), (("incr_nacks", INCR_NACKS), ("incr_deliv", INCR_DELIV))),
     ("WORKING", Working, (_ID,)),
     ("WILLQUEUE", WillQueue, (_ID,)),
-    ("SETACK", SetAck, (_ID, _Field("mayhave", "h", _UINT), _Field("holders", "hs", _node_ids, default=()))),
+    ("SETACK", SetAck, (_ID, _Field("mayhave", "h", _UINT), _Field("holders", "hs", _node_ids, default=()),
+                        _Field("result", "rs", _Result(), default=b""))),
     ("GOTACK", GotAck, (_ID, _Field("known", "k", _bool))),
     ("DELJOB", DelJob, (_ID, _Field("acked", "ak", _bool, default=True))),
     ("NEEDJOBS", NeedJobs, (_QUEUE, _Field("count", "c", _UINT))),

@@ -168,6 +168,7 @@ class SetAck:
     id: bytes
     mayhave: int  # size of the sender's nodes_delivered
     holders: tuple[str, ...] = ()  # the sender's nodes_delivered (an older node sends none)
+    result: bytes = b""  # the result the consumer acknowledged with (store/results.py; b"": none)
 
 
 @dataclass(frozen=True, slots=True)

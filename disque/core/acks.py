@@ -11,6 +11,10 @@ does: two nodes may each list three holders yet not the same three, and a
 count alone would let the GC end without the copy only one of them knew.
 The receiver adds the holders it did not know (among the nodes it knows)
 and runs the GC itself when it then knows more than the sender.
+A result (`ACKJOB <id> RESULT <bytes>`, store/results.py) is kept by
+the acknowledging node and rides on every SETACK the GC sends, so each
+node that may hold a copy keeps it too before it confirms; each one writes
+it to its AOF (a `RESULT` record) when it first learns it.
 FASTACK skips all that: DELJOB to every owner (every linked node for an
 unknown job) and the job goes at once.  A peer's DELJOB deletes the local
 copy and remembers the ID as collected, so a late REPLJOB cannot bring it
@@ -29,6 +33,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from disque.cluster import messages as m
+from disque.store.aof import RESULT, encode_record
 from disque.store.ids import ttl_minutes
 from disque.store.job import ACK, Job, State
 
@@ -48,8 +53,9 @@ class Acks:
         self.replication = replication
         self.waits = waits
 
-    def ack_job(self, job_id: bytes) -> bool:
-        """ACKJOB for one ID (spec/commands.md §5.3).  True when it counts."""
+    def ack_job(self, job_id: bytes, result: bytes | None = None) -> bool:
+        """ACKJOB for one ID (spec/commands.md §5.3), with the consumer's
+        `result` if it gave one.  True when it counts."""
         life = self.life
         job = life.jobs.get(job_id)
         counted = False
@@ -63,8 +69,21 @@ class Acks:
             self.acknowledge(job)  # a waiting producer got its ID first, as with SETACK
             counted = True
         if job is not None:
+            if result is not None:
+                self.keep_result(job_id, job.queue, result)
             self.try_gc(job)
         return counted
+
+    def keep_result(self, job_id: bytes, queue: bytes | None, result: bytes) -> None:
+        """Keep a job's result here for `result-ttl`, in the AOF too when it is new."""
+        life = self.life
+        until = life.now + int(life.config.result_ttl) * 1000
+        if life.results.keep(job_id, result, until) and self.out.aof.state != "off":
+            self.out.aof_record(queue, result_record(job_id, until, result))
+
+    def snapshot_records(self) -> list[bytes]:
+        """The results kept, for an AOF rewrite."""
+        return [result_record(*entry) for entry in self.life.results.items()]
 
     def fast_ack(self, job_id: bytes) -> bool:
         """FASTACK for one ID.  True when the job was known here."""
@@ -108,12 +127,14 @@ class Acks:
             life.delete_job(job)
             return
         targets = list(life.membership.nodes) if dummy else job.nodes_delivered
-        self.out.broadcast([n for n in targets if n not in job.nodes_confirmed], set_ack(job))
+        self.out.broadcast([n for n in targets if n not in job.nodes_confirmed], set_ack(life, job))
 
     # ------------------------------------------------------------ bus messages
 
     def on_set_ack(self, sender: str, msg: m.SetAck) -> None:
         life = self.life
+        if msg.result:  # kept before the GOTACK that lets the sender's GC end
+            self.keep_result(msg.id, None, msg.result)
         job = life.jobs.get(msg.id)
         if job is not None:
             if job.state == S_WAIT_REPL and not self.replication.achieved(job):
@@ -163,7 +184,12 @@ class Acks:
         life.collected.remember(msg.id, life.now, msg.acked)
 
 
-def set_ack(job: Job) -> m.SetAck:
+def set_ack(life: Lifecycle, job: Job) -> m.SetAck:
     """The SETACK of an acknowledged job: its holders, and their count for
-    an older node that reads only that."""
-    return m.SetAck(job.id, len(job.nodes_delivered), job.nodes_delivered)
+    an older node that reads only that; its result, if one is kept."""
+    return m.SetAck(job.id, len(job.nodes_delivered), job.nodes_delivered, life.results.get(job.id, life.now) or b"")
+
+
+def result_record(job_id: bytes, until: int, result: bytes) -> bytes:
+    """The AOF record of a result (store/aof.py)."""
+    return encode_record(RESULT, job_id, b"%d" % until, result)

@@ -58,6 +58,7 @@ from disque.store.job_options import JobOptions
 from disque.store.jobs import JobStore
 from disque.store.queue import PAUSE_IN, PAUSE_OUT, Queue
 from disque.store.queue_config import DEFAULTS as NO_LIMITS, QueueSettings
+from disque.store.results import Results
 from disque.store.scan import BucketedDict
 
 if TYPE_CHECKING:
@@ -201,6 +202,7 @@ class Lifecycle:
         self.out, self.memory, self.collected = out, memory, collected  # below it: emitted to, accounted in, remembered
         self.now = now  # ms, the time of the current step (NodeCore.read_clock)
         self.jobs = JobStore()
+        self.results = Results()  # acknowledged jobs' results (store/results.py)
         self.queues: BucketedDict[bytes, Queue] = BucketedDict()
         self.last_ctime = 0
         self._expiry = (0, 1000)  # (etime, its expiry awake time) of the last job scheduled

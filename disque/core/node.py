@@ -224,6 +224,7 @@ class NodeCore:
         self.jobs.spilled.cron()
         self.memory.collect_idle_queues()
         self.collected.expire(self.lifecycle.now)
+        self.lifecycle.results.expire(self.lifecycle.now)
         if self.config.timeout:
             self._close_idle_clients(self.config.timeout * 1000)
 
@@ -294,11 +295,11 @@ class NodeCore:
 
     def snapshot(self) -> Snapshot:
         """Everything an AOF rewrite must hold (core/snapshot.py): jobs in
-        memory and on disk, consumer groups' progress, schedules."""
+        memory and on disk, consumer groups' progress, schedules, results."""
         return Snapshot(
             snapshot_jobs(self.jobs.values(), self.out.journaled),
             self.read_behind.snapshot(),
-            [*self.groups.snapshot_records(), *self.schedules.snapshot_records()],
+            [*self.groups.snapshot_records(), *self.schedules.snapshot_records(), *self.acks.snapshot_records()],
         )
 
     def conf_dirty(self) -> bool:
@@ -383,8 +384,9 @@ class NodeCore:
     # ------------------------------------------------------------ flushing
 
     def flush_all(self) -> None:
-        """DEBUG FLUSHALL / CLUSTER RESET: every job and queue goes."""
+        """DEBUG FLUSHALL / CLUSTER RESET: every job, queue and result goes."""
         life = self.lifecycle
+        life.results.clear()
         for job in list(self.jobs.values()):
             life.delete_job(job)
         for job in self.jobs.spilled.every_job():

@@ -7,7 +7,8 @@ node did not just create follows (`Lifecycle.adopt`, as a copy from a peer
 is): it comes back `active` with timers of its own, keeping the flags it
 was stored with; `DELJOB` deletes it; `GROUPSET` restores a consumer
 group's progress; `SCHEDULE` and `SCHEDTICK` restore the schedules and
-the latest tick each is known to have fired.  The first record of a job wins, except that a later one
+the latest tick each is known to have fired; `RESULT` a job's result
+(store/results.py: the first one known wins).  The first record of a job wins, except that a later one
 carrying `not_before` (written by NACK ... DELAY) brings its counters and
 that requeue time.  Jobs stored `queued` are re-queued once, at the end
 (`finish`/`requeue`), only when the file is trusted: `trust_queued`
@@ -25,7 +26,7 @@ import heapq
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from disque.store.aof import CLEANSHUTDOWN, DELJOB, GROUPSET, LOADJOB, SCHEDTICK, SCHEDULE, check_record
+from disque.store.aof import CLEANSHUTDOWN, DELJOB, GROUPSET, LOADJOB, RESULT, SCHEDTICK, SCHEDULE, check_record
 from disque.store.job import NACKED, Job, State
 
 if TYPE_CHECKING:
@@ -71,6 +72,9 @@ class Replay:
         elif name == GROUPSET:
             check_record(offset, args)
             self.groups.replay(args[1], args[2], int(args[3]))
+        elif name == RESULT:
+            check_record(offset, args)
+            self.life.results.keep(args[1], args[3], int(args[2]))  # (an expired one is never served, and soon dropped)
         elif name in (SCHEDULE, SCHEDTICK):
             check_record(offset, args)
             assert self.schedules is not None

@@ -89,7 +89,7 @@ MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     Queued: st.builds(Queued, job_ids, st.booleans(), st.booleans()),
     Working: st.builds(Working, job_ids),
     WillQueue: st.builds(WillQueue, job_ids),
-    SetAck: st.builds(SetAck, job_ids, uints, st.lists(node_ids, unique=True, max_size=4).map(tuple)),
+    SetAck: st.builds(SetAck, job_ids, uints, st.lists(node_ids, unique=True, max_size=4).map(tuple), st.binary(max_size=64)),
     GotAck: st.builds(GotAck, job_ids, st.booleans()),
     DelJob: st.builds(DelJob, job_ids),
     NeedJobs: st.builds(NeedJobs, blobs, uints),

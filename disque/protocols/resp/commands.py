@@ -41,6 +41,7 @@ from disque.store.schedule import Schedule, broken_rule
 from disque.store.job import DEFAULT_PRIORITY, MAX_PRIORITY, STATE_BY_NAME, STATE_NAMES, Job, State
 from disque.store.job_options import JobOptions
 from disque.store.queue import PAUSE_IN, PAUSE_NAMES, PAUSE_OUT, Queue
+from disque.store.results import problem as result_problem
 
 log = logging.getLogger("disque")
 
@@ -228,9 +229,47 @@ def cmd_getjob(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     return node.blocking.get_jobs(client, queues, count, nohang, withcounters, timeout)
 
 
+ACKJOB_SYNTAX: Final = "Syntax error, try ACKJOB <id> [RESULT <bytes>] [<id> [RESULT <bytes>] ...]"
+
+
+def parse_ackjob(argv: list[bytes]) -> tuple[list[bytes], dict[bytes, bytes]]:
+    """ACKJOB <id> [RESULT <bytes>] ...: the IDs, and the result each RESULT
+    (an extension, docs/workflows.md) gives the ID before it, within
+    store/results.py's size rule.  A job ID is never six bytes long, so
+    most ACKJOBs take the short way."""
+    args = argv[1:]
+    if not any(len(arg) == 6 for arg in args):
+        return job_ids(args), {}
+    ids: list[bytes] = []
+    results: dict[bytes, bytes] = {}
+    i, n = 0, len(args)
+    while i < n:
+        if args[i].lower() != b"result":
+            ids.append(args[i])
+            i += 1
+            continue
+        if not ids or ids[-1] in results or i + 1 == n:
+            raise err(ACKJOB_SYNTAX)
+        if (problem := result_problem(args[i + 1])) is not None:
+            raise err(problem)
+        results[ids[-1]] = args[i + 1]
+        i += 2
+    return job_ids(ids), results
+
+
 @command("ackjob", -1, "wF")
 def cmd_ackjob(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
-    return sum(node.acks.ack_job(job_id) for job_id in job_ids(argv[1:]))
+    ids, results = parse_ackjob(argv)
+    ack_job = node.acks.ack_job
+    return sum(ack_job(job_id, results.get(job_id)) for job_id in ids)
+
+
+@command("result", 2, "rF")
+def cmd_result(node: NodeCore, client: Connection, argv: list[bytes]) -> bytes | None:
+    """RESULT <id> (an extension, docs/workflows.md): the result the job was
+    acknowledged with, nil when this node keeps none for it."""
+    (job_id,) = job_ids(argv[1:])
+    return node.lifecycle.results.get(job_id, node.now)
 
 
 @command("fastack", -1, "wF")
@@ -400,14 +439,17 @@ def cmd_working(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
 
 @command("waitjob", -2, "rF")
 def cmd_waitjob(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
-    """WAITJOB <id> ... [TIMEOUT <ms>] (an extension, node.wait_jobs)."""
+    """WAITJOB <id> ... [TIMEOUT <ms>] [WITHRESULTS] (an extension, node.wait_jobs)."""
     timeout = 0
+    with_results = len(argv) >= 3 and argv[-1].lower() == b"withresults"
+    if with_results:
+        argv = argv[:-1]
     if len(argv) >= 3 and argv[-2].lower() == b"timeout":
         timeout = parse_timeout(argv[-1])
         argv = argv[:-2]
     if len(argv) < 2:
         raise errors.wrong_arity("waitjob")
-    return node.blocking.wait_jobs(client, job_ids(argv[1:]), timeout)
+    return node.blocking.wait_jobs(client, job_ids(argv[1:]), timeout, with_results)
 
 
 @command("show", 2, "rF")
