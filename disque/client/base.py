@@ -475,7 +475,7 @@ class _Base:
         requests = [(b"%s$%d\r\n%s\r\n%s" % (head, len(b), b, tail), convert) for b in encoded]
         return self._run(self._batch(requests))
 
-    def _consume(self, args: Sequence[Arg], acking: Sequence[str] = ()) -> Ops[list[Job]]:
+    def _consume(self, args: Sequence[Arg], acking: Sequence[Arg] = ()) -> Ops[list[Job]]:
         """GETJOB (after ACKJOB of `acking`, in the same write), then move
         towards the producers if affinity says so."""
         if acking:
@@ -571,7 +571,7 @@ class _Base:
             raise
 
     def _getjob(
-        self, queues: Sequence[str], count: int, timeout_ms: int | None, nohang: bool, acking: Sequence[str] = ()
+        self, queues: Sequence[str], count: int, timeout_ms: int | None, nohang: bool, acking: Sequence[Arg] = ()
     ) -> Ops[list[Job]]:
         if not queues:
             raise ValueError("GETJOB needs at least one queue")
@@ -580,7 +580,7 @@ class _Base:
 
     @_api
     def get_jobs(
-        self, *queues: str, count: int = 1, timeout_ms: int | None = None, nohang: bool = False, acking: Sequence[str] = ()
+        self, *queues: str, count: int = 1, timeout_ms: int | None = None, nohang: bool = False, acking: Sequence[Arg] = ()
     ) -> Ops[list[Job]]:
         """Up to `count` jobs (waiting for at least one unless `nohang` or
         timed out); `acking`: job IDs to acknowledge first, in the same write
@@ -597,9 +597,22 @@ class _Base:
         return self._command([verb, *ids], int)
 
     @_api
-    def ack(self, *ids: str) -> Ops[int]:
-        """ACKJOB; the number of jobs newly acknowledged."""
-        return self._ids("ACKJOB", ids)
+    def ack(self, *ids: str, result: str | bytes | None = None) -> Ops[int]:
+        """ACKJOB; the number of jobs newly acknowledged.  `result`: the
+        result of the one job named (at most 16 KiB), kept by the cluster
+        for `result-ttl` (docs/workflows.md): `result()` and
+        `wait_results()` return it."""
+        if result is None:
+            return self._ids("ACKJOB", ids)
+        if len(ids) != 1:
+            raise ValueError("a result goes with one job ID")
+        return self._command(["ACKJOB", ids[0], "RESULT", result], int)
+
+    @_api
+    def result(self, job_id: str) -> Ops[bytes | None]:
+        """RESULT: the result the job was acknowledged with, None when the
+        node keeps none (not acknowledged with one, or past `result-ttl`)."""
+        return self._command(["RESULT", job_id])
 
     @_api
     def fast_ack(self, *ids: str) -> Ops[int]:
@@ -619,6 +632,13 @@ class _Base:
         """WAITJOB: block until every job is acknowledged, or `timeout_ms`
         passes; the number acknowledged."""
         return self._command(["WAITJOB", *ids, *_options(timeout=timeout_ms)], int)
+
+    @_api
+    def wait_results(self, *ids: str, timeout_ms: int | None = None) -> Ops[tuple[int, list[bytes | None]]]:
+        """WAITJOB ... WITHRESULTS: `wait_job`, and the result of each job
+        named, in order (None where the node keeps none)."""
+        args = ["WAITJOB", *ids, *_options(timeout=timeout_ms), "WITHRESULTS"]
+        return self._command(args, lambda reply: (reply[0], list(reply[1])))
 
     @_api
     def enqueue(self, *ids: str) -> Ops[int]:
@@ -726,7 +746,7 @@ class Pipeline(_Base):
         self._queued.append(request)
         return self
 
-    def _consume(self, args: Sequence[Arg], acking: Sequence[str] = ()) -> Any:
+    def _consume(self, args: Sequence[Arg], acking: Sequence[Arg] = ()) -> Any:
         if acking:
             raise ValueError("in a pipeline, queue ack() before get_jobs() instead of acking=")
         return self._command(args, _jobs)  # GETJOB queues too (no affinity move inside a pipeline)

@@ -167,6 +167,18 @@ def test_ack_fast_ack_and_del_job(client: Client, queue: str) -> None:
     assert client.ack() == 0  # no IDs is legal
 
 
+def test_ack_with_a_result_and_reading_it_back(client: Client, queue: str) -> None:
+    a, b = client.add_job(queue, "a"), client.add_job(queue, "b")
+    assert client.result(a) is None
+    assert client.ack(a, result="done") == 1
+    assert client.result(a) == b"done"
+    with pytest.raises(ValueError, match="one job ID"):
+        client.ack(a, b, result=b"x")
+    assert client.wait_results(a, b, timeout_ms=50) == (1, [b"done", None])
+    with pytest.raises(DisqueReplyError, match="longer than"):
+        client.ack(b, result=b"x" * 20_000)
+
+
 def test_nack_enqueue_dequeue_and_working(client: Client, queue: str) -> None:
     job_id = client.add_job(queue, "x", retry=30)
     client.get_job(queue)
