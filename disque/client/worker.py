@@ -89,7 +89,6 @@ from disque.client import (
 )
 from disque.client.base import _next_heartbeat
 from disque.client.protocol import Arg
-from disque.store.results import MAX_RESULT_BYTES
 
 log = logging.getLogger("disque.worker")
 
@@ -113,6 +112,7 @@ class Backoff:
 RECONNECT = Backoff(base=0.1, cap=5.0, jitter=0.5)
 PACE = 0.05  # s: a slot fetches as many jobs as it ran in this long (at least 1, at most the prefetch)
 ACK_DELAY = 0.02  # s: a finished job's ACKJOB waits this long at most for a fetch to carry it
+MAX_RESULT_BYTES = 16 * 1024  # the server's largest result (ACKJOB ... RESULT)
 
 
 def job_result(value: Any) -> bytes | None:

@@ -38,7 +38,7 @@ import msgpack
 from disque.cluster.messages import (
     Claim, Claimed, DelJob, Enqueue, Fail, Fanout, GossipEntry, GotAck, GotJob, GotJobs, GroupAck, GroupFlush, GroupSet,
     Header, Meet, Message, NeedEvent, NeedJobs, NewEvent, Pause, Ping, Pong, Queued, ReplJob, ReplJobs, SetAck, WaitEntry,
-    Waiting, WillQueue, Working, YourEvent, YourJobs, SchedSet, Ticked, valid_zone,
+    Waiting, WillQueue, Working, YourEvent, YourJobs, SchedSet, Ticked, Depend, Settled, valid_zone,
 )  # fmt: skip
 from disque.store.records import (  # the pieces of the field tables
     _BITS, _FAILURE, _PORT, _UINT, Check, DecodeError, _ArrayLoader, _ArrayPacker, _bool, _bytes, _dump_wire_job, _Each, _Field,
@@ -196,6 +196,7 @@ _FEATURES = _Field("features", "ft", _BITS, default=0)
 _ZONE = _Field("zone", "z", _Zone(), default="")  # optional: older nodes send none
 _CLOCK = _Field("clock", "ck", _UINT, default=0)  # optional: older nodes send none
 _ID = _Field("id", "i", _job_id)
+_RESULT = _Field("result", "rs", _Result(), default=b"")
 _JOBS = _Field("jobs", "j", _ListOf(_wire_job, 1), _Each(_dump_wire_job),
                pos=(_ListOf(_wire_job_pos, 1), _Each(_dump_wire_job_pos)))  # fmt: skip
 _OPT_ID = _Field("id", "i", _opt_job_id, default=b"")
@@ -224,7 +225,7 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("WORKING", Working, (_ID,)),
     ("WILLQUEUE", WillQueue, (_ID,)),
     ("SETACK", SetAck, (_ID, _Field("mayhave", "h", _UINT), _Field("holders", "hs", _node_ids, default=()),
-                        _Field("result", "rs", _Result(), default=b""))),
+                        _RESULT)),
     ("GOTACK", GotAck, (_ID, _Field("known", "k", _bool))),
     ("DELJOB", DelJob, (_ID, _Field("acked", "ak", _bool, default=True))),
     ("NEEDJOBS", NeedJobs, (_QUEUE, _Field("count", "c", _UINT))),
@@ -244,6 +245,8 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("WAITING", Waiting, (_WAIT_ENTRIES,)),
     ("SCHEDSET", SchedSet, (_Field("record", "r", _bytes),)),  # the record is checked alone: house rule 5
     ("TICKED", Ticked, (_Field("name", "n", _bytes), _Field("tick", "k", _UINT), _Field("node", "o", _node_id))),
+    ("DEPEND", Depend, (_Field("ids", "i", _ListOf(_job_id, 1)),)),
+    ("SETTLED", Settled, (_ID, _Field("acked", "ak", _bool), _RESULT)),
 )
 _KINDS = tuple(_Kind(code, *row) for code, row in enumerate(_ROWS, 1))
 _BY_NAME: Final = {k.name: k for k in _KINDS}

@@ -44,7 +44,8 @@ LEAVING: Final = 128
 # never gets one (rolling upgrades, spec/cluster.md §2.3).
 FEATURE_WAITING: Final = 1  # WAITING (core/federation.py)
 FEATURE_SCHEDULES: Final = 2  # SCHEDSET and TICKED (core/schedules.py)
-FEATURES: Final = FEATURE_WAITING | FEATURE_SCHEDULES  # this node's
+FEATURE_BATCHES: Final = 16  # DEPEND and SETTLED (core/dependencies.py)
+FEATURES: Final = FEATURE_WAITING | FEATURE_SCHEDULES | FEATURE_BATCHES  # this node's
 
 ZONE_MAX_LEN: Final = 64
 
@@ -320,9 +321,28 @@ class Ticked:
     node: str
 
 
+@dataclass(frozen=True, slots=True)
+class Depend:
+    """The sender holds jobs waiting for these (core/dependencies.py): the
+    receiver answers SETTLED for each one it knows acknowledged or gone,
+    and for the others it holds, once they are."""
+
+    ids: tuple[bytes, ...]  # at least one
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """Job `id` was acknowledged (`acked`, with its `result`, b"": none) or
+    went without an acknowledgement (expired, dead-lettered, deleted)."""
+
+    id: bytes
+    acked: bool
+    result: bytes = b""
+
+
 Message = (
     Ping | Pong | Meet | Fail | ReplJob | ReplJobs | GotJob | GotJobs | Enqueue | Queued | Working
     | WillQueue | SetAck | GotAck | DelJob | NeedJobs | YourJobs | Pause | Fanout
     | GroupSet | Claim | GroupAck | Claimed | NeedEvent | YourEvent | NewEvent | GroupFlush | Waiting
-    | SchedSet | Ticked
+    | SchedSet | Ticked | Depend | Settled
 )  # fmt: skip

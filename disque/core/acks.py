@@ -58,20 +58,19 @@ class Acks:
         `result` if it gave one.  True when it counts."""
         life = self.life
         job = life.jobs.get(job_id)
-        counted = False
         if job is None:
-            if life.membership.size() > 1 and not life.membership.leaving and ttl_minutes(job_id) & 1:
-                job = Job(job_id, None, None, state=S_ACKED, etime=life.now // 1000 + ttl_minutes(job_id) * 60)
-                life.register(job)
-        elif job.state != S_ACKED:
-            if job.state == S_WAIT_REPL and not self.replication.achieved(job):
-                return True  # handed to a replica and forgotten here (external replication)
+            if life.membership.size() == 1 or life.membership.leaving or not ttl_minutes(job_id) & 1:
+                return False
+            job = Job(job_id, None, None, state=S_ACKED, etime=life.now // 1000 + ttl_minutes(job_id) * 60)
+            life.register(job)
+        elif job.state == S_WAIT_REPL and not self.replication.achieved(job):
+            return True  # handed to a replica and forgotten here (external replication)
+        if result is not None:  # kept before the ACK tells the jobs that wait for this one (core/dependencies.py)
+            self.keep_result(job_id, job.queue, result)
+        counted = job.state != S_ACKED
+        if counted:
             self.acknowledge(job)  # a waiting producer got its ID first, as with SETACK
-            counted = True
-        if job is not None:
-            if result is not None:
-                self.keep_result(job_id, job.queue, result)
-            self.try_gc(job)
+        self.try_gc(job)
         return counted
 
     def keep_result(self, job_id: bytes, queue: bytes | None, result: bytes) -> None:
@@ -95,6 +94,8 @@ class Acks:
             return False
         self.out.broadcast(job.nodes_delivered, m.DelJob(job_id))
         self.waits.settle_waits(job_id, True)
+        if life.deps.watchers or life.deps.held:
+            life.deps.settled(job_id, True)
         life.delete_job(job)
         life.collected.remember(job_id, life.now)  # acknowledged: a late REPLJOB must not revive it
         return True
@@ -107,6 +108,8 @@ class Acks:
         was_active = job.state == S_ACTIVE
         job.move(ACK)
         self.waits.settle_waits(job.id, True)
+        if life.deps.watchers or life.deps.held:
+            life.deps.settled(job.id, True)
         job.nodes_confirmed = None
         if was_active:  # pragma: no branch - callers make a wait-repl job active first (achieved)
             self.out.aof_deljob(job)
@@ -180,6 +183,8 @@ class Acks:
         job = life.jobs.get(msg.id)
         if job is not None:
             self.waits.settle_waits(msg.id, msg.acked)  # a FASTACK or the end of a GC; or not (dead-lettered, aborted)
+            if life.deps.watchers or life.deps.held:
+                life.deps.settled(msg.id, msg.acked)
             life.delete_job(job)
         life.collected.remember(msg.id, life.now, msg.acked)
 

@@ -155,8 +155,17 @@ class Events(Protocol):  # consumer groups (core/groups.py)
     def new_event(self, queue: bytes, body: bytes, ttl: int, repl: int) -> Job: ...
 
 
-class Collector(Protocol):  # ACK garbage collection (core/acks.py)
+class Collector(Protocol):  # ACK garbage collection and results (core/acks.py)
     def try_gc(self, job: Job) -> None: ...
+    def keep_result(self, job_id: bytes, queue: bytes | None, result: bytes) -> None: ...
+
+
+class Dependents(Protocol):  # jobs that wait for jobs (core/dependencies.py)
+    watchers: dict[bytes, set[str]]
+    held: dict[bytes, set[bytes]]
+
+    def hold(self, job: Job) -> None: ...
+    def settled(self, job_id: bytes, acked: bool) -> None: ...
 
 
 class Kestrel(Protocol):  # Kestrel's queue limits (core/items.py)
@@ -189,6 +198,7 @@ class Lifecycle:
     events: Events
     collector: Collector
     kestrel: Kestrel
+    deps: Dependents
     replicas: Replicas
     consumers: Consumers
     wanted: Wanted
@@ -210,9 +220,9 @@ class Lifecycle:
 
     def bind(
         self, events: Events, collector: Collector, kestrel: Kestrel, replicas: Replicas, consumers: Consumers,
-        wanted: Wanted,
+        wanted: Wanted, deps: Dependents,
     ) -> None:  # fmt: skip
-        self.events, self.collector, self.kestrel = events, collector, kestrel
+        self.events, self.collector, self.kestrel, self.deps = events, collector, kestrel, deps
         self.replicas, self.consumers, self.wanted = replicas, consumers, wanted
 
     # ------------------------------------------------------------ draws
@@ -301,6 +311,8 @@ class Lifecycle:
             known = self.membership.nodes
             job.nodes_delivered = tuple(n for n in job.nodes_delivered if n in known)
         self.register(job)
+        if job.rare is not None and job.rare.parents:
+            self.deps.hold(job)
         return job
 
     def receive(self, job: Job) -> Job:
@@ -365,6 +377,8 @@ class Lifecycle:
             if job.state == S_QUEUED:
                 self.queue(job.queue).expired += 1  # type: ignore[arg-type]
                 self.kestrel.expired(job)
+            if (self.deps.watchers or self.deps.held) and job.state != S_ACKED:
+                self.deps.settled(job.id, False)
             self.delete_job(job)
             return
         state = job.state
@@ -403,8 +417,12 @@ class Lifecycle:
 
     def enqueue(self, job: Job, nack: bool = False) -> bool:
         """Queue a job (spec/cluster.md §8.3).  False when refused: already
-        queued, never to be queued again (qtime 0), or an at-most-once job
-        already handed out once, which queueing again would deliver twice."""
+        queued, never to be queued again (qtime 0), an at-most-once job
+        already handed out once, which queueing again would deliver twice,
+        or a job that waits for others (core/dependencies.py)."""
+        if job.rare is not None and job.rare.parents:
+            job.qtime = 0
+            return False
         if job.state == S_QUEUED or not job.qtime or (job.retry == 0 and job.flags & DELIVERED):
             if job.retry == 0:
                 # Callers set qtime for the one enqueue of an at-most-once job; once
@@ -519,11 +537,17 @@ class Lifecycle:
         job.qtime = now + (delay or retry) * 1000
         if opts.max_attempts:
             job.set_attempts(opts.max_attempts, queue + b"-dead" if opts.dead_letter is None else opts.dead_letter)
+        if opts.after:
+            job.hold(opts.after, opts.on_parent_fail)
         if additional:
-            return self.replicas.start(client, job, additional, opts.timeout, opts.is_async, extrepl, zones, minrepl)
-        self.register(job, timer=False)
-        self.queue_new_job(job)
-        return Status(job_id)
+            reply = self.replicas.start(client, job, additional, opts.timeout, opts.is_async, extrepl, zones, minrepl)
+        else:
+            self.register(job, timer=False)
+            self.queue_new_job(job)
+            reply = Status(job_id)
+        if opts.after and job_id in self.jobs:  # (not with external replication: its copies are elsewhere)
+            self.deps.hold(job)
+        return reply
 
     def _replicas(self, repl: int, minrepl: int, extrepl: bool) -> tuple[int, bool]:
         """How many other nodes a new job of level `repl` goes to; with
@@ -687,6 +711,8 @@ class Lifecycle:
     def delete_everywhere(self, job: Job) -> None:
         """Delete `job` here and on every node that holds it (no ACK: nobody waiting for it counts it)."""
         self.out.broadcast(job.nodes_delivered, m.DelJob(job.id, acked=False))
+        if self.deps.watchers or self.deps.held:
+            self.deps.settled(job.id, False)
         self.delete_job(job)
 
     def move_job(

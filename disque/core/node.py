@@ -24,6 +24,7 @@ routes the inputs to them.
   core/groups.py, core/handlers.py: the cluster's job messages and the
   other concerns, built on the lifecycle
 * core/schedules.py  recurring jobs: the schedules, and who fires each tick
+* core/dependencies.py  jobs that wait for jobs (ADDJOB ... AFTER)
 * core/redrives.py   paced dead-letter moves (DEADLETTER ... RATE)
 * core/read_behind.py  jobs on disk, behind the job store (`jobs.spilled`)
 
@@ -61,6 +62,7 @@ from disque.core.replay import Replay
 from disque.core.replication import Replication
 from disque.core.redrives import Redrives
 from disque.core.schedules import Schedules
+from disque.core.dependencies import Dependencies
 from disque.core.types import NIL_ARRAY, BodyStore, Clock, Command, Connection, Host, Stats
 from disque.store.aof import AofStatus
 from disque.store.collected import Collected
@@ -121,7 +123,8 @@ class NodeCore:
         self.groups = Groups(life, self.out, self.memory, self.blocking)
         self.schedules = Schedules(life, now, clock)
         self.redrives = Redrives(life)
-        life.bind(self.groups, self.acks, self.items, self.replication, self.blocking, self.federation)
+        self.deps = Dependencies(life)
+        life.bind(self.groups, self.acks, self.items, self.replication, self.blocking, self.federation, self.deps)
         # Read-behind (core/read_behind.py) sits behind the job store; kept here for the shell and INFO.
         self.read_behind: ReadBehind | NoReadBehind = read_behind.install(life, bodies, config.read_behind)
         self.gate = Gate(config, clock, self.stats, life, self.out, self.memory, self.blocking, self.jobs.spilled)
@@ -147,6 +150,8 @@ class NodeCore:
             m.GroupFlush: self.groups.on_group_flush,
             m.SchedSet: self.schedules.on_sched_set,
             m.Ticked: self.schedules.on_ticked,
+            m.Depend: self.deps.on_depend,
+            m.Settled: self.deps.on_settled,
         }
 
     @property
@@ -220,6 +225,7 @@ class NodeCore:
         self.federation.cron()
         self.groups.cron()
         self.schedules.cron()
+        self.deps.cron()
         self.redrives.cron()
         self.jobs.spilled.cron()
         self.memory.collect_idle_queues()

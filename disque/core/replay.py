@@ -10,7 +10,8 @@ group's progress; `SCHEDULE` and `SCHEDTICK` restore the schedules and
 the latest tick each is known to have fired; `RESULT` a job's result
 (store/results.py: the first one known wins).  The first record of a job wins, except that a later one
 carrying `not_before` (written by NACK ... DELAY) brings its counters and
-that requeue time.  Jobs stored `queued` are re-queued once, at the end
+that requeue time, and a later one without the parents the first waited
+for (core/dependencies.py: released since) replaces it.  Jobs stored `queued` are re-queued once, at the end
 (`finish`/`requeue`), only when the file is trusted: `trust_queued`
 (aof-enqueue-jobs-once) or a CLEANSHUTDOWN marker as the very last record.
 
@@ -91,6 +92,9 @@ class Replay:
             return
         not_before = job.qtime if job.flags & NACKED else 0
         known = life.jobs.get(job.id)
+        if known is not None and known.parents and not job.parents:  # released since (core/dependencies.py): the later record wins
+            life.delete_job(known, log=False)
+            known = None
         if known is not None:
             self.duplicates += 1  # the first record wins, but for what a NACK ... DELAY or ERROR logged
             if job.failure or not_before:

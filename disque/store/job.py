@@ -74,7 +74,7 @@ TRANSITIONS: dict[State, dict[str, State]] = {
 DEFAULT_PRIORITY: Final = 5  # ADDJOB PRIORITY's default, and that of a frame or record without one
 MAX_PRIORITY: Final = 9
 
-RARE_BYTES: Final = 96  # a Rare record (GC header included)
+RARE_BYTES: Final = 112  # a Rare record (GC header included)
 FAILURE_BYTES: Final = 104  # a Failure tuple of six (GC header included), beside its strings
 
 
@@ -84,9 +84,11 @@ class Rare:
     before `dead_letter`, the queue a job out of attempts moves to; `origin`,
     a dead-lettered copy's former ID; `failure`, the last failure a
     consumer reported (store/failure.py); and `gc_retry`, the ACK garbage
-    collector's attempts so far."""
+    collector's attempts so far; `parents`, the jobs not yet acknowledged
+    that ADDJOB ... AFTER holds this one for, and `on_parent_fail`, what a
+    parent that fails does to it (core/dependencies.py)."""
 
-    __slots__ = ("delay", "nacks", "max_attempts", "dead_letter", "origin", "failure", "gc_retry")
+    __slots__ = ("delay", "nacks", "max_attempts", "dead_letter", "origin", "failure", "gc_retry", "parents", "on_parent_fail")
 
     def __init__(self) -> None:
         self.delay = 0
@@ -96,6 +98,8 @@ class Rare:
         self.origin = b""
         self.failure: Failure | tuple[()] = NO_FAILURE
         self.gc_retry = 0
+        self.parents: tuple[bytes, ...] = ()
+        self.on_parent_fail = 0
 
 
 class Job:
@@ -124,6 +128,8 @@ class Job:
         origin: bytes = b"",
         priority: int = DEFAULT_PRIORITY,
         failure: Failure | tuple[()] = NO_FAILURE,
+        parents: tuple[bytes, ...] = (),
+        on_parent_fail: int = 0,
     ) -> None:
         self.id = id
         self.queue = queue
@@ -149,6 +155,8 @@ class Job:
             )
         if failure:
             self._rare().failure = failure
+        if parents:
+            self.hold(parents, on_parent_fail)
 
     def _rare(self) -> Rare:
         if self.rare is None:
@@ -200,6 +208,19 @@ class Job:
         if value or self.rare is not None:
             self._rare().gc_retry = value
 
+    @property
+    def parents(self) -> tuple[bytes, ...]:
+        """The parents this job still waits for (core/dependencies.py)."""
+        return self.rare.parents if self.rare is not None else ()
+
+    @property
+    def on_parent_fail(self) -> int:
+        return self.rare.on_parent_fail if self.rare is not None else 0
+
+    def hold(self, parents: tuple[bytes, ...], on_parent_fail: int) -> None:
+        rare = self._rare()
+        rare.parents, rare.on_parent_fail = parents, on_parent_fail
+
     def set_attempts(self, max_attempts: int, dead_letter: bytes) -> None:
         rare = self._rare()
         rare.max_attempts, rare.dead_letter = max_attempts, dead_letter
@@ -228,6 +249,7 @@ class Job:
             "ctime": self.ctime, "delay": self.delay, "retry": self.retry, "nacks": self.nacks,
             "deliv": self.deliv, "queue": self.queue, "body": self.body, "nodes_delivered": self.nodes_delivered,
             "max_attempts": self.max_attempts, "dead_letter": self.dead_letter, "origin": self.origin,
+            "parents": self.parents, "on_parent_fail": self.on_parent_fail,
         }  # fmt: skip
 
     def move(self, event: str) -> None:

@@ -13,6 +13,10 @@ rules the bus and the AOF apply.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
+
+MAX_PARENTS: Final = 1000  # ADDJOB ... AFTER names at most this many jobs
+ON_PARENT_FAIL: Final = ("fail", "run", "drop")  # ON-PARENT-FAIL's choices, by their code in a job (core/dependencies.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,3 +34,5 @@ class JobOptions:
     priority: int | None = None  # PRIORITY 0-9 (the queue's by default)
     minrepl: int | None = None  # MINREPL (docs/replication.md)
     job_id: bytes | None = None  # a schedule's tick brings its own ID (core/schedules.py)
+    after: tuple[bytes, ...] = ()  # AFTER: the jobs this one waits for (core/dependencies.py)
+    on_parent_fail: int = 0  # ON-PARENT-FAIL, its code in ON_PARENT_FAIL

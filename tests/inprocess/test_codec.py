@@ -26,7 +26,7 @@ from disque.cluster.messages import (
     DelJob, Enqueue, Fail, GossipEntry, GotAck, GotJob, GotJobs, Header, Meet, Message,
     NeedJobs, Pause, Ping, Pong, Queued, ReplJob, ReplJobs, SetAck, WillQueue, Working, Fanout, GroupSet, Claim, Claimed,
     GroupAck, GroupFlush, NeedEvent, YourEvent, NewEvent,
-    WaitEntry, Waiting, YourJobs, SchedSet, Ticked,
+    WaitEntry, Waiting, YourJobs, SchedSet, Ticked, Depend, Settled,
 )  # fmt: skip
 from disque.store import schedule
 from disque.store.ids import new_job_id
@@ -71,6 +71,8 @@ def jobs(draw: st.DrawFn) -> Job:
         deliv=draw(uints),
         nodes_delivered=tuple(draw(st.lists(node_ids, unique=True, max_size=4))),
         priority=draw(st.integers(0, 9)),
+        parents=tuple(draw(st.lists(job_ids, unique=True, max_size=3))),
+        on_parent_fail=draw(st.integers(0, 2)),
     )
 
 
@@ -107,6 +109,8 @@ MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     Waiting: st.builds(Waiting, st.lists(st.builds(WaitEntry, blobs, uints), min_size=1, max_size=3).map(tuple)),
     SchedSet: st.builds(lambda name, body: SchedSet(schedule.encode(schedule.Schedule(b"n" + name, 1, "a", b"q", body, 1000))), blobs, blobs),
     Ticked: st.builds(Ticked, blobs, uints, node_ids),
+    Depend: st.builds(Depend, st.lists(job_ids, min_size=1, max_size=5).map(tuple)),
+    Settled: st.builds(Settled, job_ids, st.booleans(), st.binary(max_size=64)),
 }
 frames = st.tuples(headers, st.one_of(*MESSAGES.values()))
 one_of_each = st.tuples(*(st.tuples(headers, s) for s in MESSAGES.values())).map(list)
@@ -595,7 +599,7 @@ def test_jobs_that_came_with_the_same_delivery_list_share_its_checked_tuple() ->
 def test_a_jobs_fields_are_what_the_job_forms_carry() -> None:
     job = Job(GOOD_ID, b"q", b"b", flags=DELIVERED | BCAST_QUEUED | IN_LIST, max_attempts=3, dead_letter=b"d")
     fields = job.fields(WIRE_FLAGS & ~DELIVERED)
-    assert list(fields) == [f.name for f in records._JOB_COMMON]
+    assert list(fields) == [f.name for f in records._JOB_COMMON + records._DEPENDS]
     assert fields["flags"] == BCAST_QUEUED and (fields["max_attempts"], fields["dead_letter"]) == (3, b"d")
 
 
@@ -618,6 +622,8 @@ BAD_JOB_FIELDS = [
     ("queue", "q"),
     ("nodes_delivered", "a" * 40),
     ("nodes_delivered", ("A" * 40,)),
+    ("parents", (b"x" * 48,)),
+    ("on_parent_fail", 3),
 ]
 
 

@@ -29,8 +29,7 @@ from disque.client import Client, Job
 from disque.client.protocol import failure_args
 from disque.store.failure import LIMITS
 from disque.testing.devcluster import NodeProcess
-from disque.client.worker import App, Backoff, Handler, LogFormatter, Worker, job_result, load_app
-from disque.store.results import MAX_RESULT_BYTES
+from disque.client.worker import MAX_RESULT_BYTES, App, Backoff, Handler, LogFormatter, Worker, job_result, load_app
 
 BACKENDS = ["asyncio", "trio"]
 NO_JOB = "DI" + "0" * 44 + "SQ"

@@ -39,7 +39,7 @@ from disque.core.schedules import MIN_EVERY, check_cron
 from disque.store.failure import Failure, problem as failure_problem
 from disque.store.schedule import Schedule, broken_rule
 from disque.store.job import DEFAULT_PRIORITY, MAX_PRIORITY, STATE_BY_NAME, STATE_NAMES, Job, State
-from disque.store.job_options import JobOptions
+from disque.store.job_options import MAX_PARENTS, ON_PARENT_FAIL, JobOptions
 from disque.store.queue import PAUSE_IN, PAUSE_NAMES, PAUSE_OUT, Queue
 from disque.store.results import problem as result_problem
 
@@ -101,6 +101,8 @@ def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> 
     values: list[int | None] = [None] * len(ADDJOB_OPTS)  # None: not given
     is_async = False
     dead_letter = None
+    after: list[bytes] = []
+    on_parent_fail = None
     n = len(argv)
     while i < n:
         spec = _ADDJOB_OPTS_UPPER.get(argv[i])
@@ -117,6 +119,12 @@ def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> 
         elif opt == b"deadletter" and i + 1 < n:
             dead_letter = argv[i + 1]
             i += 2
+        elif opt == b"after" and i + 1 < n:  # repeated, one parent each (docs/workflows.md)
+            after.append(argv[i + 1])
+            i += 2
+        elif opt == b"on-parent-fail" and i + 1 < n:
+            on_parent_fail = argv[i + 1].lower().decode("latin-1")
+            i += 2
         else:
             raise errors.syntax()
     timeout = 0 if raw_timeout is None else parse_timeout(raw_timeout)
@@ -124,8 +132,22 @@ def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> 
     if dead_letter is not None and max_attempts is None:
         raise err("DEADLETTER needs MAXATTEMPTS")
     return JobOptions(
-        timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter, zones, priority, minrepl
+        timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter, zones, priority, minrepl,
+        after=_parents(after, on_parent_fail) if after or on_parent_fail is not None else (),
+        on_parent_fail=ON_PARENT_FAIL.index(on_parent_fail) if on_parent_fail in ON_PARENT_FAIL else 0,
     )
+
+
+def _parents(after: list[bytes], on_parent_fail: str | None) -> tuple[bytes, ...]:
+    """ADDJOB's AFTER IDs, each listed once, and its ON-PARENT-FAIL, checked."""
+    if not after:
+        raise err("ON-PARENT-FAIL needs AFTER")
+    if on_parent_fail is not None and on_parent_fail not in ON_PARENT_FAIL:
+        raise err("ON-PARENT-FAIL must be fail, run or drop")
+    parents = tuple(dict.fromkeys(job_ids(after)))
+    if len(parents) > MAX_PARENTS:
+        raise err(f"AFTER names at most {MAX_PARENTS} jobs")
+    return parents
 
 
 @command("addjob", -4, "wmF")
@@ -188,6 +210,8 @@ def _schedule_add(node: NodeCore, argv: list[bytes]) -> Any:
         check_cron(cron, tz)
     if o.minrepl is not None:
         raise err("MINREPL does not apply to SCHEDULE: a tick's job never waits for its copies")
+    if o.after:
+        raise err("AFTER does not apply to SCHEDULE: a tick's job waits for no other job")
     check_job_options(o.repl or 3, o.retry, o.delay or 0, o.ttl or 86400)
     check_size(argv[4], node.lifecycle.settings)
     if o.zones is not None and o.zones > (o.repl or 3):
@@ -488,6 +512,7 @@ def show(node: NodeCore, job: Job) -> Map:
         + ([(b"dead-letter-of", job.origin)] if job.origin else [])
         + ([(b"dead-letter-from", job.dead_letter)] if job.origin and job.dead_letter else [])
         + failure_fields(job)
+        + ([(b"waits-for", list(job.parents)), (b"on-parent-fail", ON_PARENT_FAIL[job.on_parent_fail])] if job.parents else [])
     )
 
 
