@@ -145,8 +145,6 @@ class Dependencies:
         if not acked and policy != RUN:
             if policy == FAIL and child.state == State.ACTIVE and self._first(child):
                 life.set_failure(child, Failure(b"ParentFailed", b"job %s went unacknowledged" % parent, b"", b"", 0, life.now))
-                if not child.dead_letter:
-                    child.set_attempts(child.max_attempts, child.queue + b"-dead")  # type: ignore[operator]
                 life.dead_letter_job(child)
             else:
                 life.delete_job(child)
@@ -160,7 +158,7 @@ class Dependencies:
         if self._first(child):
             child.qtime = life.now
             life.enqueue(child)
-        elif child.retry:  # the others' timers, as for any copy (adopt)
+        else:  # the others' timers, as for any copy (adopt; a RETRY 0 job has one copy, whose node comes first)
             child.flags |= BCAST_WILLQUEUE
             child.qtime = life.now + child.retry * 1000 + life.jitter()
             life.reschedule(child)

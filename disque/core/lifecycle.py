@@ -670,10 +670,12 @@ class Lifecycle:
         (NACK ... ERROR) and `origin` the old ID.  The copy keeps, for
         DEADLETTER REQUEUE, the job's MAXATTEMPTS and the queue it came from
         (as `dead_letter`: a copy is never dead-lettered again,
-        `_last_attempt`)."""
+        `_last_attempt`).  A job without MAXATTEMPTS (one whose parent
+        failed: core/dependencies.py) goes to `<queue>-dead`."""
         self.queue(job.queue).dead_lettered += 1  # type: ignore[arg-type]
         self.stats.dead_lettered += 1
-        self.move_job(job, job.dead_letter, job.nacks, job.deliv, job.max_attempts, job.queue, job.id, job.failure)  # type: ignore[arg-type]
+        to = job.dead_letter or job.queue + b"-dead"  # type: ignore[operator]
+        self.move_job(job, to, job.nacks, job.deliv, job.max_attempts, job.queue, job.id, job.failure)  # type: ignore[arg-type]
 
     def dead_letters(self, name: bytes, count: int, selection: DeadLetterFilter) -> list[Job]:
         """DEADLETTER LIST (an extension, docs/commands.md): at most `count`
