@@ -535,6 +535,8 @@ class _Base:
         dead_letter: str | None = None,
         asynchronous: bool = False,
         priority: int | None = None,
+        after: Iterable[str] = (),
+        on_parent_fail: str | None = None,
     ) -> Ops[str]:
         """ADDJOB; returns the job ID.  `timeout_ms` bounds synchronous
         replication (30 s by default, 0: wait for ever; docs/client.md), past
@@ -542,7 +544,9 @@ class _Base:
         MINREPL (the server's defaults if None: docs/replication.md); after
         `max_attempts` failed deliveries the job moves to the `dead_letter`
         queue (the server's default one if None); a higher `priority` (0-9,
-        the queue's default if None) is served first.  A body over the
+        the queue's default if None) is served first; `after`: the IDs of
+        the jobs this one waits for, `on_parent_fail` (fail, run or drop)
+        what one that fails does to it (docs/workflows.md).  A body over the
         client's `max_job_size` is refused before it is sent."""
         self._check_size(body)
         options = _options(
@@ -550,6 +554,10 @@ class _Base:
             replicate=replicate, minrepl=minrepl, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
             maxattempts=max_attempts, deadletter=dead_letter, priority=priority,
         )  # fmt: skip
+        for parent in after:
+            options += ["AFTER", parent]
+        if on_parent_fail is not None:
+            options += ["ON-PARENT-FAIL", on_parent_fail]
 
         def send(body: str | bytes) -> Ops[str]:
             return self._add_job(["ADDJOB", queue, body, timeout_ms, *options], timeout_ms)

@@ -30,6 +30,7 @@ from disque.client import (
     encode_command,
     parse_address,
 )
+from disque.client.canvas import chain, chord, group, job
 from disque.testing.devcluster import NodeProcess, command, free_port
 
 ID = re.compile(r"DI[0-9a-f]{8}[0-9a-f]{32}[0-9a-f]{4}SQ")
@@ -177,6 +178,26 @@ def test_ack_with_a_result_and_reading_it_back(client: Client, queue: str) -> No
     assert client.wait_results(a, b, timeout_ms=50) == (1, [b"done", None])
     with pytest.raises(DisqueReplyError, match="longer than"):
         client.ack(b, result=b"x" * 20_000)
+
+
+def test_add_job_after_and_the_canvas(client: Client, queue: str) -> None:
+    def run_all() -> list[bytes]:
+        """The jobs queued now, acknowledged with their bodies in upper case as their results."""
+        jobs = client.get_jobs(queue, count=100, nohang=True)
+        for done in jobs:
+            client.ack(done.id, result=done.body.upper())
+        return sorted(done.body for done in jobs)
+
+    first = client.add_job(queue, "first")
+    second = client.add_job(queue, "second", after=[first], on_parent_fail="drop")
+    info = client.show(second)
+    assert info is not None and info.state == "active"
+    assert run_all() == [b"first"] and run_all() == [b"second"]
+    tails = chain(job(queue, "a"), group([job(queue, "b1"), job(queue, "b2")]), job(queue, "c")).send(client)
+    assert run_all() == [b"a"] and run_all() == [b"b1", b"b2"] and run_all() == [b"c"]
+    assert client.wait_results(*tails) == (1, [b"C"])
+    (end,) = chord([job(queue, f"h{i}") for i in range(3)], job(queue, "sum")).send(client)
+    assert run_all() == [b"h0", b"h1", b"h2"] and run_all() == [b"sum"] and client.result(end) == b"SUM"
 
 
 def test_nack_enqueue_dequeue_and_working(client: Client, queue: str) -> None:
