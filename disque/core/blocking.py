@@ -118,17 +118,20 @@ class Blocking:
         none) have passed; `with_results`: that number and the result kept
         for each ID (`waited`).  A job that goes without an acknowledgement
         (expired, deleted, dead-lettered) stops being waited for and is not
-        counted.  An ID this node does not know is -NOJOB: ask a node that
-        holds the jobs."""
+        counted.  An ID this node does not know (nor keeps a result for) is
+        -NOJOB: ask a node that holds the jobs."""
         life = self.life
         acked, pending = 0, set()
         ids = list(dict.fromkeys(ids))
         for job_id in ids:
             job = life.jobs.get(job_id)
             if job is None:
-                if job_id not in life.collected:
+                if job_id in life.collected:
+                    acked += life.collected.acked(job_id)
+                elif life.results.get(job_id, life.now) is not None:
+                    acked += 1  # collected long ago, or before a restart: its result says it was acknowledged
+                else:
                     raise errors.nojob()
-                acked += life.collected.acked(job_id)
             elif job.state == S_ACKED:
                 acked += 1
             else:

@@ -28,6 +28,8 @@ def test_ackjob_keeps_the_result_after_the_job_is_collected(env):
     assert env.s("RESULT", job_id) == b"42"
     assert env.s("WAITJOB", job_id, "WITHRESULTS") == [1, [b"42"]]
     assert env.s("WAITJOB", job_id) == 1
+    env.core.collected.clear()  # forgotten (a restart): its result still says it was acknowledged
+    assert env.s("WAITJOB", job_id, "WITHRESULTS") == [1, [b"42"]]
     env.check()
 
 
