@@ -58,7 +58,7 @@ def check_workflows(history: Iterable[Record]) -> WorkflowsResult:
             acks_in_flight[r["process"]] = r
         elif op == ACK and kind == OK:
             invoked = acks_in_flight.pop(r["process"])
-            acked.setdefault(invoked["job"], invoked["value"]["result"])
+            acked.setdefault(invoked["job"], (invoked["value"] or {}).get("result"))  # (an ACK of another workload: none)
         elif op == TAKE and kind == OK:
             job = r["job"]
             delivered.setdefault(job, r["time"])
@@ -68,7 +68,7 @@ def check_workflows(history: Iterable[Record]) -> WorkflowsResult:
         elif op == RESULT and kind == OK:
             reads.setdefault(r["job"], []).append(r["value"])
     stuck = [c for c, parents in parents_of.items() if all(p in acked for p in parents) and c not in delivered]
-    lost = [job for job in acked if job in reads and acked[job] not in reads[job]]
+    lost = [job for job, kept in acked.items() if kept is not None and job in reads and kept not in reads[job]]
     wrong = [job for job, got in reads.items() if job in acked and any(v is not None and v != acked[job] for v in got)]
     result = WorkflowsResult()
     result._note("early", early)

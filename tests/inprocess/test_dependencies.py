@@ -203,3 +203,17 @@ def test_a_child_whose_copies_are_being_made_is_queued_once_they_are():
     mesh.advance(3_000)
     child = added(mesh.reply(client))
     assert len(queued_on(mesh, child)) == 1
+
+
+def test_every_holder_of_a_parent_tells_its_watchers():
+    """A parent with two copies: the holder that hears of a FASTACK through
+    DELJOB tells the child's node too (SETTLED twice changes nothing)."""
+    mesh = formed(3)
+    parent = added(mesh.reply(mesh.call(0, "ADDJOB", "q", "p", 5000, "REPLICATE", 2)))
+    (other,) = set(holders(mesh, parent)) - {0}
+    child_node = ({0, 1, 2} - {0, other}).pop()
+    child = added(mesh.call(child_node, "ADDJOB", "kids", "c", 0, "REPLICATE", 1, "AFTER", parent))
+    assert mesh.core(other).deps.watchers[parent] == {mesh.my_id(child_node)}
+    mesh.lose_next(child_node, m.Settled)  # node 0's news is lost: the other holder's reaches it
+    assert mesh.call(0, "FASTACK", parent) == 1
+    assert holders(mesh, child) == {child_node: "queued"} and parent not in mesh.core(other).deps.watchers
