@@ -65,6 +65,7 @@ class Dependencies:
         self.held: dict[bytes, set[bytes]] = {}  # parent ID -> the children held here that wait for it
         self.watchers: dict[bytes, set[str]] = {}  # parent ID held here -> the nodes that asked about it
         self._last_ask = 0
+        self.released = self.failed = 0  # INFO workflows: children released here, parents that failed one
 
     def hold(self, job: Job) -> None:
         """A child with parents is held here (new, or a copy adopted)."""
@@ -142,6 +143,8 @@ class Dependencies:
         """One of `child`'s parents was acknowledged, or failed (`acked` False)."""
         life = self.life
         policy = child.on_parent_fail
+        if not acked:
+            self.failed += 1
         if not acked and policy != RUN:
             if policy == FAIL and child.state == State.ACTIVE and self._first(child):
                 life.set_failure(child, Failure(b"ParentFailed", b"job %s went unacknowledged" % parent, b"", b"", 0, life.now))
@@ -152,6 +155,7 @@ class Dependencies:
         child.hold(tuple(p for p in child.parents if p != parent), policy)
         if child.parents:
             return
+        self.released += 1
         if child.state == State.WAIT_REPL:
             child.qtime = life.now  # queued by its creator once its copies are made
             return
@@ -163,6 +167,15 @@ class Dependencies:
             child.qtime = life.now + child.retry * 1000 + life.jitter()
             life.reschedule(child)
         life.out.aof_loadjob(child)
+
+    def info_fields(self) -> list[tuple[str, int]]:
+        """INFO workflows (docs/workflows.md)."""
+        life = self.life
+        held = {c for children in self.held.values() for c in children if (job := life.jobs.peek(c)) is not None and job.parents}
+        return [
+            ("jobs_held", len(held)), ("jobs_released", self.released), ("parents_failed", self.failed),
+            ("parents_watched", len(self.watchers)), ("results_kept", len(life.results)), ("results_bytes", life.results.size),
+        ]
 
     def _first(self, child: Job) -> bool:
         """Whether this node comes first among the child's holders it sees up."""

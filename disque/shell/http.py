@@ -258,6 +258,12 @@ class NodeCollector:
                 sched["schedule_ticks_refused"])  # fmt: skip
         counter("schedule_records_dropped", "Schedule records from the bus or the AOF that broke a rule, dropped alone.",
                 sched["schedule_records_dropped"])  # fmt: skip
+        flows = fig["workflows"]  # INFO workflows (docs/workflows.md)
+        gauge("jobs_held", "Jobs held here until their parents are acknowledged (ADDJOB ... AFTER).", flows["jobs_held"])
+        counter("jobs_released", "Held jobs whose last parent was acknowledged here.", flows["jobs_released"])
+        counter("parents_failed", "Parents that expired or were dead-lettered with a child held here.", flows["parents_failed"])
+        gauge("results_kept", "Results of acknowledged jobs kept (ACKJOB ... RESULT).", flows["results_kept"])
+        gauge("results_bytes", "Bytes of the results kept.", flows["results_bytes"])
         return out
 
     @staticmethod

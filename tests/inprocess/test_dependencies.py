@@ -217,3 +217,16 @@ def test_every_holder_of_a_parent_tells_its_watchers():
     mesh.lose_next(child_node, m.Settled)  # node 0's news is lost: the other holder's reaches it
     assert mesh.call(0, "FASTACK", parent) == 1
     assert holders(mesh, child) == {child_node: "queued"} and parent not in mesh.core(other).deps.watchers
+
+
+def test_info_workflows_counts_held_released_and_failed(env):
+    a, b = env.add("q", "a"), env.add("q", "b", "TTL", 5)
+    env.add("q", "c", "AFTER", a)
+    env.add("q", "d", "AFTER", b, "ON-PARENT-FAIL", "run")
+    info = env.core.deps.info_fields()
+    assert dict(info)["jobs_held"] == 2 and b"jobs_held:2" in env.s("INFO", "workflows")
+    fetch_ack(env, result="ra")
+    env.wait(6_000)
+    assert dict(env.core.deps.info_fields()) == {
+        "jobs_held": 0, "jobs_released": 2, "parents_failed": 1, "parents_watched": 0, "results_kept": 1, "results_bytes": 2,
+    }

@@ -154,10 +154,12 @@ SECTIONS = {
     "federation": ("Federation", lambda node, proc: node.federation.info_fields()),
     # Recurring jobs (docs/schedules.md); per schedule: SCHEDULE SHOW.
     "schedules": ("Schedules", lambda node, proc: node.schedules.info_fields()),
+    # Jobs that wait for jobs, and results (docs/workflows.md).
+    "workflows": ("Workflows", lambda node, proc: node.deps.info_fields()),
     # Queues larger than memory (docs/read-behind.md); off: `read_behind:no` only.
     "read-behind": ("Read-behind", lambda node, proc: node.read_behind.info_fields()),
 }
-EXTRA = ("security", "commandstats", "kestrel", "groups", "read-behind", "federation", "schedules")  # shown by INFO <section> and INFO all only
+EXTRA = ("security", "commandstats", "kestrel", "groups", "read-behind", "federation", "schedules", "workflows")  # shown by INFO <section> and INFO all only
 
 
 def info(node: NodeCore, section: str) -> bytes:
