@@ -44,7 +44,7 @@ class WorkflowsResult(Result):
 def check_workflows(history: Iterable[Record]) -> WorkflowsResult:
     parents_of: dict[str, list[str]] = {}  # child -> its parents
     ack_sent: dict[str, int] = {}  # job -> when its first ACKJOB was sent
-    acked: dict[str, str] = {}  # job -> the result of an answered ACKJOB
+    acked: dict[str, str | None] = {}  # job -> the result of an answered ACKJOB (None: none)
     acks_in_flight: dict[Any, Record] = {}  # process -> its ACKJOB invoke
     delivered: dict[str, int] = {}  # job -> when first delivered
     early: list[str] = []
