@@ -38,7 +38,7 @@ import msgpack
 from disque.cluster.messages import (
     Claim, Claimed, DelJob, Enqueue, Fail, Fanout, GossipEntry, GotAck, GotJob, GotJobs, GroupAck, GroupFlush, GroupSet,
     Header, Meet, Message, NeedEvent, NeedJobs, NewEvent, Pause, Ping, Pong, Queued, ReplJob, ReplJobs, SetAck, WaitEntry,
-    Waiting, WillQueue, Working, YourEvent, YourJobs, SchedSet, Ticked, Depend, Settled, valid_zone,
+    Waiting, WillQueue, Working, YourEvent, YourJobs, SchedSet, Ticked, Depend, Settled, BatchSet, valid_zone,
 )  # fmt: skip
 from disque.store.records import (  # the pieces of the field tables
     _BITS, _FAILURE, _PORT, _UINT, Check, DecodeError, _ArrayLoader, _ArrayPacker, _bool, _bytes, _dump_wire_job, _Each, _Field,
@@ -247,6 +247,7 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("TICKED", Ticked, (_Field("name", "n", _bytes), _Field("tick", "k", _UINT), _Field("node", "o", _node_id))),
     ("DEPEND", Depend, (_Field("ids", "i", _ListOf(_job_id, 1)),)),
     ("SETTLED", Settled, (_ID, _Field("acked", "ak", _bool), _RESULT)),
+    ("BATCHSET", BatchSet, (_Field("record", "r", _bytes),)),  # the record is checked alone: house rule 5
 )
 _KINDS = tuple(_Kind(code, *row) for code, row in enumerate(_ROWS, 1))
 _BY_NAME: Final = {k.name: k for k in _KINDS}

@@ -44,7 +44,7 @@ LEAVING: Final = 128
 # never gets one (rolling upgrades, spec/cluster.md §2.3).
 FEATURE_WAITING: Final = 1  # WAITING (core/federation.py)
 FEATURE_SCHEDULES: Final = 2  # SCHEDSET and TICKED (core/schedules.py)
-FEATURE_BATCHES: Final = 16  # DEPEND and SETTLED (core/dependencies.py)
+FEATURE_BATCHES: Final = 16  # DEPEND and SETTLED (core/dependencies.py), BATCHSET (core/batches.py)
 FEATURES: Final = FEATURE_WAITING | FEATURE_SCHEDULES | FEATURE_BATCHES  # this node's
 
 ZONE_MAX_LEN: Final = 64
@@ -340,9 +340,17 @@ class Settled:
     result: bytes = b""
 
 
+@dataclass(frozen=True, slots=True)
+class BatchSet:
+    """A batch's whole record (store/batch.py's form, checked by the core,
+    which drops a bad one alone), merged by union (core/batches.py)."""
+
+    record: bytes
+
+
 Message = (
     Ping | Pong | Meet | Fail | ReplJob | ReplJobs | GotJob | GotJobs | Enqueue | Queued | Working
     | WillQueue | SetAck | GotAck | DelJob | NeedJobs | YourJobs | Pause | Fanout
     | GroupSet | Claim | GroupAck | Claimed | NeedEvent | YourEvent | NewEvent | GroupFlush | Waiting
-    | SchedSet | Ticked | Depend | Settled
+    | SchedSet | Ticked | Depend | Settled | BatchSet
 )  # fmt: skip

@@ -94,8 +94,7 @@ class Acks:
             return False
         self.out.broadcast(job.nodes_delivered, m.DelJob(job_id))
         self.waits.settle_waits(job_id, True)
-        if life.deps.watchers or life.deps.held:
-            life.deps.settled(job_id, True)
+        life.finished(job, True)
         life.delete_job(job)
         life.collected.remember(job_id, life.now)  # acknowledged: a late REPLJOB must not revive it
         return True
@@ -108,8 +107,7 @@ class Acks:
         was_active = job.state == S_ACTIVE
         job.move(ACK)
         self.waits.settle_waits(job.id, True)
-        if life.deps.watchers or life.deps.held:
-            life.deps.settled(job.id, True)
+        life.finished(job, True)
         job.nodes_confirmed = None
         if was_active:  # pragma: no branch - callers make a wait-repl job active first (achieved)
             self.out.aof_deljob(job)
@@ -183,8 +181,7 @@ class Acks:
         job = life.jobs.get(msg.id)
         if job is not None:
             self.waits.settle_waits(msg.id, msg.acked)  # a FASTACK or the end of a GC; or not (dead-lettered, aborted)
-            if life.deps.watchers or life.deps.held:
-                life.deps.settled(msg.id, msg.acked)
+            life.finished(job, msg.acked)
             life.delete_job(job)
         life.collected.remember(msg.id, life.now, msg.acked)
 

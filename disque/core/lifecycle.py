@@ -160,6 +160,11 @@ class Collector(Protocol):  # ACK garbage collection and results (core/acks.py)
     def keep_result(self, job_id: bytes, queue: bytes | None, result: bytes) -> None: ...
 
 
+class Batcher(Protocol):  # batches (core/batches.py)
+    def add(self, batch_id: bytes, job_id: bytes) -> None: ...
+    def finished(self, job: Job, acked: bool) -> None: ...
+
+
 class Dependents(Protocol):  # jobs that wait for jobs (core/dependencies.py)
     watchers: dict[bytes, set[str]]
     held: dict[bytes, set[bytes]]
@@ -199,6 +204,7 @@ class Lifecycle:
     collector: Collector
     kestrel: Kestrel
     deps: Dependents
+    batches: Batcher
     replicas: Replicas
     consumers: Consumers
     wanted: Wanted
@@ -220,9 +226,9 @@ class Lifecycle:
 
     def bind(
         self, events: Events, collector: Collector, kestrel: Kestrel, replicas: Replicas, consumers: Consumers,
-        wanted: Wanted, deps: Dependents,
+        wanted: Wanted, deps: Dependents, batches: Batcher,
     ) -> None:  # fmt: skip
-        self.events, self.collector, self.kestrel, self.deps = events, collector, kestrel, deps
+        self.events, self.collector, self.kestrel, self.deps, self.batches = events, collector, kestrel, deps, batches
         self.replicas, self.consumers, self.wanted = replicas, consumers, wanted
 
     # ------------------------------------------------------------ draws
@@ -344,6 +350,16 @@ class Lifecycle:
         if job.flags & EVENT:
             self.events.drop_event(job)
 
+    def finished(self, job: Job, acked: bool) -> None:
+        """`job` was acknowledged here (or heard so), or went without that
+        (expired, dead-lettered, deleted everywhere): the jobs that wait for
+        it and its batch hear of it."""
+        deps = self.deps
+        if deps.watchers or deps.held:
+            deps.settled(job.id, acked)
+        if job.rare is not None and job.rare.batch:
+            self.batches.finished(job, acked)
+
     def abort_replication(self, job: Job) -> None:
         """A job that never reached its replication level: delete every copy."""
         job.move(ABORT)
@@ -377,8 +393,8 @@ class Lifecycle:
             if job.state == S_QUEUED:
                 self.queue(job.queue).expired += 1  # type: ignore[arg-type]
                 self.kestrel.expired(job)
-            if (self.deps.watchers or self.deps.held) and job.state != S_ACKED:
-                self.deps.settled(job.id, False)
+            if job.state != S_ACKED:
+                self.finished(job, False)
             self.delete_job(job)
             return
         state = job.state
@@ -539,6 +555,9 @@ class Lifecycle:
             job.set_attempts(opts.max_attempts, queue + b"-dead" if opts.dead_letter is None else opts.dead_letter)
         if opts.after:
             job.hold(opts.after, opts.on_parent_fail)
+        if opts.batch:
+            self.batches.add(opts.batch, job_id)  # counted before any copy can end
+            job.batch = opts.batch
         if additional:
             reply = self.replicas.start(client, job, additional, opts.timeout, opts.is_async, extrepl, zones, minrepl)
         else:
@@ -713,8 +732,7 @@ class Lifecycle:
     def delete_everywhere(self, job: Job) -> None:
         """Delete `job` here and on every node that holds it (no ACK: nobody waiting for it counts it)."""
         self.out.broadcast(job.nodes_delivered, m.DelJob(job.id, acked=False))
-        if self.deps.watchers or self.deps.held:
-            self.deps.settled(job.id, False)
+        self.finished(job, False)
         self.delete_job(job)
 
     def move_job(

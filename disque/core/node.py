@@ -25,6 +25,7 @@ routes the inputs to them.
   other concerns, built on the lifecycle
 * core/schedules.py  recurring jobs: the schedules, and who fires each tick
 * core/dependencies.py  jobs that wait for jobs (ADDJOB ... AFTER)
+* core/batches.py    batches and their callbacks (BATCH, ADDJOB ... BATCH)
 * core/redrives.py   paced dead-letter moves (DEADLETTER ... RATE)
 * core/read_behind.py  jobs on disk, behind the job store (`jobs.spilled`)
 
@@ -63,6 +64,7 @@ from disque.core.replication import Replication
 from disque.core.redrives import Redrives
 from disque.core.schedules import Schedules
 from disque.core.dependencies import Dependencies
+from disque.core.batches import Batches
 from disque.core.types import NIL_ARRAY, BodyStore, Clock, Command, Connection, Host, Stats
 from disque.store.aof import AofStatus
 from disque.store.collected import Collected
@@ -124,7 +126,8 @@ class NodeCore:
         self.schedules = Schedules(life, now, clock)
         self.redrives = Redrives(life)
         self.deps = Dependencies(life)
-        life.bind(self.groups, self.acks, self.items, self.replication, self.blocking, self.federation, self.deps)
+        self.batches = Batches(life, rng)
+        life.bind(self.groups, self.acks, self.items, self.replication, self.blocking, self.federation, self.deps, self.batches)
         # Read-behind (core/read_behind.py) sits behind the job store; kept here for the shell and INFO.
         self.read_behind: ReadBehind | NoReadBehind = read_behind.install(life, bodies, config.read_behind)
         self.gate = Gate(config, clock, self.stats, life, self.out, self.memory, self.blocking, self.jobs.spilled)
@@ -152,6 +155,7 @@ class NodeCore:
             m.Ticked: self.schedules.on_ticked,
             m.Depend: self.deps.on_depend,
             m.Settled: self.deps.on_settled,
+            m.BatchSet: self.batches.on_batch_set,
         }
 
     @property
@@ -189,7 +193,7 @@ class NodeCore:
         self.read_clock()
         return Replay(
             self.lifecycle, self.groups, self.settle, self.read_clock, trust_queued=trust_queued,
-            schedules=self.schedules,
+            schedules=self.schedules, batches=self.batches,
         )  # fmt: skip
 
     def end_load(self) -> None:
@@ -226,6 +230,7 @@ class NodeCore:
         self.groups.cron()
         self.schedules.cron()
         self.deps.cron()
+        self.batches.cron()
         self.redrives.cron()
         self.jobs.spilled.cron()
         self.memory.collect_idle_queues()
@@ -305,7 +310,8 @@ class NodeCore:
         return Snapshot(
             snapshot_jobs(self.jobs.values(), self.out.journaled),
             self.read_behind.snapshot(),
-            [*self.groups.snapshot_records(), *self.schedules.snapshot_records(), *self.acks.snapshot_records()],
+            [*self.groups.snapshot_records(), *self.schedules.snapshot_records(), *self.acks.snapshot_records(),
+             *self.batches.snapshot_records()],
         )
 
     def conf_dirty(self) -> bool:
@@ -386,13 +392,17 @@ class NodeCore:
             if peer.features & m.FEATURE_SCHEDULES:
                 for state in self.schedules.sync_messages():  # (another name: mypyc types `msg` by the loop above)
                     self.out.send_key(peer.key, state)
+            if peer.features & m.FEATURE_BATCHES:
+                for record in self.batches.sync_messages():
+                    self.out.send_key(peer.key, record)
 
     # ------------------------------------------------------------ flushing
 
     def flush_all(self) -> None:
-        """DEBUG FLUSHALL / CLUSTER RESET: every job, queue and result goes."""
+        """DEBUG FLUSHALL / CLUSTER RESET: every job, queue, result and batch goes."""
         life = self.lifecycle
         life.results.clear()
+        self.batches.batches.clear()
         for job in list(self.jobs.values()):
             life.delete_job(job)
         for job in self.jobs.spilled.every_job():

@@ -8,7 +8,8 @@ is): it comes back `active` with timers of its own, keeping the flags it
 was stored with; `DELJOB` deletes it; `GROUPSET` restores a consumer
 group's progress; `SCHEDULE` and `SCHEDTICK` restore the schedules and
 the latest tick each is known to have fired; `RESULT` a job's result
-(store/results.py: the first one known wins).  The first record of a job wins, except that a later one
+(store/results.py: the first one known wins); `BATCH` a batch's record
+(core/batches.py: merged).  The first record of a job wins, except that a later one
 carrying `not_before` (written by NACK ... DELAY) brings its counters and
 that requeue time, and a later one without the parents the first waited
 for (core/dependencies.py: released since) replaces it.  Jobs stored `queued` are re-queued once, at the end
@@ -27,10 +28,11 @@ import heapq
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from disque.store.aof import CLEANSHUTDOWN, DELJOB, GROUPSET, LOADJOB, RESULT, SCHEDTICK, SCHEDULE, check_record
+from disque.store.aof import BATCH, CLEANSHUTDOWN, DELJOB, GROUPSET, LOADJOB, RESULT, SCHEDTICK, SCHEDULE, check_record
 from disque.store.job import NACKED, Job, State
 
 if TYPE_CHECKING:
+    from disque.core.batches import Batches
     from disque.core.groups import Groups
     from disque.core.lifecycle import Lifecycle
     from disque.core.schedules import Schedules
@@ -41,11 +43,12 @@ KEEP_FLAGS = ~0  # a replayed record keeps the flags it was stored with
 class Replay:
     def __init__(
         self, life: Lifecycle, groups: Groups, settle: Callable[[], None], read_clock: Callable[[], int], *,
-        trust_queued: bool = False, schedules: Schedules | None = None,
+        trust_queued: bool = False, schedules: Schedules | None = None, batches: Batches | None = None,
     ) -> None:  # fmt: skip
         self.life = life
         self.groups = groups
         self.schedules = schedules  # (tests that replay jobs only leave it out)
+        self.batches = batches
         self.settle = settle  # the end of a step (read-behind moves jobs to disk)
         self.read_clock = read_clock
         self.trust_queued = trust_queued
@@ -76,6 +79,10 @@ class Replay:
         elif name == RESULT:
             check_record(offset, args)
             self.life.results.keep(args[1], args[3], int(args[2]))  # (an expired one is never served, and soon dropped)
+        elif name == BATCH:
+            check_record(offset, args)
+            assert self.batches is not None
+            self.batches.replay(args[1])
         elif name in (SCHEDULE, SCHEDTICK):
             check_record(offset, args)
             assert self.schedules is not None

@@ -55,10 +55,11 @@ CLEANSHUTDOWN = b"CLEANSHUTDOWN"
 GROUPSET = b"GROUPSET"  # GROUPSET <event job ID> <group> <deadline ms, 0 = done>: a consumer group's progress
 SCHEDULE = b"SCHEDULE"  # SCHEDULE <schedule storage form>: a recurring job's definition (store/schedule.py)
 SCHEDTICK = b"SCHEDTICK"  # SCHEDTICK <name> <tick ms> <node ID>: the latest tick of a schedule known fired
+BATCH = b"BATCH"  # BATCH <batch record>: a batch as this node knew it (store/batch.py)
 RESULT = b"RESULT"  # RESULT <job ID> <until ms> <bytes>: an acknowledged job's result (store/results.py)
 AOFFORMAT = b"AOFFORMAT"  # AOFFORMAT <version>: the first record of a file whose records are all sealed
 FORMAT_VERSION = b"2"
-RECORD_NAMES = (LOADJOB, DELJOB, CLEANSHUTDOWN, GROUPSET, SCHEDULE, SCHEDTICK, RESULT, AOFFORMAT)
+RECORD_NAMES = (LOADJOB, DELJOB, CLEANSHUTDOWN, GROUPSET, SCHEDULE, SCHEDTICK, RESULT, BATCH, AOFFORMAT)
 ARITY = {GROUPSET: 4, SCHEDTICK: 4, RESULT: 4}  # arguments of a record, with its name and without its seal (the others: 2)
 SEAL = 14  # bytes of the seal: $8 CRLF, 8 hex digits, CRLF
 
@@ -430,7 +431,7 @@ def check_record(offset: int, args: list[bytes], decode: bool = True) -> Job | N
         raise AofCorrupt(offset, "corrupted SCHEDTICK data")
     if name == RESULT and not (valid_id(args[1]) and args[2].isdigit() and len(args[2]) < 20 and result_problem(args[3]) is None):
         raise AofCorrupt(offset, "corrupted RESULT data")
-    return None  # (a SCHEDULE record is checked when replayed, and a bad one skipped alone)
+    return None  # (a SCHEDULE or BATCH record is checked when replayed, and a bad one skipped alone)
 
 
 @dataclass(slots=True)

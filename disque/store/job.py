@@ -86,9 +86,12 @@ class Rare:
     consumer reported (store/failure.py); and `gc_retry`, the ACK garbage
     collector's attempts so far; `parents`, the jobs not yet acknowledged
     that ADDJOB ... AFTER holds this one for, and `on_parent_fail`, what a
-    parent that fails does to it (core/dependencies.py)."""
+    parent that fails does to it (core/dependencies.py); `batch`, the batch
+    ADDJOB ... BATCH put it in (core/batches.py)."""
 
-    __slots__ = ("delay", "nacks", "max_attempts", "dead_letter", "origin", "failure", "gc_retry", "parents", "on_parent_fail")
+    __slots__ = (
+        "delay", "nacks", "max_attempts", "dead_letter", "origin", "failure", "gc_retry", "parents", "on_parent_fail", "batch",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.delay = 0
@@ -100,6 +103,7 @@ class Rare:
         self.gc_retry = 0
         self.parents: tuple[bytes, ...] = ()
         self.on_parent_fail = 0
+        self.batch = b""
 
 
 class Job:
@@ -130,6 +134,7 @@ class Job:
         failure: Failure | tuple[()] = NO_FAILURE,
         parents: tuple[bytes, ...] = (),
         on_parent_fail: int = 0,
+        batch: bytes = b"",
     ) -> None:
         self.id = id
         self.queue = queue
@@ -157,6 +162,8 @@ class Job:
             self._rare().failure = failure
         if parents:
             self.hold(parents, on_parent_fail)
+        if batch:
+            self._rare().batch = batch
 
     def _rare(self) -> Rare:
         if self.rare is None:
@@ -217,6 +224,16 @@ class Job:
     def on_parent_fail(self) -> int:
         return self.rare.on_parent_fail if self.rare is not None else 0
 
+    @property
+    def batch(self) -> bytes:
+        """The batch this job belongs to (b"": none; core/batches.py)."""
+        return self.rare.batch if self.rare is not None else b""
+
+    @batch.setter
+    def batch(self, value: bytes) -> None:
+        if value or self.rare is not None:
+            self._rare().batch = value
+
     def hold(self, parents: tuple[bytes, ...], on_parent_fail: int) -> None:
         rare = self._rare()
         rare.parents, rare.on_parent_fail = parents, on_parent_fail
@@ -249,7 +266,7 @@ class Job:
             "ctime": self.ctime, "delay": self.delay, "retry": self.retry, "nacks": self.nacks,
             "deliv": self.deliv, "queue": self.queue, "body": self.body, "nodes_delivered": self.nodes_delivered,
             "max_attempts": self.max_attempts, "dead_letter": self.dead_letter, "origin": self.origin,
-            "parents": self.parents, "on_parent_fail": self.on_parent_fail,
+            "parents": self.parents, "on_parent_fail": self.on_parent_fail, "batch": self.batch,
         }  # fmt: skip
 
     def move(self, event: str) -> None:

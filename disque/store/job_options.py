@@ -36,3 +36,4 @@ class JobOptions:
     job_id: bytes | None = None  # a schedule's tick brings its own ID (core/schedules.py)
     after: tuple[bytes, ...] = ()  # AFTER: the jobs this one waits for (core/dependencies.py)
     on_parent_fail: int = 0  # ON-PARENT-FAIL, its code in ON_PARENT_FAIL
+    batch: bytes = b""  # BATCH: the batch the job joins (core/batches.py)

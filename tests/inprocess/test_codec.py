@@ -26,7 +26,7 @@ from disque.cluster.messages import (
     DelJob, Enqueue, Fail, GossipEntry, GotAck, GotJob, GotJobs, Header, Meet, Message,
     NeedJobs, Pause, Ping, Pong, Queued, ReplJob, ReplJobs, SetAck, WillQueue, Working, Fanout, GroupSet, Claim, Claimed,
     GroupAck, GroupFlush, NeedEvent, YourEvent, NewEvent,
-    WaitEntry, Waiting, YourJobs, SchedSet, Ticked, Depend, Settled,
+    WaitEntry, Waiting, YourJobs, SchedSet, Ticked, Depend, Settled, BatchSet,
 )  # fmt: skip
 from disque.store import schedule
 from disque.store.ids import new_job_id
@@ -73,6 +73,7 @@ def jobs(draw: st.DrawFn) -> Job:
         priority=draw(st.integers(0, 9)),
         parents=tuple(draw(st.lists(job_ids, unique=True, max_size=3))),
         on_parent_fail=draw(st.integers(0, 2)),
+        batch=draw(st.sampled_from((b"", b"BT" + b"0" * 40))),
     )
 
 
@@ -111,6 +112,7 @@ MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     Ticked: st.builds(Ticked, blobs, uints, node_ids),
     Depend: st.builds(Depend, st.lists(job_ids, min_size=1, max_size=5).map(tuple)),
     Settled: st.builds(Settled, job_ids, st.booleans(), st.binary(max_size=64)),
+    BatchSet: st.builds(BatchSet, blobs),
 }
 frames = st.tuples(headers, st.one_of(*MESSAGES.values()))
 one_of_each = st.tuples(*(st.tuples(headers, s) for s in MESSAGES.values())).map(list)

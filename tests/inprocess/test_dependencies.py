@@ -109,7 +109,7 @@ def test_after_errors(env, args, error):
 
 def test_a_schedule_takes_no_after(env):
     reply = env.s("SCHEDULE", "ADD", "s", "q", "b", "EVERY", 1000, "AFTER", ODD_ID)
-    assert isinstance(reply, Exception) and "AFTER does not apply" in str(reply)
+    assert isinstance(reply, Exception) and "AFTER and BATCH do not apply" in str(reply)
 
 
 def test_a_child_gone_before_its_parent_is_forgotten(env):

@@ -103,6 +103,7 @@ def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> 
     dead_letter = None
     after: list[bytes] = []
     on_parent_fail = None
+    batch = b""
     n = len(argv)
     while i < n:
         spec = _ADDJOB_OPTS_UPPER.get(argv[i])
@@ -122,6 +123,9 @@ def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> 
         elif opt == b"after" and i + 1 < n:  # repeated, one parent each (docs/workflows.md)
             after.append(argv[i + 1])
             i += 2
+        elif opt == b"batch" and i + 1 < n:  # docs/workflows.md
+            batch = argv[i + 1]
+            i += 2
         elif opt == b"on-parent-fail" and i + 1 < n:
             on_parent_fail = argv[i + 1].lower().decode("latin-1")
             i += 2
@@ -134,7 +138,7 @@ def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> 
     return JobOptions(
         timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter, zones, priority, minrepl,
         after=_parents(after, on_parent_fail) if after or on_parent_fail is not None else (),
-        on_parent_fail=ON_PARENT_FAIL.index(on_parent_fail) if on_parent_fail in ON_PARENT_FAIL else 0,
+        on_parent_fail=ON_PARENT_FAIL.index(on_parent_fail) if on_parent_fail in ON_PARENT_FAIL else 0, batch=batch,
     )
 
 
@@ -210,8 +214,8 @@ def _schedule_add(node: NodeCore, argv: list[bytes]) -> Any:
         check_cron(cron, tz)
     if o.minrepl is not None:
         raise err("MINREPL does not apply to SCHEDULE: a tick's job never waits for its copies")
-    if o.after:
-        raise err("AFTER does not apply to SCHEDULE: a tick's job waits for no other job")
+    if o.after or o.batch:
+        raise err("AFTER and BATCH do not apply to SCHEDULE: a tick's job waits for no other job, nor joins a batch")
     check_job_options(o.repl or 3, o.retry, o.delay or 0, o.ttl or 86400)
     check_size(argv[4], node.lifecycle.settings)
     if o.zones is not None and o.zones > (o.repl or 3):
@@ -286,6 +290,29 @@ def cmd_ackjob(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
     ids, results = parse_ackjob(argv)
     ack_job = node.acks.ack_job
     return sum(ack_job(job_id, results.get(job_id)) for job_id in ids)
+
+
+BATCH_SYNTAX: Final = "Syntax error, try BATCH NEW [ON-SUCCESS <queue> <body>] [ON-COMPLETE <queue> <body>] | SHOW <id> | CLOSE <id>"
+
+
+@command("batch", -2, "wm")
+def cmd_batch(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
+    """BATCH NEW|SHOW|CLOSE (an extension, docs/workflows.md, core/batches.py)."""
+    verb = argv[1].lower()
+    if verb in (b"show", b"close") and len(argv) == 3:
+        if verb == b"show":
+            return Map(node.batches.show(argv[2]))
+        node.batches.close(argv[2])
+        return OK
+    if verb != b"new" or len(argv) % 3 != 2:
+        raise err(BATCH_SYNTAX)
+    callbacks: dict[bytes, tuple[bytes, bytes]] = {}
+    for i in range(2, len(argv), 3):
+        word = argv[i].lower()
+        if word not in (b"on-success", b"on-complete") or word in callbacks:
+            raise err(BATCH_SYNTAX)
+        callbacks[word] = (argv[i + 1], argv[i + 2])
+    return Status(node.batches.new(callbacks.get(b"on-success"), callbacks.get(b"on-complete")))
 
 
 @command("result", 2, "rF")
