@@ -32,6 +32,7 @@ from disque.client.protocol import (
     ReplicationTimeout,
     T,
     _options,
+    _pairs,
     _to_bytes,
     _text,
     encode_command,
@@ -537,6 +538,7 @@ class _Base:
         priority: int | None = None,
         after: Iterable[str] = (),
         on_parent_fail: str | None = None,
+        batch: str | None = None,
     ) -> Ops[str]:
         """ADDJOB; returns the job ID.  `timeout_ms` bounds synchronous
         replication (30 s by default, 0: wait for ever; docs/client.md), past
@@ -546,13 +548,14 @@ class _Base:
         queue (the server's default one if None); a higher `priority` (0-9,
         the queue's default if None) is served first; `after`: the IDs of
         the jobs this one waits for, `on_parent_fail` (fail, run or drop)
-        what one that fails does to it (docs/workflows.md).  A body over the
+        what one that fails does to it, `batch` the batch it joins
+        (docs/workflows.md).  A body over the
         client's `max_job_size` is refused before it is sent."""
         self._check_size(body)
         options = _options(
             [("ASYNC", asynchronous)],
             replicate=replicate, minrepl=minrepl, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
-            maxattempts=max_attempts, deadletter=dead_letter, priority=priority,
+            maxattempts=max_attempts, deadletter=dead_letter, priority=priority, batch=batch,
         )  # fmt: skip
         for parent in after:
             options += ["AFTER", parent]
@@ -615,6 +618,27 @@ class _Base:
         if len(ids) != 1:
             raise ValueError("a result goes with one job ID")
         return self._command(["ACKJOB", ids[0], "RESULT", result], int)
+
+    @_api
+    def batch_new(self, on_success: tuple[str, str | bytes] | None = None, on_complete: tuple[str, str | bytes] | None = None) -> Ops[str]:
+        """BATCH NEW: a batch's ID; `on_success` / `on_complete`: the (queue,
+        body) of the job added once all its jobs are acknowledged / finished
+        (docs/workflows.md).  `Client.batch` wraps it in a `with` block."""
+        args: list[Arg] = ["BATCH", "NEW"]
+        for word, callback in (("ON-SUCCESS", on_success), ("ON-COMPLETE", on_complete)):
+            if callback is not None:
+                args += [word, *callback]
+        return self._command(args, _text)
+
+    @_api
+    def batch_close(self, batch_id: str) -> Ops[Any]:
+        """BATCH CLOSE: no more jobs but from the batch's own running jobs."""
+        return self._command(["BATCH", "CLOSE", batch_id])
+
+    @_api
+    def batch_show(self, batch_id: str) -> Ops[dict[str, Any]]:
+        """BATCH SHOW: its counts (jobs, pending, done, failed), callbacks and what was fired."""
+        return self._command(["BATCH", "SHOW", batch_id], _pairs)
 
     @_api
     def result(self, job_id: str) -> Ops[bytes | None]:

@@ -200,6 +200,18 @@ def test_add_job_after_and_the_canvas(client: Client, queue: str) -> None:
     assert run_all() == [b"h0", b"h1", b"h2"] and run_all() == [b"sum"] and client.result(end) == b"SUM"
 
 
+def test_a_batch_block_and_its_callback(client: Client, queue: str) -> None:
+    with client.batch(on_success=(queue + "-done", "all good"), on_complete=(queue + "-done", "all over")) as batch:
+        ids = [batch.add_job(queue, body) for body in ("a", "b")]
+        assert client.batch_show(batch.id)["closed"] == 0
+    assert client.batch_show(batch.id)["pending"] == 2
+    for job in client.get_jobs(queue, count=10, nohang=True):
+        client.ack(job.id)
+    shown = client.batch_show(batch.id)
+    assert (shown["done"], shown["success_fired"], shown["complete_fired"]) == (2, 1, 1) and len(ids) == 2
+    assert sorted(j.body for j in client.get_jobs(queue + "-done", count=10, nohang=True)) == [b"all good", b"all over"]
+
+
 def test_nack_enqueue_dequeue_and_working(client: Client, queue: str) -> None:
     job_id = client.add_job(queue, "x", retry=30)
     client.get_job(queue)
