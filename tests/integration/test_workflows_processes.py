@@ -49,3 +49,25 @@ def test_a_result_survives_kill_9_of_the_node_that_took_the_ack(cluster):
     cluster.restart(0)
     assert cluster.call(0, "RESULT", job_id) == b"kept"
     assert cluster.call(0, "WAITJOB", job_id, "WITHRESULTS") == [1, [b"kept"]]
+
+
+def test_a_batch_callback_fires_once_and_a_node_killed_with_9_learns_it(cluster):
+    def shown(i: int) -> dict[str, object]:
+        reply = cluster.call(i, "BATCH", "SHOW", batch)
+        return {k.decode(): v for k, v in zip(reply[::2], reply[1::2])}
+
+    batch = cluster.call(0, "BATCH", "NEW", "ON-SUCCESS", "callbacks", "all good").decode()
+    jobs = [cluster.addjob(i, "work", f"j{i}", 5000, "REPLICATE", 2, "RETRY", 2, "BATCH", batch) for i in range(3)]
+    assert cluster.call(1, "BATCH", "CLOSE", batch) == b"OK"
+    cluster.wait(lambda: all(shown(i)["closed"] == 1 and shown(i)["jobs"] == 3 for i in range(3)), what="known everywhere")
+    cluster.kill(2)
+    for _ in jobs:
+        (taken,) = cluster.call(0, "GETJOB", "TIMEOUT", 5000, "FROM", "work")  # (a copy on node 2 is requeued elsewhere)
+        assert cluster.call(0, "ACKJOB", taken[1]) == 1
+    cluster.wait(lambda: shown(0)["success-fired"] == 1, timeout=15, what="the callback fired")
+    cluster.restart(2)  # its AOF has the batch as it knew it; its peers tell it the rest
+    cluster.wait(lambda: shown(2)["success-fired"] == 1 and shown(2)["pending"] == 0, timeout=15, what="node 2 learns it")
+    (callback,) = cluster.call(1, "GETJOB", "TIMEOUT", 5000, "FROM", "callbacks")
+    assert callback[2] == b"all good" and cluster.call(1, "ACKJOB", callback[1]) == 1
+    cluster.wait(lambda: cluster.holders(callback[1].decode()) == {}, timeout=15, what="the callback collected")
+    assert all(cluster.call(i, "QLEN", "callbacks") == 0 for i in range(3))  # fired once
