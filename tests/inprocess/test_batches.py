@@ -30,6 +30,7 @@ def new_batch(env, *callbacks) -> bytes:
 def test_the_callbacks_fire_once_the_batch_is_closed_and_done_and_a_running_job_may_add_to_it(env):
     b = new_batch(env, "ON-SUCCESS", "cb", "all good", "ON-COMPLETE", "cb", "all done")
     first, second = env.add("q", "1", "BATCH", b), env.add("q", "2", "BATCH", b)
+    assert env.show(first)["batch"] == b
     fetch_ack(env)
     assert env.s("BATCH", "CLOSE", b) == OK and env.s("BATCH", "CLOSE", b) == OK
     ((_, job_id, _),) = env.s("GETJOB", "NOHANG", "FROM", "q")

@@ -540,6 +540,7 @@ def show(node: NodeCore, job: Job) -> Map:
         + ([(b"dead-letter-from", job.dead_letter)] if job.origin and job.dead_letter else [])
         + failure_fields(job)
         + ([(b"waits-for", list(job.parents)), (b"on-parent-fail", ON_PARENT_FAIL[job.on_parent_fail])] if job.parents else [])
+        + ([(b"batch", job.batch)] if job.batch else [])
     )
 
 
