@@ -32,7 +32,7 @@ from disque.testing import checker_stats  # noqa: E402
 from disque.testing.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, NACK, OK, SCAN, WAITJOB, History, check  # noqa: E402
 from disque.testing.checker_groups import QACK, QADD, QGET, check_groups  # noqa: E402
 from disque.testing.checker_schedules import SCHEDULE, TICK, check_schedules  # noqa: E402
-from disque.testing.checker_workflows import CHILD, PARENT, RESULT, TAKE, check_workflows  # noqa: E402
+from disque.testing.checker_workflows import BATCH, CHILD, CLOSE, PARENT, RESULT, TAKE, check_workflows  # noqa: E402
 
 ALL_FAULTS = ("halves", "majority", "bridge", "kill", "pause", "netem", "admin", "clock", "zone", "disk")
 CLOCK_STEPS = (-3600, -60, 60, 600)  # seconds a node's wall clock is stepped by (the clock fault)
@@ -47,7 +47,7 @@ GROUP_CRASH_RATE = 0.05  # --workload groups: deliveries never acknowledged (red
 TICKS = QUEUE + "-ticks"  # --schedules: the queue of every schedule's ticks
 TICK_OPTIONS = {"every": 1000, "ttl": 300, "retry": 5, "replicate": 2}  # --schedules: each schedule's
 TICK_CONSUMERS = 2  # --schedules: threads reading TICKS
-PARENTS, CHILDREN = QUEUE + "-parents", QUEUE + "-children"  # --batches: the parents' queue, the children's (AFTER)
+PARENTS, CHILDREN, CALLBACKS = QUEUE + "-parents", QUEUE + "-children", QUEUE + "-callbacks"  # --batches: (AFTER) and the batch's
 PAIR_OPTIONS = ("REPLICATE", 2, "RETRY", 5, "TTL", 600)  # --batches: each parent's and child's
 
 
@@ -119,6 +119,7 @@ class Workload:
         self.last_delivery = time.monotonic()
         self.next_process = 0
         self.down = args.down  # the last nodes, down until the heal
+        self.batch = ""  # --batches: the batch the parents join
 
     def record(self, type: str, process: Any, node: Any, op: str, **fields: Any) -> dict[str, Any]:
         with self.lock:
@@ -257,7 +258,7 @@ class Workload:
         schedules' queue and acknowledges every tick's job at once."""
         if self.args.workload == "groups" and op == DEQUEUE:
             return self.event_consumer(process)
-        queues = (TICKS,) if op == TICK else (PARENTS, CHILDREN) if op == TAKE else self.queues
+        queues = (TICKS,) if op == TICK else (PARENTS, CHILDREN, CALLBACKS) if op == TAKE else self.queues
         rng = random.Random(f"{self.args.seed}-c{process}")
         conns: dict[int, Conn] = {}
         turn = process
@@ -300,9 +301,22 @@ class Workload:
         kind = (FASTACK if rng.random() < 0.3 else ACK) if mode == "mixed" else (FASTACK if mode == "fastack" else ACK)
         self.job_command(conns, process, i, kind, job, "FASTACK" if kind == FASTACK else "ACKJOB", job)
 
+    def batch_new(self) -> None:
+        """--batches: the batch every parent joins, its ON-COMPLETE job the check's."""
+        node = self.nodes[0]
+        self.batch = call_once(node.host, node.port, "BATCH", "NEW", "ON-COMPLETE", CALLBACKS, "batch done").decode()
+        shown = call_once(node.host, node.port, "BATCH", "SHOW", self.batch)
+        callback = dict(zip(shown[::2], shown[1::2]))[b"callback-ids"][1].decode()
+        self.record(OK, "batches", 0, BATCH, value={"id": self.batch, "callback": callback})
+
+    def batch_close(self) -> None:
+        node = self.nodes[1 % len(self.nodes)]
+        if call_once(node.host, node.port, "BATCH", "CLOSE", self.batch) == b"OK":
+            self.record(OK, "batches", node.index, CLOSE, value={"id": self.batch})
+
     def pairs(self, process: int) -> None:
-        """--batches: a parent on a random node, then a child AFTER it on
-        another, `--batches` times (fewer if the producing ends first)."""
+        """--batches: a parent (in the batch) on a random node, then a child
+        AFTER it on another, `--batches` times (fewer if the producing ends first)."""
         rng = random.Random(f"{self.args.seed}-b{process}")
         conns: dict[int, Conn] = {}
         for _ in range(self.args.batches):
@@ -317,7 +331,8 @@ class Workload:
         i = rng.randrange(len(self.nodes))
         value = {"after": list(after)}
         self.record("invoke", process, i, op, value=value)
-        command = ("ADDJOB", queue, op, self.args.addjob_timeout_ms, *PAIR_OPTIONS, *(x for p in after for x in ("AFTER", p)))
+        batch = ("BATCH", self.batch) if op == PARENT else ()
+        command = ("ADDJOB", queue, op, self.args.addjob_timeout_ms, *PAIR_OPTIONS, *batch, *(x for p in after for x in ("AFTER", p)))
         try:
             reply = self._call(conns, i, *command)
         except (OSError, ConnectionError) as e:
@@ -575,6 +590,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for c in range(TICK_CONSUMERS):
                 threads.append(threading.Thread(target=wl.consumer, args=(2000 + c, TICK), daemon=True))
         if args.batches:
+            wl.batch_new()
             threads.append(threading.Thread(target=wl.pairs, args=(3000,), daemon=True))
             for c in range(TICK_CONSUMERS):
                 threads.append(threading.Thread(target=wl.consumer, args=(3001 + c, TAKE), daemon=True))
@@ -615,6 +631,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         wl.producing.clear()
         if args.schedules:
             wl.schedules("del")
+        if args.batches:
+            wl.batch_close()
         wl.draining.set()
         log("draining every node")
         wl.last_delivery = time.monotonic()
@@ -663,7 +681,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.schedules:
         settle = args.settle_ms if args.settle_ms is not None else 2 * args.node_timeout_ms + args.schedule_grace
         schedules = check_schedules(records, grace_ms=args.schedule_grace, nodes=args.nodes, settle_ms=settle).to_json()
-    workflows = check_workflows(records).to_json() if args.batches else None
+    settle = args.settle_ms if args.settle_ms is not None else 2 * args.node_timeout_ms + args.schedule_grace
+    workflows = check_workflows(records, settle_ms=settle).to_json() if args.batches else None
     results = {
         "valid": verdict["valid"] and (schedules is None or schedules["valid"]) and (workflows is None or workflows["valid"])
         and not any("died" in n for n in notes),
@@ -731,7 +750,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         log(
             f"workflows {'VALID' if workflows['valid'] else 'INVALID'}: {workflows['children']} children, delivered "
             f"before their parents' ACKs {workflows['early']}, never delivered after them {workflows['stuck']}, results "
-            f"read {workflows['results']}, lost {workflows['lost_results']}, wrong {workflows['wrong_results']}"
+            f"read {workflows['results']}, lost {workflows['lost_results']}, wrong {workflows['wrong_results']}; the "
+            f"batch's callback missing {workflows['callbacks_missing']}, twice outside the faults "
+            f"{workflows['callbacks_duplicated_outside']}"
         )
     for n in notes:
         log(f"note: {n}")

@@ -1,14 +1,16 @@
-"""Parents, their children (ADDJOB ... AFTER) and results on the simulated
-network under a fault plan, recorded for disque/testing/checker_workflows.py.
+"""Parents, their children (ADDJOB ... AFTER), a batch and results on the
+simulated network under a fault plan, recorded for
+disque/testing/checker_workflows.py.
 
 Theory of operation: `run_workflow_workload(plan, seed)` forms a
-`SimCluster` and runs producers that add a parent on a random live node,
-then a child AFTER it on another, and consumers that GETJOB both queues on
+`SimCluster`, makes a batch with an ON-COMPLETE callback, and runs
+producers that add a parent (in the batch) on a random live node, then a
+child AFTER it on another, and consumers that GETJOB the three queues on
 random live nodes and acknowledge each job with a result naming it, while
 the nemesis of the schedules' workload plays `plan.steps` (partitions,
-kill -9 and restart from the AOF, clock jumps).  Then a drainer reads every
-node until nothing came for QUIET_S, and each job acknowledged is read back
-with RESULT from every node.
+kill -9 and restart from the AOF, clock jumps).  Then the batch is closed,
+a drainer reads every node until nothing came for QUIET_S, and each job
+acknowledged is read back with RESULT from every node.
 """
 
 from __future__ import annotations
@@ -16,16 +18,18 @@ from __future__ import annotations
 import trio
 
 from disque.testing.checker import ACK, FAIL, INFO, OK, Record
-from disque.testing.checker_workflows import CHILD, PARENT, RESULT, TAKE
+from disque.testing.checker_workflows import BATCH, CHILD, CLOSE, PARENT, RESULT, TAKE
 from sim.network import CONNECTION_LOST, SimCluster
 from sim.workload_schedules import QUIET_S, SchedulePlan, ScheduleWorkload
 
-PARENTS, CHILDREN = "parents", "children"
+PARENTS, CHILDREN, CALLBACKS = "parents", "children", "callbacks"
 PAIRS = 12  # per producer
 OPTIONS = ("REPLICATE", 2, "RETRY", 3, "TTL", 600)
 
 
 class WorkflowWorkload(ScheduleWorkload):
+    batch = b""
+
     def node(self) -> int:
         return self.rng.choice([n.index for n in self.cluster.nodes if n.alive])
 
@@ -33,7 +37,8 @@ class WorkflowWorkload(ScheduleWorkload):
         node = self.node()
         value = {"after": list(after)}
         call = self.history.invoke(process, node, op, value=value)
-        reply = await self.cluster.call(node, "ADDJOB", queue, op, 5000, *OPTIONS, *(x for p in after for x in ("AFTER", p)))
+        batch = ("BATCH", self.batch) if op == PARENT else ()
+        reply = await self.cluster.call(node, "ADDJOB", queue, op, 5000, *OPTIONS, *batch, *(x for p in after for x in ("AFTER", p)))
         if not hasattr(reply, "decode"):
             self.history.complete(call, INFO if reply is CONNECTION_LOST else FAIL, value=value)
             return None
@@ -58,7 +63,7 @@ class WorkflowWorkload(ScheduleWorkload):
                 continue
             op = self.history.invoke(process, node, TAKE)
             wait = ("NOHANG",) if drain else ("TIMEOUT", 500)
-            reply = await self.cluster.call(node, "GETJOB", *wait, "FROM", PARENTS, CHILDREN)
+            reply = await self.cluster.call(node, "GETJOB", *wait, "FROM", PARENTS, CHILDREN, CALLBACKS)
             if not isinstance(reply, list):
                 self.history.complete(op, INFO if reply is CONNECTION_LOST else FAIL, value=str(reply))
                 await trio.sleep(0.05)
@@ -82,6 +87,10 @@ class WorkflowWorkload(ScheduleWorkload):
     async def run(self) -> list[Record]:
         cluster = self.cluster
         await cluster.form()
+        self.batch = bytes(await cluster.call(0, "BATCH", "NEW", "ON-COMPLETE", CALLBACKS, "batch done"))
+        shown = dict(zip(*[iter(await cluster.call(0, "BATCH", "SHOW", self.batch))] * 2))
+        value = {"id": self.batch.decode(), "callback": shown[b"callback-ids"][1].decode()}
+        self.history.add(OK, "batches", 0, BATCH, value=value)
         async with trio.open_nursery() as clients:
             for process in (1, 2):
                 clients.start_soon(self.consumer, process)
@@ -90,6 +99,8 @@ class WorkflowWorkload(ScheduleWorkload):
                     producers.start_soon(self.producer, process)
                 await self.nemesis()
             await cluster.form()
+            assert await cluster.call(1, "BATCH", "CLOSE", self.batch) == b"OK"
+            self.history.add(OK, "batches", 1, CLOSE, value={"id": self.batch.decode()})
             clients.start_soon(self.consumer, 5, True)
             self.last_delivery = trio.current_time()
             while trio.current_time() - self.last_delivery < QUIET_S:
