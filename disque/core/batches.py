@@ -22,10 +22,10 @@ fires once while the cluster is connected; under a partition each side's
 home may fire it, with the same ID: at least once.  A home that dies
 before firing is replaced by the next node in line at the next cron.
 
-A job that adds to its own batch does so before it is acknowledged, and
-through the node it is acknowledged on (the worker's connection does): that
-node's record, sent whole with the ACK's news, then holds the new job, so
-no node sees the batch finished without it.  Owned by NodeCore; called by
+A job that adds to its own batch does so before it is acknowledged: through
+the node it is acknowledged on, that node's record, sent whole with the
+ACK's news, holds the new job; through another, the new job's BATCHSET has
+the FIRE_GRACE_MS a due callback waits to reach the home.  Owned by NodeCore; called by
 the BATCH command, ADDJOB (`add`), the lifecycle's job endings
 (`finished`), the bus (BATCHSET), the AOF replay and the cron.
 """
@@ -54,7 +54,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("disque")
 CALLBACK_TTL: Final = 86400  # s, a callback job's TTL
-CRON_EVERY_MS: Final = 1000  # the home looks for due callbacks this often (a home that changed)
+CRON_EVERY_MS: Final = 1000  # every batch is looked at this often (a home that changed)
+FIRE_GRACE_MS: Final = 500  # a callback due this long still, and only then, is fired
 
 
 class Batches:
@@ -65,6 +66,7 @@ class Batches:
         self.client = Connection(0, addr="batch")  # adds the callbacks' jobs (ASYNC: never waits)
         self.fired = self.dropped = 0  # INFO workflows
         self._last_cron = 0
+        self.due_since: dict[bytes, int] = {}  # batch -> when its home first saw a callback due
 
     # ------------------------------------------------------------ commands
 
@@ -158,19 +160,30 @@ class Batches:
         return [encode_record(BATCH, records.encode(b)) for b in self.batches.values()]
 
     def cron(self) -> None:
+        """The due callbacks whose grace is over fire; every CRON_EVERY_MS,
+        every batch is looked at (this node may have become a home)."""
         now = self.life.now
-        if now - self._last_cron >= CRON_EVERY_MS:
+        everything = now - self._last_cron >= CRON_EVERY_MS
+        if everything:
             self._last_cron = now
-            for b in list(self.batches.values()):
-                self._fire(b)
+        for batch_id in list(self.batches) if everything else list(self.due_since):
+            self._fire(self.batches[batch_id])
 
     # ------------------------------------------------------------ callbacks
 
     def _fire(self, b: Batch) -> None:
+        """Fire what is due at the batch's home, once it stayed due for
+        FIRE_GRACE_MS: a job a running job added through another node (its
+        BATCHSET under way) has that long to reach the home."""
         due = b.due()
         life = self.life
         if not due or home(b.id, life.membership.up_ids()) != life.membership.my_id:
+            self.due_since.pop(b.id, None)
             return
+        since = self.due_since.setdefault(b.id, life.now)
+        if life.now - since < FIRE_GRACE_MS:
+            return
+        del self.due_since[b.id]
         for bit, callback, kind in ((SUCCESS, b.success, b"success"), (COMPLETE, b.complete, b"complete")):
             if due & bit and callback is not None:
                 job_id = tick_job_id(b.id + b"/" + kind, 0, CALLBACK_TTL, -1)
@@ -188,6 +201,10 @@ class Batches:
                 b.fired |= bit
         if b.fired & due:
             self._changed(b)
+
+    def clear(self) -> None:
+        self.batches.clear()
+        self.due_since.clear()
 
     def show(self, batch_id: bytes) -> list[tuple[bytes, Any]]:
         b = self.get(batch_id)

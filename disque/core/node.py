@@ -402,7 +402,7 @@ class NodeCore:
         """DEBUG FLUSHALL / CLUSTER RESET: every job, queue, result and batch goes."""
         life = self.lifecycle
         life.results.clear()
-        self.batches.batches.clear()
+        self.batches.clear()
         for job in list(self.jobs.values()):
             life.delete_job(job)
         for job in self.jobs.spilled.every_job():

@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 
 from disque.cluster import messages as m
-from disque.core.batches import CRON_EVERY_MS
+from disque.core.batches import CRON_EVERY_MS, FIRE_GRACE_MS
+
+GRACE = FIRE_GRACE_MS + 200  # a due callback fires at the first cron after its grace
 from disque.core.effects import AofAppend
 from disque.store import batch as records
 from disque.store.batch import MAX_BODY, Batch
@@ -39,6 +41,8 @@ def test_the_callbacks_fire_once_the_batch_is_closed_and_done_and_a_running_job_
     env.s("ACKJOB", second)
     assert env.s("QLEN", "cb") == 0 and shown(env, b)["pending"] == 1
     assert fetch_ack(env) == third
+    assert shown(env, b)["complete-fired"] == 0  # due: fired after its grace
+    env.wait(GRACE)
     info = shown(env, b)
     assert (info["jobs"], info["pending"], info["done"], info["failed"], info["closed"]) == (3, 0, 3, 0, 1)
     assert (info["success-fired"], info["complete-fired"]) == (1, 1)
@@ -56,7 +60,7 @@ def test_a_failed_job_fires_on_complete_only(env):
     b = new_batch(env, "ON-SUCCESS", "cb", "good", "ON-COMPLETE", "cb", "done")
     env.add("q", "x", "TTL", 5, "BATCH", b)
     env.s("BATCH", "CLOSE", b)
-    env.wait(6_000)
+    env.wait(6_000 + GRACE)
     info = shown(env, b)
     assert (info["failed"], info["success-fired"], info["complete-fired"]) == (1, 0, 1)
     assert [job[2] for job in env.s("GETJOB", "NOHANG", "COUNT", 10, "FROM", "cb")] == [b"done"]
@@ -67,6 +71,7 @@ def test_an_empty_batch_closed_is_done_at_once(env):
     b = new_batch(env, "ON-SUCCESS", "cb", "good")
     assert shown(env, b)["on-complete"] == []
     env.s("BATCH", "CLOSE", b)
+    env.wait(GRACE)
     assert env.s("QLEN", "cb") == 1 and shown(env, b)["success-fired"] == 1
 
 
@@ -120,6 +125,7 @@ def test_the_aof_keeps_batches_and_a_replayed_one_fires_at_the_cron(env):
     log = b"".join(e.record for e in env.core.out.effects if isinstance(e, AofAppend))
     assert log.count(b"BATCH\r\n") == 3
     fetch_ack(env)
+    env.wait(GRACE)
     rewrite = b"".join(env.core.snapshot().other)
     for data, fired in ((log, 0), (rewrite, 1), (rewrite + log, 1)):
         core, clock, _ = make_core()
@@ -132,8 +138,9 @@ def test_the_aof_keeps_batches_and_a_replayed_one_fires_at_the_cron(env):
     core.batches.batches[b].fired = 0
     core.batches.batches[b].done.add(b"DI" + b"f" * 40 + b"05a1SQ")  # (any job: the batch is finished either way)
     core.batches.batches[b].jobs = set(core.batches.batches[b].done)
-    clock.advance(CRON_EVERY_MS)
-    core.tick()
+    for _ in range(2):  # due, then fired after its grace
+        clock.advance(CRON_EVERY_MS)
+        core.tick()
     assert s("QLEN", "cb") == 1  # due and not known fired: the cron fires it
     assert env.s("DEBUG", "FLUSHALL") == OK and env.core.batches.batches == {}
 
@@ -143,12 +150,13 @@ def test_a_callback_refused_is_tried_again_and_one_made_before_counts(env):
     env.s("ADDJOB", "cb", "other", 0)
     env.s("PAUSE", "cb", "in")
     env.s("BATCH", "CLOSE", b)
+    env.wait(GRACE)
     assert shown(env, b)["complete-fired"] == 0  # a paused queue refused it
     env.s("PAUSE", "cb", "none")
-    env.wait(CRON_EVERY_MS + 100)
+    env.wait(CRON_EVERY_MS + GRACE)
     assert shown(env, b)["complete-fired"] == 1 and env.s("QLEN", "cb") == 2
     env.core.batches.batches[b].fired = 0  # a record that missed the news: the job is here already
-    env.wait(CRON_EVERY_MS + 100)
+    env.wait(CRON_EVERY_MS + GRACE)
     assert shown(env, b)["complete-fired"] == 1 and env.s("QLEN", "cb") == 2
     env.check()
 

@@ -207,9 +207,11 @@ def test_a_batch_block_and_its_callback(client: Client, queue: str) -> None:
     assert client.batch_show(batch.id)["pending"] == 2
     for job in client.get_jobs(queue, count=10, nohang=True):
         client.ack(job.id)
+    first = client.get_job(queue + "-done", timeout_ms=5000)  # fired half a second after the last ACK
+    second = client.get_job(queue + "-done", nohang=True)
+    assert first is not None and second is not None and sorted([first.body, second.body]) == [b"all good", b"all over"]
     shown = client.batch_show(batch.id)
     assert (shown["done"], shown["success_fired"], shown["complete_fired"]) == (2, 1, 1) and len(ids) == 2
-    assert sorted(j.body for j in client.get_jobs(queue + "-done", count=10, nohang=True)) == [b"all good", b"all over"]
 
 
 def test_nack_enqueue_dequeue_and_working(client: Client, queue: str) -> None:
