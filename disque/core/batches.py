@@ -202,6 +202,10 @@ class Batches:
         if b.fired & due:
             self._changed(b)
 
+    def info_fields(self) -> list[tuple[str, int]]:
+        """INFO workflows (docs/workflows.md), after the dependencies' fields."""
+        return [("batches", len(self.batches)), ("batch_callbacks_fired", self.fired), ("batch_records_dropped", self.dropped)]
+
     def clear(self) -> None:
         self.batches.clear()
         self.due_since.clear()

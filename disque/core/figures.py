@@ -76,7 +76,7 @@ def node_figures(node: NodeCore, max_queues: int | None = None) -> dict[str, Any
             for peer in node.membership.nodes.values()
         ],
         "schedules": dict(node.schedules.info_fields()),
-        "workflows": dict(node.deps.info_fields()),
+        "workflows": dict(node.deps.info_fields() + node.batches.info_fields()),
         "schedule_list": schedule_figures(node),
         **queues_figures(node, max_queues),
     }

@@ -64,6 +64,7 @@ def test_a_failed_job_fires_on_complete_only(env):
     info = shown(env, b)
     assert (info["failed"], info["success-fired"], info["complete-fired"]) == (1, 0, 1)
     assert [job[2] for job in env.s("GETJOB", "NOHANG", "COUNT", 10, "FROM", "cb")] == [b"done"]
+    assert b"batches:1\r\nbatch_callbacks_fired:1\r\nbatch_records_dropped:0" in env.s("INFO", "workflows")
     env.check()
 
 

@@ -155,7 +155,7 @@ SECTIONS = {
     # Recurring jobs (docs/schedules.md); per schedule: SCHEDULE SHOW.
     "schedules": ("Schedules", lambda node, proc: node.schedules.info_fields()),
     # Jobs that wait for jobs, and results (docs/workflows.md).
-    "workflows": ("Workflows", lambda node, proc: node.deps.info_fields()),
+    "workflows": ("Workflows", lambda node, proc: node.deps.info_fields() + node.batches.info_fields()),
     # Queues larger than memory (docs/read-behind.md); off: `read_behind:no` only.
     "read-behind": ("Read-behind", lambda node, proc: node.read_behind.info_fields()),
 }
