@@ -107,7 +107,8 @@ class Acks:
         was_active = job.state == S_ACTIVE
         job.move(ACK)
         self.waits.settle_waits(job.id, True)
-        life.finished(job, True)
+        if job.rare is not None or life.deps.held or life.deps.watchers:  # (a plain job: no batch, nobody waits)
+            life.finished(job, True)
         job.nodes_confirmed = None
         if was_active:  # pragma: no branch - callers make a wait-repl job active first (achieved)
             self.out.aof_deljob(job)

@@ -553,18 +553,20 @@ class Lifecycle:
         job.qtime = now + (delay or retry) * 1000
         if opts.max_attempts:
             job.set_attempts(opts.max_attempts, queue + b"-dead" if opts.dead_letter is None else opts.dead_letter)
-        if opts.after:
-            job.hold(opts.after, opts.on_parent_fail)
-        if opts.batch:
-            self.batches.add(opts.batch, job_id)  # counted before any copy can end
-            job.batch = opts.batch
+        workflow = opts.workflow
+        if workflow is not None:
+            if workflow.after:
+                job.hold(workflow.after, workflow.on_parent_fail)
+            if workflow.batch:
+                self.batches.add(workflow.batch, job_id)  # counted before any copy can end
+                job.batch = workflow.batch
         if additional:
             reply = self.replicas.start(client, job, additional, opts.timeout, opts.is_async, extrepl, zones, minrepl)
         else:
             self.register(job, timer=False)
             self.queue_new_job(job)
             reply = Status(job_id)
-        if opts.after and job_id in self.jobs:  # (not with external replication: its copies are elsewhere)
+        if job.rare is not None and job.rare.parents and job_id in self.jobs:  # (not with external replication)
             self.deps.hold(job)
         return reply
 

@@ -34,6 +34,13 @@ class JobOptions:
     priority: int | None = None  # PRIORITY 0-9 (the queue's by default)
     minrepl: int | None = None  # MINREPL (docs/replication.md)
     job_id: bytes | None = None  # a schedule's tick brings its own ID (core/schedules.py)
+    workflow: Workflow | None = None  # AFTER, ON-PARENT-FAIL, BATCH (one field: a plain job pays for one)
+
+
+@dataclass(frozen=True, slots=True)
+class Workflow:
+    """ADDJOB's options of docs/workflows.md."""
+
     after: tuple[bytes, ...] = ()  # AFTER: the jobs this one waits for (core/dependencies.py)
     on_parent_fail: int = 0  # ON-PARENT-FAIL, its code in ON_PARENT_FAIL
     batch: bytes = b""  # BATCH: the batch the job joins (core/batches.py)

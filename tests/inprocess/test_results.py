@@ -46,8 +46,10 @@ def test_the_first_result_known_wins_and_each_result_goes_to_the_id_before_it(en
 @pytest.mark.parametrize(
     "args, error",
     [
-        (("RESULT", "x"), "Syntax error"),
-        (("{id}", "RESULT"), "Syntax error"),
+        (("RESULT", "x"), "BADID"),  # (too short to be anything but IDs)
+        (("RESULT", "x", "{id}"), "Syntax error"),
+        (("{id}", "RESULT"), "BADID"),  # (too short to hold a result: RESULT is read as an ID)
+        (("{id}", "{id}", "RESULT"), "Syntax error"),
         (("{id}", "RESULT", "a", "RESULT", "b"), "Syntax error"),
         (("{id}", "RESULT", "a", "{id}", "RESULT", "b"), "Syntax error"),
         (("{id}", "RESULT", "x" * (MAX_RESULT_BYTES + 1)), f"longer than {MAX_RESULT_BYTES} bytes"),

@@ -39,7 +39,7 @@ from disque.core.schedules import MIN_EVERY, check_cron
 from disque.store.failure import Failure, problem as failure_problem
 from disque.store.schedule import Schedule, broken_rule
 from disque.store.job import DEFAULT_PRIORITY, MAX_PRIORITY, STATE_BY_NAME, STATE_NAMES, Job, State
-from disque.store.job_options import MAX_PARENTS, ON_PARENT_FAIL, JobOptions
+from disque.store.job_options import MAX_PARENTS, ON_PARENT_FAIL, JobOptions, Workflow
 from disque.store.queue import PAUSE_IN, PAUSE_NAMES, PAUSE_OUT, Queue
 from disque.store.results import problem as result_problem
 
@@ -101,7 +101,7 @@ def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> 
     values: list[int | None] = [None] * len(ADDJOB_OPTS)  # None: not given
     is_async = False
     dead_letter = None
-    after: list[bytes] = []
+    after: list[bytes] | None = None  # (no list for a plain job)
     on_parent_fail = None
     batch = b""
     n = len(argv)
@@ -121,6 +121,7 @@ def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> 
             dead_letter = argv[i + 1]
             i += 2
         elif opt == b"after" and i + 1 < n:  # repeated, one parent each (docs/workflows.md)
+            after = [] if after is None else after
             after.append(argv[i + 1])
             i += 2
         elif opt == b"batch" and i + 1 < n:  # docs/workflows.md
@@ -135,16 +136,20 @@ def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> 
     repl, ttl, retry, delay, maxlen, max_attempts, zones, priority, minrepl = values
     if dead_letter is not None and max_attempts is None:
         raise err("DEADLETTER needs MAXATTEMPTS")
+    workflow = None
+    if after or on_parent_fail is not None or batch:
+        workflow = Workflow(_parents(after, on_parent_fail), ON_PARENT_FAIL.index(on_parent_fail or "fail"), batch)
     return JobOptions(
         timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter, zones, priority, minrepl,
-        after=_parents(after, on_parent_fail) if after or on_parent_fail is not None else (),
-        on_parent_fail=ON_PARENT_FAIL.index(on_parent_fail) if on_parent_fail in ON_PARENT_FAIL else 0, batch=batch,
+        workflow=workflow,
     )
 
 
-def _parents(after: list[bytes], on_parent_fail: str | None) -> tuple[bytes, ...]:
+def _parents(after: list[bytes] | None, on_parent_fail: str | None) -> tuple[bytes, ...]:
     """ADDJOB's AFTER IDs, each listed once, and its ON-PARENT-FAIL, checked."""
     if not after:
+        if on_parent_fail is None:
+            return ()
         raise err("ON-PARENT-FAIL needs AFTER")
     if on_parent_fail is not None and on_parent_fail not in ON_PARENT_FAIL:
         raise err("ON-PARENT-FAIL must be fail, run or drop")
@@ -214,7 +219,7 @@ def _schedule_add(node: NodeCore, argv: list[bytes]) -> Any:
         check_cron(cron, tz)
     if o.minrepl is not None:
         raise err("MINREPL does not apply to SCHEDULE: a tick's job never waits for its copies")
-    if o.after or o.batch:
+    if o.workflow is not None:
         raise err("AFTER and BATCH do not apply to SCHEDULE: a tick's job waits for no other job, nor joins a batch")
     check_job_options(o.repl or 3, o.retry, o.delay or 0, o.ttl or 86400)
     check_size(argv[4], node.lifecycle.settings)
@@ -263,11 +268,8 @@ ACKJOB_SYNTAX: Final = "Syntax error, try ACKJOB <id> [RESULT <bytes>] [<id> [RE
 def parse_ackjob(argv: list[bytes]) -> tuple[list[bytes], dict[bytes, bytes]]:
     """ACKJOB <id> [RESULT <bytes>] ...: the IDs, and the result each RESULT
     (an extension, docs/workflows.md) gives the ID before it, within
-    store/results.py's size rule.  A job ID is never six bytes long, so
-    most ACKJOBs take the short way."""
+    store/results.py's size rule."""
     args = argv[1:]
-    if not any(len(arg) == 6 for arg in args):
-        return job_ids(args), {}
     ids: list[bytes] = []
     results: dict[bytes, bytes] = {}
     i, n = 0, len(args)
@@ -287,8 +289,10 @@ def parse_ackjob(argv: list[bytes]) -> tuple[list[bytes], dict[bytes, bytes]]:
 
 @command("ackjob", -1, "wF")
 def cmd_ackjob(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
-    ids, results = parse_ackjob(argv)
     ack_job = node.acks.ack_job
+    if len(argv) < 4 or not any(len(argv[i]) == 6 for i in range(1, len(argv))):  # no RESULT (an ID is never 6 bytes)
+        return sum(ack_job(job_id) for job_id in job_ids(argv[1:]))
+    ids, results = parse_ackjob(argv)
     return sum(ack_job(job_id, results.get(job_id)) for job_id in ids)
 
 
