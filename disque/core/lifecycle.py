@@ -559,7 +559,7 @@ class Lifecycle:
                 job.hold(workflow.after, workflow.on_parent_fail)
             if workflow.batch:
                 self.batches.add(workflow.batch, job_id)  # counted before any copy can end
-                job.batch = workflow.batch
+                job.join(workflow.batch)
         if additional:
             reply = self.replicas.start(client, job, additional, opts.timeout, opts.is_async, extrepl, zones, minrepl)
         else:

@@ -229,10 +229,9 @@ class Job:
         """The batch this job belongs to (b"": none; core/batches.py)."""
         return self.rare.batch if self.rare is not None else b""
 
-    @batch.setter
-    def batch(self, value: bytes) -> None:
-        if value or self.rare is not None:
-            self._rare().batch = value
+    def join(self, batch: bytes) -> None:
+        """ADDJOB ... BATCH (core/batches.py)."""
+        self._rare().batch = batch
 
     def hold(self, parents: tuple[bytes, ...], on_parent_fail: int) -> None:
         rare = self._rare()

@@ -9,10 +9,11 @@ import pytest
 from disque.cluster import messages as m
 from disque.core.dependencies import DEPEND_EVERY_MS
 from disque.core.effects import AofAppend
+from disque.core.types import BLOCKED
 from disque.store.job_options import MAX_PARENTS
 
 from invariants import check_core
-from jobenv import EVEN_ID, ODD_ID, env, make_env  # noqa: F401
+from jobenv import EVEN_ID, ODD_ID, duo, env, from_peer, make_env  # noqa: F401
 from support import Session, make_core, replay
 from test_mesh_cluster import added, formed, holders
 
@@ -230,3 +231,15 @@ def test_info_workflows_counts_held_released_and_failed(env):
     assert dict(env.core.deps.info_fields()) == {
         "jobs_held": 0, "jobs_released": 2, "parents_failed": 1, "parents_watched": 0, "results_kept": 1, "results_bytes": 2,
     }
+
+
+def test_an_acknowledged_parent_that_expires_before_its_collection_is_no_failure(duo):
+    assert Session(duo.core)("ADDJOB", "q", "p", 0, "REPLICATE", 2, "TTL", 5) is BLOCKED
+    (repl,) = duo.sent()
+    parent = repl.job["id"]
+    from_peer(duo, m.GotJob(parent))
+    child = duo.add("kids", "c", "REPLICATE", 1, "AFTER", parent, "ON-PARENT-FAIL", "drop")
+    assert duo.s("ACKJOB", parent) == 1  # the peer never confirms: the acked record waits
+    assert duo.state(child) == "queued"
+    duo.wait(6_000)  # the acked record expires
+    assert duo.state(parent) is None and duo.state(child) == "queued" and duo.core.deps.failed == 0
