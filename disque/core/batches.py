@@ -67,6 +67,7 @@ class Batches:
         self.fired = self.dropped = 0  # INFO workflows
         self._last_cron = 0
         self.due_since: dict[bytes, int] = {}  # batch -> when its home first saw a callback due
+        self.finished_at: dict[bytes, int] = {}  # batch -> when this node first saw it finished, its callbacks fired
 
     # ------------------------------------------------------------ commands
 
@@ -161,13 +162,20 @@ class Batches:
 
     def cron(self) -> None:
         """The due callbacks whose grace is over fire; every CRON_EVERY_MS,
-        every batch is looked at (this node may have become a home)."""
+        every batch is looked at (this node may have become a home), and a
+        batch finished `result-ttl` ago, its callbacks fired, is forgotten."""
         now = self.life.now
-        everything = now - self._last_cron >= CRON_EVERY_MS
-        if everything:
-            self._last_cron = now
-        for batch_id in list(self.batches) if everything else list(self.due_since):
-            self._fire(self.batches[batch_id])
+        if now - self._last_cron < CRON_EVERY_MS:
+            for batch_id in list(self.due_since):
+                self._fire(self.batches[batch_id])
+            return
+        self._last_cron = now
+        keep_ms = int(self.life.config.result_ttl) * 1000
+        for b in list(self.batches.values()):
+            self._fire(b)
+            if b.closed and not b.pending and not b.due():
+                if now - self.finished_at.setdefault(b.id, now) >= keep_ms:
+                    del self.batches[b.id], self.finished_at[b.id]
 
     # ------------------------------------------------------------ callbacks
 
@@ -209,6 +217,7 @@ class Batches:
     def clear(self) -> None:
         self.batches.clear()
         self.due_since.clear()
+        self.finished_at.clear()
 
     def show(self, batch_id: bytes) -> list[tuple[bytes, Any]]:
         b = self.get(batch_id)

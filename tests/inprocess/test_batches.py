@@ -193,3 +193,18 @@ def test_a_record_learned_from_a_peer_is_logged_and_a_bad_one_in_the_aof_skipped
     rep.apply(0, [b"BATCH", b"garbage"])
     env.core.end_load()
     assert env.core.batches.dropped == 1 and list(env.core.batches.batches) == [b"BT" + b"2" * 40]
+
+
+def test_a_finished_batch_is_forgotten_result_ttl_later():
+    env = make_env()
+    assert env.s("CONFIG", "SET", "result-ttl", "10") == OK
+    b = new_batch(env, "ON-COMPLETE", "cb", "done")
+    env.add("q", "x", "BATCH", b)
+    env.s("BATCH", "CLOSE", b)
+    env.wait(10_000)
+    assert shown(env, b)["pending"] == 1  # not finished: kept
+    fetch_ack(env)
+    env.wait(GRACE + 5_000)
+    assert shown(env, b)["complete-fired"] == 1
+    env.wait(6_000)
+    assert "Unknown batch" in str(env.s("BATCH", "SHOW", b)) and env.core.batches.finished_at == {}
