@@ -33,6 +33,7 @@ from disque.testing.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, N
 from disque.testing.checker_groups import QACK, QADD, QGET, check_groups  # noqa: E402
 from disque.testing.checker_schedules import SCHEDULE, TICK, check_schedules  # noqa: E402
 from disque.testing.checker_limits import check_concurrency  # noqa: E402
+from disque.testing.checker_workflows import BATCH, CHILD, CLOSE, PARENT, RESULT, TAKE, check_workflows  # noqa: E402
 
 ALL_FAULTS = ("halves", "majority", "bridge", "kill", "pause", "netem", "admin", "clock", "zone", "disk")
 CLOCK_STEPS = (-3600, -60, 60, 600)  # seconds a node's wall clock is stepped by (the clock fault)
@@ -49,6 +50,8 @@ TICK_OPTIONS = {"every": 1000, "ttl": 300, "retry": 5, "replicate": 2}  # --sche
 TICK_CONSUMERS = 2  # --schedules: threads reading TICKS
 LIMITED = QUEUE + "-limited"  # --limit: the queue with a concurrency limit, its jobs and consumers apart
 LIMITED_RETRY = 5  # s, the RETRY of its jobs (a lost node's jobs come back this soon)
+PARENTS, CHILDREN, CALLBACKS = QUEUE + "-parents", QUEUE + "-children", QUEUE + "-callbacks"  # --batches: (AFTER) and the batch's
+PAIR_OPTIONS = ("REPLICATE", 2, "RETRY", 5, "TTL", 600)  # --batches: each parent's and child's
 
 
 def now_ms() -> int:
@@ -121,6 +124,7 @@ class Workload:
         self.down = args.down  # the last nodes, down until the heal
         self.limited: list[tuple[float, float]] = []  # --limit: (got, ended) ms of each job of LIMITED
         self.fault_windows: list[tuple[float, float]] = []  # (start, stop) ms of each fault
+        self.batch = ""  # --batches: the batch the parents join
 
     def record(self, type: str, process: Any, node: Any, op: str, **fields: Any) -> dict[str, Any]:
         with self.lock:
@@ -204,10 +208,11 @@ class Workload:
                 self.record(INFO, process, i, op, body=body, value=str(reply))
             time.sleep(rng.uniform(0.0, self.args.think_ms / 1000))
 
-    def job_command(self, conns: dict[int, Conn], process: int, i: int, op: str, job: str, *command: Any) -> None:
-        """One command about `job` on node i, recorded as `op`: ok with an
-        integer reply, info otherwise (an error, a lost connection)."""
-        self.record("invoke", process, i, op, job=job)
+    def job_command(self, conns: dict[int, Conn], process: int, i: int, op: str, job: str, *command: Any, value: Any = None) -> None:
+        """One command about `job` on node i, recorded as `op` (its invoke
+        with `value`): ok with an integer reply, info otherwise (an error, a
+        lost connection)."""
+        self.record("invoke", process, i, op, job=job, value=value)
         try:
             reply = self._call(conns, i, *command)
         except (OSError, ConnectionError) as e:
@@ -258,7 +263,7 @@ class Workload:
         schedules' queue and acknowledges every tick's job at once."""
         if self.args.workload == "groups" and op == DEQUEUE:
             return self.event_consumer(process)
-        queues = (TICKS,) if op == TICK else self.queues
+        queues = (TICKS,) if op == TICK else (PARENTS, CHILDREN, CALLBACKS) if op == TAKE else self.queues
         rng = random.Random(f"{self.args.seed}-c{process}")
         conns: dict[int, Conn] = {}
         turn = process
@@ -288,6 +293,9 @@ class Workload:
             self.last_delivery = time.monotonic()
             if op == TICK:  # at once: a tick delivered twice is then the schedule's doing, not a retry
                 self.job_command(conns, process, i, ACK, job, "ACKJOB", job)
+            elif op == TAKE:  # a parent or a child, acknowledged with a result naming it
+                result = f"done {job}"
+                self.job_command(conns, process, i, ACK, job, "ACKJOB", job, "RESULT", result, value={"result": result})
             elif self.args.extensions and not self.draining.is_set() and rng.random() < NACK_RATE:
                 self.job_command(conns, process, i, NACK, job, "NACK", job, "DELAY", 1)  # back in a second, or dead-lettered
             else:
@@ -340,6 +348,61 @@ class Workload:
                 ended = now_ms()  # its node went away: the job is given up here, and comes back by its RETRY
             with self.lock:
                 self.limited.append((got, ended))
+    def batch_new(self) -> None:
+        """--batches: the batch every parent joins, its ON-COMPLETE job the check's."""
+        node = self.nodes[0]
+        self.batch = call_once(node.host, node.port, "BATCH", "NEW", "ON-COMPLETE", CALLBACKS, "batch done").decode()
+        shown = call_once(node.host, node.port, "BATCH", "SHOW", self.batch)
+        callback = dict(zip(shown[::2], shown[1::2]))[b"callback-ids"][1].decode()
+        self.record(OK, "batches", 0, BATCH, value={"id": self.batch, "callback": callback})
+
+    def batch_close(self) -> None:
+        node = self.nodes[1 % len(self.nodes)]
+        if call_once(node.host, node.port, "BATCH", "CLOSE", self.batch) == b"OK":
+            self.record(OK, "batches", node.index, CLOSE, value={"id": self.batch})
+
+    def pairs(self, process: int) -> None:
+        """--batches: a parent (in the batch) on a random node, then a child
+        AFTER it on another, `--batches` times (fewer if the producing ends first)."""
+        rng = random.Random(f"{self.args.seed}-b{process}")
+        conns: dict[int, Conn] = {}
+        for _ in range(self.args.batches):
+            if not self.producing.is_set():
+                return
+            parent = self.add_linked(conns, rng, process, PARENT, PARENTS, ())
+            if parent is not None:
+                self.add_linked(conns, rng, process, CHILD, CHILDREN, (parent,))
+            time.sleep(rng.uniform(0.05, 0.3))
+
+    def add_linked(self, conns: dict[int, Conn], rng: random.Random, process: int, op: str, queue: str, after: tuple[str, ...]) -> str | None:
+        i = rng.randrange(len(self.nodes))
+        value = {"after": list(after)}
+        self.record("invoke", process, i, op, value=value)
+        batch = ("BATCH", self.batch) if op == PARENT else ()
+        command = ("ADDJOB", queue, op, self.args.addjob_timeout_ms, *PAIR_OPTIONS, *batch, *(x for p in after for x in ("AFTER", p)))
+        try:
+            reply = self._call(conns, i, *command)
+        except (OSError, ConnectionError) as e:
+            self.record(INFO, process, i, op, value=repr(e))
+            return None
+        if not isinstance(reply, bytes):
+            self.record(INFO, process, i, op, value=str(reply))
+            return None
+        self.record(OK, process, i, op, job=reply.decode(), value=value)
+        return reply.decode()
+
+    def read_results(self) -> None:
+        """--batches: RESULT of every job acknowledged with one, from every node."""
+        with self.lock:
+            jobs = sorted({r["job"] for r in self.history.records if r["op"] == ACK and r["type"] == "invoke" and r["value"]})
+        for job in jobs:
+            for node in self.nodes:
+                try:
+                    reply = call_once(node.host, node.port, "RESULT", job, timeout=5)
+                except (OSError, ConnectionError) as e:
+                    self.record(INFO, "reader", node.index, RESULT, job=job, value=repr(e))
+                    continue
+                self.record(OK, "reader", node.index, RESULT, job=job, value=None if reply is None else reply.decode())
 
     def schedules(self, action: str) -> None:
         """--schedules: SCHEDULE ADD each schedule on a node in turn (recorded
@@ -578,6 +641,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             wl.schedules("add")
             for c in range(TICK_CONSUMERS):
                 threads.append(threading.Thread(target=wl.consumer, args=(2000 + c, TICK), daemon=True))
+        if args.batches:
+            wl.batch_new()
+            threads.append(threading.Thread(target=wl.pairs, args=(3000,), daemon=True))
+            for c in range(TICK_CONSUMERS):
+                threads.append(threading.Thread(target=wl.consumer, args=(3001 + c, TAKE), daemon=True))
         for t in threads:
             t.start()
         t0 = time.monotonic()
@@ -617,6 +685,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         wl.producing.clear()
         if args.schedules:
             wl.schedules("del")
+        if args.batches:
+            wl.batch_close()
         wl.draining.set()
         log("draining every node")
         wl.last_delivery = time.monotonic()
@@ -629,6 +699,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         wl.consuming.clear()
         for t in threads:
             t.join(10)
+        if args.batches:
+            wl.read_results()
         if args.workload != "groups":  # events are not collected: they live until their TTL
             log("waiting for acknowledged jobs to be collected")
             acked, gc_start = wl.acked(), time.monotonic()
@@ -665,10 +737,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         schedules = check_schedules(records, grace_ms=args.schedule_grace, nodes=args.nodes, settle_ms=settle).to_json()
     limits = None
     if args.limit:  # the jobs a lost node handed out count until their RETRY, and its lease until it lapses
-        settle = 2 * args.node_timeout_ms + LIMITED_RETRY * 1000 + 3000
-        limits = check_concurrency(wl.limited, args.limit, wl.fault_windows, settle)
+        limit_settle = 2 * args.node_timeout_ms + LIMITED_RETRY * 1000 + 3000
+        limits = check_concurrency(wl.limited, args.limit, wl.fault_windows, limit_settle)
+    settle = args.settle_ms if args.settle_ms is not None else 2 * args.node_timeout_ms + args.schedule_grace
+    workflows = check_workflows(records, settle_ms=settle).to_json() if args.batches else None
     results = {
         "valid": verdict["valid"] and (schedules is None or schedules["valid"]) and (limits is None or limits.valid)
+        and (workflows is None or workflows["valid"])
         and not any("died" in n for n in notes),
         "mode": net.mode,
         "seed": args.seed,
@@ -686,6 +761,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "most_in_faults": limits.most_in_faults, "violations": len(limits.violations),
             "fault_violations": len(limits.fault_violations),
         },
+        "workflows": workflows,
         "faults": injected,
         "fault_counts": {f: sum(1 for s in injected if s["fault"] == f) for f in sorted({s["fault"] for s in injected})},
         "latency_ms": checker_stats.latencies(records),
@@ -736,6 +812,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
     if limits is not None:
         log(f"limits {'VALID' if limits.valid else 'INVALID'}: {len(wl.limited)} jobs of {LIMITED}, {limits.summary()}")
+    if workflows is not None:
+        log(
+            f"workflows {'VALID' if workflows['valid'] else 'INVALID'}: {workflows['children']} children, delivered "
+            f"before their parents' ACKs {workflows['early']}, never delivered after them {workflows['stuck']}, results "
+            f"read {workflows['results']}, lost {workflows['lost_results']}, wrong {workflows['wrong_results']}; the "
+            f"batch's callback missing {workflows['callbacks_missing']}, twice outside the faults "
+            f"{workflows['callbacks_duplicated_outside']}"
+        )
     for n in notes:
         log(f"note: {n}")
     return results
@@ -753,6 +837,9 @@ def parser() -> argparse.ArgumentParser:
                         "(consumed from the dead-letter queue too) and WAITJOB a tenth of the jobs added")  # fmt: skip
     p.add_argument("--schedules", type=int, default=0,
                    help="also run this many schedules (EVERY 1 s) and check one job per tick (README)")  # fmt: skip
+    p.add_argument("--batches", type=int, default=0,
+                   help="also add this many parents, each with a child AFTER it, acknowledge them with results and "
+                        "check that no child runs before its parent's ACK and no result is lost (README)")  # fmt: skip
     p.add_argument("--schedule-grace", type=int, default=2000, help="the nodes' schedule-grace, ms")
     p.add_argument("--limit", type=int, default=0,
                    help="also run a queue at QCONFIG concurrency N and check, from its consumers' history, that no more "

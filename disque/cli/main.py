@@ -44,15 +44,18 @@ from disque.cli.session import DEFAULT_TIMEOUT, Failure, Session
 
 # name: (arguments, summary), for `help`, completion and the prompt's hint line.
 SERVER_COMMANDS: dict[str, tuple[str, str]] = {
-    "ADDJOB": ("queue body ms-timeout [REPLICATE n] [DELAY sec] [RETRY sec] [TTL sec] [MAXLEN n] [ASYNC] [MAXATTEMPTS n [DEADLETTER queue]] [PRIORITY 0-9] [KEY key [DEDUP ms|ACTIVE]]",
+    "ADDJOB": ("queue body ms-timeout [REPLICATE n] [DELAY sec] [RETRY sec] [TTL sec] [MAXLEN n] [ASYNC] [MAXATTEMPTS n [DEADLETTER queue]] [PRIORITY 0-9] [KEY key [DEDUP ms|ACTIVE]] [AFTER id ...] [ON-PARENT-FAIL fail|run|drop] [BATCH id]",
                "Add a job to a queue (MAXATTEMPTS: after n failed deliveries the job moves to its dead-letter queue, by default <queue>-dead; "
                "PRIORITY: higher is served first, default 5)"),
     "GETJOB": ("[NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] FROM queue [queue ...]", "Fetch jobs, blocking until one is available"),
-    "ACKJOB": ("id [id ...]", "Acknowledge jobs as processed"),
+    "ACKJOB": ("id [RESULT bytes] [id [RESULT bytes] ...]", "Acknowledge jobs as processed, each with an optional result"),
+    "RESULT": ("id", "The result a job was acknowledged with (nil: none kept here)"),
     "FASTACK": ("id [id ...]", "Acknowledge and delete jobs everywhere at once"),
     "NACK": ("id [id ...] [DELAY s] [ERROR type message [TRACEBACK text] [HOST host] [PID pid]]",
              "Put jobs back in the queue (after s seconds), counting a failed delivery (and saying why: SHOW and the dead letter show it)"),
-    "WAITJOB": ("id [id ...] [TIMEOUT ms]", "Wait until jobs are acknowledged; reply how many were"),
+    "WAITJOB": ("id [id ...] [TIMEOUT ms] [WITHRESULTS]", "Wait until jobs are acknowledged; reply how many were (and their results)"),
+    "BATCH": ("NEW [ON-SUCCESS queue body] [ON-COMPLETE queue body] | SHOW id | CLOSE id",
+              "Jobs counted together, with a callback job once they are done (see `batch --help`)"),
     "WORKING": ("id", "Postpone the next delivery of a job still being processed"),
     "ENQUEUE": ("id [id ...]", "Queue active jobs again"),
     "DEQUEUE": ("id [id ...]", "Take queued jobs out of their queue"),
@@ -640,6 +643,24 @@ def qconfig_list(session: Session) -> None:
 def qconfig_del(session: Session, queue: str) -> None:
     """Remove every limit of QUEUE, everywhere (1; 0 if it had none)."""
     session.run(["QCONFIG", queue, "DEL"])
+# batch (docs/workflows.md)
+
+
+@cli.group(cls=CommandGroup, prefix=("BATCH",), context_settings={"ignore_unknown_options": True})
+def batch() -> None:
+    """Batches: `batch new [ON-SUCCESS queue body] [ON-COMPLETE queue body]`
+    (its ID), `batch show ID`, `batch close ID`; jobs join with ADDJOB ...
+    BATCH ID, and the callback job is added once the batch is closed and its
+    jobs are done (BATCH)."""
+
+
+@batch.command("show")
+@click.argument("batch_id")
+@click.pass_obj
+def batch_show(session: Session, batch_id: str) -> None:
+    """BATCH SHOW: the batch's jobs (pending, done, failed), its callbacks,
+    which were fired and their job IDs."""
+    session.run(["BATCH", "SHOW", batch_id])
 
 
 # --------------------------------------------------------------------------

@@ -6,6 +6,8 @@ worker runs WORKING heartbeats in a task beside the handler.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -47,6 +49,15 @@ class AsyncClient(_Base, _Awaiting):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    @asynccontextmanager
+    async def batch(
+        self, on_success: tuple[str, str | bytes] | None = None, on_complete: tuple[str, str | bytes] | None = None
+    ) -> AsyncIterator[AsyncBatchJobs]:
+        """`Client.batch` for `async with`: `await b.add_job(...)` in the block."""
+        jobs = AsyncBatchJobs(self, await self.batch_new(on_success, on_complete))
+        yield jobs
+        await self.batch_close(jobs.id)
 
     async def _run(self, ops: Ops[T]) -> T:
         async with self._lock:
@@ -142,3 +153,14 @@ class AsyncClient(_Base, _Awaiting):
             except (DisqueReplyError, DisqueConnectionError) as e:
                 log.warning("WORKING %s: %s", job_id, e)
                 return
+
+
+@dataclass(frozen=True)
+class AsyncBatchJobs:
+    """The batch of an `AsyncClient.batch` block: `await add_job(...)` adds to it."""
+
+    client: AsyncClient
+    id: str
+
+    async def add_job(self, queue: str, body: str | bytes, **options: Any) -> str:
+        return await self.client.add_job(queue, body, batch=self.id, **options)

@@ -32,6 +32,7 @@ from disque.client.protocol import (
     ReplicationTimeout,
     T,
     _options,
+    _pairs,
     _to_bytes,
     _text,
     encode_command,
@@ -475,7 +476,7 @@ class _Base:
         requests = [(b"%s$%d\r\n%s\r\n%s" % (head, len(b), b, tail), convert) for b in encoded]
         return self._run(self._batch(requests))
 
-    def _consume(self, args: Sequence[Arg], acking: Sequence[str] = ()) -> Ops[list[Job]]:
+    def _consume(self, args: Sequence[Arg], acking: Sequence[Arg] = ()) -> Ops[list[Job]]:
         """GETJOB (after ACKJOB of `acking`, in the same write), then move
         towards the producers if affinity says so."""
         if acking:
@@ -537,6 +538,9 @@ class _Base:
         priority: int | None = None,
         key: str | bytes | None = None,
         dedup: int | str | None = None,
+        after: Iterable[str] = (),
+        on_parent_fail: str | None = None,
+        batch: str | None = None,
     ) -> Ops[str]:
         """ADDJOB; returns the job ID.  `timeout_ms` bounds synchronous
         replication (30 s by default, 0: wait for ever; docs/client.md), past
@@ -547,14 +551,20 @@ class _Base:
         the queue's default if None) is served first; `key` is KEY, and
         `dedup` DEDUP: ms during which another job of the key answers this
         one's ID, or "active" for as long as this one is not acknowledged
-        (docs/keys.md).  A body over the client's `max_job_size` is refused
-        before it is sent."""
+        (docs/keys.md); `after`: the IDs of the jobs this one waits for,
+        `on_parent_fail` (fail, run or drop) what one that fails does to it,
+        `batch` the batch it joins (docs/workflows.md).  A body over the
+        client's `max_job_size` is refused before it is sent."""
         self._check_size(body)
         options = _options(
             [("ASYNC", asynchronous)],
             replicate=replicate, minrepl=minrepl, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
-            maxattempts=max_attempts, deadletter=dead_letter, priority=priority, key=key, dedup=dedup,
+            maxattempts=max_attempts, deadletter=dead_letter, priority=priority, key=key, dedup=dedup, batch=batch,
         )  # fmt: skip
+        for parent in after:
+            options += ["AFTER", parent]
+        if on_parent_fail is not None:
+            options += ["ON-PARENT-FAIL", on_parent_fail]
 
         def send(body: str | bytes) -> Ops[str]:
             return self._add_job(["ADDJOB", queue, body, timeout_ms, *options], timeout_ms)
@@ -576,7 +586,7 @@ class _Base:
             raise
 
     def _getjob(
-        self, queues: Sequence[str], count: int, timeout_ms: int | None, nohang: bool, acking: Sequence[str] = ()
+        self, queues: Sequence[str], count: int, timeout_ms: int | None, nohang: bool, acking: Sequence[Arg] = ()
     ) -> Ops[list[Job]]:
         if not queues:
             raise ValueError("GETJOB needs at least one queue")
@@ -585,7 +595,7 @@ class _Base:
 
     @_api
     def get_jobs(
-        self, *queues: str, count: int = 1, timeout_ms: int | None = None, nohang: bool = False, acking: Sequence[str] = ()
+        self, *queues: str, count: int = 1, timeout_ms: int | None = None, nohang: bool = False, acking: Sequence[Arg] = ()
     ) -> Ops[list[Job]]:
         """Up to `count` jobs (waiting for at least one unless `nohang` or
         timed out); `acking`: job IDs to acknowledge first, in the same write
@@ -602,9 +612,43 @@ class _Base:
         return self._command([verb, *ids], int)
 
     @_api
-    def ack(self, *ids: str) -> Ops[int]:
-        """ACKJOB; the number of jobs newly acknowledged."""
-        return self._ids("ACKJOB", ids)
+    def ack(self, *ids: str, result: str | bytes | None = None) -> Ops[int]:
+        """ACKJOB; the number of jobs newly acknowledged.  `result`: the
+        result of the one job named (at most 16 KiB), kept by the cluster
+        for `result-ttl` (docs/workflows.md): `result()` and
+        `wait_results()` return it."""
+        if result is None:
+            return self._ids("ACKJOB", ids)
+        if len(ids) != 1:
+            raise ValueError("a result goes with one job ID")
+        return self._command(["ACKJOB", ids[0], "RESULT", result], int)
+
+    @_api
+    def batch_new(self, on_success: tuple[str, str | bytes] | None = None, on_complete: tuple[str, str | bytes] | None = None) -> Ops[str]:
+        """BATCH NEW: a batch's ID; `on_success` / `on_complete`: the (queue,
+        body) of the job added once all its jobs are acknowledged / finished
+        (docs/workflows.md).  `Client.batch` wraps it in a `with` block."""
+        args: list[Arg] = ["BATCH", "NEW"]
+        for word, callback in (("ON-SUCCESS", on_success), ("ON-COMPLETE", on_complete)):
+            if callback is not None:
+                args += [word, *callback]
+        return self._command(args, _text)
+
+    @_api
+    def batch_close(self, batch_id: str) -> Ops[Any]:
+        """BATCH CLOSE: no more jobs but from the batch's own running jobs."""
+        return self._command(["BATCH", "CLOSE", batch_id])
+
+    @_api
+    def batch_show(self, batch_id: str) -> Ops[dict[str, Any]]:
+        """BATCH SHOW: its counts (jobs, pending, done, failed), callbacks and what was fired."""
+        return self._command(["BATCH", "SHOW", batch_id], _pairs)
+
+    @_api
+    def result(self, job_id: str) -> Ops[bytes | None]:
+        """RESULT: the result the job was acknowledged with, None when the
+        node keeps none (not acknowledged with one, or past `result-ttl`)."""
+        return self._command(["RESULT", job_id])
 
     @_api
     def fast_ack(self, *ids: str) -> Ops[int]:
@@ -624,6 +668,13 @@ class _Base:
         """WAITJOB: block until every job is acknowledged, or `timeout_ms`
         passes; the number acknowledged."""
         return self._command(["WAITJOB", *ids, *_options(timeout=timeout_ms)], int)
+
+    @_api
+    def wait_results(self, *ids: str, timeout_ms: int | None = None) -> Ops[tuple[int, list[bytes | None]]]:
+        """WAITJOB ... WITHRESULTS: `wait_job`, and the result of each job
+        named, in order (None where the node keeps none)."""
+        args = ["WAITJOB", *ids, *_options(timeout=timeout_ms), "WITHRESULTS"]
+        return self._command(args, lambda reply: (reply[0], list(reply[1])))
 
     @_api
     def enqueue(self, *ids: str) -> Ops[int]:
@@ -731,7 +782,7 @@ class Pipeline(_Base):
         self._queued.append(request)
         return self
 
-    def _consume(self, args: Sequence[Arg], acking: Sequence[str] = ()) -> Any:
+    def _consume(self, args: Sequence[Arg], acking: Sequence[Arg] = ()) -> Any:
         if acking:
             raise ValueError("in a pipeline, queue ack() before get_jobs() instead of acking=")
         return self._command(args, _jobs)  # GETJOB queues too (no affinity move inside a pipeline)

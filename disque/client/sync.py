@@ -8,6 +8,8 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from disque.client.base import (
@@ -43,6 +45,17 @@ class Client(_Base, _Blocking):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @contextmanager
+    def batch(
+        self, on_success: tuple[str, str | bytes] | None = None, on_complete: tuple[str, str | bytes] | None = None
+    ) -> Iterator[BatchJobs]:
+        """`with client.batch(on_success=(queue, body)) as b: b.add_job(...)`:
+        BATCH NEW, the jobs the block adds, BATCH CLOSE when it ends (a block
+        that raises leaves the batch open: its callbacks never fire)."""
+        jobs = BatchJobs(self, self.batch_new(on_success, on_complete))
+        yield jobs
+        self.batch_close(jobs.id)
 
     def _run(self, ops: Ops[T]) -> T:
         with self._lock:
@@ -143,3 +156,14 @@ class Client(_Base, _Blocking):
             except (DisqueReplyError, DisqueConnectionError) as e:
                 log.warning("WORKING %s: %s", job_id, e)
                 return
+
+
+@dataclass(frozen=True)
+class BatchJobs:
+    """The batch of a `Client.batch` block: `add_job` adds to it."""
+
+    client: Client
+    id: str
+
+    def add_job(self, queue: str, body: str | bytes, **options: Any) -> str:
+        return self.client.add_job(queue, body, batch=self.id, **options)

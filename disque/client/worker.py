@@ -23,7 +23,8 @@ connect), so CLIENT LIST and the dashboard show which worker waits where:
        seconds at most; the slot's heartbeat task (one for the slot's life,
        not one per job) sends WORKING for a job still running after
        `first_heartbeat` seconds, then every RETRY/2
-    -> ACKJOB when it returns, of all the jobs finished since the last one:
+    -> ACKJOB when it returns, of all the jobs finished since the last one,
+       each with its handler's return value as its result (`job_result`):
        in the same write as the next GETJOB, or alone after `ACK_DELAY`
        (a long job never holds back the ACK of the quick one before it);
        when it raises (or times out), the failure is
@@ -88,6 +89,7 @@ from disque.client import (
     tracing,
 )
 from disque.client.base import _next_heartbeat
+from disque.client.protocol import Arg
 
 log = logging.getLogger("disque.worker")
 
@@ -111,6 +113,29 @@ class Backoff:
 RECONNECT = Backoff(base=0.1, cap=5.0, jitter=0.5)
 PACE = 0.05  # s: a slot fetches as many jobs as it ran in this long (at least 1, at most the prefetch)
 ACK_DELAY = 0.02  # s: a finished job's ACKJOB waits this long at most for a fetch to carry it
+MAX_RESULT_BYTES = 16 * 1024  # the server's largest result (ACKJOB ... RESULT)
+
+
+def job_result(value: Any) -> bytes | None:
+    """A handler's return value as its job's result (ACKJOB ... RESULT,
+    docs/workflows.md): None is none; bytes go as they are, a str in UTF-8,
+    anything else as JSON.  A value with no JSON form, or a result over
+    the server's 16 KiB, is not kept: the job is acknowledged without it,
+    and a warning says why."""
+    if value is None or isinstance(value, bytes):
+        result = value
+    elif isinstance(value, str):
+        result = value.encode()
+    else:
+        try:
+            result = json.dumps(value).encode()
+        except (TypeError, ValueError) as e:
+            log.warning("the handler's return value is not kept as the job's result: %s", e)
+            return None
+    if result is not None and len(result) > MAX_RESULT_BYTES:
+        log.warning("the handler's return value is not kept as the job's result: %d bytes, over %d", len(result), MAX_RESULT_BYTES)
+        return None
+    return result
 
 
 PERIOD_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -292,17 +317,18 @@ class _Threads:
     def __init__(self) -> None:
         self.idle: list[queue.SimpleQueue[Any]] = []
 
-    async def run(self, fn: Callable[[Job], Any], job: Job) -> None:
+    async def run(self, fn: Callable[[Job], Any], job: Job) -> Any:
         inbox = self.idle.pop() if self.idle else self._start()
         done = anyio.Event()
         token = anyio.lowlevel.current_token()
-        outcome: list[BaseException | None] = []
+        outcome: list[Any] = []  # the exception raised (None), the value returned
         context = contextvars.copy_context()  # the job's span, and whatever else the slot's context holds
         inbox.put((context, fn, job, outcome, lambda: token.backend_class.run_sync_soon(done.set, (), token.native_token)))
         await done.wait()
         self.idle.append(inbox)
         if outcome[0] is not None:
             raise outcome[0]
+        return outcome[1]
 
     @staticmethod
     def _start() -> queue.SimpleQueue[Any]:
@@ -313,10 +339,9 @@ class _Threads:
                 context, fn, job, outcome, notify = inbox.get()
                 threading.current_thread().name = f"job {job.id}"
                 try:
-                    context.run(fn, job)
-                    outcome.append(None)
+                    outcome += [None, context.run(fn, job)]
                 except BaseException as e:
-                    outcome.append(e)
+                    outcome += [e, None]
                 try:
                     notify()
                 except anyio.RunFinishedError:
@@ -340,23 +365,25 @@ def _fields(job: Job, **more: Any) -> dict[str, Any]:
 
 class _Acks:
     """A slot's finished jobs not yet acknowledged: their ACKJOB goes with
-    the slot's next GETJOB, or alone once they have waited ACK_DELAY."""
+    the slot's next GETJOB, or alone once they have waited ACK_DELAY.
+    `ids` are ACKJOB's arguments: each ID, and `RESULT <bytes>` after
+    those that have one."""
 
     def __init__(self) -> None:
-        self.ids: list[str] = []
+        self.ids: list[Arg] = []
         self.added = anyio.Event()
 
-    def add(self, job_id: str) -> None:
-        self.ids.append(job_id)
+    def add(self, job_id: str, result: bytes | None = None) -> None:
+        self.ids += [job_id] if result is None else [job_id, "RESULT", result]
         self.added.set()
 
-    def take(self) -> list[str]:
+    def take(self) -> list[Arg]:
         ids, self.ids = self.ids, []
         if self.added.is_set():
             self.added = anyio.Event()
         return ids
 
-    def restore(self, ids: list[str]) -> None:
+    def restore(self, ids: list[Arg]) -> None:
         self.ids[:0] = ids
         if ids:
             self.added.set()
@@ -559,13 +586,14 @@ class Worker:
             await anyio.sleep(ACK_DELAY)
             await self._acknowledge(client, acks.take())
 
-    async def _acknowledge(self, client: AsyncClient, ids: list[str]) -> None:
-        if not ids:
+    async def _acknowledge(self, client: AsyncClient, args: list[Arg]) -> None:
+        if not args:
             return
         try:
             with anyio.CancelScope(shield=True):  # never cut a request in half
-                await client.ack(*ids)
+                await client.ack(*args)  # type: ignore[arg-type]  # (the IDs, with their RESULTs)
         except (DisqueConnectionError, DisqueReplyError) as e:
+            ids = [a for a in args if isinstance(a, str) and a != "RESULT"]  # (a result is bytes)
             log.warning("could not acknowledge %d job(s), they will be delivered again: %s", len(ids), e, extra={"jobs": ",".join(ids)})
 
     async def _hand_back(self, client: AsyncClient, jobs: list[Job]) -> None:
@@ -579,14 +607,14 @@ class Worker:
         handler = self._handlers[job.queue]
         started = time.monotonic()
         with self._running.scope() as scope:
-            error = await self._attempt(beat, handler, job)
+            error, value = await self._attempt(beat, handler, job)
         if scope.cancelled_caught:
             log.warning("job interrupted by the stop, NACKed", extra=_fields(job))
             await self._settle(client.nack(job.id), job)
         elif error is None:
             self.processed += 1
             log.debug("job done", extra=_fields(job, seconds=round(time.monotonic() - started, 3)))
-            acks.add(job.id)
+            acks.add(job.id, job_result(value))
         else:
             self.failed += 1
             delay = handler.retry_delay(job, self.rng)
@@ -594,24 +622,26 @@ class Worker:
             log.error("job failed", exc_info=error, extra=_fields(job, error=repr(error), **outcome))
             await self._settle(client.nack(job.id, delay=delay, error=error), job)  # the reason stays with the job
 
-    async def _attempt(self, beat: _Beat, handler: Handler, job: Job) -> Exception | None:
+    async def _attempt(self, beat: _Beat, handler: Handler, job: Job) -> tuple[Exception | None, Any]:
         """`_run_handler` in the job's trace span (disque.client.tracing), which
         also takes a producer's trace context off the body."""
         with tracing.processing(job, handler.exhausted(job)) as traced:
-            error = await self._run_handler(beat, handler, traced.job)
+            error, value = await self._run_handler(beat, handler, traced.job)
             traced.end(error)
-            return error
+            return error, value
 
-    async def _run_handler(self, beat: _Beat, handler: Handler, job: Job) -> Exception | None:
-        """Run the handler, the slot's heartbeats watching it; the exception it raised, if any."""
+    async def _run_handler(self, beat: _Beat, handler: Handler, job: Job) -> tuple[Exception | None, Any]:
+        """Run the handler, the slot's heartbeats watching it; the exception
+        it raised, if any, and the value it returned."""
         beat.start(job)
         error: Exception | None = None
+        value: Any = None
         try:
             with anyio.fail_after(handler.timeout) as deadline:
                 if inspect.iscoroutinefunction(handler.fn):
-                    await handler.fn(job)
+                    value = await handler.fn(job)
                 else:
-                    await self._threads.run(handler.fn, job)
+                    value = await self._threads.run(handler.fn, job)
         except Exception as e:
             error = e
         finally:
@@ -620,7 +650,7 @@ class Worker:
             timeout = JobTimeout(f"still running after {handler.timeout:g} s")
             timeout.__cause__ = error  # anyio's TimeoutError: its context shows where the handler was
             error = timeout
-        return error
+        return error, value
 
     async def _heartbeats(self, client: AsyncClient, beat: _Beat) -> None:
         """WORKING for the slot's running job `first_heartbeat` seconds after

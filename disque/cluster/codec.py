@@ -39,13 +39,14 @@ from disque.cluster.messages import (
     Claim, Claimed, DelJob, Enqueue, Fail, Fanout, GossipEntry, GotAck, GotJob, GotJobs, GroupAck, GroupFlush, GroupSet,
     Header, Meet, Message, NeedEvent, NeedJobs, NewEvent, Pause, Ping, Pong, Queued, ReplJob, ReplJobs, SetAck, WaitEntry,
     Waiting, WillQueue, Working, YourEvent, YourJobs, SchedSet, Ticked, KeyClaim, KeyClaimed, KeySet, KeyDone, QSet, LimitAsk,
-    LimitGrant, valid_zone,
+    LimitGrant, Depend, Settled, BatchSet, valid_zone,
 )  # fmt: skip
 from disque.store.records import (  # the pieces of the field tables
     _BITS, _FAILURE, _PORT, _UINT, Check, DecodeError, _ArrayLoader, _ArrayPacker, _bool, _bytes, _dump_wire_job, _Each, _Field,
     _Fields, _IntIn, _job_id, _Key, _ListOf, _MapLoader, _MapPacker, _node_id, _node_ids, _opt_job_id, _Record, _str, _unpack,
     _unpack_map, _version, _wire_job, _wire_job_pos, _dump_wire_job_pos,
 )  # fmt: skip
+from disque.store.results import problem as result_problem
 
 VERSION: Final = 1  # frame body version ("v")
 
@@ -138,6 +139,15 @@ class _Zone(Check):
         return v
 
 
+class _Result(Check):
+    """A job's result (store/results.py): bytes within its size rule."""
+
+    def check(self, v: Any) -> Any:
+        if (trouble := result_problem(_bytes.check(v))) is not None:
+            raise DecodeError(trouble)
+        return v
+
+
 # --- messages -----------------------------------------------------------------
 
 
@@ -187,6 +197,7 @@ _FEATURES = _Field("features", "ft", _BITS, default=0)
 _ZONE = _Field("zone", "z", _Zone(), default="")  # optional: older nodes send none
 _CLOCK = _Field("clock", "ck", _UINT, default=0)  # optional: older nodes send none
 _ID = _Field("id", "i", _job_id)
+_RESULT = _Field("result", "rs", _Result(), default=b"")
 _JOBS = _Field("jobs", "j", _ListOf(_wire_job, 1), _Each(_dump_wire_job),
                pos=(_ListOf(_wire_job_pos, 1), _Each(_dump_wire_job_pos)))  # fmt: skip
 _OPT_ID = _Field("id", "i", _opt_job_id, default=b"")
@@ -217,7 +228,8 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("QUEUED", Queued, (_ID, _Field("delay", "d", _UINT, default=0), _FAILURE), (("incr_nacks", INCR_NACKS), ("incr_deliv", INCR_DELIV))),
     ("WORKING", Working, (_ID,)),
     ("WILLQUEUE", WillQueue, (_ID,)),
-    ("SETACK", SetAck, (_ID, _Field("mayhave", "h", _UINT), _Field("holders", "hs", _node_ids, default=()))),
+    ("SETACK", SetAck, (_ID, _Field("mayhave", "h", _UINT), _Field("holders", "hs", _node_ids, default=()),
+                        _RESULT)),
     ("GOTACK", GotAck, (_ID, _Field("known", "k", _bool))),
     ("DELJOB", DelJob, (_ID, _Field("acked", "ak", _bool, default=True))),
     ("NEEDJOBS", NeedJobs, (_QUEUE, _Field("count", "c", _UINT))),
@@ -246,6 +258,9 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
                             _Field("tokens", "n", _UINT), _Field("at", "a", _UINT), _LIMIT_KEY)),
     ("LIMITGRANT", LimitGrant, (_QUEUE, _Field("slots", "l", _UINT), _Field("tokens", "n", _UINT),
                                 _Field("retry", "y", _UINT), _Field("at", "a", _UINT), _LIMIT_KEY)),
+    ("DEPEND", Depend, (_Field("ids", "i", _ListOf(_job_id, 1)),)),
+    ("SETTLED", Settled, (_ID, _Field("acked", "ak", _bool), _RESULT)),
+    ("BATCHSET", BatchSet, (_Field("record", "r", _bytes),)),  # the record is checked alone: house rule 5
 )
 _KINDS = tuple(_Kind(code, *row) for code, row in enumerate(_ROWS, 1))
 _BY_NAME: Final = {k.name: k for k in _KINDS}

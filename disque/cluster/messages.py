@@ -46,7 +46,8 @@ FEATURE_WAITING: Final = 1  # WAITING (core/federation.py)
 FEATURE_SCHEDULES: Final = 2  # SCHEDSET and TICKED (core/schedules.py)
 FEATURE_KEYS: Final = 4  # KEYCLAIM, KEYCLAIMED, KEYSET and KEYDONE (core/keys.py)
 FEATURE_LIMITS: Final = 8  # QSET, LIMITASK and LIMITGRANT (core/limits.py)
-FEATURES: Final = FEATURE_WAITING | FEATURE_SCHEDULES | FEATURE_KEYS | FEATURE_LIMITS  # this node's
+FEATURE_BATCHES: Final = 16  # DEPEND and SETTLED (core/dependencies.py), BATCHSET (core/batches.py)
+FEATURES: Final = FEATURE_WAITING | FEATURE_SCHEDULES | FEATURE_KEYS | FEATURE_LIMITS | FEATURE_BATCHES  # this node's
 
 ZONE_MAX_LEN: Final = 64
 
@@ -170,6 +171,7 @@ class SetAck:
     id: bytes
     mayhave: int  # size of the sender's nodes_delivered
     holders: tuple[str, ...] = ()  # the sender's nodes_delivered (an older node sends none)
+    result: bytes = b""  # the result the consumer acknowledged with (store/results.py; b"": none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,9 +407,36 @@ class LimitGrant:
     key: bytes = b""
 
 
+@dataclass(frozen=True, slots=True)
+class Depend:
+    """The sender holds jobs waiting for these (core/dependencies.py): the
+    receiver answers SETTLED for each one it knows acknowledged or gone,
+    and for the others it holds, once they are."""
+
+    ids: tuple[bytes, ...]  # at least one
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """Job `id` was acknowledged (`acked`, with its `result`, b"": none) or
+    went without an acknowledgement (expired, dead-lettered, deleted)."""
+
+    id: bytes
+    acked: bool
+    result: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSet:
+    """A batch's whole record (store/batch.py's form, checked by the core,
+    which drops a bad one alone), merged by union (core/batches.py)."""
+
+    record: bytes
+
+
 Message = (
     Ping | Pong | Meet | Fail | ReplJob | ReplJobs | GotJob | GotJobs | Enqueue | Queued | Working
     | WillQueue | SetAck | GotAck | DelJob | NeedJobs | YourJobs | Pause | Fanout
     | GroupSet | Claim | GroupAck | Claimed | NeedEvent | YourEvent | NewEvent | GroupFlush | Waiting
-    | SchedSet | Ticked | KeyClaim | KeyClaimed | KeySet | KeyDone | QSet | LimitAsk | LimitGrant
+    | SchedSet | Ticked | KeyClaim | KeyClaimed | KeySet | KeyDone | QSet | LimitAsk | LimitGrant | Depend | Settled | BatchSet
 )  # fmt: skip

@@ -11,6 +11,10 @@ does: two nodes may each list three holders yet not the same three, and a
 count alone would let the GC end without the copy only one of them knew.
 The receiver adds the holders it did not know (among the nodes it knows)
 and runs the GC itself when it then knows more than the sender.
+A result (`ACKJOB <id> RESULT <bytes>`, store/results.py) is kept by
+the acknowledging node and rides on every SETACK the GC sends, so each
+node that may hold a copy keeps it too before it confirms; each one writes
+it to its AOF (a `RESULT` record) when it first learns it.
 FASTACK skips all that: DELJOB to every owner (every linked node for an
 unknown job) and the job goes at once.  A peer's DELJOB deletes the local
 copy and remembers the ID as collected, so a late REPLJOB cannot bring it
@@ -29,6 +33,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from disque.cluster import messages as m
+from disque.store.aof import RESULT, encode_record
 from disque.store.ids import ttl_minutes
 from disque.store.job import ACK, Job, State
 
@@ -48,25 +53,38 @@ class Acks:
         self.replication = replication
         self.waits = waits
 
-    def ack_job(self, job_id: bytes) -> bool:
-        """ACKJOB for one ID (spec/commands.md §5.3).  True when it counts."""
+    def ack_job(self, job_id: bytes, result: bytes | None = None) -> bool:
+        """ACKJOB for one ID (spec/commands.md §5.3), with the consumer's
+        `result` if it gave one.  True when it counts."""
         life = self.life
         job = life.jobs.get(job_id)
-        counted = False
         if job is None:
-            if life.membership.size() > 1 and not life.membership.leaving and ttl_minutes(job_id) & 1:
-                job = Job(job_id, None, None, state=S_ACKED, etime=life.now // 1000 + ttl_minutes(job_id) * 60)
-                life.register(job)
-        elif job.state != S_ACKED:
-            if job.state == S_WAIT_REPL and not self.replication.achieved(job):
-                return True  # handed to a replica and forgotten here (external replication)
+            if life.membership.size() == 1 or life.membership.leaving or not ttl_minutes(job_id) & 1:
+                return False
+            job = Job(job_id, None, None, state=S_ACKED, etime=life.now // 1000 + ttl_minutes(job_id) * 60)
+            life.register(job)
+        elif job.state == S_WAIT_REPL and not self.replication.achieved(job):
+            return True  # handed to a replica and forgotten here (external replication)
+        if result is not None:  # kept before the ACK tells the jobs that wait for this one (core/dependencies.py)
+            self.keep_result(job_id, job.queue, result)
+        counted = job.state != S_ACKED
+        if counted:
             self.acknowledge(job)  # a waiting producer got its ID first, as with SETACK
-            counted = True
             if job.rare is not None and job.rare.key:  # its key's home may end its hold (core/keys.py)
                 life.keys.done(job, False)
-        if job is not None:
-            self.try_gc(job)
+        self.try_gc(job)
         return counted
+
+    def keep_result(self, job_id: bytes, queue: bytes | None, result: bytes) -> None:
+        """Keep a job's result here for `result-ttl`, in the AOF too when it is new."""
+        life = self.life
+        until = life.now + int(life.config.result_ttl) * 1000
+        if life.results.keep(job_id, result, until) and self.out.aof.state != "off":
+            self.out.aof_record(queue, result_record(job_id, until, result))
+
+    def snapshot_records(self) -> list[bytes]:
+        """The results kept, for an AOF rewrite."""
+        return [result_record(*entry) for entry in self.life.results.items()]
 
     def fast_ack(self, job_id: bytes) -> bool:
         """FASTACK for one ID.  True when the job was known here."""
@@ -80,6 +98,7 @@ class Acks:
         self.waits.settle_waits(job_id, True)
         if job.rare is not None and job.rare.key:
             life.keys.done(job, False)
+        life.finished(job, True)
         life.delete_job(job)
         life.collected.remember(job_id, life.now)  # acknowledged: a late REPLJOB must not revive it
         return True
@@ -92,6 +111,8 @@ class Acks:
         was_active = job.state == S_ACTIVE
         job.move(ACK)
         self.waits.settle_waits(job.id, True)
+        if job.rare is not None or life.deps.held or life.deps.watchers:  # (a plain job: no batch, nobody waits)
+            life.finished(job, True)
         job.nodes_confirmed = None
         if was_active:  # pragma: no branch - callers make a wait-repl job active first (achieved)
             self.out.aof_deljob(job)
@@ -112,12 +133,14 @@ class Acks:
             life.delete_job(job)
             return
         targets = list(life.membership.nodes) if dummy else job.nodes_delivered
-        self.out.broadcast([n for n in targets if n not in job.nodes_confirmed], set_ack(job))
+        self.out.broadcast([n for n in targets if n not in job.nodes_confirmed], set_ack(life, job))
 
     # ------------------------------------------------------------ bus messages
 
     def on_set_ack(self, sender: str, msg: m.SetAck) -> None:
         life = self.life
+        if msg.result:  # kept before the GOTACK that lets the sender's GC end
+            self.keep_result(msg.id, None, msg.result)
         job = life.jobs.get(msg.id)
         if job is not None:
             if job.state == S_WAIT_REPL and not self.replication.achieved(job):
@@ -163,11 +186,17 @@ class Acks:
         job = life.jobs.get(msg.id)
         if job is not None:
             self.waits.settle_waits(msg.id, msg.acked)  # a FASTACK or the end of a GC; or not (dead-lettered, aborted)
+            life.finished(job, msg.acked)
             life.delete_job(job)
         life.collected.remember(msg.id, life.now, msg.acked)
 
 
-def set_ack(job: Job) -> m.SetAck:
+def set_ack(life: Lifecycle, job: Job) -> m.SetAck:
     """The SETACK of an acknowledged job: its holders, and their count for
-    an older node that reads only that."""
-    return m.SetAck(job.id, len(job.nodes_delivered), job.nodes_delivered)
+    an older node that reads only that; its result, if one is kept."""
+    return m.SetAck(job.id, len(job.nodes_delivered), job.nodes_delivered, life.results.get(job.id, life.now) or b"")
+
+
+def result_record(job_id: bytes, until: int, result: bytes) -> bytes:
+    """The AOF record of a result (store/aof.py)."""
+    return encode_record(RESULT, job_id, b"%d" % until, result)

@@ -114,30 +114,36 @@ class Blocking:
         self.block(client, tuple(dict.fromkeys(names)), withcounters, timeout)
         return BLOCKED
 
-    def wait_jobs(self, client: Connection, ids: list[bytes], timeout: int) -> Any:
+    def wait_jobs(self, client: Connection, ids: list[bytes], timeout: int, with_results: bool = False) -> Any:
         """WAITJOB (an extension, docs/commands.md): the number of `ids`
         acknowledged (acked here, or collected after an ACK, a FASTACK or a
         peer's DELJOB), once none is pending any more or `timeout` ms (0:
-        none) have passed.  A job that goes without an acknowledgement
+        none) have passed; `with_results`: that number and the result kept
+        for each ID (`waited`).  A job that goes without an acknowledgement
         (expired, deleted, dead-lettered) stops being waited for and is not
-        counted.  An ID this node does not know is -NOJOB: ask a node that
-        holds the jobs."""
+        counted.  An ID this node does not know (nor keeps a result for) is
+        -NOJOB: ask a node that holds the jobs."""
         life = self.life
         acked, pending = 0, set()
-        for job_id in dict.fromkeys(ids):
+        ids = list(dict.fromkeys(ids))
+        for job_id in ids:
             job = life.jobs.get(job_id)
             if job is None:
-                if job_id not in life.collected:
+                if job_id in life.collected:
+                    acked += life.collected.acked(job_id)
+                elif life.results.get(job_id, life.now) is not None:
+                    acked += 1  # collected long ago, or before a restart: its result says it was acknowledged
+                else:
                     raise errors.nojob()
-                acked += life.collected.acked(job_id)
             elif job.state == S_ACKED:
                 acked += 1
             else:
                 pending.add(job_id)
+        results = tuple(ids) if with_results else None
         if not pending:
-            return acked
+            return self.waited(acked, results)
         waiter = self.block(client, (), False, timeout)
-        waiter.jobs, waiter.acked = pending, acked
+        waiter.jobs, waiter.acked, waiter.results = pending, acked, results
         for job_id in pending:
             self.job_waits.setdefault(job_id, []).append(waiter)
         return BLOCKED
@@ -149,7 +155,15 @@ class Blocking:
             waiter.jobs.discard(job_id)
             waiter.acked += acked
             if not waiter.jobs:
-                self.unblock(waiter.client, waiter.acked)
+                self.unblock(waiter.client, self.waited(waiter.acked, waiter.results))
+
+    def waited(self, acked: int, results: tuple[bytes, ...] | None) -> Any:
+        """WAITJOB's reply: how many were acknowledged; with WITHRESULTS,
+        that and the result of each of `results` (nil: none kept here)."""
+        if results is None:
+            return acked
+        now = self.life.now
+        return [acked, [self.life.results.get(job_id, now) for job_id in results]]
 
     def answer_late(self, client: Connection, delay: int, reply: Any) -> Any:
         """`reply` (raised if it is an error) now, or BLOCKED when `delay`
@@ -211,7 +225,13 @@ class Blocking:
     def time_out(self, now: int) -> None:
         """Answer the waiters whose deadline has come."""
         for waiter in self.timeouts.due(now):
-            self.unblock(waiter.client, waiter.timeout_reply() if waiter.take is None else waiter.take(None))
+            if waiter.take is not None:
+                reply = waiter.take(None)
+            elif waiter.jobs is not None:
+                reply = self.waited(waiter.acked, waiter.results)
+            else:
+                reply = waiter.timeout_reply()
+            self.unblock(waiter.client, reply)
 
     def cron(self) -> None:
         """Every 100 ms: a GETJOB still waiting asks peers again (NEEDJOBS),

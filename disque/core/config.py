@@ -592,6 +592,8 @@ DIRECTIVES: dict[str, Directive] = {
         # Recurring jobs (core/schedules.py): the wait of each next node in line, the missed ticks that fire.
         _integer("schedule-grace", 2000, "schedule-grace must be 100 or greater", low=100, set_min=100),
         _enum("schedule-catch-up", "last", "last all none", "argument must be 'last', 'all' or 'none'"),
+        # Acknowledged jobs' results (store/results.py): how long each node keeps one, in seconds.
+        _integer("result-ttl", 86400, "result-ttl must be 1 or greater", low=1, set_min=1),
         # Damaged AOF records with whole records after them (shell/aof_loader.py): start without them, or refuse.
         _yes_no("aof-load-damaged", True),
     )
@@ -603,7 +605,7 @@ _PROJECT_ORDER = """
     tls-cluster tls-protocols tls-ciphers metrics-port memcache-port memcache-tls-port
     memcache-value-key memcache-max-item-size memcache-auth
     read-behind job-memory-limit max-job-size read-behind-prefetch priority-aging
-    zone min-zones schedule-grace schedule-catch-up
+    zone min-zones schedule-grace schedule-catch-up result-ttl
     aof-load-damaged
 """.split()
 _HIDDEN_FROM_GET = {"cluster-secret", "cluster-secret-previous"}

@@ -77,6 +77,7 @@ def node_figures(node: NodeCore, max_queues: int | None = None) -> dict[str, Any
         ],
         "schedules": dict(node.schedules.info_fields()),
         "keys": dict(node.keys.info_fields()),
+        "workflows": dict(node.deps.info_fields() + node.batches.info_fields()),
         "schedule_list": schedule_figures(node),
         "limits": dict(node.limits.info_fields()),
         "limit_list": node.limits.figures(),

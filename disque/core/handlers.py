@@ -100,7 +100,7 @@ def _postpone(life: Lifecycle, sender: str, msg: Any, working: bool) -> None:
     if job is None:
         return
     if job.state == State.ACKED:
-        life.out.send(sender, set_ack(job))
+        life.out.send(sender, set_ack(life, job))
         return
     delay = 0 if working else msg.delay  # NACK DELAY: nobody queues it before then
     if job.state == State.QUEUED and (working or delay or mixed(sender, job.id) > mixed(life.membership.my_id, job.id)):
@@ -139,7 +139,7 @@ def will_queue(life: Lifecycle, sender: str, msg: m.WillQueue) -> None:
     if job is None:
         return
     if job.state == State.ACKED:
-        life.out.send(sender, set_ack(job))
+        life.out.send(sender, set_ack(life, job))
     elif job.state in (State.ACTIVE, State.QUEUED):
         job.add_delivered(sender)
         if job.state == State.QUEUED:

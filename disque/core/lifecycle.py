@@ -58,6 +58,7 @@ from disque.store.job_options import JobOptions
 from disque.store.jobs import JobStore
 from disque.store.queue import PAUSE_IN, PAUSE_OUT, Queue
 from disque.store.queue_config import DEFAULTS as NO_LIMITS, QueueSettings
+from disque.store.results import Results
 from disque.store.scan import BucketedDict
 
 if TYPE_CHECKING:
@@ -160,8 +161,22 @@ class Events(Protocol):  # consumer groups (core/groups.py)
     def new_event(self, queue: bytes, body: bytes, ttl: int, repl: int) -> Job: ...
 
 
-class Collector(Protocol):  # ACK garbage collection (core/acks.py)
+class Collector(Protocol):  # ACK garbage collection and results (core/acks.py)
     def try_gc(self, job: Job) -> None: ...
+    def keep_result(self, job_id: bytes, queue: bytes | None, result: bytes) -> None: ...
+
+
+class Batcher(Protocol):  # batches (core/batches.py)
+    def add(self, batch_id: bytes, job_id: bytes) -> None: ...
+    def finished(self, job: Job, acked: bool) -> None: ...
+
+
+class Dependents(Protocol):  # jobs that wait for jobs (core/dependencies.py)
+    watchers: dict[bytes, set[str]]
+    held: dict[bytes, set[bytes]]
+
+    def hold(self, job: Job) -> None: ...
+    def settled(self, job_id: bytes, acked: bool) -> None: ...
 
 
 class Kestrel(Protocol):  # Kestrel's queue limits (core/items.py)
@@ -198,6 +213,8 @@ class Lifecycle:
     events: Events
     collector: Collector
     kestrel: Kestrel
+    deps: Dependents
+    batches: Batcher
     replicas: Replicas
     consumers: Consumers
     wanted: Wanted
@@ -212,6 +229,7 @@ class Lifecycle:
         self.out, self.memory, self.collected = out, memory, collected  # below it: emitted to, accounted in, remembered
         self.now = now  # ms, the time of the current step (NodeCore.read_clock)
         self.jobs = JobStore()
+        self.results = Results()  # acknowledged jobs' results (store/results.py)
         self.queues: BucketedDict[bytes, Queue] = BucketedDict()
         self.last_ctime = 0
         self._expiry = (0, 1000)  # (etime, its expiry awake time) of the last job scheduled
@@ -219,9 +237,9 @@ class Lifecycle:
 
     def bind(
         self, events: Events, collector: Collector, kestrel: Kestrel, replicas: Replicas, consumers: Consumers,
-        wanted: Wanted,
+        wanted: Wanted, deps: Dependents, batches: Batcher,
     ) -> None:  # fmt: skip
-        self.events, self.collector, self.kestrel = events, collector, kestrel
+        self.events, self.collector, self.kestrel, self.deps, self.batches = events, collector, kestrel, deps, batches
         self.replicas, self.consumers, self.wanted = replicas, consumers, wanted
 
     # ------------------------------------------------------------ draws
@@ -310,6 +328,8 @@ class Lifecycle:
             known = self.membership.nodes
             job.nodes_delivered = tuple(n for n in job.nodes_delivered if n in known)
         self.register(job)
+        if job.rare is not None and job.rare.parents:
+            self.deps.hold(job)
         return job
 
     def receive(self, job: Job) -> Job:
@@ -340,6 +360,16 @@ class Lifecycle:
         self.memory.account(-self.memory.job_size(job))
         if job.flags & EVENT:
             self.events.drop_event(job)
+
+    def finished(self, job: Job, acked: bool) -> None:
+        """`job` was acknowledged here (or heard so), or went without that
+        (expired, dead-lettered, deleted everywhere): the jobs that wait for
+        it and its batch hear of it."""
+        deps = self.deps
+        if deps.watchers or deps.held:
+            deps.settled(job.id, acked)
+        if job.rare is not None and job.rare.batch:
+            self.batches.finished(job, acked)
 
     def abort_replication(self, job: Job) -> None:
         """A job that never reached its replication level: delete every copy."""
@@ -374,6 +404,8 @@ class Lifecycle:
             if job.state == S_QUEUED:
                 self.queue(job.queue).expired += 1  # type: ignore[arg-type]
                 self.kestrel.expired(job)
+            if job.state != S_ACKED:
+                self.finished(job, False)
             self.delete_job(job)
             return
         state = job.state
@@ -412,8 +444,12 @@ class Lifecycle:
 
     def enqueue(self, job: Job, nack: bool = False) -> bool:
         """Queue a job (spec/cluster.md §8.3).  False when refused: already
-        queued, never to be queued again (qtime 0), or an at-most-once job
-        already handed out once, which queueing again would deliver twice."""
+        queued, never to be queued again (qtime 0), an at-most-once job
+        already handed out once, which queueing again would deliver twice,
+        or a job that waits for others (core/dependencies.py)."""
+        if job.rare is not None and job.rare.parents:
+            job.qtime = 0
+            return False
         if job.state == S_QUEUED or not job.qtime or (job.retry == 0 and job.flags & DELIVERED):
             if job.retry == 0:
                 # Callers set qtime for the one enqueue of an at-most-once job; once
@@ -496,7 +532,8 @@ class Lifecycle:
         `priority` (0-9) defaults to the queue's (its `priority` setting, 5
         unless configured); a schedule's tick brings its `job_id`
         (core/schedules.py); `minrepl` is MINREPL (`replication_level`);
-        `key` is KEY (docs/keys.md)."""
+        `key` is KEY (docs/keys.md); `workflow` AFTER, ON-PARENT-FAIL and
+        BATCH (docs/workflows.md)."""
         ttl, delay, retry, zones = opts.ttl, opts.delay, opts.retry, opts.zones
         settings = self.settings
         check_size(body, settings)
@@ -541,11 +578,22 @@ class Lifecycle:
             job.set_attempts(opts.max_attempts, queue + b"-dead" if opts.dead_letter is None else opts.dead_letter)
         if opts.key:
             job.key = opts.key
+        workflow = opts.workflow
+        if workflow is not None:
+            if workflow.after:
+                job.hold(workflow.after, workflow.on_parent_fail)
+            if workflow.batch:
+                self.batches.add(workflow.batch, job_id)  # counted before any copy can end
+                job.join(workflow.batch)
         if additional:
-            return self.replicas.start(client, job, additional, opts.timeout, opts.is_async, extrepl, zones, minrepl)
-        self.register(job, timer=False)
-        self.queue_new_job(job)
-        return Status(job_id)
+            reply = self.replicas.start(client, job, additional, opts.timeout, opts.is_async, extrepl, zones, minrepl)
+        else:
+            self.register(job, timer=False)
+            self.queue_new_job(job)
+            reply = Status(job_id)
+        if job.rare is not None and job.rare.parents and job_id in self.jobs:  # (not with external replication)
+            self.deps.hold(job)
+        return reply
 
     def _replicas(self, repl: int, minrepl: int, extrepl: bool) -> tuple[int, bool]:
         """How many other nodes a new job of level `repl` goes to; with
@@ -668,10 +716,12 @@ class Lifecycle:
         (NACK ... ERROR) and `origin` the old ID.  The copy keeps, for
         DEADLETTER REQUEUE, the job's MAXATTEMPTS and the queue it came from
         (as `dead_letter`: a copy is never dead-lettered again,
-        `_last_attempt`)."""
+        `_last_attempt`).  A job without MAXATTEMPTS (one whose parent
+        failed: core/dependencies.py) goes to `<queue>-dead`."""
         self.queue(job.queue).dead_lettered += 1  # type: ignore[arg-type]
         self.stats.dead_lettered += 1
-        self.move_job(job, job.dead_letter, job.nacks, job.deliv, job.max_attempts, job.queue, job.id, job.failure)  # type: ignore[arg-type]
+        to = job.dead_letter or job.queue + b"-dead"  # type: ignore[operator]
+        self.move_job(job, to, job.nacks, job.deliv, job.max_attempts, job.queue, job.id, job.failure)  # type: ignore[arg-type]
 
     def dead_letters(self, name: bytes, count: int, selection: DeadLetterFilter) -> list[Job]:
         """DEADLETTER LIST (an extension, docs/commands.md): at most `count`
@@ -709,6 +759,7 @@ class Lifecycle:
     def delete_everywhere(self, job: Job) -> None:
         """Delete `job` here and on every node that holds it (no ACK: nobody waiting for it counts it)."""
         self.out.broadcast(job.nodes_delivered, m.DelJob(job.id, acked=False))
+        self.finished(job, False)
         self.delete_job(job)
 
     def move_job(

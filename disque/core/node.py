@@ -25,6 +25,8 @@ routes the inputs to them.
   other concerns, built on the lifecycle
 * core/schedules.py  recurring jobs: the schedules, and who fires each tick
 * core/limits.py     queues' rate and concurrency limits, budgets lent by homes
+* core/dependencies.py  jobs that wait for jobs (ADDJOB ... AFTER)
+* core/batches.py    batches and their callbacks (BATCH, ADDJOB ... BATCH)
 * core/redrives.py   paced dead-letter moves (DEADLETTER ... RATE)
 * core/read_behind.py  jobs on disk, behind the job store (`jobs.spilled`)
 
@@ -64,6 +66,8 @@ from disque.core.replication import Replication
 from disque.core.redrives import Redrives
 from disque.core.schedules import Schedules
 from disque.core.keys import Keys
+from disque.core.dependencies import Dependencies
+from disque.core.batches import Batches
 from disque.core.types import NIL_ARRAY, BodyStore, Clock, Command, Connection, Host, Stats
 from disque.store.aof import AofStatus
 from disque.store.collected import Collected
@@ -126,7 +130,9 @@ class NodeCore:
         self.schedules = Schedules(life, now, clock)
         self.keys = life.keys = Keys(life, self.blocking)
         self.redrives = Redrives(life)
-        life.bind(self.groups, self.acks, self.items, self.replication, self.blocking, self.federation)
+        self.deps = Dependencies(life)
+        self.batches = Batches(life, rng)
+        life.bind(self.groups, self.acks, self.items, self.replication, self.blocking, self.federation, self.deps, self.batches)
         # Read-behind (core/read_behind.py) sits behind the job store; kept here for the shell and INFO.
         self.read_behind: ReadBehind | NoReadBehind = read_behind.install(life, bodies, config.read_behind)
         self.gate = Gate(config, clock, self.stats, life, self.out, self.memory, self.blocking, self.jobs.spilled)
@@ -159,6 +165,9 @@ class NodeCore:
             m.QSet: self.limits.on_qset,
             m.LimitAsk: self.limits.on_ask,
             m.LimitGrant: self.limits.on_grant,
+            m.Depend: self.deps.on_depend,
+            m.Settled: self.deps.on_settled,
+            m.BatchSet: self.batches.on_batch_set,
         }
 
     @property
@@ -198,7 +207,7 @@ class NodeCore:
         self.read_clock()
         return Replay(
             self.lifecycle, self.groups, self.settle, self.read_clock, trust_queued=trust_queued,
-            schedules=self.schedules, keys=self.keys, limits=self.limits,
+            schedules=self.schedules, keys=self.keys, limits=self.limits, batches=self.batches,
         )  # fmt: skip
 
     def end_load(self) -> None:
@@ -241,10 +250,13 @@ class NodeCore:
         self.schedules.cron()
         self.keys.cron()
         self.limits.cron()
+        self.deps.cron()
+        self.batches.cron()
         self.redrives.cron()
         self.jobs.spilled.cron()
         self.memory.collect_idle_queues()
         self.collected.expire(self.lifecycle.now)
+        self.lifecycle.results.expire(self.lifecycle.now)
         if self.config.timeout:
             self._close_idle_clients(self.config.timeout * 1000)
 
@@ -316,13 +328,13 @@ class NodeCore:
     def snapshot(self) -> Snapshot:
         """Everything an AOF rewrite must hold (core/snapshot.py): jobs in
         memory and on disk, consumer groups' progress, schedules, key holds,
-        limits."""
+        limits, results, batches."""
         return Snapshot(
             snapshot_jobs(self.jobs.values(), self.out.journaled),
             self.read_behind.snapshot(),
             [
                 *self.groups.snapshot_records(), *self.schedules.snapshot_records(), *self.keys.snapshot_records(),
-                *self.limits.snapshot_records(),
+                *self.limits.snapshot_records(), *self.acks.snapshot_records(), *self.batches.snapshot_records(),
             ],
         )
 
@@ -393,7 +405,8 @@ class NodeCore:
     def _new_features(self) -> None:
         """Peers that just said what they read (on a link that came up, their
         PONG) get what was kept from them until then: the waiting consumers,
-        every schedule and the ticks fired, the key holds, every queue's limits."""
+        every schedule and the ticks fired, the key holds, every queue's limits,
+        every batch."""
         peers, self.membership.new_features = self.membership.new_features, []
         for peer in peers:
             if not peer.link:
@@ -410,12 +423,17 @@ class NodeCore:
             if peer.features & m.FEATURE_LIMITS:
                 for record in self.limits.sync_messages():
                     self.out.send_key(peer.key, record)
+            if peer.features & m.FEATURE_BATCHES:
+                for record in self.batches.sync_messages():
+                    self.out.send_key(peer.key, record)
 
     # ------------------------------------------------------------ flushing
 
     def flush_all(self) -> None:
-        """DEBUG FLUSHALL / CLUSTER RESET: every job and queue goes."""
+        """DEBUG FLUSHALL / CLUSTER RESET: every job, queue, result and batch goes."""
         life = self.lifecycle
+        life.results.clear()
+        self.batches.clear()
         for job in list(self.jobs.values()):
             life.delete_job(job)
         for job in self.jobs.spilled.every_job():

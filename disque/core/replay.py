@@ -8,9 +8,12 @@ is): it comes back `active` with timers of its own, keeping the flags it
 was stored with; `DELJOB` deletes it; `GROUPSET` restores a consumer
 group's progress; `SCHEDULE` and `SCHEDTICK` restore the schedules and
 the latest tick each is known to have fired; `KEYHOLD` a key's hold
-(core/keys.py).  The first record of a job wins, except that a later one
+(core/keys.py); `QLIMITS` a queue's limits (core/limits.py); `RESULT` a
+job's result (store/results.py: the first one known wins); `BATCH` a
+batch's record (core/batches.py: merged).  The first record of a job wins, except that a later one
 carrying `not_before` (written by NACK ... DELAY) brings its counters and
-that requeue time.  Jobs stored `queued` are re-queued once, at the end
+that requeue time, and a later one without the parents the first waited
+for (core/dependencies.py: released since) replaces it.  Jobs stored `queued` are re-queued once, at the end
 (`finish`/`requeue`), only when the file is trusted: `trust_queued`
 (aof-enqueue-jobs-once) or a CLEANSHUTDOWN marker as the very last record.
 
@@ -26,10 +29,13 @@ import heapq
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from disque.store.aof import CLEANSHUTDOWN, DELJOB, GROUPSET, KEYHOLD, LOADJOB, QLIMITS, SCHEDTICK, SCHEDULE, check_record
+from disque.store.aof import (
+    BATCH, CLEANSHUTDOWN, DELJOB, GROUPSET, KEYHOLD, LOADJOB, QLIMITS, RESULT, SCHEDTICK, SCHEDULE, check_record,
+)
 from disque.store.job import NACKED, Job, State
 
 if TYPE_CHECKING:
+    from disque.core.batches import Batches
     from disque.core.groups import Groups
     from disque.core.keys import Keys
     from disque.core.lifecycle import Lifecycle
@@ -43,11 +49,12 @@ class Replay:
     def __init__(
         self, life: Lifecycle, groups: Groups, settle: Callable[[], None], read_clock: Callable[[], int], *,
         trust_queued: bool = False, schedules: Schedules | None = None, keys: Keys | None = None,
-        limits: Limits | None = None,
+        limits: Limits | None = None, batches: Batches | None = None,
     ) -> None:  # fmt: skip
         self.life = life
         self.groups = groups
-        self.schedules, self.keys, self.limits = schedules, keys, limits  # (tests that replay jobs only leave them out)
+        # (tests that replay jobs only leave them out)
+        self.schedules, self.keys, self.limits, self.batches = schedules, keys, limits, batches
         self.settle = settle  # the end of a step (read-behind moves jobs to disk)
         self.read_clock = read_clock
         self.trust_queued = trust_queued
@@ -75,6 +82,13 @@ class Replay:
         elif name == GROUPSET:
             check_record(offset, args)
             self.groups.replay(args[1], args[2], int(args[3]))
+        elif name == RESULT:
+            check_record(offset, args)
+            self.life.results.keep(args[1], args[3], int(args[2]))  # (an expired one is never served, and soon dropped)
+        elif name == BATCH:
+            check_record(offset, args)
+            assert self.batches is not None
+            self.batches.replay(args[1])
         elif name in (SCHEDULE, SCHEDTICK):
             check_record(offset, args)
             assert self.schedules is not None
@@ -99,6 +113,9 @@ class Replay:
             return
         not_before = job.qtime if job.flags & NACKED else 0
         known = life.jobs.get(job.id)
+        if known is not None and known.parents and not job.parents:  # released since (core/dependencies.py): the later record wins
+            life.delete_job(known, log=False)
+            known = None
         if known is not None:
             self.duplicates += 1  # the first record wins, but for what a NACK ... DELAY or ERROR logged
             if job.failure or not_before:

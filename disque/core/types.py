@@ -136,13 +136,12 @@ class Waiter:
     expiry: Any = None  # a late AUTH answer: the reply at the deadline
     jobs: set[bytes] | None = None  # WAITJOB: the IDs still neither acknowledged nor gone
     acked: int = 0  # WAITJOB: how many of its jobs were acknowledged so far
+    results: tuple[bytes, ...] | None = None  # WAITJOB ... WITHRESULTS: the IDs whose results its reply lists
     take: Any = None  # a Kestrel GET (items.py): job served, or None at the deadline -> the reply
     work: Any = None  # a long command's rest (Blocking.in_slices): a generator, one slice per step
 
     def timeout_reply(self) -> Any:
-        """The reply when the deadline passes."""
-        if self.jobs is not None:
-            return self.acked
+        """The reply when the deadline passes (a WAITJOB's: Blocking.waited)."""
         return NIL_ARRAY if self.expiry is None else self.expiry
 
 

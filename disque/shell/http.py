@@ -272,6 +272,16 @@ class NodeCollector:
         counter("limit_records_dropped", "Limits records from the bus or the AOF that broke a rule, dropped alone.",
                 lim["limit_records_dropped"])  # fmt: skip
         out += self._limits(fig["limit_list"])
+        flows = fig["workflows"]  # INFO workflows (docs/workflows.md)
+        gauge("jobs_held", "Jobs held here until their parents are acknowledged (ADDJOB ... AFTER).", flows["jobs_held"])
+        counter("jobs_released", "Held jobs whose last parent was acknowledged here.", flows["jobs_released"])
+        counter("parents_failed", "Parents that expired or were dead-lettered with a child held here.", flows["parents_failed"])
+        gauge("results_kept", "Results of acknowledged jobs kept (ACKJOB ... RESULT).", flows["results_kept"])
+        gauge("results_bytes", "Bytes of the results kept.", flows["results_bytes"])
+        gauge("batches", "Batches known (BATCH NEW).", flows["batches"])
+        counter("batch_callbacks_fired", "Batch callbacks this node added, as the batch's home.", flows["batch_callbacks_fired"])
+        counter("batch_records_dropped", "Batch records from the bus or the AOF that broke a rule, dropped alone.",
+                flows["batch_records_dropped"])  # fmt: skip
         return out
 
     @staticmethod

@@ -45,6 +45,7 @@ from typing import Any
 from zlib import crc32
 
 from disque.store.records import DecodeError, decode_storage, encode_storage
+from disque.store.results import problem as result_problem
 from disque.store.ids import valid_id
 from disque.store.job import Job
 
@@ -56,10 +57,12 @@ SCHEDULE = b"SCHEDULE"  # SCHEDULE <schedule storage form>: a recurring job's de
 SCHEDTICK = b"SCHEDTICK"  # SCHEDTICK <name> <tick ms> <node ID>: the latest tick of a schedule known fired
 KEYHOLD = b"KEYHOLD"  # KEYHOLD <key hold storage form>: a key's DEDUP hold at its home (store/keyed.py)
 QLIMITS = b"QLIMITS"  # QLIMITS <limits storage form>: a queue's cluster-wide limits (store/limits.py)
+BATCH = b"BATCH"  # BATCH <batch record>: a batch as this node knew it (store/batch.py)
+RESULT = b"RESULT"  # RESULT <job ID> <until ms> <bytes>: an acknowledged job's result (store/results.py)
 AOFFORMAT = b"AOFFORMAT"  # AOFFORMAT <version>: the first record of a file whose records are all sealed
 FORMAT_VERSION = b"2"
-RECORD_NAMES = (LOADJOB, DELJOB, CLEANSHUTDOWN, GROUPSET, SCHEDULE, SCHEDTICK, KEYHOLD, QLIMITS, AOFFORMAT)
-ARITY = {GROUPSET: 4, SCHEDTICK: 4}  # arguments of a record, with its name and without its seal (the others: 2)
+RECORD_NAMES = (LOADJOB, DELJOB, CLEANSHUTDOWN, GROUPSET, SCHEDULE, SCHEDTICK, KEYHOLD, QLIMITS, RESULT, BATCH, AOFFORMAT)
+ARITY = {GROUPSET: 4, SCHEDTICK: 4, RESULT: 4}  # arguments of a record, with its name and without its seal (the others: 2)
 SEAL = 14  # bytes of the seal: $8 CRLF, 8 hex digits, CRLF
 
 MAX_ARGS = 64  # a record with more arguments is garbage
@@ -428,7 +431,9 @@ def check_record(offset: int, args: list[bytes], decode: bool = True) -> Job | N
         raise AofCorrupt(offset, "corrupted GROUPSET data")
     if name == SCHEDTICK and not (args[2].isdigit() and len(args[2]) < 20):
         raise AofCorrupt(offset, "corrupted SCHEDTICK data")
-    return None  # (a SCHEDULE, KEYHOLD or QLIMITS record is checked when replayed, and a bad one skipped alone)
+    if name == RESULT and not (valid_id(args[1]) and args[2].isdigit() and len(args[2]) < 20 and result_problem(args[3]) is None):
+        raise AofCorrupt(offset, "corrupted RESULT data")
+    return None  # (a SCHEDULE, KEYHOLD, QLIMITS or BATCH record is checked when replayed, and a bad one skipped alone)
 
 
 @dataclass(slots=True)

@@ -74,7 +74,7 @@ TRANSITIONS: dict[State, dict[str, State]] = {
 DEFAULT_PRIORITY: Final = 5  # ADDJOB PRIORITY's default, and that of a frame or record without one
 MAX_PRIORITY: Final = 9
 
-RARE_BYTES: Final = 96  # a Rare record (GC header included)
+RARE_BYTES: Final = 112  # a Rare record (GC header included)
 FAILURE_BYTES: Final = 104  # a Failure tuple of six (GC header included), beside its strings
 MAX_KEY: Final = 1024  # ADDJOB KEY's longest key, in bytes (docs/keys.md)
 
@@ -91,9 +91,16 @@ class Rare:
     before `dead_letter`, the queue a job out of attempts moves to; `origin`,
     a dead-lettered copy's former ID; `failure`, the last failure a
     consumer reported (store/failure.py); `gc_retry`, the ACK garbage
-    collector's attempts so far; and `key`, ADDJOB KEY (docs/keys.md)."""
+    collector's attempts so far; `key`, ADDJOB KEY (docs/keys.md);
+    `parents`, the jobs not yet acknowledged that ADDJOB ... AFTER holds
+    this one for, and `on_parent_fail`, what a parent that fails does to it
+    (core/dependencies.py); `batch`, the batch ADDJOB ... BATCH put it in
+    (core/batches.py)."""
 
-    __slots__ = ("delay", "nacks", "max_attempts", "dead_letter", "origin", "failure", "gc_retry", "key")
+    __slots__ = (
+        "delay", "nacks", "max_attempts", "dead_letter", "origin", "failure", "gc_retry", "key", "parents",
+        "on_parent_fail", "batch",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.delay = 0
@@ -104,6 +111,9 @@ class Rare:
         self.failure: Failure | tuple[()] = NO_FAILURE
         self.gc_retry = 0
         self.key = b""
+        self.parents: tuple[bytes, ...] = ()
+        self.on_parent_fail = 0
+        self.batch = b""
 
 
 class Job:
@@ -133,6 +143,9 @@ class Job:
         priority: int = DEFAULT_PRIORITY,
         failure: Failure | tuple[()] = NO_FAILURE,
         key: bytes = b"",
+        parents: tuple[bytes, ...] = (),
+        on_parent_fail: int = 0,
+        batch: bytes = b"",
     ) -> None:
         self.id = id
         self.queue = queue
@@ -160,6 +173,10 @@ class Job:
             self._rare().failure = failure
         if key:
             self._rare().key = key
+        if parents:
+            self.hold(parents, on_parent_fail)
+        if batch:
+            self._rare().batch = batch
 
     def _rare(self) -> Rare:
         if self.rare is None:
@@ -221,6 +238,28 @@ class Job:
         if value or self.rare is not None:
             self._rare().gc_retry = value
 
+    @property
+    def parents(self) -> tuple[bytes, ...]:
+        """The parents this job still waits for (core/dependencies.py)."""
+        return self.rare.parents if self.rare is not None else ()
+
+    @property
+    def on_parent_fail(self) -> int:
+        return self.rare.on_parent_fail if self.rare is not None else 0
+
+    @property
+    def batch(self) -> bytes:
+        """The batch this job belongs to (b"": none; core/batches.py)."""
+        return self.rare.batch if self.rare is not None else b""
+
+    def join(self, batch: bytes) -> None:
+        """ADDJOB ... BATCH (core/batches.py)."""
+        self._rare().batch = batch
+
+    def hold(self, parents: tuple[bytes, ...], on_parent_fail: int) -> None:
+        rare = self._rare()
+        rare.parents, rare.on_parent_fail = parents, on_parent_fail
+
     def set_attempts(self, max_attempts: int, dead_letter: bytes) -> None:
         rare = self._rare()
         rare.max_attempts, rare.dead_letter = max_attempts, dead_letter
@@ -249,6 +288,7 @@ class Job:
             "ctime": self.ctime, "delay": self.delay, "retry": self.retry, "nacks": self.nacks,
             "deliv": self.deliv, "queue": self.queue, "body": self.body, "nodes_delivered": self.nodes_delivered,
             "max_attempts": self.max_attempts, "dead_letter": self.dead_letter, "origin": self.origin,
+            "parents": self.parents, "on_parent_fail": self.on_parent_fail, "batch": self.batch,
         }  # fmt: skip
 
     def move(self, event: str) -> None:

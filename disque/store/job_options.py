@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Final
 
 DEDUP_ACTIVE: Final = -1  # JobOptions.dedup of DEDUP ACTIVE: the key held until the job is acknowledged
+MAX_PARENTS: Final = 1000  # ADDJOB ... AFTER names at most this many jobs
+ON_PARENT_FAIL: Final = ("fail", "run", "drop")  # ON-PARENT-FAIL's choices, by their code in a job (core/dependencies.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,3 +38,13 @@ class JobOptions:
     job_id: bytes | None = None  # a schedule's tick brings its own ID (core/schedules.py)
     key: bytes = b""  # KEY (docs/keys.md; b"": none), within store/job.py's key rule
     dedup: int = 0  # DEDUP <ms>: the key held by the job that long (core/keys.py; 0: none, DEDUP_ACTIVE)
+    workflow: Workflow | None = None  # AFTER, ON-PARENT-FAIL, BATCH (one field: a plain job pays for one)
+
+
+@dataclass(frozen=True, slots=True)
+class Workflow:
+    """ADDJOB's options of docs/workflows.md."""
+
+    after: tuple[bytes, ...] = ()  # AFTER: the jobs this one waits for (core/dependencies.py)
+    on_parent_fail: int = 0  # ON-PARENT-FAIL, its code in ON_PARENT_FAIL
+    batch: bytes = b""  # BATCH: the batch the job joins (core/batches.py)

@@ -486,12 +486,19 @@ _PRIORITY = _Field("priority", "pr", _IntIn(0, MAX_PRIORITY), default=DEFAULT_PR
 _FAILURE = _Field("failure", "er", _Failure(), default=failures.NO_FAILURE)
 # ADDJOB KEY (docs/keys.md), left out when there is none; after the failure, for the same reason.
 _KEY = _Field("key", "k", _Key(), default=b"")
+# ADDJOB ... AFTER: the parents a job still waits for, and what a failed one does (core/dependencies.py);
+# left out for a job that waits for none, after the fields above for the same reason.
+_DEPENDS: _Fields = (
+    _Field("parents", "pa", _ListOf(_job_id), default=()),
+    _Field("on_parent_fail", "pf", _IntIn(0, 2), default=0),
+    _Field("batch", "bt", _bytes, default=b""),  # ADDJOB ... BATCH (core/batches.py)
+)
 _WIRE_JOB: _Fields = _JOB_COMMON + (
-    _Field("ttl", "tl", _IntIn(1, _U64)), _Field("etime", "et", _UINT), _PRIORITY, _FAILURE, _KEY
+    _Field("ttl", "tl", _IntIn(1, _U64)), _Field("etime", "et", _UINT), _PRIORITY, _FAILURE, _KEY, *_DEPENDS
 )
 # `not_before`: the core-clock ms before which a NACK ... DELAY job is not queued again (0: none).
 _STORED_JOB: _Fields = _JOB_COMMON + (
-    _Field("etime", "et", _UINT), _Field("not_before", "nb", _UINT, default=0), _PRIORITY, _FAILURE, _KEY
+    _Field("etime", "et", _UINT), _Field("not_before", "nb", _UINT, default=0), _PRIORITY, _FAILURE, _KEY, *_DEPENDS
 )
 _wire_job: Final = _MapLoader(_WIRE_JOB)  # checks the job of REPLJOB / YOURJOBS (a dict with our names)
 _dump_wire_job: Final = _MapPacker(_WIRE_JOB, items=True)
@@ -536,7 +543,7 @@ def _new_job(f: Any, etime: int) -> Job:
     compiled Job parses keywords at twice the cost of the whole call."""
     return Job(f["id"], f["queue"], f["body"], f["state"], f["flags"], f["repl"], etime, f["ctime"], f["delay"],
                f["retry"], f["nacks"], f["deliv"], f["nodes_delivered"], f["max_attempts"], f["dead_letter"],
-               f["origin"], f["priority"], f["failure"], f["key"])  # fmt: skip
+               f["origin"], f["priority"], f["failure"], f["key"], f["parents"], f["on_parent_fail"], f["batch"])  # fmt: skip
 
 
 def job_to_storage(job: Job) -> dict[str, Any]:

@@ -72,7 +72,9 @@ def test_info_default_and_all_choose_their_sections(env):
     default = ["Server", "Clients", "Memory", "Jobs", "Queues", "Persistence", "Stats", "CPU"]
     assert section_titles(env.s("INFO")) == default
     assert section_titles(env.s("INFO", "default")) == default
-    assert section_titles(env.s("INFO", "ALL")) == default + ["Security", "Commandstats", "Kestrel", "Groups", "Federation", "Schedules", "Keys", "Limits"]
+    assert section_titles(env.s("INFO", "ALL")) == default + [
+        "Security", "Commandstats", "Kestrel", "Groups", "Federation", "Schedules", "Keys", "Limits", "Workflows"
+    ]
 
 
 def test_info_server_reports_uptime_and_run_id(env):
@@ -92,7 +94,7 @@ def test_info_sections_are_separated_by_one_empty_line(env):
     reply = env.s("INFO", "all")
     assert reply.startswith(b"# Server\r\ndisque_version:" + __version__.encode() + b"\r\n")
     assert b"\r\nconfig_file:\r\n\r\n# Clients\r\nconnected_clients:1\r\n" in reply
-    assert reply.count(b"\r\n\r\n# ") == 16 and b"\r\n\r\n\r\n" not in reply
+    assert reply.count(b"\r\n\r\n# ") == 17 and b"\r\n\r\n\r\n" not in reply
     assert reply.endswith(b"\r\n") and not reply.endswith(b"\r\n\r\n")
 
 

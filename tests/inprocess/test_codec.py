@@ -26,7 +26,8 @@ from disque.cluster.messages import (
     DelJob, Enqueue, Fail, GossipEntry, GotAck, GotJob, GotJobs, Header, Meet, Message,
     NeedJobs, Pause, Ping, Pong, Queued, ReplJob, ReplJobs, SetAck, WillQueue, Working, Fanout, GroupSet, Claim, Claimed,
     GroupAck, GroupFlush, NeedEvent, YourEvent, NewEvent,
-    WaitEntry, Waiting, YourJobs, SchedSet, Ticked, KeyClaim, KeyClaimed, KeySet, KeyDone, QSet, LimitAsk, LimitGrant,
+    WaitEntry, Waiting, YourJobs, SchedSet, Ticked, KeyClaim, KeyClaimed, KeySet, KeyDone, QSet, LimitAsk, LimitGrant, Depend,
+    Settled, BatchSet,
 )  # fmt: skip
 from disque.store import keyed, schedule
 from disque.store.ids import new_job_id
@@ -71,6 +72,9 @@ def jobs(draw: st.DrawFn) -> Job:
         deliv=draw(uints),
         nodes_delivered=tuple(draw(st.lists(node_ids, unique=True, max_size=4))),
         priority=draw(st.integers(0, 9)),
+        parents=tuple(draw(st.lists(job_ids, unique=True, max_size=3))),
+        on_parent_fail=draw(st.integers(0, 2)),
+        batch=draw(st.sampled_from((b"", b"BT" + b"0" * 40))),
     )
 
 
@@ -89,7 +93,7 @@ MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     Queued: st.builds(Queued, job_ids, st.booleans(), st.booleans()),
     Working: st.builds(Working, job_ids),
     WillQueue: st.builds(WillQueue, job_ids),
-    SetAck: st.builds(SetAck, job_ids, uints, st.lists(node_ids, unique=True, max_size=4).map(tuple)),
+    SetAck: st.builds(SetAck, job_ids, uints, st.lists(node_ids, unique=True, max_size=4).map(tuple), st.binary(max_size=64)),
     GotAck: st.builds(GotAck, job_ids, st.booleans()),
     DelJob: st.builds(DelJob, job_ids),
     NeedJobs: st.builds(NeedJobs, blobs, uints),
@@ -114,6 +118,9 @@ MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     QSet: st.builds(QSet, blobs),
     LimitAsk: st.builds(LimitAsk, blobs, uints, uints, uints, uints, uints),
     LimitGrant: st.builds(LimitGrant, blobs, uints, uints, uints, uints),
+    Depend: st.builds(Depend, st.lists(job_ids, min_size=1, max_size=5).map(tuple)),
+    Settled: st.builds(Settled, job_ids, st.booleans(), st.binary(max_size=64)),
+    BatchSet: st.builds(BatchSet, blobs),
 }
 frames = st.tuples(headers, st.one_of(*MESSAGES.values()))
 one_of_each = st.tuples(*(st.tuples(headers, s) for s in MESSAGES.values())).map(list)
@@ -602,7 +609,7 @@ def test_jobs_that_came_with_the_same_delivery_list_share_its_checked_tuple() ->
 def test_a_jobs_fields_are_what_the_job_forms_carry() -> None:
     job = Job(GOOD_ID, b"q", b"b", flags=DELIVERED | BCAST_QUEUED | IN_LIST, max_attempts=3, dead_letter=b"d")
     fields = job.fields(WIRE_FLAGS & ~DELIVERED)
-    assert list(fields) == [f.name for f in records._JOB_COMMON]
+    assert list(fields) == [f.name for f in records._JOB_COMMON + records._DEPENDS]
     assert fields["flags"] == BCAST_QUEUED and (fields["max_attempts"], fields["dead_letter"]) == (3, b"d")
 
 
@@ -625,6 +632,8 @@ BAD_JOB_FIELDS = [
     ("queue", "q"),
     ("nodes_delivered", "a" * 40),
     ("nodes_delivered", ("A" * 40,)),
+    ("parents", (b"x" * 48,)),
+    ("on_parent_fail", 3),
 ]
 
 

@@ -561,7 +561,7 @@ def test_config_get_all_in_upstream_order():
         "cluster-secret-file protected-mode cluster-protected-mode tls-port tls-cert-file tls-key-file "
         "tls-ca-cert-file tls-auth-clients tls-cluster tls-protocols tls-ciphers metrics-port memcache-port memcache-tls-port "
         "memcache-value-key memcache-max-item-size memcache-auth read-behind job-memory-limit max-job-size read-behind-prefetch "
-        "priority-aging zone min-zones schedule-grace schedule-catch-up aof-load-damaged"
+        "priority-aging zone min-zones schedule-grace schedule-catch-up result-ttl aof-load-damaged"
     ).split()
     hidden = {"appendfilename", "cluster-config-file", "syslog-enabled", "syslog-ident"}
     assert not (hidden | {"cluster-secret", "cluster-secret-previous"}) & set(names)

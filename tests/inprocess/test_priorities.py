@@ -18,6 +18,7 @@ from disque.core.errors import DisqueError
 from disque.store.aof import encode_clean_marker, encode_loadjob
 from disque.store.job import DEQUEUE, ENQUEUE, Job, State
 from disque.store.queue import Queue, effective
+from disque.store import records
 from disque.store.records import DecodeError, decode_storage, encode_storage, job_from_wire, job_to_wire
 from invariants import advance, check_core
 from sim.network import SimCluster
@@ -175,11 +176,12 @@ def test_the_wire_form_carries_it_and_an_older_frame_means_five() -> None:
     assert LinkCodec().decode(msgpack.packb(older))[1].job["priority"] == 5
     sender.positional = True
     arrays = [msgpack.unpackb(sender.encode(header, ReplJob(w, False))) for w in (wire, job_to_wire(_job(5), 0))]
-    assert arrays[0][-1][-3] == 2 and arrays[1][-1][-3] == 5  # (the last failure and the key follow it)
-    del arrays[0][-1][-3:]  # an older node's array ends before it
+    at = -3 - len(records._DEPENDS)  # (the last failure, the key and the dependencies follow it)
+    assert arrays[0][-1][at] == 2 and arrays[1][-1][at] == 5
+    del arrays[0][-1][at:]  # an older node's array ends before it
     older_node = LinkCodec()
     assert older_node.decode(msgpack.packb(arrays[0]))[1].job["priority"] == 5
-    arrays[1][-1][-3] = 10
+    arrays[1][-1][at] = 10
     with pytest.raises(ValueError, match="priority"):
         older_node.decode(msgpack.packb(arrays[1]))
 

@@ -613,3 +613,13 @@ def test_ctrl_c_ends_a_blocked_command_not_the_prompt(prompt: Callable[..., Prom
     wait_for(lambda: (s := client.qstat(queue)) is None or s.blocked == 0, what="the interrupted GETJOB's connection to close")
     client.add_job(queue, "after the interrupt")
     p.run(f"QLEN {queue}", r"\(integer\) 1")  # a new connection answers
+
+
+def test_batch_new_show_and_close(disque: Callable[..., Result], client: Client, queue: str) -> None:
+    batch_id = ok(disque("batch", "new", "ON-COMPLETE", queue + "-done", "over")).strip()
+    client.add_job(queue, "x", batch=batch_id)
+    assert ok(disque("batch", "close", batch_id)).strip() == "OK"
+    flat = json.loads(ok(disque("--json", "batch", "show", batch_id)))
+    shown = dict(zip(flat[::2], flat[1::2]))
+    assert (shown["closed"], shown["jobs"], shown["pending"]) == (1, 1, 1)
+    assert "BATCH NEW [ON-SUCCESS queue body]" in ok(disque("help", "BATCH"))

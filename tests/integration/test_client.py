@@ -30,6 +30,7 @@ from disque.client import (
     encode_command,
     parse_address,
 )
+from disque.client.canvas import chain, chord, group, job
 from disque.testing.devcluster import NodeProcess, command, free_port
 
 ID = re.compile(r"DI[0-9a-f]{8}[0-9a-f]{32}[0-9a-f]{4}SQ")
@@ -165,6 +166,52 @@ def test_ack_fast_ack_and_del_job(client: Client, queue: str) -> None:
     assert client.del_job(c) == 1
     assert client.qlen(queue) == 0
     assert client.ack() == 0  # no IDs is legal
+
+
+def test_ack_with_a_result_and_reading_it_back(client: Client, queue: str) -> None:
+    a, b = client.add_job(queue, "a"), client.add_job(queue, "b")
+    assert client.result(a) is None
+    assert client.ack(a, result="done") == 1
+    assert client.result(a) == b"done"
+    with pytest.raises(ValueError, match="one job ID"):
+        client.ack(a, b, result=b"x")
+    assert client.wait_results(a, b, timeout_ms=50) == (1, [b"done", None])
+    with pytest.raises(DisqueReplyError, match="longer than"):
+        client.ack(b, result=b"x" * 20_000)
+
+
+def test_add_job_after_and_the_canvas(client: Client, queue: str) -> None:
+    def run_all() -> list[bytes]:
+        """The jobs queued now, acknowledged with their bodies in upper case as their results."""
+        jobs = client.get_jobs(queue, count=100, nohang=True)
+        for done in jobs:
+            client.ack(done.id, result=done.body.upper())
+        return sorted(done.body for done in jobs)
+
+    first = client.add_job(queue, "first")
+    second = client.add_job(queue, "second", after=[first], on_parent_fail="drop")
+    info = client.show(second)
+    assert info is not None and info.state == "active"
+    assert run_all() == [b"first"] and run_all() == [b"second"]
+    tails = chain(job(queue, "a"), group([job(queue, "b1"), job(queue, "b2")]), job(queue, "c")).send(client)
+    assert run_all() == [b"a"] and run_all() == [b"b1", b"b2"] and run_all() == [b"c"]
+    assert client.wait_results(*tails) == (1, [b"C"])
+    (end,) = chord([job(queue, f"h{i}") for i in range(3)], job(queue, "sum")).send(client)
+    assert run_all() == [b"h0", b"h1", b"h2"] and run_all() == [b"sum"] and client.result(end) == b"SUM"
+
+
+def test_a_batch_block_and_its_callback(client: Client, queue: str) -> None:
+    with client.batch(on_success=(queue + "-done", "all good"), on_complete=(queue + "-done", "all over")) as batch:
+        ids = [batch.add_job(queue, body) for body in ("a", "b")]
+        assert client.batch_show(batch.id)["closed"] == 0
+    assert client.batch_show(batch.id)["pending"] == 2
+    for job in client.get_jobs(queue, count=10, nohang=True):
+        client.ack(job.id)
+    first = client.get_job(queue + "-done", timeout_ms=5000)  # fired half a second after the last ACK
+    second = client.get_job(queue + "-done", nohang=True)
+    assert first is not None and second is not None and sorted([first.body, second.body]) == [b"all good", b"all over"]
+    shown = client.batch_show(batch.id)
+    assert (shown["done"], shown["success_fired"], shown["complete_fired"]) == (2, 1, 1) and len(ids) == 2
 
 
 def test_nack_enqueue_dequeue_and_working(client: Client, queue: str) -> None:

@@ -69,6 +69,24 @@ def test_add_jobs_and_a_pipeline(backend: str, shared_node: NodeProcess, queue: 
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_batch_block_results_and_after(backend: str, shared_node: NodeProcess, queue: str) -> None:
+    async def scenario() -> None:
+        async with AsyncClient(f"{shared_node.host}:{shared_node.port}") as c:
+            async with c.batch(on_complete=(queue + "-done", "over")) as batch:
+                first = await batch.add_job(queue, "a")
+                await c.add_job(queue, "b", after=[first])
+            (job,) = await c.get_jobs(queue, count=10, nohang=True)
+            assert job.id == first and await c.ack(first, result="ra") == 1
+            (second,) = await c.get_jobs(queue, count=10, nohang=True)  # released by the ACK
+            assert second.body == b"b" and await c.result(first) == b"ra"
+            callback = await c.get_job(queue + "-done", timeout_ms=5000)  # the batch: closed, its job done
+            assert callback is not None and callback.body == b"over"
+            assert (await c.batch_show(batch.id))["complete_fired"] == 1
+
+    run(backend, scenario)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_tasks_share_a_client_and_cancel_a_request(backend: str, shared_node: NodeProcess, queue: str) -> None:
     async def scenario() -> None:
         async with AsyncClient((shared_node.host, shared_node.port)) as consumer, AsyncClient((shared_node.host, shared_node.port)) as c:

@@ -29,7 +29,7 @@ from disque.client import Client, Job
 from disque.client.protocol import failure_args
 from disque.store.failure import LIMITS
 from disque.testing.devcluster import NodeProcess
-from disque.client.worker import App, Backoff, Handler, LogFormatter, Worker, load_app
+from disque.client.worker import MAX_RESULT_BYTES, App, Backoff, Handler, LogFormatter, Worker, job_result, load_app
 
 BACKENDS = ["asyncio", "trio"]
 NO_JOB = "DI" + "0" * 44 + "SQ"
@@ -186,6 +186,27 @@ def test_sync_and_async_handlers_until_the_queues_are_empty(backend: str, client
     assert (worker.processed, worker.failed) == (6, 0)
     assert [client.show(i) for i in ids] == [None] * 6  # acknowledged
     assert threads == {f"job {i}" for i in ids[:3]}  # a thread named after the job it runs
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_handlers_return_value_is_its_jobs_result(backend: str, client: Client, shared_node: NodeProcess, queue: str) -> None:
+    app = App(address(shared_node))
+
+    @app.job(queue)
+    def handle(job: Job) -> object:
+        return {b"text": "ok", b"bytes": b"raw", b"json": [1, 2], b"none": None, b"big": "x" * 20_000, b"odd": {1j}}[job.body]
+
+    ids = client.add_jobs(queue, ["text", "bytes", "json", "none", "big", "odd"])
+    worker = work(app, backend, burst=True)
+    assert (worker.processed, worker.failed) == (6, 0)  # a result not kept still acknowledges its job
+    assert client.wait_results(*ids) == (6, [b"ok", b"raw", b"[1, 2]", None, None, None])
+
+
+def test_job_result_turns_a_return_value_into_bytes_within_the_size_rule() -> None:
+    assert [job_result(v) for v in (None, b"b", "s", {"a": 1}, "x" * MAX_RESULT_BYTES)] == [
+        None, b"b", b"s", b'{"a": 1}', b"x" * MAX_RESULT_BYTES
+    ]
+    assert job_result("x" * (MAX_RESULT_BYTES + 1)) is None and job_result(object()) is None
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -158,10 +158,14 @@ SECTIONS = {
     "keys": ("Keys", lambda node, proc: node.keys.info_fields()),
     # Queues' cluster-wide limits (docs/limits.md); per queue: QCONFIG <queue> GET.
     "limits": ("Limits", lambda node, proc: node.limits.info_fields()),
+    # Jobs that wait for jobs, and results (docs/workflows.md).
+    "workflows": ("Workflows", lambda node, proc: node.deps.info_fields() + node.batches.info_fields()),
     # Queues larger than memory (docs/read-behind.md); off: `read_behind:no` only.
     "read-behind": ("Read-behind", lambda node, proc: node.read_behind.info_fields()),
 }
-EXTRA = ("security", "commandstats", "kestrel", "groups", "read-behind", "federation", "schedules", "keys", "limits")  # shown by INFO <section> and INFO all only
+EXTRA = (  # shown by INFO <section> and INFO all only
+    "security", "commandstats", "kestrel", "groups", "read-behind", "federation", "schedules", "keys", "limits", "workflows",
+)  # fmt: skip
 
 
 def info(node: NodeCore, section: str) -> bytes:

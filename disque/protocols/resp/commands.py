@@ -40,8 +40,9 @@ from disque.store.failure import Failure, problem as failure_problem
 from disque.store.limits import OptionError
 from disque.store.schedule import Schedule, broken_rule
 from disque.store.job import DEFAULT_PRIORITY, MAX_PRIORITY, STATE_BY_NAME, STATE_NAMES, Job, State, key_problem
-from disque.store.job_options import DEDUP_ACTIVE, JobOptions
+from disque.store.job_options import DEDUP_ACTIVE, MAX_PARENTS, ON_PARENT_FAIL, JobOptions, Workflow
 from disque.store.queue import PAUSE_IN, PAUSE_NAMES, PAUSE_OUT, Queue
+from disque.store.results import problem as result_problem
 
 log = logging.getLogger("disque")
 
@@ -97,13 +98,16 @@ def _option(spec: tuple[int, int, int, str], raw: bytes) -> int:
 
 def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> JobOptions:
     """ADDJOB's options from argv[i:] (ADDJOB_OPTS' values, ASYNC, DEADLETTER,
-    KEY, DEDUP) and its `raw_timeout`, checked after them, as one record;
+    KEY, DEDUP, AFTER, ON-PARENT-FAIL, BATCH) and its `raw_timeout`, checked after them, as one record;
     SCHEDULE ADD takes the same options, without a timeout."""
     values: list[int | None] = [None] * len(ADDJOB_OPTS)  # None: not given
     is_async = False
     dead_letter = None
     key = b""
     dedup = 0
+    after: list[bytes] | None = None  # (no list for a plain job)
+    on_parent_fail = None
+    batch = b""
     n = len(argv)
     while i < n:
         spec = _ADDJOB_OPTS_UPPER.get(argv[i])
@@ -128,6 +132,16 @@ def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> 
         elif opt == b"dedup" and i + 1 < n:
             dedup = DEDUP_ACTIVE if argv[i + 1].lower() == b"active" else _option(_DEDUP, argv[i + 1])
             i += 2
+        elif opt == b"after" and i + 1 < n:  # repeated, one parent each (docs/workflows.md)
+            after = [] if after is None else after
+            after.append(argv[i + 1])
+            i += 2
+        elif opt == b"batch" and i + 1 < n:  # docs/workflows.md
+            batch = argv[i + 1]
+            i += 2
+        elif opt == b"on-parent-fail" and i + 1 < n:
+            on_parent_fail = argv[i + 1].lower().decode("latin-1")
+            i += 2
         else:
             raise errors.syntax()
     timeout = 0 if raw_timeout is None else parse_timeout(raw_timeout)
@@ -135,11 +149,30 @@ def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> 
     if dead_letter is not None and max_attempts is None:
         raise err("DEADLETTER needs MAXATTEMPTS")
     args = (timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter, zones, priority, minrepl)
+    workflow = None
+    if after or on_parent_fail is not None or batch:
+        workflow = Workflow(_parents(after, on_parent_fail), ON_PARENT_FAIL.index(on_parent_fail or "fail"), batch)
     if key:  # (keywords cost a plain ADDJOB a tenth of its option parsing: given only when used)
-        return JobOptions(*args, key=key, dedup=dedup)
+        return JobOptions(*args, key=key, dedup=dedup, workflow=workflow)
     if dedup:
         raise err("DEDUP needs KEY")
+    if workflow is not None:
+        return JobOptions(*args, workflow=workflow)
     return JobOptions(*args)
+
+
+def _parents(after: list[bytes] | None, on_parent_fail: str | None) -> tuple[bytes, ...]:
+    """ADDJOB's AFTER IDs, each listed once, and its ON-PARENT-FAIL, checked."""
+    if not after:
+        if on_parent_fail is None:
+            return ()
+        raise err("ON-PARENT-FAIL needs AFTER")
+    if on_parent_fail is not None and on_parent_fail not in ON_PARENT_FAIL:
+        raise err("ON-PARENT-FAIL must be fail, run or drop")
+    parents = tuple(dict.fromkeys(job_ids(after)))
+    if len(parents) > MAX_PARENTS:
+        raise err(f"AFTER names at most {MAX_PARENTS} jobs")
+    return parents
 
 
 @command("addjob", -4, "wmF")
@@ -228,6 +261,8 @@ def _schedule_add(node: NodeCore, argv: list[bytes]) -> Any:
         raise err("MINREPL does not apply to SCHEDULE: a tick's job never waits for its copies")
     if o.key:
         raise err("KEY and DEDUP do not apply to SCHEDULE")
+    if o.workflow is not None:
+        raise err("AFTER and BATCH do not apply to SCHEDULE: a tick's job waits for no other job, nor joins a batch")
     check_job_options(o.repl or 3, o.retry, o.delay or 0, o.ttl or 86400)
     check_size(argv[4], node.lifecycle.settings)
     if o.zones is not None and o.zones > (o.repl or 3):
@@ -269,9 +304,69 @@ def cmd_getjob(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     return node.blocking.get_jobs(client, queues, count, nohang, withcounters, timeout)
 
 
+ACKJOB_SYNTAX: Final = "Syntax error, try ACKJOB <id> [RESULT <bytes>] [<id> [RESULT <bytes>] ...]"
+
+
+def parse_ackjob(argv: list[bytes]) -> tuple[list[bytes], dict[bytes, bytes]]:
+    """ACKJOB <id> [RESULT <bytes>] ...: the IDs, and the result each RESULT
+    (an extension, docs/workflows.md) gives the ID before it, within
+    store/results.py's size rule."""
+    args = argv[1:]
+    ids: list[bytes] = []
+    results: dict[bytes, bytes] = {}
+    i, n = 0, len(args)
+    while i < n:
+        if args[i].lower() != b"result":
+            ids.append(args[i])
+            i += 1
+            continue
+        if not ids or ids[-1] in results or i + 1 == n:
+            raise err(ACKJOB_SYNTAX)
+        if (problem := result_problem(args[i + 1])) is not None:
+            raise err(problem)
+        results[ids[-1]] = args[i + 1]
+        i += 2
+    return job_ids(ids), results
+
+
 @command("ackjob", -1, "wF")
 def cmd_ackjob(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
-    return sum(node.acks.ack_job(job_id) for job_id in job_ids(argv[1:]))
+    ack_job = node.acks.ack_job
+    if len(argv) < 4 or not any(len(argv[i]) == 6 for i in range(1, len(argv))):  # no RESULT (an ID is never 6 bytes)
+        return sum(ack_job(job_id) for job_id in job_ids(argv[1:]))
+    ids, results = parse_ackjob(argv)
+    return sum(ack_job(job_id, results.get(job_id)) for job_id in ids)
+
+
+BATCH_SYNTAX: Final = "Syntax error, try BATCH NEW [ON-SUCCESS <queue> <body>] [ON-COMPLETE <queue> <body>] | SHOW <id> | CLOSE <id>"
+
+
+@command("batch", -2, "wm")
+def cmd_batch(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
+    """BATCH NEW|SHOW|CLOSE (an extension, docs/workflows.md, core/batches.py)."""
+    verb = argv[1].lower()
+    if verb in (b"show", b"close") and len(argv) == 3:
+        if verb == b"show":
+            return Map(node.batches.show(argv[2]))
+        node.batches.close(argv[2])
+        return OK
+    if verb != b"new" or len(argv) % 3 != 2:
+        raise err(BATCH_SYNTAX)
+    callbacks: dict[bytes, tuple[bytes, bytes]] = {}
+    for i in range(2, len(argv), 3):
+        word = argv[i].lower()
+        if word not in (b"on-success", b"on-complete") or word in callbacks:
+            raise err(BATCH_SYNTAX)
+        callbacks[word] = (argv[i + 1], argv[i + 2])
+    return Status(node.batches.new(callbacks.get(b"on-success"), callbacks.get(b"on-complete")))
+
+
+@command("result", 2, "rF")
+def cmd_result(node: NodeCore, client: Connection, argv: list[bytes]) -> bytes | None:
+    """RESULT <id> (an extension, docs/workflows.md): the result the job was
+    acknowledged with, nil when this node keeps none for it."""
+    (job_id,) = job_ids(argv[1:])
+    return node.lifecycle.results.get(job_id, node.now)
 
 
 @command("fastack", -1, "wF")
@@ -441,14 +536,17 @@ def cmd_working(node: NodeCore, client: Connection, argv: list[bytes]) -> int:
 
 @command("waitjob", -2, "rF")
 def cmd_waitjob(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
-    """WAITJOB <id> ... [TIMEOUT <ms>] (an extension, node.wait_jobs)."""
+    """WAITJOB <id> ... [TIMEOUT <ms>] [WITHRESULTS] (an extension, node.wait_jobs)."""
     timeout = 0
+    with_results = len(argv) >= 3 and argv[-1].lower() == b"withresults"
+    if with_results:
+        argv = argv[:-1]
     if len(argv) >= 3 and argv[-2].lower() == b"timeout":
         timeout = parse_timeout(argv[-1])
         argv = argv[:-2]
     if len(argv) < 2:
         raise errors.wrong_arity("waitjob")
-    return node.blocking.wait_jobs(client, job_ids(argv[1:]), timeout)
+    return node.blocking.wait_jobs(client, job_ids(argv[1:]), timeout, with_results)
 
 
 @command("show", 2, "rF")
@@ -488,6 +586,8 @@ def show(node: NodeCore, job: Job) -> Map:
         + ([(b"dead-letter-from", job.dead_letter)] if job.origin and job.dead_letter else [])
         + failure_fields(job)
         + ([(b"key", job.key)] if job.key else [])
+        + ([(b"waits-for", list(job.parents)), (b"on-parent-fail", ON_PARENT_FAIL[job.on_parent_fail])] if job.parents else [])
+        + ([(b"batch", job.batch)] if job.batch else [])
     )
 
 

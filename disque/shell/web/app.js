@@ -299,6 +299,23 @@ function renderLimits(live) {
     cell(row, l.waiting ? `${l.waiting} node(s)` : "", l.waiting ? "down" : "muted");
     cell(row, l.waited_seconds.toFixed(1), "num");
   });
+function renderWorkflows(live) {
+  // INFO workflows of every node, added up (a batch is known to every node: the largest count).
+  const totals = { jobs_held: 0, jobs_released: 0, parents_failed: 0, batches: 0, batch_callbacks_fired: 0, results_kept: 0 };
+  for (const { overview } of live) {
+    for (const name of Object.keys(totals)) {
+      const n = overview.workflows[name];
+      totals[name] = name === "batches" ? Math.max(totals[name], n) : totals[name] + n;
+    }
+  }
+  document.getElementById("workflow-totals").replaceChildren(
+    ...Object.entries(totals).map(([name, n]) => {
+      const span = document.createElement("span");
+      span.textContent = `${name.replaceAll("_", " ")}: ${n}`;
+      span.dataset.figure = name;
+      return span;
+    }),
+  );
 }
 
 function renderSchedules(me, live) {
@@ -406,6 +423,7 @@ async function poll() {
     renderGroups(live);
     renderSchedules(me, live);
     renderLimits(live);
+    renderWorkflows(live);
     renderClients(live);
     renderHealth(live);
   } catch (e) {

@@ -1,0 +1,73 @@
+"""Jobs that wait for jobs and results on a real 3-node cluster with the AOF
+on (docs/workflows.md): a child held on every node until its parent is
+acknowledged elsewhere, queued once, learned by a node killed with -9 and
+restarted; a result that survives kill -9 of the node that took the ACK."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clusterkit import Cluster
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    with Cluster(tmp_path, 3, "--appendonly", "yes", "--appendfsync", "always") as c:
+        yield c
+
+
+def queued(cluster: Cluster, job_id: str) -> list[int]:
+    return [i for i, state in cluster.holders(job_id, cluster.live()).items() if state == "queued"]
+
+
+def test_a_child_is_released_once_and_a_killed_node_learns_it_when_back(cluster):
+    parent = cluster.addjob(0, "parents", "p", 5000, "REPLICATE", 3, "RETRY", 60)
+    child = cluster.addjob(1, "children", "c", 5000, "REPLICATE", 3, "RETRY", 2, "AFTER", parent)
+    assert set(cluster.holders(child).values()) == {"active"}
+    assert cluster.show(2, child)["waits-for"] == [parent.encode()]
+    cluster.kill(2)  # a holder of both jobs dies
+    (fetched,) = cluster.call(0, "GETJOB", "FROM", "parents")
+    assert fetched[1].decode() == parent
+    assert cluster.call(0, "ACKJOB", parent, "RESULT", "from the parent") == 1
+    cluster.wait(lambda: len(queued(cluster, child)) == 1, what="the child queued")
+    cluster.restart(2)  # its AOF holds the child, still waiting
+    cluster.wait(lambda: "waits-for" not in (cluster.show(2, child) or {}), timeout=15, what="node 2 learns the release")
+    cluster.wait(lambda: cluster.call(2, "RESULT", parent) == b"from the parent", timeout=15, what="node 2 keeps the result")
+    (taken,) = cluster.call(0, "GETJOB", "TIMEOUT", 5000, "COUNT", 10, "FROM", "children")  # (wherever it is queued)
+    assert taken[1].decode() == child and cluster.call(0, "ACKJOB", child) == 1
+    cluster.wait(lambda: cluster.holders(child) == {}, timeout=15, what="every copy collected: none queued again")
+    assert cluster.call(1, "RESULT", parent) == b"from the parent"
+
+
+def test_a_result_survives_kill_9_of_the_node_that_took_the_ack(cluster):
+    job_id = cluster.addjob(0, "q", "x", 5000, "REPLICATE", 1)
+    (fetched,) = cluster.call(0, "GETJOB", "FROM", "q")
+    assert cluster.call(0, "ACKJOB", fetched[1], "RESULT", "kept") == 1
+    cluster.kill(0)
+    cluster.restart(0)
+    assert cluster.call(0, "RESULT", job_id) == b"kept"
+    assert cluster.call(0, "WAITJOB", job_id, "WITHRESULTS") == [1, [b"kept"]]
+
+
+def test_a_batch_callback_fires_once_and_a_node_killed_with_9_learns_it(cluster):
+    def shown(i: int) -> dict[str, object]:
+        reply = cluster.call(i, "BATCH", "SHOW", batch)
+        return {k.decode(): v for k, v in zip(reply[::2], reply[1::2])}
+
+    batch = cluster.call(0, "BATCH", "NEW", "ON-SUCCESS", "callbacks", "all good").decode()
+    jobs = [cluster.addjob(i, "work", f"j{i}", 5000, "REPLICATE", 2, "RETRY", 2, "BATCH", batch) for i in range(3)]
+    assert cluster.call(1, "BATCH", "CLOSE", batch) == b"OK"
+    cluster.wait(lambda: all(shown(i)["closed"] == 1 and shown(i)["jobs"] == 3 for i in range(3)), what="known everywhere")
+    cluster.kill(2)
+    for _ in jobs:
+        (taken,) = cluster.call(0, "GETJOB", "TIMEOUT", 5000, "FROM", "work")  # (a copy on node 2 is requeued elsewhere)
+        assert cluster.call(0, "ACKJOB", taken[1]) == 1
+    cluster.wait(lambda: shown(0)["success-fired"] == 1, timeout=15, what="the callback fired")
+    cluster.restart(2)  # its AOF has the batch as it knew it; its peers tell it the rest
+    cluster.wait(lambda: shown(2)["success-fired"] == 1 and shown(2)["pending"] == 0, timeout=15, what="node 2 learns it")
+    (callback,) = cluster.call(1, "GETJOB", "TIMEOUT", 5000, "FROM", "callbacks")
+    assert callback[2] == b"all good" and cluster.call(1, "ACKJOB", callback[1]) == 1
+    cluster.wait(lambda: cluster.holders(callback[1].decode()) == {}, timeout=15, what="the callback collected")
+    assert all(cluster.call(i, "QLEN", "callbacks") == 0 for i in range(3))  # fired once
