@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from disque.store.queue import Queue
 
-BASE_MEMORY: Final = 90_000  # the empty node's own tables (the job index's 1,024, the queue table, ...)
+BASE_MEMORY: Final = 100_000  # the empty node's own tables (the job index's 1,024, the queue table, ...)
 MEM_LEVELS: Final = ("ok", "warning", "oom")  # level(): as upstream's getMemoryWarningLevel
 JOB_OVERHEAD: Final = 396  # per job (record, index slot, timers, copies of its strings) on top of id + queue + body bytes;
 # between the compiled build (about 300 in a large store, 320-340 in one of 5,000 jobs, where the index's
