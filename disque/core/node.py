@@ -424,8 +424,8 @@ class NodeCore:
                 for record in self.limits.sync_messages():
                     self.out.send_key(peer.key, record)
             if peer.features & m.FEATURE_BATCHES:
-                for record in self.batches.sync_messages():
-                    self.out.send_key(peer.key, record)
+                for batch in self.batches.sync_messages():  # (a name of its own: mypyc types a loop's name once)
+                    self.out.send_key(peer.key, batch)
 
     # ------------------------------------------------------------ flushing
 
