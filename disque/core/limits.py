@@ -497,6 +497,11 @@ class Limits:
             for name, budget in sorted(self.budgets.items())
         ]  # fmt: skip
 
+    def ordered(self, queue: bytes) -> bool:
+        """Whether `queue` hands out one job per key at a time (federation moves its keys whole)."""
+        limits = self.defs.get(queue)
+        return limits is not None and limits.ordered and not limits.deleted
+
     def names(self) -> list[bytes]:
         return sorted(name for name, limits in self.defs.items() if limits.any())
 

@@ -435,6 +435,10 @@ class Queue:
             if job is not None:
                 yield job
 
+    def key_jobs(self, key: bytes) -> list[Job]:
+        """The queued jobs of `key`, oldest first (a key one of whose jobs was just taken)."""
+        return list(self.fair.lanes[key].oldest())  # type: ignore[union-attr]
+
     def served(self, job: Job) -> None:
         """`job`, one of `fronts`, was taken: its key's turn goes to the end."""
         fair = self.fair

@@ -574,7 +574,6 @@ def test_ordered_keys_go_one_at_a_time_across_the_cluster_and_in_parallel(mesh):
     for ids in order.values():  # from the consumers' history: one job of a key out at a time
         spans = sorted((seen, acked, job_id) for seen, acked, job_id in consumers.done if job_id in ids)
         assert all(prev[1] <= nxt[0] for prev, nxt in zip(spans, spans[1:]))
-        for i in range(3):  # each node hands out the jobs of a key it holds oldest first
-            mine = [ids.index(job_id) for _, _, job_id in spans if consumers.served[job_id] == i]
-            assert mine == sorted(mine)
+        assert [job_id for _, _, job_id in spans] == ids  # in creation order (a key's jobs move between nodes whole)
     assert consumers.most_out > 1  # the keys went in parallel
+    assert len({consumers.served[job_id] for job_id in order[0]}) > 1  # (they did move)
