@@ -32,6 +32,7 @@ from disque.testing import checker_stats  # noqa: E402
 from disque.testing.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, NACK, OK, SCAN, WAITJOB, History, check  # noqa: E402
 from disque.testing.checker_groups import QACK, QADD, QGET, check_groups  # noqa: E402
 from disque.testing.checker_schedules import SCHEDULE, TICK, check_schedules  # noqa: E402
+from disque.testing.checker_keys import DEDUP, ORDERED, TAKE, check_keys, check_ordered  # noqa: E402
 from disque.testing.checker_limits import check_concurrency  # noqa: E402
 
 ALL_FAULTS = ("halves", "majority", "bridge", "kill", "pause", "netem", "admin", "clock", "zone", "disk")
@@ -49,6 +50,9 @@ TICK_OPTIONS = {"every": 1000, "ttl": 300, "retry": 5, "replicate": 2}  # --sche
 TICK_CONSUMERS = 2  # --schedules: threads reading TICKS
 LIMITED = QUEUE + "-limited"  # --limit: the queue with a concurrency limit, its jobs and consumers apart
 LIMITED_RETRY = 5  # s, the RETRY of its jobs (a lost node's jobs come back this soon)
+KEYED = QUEUE + "-keyed"  # --keys: jobs with KEY and DEDUP, each key added one to three times
+ORDERED_QUEUE = QUEUE + "-ordered"  # --keys: an ordered queue (QCONFIG ... ordered yes)
+ORDERED_JOBS = 8  # --keys: jobs per ordered key, added one after the other through one node
 
 
 def now_ms() -> int:
@@ -121,6 +125,7 @@ class Workload:
         self.down = args.down  # the last nodes, down until the heal
         self.limited: list[tuple[float, float]] = []  # --limit: (got, ended) ms of each job of LIMITED
         self.fault_windows: list[tuple[float, float]] = []  # (start, stop) ms of each fault
+        self.keyed = History(now_ms)  # --keys: its own history (disque/testing/checker_keys.py)
 
     def record(self, type: str, process: Any, node: Any, op: str, **fields: Any) -> dict[str, Any]:
         with self.lock:
@@ -340,6 +345,73 @@ class Workload:
                 ended = now_ms()  # its node went away: the job is given up here, and comes back by its RETRY
             with self.lock:
                 self.limited.append((got, ended))
+
+    def keys_producer(self, process: int) -> None:
+        """--keys: key after key, one to three ADDJOB ... KEY DEDUP of it on
+        random nodes (a producer retrying elsewhere), then ORDERED_JOBS jobs
+        of an ordered key through one node (another if it fails)."""
+        rng = random.Random(f"{self.args.seed}-kp{process}")
+        conns: dict[int, Conn] = {}
+        n = 0
+        while self.producing.is_set():
+            key, n = f"p{process}-{n}", n + 1
+            for _ in range(rng.randint(1, 3)):
+                i = rng.randrange(len(self.nodes))
+                self._keyed_add(conns, process, i, DEDUP, {"key": key}, KEYED, key, "DEDUP", 3_600_000)
+            through = rng.randrange(len(self.nodes))
+            for seq in range(ORDERED_JOBS):
+                while self.producing.is_set() and not self._keyed_add(
+                    conns, process, through, ORDERED, {"key": key, "seq": seq}, ORDERED_QUEUE, key
+                ):
+                    through = rng.randrange(len(self.nodes))
+                    time.sleep(0.1)
+
+    def _keyed_add(self, conns: dict[int, Conn], process: int, i: int, op: str, value: dict[str, Any], queue: str,
+                   key: str, *opts: Any) -> bool:  # fmt: skip
+        with self.lock:
+            invoked = self.keyed.invoke(process, i, op, value=value)
+        try:
+            reply = self._call(conns, i, "ADDJOB", queue, key, 2000, "KEY", key, *opts, "REPLICATE", 2, "RETRY",
+                               LIMITED_RETRY, "TTL", 600)  # fmt: skip
+        except (OSError, ConnectionError):
+            reply = None
+        with self.lock:
+            if isinstance(reply, bytes):
+                self.keyed.complete(invoked, OK, job=reply.decode())
+            else:
+                self.keyed.complete(invoked, INFO, value=str(reply))
+        return isinstance(reply, bytes)
+
+    def keys_consumer(self, process: int) -> None:
+        """--keys: GETJOB from both keyed queues on random nodes, ACKJOB, until
+        the drain is over; each delivery and ACK recorded."""
+        rng = random.Random(f"{self.args.seed}-kc{process}")
+        conns: dict[int, Conn] = {}
+        while self.consuming.is_set():
+            i = rng.randrange(len(self.nodes))
+            with self.lock:
+                op = self.keyed.invoke(process, i, TAKE)
+            try:
+                reply = self._call(conns, i, "GETJOB", "TIMEOUT", 300, "FROM", KEYED, ORDERED_QUEUE)
+            except (OSError, ConnectionError):
+                reply = None
+            if not isinstance(reply, list) or not reply:
+                with self.lock:
+                    self.keyed.complete(op, FAIL if isinstance(reply, list) or reply is None else INFO, value=str(reply))
+                time.sleep(0.05)
+                continue
+            queue, job = reply[0][0].decode(), reply[0][1].decode()
+            with self.lock:
+                self.keyed.complete(op, OK, job=job, body=ORDERED if queue == ORDERED_QUEUE else None)
+                ack = self.keyed.invoke(process, i, ACK, job=job)
+            self.last_delivery = time.monotonic()
+            time.sleep(rng.uniform(0.005, 0.03))
+            try:
+                answer = self._call(conns, i, "ACKJOB", job)
+            except (OSError, ConnectionError):
+                answer = None
+            with self.lock:
+                self.keyed.complete(ack, OK if isinstance(answer, int) else INFO, value=str(answer))
 
     def schedules(self, action: str) -> None:
         """--schedules: SCHEDULE ADD each schedule on a node in turn (recorded
@@ -574,6 +646,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             threads.append(threading.Thread(target=wl.limited_producer, daemon=True))
             for c in range(3 * len(nodes)):
                 threads.append(threading.Thread(target=wl.limited_consumer, args=(3000 + c,), daemon=True))
+        if args.keys:
+            assert call_once(nodes[0].host, nodes[0].port, "QCONFIG", ORDERED_QUEUE, "SET", "ordered", "yes") == b"OK"
+            for p in range(2):
+                threads.append(threading.Thread(target=wl.keys_producer, args=(4000 + p,), daemon=True))
+            for c in range(2 * len(nodes)):
+                threads.append(threading.Thread(target=wl.keys_consumer, args=(5000 + c,), daemon=True))
         if args.schedules:
             wl.schedules("add")
             for c in range(TICK_CONSUMERS):
@@ -667,9 +745,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.limit:  # the jobs a lost node handed out count until their RETRY, and its lease until it lapses
         settle = 2 * args.node_timeout_ms + LIMITED_RETRY * 1000 + 3000
         limits = check_concurrency(wl.limited, args.limit, wl.fault_windows, settle)
+    keys = None
+    if args.keys:  # (a job out on a lost node counts until its RETRY)
+        settle = 2 * args.node_timeout_ms + LIMITED_RETRY * 1000 + 3000
+        keyed = sorted(wl.keyed.records + [r for r in records if r["op"] == checker_stats.NEMESIS], key=lambda r: r["time"])
+        keys = {"dedup": check_keys(keyed, settle_ms=settle).to_json(), "ordered": check_ordered(keyed, settle_ms=settle).to_json()}
+        keys["valid"] = keys["dedup"]["valid"] and keys["ordered"]["valid"]
     results = {
         "valid": verdict["valid"] and (schedules is None or schedules["valid"]) and (limits is None or limits.valid)
-        and not any("died" in n for n in notes),
+        and (keys is None or keys["valid"]) and not any("died" in n for n in notes),
         "mode": net.mode,
         "seed": args.seed,
         "workload": args.workload,
@@ -686,6 +770,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "most_in_faults": limits.most_in_faults, "violations": len(limits.violations),
             "fault_violations": len(limits.fault_violations),
         },
+        "keys": keys,
         "faults": injected,
         "fault_counts": {f: sum(1 for s in injected if s["fault"] == f) for f in sorted({s["fault"] for s in injected})},
         "latency_ms": checker_stats.latencies(records),
@@ -736,6 +821,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
     if limits is not None:
         log(f"limits {'VALID' if limits.valid else 'INVALID'}: {len(wl.limited)} jobs of {LIMITED}, {limits.summary()}")
+    if keys is not None:
+        d, o = keys["dedup"], keys["ordered"]
+        log(f"keys {'VALID' if keys['valid'] else 'INVALID'}: {d['keys']} keys, {d['split_outside']} with two jobs "
+            f"outside the faults, {d['split_inside']} inside, {d['lost']} lost; ordered: {o['ordered_jobs']} jobs of "
+            f"{o['ordered_keys']} keys, two out at once {o['two_out_outside']} outside the faults and "
+            f"{o['two_out_inside']} inside, order breaks {o['order_outside']} outside and {o['order_inside']} inside, "
+            f"{o['ordered_lost']} lost")  # fmt: skip
     for n in notes:
         log(f"note: {n}")
     return results
@@ -754,6 +846,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--schedules", type=int, default=0,
                    help="also run this many schedules (EVERY 1 s) and check one job per tick (README)")  # fmt: skip
     p.add_argument("--schedule-grace", type=int, default=2000, help="the nodes' schedule-grace, ms")
+    p.add_argument("--keys", action="store_true",
+                   help="keyed jobs beside the workload: KEY ... DEDUP and an ordered queue; VALID if no key has two "
+                        "jobs and no ordered key two out at once outside the faults, and none is lost (docs/keys.md)")  # fmt: skip
     p.add_argument("--limit", type=int, default=0,
                    help="also run a queue at QCONFIG concurrency N and check, from its consumers' history, that no more "
                         "than N jobs are out at once outside the faults (docs/limits.md)")  # fmt: skip
