@@ -74,6 +74,21 @@ def consume(
     return history
 
 
+def killed_and_restarted(cluster: Cluster) -> range:
+    """Every node killed with SIGKILL, then started from its AOF: their indexes."""
+    for i in cluster.indexes:
+        cluster.kill(i)
+    for i in cluster.indexes:
+        cluster.restart(i)
+    cluster.wait_healthy()
+    return cluster.indexes
+
+
+def setting(cluster: Cluster, i: int, queue: str, option: bytes) -> object:
+    """QCONFIG GET's value of `option` on node `i`."""
+    return dict(zip(*[iter(cluster.call(i, "QCONFIG", queue, "GET"))] * 2))[option]
+
+
 def add_jobs(cluster: Cluster, queue: str, n: int) -> None:
     for i in range(n):
         # (RETRY counts from when a job was queued, and a retry that fires frees its slot: long enough
@@ -91,13 +106,7 @@ def test_concurrency_holds_on_a_real_cluster_and_after_kill_9(tmp_path: Path) ->
         print(f"concurrency 5, 30 consumers: {len(history)} jobs in 12 s, at most {most_at_once(history)} out at once")
         assert most_at_once(history) <= 5
         assert len(history) >= 100, len(history)  # (not starved: the five slots kept busy)
-        for i in cluster.indexes:
-            cluster.kill(i)
-        for i in cluster.indexes:
-            cluster.restart(i)
-        cluster.wait_healthy()
-        for i in cluster.indexes:  # each from its own AOF
-            assert dict(zip(*[iter(cluster.call(i, "QCONFIG", "reports", "GET"))] * 2))[b"concurrency"] == 5
+        assert {setting(cluster, i, "reports", b"concurrency") for i in killed_and_restarted(cluster)} == {5}
         add_jobs(cluster, "reports", 2000)
         again = consume(cluster, "reports", per_node=10, seconds=8, hold=0.02)
         print(f"after kill -9 of every node: {len(again)} jobs in 8 s, at most {most_at_once(again)} out at once")
@@ -152,13 +161,7 @@ def test_ordered_keys_hold_on_a_real_cluster_and_after_kill_9(tmp_path: Path) ->
         served, most = ordered_run(cluster, 40, 10)
         print(f"ordered, 6 keys, 12 consumers: {served} jobs, one of a key out at a time, {most} in all at once")
         assert most > 1  # the keys went in parallel
-        for i in cluster.indexes:
-            cluster.kill(i)
-        for i in cluster.indexes:
-            cluster.restart(i)
-        cluster.wait_healthy()
-        for i in cluster.indexes:  # each from its own AOF
-            assert dict(zip(*[iter(cluster.call(i, "QCONFIG", "payments", "GET"))] * 2))[b"ordered"] == b"yes"
+        assert {setting(cluster, i, "payments", b"ordered") for i in killed_and_restarted(cluster)} == {b"yes"}
         served, most = ordered_run(cluster, 20, 8)
         print(f"after kill -9 of every node: {served} jobs, one of a key out at a time, {most} in all at once")
 

@@ -17,6 +17,7 @@ producers stop and a drainer reads every node until nothing came for QUIET_S.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import trio
 
@@ -49,13 +50,16 @@ class KeyWorkload(ScheduleWorkload):
             for _ in range(self.rng.randint(1, 3)):
                 node = self.rng.choice(self.live())
                 op = self.history.invoke(process, node, DEDUP, body=key, value={"key": key})
-                reply = await self.cluster.call(node, "ADDJOB", QUEUE, key, 2000, "KEY", key, "DEDUP", WINDOW_MS,
-                                                "REPLICATE", 2, "RETRY", 2, "TTL", 600)  # fmt: skip
-                if isinstance(reply, Status):
-                    self.history.complete(op, OK, job=bytes(reply).decode())
-                else:
-                    self.history.complete(op, INFO, value=str(reply))
+                await self.add(op, node, QUEUE, key, key, "DEDUP", WINDOW_MS, "RETRY", 2)
                 await trio.sleep(self.rng.uniform(0.05, 0.5))
+
+    async def add(self, op: Record, node: int, queue: str, body: str, key: str, *opts: Any) -> None:
+        """ADDJOB of a keyed job, its answer recorded as `op`'s."""
+        reply = await self.cluster.call(node, "ADDJOB", queue, body, 2000, "KEY", key, *opts, "REPLICATE", 2, "TTL", 600)
+        if isinstance(reply, Status):
+            self.history.complete(op, OK, job=bytes(reply).decode())
+        else:
+            self.history.complete(op, INFO, value=str(reply))
 
     async def ordered_producer(self, process: int) -> None:
         for n in range(ORDERED_KEYS):
@@ -64,12 +68,7 @@ class KeyWorkload(ScheduleWorkload):
             for seq in range(ORDERED_JOBS):
                 node = through if through in self.live() else self.rng.choice(self.live())
                 op = self.history.invoke(process, node, ORDERED, value={"key": key, "seq": seq})
-                reply = await self.cluster.call(node, "ADDJOB", ORDERED_QUEUE, f"{key}:{seq}", 2000, "KEY", key,
-                                                "REPLICATE", 2, "RETRY", 5, "TTL", 600)  # fmt: skip
-                if isinstance(reply, Status):
-                    self.history.complete(op, OK, job=bytes(reply).decode())
-                else:
-                    self.history.complete(op, INFO, value=str(reply))
+                await self.add(op, node, ORDERED_QUEUE, f"{key}:{seq}", key, "RETRY", 5)
                 await trio.sleep(self.rng.uniform(0.01, 0.1))
             await trio.sleep(self.rng.uniform(3, 6))  # (keys spread over the run, some clear of the faults)
 
