@@ -32,6 +32,7 @@ from disque.testing import checker_stats  # noqa: E402
 from disque.testing.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, NACK, OK, SCAN, WAITJOB, History, check  # noqa: E402
 from disque.testing.checker_groups import QACK, QADD, QGET, check_groups  # noqa: E402
 from disque.testing.checker_schedules import SCHEDULE, TICK, check_schedules  # noqa: E402
+from disque.testing.checker_keys import DEDUP, ORDERED, TAKE, check_keys, check_ordered  # noqa: E402
 from disque.testing.checker_limits import check_concurrency  # noqa: E402
 from disque.testing.checker_workflows import BATCH, CHILD, CLOSE, PARENT, RESULT, TAKE, check_workflows  # noqa: E402
 
@@ -52,6 +53,9 @@ LIMITED = QUEUE + "-limited"  # --limit: the queue with a concurrency limit, its
 LIMITED_RETRY = 5  # s, the RETRY of its jobs (a lost node's jobs come back this soon)
 PARENTS, CHILDREN, CALLBACKS = QUEUE + "-parents", QUEUE + "-children", QUEUE + "-callbacks"  # --batches: (AFTER) and the batch's
 PAIR_OPTIONS = ("REPLICATE", 2, "RETRY", 5, "TTL", 600)  # --batches: each parent's and child's
+KEYED = QUEUE + "-keyed"  # --keys: jobs with KEY and DEDUP, each key added one to three times
+ORDERED_QUEUE = QUEUE + "-ordered"  # --keys: an ordered queue (QCONFIG ... ordered yes)
+ORDERED_JOBS = 8  # --keys: jobs per ordered key, added one after the other through one node
 
 
 def now_ms() -> int:
@@ -125,6 +129,7 @@ class Workload:
         self.limited: list[tuple[float, float]] = []  # --limit: (got, ended) ms of each job of LIMITED
         self.fault_windows: list[tuple[float, float]] = []  # (start, stop) ms of each fault
         self.batch = ""  # --batches: the batch the parents join
+        self.keyed = History(now_ms)  # --keys: its own history (disque/testing/checker_keys.py)
 
     def record(self, type: str, process: Any, node: Any, op: str, **fields: Any) -> dict[str, Any]:
         with self.lock:
@@ -404,6 +409,73 @@ class Workload:
                     continue
                 self.record(OK, "reader", node.index, RESULT, job=job, value=None if reply is None else reply.decode())
 
+    def keys_producer(self, process: int) -> None:
+        """--keys: key after key, one to three ADDJOB ... KEY DEDUP of it on
+        random nodes (a producer retrying elsewhere), then ORDERED_JOBS jobs
+        of an ordered key through one node (another if it fails)."""
+        rng = random.Random(f"{self.args.seed}-kp{process}")
+        conns: dict[int, Conn] = {}
+        n = 0
+        while self.producing.is_set():
+            key, n = f"p{process}-{n}", n + 1
+            for _ in range(rng.randint(1, 3)):
+                i = rng.randrange(len(self.nodes))
+                self._keyed_add(conns, process, i, DEDUP, {"key": key}, KEYED, key, "DEDUP", 3_600_000)
+            through = rng.randrange(len(self.nodes))
+            for seq in range(ORDERED_JOBS):
+                while self.producing.is_set() and not self._keyed_add(
+                    conns, process, through, ORDERED, {"key": key, "seq": seq}, ORDERED_QUEUE, key
+                ):
+                    through = rng.randrange(len(self.nodes))
+                    time.sleep(0.1)
+
+    def _keyed_add(self, conns: dict[int, Conn], process: int, i: int, op: str, value: dict[str, Any], queue: str,
+                   key: str, *opts: Any) -> bool:  # fmt: skip
+        with self.lock:
+            invoked = self.keyed.invoke(process, i, op, value=value)
+        try:
+            reply = self._call(conns, i, "ADDJOB", queue, key, 2000, "KEY", key, *opts, "REPLICATE", 2, "RETRY",
+                               LIMITED_RETRY, "TTL", 600)  # fmt: skip
+        except (OSError, ConnectionError):
+            reply = None
+        with self.lock:
+            if isinstance(reply, bytes):
+                self.keyed.complete(invoked, OK, job=reply.decode())
+            else:
+                self.keyed.complete(invoked, INFO, value=str(reply))
+        return isinstance(reply, bytes)
+
+    def keys_consumer(self, process: int) -> None:
+        """--keys: GETJOB from both keyed queues on random nodes, ACKJOB, until
+        the drain is over; each delivery and ACK recorded."""
+        rng = random.Random(f"{self.args.seed}-kc{process}")
+        conns: dict[int, Conn] = {}
+        while self.consuming.is_set():
+            i = rng.randrange(len(self.nodes))
+            with self.lock:
+                op = self.keyed.invoke(process, i, TAKE)
+            try:
+                reply = self._call(conns, i, "GETJOB", "TIMEOUT", 300, "FROM", KEYED, ORDERED_QUEUE)
+            except (OSError, ConnectionError):
+                reply = None
+            if not isinstance(reply, list) or not reply:
+                with self.lock:
+                    self.keyed.complete(op, FAIL if isinstance(reply, list) or reply is None else INFO, value=str(reply))
+                time.sleep(0.05)
+                continue
+            queue, job = reply[0][0].decode(), reply[0][1].decode()
+            with self.lock:
+                self.keyed.complete(op, OK, job=job, body=ORDERED if queue == ORDERED_QUEUE else None)
+                ack = self.keyed.invoke(process, i, ACK, job=job)
+            self.last_delivery = time.monotonic()
+            time.sleep(rng.uniform(0.005, 0.03))
+            try:
+                answer = self._call(conns, i, "ACKJOB", job)
+            except (OSError, ConnectionError):
+                answer = None
+            with self.lock:
+                self.keyed.complete(ack, OK if isinstance(answer, int) else INFO, value=str(answer))
+
     def schedules(self, action: str) -> None:
         """--schedules: SCHEDULE ADD each schedule on a node in turn (recorded
         once every node lists it), or SCHEDULE DEL them all (recorded when sent)."""
@@ -637,6 +709,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             threads.append(threading.Thread(target=wl.limited_producer, daemon=True))
             for c in range(3 * len(nodes)):
                 threads.append(threading.Thread(target=wl.limited_consumer, args=(3000 + c,), daemon=True))
+        if args.keys:
+            assert call_once(nodes[0].host, nodes[0].port, "QCONFIG", ORDERED_QUEUE, "SET", "ordered", "yes") == b"OK"
+            for p in range(2):
+                threads.append(threading.Thread(target=wl.keys_producer, args=(4000 + p,), daemon=True))
+            for c in range(2 * len(nodes)):
+                threads.append(threading.Thread(target=wl.keys_consumer, args=(5000 + c,), daemon=True))
         if args.schedules:
             wl.schedules("add")
             for c in range(TICK_CONSUMERS):
@@ -735,15 +813,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.schedules:
         settle = args.settle_ms if args.settle_ms is not None else 2 * args.node_timeout_ms + args.schedule_grace
         schedules = check_schedules(records, grace_ms=args.schedule_grace, nodes=args.nodes, settle_ms=settle).to_json()
-    limits = None
-    if args.limit:  # the jobs a lost node handed out count until their RETRY, and its lease until it lapses
-        limit_settle = 2 * args.node_timeout_ms + LIMITED_RETRY * 1000 + 3000
-        limits = check_concurrency(wl.limited, args.limit, wl.fault_windows, limit_settle)
+    # The jobs a lost node handed out count until their RETRY, and its lease until it lapses.
+    out_settle = 2 * args.node_timeout_ms + LIMITED_RETRY * 1000 + 3000
+    limits = check_concurrency(wl.limited, args.limit, wl.fault_windows, out_settle) if args.limit else None
+    keys = None
+    if args.keys:
+        keyed = sorted(wl.keyed.records + [r for r in records if r["op"] == checker_stats.NEMESIS], key=lambda r: r["time"])
+        keys = {"dedup": check_keys(keyed, settle_ms=out_settle).to_json(), "ordered": check_ordered(keyed, settle_ms=out_settle).to_json()}
+        keys["valid"] = keys["dedup"]["valid"] and keys["ordered"]["valid"]
     settle = args.settle_ms if args.settle_ms is not None else 2 * args.node_timeout_ms + args.schedule_grace
     workflows = check_workflows(records, settle_ms=settle).to_json() if args.batches else None
     results = {
         "valid": verdict["valid"] and (schedules is None or schedules["valid"]) and (limits is None or limits.valid)
-        and (workflows is None or workflows["valid"])
+        and (keys is None or keys["valid"]) and (workflows is None or workflows["valid"])
         and not any("died" in n for n in notes),
         "mode": net.mode,
         "seed": args.seed,
@@ -762,6 +844,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "fault_violations": len(limits.fault_violations),
         },
         "workflows": workflows,
+        "keys": keys,
         "faults": injected,
         "fault_counts": {f: sum(1 for s in injected if s["fault"] == f) for f in sorted({s["fault"] for s in injected})},
         "latency_ms": checker_stats.latencies(records),
@@ -820,6 +903,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"batch's callback missing {workflows['callbacks_missing']}, twice outside the faults "
             f"{workflows['callbacks_duplicated_outside']}"
         )
+    if keys is not None:
+        d, o = keys["dedup"], keys["ordered"]
+        log(f"keys {'VALID' if keys['valid'] else 'INVALID'}: {d['keys']} keys, {d['split_outside']} with two jobs "
+            f"outside the faults, {d['split_inside']} inside, {d['lost']} lost; ordered: {o['ordered_jobs']} jobs of "
+            f"{o['ordered_keys']} keys, two out at once {o['two_out_outside']} outside the faults and "
+            f"{o['two_out_inside']} inside, order breaks {o['order_outside']} outside and {o['order_inside']} inside, "
+            f"{o['ordered_lost']} lost")  # fmt: skip
     for n in notes:
         log(f"note: {n}")
     return results
@@ -841,6 +931,9 @@ def parser() -> argparse.ArgumentParser:
                    help="also add this many parents, each with a child AFTER it, acknowledge them with results and "
                         "check that no child runs before its parent's ACK and no result is lost (README)")  # fmt: skip
     p.add_argument("--schedule-grace", type=int, default=2000, help="the nodes' schedule-grace, ms")
+    p.add_argument("--keys", action="store_true",
+                   help="keyed jobs beside the workload: KEY ... DEDUP and an ordered queue; VALID if no key has two "
+                        "jobs and no ordered key two out at once outside the faults, and none is lost (docs/keys.md)")  # fmt: skip
     p.add_argument("--limit", type=int, default=0,
                    help="also run a queue at QCONFIG concurrency N and check, from its consumers' history, that no more "
                         "than N jobs are out at once outside the faults (docs/limits.md)")  # fmt: skip

@@ -218,6 +218,7 @@ class App:
         priority: int | None = None,
         rate: str | None = None,
         concurrency: int | None = None,
+        ordered: bool = False,
     ) -> Callable[[Callable[[Job], Any]], Handler]:
         """Decorator: the function handles the jobs of `queue`.  A job is
         delivered at most `max_attempts` times (`retries` + 1), then moved to
@@ -227,7 +228,8 @@ class App:
         `rate` ("100/s", "20/m", "500/h") and `concurrency` become the
         queue's cluster-wide limits (QCONFIG SET, docs/limits.md) when a
         worker starts: how many jobs the whole cluster hands out per period,
-        and how many may be out at once."""
+        and how many may be out at once; `ordered` makes it hand out one
+        job per key at a time, each key's oldest first (docs/keys.md)."""
         if retries is not None:
             if max_attempts is not None:
                 raise ValueError("give retries or max_attempts, not both")
@@ -241,6 +243,8 @@ class App:
         limits: list[str | int] = ["rate-limit", rate] if rate else []
         if concurrency is not None:
             limits += ["concurrency", concurrency]
+        if ordered:
+            limits += ["ordered", "yes"]
         if limits:
             self.limits[queue] = limits
 

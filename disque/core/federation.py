@@ -37,6 +37,11 @@ broadcast goes to the peers of its zone, and to the others NEAR_FIRST_MS
 later if its consumers still wait; the responders of its zone are asked
 without the others while there are any; and a node hands its jobs to the
 waiting peers of its zone before the others.
+
+An ordered queue (QCONFIG ... ordered yes, core/limits.py) hands over a
+key's queued jobs together: the key's jobs queued here move as one, so no
+node holds a key's newer jobs while another holds its older ones
+(docs/keys.md, "Ordered keys").
 """
 
 from __future__ import annotations
@@ -51,8 +56,11 @@ from disque.store.job import BCAST_QUEUED, State
 from disque.store.queue import PAUSE_OUT, Queue
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from disque.core.lifecycle import Lifecycle
     from disque.core.outbox import Outbox
+    from disque.store.job import Job
 
 RESPONDER_TTL_S = 5
 WAIT_REFRESH_MS = 1000  # a node repeats its WAITING entries this often
@@ -99,6 +107,7 @@ class Federation:
     def __init__(self, life: Lifecycle, out: Outbox) -> None:
         self.life = life
         self.out = out
+        self.ordered: Callable[[bytes], bool] = lambda queue: False  # whose keys move whole (set by NodeCore)
         # Counters (INFO federation, metrics): NEEDJOBS sent and received, jobs
         # handed out with YOURJOBS, jobs received and queued here, those of
         # them pushed (to a node that announced waiting consumers, or here),
@@ -195,10 +204,16 @@ class Federation:
         whose link the caller checked, in frames of bounded size."""
         life = self.life
         batch, size = [], 0
-        for _ in range(n):
+        whole = self.ordered(queue.name)
+        taken: list[Job] = []
+        while len(taken) < n:
             job = life.fetch(queue)
             if job is None:  # pragma: no cover - n <= len(queue): the queue cannot run dry here
                 break
+            taken.append(job)
+            if whole and job.key:  # the rest of its key's jobs go with it
+                taken += [life.take(queue, rest) for rest in queue.key_jobs(job.key)]
+        for job in taken:
             job.add_delivered(to)  # it may hold a copy now: GC and QUEUED must reach it
             batch.append(job_to_wire(job, life.now))
             self.jobs_exported += 1

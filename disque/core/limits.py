@@ -27,10 +27,12 @@ within the share it holds (`Budget`):
   TOKEN_MS after the ask that got them, so none are saved for a burst.
 Per-key limits work the same way, one budget per (queue, key) with the
 key's own home, created when a job of the key is wanted and forgotten once
-it has nothing out, held or asked for: a queue with them serves the first
-of its first KEY_SCAN queued jobs (in serving order) whose key has a share
-left (`Lifecycle.take`), or holds its consumers back.  A job without a key
-is held back by the queue's limits only.
+it has nothing out, held or asked for: a queue with them serves, of its
+first KEY_SCAN keys in their turns, the oldest job of the first whose key
+has a share left (`Lifecycle.take`), or holds its consumers back.  A job
+without a key is held back by the queue's limits only.  An `ordered` queue
+is concurrency-per-key 1 served that way: one job per key out at a time,
+cluster-wide, and each key's oldest queued here first (docs/keys.md).
 The home asks itself without a message.  A home grants nothing new while it
 sees no majority of the nodes it knows (the other side's home may lend the
 whole budget), nor in its first LEASE_MS + LEASE_SLACK after it started or
@@ -82,7 +84,7 @@ TOKEN_MS = 250  # tokens lapse this long after the ask that got them
 ASK_TIMEOUT_MS = 200  # an ask unanswered this long is made again
 ASK_GAP_MS = 100  # an answer that lends nothing more is asked again this much later
 BURST = 20  # a home's bucket holds at most rate / BURST tokens (at least one)
-KEY_SCAN = 64  # with per-key limits, the queued jobs looked at for one whose key has room
+KEY_SCAN = 64  # with per-key limits, the keys looked at for one that has room
 S_ACTIVE = State.ACTIVE
 
 
@@ -163,7 +165,7 @@ class Limits:
     def _store(self, limits: QueueLimits) -> None:
         name = limits.queue
         self.defs[name] = limits
-        if not (limits.key_rate or limits.key_concurrency):  # the keys' shares go, and what they lent
+        if not limits.keyed():  # the keys' shares go, and what they lent
             for at in [at for at in (*self.keyed, *self.lenders) if at[0] == name and at[1]]:
                 self.keyed.pop(at, None)
                 self.lenders.pop(at, None)
@@ -213,13 +215,13 @@ class Limits:
         if not self._admit(name, b"", budget):
             self._hold(name, budget)
             return None
-        limits = self.defs[name]
-        if limits.key_rate or limits.key_concurrency:
+        if self.defs[name].keyed():
             job = self._keyed_job(queue)
             if job is None:
                 self._hold(name, budget)
                 return None
             job = self.life.take(queue, job)
+            queue.served(job)
             if job.key:
                 self._count(self.keyed[name, job.key], job)
         else:
@@ -242,12 +244,14 @@ class Limits:
         budget.handed += 1
 
     def _keyed_job(self, queue: Queue) -> Job | None:
-        """The first job, in serving order among the first KEY_SCAN queued in
-        memory, whose key's share allows it (a job without a key always
-        does); the homes of the keys that have none left are asked."""
+        """The first of the first KEY_SCAN keys' oldest jobs queued in memory,
+        in their turns (store/queue.py `fronts`), whose key's share allows
+        it (a job without a key always does); the homes of the keys that
+        have none left are asked.  A key's oldest job first keeps an
+        ordered queue's keys in creation order."""
         name, life = queue.name, self.life
         peek = life.jobs.peek
-        for job in islice(queue.oldest(life.now, life.settings.priority_aging), KEY_SCAN):
+        for job in islice(queue.fronts(life.now, life.settings.priority_aging), KEY_SCAN):
             if peek(job.id) is not job:
                 continue  # on disk (read-behind): it waits until it is read back
             key = job.key
@@ -277,7 +281,7 @@ class Limits:
         """(rate, period, concurrency) of `name`'s budget, or of its keys'."""
         limits = self.defs[name]
         if key:
-            return limits.key_rate, limits.key_period, limits.key_concurrency
+            return limits.key_rate, limits.key_period, limits.per_key()
         return limits.rate, limits.period, limits.concurrency
 
     def _room(self, rule: tuple[int, int, int], budget: Budget) -> bool:
@@ -306,7 +310,7 @@ class Limits:
             if queue is None or not queue.waiters or not len(queue):
                 del self.throttled[name]  # nobody, or nothing, waits on it any more
             elif self._room(self._rule(name, b""), self.budgets[name]) and (
-                not (self.defs[name].key_rate or self.defs[name].key_concurrency) or self._keyed_job(queue)
+                not self.defs[name].keyed() or self._keyed_job(queue)
             ):
                 self._stop_waiting(name)
                 life.consumers.ready[name] = None
@@ -492,6 +496,11 @@ class Limits:
             }
             for name, budget in sorted(self.budgets.items())
         ]  # fmt: skip
+
+    def ordered(self, queue: bytes) -> bool:
+        """Whether `queue` hands out one job per key at a time (federation moves its keys whole)."""
+        limits = self.defs.get(queue)
+        return limits is not None and limits.ordered and not limits.deleted
 
     def names(self) -> list[bytes]:
         return sorted(name for name, limits in self.defs.items() if limits.any())

@@ -122,6 +122,7 @@ class NodeCore:
         self.queues = life.queues
         self.federation = Federation(life, self.out)
         self.limits = Limits(life, self.out, now)
+        self.federation.ordered = self.limits.ordered
         self.blocking = Blocking(life, self.out, self.federation, host, self.limits)
         self.replication = Replication(life, self.out)
         self.acks = Acks(life, self.out, self.replication, self.blocking)

@@ -4,6 +4,8 @@ Theory of operation: a `QueueLimits` is every limit QCONFIG gave a queue:
 `rate-limit` (jobs handed to consumers per period, cluster-wide),
 `concurrency` (jobs out with consumers at once, cluster-wide), and the same
 two per key of a keyed job (`rate-limit-per-key`, `concurrency-per-key`),
+and `ordered` (one job per key out at a time, each key's oldest first:
+concurrency-per-key 1 with the keys' jobs served in creation order),
 stamped with the `version` (ms) and `origin` (node ID) of the change that
 made it.  It is cluster state as a schedule is (store/schedule.py): every
 change is a new whole record, of two records of one queue the later version
@@ -15,7 +17,7 @@ form>`); `decode` checks each field's type, then the rules.
 The rules a record keeps (`broken_rule`, stated once: QCONFIG SET, the bus
 and the AOF loader apply the same): a queue name of 1 to MAX_QUEUE bytes;
 every count at most MAX_COUNT; a rate's period one of PERIODS, and a period
-only with a rate.  QCONFIG SET's words are read by `apply_options`, which
+only with a rate; an ordered queue's concurrency-per-key 1 or none.  QCONFIG SET's words are read by `apply_options`, which
 names the option a bad value was given to.
 """
 
@@ -48,6 +50,15 @@ class QueueLimits:
     key_period: int = 0
     key_concurrency: int = 0
     deleted: bool = False
+    ordered: bool = False  # one job per key out at a time, oldest first
+
+    def per_key(self) -> int:
+        """The jobs of one key that may be out at once (0: no limit)."""
+        return self.key_concurrency or int(self.ordered)
+
+    def keyed(self) -> bool:
+        """Whether the keys of the queue's jobs have budgets of their own."""
+        return not self.deleted and bool(self.key_rate or self.per_key())
 
     def newer(self, other: QueueLimits | None) -> bool:
         """Whether this record replaces `other` (None: nothing known)."""
@@ -55,14 +66,14 @@ class QueueLimits:
 
     def any(self) -> bool:
         """Whether the record limits anything."""
-        return not self.deleted and bool(self.rate or self.concurrency or self.key_rate or self.key_concurrency)
+        return self.keyed() or not self.deleted and bool(self.rate or self.concurrency)
 
     def options(self) -> list[tuple[bytes, bytes | int | None]]:
         """QCONFIG GET's pairs (None: not limited)."""
         return [
             (b"rate-limit", rate_text(self.rate, self.period)), (b"concurrency", self.concurrency or None),
             (b"rate-limit-per-key", rate_text(self.key_rate, self.key_period)),
-            (b"concurrency-per-key", self.key_concurrency or None),
+            (b"concurrency-per-key", self.key_concurrency or None), (b"ordered", b"yes" if self.ordered else None),
         ]  # fmt: skip
 
 
@@ -73,17 +84,18 @@ def rate_text(rate: int, period: int) -> bytes | None:
 
 _FIELDS: tuple[tuple[str, type], ...] = (
     ("queue", bytes), ("version", int), ("origin", str), ("rate", int), ("period", int), ("concurrency", int),
-    ("key_rate", int), ("key_period", int), ("key_concurrency", int), ("deleted", bool),
+    ("key_rate", int), ("key_period", int), ("key_concurrency", int), ("deleted", bool), ("ordered", bool),
 )  # fmt: skip
 
 
 def encode(limits: QueueLimits) -> bytes:
-    return encode_row(limits, _FIELDS)
+    """The record's bytes; `ordered` only when set, so a node from before it reads the others."""
+    return encode_row(limits, _FIELDS if limits.ordered else _FIELDS[:-1])
 
 
 def decode(data: bytes) -> QueueLimits:
     """The record `encode` made; DecodeError for anything else."""
-    limits = QueueLimits(**decode_row(data, _FIELDS, len(_FIELDS), "limits"))
+    limits = QueueLimits(**decode_row(data, _FIELDS, len(_FIELDS) - 1, "limits"))  # (a record from before `ordered`: not)
     rule = broken_rule(limits)
     if rule:
         raise RuleError(rule)
@@ -100,6 +112,8 @@ def broken_rule(limits: QueueLimits) -> str:
     for rate, period in ((limits.rate, limits.period), (limits.key_rate, limits.key_period)):
         if (period in UNITS) != bool(rate):
             return "a rate's period must be 1000, 60000 or 3600000 ms, and given with a rate only"
+    if limits.ordered and limits.key_concurrency > 1:
+        return "an ordered queue has one job per key out at a time: concurrency-per-key 1 or none"
     return ""
 
 
@@ -109,6 +123,13 @@ def _count(option: bytes, word: bytes) -> int:
     if not word.isdigit() or int(word) > MAX_COUNT:
         raise OptionError(f"{option.decode()} must be a number from 0 to {MAX_COUNT}, or none")
     return int(word)
+
+
+def _yes(option: bytes, word: bytes) -> bool:
+    word = word.lower()
+    if word not in (b"yes", b"no"):
+        raise OptionError(f"{option.decode()} must be yes or no")
+    return word == b"yes"
 
 
 def _rate(option: bytes, word: bytes) -> tuple[int, int]:
@@ -140,9 +161,14 @@ def apply_options(limits: QueueLimits, words: list[bytes]) -> QueueLimits:
             limits = replace(limits, concurrency=_count(name, word))
         elif name == b"concurrency-per-key":
             limits = replace(limits, key_concurrency=_count(name, word))
+        elif name == b"ordered":
+            limits = replace(limits, ordered=_yes(name, word))
         else:
             shown = option[:64].decode("utf-8", "backslashreplace")
             raise OptionError(
-                f"unknown option '{shown}': rate-limit, concurrency, rate-limit-per-key or concurrency-per-key"
+                f"unknown option '{shown}': rate-limit, concurrency, rate-limit-per-key, concurrency-per-key or ordered"
             )
+    rule = broken_rule(limits)
+    if rule:
+        raise OptionError(rule)
     return limits

@@ -37,7 +37,8 @@ the end: a key with 100,000 jobs queued and one with 10 take turns, one job
 each (docs/keys.md, "Fair GETJOB").  A key's level with no live job is
 dropped when its turn comes.  Keyed jobs stay in memory (read-behind spills
 the plain levels' tails only); `oldest` and `newest` list them with the
-plain ones by creation time.
+plain ones by creation time; `fronts` lists each key's oldest, in turns,
+for a queue whose keys are limited (ordered, concurrency-per-key).
 
 Blocked GETJOB clients wait in `waiters`, an insertion-ordered dict, so they
 are served in arrival order.  `Federation` state (NEEDJOBS/YOURJOBS policy)
@@ -417,6 +418,33 @@ class Queue:
         if not aging:
             return chain.from_iterable(level.newest() for level in reversed(levels))
         return heapq.merge(*(level.newest() for level in reversed(levels)), key=rank(now_ms, aging), reverse=True)
+
+    def fronts(self, now_ms: int = 0, aging: int = 0) -> Iterator[Job]:
+        """The jobs a per-key limit chooses among (core/limits.py): with
+        keyed jobs, each key's oldest in the order of the turns (the plain
+        jobs' first in serving order at theirs), so a key held back holds
+        back no other; without, the queue in serving order."""
+        fair = self.fair
+        if fair is None or not fair.live:
+            return self._oldest_plain(now_ms, aging)
+        return self._fronts(fair, now_ms, aging)
+
+    def _fronts(self, fair: Fair, now_ms: int, aging: int) -> Iterator[Job]:
+        for key in list(fair.turns):
+            job = next(self._oldest_plain(now_ms, aging) if key == PLAIN else fair.lanes[key].oldest(), None)
+            if job is not None:
+                yield job
+
+    def key_jobs(self, key: bytes) -> list[Job]:
+        """The queued jobs of `key`, oldest first (a key one of whose jobs was just taken)."""
+        return list(self.fair.lanes[key].oldest())  # type: ignore[union-attr]
+
+    def served(self, job: Job) -> None:
+        """`job`, one of `fronts`, was taken: its key's turn goes to the end."""
+        fair = self.fair
+        if fair is not None:
+            del fair.turns[job.key]
+            fair.turns[job.key] = None
 
     def eldest(self) -> Job | None:
         """The queued job created first, whatever its priority or key."""

@@ -1,4 +1,5 @@
-"""The checker of keyed jobs' deduplication (docs/keys.md): one job per key.
+"""The checkers of keyed jobs (docs/keys.md): one job per key (DEDUP), and
+one job of a key out at a time, in order (an ordered queue).
 
 Theory of operation: a harness that adds jobs with `KEY <key> DEDUP <ms>`
 (the in-process simulation, tests/sim/workload_keys.py) records, in the
@@ -25,6 +26,20 @@ The counts:
 * `lost`: answered IDs never delivered (the harness drains every node);
 * `unexpected`: deliveries of IDs no ADDJOB answered.
 A run is valid when split_outside, lost and unexpected are 0.
+
+`check_ordered` judges an ordered queue's history: `ordered` records are
+its ADDJOB ... KEY (the invoke's `value` {"key", "seq"}: the producer adds
+a key's jobs one after the other, `seq` counting from 0; `ok` the ID), its
+deliveries are `take` records whose `body` is ORDERED, each out from the
+GETJOB's answer to its ACKJOB's invoke.  A key is *outside* when its span
+(first ADDJOB sent to last ACKJOB) meets no fault window.  The counts:
+`ordered_keys`, `ordered_outside`, `ordered_jobs`; `two_out_outside` /
+`two_out_inside`: a job of a key handed out while another of it was out;
+`order_outside` / `order_inside`: a job handed out for the first time
+before an older one of its key (answered) was; `ordered_lost`: answered
+jobs never delivered.  Valid when `two_out_outside` and `ordered_lost`
+are 0: creation order is kept among a key's jobs queued on one node, not
+across nodes (docs/keys.md), so the order breaks are counted, not judged.
 """
 
 from __future__ import annotations
@@ -32,10 +47,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from disque.testing.checker import INVOKE, OK, Record, Result
+from disque.testing.checker import ACK, INVOKE, OK, Record, Result
 from disque.testing.checker_stats import fault_windows
 
-DEDUP, TAKE = "dedup", "take"
+DEDUP, TAKE, ORDERED = "dedup", "take", "ordered"
 
 
 class KeysResult(Result):
@@ -60,7 +75,7 @@ def check_keys(history: Iterable[Record], *, settle_ms: int) -> KeysResult:
             spans[key][1] = r["time"]
             ids.setdefault(key, set()).add(r["job"])
             adds += 1
-        elif op == TAKE and kind == OK:
+        elif op == TAKE and kind == OK and r["body"] != ORDERED:
             delivered.add(r["job"])
             deliveries += 1
     answered = set().union(*ids.values())
@@ -77,4 +92,58 @@ def check_keys(history: Iterable[Record], *, settle_ms: int) -> KeysResult:
     result._note("split_inside", split_inside)
     result._note("lost", sorted(answered - delivered))
     result._note("unexpected", sorted(delivered - answered))
+    return result
+
+
+class OrderedResult(Result):
+    INVALID = ("two_out_outside", "ordered_lost")
+
+
+def check_ordered(history: Iterable[Record], *, settle_ms: int) -> OrderedResult:
+    records = list(history)
+    faults = [(w["start"], w["stop"] + settle_ms) for w in fault_windows(records)]
+    adding: dict[Any, tuple[str, int]] = {}  # process -> the (key, seq) of its ADDJOB in flight
+    spans: dict[str, list[int]] = {}  # key -> [first sent, last event]
+    jobs: dict[str, tuple[str, int]] = {}  # job ID -> (key, seq)
+    taken: dict[Any, tuple[str, int]] = {}  # process -> (job, since) it holds
+    out: dict[str, list[tuple[int, int]]] = {}  # key -> (from, to) each of its jobs was out
+    first: dict[str, int] = {}  # job ID -> its first delivery's time
+    for r in records:  # the jobs first: one may be handed out before its ADDJOB's answer is read
+        op, kind, t = r["op"], r["type"], r["time"]
+        if op == ORDERED and kind == INVOKE:
+            key, seq = adding[r["process"]] = r["value"]["key"], r["value"]["seq"]
+            spans.setdefault(key, [t, t])
+        elif op == ORDERED and kind == OK:
+            jobs[r["job"]] = adding[r["process"]]
+    for r in records:
+        op, kind, t = r["op"], r["type"], r["time"]
+        if op == TAKE and kind == OK and r["body"] == ORDERED and r["job"] in jobs:
+            taken[r["process"]] = r["job"], t
+            first.setdefault(r["job"], t)
+        elif op == ACK and kind == INVOKE and taken.get(r["process"], ("",))[0] == r["job"]:
+            job, since = taken.pop(r["process"])
+            key = jobs[job][0]
+            out.setdefault(key, []).append((since, t))
+            spans[key][1] = max(spans[key][1], t)
+    outside = {key for key, (a, b) in spans.items() if not any(x <= b and y >= a for x, y in faults)}
+    two_out: dict[bool, list[str]] = {True: [], False: []}
+    for key, spells in out.items():
+        spells.sort()
+        end = 0
+        for since, until in spells:
+            if since < end:
+                two_out[key in outside].append(key)
+            end = max(end, until)
+    order: dict[bool, list[str]] = {True: [], False: []}
+    for job, (key, seq) in jobs.items():
+        older = [first.get(j) for j, (k, s) in jobs.items() if k == key and s < seq]
+        if job in first and any(t is None or t > first[job] for t in older):
+            order[key in outside].append(job)
+    result = OrderedResult()
+    result.counts.update(ordered_keys=len(spans), ordered_outside=len(outside), ordered_jobs=len(jobs))
+    result._note("two_out_outside", two_out[True])
+    result._note("two_out_inside", two_out[False])
+    result._note("order_outside", order[True])
+    result._note("order_inside", order[False])
+    result._note("ordered_lost", sorted(set(jobs) - set(first)))
     return result

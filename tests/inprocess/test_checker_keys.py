@@ -1,10 +1,12 @@
 """disque/testing/checker_keys.py on hand-made histories: a key split
-outside the faults, inside them, an ID lost, a delivery no ADDJOB made."""
+outside the faults, inside them, an ID lost, a delivery no ADDJOB made;
+an ordered key's jobs out two at once, or out of order, outside and
+inside the faults."""
 
 from __future__ import annotations
 
-from disque.testing.checker import INFO, INVOKE, OK
-from disque.testing.checker_keys import DEDUP, TAKE, check_keys
+from disque.testing.checker import ACK, INFO, INVOKE, OK
+from disque.testing.checker_keys import DEDUP, ORDERED, TAKE, check_keys, check_ordered
 from disque.testing.checker_stats import NEMESIS
 
 
@@ -40,3 +42,37 @@ def test_a_split_outside_a_lost_id_and_an_unexpected_delivery_are_invalid() -> N
     result = check_keys(history, settle_ms=50)
     assert not result.valid
     assert result.problems == {"split_outside": ["a"], "lost": ["J2"], "unexpected": ["J9"]}
+
+
+def ordered(time: int, key: str, seq: int, job: str) -> list[dict]:
+    return [rec(time, 1, ORDERED, INVOKE, value={"key": key, "seq": seq}), rec(time + 5, 1, ORDERED, OK, job)]
+
+
+def out(got: int, acked: int, process: int, job: str) -> list[dict]:
+    taken = rec(got, process, TAKE, OK, job)
+    taken["body"] = ORDERED
+    return [taken, rec(acked, process, ACK, INVOKE, job)]
+
+
+def test_ordered_keys_one_out_at_a_time_and_in_order() -> None:
+    history = [
+        *ordered(0, "a", 0, "A0"), *ordered(10, "a", 1, "A1"), *ordered(20, "b", 0, "B0"),
+        *out(30, 40, 3, "A0"), *out(35, 45, 4, "B0"), *out(50, 60, 3, "A1"),  # a in order, b beside it
+        rec(70, 3, TAKE, OK, "X"), *fault(500, 600),  # a plain job's delivery is not judged here
+        *ordered(550, "c", 0, "C0"), *ordered(556, "c", 1, "C1"),
+        *out(562, 600, 3, "C1"), *out(570, 620, 4, "C0"),  # inside: two out, and C1 first
+    ]  # fmt: skip
+    result = check_ordered(sorted(history, key=lambda r: r["time"]), settle_ms=50)
+    assert result.valid, result.to_json()
+    assert result.counts == {
+        "ordered_keys": 3, "ordered_outside": 2, "ordered_jobs": 5, "two_out_outside": 0, "two_out_inside": 1,
+        "order_outside": 0, "order_inside": 1, "ordered_lost": 0,
+    }  # fmt: skip
+
+
+def test_two_out_outside_and_a_lost_job_are_invalid_an_order_break_counted() -> None:
+    history = [*ordered(0, "a", 0, "A0"), *ordered(10, "a", 1, "A1"), *ordered(20, "a", 2, "A2"),
+               *out(30, 50, 3, "A1"), *out(40, 60, 4, "A0")]  # fmt: skip
+    result = check_ordered(history, settle_ms=50)
+    assert not result.valid
+    assert result.problems == {"two_out_outside": ["a"], "order_outside": ["A1"], "ordered_lost": ["A2"]}

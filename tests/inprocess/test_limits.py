@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import given, strategies as st
 
@@ -66,7 +67,7 @@ def test_options_parse_into_a_record():
     assert (limits.key_rate, limits.key_period, limits.key_concurrency) == (2, 60_000, 1)
     assert not limits.deleted and limits.any() and records.broken_rule(limits) == ""
     assert dict(limits.options()) == {b"rate-limit": b"300/s", b"concurrency": 5, b"rate-limit-per-key": b"2/m",
-                                      b"concurrency-per-key": 1}  # fmt: skip
+                                      b"concurrency-per-key": 1, b"ordered": None}  # fmt: skip
     cleared = apply_options(limits, [b"rate-limit", b"none", b"concurrency", b"0", b"rate-limit-per-key", b"off",
                                      b"concurrency-per-key", b"none"])  # fmt: skip
     assert not cleared.any() and cleared.options()[0] == (b"rate-limit", None)
@@ -83,7 +84,8 @@ def test_options_parse_into_a_record():
         ([b"rate-limit", b"0/s"], "rate-limit must be <n>/s"), ([b"rate-limit", b"x/s"], "rate-limit must be <n>/s"),
         ([b"rate-limit-per-key", b"/s"], "rate-limit-per-key must be"),
         ([b"concurrency-per-key", b"a"], "concurrency-per-key must be"),
-        ([b"speed", b"1"], "unknown option 'speed'"),
+        ([b"speed", b"1"], "unknown option 'speed'"), ([b"ordered", b"1"], "ordered must be yes or no"),
+        ([b"ordered", b"yes", b"concurrency-per-key", b"2"], "an ordered queue has one job per key out"),
     ],
 )  # fmt: skip
 def test_bad_options_are_named(words, error):
@@ -92,7 +94,8 @@ def test_bad_options_are_named(words, error):
 
 
 @given(st.lists(st.one_of(
-    st.sampled_from([b"rate-limit", b"concurrency", b"rate-limit-per-key", b"concurrency-per-key", b"none", b"0"]),
+    st.sampled_from([b"rate-limit", b"concurrency", b"rate-limit-per-key", b"concurrency-per-key", b"none", b"0",
+                     b"ordered", b"yes", b"no"]),
     st.from_regex(rb"\A[0-9]{1,11}/[smhd]?\Z"), st.binary(max_size=12),
 ), max_size=8))  # fmt: skip
 def test_the_parser_takes_any_words_and_makes_only_good_records(words):
@@ -110,6 +113,7 @@ def test_the_parser_takes_any_words_and_makes_only_good_records(words):
         ({"queue": b""}, "queue name must be 1 to"), ({"queue": b"q" * 65537}, "queue name must be 1 to"),
         ({"concurrency": -1}, "a limit must be 0 to"), ({"key_rate": 10**10, "key_period": 1000}, "a limit must be 0 to"),
         ({"rate": 5}, "a rate's period"), ({"period": 1000}, "a rate's period"), ({"rate": 1, "period": 7}, "a rate's period"),
+        ({"ordered": True, "key_concurrency": 3}, "an ordered queue has one job per key out"),
     ],
 )  # fmt: skip
 def test_one_rule_per_record_for_the_bus_and_the_aof(change, rule):
@@ -117,6 +121,17 @@ def test_one_rule_per_record_for_the_bus_and_the_aof(change, rule):
     assert rule in records.broken_rule(bad)
     with pytest.raises(records.RuleError, match=rule):
         records.decode(records.encode(bad))
+
+
+def test_ordered_is_one_job_per_key_out_and_a_record_without_it_is_as_before():
+    limits = apply_options(QueueLimits(b"q", 1, "a"), [b"ORDERED", b"YES"])
+    assert limits.ordered and limits.per_key() == 1 and limits.keyed() and limits.any()
+    assert dict(limits.options())[b"ordered"] == b"yes" and records.decode(records.encode(limits)) == limits
+    assert apply_options(limits, [b"concurrency-per-key", b"1"]).per_key() == 1
+    off = apply_options(limits, [b"ordered", b"no"])
+    assert not off.any() and not off.keyed()
+    assert len(msgpack.unpackb(records.encode(off))) == 10  # read by a node from before `ordered`
+    assert not replace(limits, deleted=True).keyed()
 
 
 @pytest.mark.parametrize("data", ["text", b"\xc1", b"\x93\x01\x02\x03", b"\x9a" + b"\x01" * 10])
@@ -316,6 +331,7 @@ class Consumers:
         self.waiting: dict[int, int] = {}  # client id -> node
         self.out: dict[bytes, tuple[int, int]] = {}  # job ID -> (node, seen at)
         self.done: list[tuple[int, int, bytes]] = []  # (seen, acknowledged, job ID)
+        self.served: dict[bytes, int] = {}  # job ID -> the node that handed it out (last)
         self.most_out = 0
         for i in nodes:
             for _ in range(per_node):
@@ -331,6 +347,7 @@ class Consumers:
     def got(self, i: int, reply: list[Any]) -> None:
         for _, job_id, _ in reply:
             self.out[job_id] = (i, self.mesh.clock.ms)
+            self.served[job_id] = i
         self.most_out = max(self.most_out, len(self.out))
 
     def run(self, ms: int, step: int = 10) -> None:
@@ -445,7 +462,7 @@ def test_concurrency_per_key_passes_over_the_jobs_of_a_busy_key(env):
     env("QCONFIG", "q", "SET", "concurrency-per-key", 1)
     started(env)
     a1, a2, b1, free, b2 = keyed(env, ["a", "a", "b", "", "b"])
-    assert take(env) == [a1, b1, free]  # a2 and b2 wait for their key's slot; a job without a key does not
+    assert take(env) == [free, a1, b1]  # in turns (the plain jobs first); a2 and b2 wait for their key's slot
     assert take(env) == []
     env("ACKJOB", a1)
     assert take(env) == [a2]
@@ -521,3 +538,42 @@ def test_concurrency_per_key_holds_across_the_cluster(mesh):
         spans = sorted((seen, acked) for seen, acked, job_id in consumers.done if keys[job_id] == key)
         assert all(prev[1] <= nxt[0] for prev, nxt in zip(spans, spans[1:]))
     assert consumers.most_out > 1  # the keys went in parallel
+
+
+# ---------------------------------------------------------------- ordered keys
+
+
+def test_an_ordered_queue_serves_each_keys_oldest_one_at_a_time(env):
+    env("QCONFIG", "q", "SET", "ordered", "yes")
+    started(env)
+    many = keyed(env, ["a"] * 80)  # more of one key than KEY_SCAN, ahead of the others
+    b1, b2, free = keyed(env, ["b", "b", ""])
+    assert take(env) == [free, many[0], b1]  # one per key; a busy key holds back no other
+    assert take(env) == []
+    env("ACKJOB", many[0])
+    env("ACKJOB", b1)
+    assert take(env) == [many[1], b2]
+    assert env("ACKJOB", b2, free) == 2
+    env("NACK", many[1])  # handed back: it is next again, before many[2]
+    assert take(env) == [many[1]]
+    run(env, 62_000, step=1000)  # its RETRY (60 s) queues it again: the key's next is that one again
+    assert take(env) == [many[1]]
+    assert dict(env("QCONFIG", "q", "GET"))[b"ordered"] == b"yes"
+
+
+def test_ordered_keys_go_one_at_a_time_across_the_cluster_and_in_parallel(mesh):
+    mesh.call(1, "QCONFIG", "q", "SET", "ordered", "yes")
+    mesh.advance(3000)
+    order: dict[int, list[bytes]] = {key: [] for key in range(6)}
+    for k in range(90):
+        key = k % 6
+        order[key].append(mesh.call(key % 3, "ADDJOB", "q", "x", 0, "REPLICATE", 1, "RETRY", 60, "KEY", f"k{key}"))
+    consumers = Consumers(mesh, "q", per_node=3, hold_ms=40)
+    consumers.run(12_000)
+    assert len(consumers.done) == 90
+    for ids in order.values():  # from the consumers' history: one job of a key out at a time
+        spans = sorted((seen, acked, job_id) for seen, acked, job_id in consumers.done if job_id in ids)
+        assert all(prev[1] <= nxt[0] for prev, nxt in zip(spans, spans[1:]))
+        assert [job_id for _, _, job_id in spans] == ids  # in creation order (a key's jobs move between nodes whole)
+    assert consumers.most_out > 1  # the keys went in parallel
+    assert len({consumers.served[job_id] for job_id in order[0]}) > 1  # (they did move)

@@ -36,11 +36,12 @@ def most_at_once(intervals: list[tuple[float, float]]) -> int:
 
 
 def consume(
-    cluster: Cluster, queue: str, per_node: int, seconds: float, hold: float, ids: dict[tuple[float, float], bytes] | None = None
+    cluster: Cluster, queue: str, per_node: int, seconds: float, hold: float, ids: dict[tuple[float, float], bytes] | None = None,
+    where: dict[bytes, int] | None = None,
 ) -> list[tuple[float, float]]:
     """`per_node` consumers on each node take jobs for `seconds`, hold each
     `hold` seconds and acknowledge it: their (got, acknowledged) times (and
-    the job of each in `ids`)."""
+    the job of each in `ids`, the port that handed it out in `where`)."""
     history: list[tuple[float, float]] = []
     lock = threading.Lock()
     stop = time.monotonic() + seconds
@@ -60,6 +61,8 @@ def consume(
                     history.append((got, ended))
                     if ids is not None:
                         ids[got, ended] = reply[0][1]
+                    if where is not None:
+                        where[reply[0][1]] = port
         finally:
             client.close()
 
@@ -69,6 +72,21 @@ def consume(
     for t in threads:
         t.join()
     return history
+
+
+def killed_and_restarted(cluster: Cluster) -> range:
+    """Every node killed with SIGKILL, then started from its AOF: their indexes."""
+    for i in cluster.indexes:
+        cluster.kill(i)
+    for i in cluster.indexes:
+        cluster.restart(i)
+    cluster.wait_healthy()
+    return cluster.indexes
+
+
+def setting(cluster: Cluster, i: int, queue: str, option: bytes) -> object:
+    """QCONFIG GET's value of `option` on node `i`."""
+    return dict(zip(*[iter(cluster.call(i, "QCONFIG", queue, "GET"))] * 2))[option]
 
 
 def add_jobs(cluster: Cluster, queue: str, n: int) -> None:
@@ -88,13 +106,7 @@ def test_concurrency_holds_on_a_real_cluster_and_after_kill_9(tmp_path: Path) ->
         print(f"concurrency 5, 30 consumers: {len(history)} jobs in 12 s, at most {most_at_once(history)} out at once")
         assert most_at_once(history) <= 5
         assert len(history) >= 100, len(history)  # (not starved: the five slots kept busy)
-        for i in cluster.indexes:
-            cluster.kill(i)
-        for i in cluster.indexes:
-            cluster.restart(i)
-        cluster.wait_healthy()
-        for i in cluster.indexes:  # each from its own AOF
-            assert dict(zip(*[iter(cluster.call(i, "QCONFIG", "reports", "GET"))] * 2))[b"concurrency"] == 5
+        assert {setting(cluster, i, "reports", b"concurrency") for i in killed_and_restarted(cluster)} == {5}
         add_jobs(cluster, "reports", 2000)
         again = consume(cluster, "reports", per_node=10, seconds=8, hold=0.02)
         print(f"after kill -9 of every node: {len(again)} jobs in 8 s, at most {most_at_once(again)} out at once")
@@ -118,6 +130,42 @@ def test_concurrency_per_key_holds_on_a_real_cluster(tmp_path: Path) -> None:
         assert worst == 1 and most_at_once(history) > 1 and len(history) >= 60
 
 
+def ordered_run(cluster: Cluster, per_key: int, seconds: float) -> tuple[int, int]:
+    """Jobs of 6 keys on the ordered queue `payments`, each key's added on
+    one node; consumers on every node.  (jobs served, the most out at once
+    in all), once the history shows one job of a key out at a time, in
+    creation order (a key's jobs move between nodes together), and some
+    handed out by a node other than the one they were added to."""
+    order: dict[bytes, tuple[int, int]] = {}  # job ID -> (key, its place among the key's)
+    for n in range(per_key * 6):
+        key = n % 6
+        job_id = cluster.call(key % 3, "ADDJOB", "payments", f"{key}.{n // 6}", 5000, "REPLICATE", 2, "RETRY", 600, "KEY", f"k{key}")
+        order[job_id] = key, n // 6
+    ids: dict[tuple[float, float], bytes] = {}
+    where: dict[bytes, int] = {}
+    history = consume(cluster, "payments", per_node=4, seconds=seconds, hold=0.02, ids=ids, where=where)
+    for key in range(6):
+        spans = sorted(span for span in history if order[ids[span]][0] == key)
+        assert most_at_once(spans) == 1, key
+        assert [order[ids[span]][1] for span in spans] == list(range(per_key)), key
+    assert len(history) == len(order)  # every job served, none twice
+    assert any(where[job_id] != cluster.nodes[key % 3].port for job_id, (key, _) in order.items())  # (they moved)
+    return len(history), most_at_once(history)
+
+
+@pytest.mark.slow
+def test_ordered_keys_hold_on_a_real_cluster_and_after_kill_9(tmp_path: Path) -> None:
+    with Cluster(tmp_path / "o3", 3, *FAST) as cluster:
+        cluster.call(0, "QCONFIG", "payments", "SET", "ordered", "yes")
+        cluster.wait(lambda: all(cluster.call(i, "QCONFIG", "LIST") == [b"payments"] for i in cluster.indexes), what="QSET everywhere")
+        served, most = ordered_run(cluster, 40, 10)
+        print(f"ordered, 6 keys, 12 consumers: {served} jobs, one of a key out at a time, {most} in all at once")
+        assert most > 1  # the keys went in parallel
+        assert {setting(cluster, i, "payments", b"ordered") for i in killed_and_restarted(cluster)} == {b"yes"}
+        served, most = ordered_run(cluster, 20, 8)
+        print(f"after kill -9 of every node: {served} jobs, one of a key out at a time, {most} in all at once")
+
+
 def test_a_workers_limits_become_the_queues_setting(shared_node: NodeProcess, queue: str) -> None:
     with pytest.raises(ValueError, match="rate must be"):
         App().job("x", rate="100/day")
@@ -125,19 +173,20 @@ def test_a_workers_limits_become_the_queues_setting(shared_node: NodeProcess, qu
     seen: list[bytes] = []
     worker: Worker | None = None
 
-    @app.job(queue, rate="100/s", concurrency=5)
+    @app.job(queue, rate="100/s", concurrency=5, ordered=True)
     async def stripe(job: Job) -> None:
         seen.append(job.body)
         assert worker is not None
         worker.stop()
 
-    assert app.limits == {queue: ["rate-limit", "100/s", "concurrency", 5]}
+    assert app.limits == {queue: ["rate-limit", "100/s", "concurrency", 5, "ordered", "yes"]}
     with Client(app.nodes) as c:
         c.add_job(queue, "charge")
         worker = Worker(app)
         anyio.run(functools.partial(worker.run, signals=False))
         limits = dict(zip(*[iter(c.execute_command("QCONFIG", queue, "GET"))] * 2))
         assert seen == [b"charge"] and limits[b"rate-limit"] == b"100/s" and limits[b"concurrency"] == 5
+        assert limits[b"ordered"] == b"yes"
         c.execute_command("QCONFIG", queue, "DEL")
 
 

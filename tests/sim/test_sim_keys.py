@@ -1,8 +1,9 @@
-"""Keyed jobs' deduplication under random fault plans on the simulated
-network (tests/sim/workload_keys.py), judged by
-disque/testing/checker_keys.py: one job per key while the cluster is
-whole, no job lost, and the keys split inside the fault windows counted
-(printed: `pytest -s` shows them).
+"""Keyed jobs' deduplication and ordered keys under random fault plans on
+the simulated network (tests/sim/workload_keys.py), judged by
+disque/testing/checker_keys.py: one job per key, and one job of an
+ordered key out at a time in creation order, while the cluster is whole;
+no job lost; the keys split, the jobs out at once and the order breaks
+inside the fault windows counted (printed: `pytest -s` shows them).
 
 The plans are the schedules' (tests/sim/test_sim_schedules.py):
 partitions (some with a bridge node), kills restarted from the AOF and
@@ -17,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from trio.testing import MockClock
 
-from disque.testing.checker_keys import check_keys
+from disque.testing.checker_keys import check_keys, check_ordered
 from sim.test_sim_schedules import schedule_plans
 from sim.workload_keys import run_key_workload
 from sim.workload_schedules import SchedulePlan
@@ -29,13 +30,18 @@ def judge(plan: SchedulePlan, seed: int) -> dict:
     print(f"keys: {result.to_json()}")
     assert result.valid, result.to_json()
     assert result.counts["keys"] == 60 and result.counts["adds"] >= result.counts["keys"] - result.counts["split_inside"]
-    return result.counts
+    ordered = check_ordered(history, settle_ms=2 * plan.node_timeout)
+    print(f"ordered: {ordered.to_json()}")
+    assert ordered.valid, ordered.to_json()
+    assert ordered.counts["ordered_keys"] == 8
+    return result.counts | ordered.counts
 
 
 def test_a_partition_and_a_kill_keep_one_job_per_key_outside_them():
     plan = SchedulePlan(nodes=3, steps=[("partition", [[0], [1, 2]], 3000, 4000), ("kill", 1, 2000, 4000)])
     counts = judge(plan, 7)
     assert counts["outside"] >= 5 and counts["adds"] > counts["keys"]
+    assert counts["ordered_outside"] >= 1 and counts["ordered_jobs"] >= 50
 
 
 @pytest.mark.random_plans

@@ -1,5 +1,5 @@
-"""Keyed jobs' deduplication on the simulated network under a fault plan,
-recorded for disque/testing/checker_keys.py.
+"""Keyed jobs' deduplication and ordered keys on the simulated network
+under a fault plan, recorded for disque/testing/checker_keys.py.
 
 Theory of operation: `run_key_workload(plan, seed)` forms a `SimCluster`
 and runs producers that, for key after key, send `ADDJOB ... KEY <key>
@@ -7,25 +7,31 @@ DEDUP <a window longer than the run>` to random live nodes, one to three
 times (a producer retrying elsewhere after a timeout), and consumers that
 GETJOB the queue on random live nodes and ACKJOB each job, while the
 nemesis of tests/sim/workload_schedules.py plays `plan.steps` (partitions,
-kills restarted from the AOF, clock jumps).  Then the producers stop and a
-drainer reads every node until nothing came for QUIET_S.
+kills restarted from the AOF, clock jumps).  Beside them, the queue ORDERED_QUEUE is
+ordered (QCONFIG ... ordered yes) and two more producers add, for each of
+their keys, ORDERED_JOBS jobs one after the other through one node (another
+live one if it is down); the consumers take from both queues.  Then the
+producers stop and a drainer reads every node until nothing came for QUIET_S.
 """
 
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import trio
 
 from disque.core.types import NIL_ARRAY, Status
 from disque.testing.checker import ACK, FAIL, INFO, OK, Record
-from disque.testing.checker_keys import DEDUP, TAKE
+from disque.testing.checker_keys import DEDUP, ORDERED, TAKE
 from sim.network import CONNECTION_LOST, SimCluster
 from sim.workload_schedules import SchedulePlan, ScheduleWorkload
 
 QUEUE = "kq"
 WINDOW_MS = 3_600_000  # DEDUP's window: longer than any run
 KEYS_PER_PRODUCER = 20
+ORDERED_QUEUE = "oq"
+ORDERED_KEYS, ORDERED_JOBS = 4, 8  # per producer, per key
 
 
 class KeyWorkload(ScheduleWorkload):
@@ -44,13 +50,27 @@ class KeyWorkload(ScheduleWorkload):
             for _ in range(self.rng.randint(1, 3)):
                 node = self.rng.choice(self.live())
                 op = self.history.invoke(process, node, DEDUP, body=key, value={"key": key})
-                reply = await self.cluster.call(node, "ADDJOB", QUEUE, key, 2000, "KEY", key, "DEDUP", WINDOW_MS,
-                                                "REPLICATE", 2, "RETRY", 2, "TTL", 600)  # fmt: skip
-                if isinstance(reply, Status):
-                    self.history.complete(op, OK, job=bytes(reply).decode())
-                else:
-                    self.history.complete(op, INFO, value=str(reply))
+                await self.add(op, node, QUEUE, key, key, "DEDUP", WINDOW_MS, "RETRY", 2)
                 await trio.sleep(self.rng.uniform(0.05, 0.5))
+
+    async def add(self, op: Record, node: int, queue: str, body: str, key: str, *opts: Any) -> None:
+        """ADDJOB of a keyed job, its answer recorded as `op`'s."""
+        reply = await self.cluster.call(node, "ADDJOB", queue, body, 2000, "KEY", key, *opts, "REPLICATE", 2, "TTL", 600)
+        if isinstance(reply, Status):
+            self.history.complete(op, OK, job=bytes(reply).decode())
+        else:
+            self.history.complete(op, INFO, value=str(reply))
+
+    async def ordered_producer(self, process: int) -> None:
+        for n in range(ORDERED_KEYS):
+            key = f"o{process}-{n}"
+            through = self.rng.choice(self.live())
+            for seq in range(ORDERED_JOBS):
+                node = through if through in self.live() else self.rng.choice(self.live())
+                op = self.history.invoke(process, node, ORDERED, value={"key": key, "seq": seq})
+                await self.add(op, node, ORDERED_QUEUE, f"{key}:{seq}", key, "RETRY", 5)
+                await trio.sleep(self.rng.uniform(0.01, 0.1))
+            await trio.sleep(self.rng.uniform(3, 6))  # (keys spread over the run, some clear of the faults)
 
     async def taker(self, process: int, drain: bool = False) -> None:
         turn = process
@@ -62,13 +82,15 @@ class KeyWorkload(ScheduleWorkload):
                 await trio.sleep(0.05)
                 continue
             op = self.history.invoke(process, node, TAKE)
-            reply = await self.cluster.call(node, "GETJOB", *(("NOHANG",) if drain else ("TIMEOUT", 500)), "FROM", QUEUE)
+            reply = await self.cluster.call(node, "GETJOB", *(("NOHANG",) if drain else ("TIMEOUT", 500)), "FROM", QUEUE,
+                                            ORDERED_QUEUE)  # fmt: skip
             if reply is CONNECTION_LOST or not isinstance(reply, list):
                 self.history.complete(op, FAIL if reply is NIL_ARRAY else INFO, value=str(reply))
                 await trio.sleep(0.05)
                 continue
             job = reply[0][1].decode()
-            self.history.complete(op, OK, job=job, value=reply[0][2].decode())
+            ordered = reply[0][0] == ORDERED_QUEUE.encode()
+            self.history.complete(op, OK, job=job, value=reply[0][2].decode(), body=ORDERED if ordered else None)
             self.last_delivery = trio.current_time()
             ack = self.history.invoke(process, node, ACK, job=job)
             answer = await self.cluster.call(node, "ACKJOB", job)
@@ -78,12 +100,16 @@ class KeyWorkload(ScheduleWorkload):
     async def run(self) -> list[Record]:
         cluster = self.cluster
         await cluster.form()
+        await cluster.call(0, "QCONFIG", ORDERED_QUEUE, "SET", "ordered", "yes")
+        await trio.sleep(1)  # (QSET everywhere)
         async with trio.open_nursery() as clients:
             for process in (1, 2):
                 clients.start_soon(self.taker, process)
             async with trio.open_nursery() as producers:
                 for process in (10, 11, 12):
                     producers.start_soon(self.producer, process)
+                for process in (20, 21):
+                    producers.start_soon(self.ordered_producer, process)
                 await self.nemesis()
             await cluster.form()
             await self.drain(clients, self.taker)
