@@ -67,7 +67,7 @@ def test_ackjob_of_an_externally_replicated_job_answers_the_producer():
     """Above 75 % of maxmemory ADDJOB replicates externally: the job waits
     here in wait-repl without a local copy.  An ACKJOB for it counts, gives
     the producer its ID (as SETACK would) and forgets the record."""
-    core, _ = duo(maxmemory=100_000)
+    core, _ = duo(maxmemory=120_000)
     assert core.memory.level() == 1
     producer, consumer = Session(core), Session(core)
     assert producer("ADDJOB", "q", "x", 0, "REPLICATE", 1) is BLOCKED

@@ -14,7 +14,7 @@ from support import Session
 
 
 @pytest.mark.parametrize(
-    "maxmemory, level, idle_ms", [(1 << 30, 0, 300_000), (100_000, 1, 10_000), (90_000, 2, 2_000)]
+    "maxmemory, level, idle_ms", [(1 << 30, 0, 300_000), (120_000, 1, 10_000), (100_000, 2, 2_000)]
 )
 def test_idle_queue_threshold_follows_memory_level(maxmemory, level, idle_ms):
     env = make_env(maxmemory=maxmemory)

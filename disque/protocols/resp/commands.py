@@ -148,17 +148,19 @@ def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> 
     repl, ttl, retry, delay, maxlen, max_attempts, zones, priority, minrepl = values
     if dead_letter is not None and max_attempts is None:
         raise err("DEADLETTER needs MAXATTEMPTS")
-    args = (timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter, zones, priority, minrepl)
+    if not (key or dedup or after or on_parent_fail is not None or batch):  # a plain job: positional, the cheapest call
+        return JobOptions(
+            timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter, zones, priority, minrepl
+        )
+    if dedup and not key:
+        raise err("DEDUP needs KEY")
     workflow = None
     if after or on_parent_fail is not None or batch:
         workflow = Workflow(_parents(after, on_parent_fail), ON_PARENT_FAIL.index(on_parent_fail or "fail"), batch)
-    if key:  # (keywords cost a plain ADDJOB a tenth of its option parsing: given only when used)
-        return JobOptions(*args, key=key, dedup=dedup, workflow=workflow)
-    if dedup:
-        raise err("DEDUP needs KEY")
-    if workflow is not None:
-        return JobOptions(*args, workflow=workflow)
-    return JobOptions(*args)
+    return JobOptions(
+        timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter, zones, priority, minrepl,
+        None, key, dedup, workflow,
+    )
 
 
 def _parents(after: list[bytes] | None, on_parent_fail: str | None) -> tuple[bytes, ...]:
