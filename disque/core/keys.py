@@ -42,7 +42,7 @@ replication through `Lifecycle.keys` (`done`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Any
 
@@ -106,7 +106,7 @@ class Keys:
         ttl = DEFAULT_TTL if opts.ttl is None else opts.ttl
         retry = default_retry(ttl) if opts.retry is None else opts.retry
         job_id = new_job_id(life.membership.my_id, life.rng, ttl, retry)
-        opts = replace(opts, job_id=job_id)
+        opts = opts.with_job_id(job_id)
         active = opts.dedup == DEDUP_ACTIVE
         hold = ttl * 1000 if active else opts.dedup
         if self._home(queue + b"\0" + opts.key) == life.membership.my_id:

@@ -299,6 +299,8 @@ function renderLimits(live) {
     cell(row, l.waiting ? `${l.waiting} node(s)` : "", l.waiting ? "down" : "muted");
     cell(row, l.waited_seconds.toFixed(1), "num");
   });
+}
+
 function renderWorkflows(live) {
   // INFO workflows of every node, added up (a batch is known to every node: the largest count).
   const totals = { jobs_held: 0, jobs_released: 0, parents_failed: 0, batches: 0, batch_callbacks_fired: 0, results_kept: 0 };
