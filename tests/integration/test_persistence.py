@@ -478,7 +478,10 @@ def test_an_io_error_is_never_retried_writes_wait_for_a_rewrite(spawn: Spawn, fa
             return False
         return refused > 0
 
-    wait_until(writes_again, what="MISCONF, then writes again after the rewrite")
+    # No sleep between tries: the refusals last from the failed fsync to the cron's rewrite, a tenth of a second.
+    deadline = time.monotonic() + 10
+    while not writes_again():
+        assert time.monotonic() < deadline, "timed out waiting for MISCONF, then writes again after the rewrite"
     text = node.log_path.read_text()
     failed = text.index("Error syncing the AOF file" if fault == "fsync" else "Error writing to the AOF file")
     assert text.index("Background AOF rewrite finished successfully", failed) > failed
