@@ -31,3 +31,4 @@ def test_the_workflows_panel(cluster: Cluster, browser) -> None:  # noqa: F811
     (job,) = ra.execute_command("GETJOB", "TIMEOUT", 5000, "FROM", "wf-parents")
     ra.execute_command("ACKJOB", job[1], "RESULT", "r")
     wait.until(lambda _: figure("jobs_released") >= 1 and figure("results_kept") >= 1)
+    ra.close()
