@@ -23,6 +23,19 @@ without the hold, names a job that may exist: it ends nothing.)  The ACK
 of a keyed job (ACKJOB, FASTACK here) sends KEYDONE too, which ends a
 DEDUP ACTIVE hold.
 
+DEBOUNCE <ms> is a claim too, with no second mechanism: its job is added
+with a DELAY (queued <ms> after its ADDJOB on the node that makes it,
+core/lifecycle.py; its copies wait whole seconds more) and its hold is
+the key's *pending* job until it is due.  A DEBOUNCE claim that finds a
+pending job of the key (`_claim`) is granted all the same and supersedes
+it: the pending job is deleted on every node that may hold it, as FASTACK
+deletes (`_supersede`: DELJOB, not acknowledged; a producer still waiting
+for its copies gets its ID), so the key's last body runs, <ms> after its
+last ADDJOB.  A pending job already due has left the hold: the next claim
+starts a new burst.  A DEBOUNCE claim waits for a home that reads it
+(FEATURE_DEBOUNCE); a DEDUP claim and a DEBOUNCE one do not supersede
+each other (the one holding the key answers).
+
 A home that does not answer within ASK_MS (gone, cut off, not linked, of
 an older version, or the claim lost) does not hold the producer longer:
 the job is added without the hold (`_unanswered`): at least once, never
@@ -49,12 +62,12 @@ from typing import TYPE_CHECKING, Any
 from disque.cluster import messages as m
 from disque.core import errors
 from disque.core.homes import home as home_of, ranked
-from disque.core.lifecycle import DEFAULT_TTL, default_retry
+from disque.core.lifecycle import DEFAULT_TTL, check_job_options, default_retry
 from disque.core.types import BLOCKED, Connection, Status, Waiter
 from disque.store import keyed
 from disque.store.aof import KEYHOLD, encode_record
 from disque.store.ids import new_job_id
-from disque.store.job_options import DEDUP_ACTIVE
+from disque.store.job_options import DEDUP_ACTIVE, debounce_problem
 from disque.store.keyed import KeyHold
 from disque.store.records import decode_alone
 
@@ -82,6 +95,7 @@ class _Ask:
     deadline: int
     hold: int  # ms (KEYCLAIM's)
     active: bool
+    debounce: bool
     sent: bool = False  # KEYCLAIM went to the home (else: it waits for a link to it)
 
 
@@ -95,12 +109,12 @@ class Keys:
         self.asks: dict[int, _Ask] = {}  # ticket -> the ADDJOB waiting for the home's answer
         self.abandoned: dict[int, tuple[bytes, int]] = {}  # ticket -> (the job never made, when to forget it)
         self.tickets = 0
-        self.hits = self.granted = self.unconfirmed = self.released = self.dropped = 0
+        self.hits = self.granted = self.unconfirmed = self.released = self.dropped = self.superseded = 0
 
     # ------------------------------------------------------------ ADDJOB
 
     def claim(self, client: Connection, queue: bytes, body: bytes, opts: JobOptions) -> Any:
-        """ADDJOB ... KEY DEDUP: the holder's ID (a duplicate), or the new
+        """ADDJOB ... KEY DEDUP|DEBOUNCE: the holder's ID (a duplicate), or the new
         job's reply, or BLOCKED while the key's home is asked."""
         life = self.life
         ttl = DEFAULT_TTL if opts.ttl is None else opts.ttl
@@ -108,12 +122,15 @@ class Keys:
         job_id = new_job_id(life.membership.my_id, life.rng, ttl, retry)
         opts = opts.with_job_id(job_id)
         active = opts.dedup == DEDUP_ACTIVE
-        hold = ttl * 1000 if active else opts.dedup
+        debounce = opts.debounce > 0
+        if debounce:  # refused before it supersedes anything
+            check_job_options(1, retry, opts.delay, ttl)  # type: ignore[arg-type]
+        hold = ttl * 1000 if active else opts.dedup or opts.debounce
         if self._home(queue + b"\0" + opts.key) == life.membership.my_id:
-            return self._answer(client, queue, body, opts, self._claim(queue, opts.key, job_id, hold, active))
+            return self._answer(client, queue, body, opts, self._claim(queue, opts.key, job_id, hold, active, debounce))
         self.tickets += 1
         waiter = self.waits.block(client, (), False, 0)  # its deadline is the ask's (`cron`)
-        ask = self.asks[self.tickets] = _Ask(client, waiter, queue, body, opts, life.now + ASK_MS, hold, active)
+        ask = self.asks[self.tickets] = _Ask(client, waiter, queue, body, opts, life.now + ASK_MS, hold, active, debounce)
         self._send(self.tickets, ask)
         return BLOCKED
 
@@ -131,11 +148,12 @@ class Keys:
         if home == life.membership.my_id:
             del self.asks[ticket]
             self.waits.drop_waiter(ask.waiter)
-            holder = self._claim(ask.queue, ask.opts.key, ask.opts.job_id, ask.hold, ask.active)  # type: ignore[arg-type]
+            holder = self._claim(ask.queue, ask.opts.key, ask.opts.job_id, ask.hold, ask.active, ask.debounce)  # type: ignore[arg-type]
             self._reply(ask, lambda: self._answer(ask.client, ask.queue, ask.body, ask.opts, holder))
-        elif home in life.membership.linked_ids(features=m.FEATURE_KEYS):
+        elif home in life.membership.linked_ids(features=m.FEATURE_KEYS | (m.FEATURE_DEBOUNCE if ask.debounce else 0)):
             ask.sent = True
-            self.out.send(home, m.KeyClaim(ticket, ask.queue, ask.opts.key, ask.opts.job_id, ask.hold, ask.active))  # type: ignore[arg-type]
+            msg = m.KeyClaim(ticket, ask.queue, ask.opts.key, ask.opts.job_id, ask.hold, ask.active, ask.debounce)  # type: ignore[arg-type]
+            self.out.send(home, msg)
 
     def _answer(self, client: Connection, queue: bytes, body: bytes, opts: JobOptions, holder: bytes) -> Any:
         """The ADDJOB's reply once the home said who holds the key."""
@@ -203,17 +221,38 @@ class Keys:
 
     # ------------------------------------------------------------ at the home
 
-    def _claim(self, queue: bytes, key: bytes, job: bytes, hold: int, active: bool) -> bytes:
-        """Decide a claim: the job that holds (queue, key) now."""
+    def _claim(self, queue: bytes, key: bytes, job: bytes, hold: int, active: bool, debounce: bool) -> bytes:
+        """Decide a claim: the job that holds (queue, key) now (DEBOUNCE's
+        `job`, superseding the key's pending one)."""
         now = self.life.now
         known = self.holds.get(queue + b"\0" + key)
         if known is not None and known.holds(now):
-            return known.job
-        self._change(queue, key, known, job, now + hold, active)
+            if not (debounce and known.debounce):
+                return known.job
+            self._supersede(known.job)
+        self._change(queue, key, known, job, now + hold, active, debounce)
         return job
 
+    def _supersede(self, job_id: bytes) -> None:
+        """Delete a pending DEBOUNCE job, a later one of its key granted: on
+        its holders if it is known here, else on every node linked (as
+        FASTACK does), not acknowledged; its producer, if it still waits for
+        the copies, gets its ID (core/acks.py does the same on a DELJOB)."""
+        life = self.life
+        self.superseded += 1
+        job = life.jobs.get(job_id)
+        if job is None:
+            self.out.broadcast(life.membership.linked_ids(), m.DelJob(job_id, acked=False))
+            life.collected.remember(job_id, life.now, False)  # a copy still on its way here is not kept
+        else:
+            self.out.answer_producer(job_id, Status(job_id))
+            life.delete_everywhere(job)
+
     def on_key_claim(self, sender: str, msg: m.KeyClaim) -> None:
-        holder = self._claim(msg.queue, msg.key, msg.job, msg.hold, msg.active)
+        if msg.debounce and debounce_problem(True, msg.active, False) is not None:
+            self.dropped += 1  # (its producer's node adds the job without the hold once ASK_MS passed)
+            return
+        holder = self._claim(msg.queue, msg.key, msg.job, msg.hold, msg.active, msg.debounce)
         self.out.send(sender, m.KeyClaimed(msg.ticket, msg.queue, msg.key, holder))
 
     def done(self, job: Job, aborted: bool) -> None:
@@ -239,16 +278,18 @@ class Keys:
         known = self.holds.get(queue + b"\0" + key)
         if known is not None and known.job == job and known.holds(self.life.now) and (known.active or aborted):
             self.released += 1
-            self._change(queue, key, known, b"", known.until, False)  # kept as long as the hold would have been
+            self._change(queue, key, known, b"", known.until, False, False)  # kept as long as the hold would have been
 
-    def _change(self, queue: bytes, key: bytes, known: KeyHold | None, job: bytes, until: int, active: bool) -> None:
+    def _change(
+        self, queue: bytes, key: bytes, known: KeyHold | None, job: bytes, until: int, active: bool, debounce: bool
+    ) -> None:
         """A change made here (`job` holds the key until `until`; b"": none):
         stamped newer than the record it replaces (`known`), kept, and sent
         to the key's standbys."""
         life = self.life
         membership = life.membership
         version = life.now if known is None else max(life.now, known.version + 1)
-        h = KeyHold(queue, key, version, membership.my_id, job, until, active)
+        h = KeyHold(queue, key, version, membership.my_id, job, until, active, debounce)
         self._keep(h)
         readers = membership.linked_ids(features=m.FEATURE_KEYS)  # (the others get it when they link up)
         if readers:
@@ -308,7 +349,8 @@ class Keys:
         return [
             ("keys_held", sum(h.holds(now) for h in self.holds.values())), ("keys_waiting", len(self.asks)),
             ("dedup_hits", self.hits), ("dedup_granted", self.granted), ("dedup_unconfirmed", self.unconfirmed),
-            ("dedup_released", self.released), ("key_records_dropped", self.dropped),
+            ("dedup_released", self.released), ("debounce_superseded", self.superseded),
+            ("key_records_dropped", self.dropped),
         ]  # fmt: skip
 
 

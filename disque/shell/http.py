@@ -266,6 +266,7 @@ class NodeCollector:
         counter("dedup_unconfirmed", "ADDJOB ... DEDUP added without a hold: the key's home did not answer in time.",
                 keys["dedup_unconfirmed"])  # fmt: skip
         counter("dedup_released", "Holds ended early: a DEDUP ACTIVE job acknowledged, or an ADDJOB that failed.", keys["dedup_released"])
+        counter("debounce_superseded", "DEBOUNCE jobs deleted at their key's home, a later one of the key granted.", keys["debounce_superseded"])
         counter("key_records_dropped", "Key records from the bus or the AOF that broke a rule, dropped alone.", keys["key_records_dropped"])
         lim = fig["limits"]  # INFO limits (docs/limits.md)
         gauge("limited_queues", "Queues with a cluster-wide rate or concurrency limit.", lim["limited_queues"])
