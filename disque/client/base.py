@@ -538,6 +538,7 @@ class _Base:
         priority: int | None = None,
         key: str | bytes | None = None,
         dedup: int | str | None = None,
+        debounce: int | None = None,
         after: Iterable[str] = (),
         on_parent_fail: str | None = None,
         batch: str | None = None,
@@ -550,8 +551,9 @@ class _Base:
         queue (the server's default one if None); a higher `priority` (0-9,
         the queue's default if None) is served first; `key` is KEY, and
         `dedup` DEDUP: ms during which another job of the key answers this
-        one's ID, or "active" for as long as this one is not acknowledged
-        (docs/keys.md); `after`: the IDs of the jobs this one waits for,
+        one's ID, or "active" for as long as this one is not acknowledged,
+        `debounce` DEBOUNCE: ms after the key's last add_job its last job
+        runs, the earlier ones of the burst deleted (docs/keys.md); `after`: the IDs of the jobs this one waits for,
         `on_parent_fail` (fail, run or drop) what one that fails does to it,
         `batch` the batch it joins (docs/workflows.md).  A body over the
         client's `max_job_size` is refused before it is sent."""
@@ -560,6 +562,7 @@ class _Base:
             [("ASYNC", asynchronous)],
             replicate=replicate, minrepl=minrepl, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
             maxattempts=max_attempts, deadletter=dead_letter, priority=priority, key=key, dedup=dedup, batch=batch,
+            debounce=debounce,
         )  # fmt: skip
         for parent in after:
             options += ["AFTER", parent]

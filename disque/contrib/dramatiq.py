@@ -13,9 +13,11 @@ worker's memory:
   <queue>.XQ`, Dramatiq's dead-letter name.  A message's `broker_priority`
   option (as RabbitMQ's broker takes it: higher first) is the job's
   `PRIORITY`, held to 0-9; without it the job takes its queue's default.
-  Its `key` and `dedup` options are ADDJOB's KEY and DEDUP (docs/keys.md:
-  `send_with_options(args=..., key="order-42", dedup=60000)` adds nothing
-  while a job of that key holds it).
+  Its `key`, `dedup` and `debounce` options are ADDJOB's KEY, DEDUP and
+  DEBOUNCE (docs/keys.md: `send_with_options(args=..., key="order-42",
+  dedup=60000)` adds nothing while a job of that key holds it; with
+  `debounce=500` the key's last message runs 500 ms after it was sent,
+  the earlier ones of the burst never).
 * A consumer reads with GETJOB COUNT n WITHCOUNTERS on a connection of its
   own (named `dramatiq:<host>:<pid>:<queue>` for CLIENT LIST), n being the
   room the worker's prefetch leaves (its messages not yet acked or nacked),
@@ -110,6 +112,7 @@ class DisqueBroker(Broker):
                 max_attempts=attempts, dead_letter=xq_name(message.queue_name) if attempts else None,
                 priority=None if priority is None else min(9, max(0, int(priority))),
                 key=message.options.get("key"), dedup=message.options.get("dedup"),
+                debounce=message.options.get("debounce"),
             )  # fmt: skip
         self.emit_after("enqueue", message, delay)
         return message

@@ -312,8 +312,18 @@ class Keys:
 
     def on_key_set(self, sender: str, msg: m.KeySet) -> None:
         h = self._checked(msg.record, f"from {sender}")
-        if h is not None and h.newer(self.holds.get(h.name)):
+        if h is not None and h.newer(known := self.holds.get(h.name)):
+            if known is not None and known.debounce and known.job != h.job and h.version < known.until:
+                self._drop_superseded(known.job)
             self._keep(h)
+
+    def _drop_superseded(self, job_id: bytes) -> None:
+        """A pending DEBOUNCE job this node held the record of was superseded
+        while it could not hear of it (it was down, or cut off): its copy
+        here, if any, goes too (and its other holders are told again)."""
+        job = self.life.jobs.get(job_id)
+        if job is not None:
+            self.life.delete_everywhere(job)
 
     def _checked(self, record: bytes, source: str) -> KeyHold | None:
         """The record decoded; None for a bad one, dropped alone (logged and counted)."""

@@ -178,6 +178,26 @@ def test_a_superseded_job_s_waiting_producer_gets_its_id(duo) -> None:
     assert s2.pending() == [Status(claim.job)] and duo.show(claim.job) is None
 
 
+def test_a_newer_record_drops_the_copy_of_a_job_superseded_meanwhile(duo) -> None:
+    reading_keys(duo)
+    there = key_homed_at(PEER, duo.core.membership.up_ids())
+    kept = []
+    for body in ("superseded", "ran"):
+        s = Session(duo.core)
+        s("ADDJOB", "q", body, 0, "KEY", there, "DEBOUNCE", 500, "REPLICATE", 1)
+        [claim] = duo.sent()
+        from_peer(duo, m.KeyClaimed(claim.ticket, b"q", there, claim.job))
+        now = duo.core.now
+        from_peer(duo, m.KeySet(keyed.encode(KeyHold(b"q", there, now, PEER, claim.job, now + 500, False, True))))
+        kept.append(claim.job)
+        duo.wait(100)
+    # (the second record replaced the first, made before it was due: the first job was superseded)
+    assert duo.show(kept[0]) is None and duo.show(kept[1]) is not None
+    now = duo.core.now  # a record of a new burst, made after the job was due: the job stays
+    from_peer(duo, m.KeySet(keyed.encode(KeyHold(b"q", there, now + 600, PEER, JOB, now + 1100, False, True))))
+    assert duo.show(kept[1]) is not None
+
+
 # ---------------------------------------------------------------- three nodes
 
 
