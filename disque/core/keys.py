@@ -225,9 +225,11 @@ class Keys:
         """Decide a claim: the job that holds (queue, key) now (DEBOUNCE's
         `job`, superseding the key's pending one)."""
         now = self.life.now
+        if debounce and job in self.life.collected:  # a copy of the claim of a job superseded since: it changes nothing
+            return job
         known = self.holds.get(queue + b"\0" + key)
         if known is not None and known.holds(now):
-            if not (debounce and known.debounce):
+            if not (debounce and known.debounce) or known.job == job:  # (the same claim twice: the bus may copy one)
                 return known.job
             self._supersede(known.job)
         self._change(queue, key, known, job, now + hold, active, debounce)
@@ -241,9 +243,9 @@ class Keys:
         life = self.life
         self.superseded += 1
         job = life.jobs.get(job_id)
+        life.collected.remember(job_id, life.now, False)  # a copy still on its way here is not kept, nor a claim's copy granted
         if job is None:
             self.out.broadcast(life.membership.linked_ids(), m.DelJob(job_id, acked=False))
-            life.collected.remember(job_id, life.now, False)  # a copy still on its way here is not kept
         else:
             self.out.answer_producer(job_id, Status(job_id))
             life.delete_everywhere(job)

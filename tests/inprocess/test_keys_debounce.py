@@ -137,6 +137,10 @@ def test_the_home_supersedes_a_peer_s_pending_job_everywhere(duo) -> None:
     assert duo.sent() == [m.DelJob(JOB, acked=False), m.KeySet(keyed.encode(duo.core.keys.holds[b"q\0" + key])),
                           m.KeyClaimed(2, b"q", key, other)]  # fmt: skip
     assert JOB in duo.core.collected  # its copy on its way here is not kept
+    from_peer(duo, m.KeyClaim(2, b"q", key, other, 500, False, True))  # a copy of a claim (the bus may copy one)
+    from_peer(duo, m.KeyClaim(1, b"q", key, JOB, 500, False, True))  # a late copy of the superseded job's claim
+    assert duo.sent() == [m.KeyClaimed(2, b"q", key, other), m.KeyClaimed(1, b"q", key, JOB)]
+    assert duo.core.keys.holds[b"q\0" + key].job == other and info(duo.core)["debounce_superseded"] == 1
     from_peer(duo, m.KeyClaim(3, b"q", key, JOB, 500, True, True))  # DEDUP ACTIVE and DEBOUNCE: dropped
     assert duo.sent() == [] and info(duo.core)["key_records_dropped"] == 1
 
