@@ -198,7 +198,8 @@ def check_debounce(history: Iterable[Record], *, settle_ms: int, debounce_ms: in
             runs.setdefault(key, {}).setdefault(r["job"], (int(seq), t))
     outside = {key for key, (a, b) in spans.items() if not any(x <= b and y >= a for x, y in faults)}
     found: dict[str, dict[bool, list[str]]] = {name: {True: [], False: []} for name in ("extra", "stale")}
-    early, lost = [], []
+    early: list[str] = []
+    lost: list[str] = []
     for key in spans:
         ran = runs.get(key, {})
         side = key in outside
