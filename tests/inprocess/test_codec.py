@@ -111,7 +111,7 @@ MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     Waiting: st.builds(Waiting, st.lists(st.builds(WaitEntry, blobs, uints), min_size=1, max_size=3).map(tuple)),
     SchedSet: st.builds(lambda name, body: SchedSet(schedule.encode(schedule.Schedule(b"n" + name, 1, "a", b"q", body, 1000))), blobs, blobs),
     Ticked: st.builds(Ticked, blobs, uints, node_ids),
-    KeyClaim: st.builds(KeyClaim, uints, blobs, blobs, job_ids, uints, st.booleans()),
+    KeyClaim: st.builds(KeyClaim, uints, blobs, blobs, job_ids, uints, st.booleans(), st.booleans()),
     KeyClaimed: st.builds(KeyClaimed, uints, blobs, blobs, job_ids),
     KeySet: st.builds(lambda key, job: KeySet(keyed.encode(keyed.KeyHold(b"q", b"k" + key, 1, "a", job, 2))), blobs, job_ids),
     KeyDone: st.builds(KeyDone, blobs, blobs, job_ids, st.booleans()),
