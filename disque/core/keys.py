@@ -67,6 +67,7 @@ from disque.core.types import BLOCKED, Connection, Status, Waiter
 from disque.store import keyed
 from disque.store.aof import KEYHOLD, encode_record
 from disque.store.ids import new_job_id
+from disque.store.job import DELIVERED, State
 from disque.store.job_options import DEDUP_ACTIVE, debounce_problem
 from disque.store.keyed import KeyHold
 from disque.store.records import decode_alone
@@ -322,10 +323,14 @@ class Keys:
     def _drop_superseded(self, job_id: bytes) -> None:
         """A pending DEBOUNCE job this node held the record of was superseded
         while it could not hear of it (it was down, or cut off): its copy
-        here, if any, goes too (and its other holders are told again)."""
-        job = self.life.jobs.get(job_id)
-        if job is not None:
-            self.life.delete_everywhere(job)
+        here goes too, unless it was queued or handed out here meanwhile
+        (then it was due: the homes' clocks may disagree, and a run is not
+        taken back).  The other copies were the home's to delete."""
+        life = self.life
+        job = life.jobs.get(job_id)
+        if job is not None and job.state == State.ACTIVE and not job.flags & DELIVERED:
+            life.finished(job, False)
+            life.delete_job(job)
 
     def _checked(self, record: bytes, source: str) -> KeyHold | None:
         """The record decoded; None for a bad one, dropped alone (logged and counted)."""

@@ -200,6 +200,11 @@ def test_a_newer_record_drops_the_copy_of_a_job_superseded_meanwhile(duo) -> Non
     now = duo.core.now  # a record of a new burst, made after the job was due: the job stays
     from_peer(duo, m.KeySet(keyed.encode(KeyHold(b"q", there, now + 600, PEER, JOB, now + 1100, False, True))))
     assert duo.show(kept[1]) is not None
+    duo.wait(1000)  # queued here; then records from a home whose clock is behind say it was superseded: a due job stays
+    assert duo.state(kept[1]) == "queued"
+    from_peer(duo, m.KeySet(keyed.encode(KeyHold(b"q", there, now + 700, PEER, kept[1], now + 5000, False, True))))
+    from_peer(duo, m.KeySet(keyed.encode(KeyHold(b"q", there, now + 800, PEER, JOB, now + 5000, False, True))))
+    assert duo.core.keys.holds[b"q\0" + there].job == JOB and duo.state(kept[1]) == "queued"
 
 
 # ---------------------------------------------------------------- three nodes
