@@ -135,8 +135,8 @@ class CommandFuzz(RuleBasedStateMachine):
         q = data.draw(st.sampled_from(QUEUES[:2]))
         known = self.job_ids()
         ids = data.draw(st.lists(st.sampled_from(known), min_size=1, max_size=3)) if known else FAKE_IDS[:1]
-        words = [b"RETRY", b"TTL", b"DELAY", b"MAXLEN", b"0", b"1", b"2", b"5"]
-        opts = data.draw(st.lists(st.sampled_from(words), max_size=4))
+        words = [b"RETRY", b"TTL", b"DELAY", b"MAXLEN", b"0", b"1", b"2", b"5", b"KEY", b"k", b"DEBOUNCE", b"DEDUP", b"1500"]
+        opts = data.draw(st.lists(st.sampled_from(words), max_size=6))
         argv = {
             b"ADDJOB": [q, b"body", b"0", *opts],
             b"GETJOB": [b"NOHANG", b"COUNT", b"2", b"FROM", q],
