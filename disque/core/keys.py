@@ -32,9 +32,14 @@ it: the pending job is deleted on every node that may hold it, as FASTACK
 deletes (`_supersede`: DELJOB, not acknowledged; a producer still waiting
 for its copies gets its ID), so the key's last body runs, <ms> after its
 last ADDJOB.  A pending job already due has left the hold: the next claim
-starts a new burst.  A DEBOUNCE claim waits for a home that reads it
-(FEATURE_DEBOUNCE); a DEDUP claim and a DEBOUNCE one do not supersede
-each other (the one holding the key answers).
+starts a new burst.  The home remembers the jobs it superseded (in
+`collected`, as collected jobs are), so a copy of an old claim the bus
+delivers late supersedes nothing; a node that kept the record of a
+pending job and hears (KEYSET) that it was superseded while it could not
+hear of it (down, cut off) drops its own copy (`_drop_superseded`).  A
+DEBOUNCE claim waits for a home that reads it (FEATURE_DEBOUNCE); a DEDUP
+claim and a DEBOUNCE one do not supersede each other (the one holding the
+key answers).
 
 A home that does not answer within ASK_MS (gone, cut off, not linked, of
 an older version, or the claim lost) does not hold the producer longer:
