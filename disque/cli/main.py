@@ -67,6 +67,7 @@ SERVER_COMMANDS: dict[str, tuple[str, str]] = {
     "QLEN": ("queue", "Number of jobs queued on this node"),
     "QPEEK": ("queue count", "Look at the oldest (count > 0) or newest jobs without taking them"),
     "QSTAT": ("queue", "Statistics of a queue on this node"),
+    "QKEYS": ("queue [COUNT n]", "The keys with jobs queued in a queue on this node, and the n busiest (see `keys --help`)"),
     "QSCAN": ("[cursor] [COUNT n] [BUSYLOOP] [MINLEN n] [MAXLEN n] [IMPORTRATE r]", "Iterate over queues"),
     "PAUSE": ("queue in|out|all|none|state|bcast ...", "Pause a queue for input and/or output"),
     "QSETTINGS": ("queue", "The queue's effective Kestrel settings"),

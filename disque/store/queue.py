@@ -217,6 +217,13 @@ class Fair:
         self.live -= 1
         self.lanes[job.key].discard()
 
+    def busiest(self, count: int) -> tuple[int, list[tuple[bytes, int]]]:
+        """How many keys have jobs queued, and the `count` of them with the
+        most (ties: by key), each with its count: one pass over the keys,
+        none over the jobs (QKEYS, docs/keys.md "Watching keys")."""
+        waiting = [(key, lane.live) for key, lane in self.lanes.items() if lane.live]
+        return len(waiting), heapq.nsmallest(count, waiting, key=_most_jobs)
+
     def oldest(self) -> Iterator[Job]:
         return heapq.merge(*(lane.oldest() for lane in self.lanes.values()), key=_key)
 
@@ -229,6 +236,10 @@ class Fair:
         self.turns = {PLAIN: None}
         self.live = 0
         return live
+
+
+def _most_jobs(entry: tuple[bytes, int]) -> tuple[int, bytes]:
+    return -entry[1], entry[0]
 
 
 def effective(job: Job, now_ms: int, aging: int) -> int:
