@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from disque.core.errors import DisqueError, err, not_integer
+from disque.core.figures import key_figures, node_figures
 from disque.core.types import Map
 from disque.protocols.resp.commands import QKEYS_MAX, QKEYS_SYNTAX
 
@@ -81,3 +82,22 @@ def test_fuzzed_arguments_answer_the_spec_or_an_error(jobs: list[bytes], argv: l
     shown = dict(reply)
     want = sorted({k: jobs.count(k) for k in jobs}.items(), key=lambda kv: (-kv[1], kv[0]))
     assert shown == {b"keys": len(want), b"jobs": len(jobs), b"busiest": [v for pair in want[:count] for v in pair]}
+
+
+def test_the_figures_show_the_queues_with_the_most_keyed_jobs_and_their_busiest_keys(env) -> None:
+    """/metrics and the dashboard (core/figures.py key_figures): bounded in queues and keys per queue."""
+    for queue, keys in (("small", "a"), ("big", "xyyzzz"), ("mid", "pqq")):
+        for key in keys:
+            env.add(queue, "b", "KEY", key)
+    env.add("plain", "b")
+    assert node_figures(env.core)["key_list"] == [
+        {"queue": "big", "keys": 3, "jobs": 6, "busiest": [["z", 3], ["y", 2], ["x", 1]]},
+        {"queue": "mid", "keys": 2, "jobs": 3, "busiest": [["q", 2], ["p", 1]]},
+        {"queue": "small", "keys": 1, "jobs": 1, "busiest": [["a", 1]]},
+    ]
+    env.add("mid", "b", "KEY", b"\xff")
+    assert key_figures(env.core, max_queues=2, top=1) == [
+        {"queue": "big", "keys": 3, "jobs": 6, "busiest": [["z", 3]]},
+        {"queue": "mid", "keys": 3, "jobs": 4, "busiest": [["q", 2]]},
+    ]
+    assert key_figures(env.core, top=4)[1]["busiest"][-1] == ["\\xff", 1]  # a key that is not text, escaped
