@@ -320,6 +320,43 @@ function renderWorkflows(live) {
   );
 }
 
+const TOP_KEYS = 5; // each node lists its queues' 5 busiest keys (core/figures.py TOP_KEYS)
+const DEDUP = ["dedup_hits", "dedup_granted", "dedup_unconfirmed", "dedup_released"];
+
+function renderKeys(live) {
+  // Each node's queues with keyed jobs (core/figures.py key_figures), added up: a key queued on two nodes counts on each.
+  const queues = {};
+  const dedup = Object.fromEntries(DEDUP.map((name) => [name, 0]));
+  for (const { id, overview } of live) {
+    for (const q of overview.key_list || []) { // (a node of an older version lists none)
+      const m = (queues[q.queue] ||= { queue: q.queue, keys: 0, jobs: 0, byNode: [], busiest: {} });
+      m.keys += q.keys;
+      m.jobs += q.jobs;
+      m.byNode.push(`${short(id)}: ${q.keys}`);
+      for (const [key, n] of q.busiest) m.busiest[key] = (m.busiest[key] || 0) + n;
+    }
+    for (const name of DEDUP) dedup[name] += (overview.keys || {})[name] || 0;
+  }
+  const rows = Object.values(queues).sort((a, b) => b.jobs - a.jobs || a.queue.localeCompare(b.queue));
+  fill("#keys", rows, (row, q) => {
+    row.dataset.queue = q.queue;
+    cell(row, q.queue);
+    cell(row, q.keys, "num");
+    cell(row, q.jobs, "num");
+    cell(row, q.byNode.join(", "), "muted");
+    const busiest = Object.entries(q.busiest).sort(([a, x], [b, y]) => y - x || (a < b ? -1 : a > b ? 1 : 0)).slice(0, TOP_KEYS);
+    cell(row, busiest.map(([key, n]) => `${key}: ${n}`).join(", "), "busiest");
+  });
+  document.getElementById("key-totals").replaceChildren(
+    ...Object.entries(dedup).map(([name, n]) => {
+      const span = document.createElement("span");
+      span.textContent = `${name.replaceAll("_", " ")}: ${n}`;
+      span.dataset.figure = name;
+      return span;
+    }),
+  );
+}
+
 function renderSchedules(me, live) {
   // Schedules are cluster state: this node's definitions, with the latest tick any node knows fired.
   const latest = {};
@@ -426,6 +463,7 @@ async function poll() {
     renderSchedules(me, live);
     renderLimits(live);
     renderWorkflows(live);
+    renderKeys(live);
     renderClients(live);
     renderHealth(live);
   } catch (e) {
