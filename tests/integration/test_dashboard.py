@@ -85,6 +85,18 @@ def api(http: int, path: str, body: Any = None, password: str | None = None) -> 
         return e.code, json.loads(e.read())
 
 
+def table_rows(browser: webdriver.Chrome, table: str) -> list[list[str]]:
+    """The text of the cells of a table's rows, read at once (the page redraws its tables every second)."""
+    script = "return [...document.querySelectorAll(arguments[0])].map(tr => [...tr.cells].map(td => td.innerText.trim()))"
+    return browser.execute_script(script, f"#{table} tbody tr")
+
+
+def figure(browser: webdriver.Chrome, selector: str) -> int:
+    """The number a line of figures shows in the span `selector` (`name: n`); -1 before it is drawn."""
+    found = browser.execute_script("const e = document.querySelector(arguments[0]); return e ? e.innerText : ''", selector)
+    return int(found.rpartition(" ")[2] or -1)
+
+
 def dead_letter(client: redis.Redis, queue: str, body: str, *error: str) -> None:
     """A job of `queue` out of attempts at once (NACK ... `error`): dead-lettered into <queue>-dead on this node."""
     job_id = client.execute_command("ADDJOB", queue, body, 0, "REPLICATE", 1, "RETRY", 30, "MAXATTEMPTS", 1)
@@ -114,9 +126,7 @@ def test_the_dashboard_shows_the_whole_cluster_and_acts_on_it(cluster: Cluster, 
     wait = WebDriverWait(browser, 15, ignored_exceptions=[StaleElementReferenceException])  # the tables are redrawn live
 
     def rows(table: str) -> list[list[str]]:
-        """The cells' text, read at once (the page redraws its tables every second)."""
-        script = "return [...document.querySelectorAll(arguments[0])].map(tr => [...tr.cells].map(td => td.innerText.trim()))"
-        return browser.execute_script(script, f"#{table} tbody tr")
+        return table_rows(browser, table)
 
     def text(selector: str) -> str:
         return browser.execute_script("const e = document.querySelector(arguments[0]); return e ? e.innerText.trim() : ''", selector)

@@ -9,7 +9,7 @@ import redis
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.support.ui import WebDriverWait
 
-from test_dashboard import Cluster, api, browser, cluster  # noqa: F401  (fixtures)
+from test_dashboard import Cluster, api, browser, cluster, figure, table_rows  # noqa: F401  (fixtures)
 
 
 def test_the_keys_panel(cluster: Cluster, browser) -> None:  # noqa: F811
@@ -25,21 +25,18 @@ def test_the_keys_panel(cluster: Cluster, browser) -> None:  # noqa: F811
     wait = WebDriverWait(browser, 30, ignored_exceptions=[StaleElementReferenceException])
 
     def rows() -> list[list[str]]:
-        script = "return [...document.querySelectorAll('#keys tbody tr')].map(tr => [...tr.cells].map(td => td.innerText.trim()))"
-        return browser.execute_script(script)
+        return table_rows(browser, "keys")
 
-    def figure(name: str) -> int:
-        found = browser.execute_script("const e = document.querySelector(`#key-totals span[data-figure='${arguments[0]}']`);"
-                                       "return e ? e.innerText : ''", name)  # fmt: skip
-        return int(found.rpartition(" ")[2] or -1)
+    def dedup(name: str) -> int:
+        return figure(browser, f"#key-totals span[data-figure='{name}']")
 
     billing, mail = wait.until(lambda _: found if len(found := rows()) == 2 and found[0][2] == "7" else None)
     assert billing[:3] == ["billing", "4", "7"] and billing[4] == "tenant-a: 4, tenant-c: 2, tenant-b: 1"
     ids = [r.execute_command("CLUSTER", "MYID").decode()[:8] for r in (ra, rb)]
     assert sorted(billing[3].split(", ")) == sorted(f"{node}: 2" for node in ids)
     assert mail[:3] == ["mail", "1", "1"] and mail[4] == "order-1: 1"
-    wait.until(lambda _: figure("dedup_hits") == 1 and figure("dedup_granted") == 1)
-    assert figure("dedup_unconfirmed") == 0
+    wait.until(lambda _: dedup("dedup_hits") == 1 and dedup("dedup_granted") == 1)
+    assert dedup("dedup_unconfirmed") == 0
     assert len(rb.execute_command("GETJOB", "COUNT", 3, "FROM", "billing")) == 3  # b's own jobs: its keys are gone
     wait.until(lambda _: rows()[0][:3] == ["billing", "2", "4"])
     status, overview = api(http, "/api/overview")

@@ -10,7 +10,7 @@ from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.support.ui import WebDriverWait
 from support import wait_for
 
-from test_dashboard import Cluster, api, browser, cluster  # noqa: F401  (fixtures)
+from test_dashboard import Cluster, api, browser, cluster, figure, table_rows  # noqa: F401  (fixtures)
 
 
 def test_the_schedules_panel(cluster: Cluster, browser) -> None:  # noqa: F811
@@ -24,13 +24,10 @@ def test_the_schedules_panel(cluster: Cluster, browser) -> None:  # noqa: F811
     wait = WebDriverWait(browser, 30, ignored_exceptions=[StaleElementReferenceException])
 
     def rows() -> list[list[str]]:
-        script = "return [...document.querySelectorAll('#schedules tbody tr')].map(tr => [...tr.cells].map(td => td.innerText.trim()))"
-        return browser.execute_script(script)
+        return table_rows(browser, "schedules")
 
     def ticks(name: str) -> int:
-        found = browser.execute_script("const e = document.querySelector(`#schedule-totals span[data-ticks='${arguments[0]}']`);"
-                                       "return e ? e.innerText : ''", name)  # fmt: skip
-        return int(found.rpartition(" ")[2] or -1)
+        return figure(browser, f"#schedule-totals span[data-ticks='{name}']")
 
     # the PAUSE reaches this node after the ADD, in a message of its own: wait for both, not for the ADD alone
     heartbeat, nightly = wait.until(lambda _: found if len(found := rows()) == 2 and found[0][5] and found[1][4] == "paused" else None)
