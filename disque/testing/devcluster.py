@@ -179,10 +179,14 @@ class NodeProcess:
                 err = self.proc.stderr.read().decode() if self.proc.stderr else ""
                 raise RuntimeError(f"node on port {self.port} exited with {self.proc.returncode}: {err}")
             try:
-                if command(self.host, self.port, "PING", timeout=1).startswith(b"+PONG"):
+                # Ours, not another run's node on a port both picked at once (it answers first, ours fails to bind).
+                if command(self.host, self.port, "PING", timeout=1).startswith(b"+PONG") and (
+                    f"process_id:{self.proc.pid}\r\n".encode() in command(self.host, self.port, "INFO", "server", timeout=1)
+                ):
                     return self
             except OSError:
-                time.sleep(0.02)
+                pass
+            time.sleep(0.02)
         raise RuntimeError(f"node on port {self.port} did not answer within {wait}s")
 
     @property
