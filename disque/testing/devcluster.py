@@ -176,8 +176,8 @@ class NodeProcess:
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                raise RuntimeError(f"node on port {self.port} exited with {self.proc.returncode}: {err}")
+                _, err = self.proc.communicate()  # (and closes its stderr pipe)
+                raise RuntimeError(f"node on port {self.port} exited with {self.proc.returncode}: {err.decode()}")
             try:
                 # Ours, not another run's node on a port both picked at once (it answers first, ours fails to bind).
                 if command(self.host, self.port, "PING", timeout=1).startswith(b"+PONG") and (
