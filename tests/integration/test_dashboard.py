@@ -32,8 +32,20 @@ SCREENSHOT = os.environ.get("DISQUE_SCREENSHOT")
 Cluster = list[tuple[NodeProcess, int]]  # (node, its HTTP port)
 
 
-def start_cluster(tmp_path: Path, *extra: str) -> Cluster:
-    """Three joined nodes; node i's HTTP port is its client port less the same offset for all."""
+def start_cluster(tmp_path: Path, *extra: str, attempts: int = 3) -> Cluster:
+    """Three joined nodes; node i's HTTP port is its client port less the same
+    offset for all.  Every test run picks its ports the same way, so another
+    run may bind them between the check and a node's start: that node exits,
+    and the cluster is made again on the next free ports, in a new directory."""
+    for attempt in range(attempts - 1):
+        try:
+            return _start_cluster(tmp_path / f"attempt{attempt}", *extra)
+        except RuntimeError:
+            pass  # a node could not bind its ports: the next ones
+    return _start_cluster(tmp_path / f"attempt{attempts - 1}", *extra)
+
+
+def _start_cluster(tmp_path: Path, *extra: str) -> Cluster:
     first = ports_below_ephemeral(3)
     offset = next(o for o in range(-500, -20_000, -500) if all(_bindable("127.0.0.1", first + o + i) for i in range(3)))
     nodes: Cluster = []
