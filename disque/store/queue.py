@@ -221,8 +221,8 @@ class Fair:
         """How many keys have jobs queued, and the `count` of them with the
         most (ties: by key), each with its count: one pass over the keys,
         none over the jobs (QKEYS, docs/keys.md "Watching keys")."""
-        waiting = [(key, lane.live) for key, lane in self.lanes.items() if lane.live]
-        return len(waiting), heapq.nsmallest(count, waiting, key=_most_jobs)
+        waiting = [(-lane.live, key) for key, lane in self.lanes.items() if lane.live]  # sorted as they are: no key function
+        return len(waiting), [(key, -minus) for minus, key in heapq.nsmallest(count, waiting)]
 
     def oldest(self) -> Iterator[Job]:
         return heapq.merge(*(lane.oldest() for lane in self.lanes.values()), key=_key)
@@ -236,10 +236,6 @@ class Fair:
         self.turns = {PLAIN: None}
         self.live = 0
         return live
-
-
-def _most_jobs(entry: tuple[bytes, int]) -> tuple[int, bytes]:
-    return -entry[1], entry[0]
 
 
 def effective(job: Job, now_ms: int, aging: int) -> int:
