@@ -34,6 +34,7 @@ def test_a_chain_runs_one_job_after_the_other(env):
     assert env.s("ENQUEUE", b) == 0  # held: nothing queues it
     assert fetch_ack(env, result="ra") == a
     assert [env.state(x) for x in (b, c)] == ["queued", "active"] and "waits-for" not in env.show(b)
+    assert env.show(b)["after"] == [a] and env.show(c)["after"] == [b]  # kept once released
     assert env.s("RESULT", a) == b"ra"  # what b's consumer reads
     assert fetch_ack(env) == b
     assert env.state(c) == "queued"
@@ -134,7 +135,8 @@ def test_the_aof_keeps_a_child_held_until_its_release_is_logged(env):
         core, clock, _ = make_core()
         clock.ms = env.clock.ms
         replay(core, data)
-        assert Session(core).show(b).get("waits-for") == parents
+        shown = Session(core).show(b)
+        assert shown.get("waits-for") == parents and shown["after"] == [a]
         check_core(core)
 
 
@@ -158,7 +160,8 @@ def test_a_child_on_other_nodes_is_queued_once_when_its_parent_is_acknowledged_e
     mesh.advance(20_000)  # the other holders' RETRY timers: still queued once
     assert len(queued_on(mesh, child)) == 1
     (home,) = queued_on(mesh, child)
-    assert mesh.call(home, "RESULT", parent) == b"from the parent"
+    assert all(mesh.core(i).jobs.get(child).after == (parent,) for i in holders(mesh, child))  # the copies' too
+    assert dict(mesh.call(home, "SHOW", child))[b"after"] == [parent] and mesh.call(home, "RESULT", parent) == b"from the parent"
     for core in mesh.cores:
         check_core(core)
 
