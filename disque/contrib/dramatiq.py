@@ -55,7 +55,9 @@ messages a pipeline or a group enqueued through it, in the broker itself
   step that fails ends the pipeline, as in Dramatiq), its `pipe_target`
   taken off so Dramatiq's own `Pipelines` middleware adds nothing.  The
   step's consumer reads the parent's result (`Client.parent_results`) and
-  appends it to the message's arguments, unless `pipe_ignore`.  So
+  appends it to the message's arguments, unless `pipe_ignore`; a failed
+  step's exception is its result (even without `Results`), and the steps
+  after it are acknowledged with it, unrun.  So
   `pipeline.get_result()` and `group.get_results()` find every job.
 * A group's completion callbacks are not mapped (docs/workflows.md).
 
@@ -81,9 +83,9 @@ from dramatiq.broker import Broker, Consumer, MessageProxy
 from dramatiq.common import xq_name
 from dramatiq.message import Message, get_encoder
 from dramatiq.middleware import Middleware, Retries
-from dramatiq.results import ResultBackend, ResultMissing, Results, ResultTimeout
+from dramatiq.results import ResultBackend, ResultFailure, ResultMissing, Results, ResultTimeout
 from dramatiq.results.backend import DEFAULT_TIMEOUT, Result
-from dramatiq.results.result import wrap_exception, wrap_result
+from dramatiq.results.result import unwrap_result, wrap_exception, wrap_result
 
 from disque.client import Client, Job, connection_name
 from disque.client.worker import MAX_RESULT_BYTES
@@ -92,7 +94,7 @@ log = logging.getLogger(__name__)
 
 JOB_IDS = 100_000  # messages whose job ID the broker remembers (those a pipeline or group enqueued)
 JOB_ID = "disque_job_id"  # the option of a message `enqueue` returns: its job's ID
-PIPED = "disque_piped"  # the option of a pipeline's next message: the previous one's result is appended to its args
+PIPED = "disque_piped"  # the option of a pipeline's next message: it reads the previous one's result
 PIPES = "disque_pipes"  # the option of a pipeline's message a next one waits for: its result is kept
 
 
@@ -155,7 +157,7 @@ class DisqueBroker(Broker):
                 ignore = step.options.get("pipe_ignore") or (
                     first.actor_name in self.actors and self.get_actor(first.actor_name).options.get("pipe_ignore")
                 )
-                step = step.copy(options={"pipe_target": None, PIPED: not ignore, PIPES: target is not None})
+                step = step.copy(options={"pipe_target": None, "pipe_ignore": bool(ignore), PIPED: True, PIPES: target is not None})
                 job_id = self._add(step, step.options.get("delay"), after=[job_id])
                 first = step
         self.emit_after("enqueue", message, delay)
@@ -307,22 +309,38 @@ class _Consumer(Consumer):
             return client
 
     def __next__(self) -> MessageProxy | None:
-        if not self._fetched:
-            room = max(1, self.prefetch - self._unsettled)
-            self._fetched.extend(self.client.get_jobs(self.queue_name, count=room, timeout_ms=self.timeout))
+        while True:
             if not self._fetched:
-                return None
-        job = self._fetched.popleft()
-        self._settled(-1)
-        message = Message.decode(job.body)
-        message.options["retries"] = job.nacks
-        if message.options.get(PIPED):  # a pipeline's step: the previous one's result is its last argument
-            results = list(self.jobs_client.parent_results(job.id).values())
-            wrapped = results[0] if results else None
-            if wrapped is None:
-                log.warning("pipeline step %s: the previous step's result is not kept; None is passed", message.message_id)
-            message = message.copy(args=(*message.args, None if wrapped is None else get_encoder().decode(wrapped)))
-        return _Delivery(message, job.id, job.deliveries)
+                room = max(1, self.prefetch - self._unsettled)
+                self._fetched.extend(self.client.get_jobs(self.queue_name, count=room, timeout_ms=self.timeout))
+                if not self._fetched:
+                    return None
+            job = self._fetched.popleft()
+            message = Message.decode(job.body)
+            message.options["retries"] = job.nacks
+            step = self._piped(job.id, message) if message.options.get(PIPED) else message
+            if step is not None:
+                self._settled(-1)
+                return _Delivery(step, job.id, job.deliveries)
+
+    def _piped(self, job_id: str, message: Message) -> Message | None:
+        """A pipeline's step, the previous step's result appended to its
+        arguments (unless `pipe_ignore`); None when that step failed: this
+        one is then acknowledged with the same failure, unrun, and so on
+        down the pipeline, whose `get_result` raises `ResultFailure`."""
+        results = list(self.jobs_client.parent_results(job_id).values())
+        wrapped = results[0] if results else None
+        value = None if wrapped is None else get_encoder().decode(wrapped)
+        try:
+            unwrap_result(value)
+        except ResultFailure:
+            self.jobs_client.ack(job_id, result=wrapped)
+            return None
+        if message.options.get("pipe_ignore"):
+            return message
+        if wrapped is None:
+            log.warning("pipeline step %s: the previous step's result is not kept; None is passed", message.message_id)
+        return message.copy(args=(*message.args, value))
 
     def _settled(self, n: int) -> None:
         with self._jobs_lock:
@@ -341,7 +359,8 @@ class _Consumer(Consumer):
         assert isinstance(message, _Delivery)
         message.error, error = None, message.error
         self._settled(1)
-        if self.broker.stores_results(message):  # (Results keeps the exception only after the nack: too late)
+        # Results keeps the exception only after the nack, too late; a pipeline's next step reads it to end there.
+        if self.broker.stores_results(message) or message.options.get(PIPES):
             _keep(message, wrap_exception(error or Exception("unknown")))
         attempts = self.broker.max_attempts(message)
         if attempts is not None and message.deliveries >= attempts and message.result is None:

@@ -2,8 +2,8 @@
 (disque.contrib.dramatiq.DisqueBackend, docs/workflows.md): a real
 `dramatiq` worker process and a producer process against a real 3-node
 cluster; a pipeline added whole (each step AFTER the one before), each
-step given the previous one's result; a group waited for; an actor's
-exception read back as Dramatiq's ResultFailure."""
+step given the previous one's result, a failed step ending it; a group
+waited for; an actor's exception read back as Dramatiq's ResultFailure."""
 
 from __future__ import annotations
 
@@ -69,6 +69,11 @@ try:
     tasks.fail.send().get_result(block=True, timeout=30000)
 except ResultFailure as e:
     out["failure"] = str(e)
+broken = pipeline([tasks.add.message(1, 2), tasks.fail.message_with_options(pipe_ignore=True), tasks.double.message()]).run()
+try:
+    broken.get_result(block=True, timeout=30000)
+except ResultFailure as e:
+    out["broken"] = str(e)  # double's: acknowledged with the failure before it, unrun (run, it would return a number)
 print(json.dumps(out))
 '''
 
@@ -96,5 +101,6 @@ def test_results_pipelines_and_groups_through_a_real_worker(tmp_path: Path) -> N
             "pipeline": 20,  # double(10): pipe_ignore
             "steps": [3, 6, 20],  # add(1, 2), double(3), double(10)
             "failure": "actor raised ValueError: no way",
+            "broken": "actor raised ValueError: no way",
         }, out
-        assert sum(cluster.qlen(i, "default.XQ") for i in cluster.indexes) == 1  # the failed message, dead-lettered
+        assert sum(cluster.qlen(i, "default.XQ") for i in cluster.indexes) == 2  # the failed messages, dead-lettered
