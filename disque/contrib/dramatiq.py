@@ -52,8 +52,8 @@ messages a pipeline or a group enqueued through it, in the broker itself
 (the last `JOB_IDS` of them).
 * A `pipeline` is added whole when its first message is enqueued: each
   next message an ADDJOB ... AFTER the one before (ON-PARENT-FAIL drop: a
-  step that fails ends the pipeline, as in Dramatiq), its `pipe_target`
-  taken off so Dramatiq's own `Pipelines` middleware adds nothing.  The
+  step that expires drops the rest), its `pipe_target` taken off so
+  Dramatiq's own `Pipelines` middleware adds nothing.  The
   step's consumer reads the parent's result (`Client.parent_results`) and
   appends it to the message's arguments, unless `pipe_ignore`; a failed
   step's exception is its result (even without `Results`), and the steps
@@ -150,21 +150,21 @@ class DisqueBroker(Broker):
         else:
             target = message.options.get("pipe_target")
             job_id = self._add(message.copy(options={"pipe_target": None, PIPES: True}) if target else message, delay)
-            first, message = message, message.copy(options={JOB_ID: job_id})
+            previous, message = message, message.copy(options={JOB_ID: job_id})
             while target is not None:  # the rest of a pipeline, each step AFTER the one before
                 step: Message = Message(**target)
                 target = step.options.get("pipe_target")
-                ignore = step.options.get("pipe_ignore") or (
-                    first.actor_name in self.actors and self.get_actor(first.actor_name).options.get("pipe_ignore")
+                ignore = step.options.get("pipe_ignore") or (  # (as Dramatiq's Pipelines decides it)
+                    previous.actor_name in self.actors and self.get_actor(previous.actor_name).options.get("pipe_ignore")
                 )
                 step = step.copy(options={"pipe_target": None, "pipe_ignore": bool(ignore), PIPED: True, PIPES: target is not None})
                 job_id = self._add(step, step.options.get("delay"), after=[job_id])
-                first = step
+                previous = step
         self.emit_after("enqueue", message, delay)
         return message
 
     def _add(self, message: Message, delay: int | None, after: list[str] | None = None) -> str:
-        """ADDJOB of `message` (AFTER `after`, dropped if that fails); its job ID, remembered."""
+        """ADDJOB of `message` (AFTER `after`, dropped if that one expires); its job ID, remembered."""
         attempts = self.max_attempts(message)
         priority = message.options.get("broker_priority")
         job_id = self.client.add_job(
