@@ -590,6 +590,7 @@ def show(node: NodeCore, job: Job) -> Map:
         + ([(b"key", job.key)] if job.key else [])
         + ([(b"waits-for", list(job.parents)), (b"on-parent-fail", ON_PARENT_FAIL[job.on_parent_fail])] if job.parents else [])
         + ([(b"batch", job.batch)] if job.batch else [])
+        + ([(b"after", list(job.after))] if job.after else [])  # every parent, acknowledged ones too
     )
 
 
