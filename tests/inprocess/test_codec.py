@@ -75,6 +75,7 @@ def jobs(draw: st.DrawFn) -> Job:
         parents=tuple(draw(st.lists(job_ids, unique=True, max_size=3))),
         on_parent_fail=draw(st.integers(0, 2)),
         batch=draw(st.sampled_from((b"", b"BT" + b"0" * 40))),
+        after=tuple(draw(st.lists(job_ids, unique=True, max_size=3))),  # a released child's: parents gone, after kept
     )
 
 
@@ -634,6 +635,7 @@ BAD_JOB_FIELDS = [
     ("nodes_delivered", ("A" * 40,)),
     ("parents", (b"x" * 48,)),
     ("on_parent_fail", 3),
+    ("after", (b"x" * 48,)),
 ]
 
 

@@ -30,7 +30,7 @@ KEYWORDS = [
     b"resetstat", b"forget", b"meet", b"127.0.0.1", b"sleep", b"structsize", b"latest", b"history",
     b"graph", b"doctor", b"addr", b"type", b"normal", b"skipme", b"setinfo", b"lib-name", b"pause",
     b"AFTER", b"ON-PARENT-FAIL", b"run", b"drop", b"fail", b"RESULT", b"WITHRESULTS", b"BATCH", b"new", b"close",
-    b"show", b"ON-SUCCESS", b"ON-COMPLETE",
+    b"show", b"ON-SUCCESS", b"ON-COMPLETE", b"KEY",
 ]  # fmt: skip
 NUMBERS = [
     b"0", b"1", b"-1", b"2", b"3", b"10", b"100", b"1000", b"+5", b"", b" 1", b"1 ", b"1e3", b"0x10",

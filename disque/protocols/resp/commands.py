@@ -598,6 +598,7 @@ def show(node: NodeCore, job: Job) -> Map:
         + ([(b"key", job.key)] if job.key else [])
         + ([(b"waits-for", list(job.parents)), (b"on-parent-fail", ON_PARENT_FAIL[job.on_parent_fail])] if job.parents else [])
         + ([(b"batch", job.batch)] if job.batch else [])
+        + ([(b"after", list(job.after))] if job.after else [])  # every parent, acknowledged ones too
     )
 
 
@@ -772,6 +773,31 @@ def _priorities(queue: Queue) -> list[tuple[bytes, Any]]:
     if all(priority == DEFAULT_PRIORITY for priority, _ in counts):
         return []
     return [(b"priorities", [n for pair in counts for n in pair])]
+
+
+QKEYS_MAX: Final = 1000  # busiest keys in one reply: a reply stays small, its sort short
+QKEYS_SYNTAX: Final = "Syntax error, try QKEYS <queue> [COUNT <n>]"
+
+
+@command("qkeys", -2, "r")
+def cmd_qkeys(node: NodeCore, client: Connection, argv: list[bytes]) -> Map:
+    """QKEYS <queue> [COUNT n] (an extension, docs/keys.md "Watching keys"):
+    the keys with jobs queued in <queue> on this node, the keyed jobs
+    queued, and the n keys with the most (default 10, at most QKEYS_MAX),
+    as [key, jobs, ...], read from the queue's lanes (store/queue.py `Fair`)."""
+    count = 10
+    if len(argv) == 4 and argv[2].lower() == b"count":
+        count = int_or(argv[3], errors.not_integer)
+        if not 1 <= count <= QKEYS_MAX:
+            raise err(f"COUNT must be between 1 and {QKEYS_MAX}")
+    elif len(argv) != 2:
+        raise err(QKEYS_SYNTAX)
+    queue = node.queues.get(argv[1])
+    fair = queue.fair if queue is not None else None
+    if fair is None:  # no keyed job was ever queued here
+        return Map([(b"keys", 0), (b"jobs", 0), (b"busiest", [])])
+    keys, busiest = fair.busiest(count)
+    return Map([(b"keys", keys), (b"jobs", fair.live), (b"busiest", [v for pair in busiest for v in pair])])
 
 
 @command("qsettings", 2, "rF")
