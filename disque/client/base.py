@@ -555,8 +555,9 @@ class _Base:
         one's ID, or "active" for as long as this one is not acknowledged,
         `debounce` DEBOUNCE: ms after the key's last add_job its last job
         runs, the earlier ones of the burst deleted (docs/keys.md);
-        `after`: the IDs of the jobs this one waits for, `on_parent_fail` (fail, run or drop) what one that fails does to it,
-        `batch` the batch it joins (docs/workflows.md).  A body over the
+        `after`: the IDs of the jobs this one waits for, `on_parent_fail`
+        (fail, run or drop) what one that fails does to it, `batch` the
+        batch it joins (docs/workflows.md).  A body over the
         client's `max_job_size` is refused before it is sent."""
         self._check_size(body)
         options = _options(
