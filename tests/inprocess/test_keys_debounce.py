@@ -9,15 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from disque.cluster import messages as m
+from disque.core.errors import DisqueError
 from disque.core.types import BLOCKED, Status
 from disque.protocols.resp.commands import job_options
 from disque.store import keyed
 from disque.store.keyed import KeyHold
 from disque.store.records import DecodeError
-from disque.core.errors import DisqueError
 
 from jobenv import PEER, duo, env, from_peer  # noqa: F401 (fixtures)
 from support import Session
