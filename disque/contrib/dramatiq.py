@@ -112,14 +112,26 @@ class DisqueBroker(Broker):
         self.queues: set[str] = set()
         self._local = threading.local()  # one producer connection per thread
         self._job_ids: OrderedDict[str, str] = OrderedDict()  # message ID -> job ID, the last JOB_IDS enqueued
-        self._job_ids_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._clients: list[Client] = []  # every thread's producer connection, for close()
 
     @property
     def client(self) -> Client:
         client = getattr(self._local, "client", None)
         if client is None:
             client = self._local.client = Client(self.nodes, **self.client_options)
+            with self._lock:
+                self._clients.append(client)
         return client
+
+    def close(self) -> None:
+        """Close every thread's producer connection (dramatiq's worker calls
+        it as it stops); a thread that sends again opens a new one."""
+        with self._lock:
+            clients, self._clients = self._clients, []
+            self._local = threading.local()
+        for client in clients:
+            client.close()
 
     def max_attempts(self, message: Message | MessageProxy) -> int | None:
         """Deliveries before the dead-letter queue: `max_retries` + 1 (None:
@@ -176,7 +188,7 @@ class DisqueBroker(Broker):
             key=message.options.get("key"), dedup=message.options.get("dedup"),
             debounce=message.options.get("debounce"), after=after or (), on_parent_fail="drop" if after else None,
         )  # fmt: skip
-        with self._job_ids_lock:
+        with self._lock:
             self._job_ids[message.message_id] = job_id.id
             if len(self._job_ids) > JOB_IDS:
                 self._job_ids.popitem(last=False)
@@ -186,7 +198,7 @@ class DisqueBroker(Broker):
         """The ID of the job `message` became, if known here (`enqueue`'s message, or remembered)."""
         known = message.options.get(JOB_ID)
         if known is None:
-            with self._job_ids_lock:
+            with self._lock:
                 known = self._job_ids.get(message.message_id)
         return known
 

@@ -111,6 +111,32 @@ def test_the_consumer_fetches_what_the_prefetch_leaves_room_for_and_queues_the_r
         assert [j.id for j in client.qpeek(queue, 5)] == [ids[4]]
 
 
+def test_closing_the_broker_closes_every_threads_connection(shared_node: NodeProcess, queue: str) -> None:
+    import threading
+
+    import dramatiq
+
+    address = f"{shared_node.host}:{shared_node.port}"
+    broker = DisqueBroker(address, middleware=[], name="closing-broker")
+
+    @dramatiq.actor(broker=broker, queue_name=queue)
+    def task(n: int) -> None: ...
+
+    def producers() -> int:
+        return command(shared_node.host, shared_node.port, "CLIENT", "LIST").count(b"name=closing-broker ")
+
+    task.send(1)
+    sender = threading.Thread(target=task.send, args=(2,))
+    sender.start()
+    sender.join()
+    assert producers() == 2  # one connection per sending thread
+    broker.close()
+    wait_for(lambda: producers() == 0, what="the producers' connections to close")
+    task.send(3)  # a thread that sends again opens a new one
+    assert producers() == 1 and broker.client.execute_command("QLEN", queue) == 3
+    broker.close()
+
+
 def test_an_actors_queue_limits_become_the_queues_setting_when_it_is_consumed(shared_node: NodeProcess, queue: str) -> None:
     import dramatiq
 
@@ -127,7 +153,7 @@ def test_an_actors_queue_limits_become_the_queues_setting_when_it_is_consumed(sh
         client.execute_command("QCONFIG", queue, "DEL")
         broker.consume(queue + "-plain", timeout=100).close()  # no limits: none set
         assert f"{queue}-plain".encode() not in client.execute_command("QCONFIG", "LIST")
-    broker.client.close()
+    broker.close()
 
 
 def test_the_result_backend_reads_what_the_acknowledgement_carried(shared_node: NodeProcess, queue: str) -> None:
@@ -162,4 +188,4 @@ def test_the_result_backend_reads_what_the_acknowledgement_carried(shared_node: 
     with pytest.raises(ResultMissing):
         backend.get_result(too_big, block=True, timeout=5000)  # acknowledged without one
     consumer.close()
-    broker.client.close()
+    broker.close()

@@ -89,6 +89,7 @@ def test_the_client_sends_dedup_and_metrics_count_the_hits(spawn: Callable[..., 
 
     for n in range(3):
         task.send_with_options(args=(n,), key="order-7", dedup=60_000)
+    broker.close()
     with Client([f"{node.host}:{node.port}"]) as client:
         assert client.execute_command("QLEN", "dq") == 1
     got = samples(port)

@@ -100,6 +100,7 @@ def test_the_client_the_worker_and_dramatiq_set_it(spawn: Callable[..., NodeProc
     task.send_with_options(args=(1,), broker_priority=3)
     task.send_with_options(args=(2,), broker_priority=42)  # held to 9
     task.send(3)
+    broker.close()
     with redis.Redis(host=node.host, port=node.port, protocol=2) as r:
         entries = r.execute_command("QPEEK", "dq", 10)
         assert [e[3:] for e in entries] == [[b"priority", 9], [], [b"priority", 3]]
