@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import os
 import random
 import signal
@@ -42,6 +43,8 @@ LINUX_EPHEMERAL = (32768, 60999)  # the kernel's default, where the file cannot 
 BUS_OFFSET = 10000
 LOWEST_PORT = 1024  # below: privileged ports
 _handed_out: set[int] = set()  # ports (client and bus) free_port gave: free now, taken once their nodes start
+_claims: dict[int, int] = {}  # block of ports -> the open lock file that claims it from other processes
+CLAIM_BLOCK = 1000  # ports claimed together: a run of hundreds of clusters holds a few lock files
 
 
 def ephemeral_range(path: str = PORT_RANGE_FILE) -> tuple[int, int]:
@@ -76,6 +79,29 @@ def _bindable(host: str, port: int) -> bool:
     return True
 
 
+def _claim(ports: list[int]) -> bool:
+    """Claim `ports` from other processes: two test runs at once search the
+    same ports downwards from the same start (`ports_below_ephemeral`; the
+    random ports of `free_port` seldom meet), and a port free when checked
+    may be bound a moment later by the other's node.  A process claims
+    ports by the block (CLAIM_BLOCK of them), with an exclusive lock on a
+    file per block held until it exits; False when another process holds
+    one of the blocks."""
+    directory = Path(tempfile.gettempdir()) / "disque-ports"
+    directory.mkdir(exist_ok=True)
+    new = sorted({port // CLAIM_BLOCK for port in ports} - _claims.keys())
+    for i, block in enumerate(new):
+        fd = os.open(directory / str(block), os.O_CREAT | os.O_RDWR, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            for mine in [block] + new[:i]:  # none claimed, so as not to hold blocks the other process is using
+                os.close(_claims.pop(mine, fd))
+            return False
+        _claims[block] = fd
+    return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A free client port below the ephemeral range whose bus port (+10000)
     is free and below it too, neither of them given before by this process
@@ -100,7 +126,7 @@ def ports_below_ephemeral(n: int, host: str = "127.0.0.1", skip: int = 0) -> int
     first = ephemeral_range()[0] - BUS_OFFSET - n - skip
     while first >= LOWEST_PORT:
         ports = node_ports(first, n)
-        if not {*ports} & _handed_out and all(_bindable(host, p) for p in ports):
+        if not {*ports} & _handed_out and all(_bindable(host, p) for p in ports) and _claim(ports):
             _handed_out.update(ports)
             return first
         first -= n

@@ -14,7 +14,7 @@ import pytest
 
 from support import wait_for
 
-from disque.testing.devcluster import command, ephemeral_range, free_port, overlap, signals_held
+from disque.testing.devcluster import CLAIM_BLOCK, _bindable, command, ephemeral_range, free_port, node_ports, overlap, ports_below_ephemeral, signals_held
 
 NODES = 3
 
@@ -141,6 +141,16 @@ def test_free_ports_sit_below_the_ephemeral_range() -> None:
     low, _ = ephemeral_range()
     ports = [free_port() for _ in range(50)]
     assert all(p + 10000 < low for p in ports), ports
+
+
+def test_two_processes_searching_at_once_get_ports_of_their_own() -> None:
+    """Two test runs search the same ports from the same start: what one
+    process found, and has not bound yet, another does not get."""
+    mine = node_ports(ports_below_ephemeral(3), 3)
+    script = "from disque.testing.devcluster import ports_below_ephemeral; print(ports_below_ephemeral(3))"
+    theirs = node_ports(int(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60).stdout), 3)
+    assert all(_bindable("127.0.0.1", p) for p in mine)  # free when the other process looked
+    assert not {p // CLAIM_BLOCK for p in mine} & {p // CLAIM_BLOCK for p in theirs}
 
 
 def test_ephemeral_range_is_read_from_the_kernel_file(tmp_path: Path) -> None:
