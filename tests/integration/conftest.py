@@ -48,15 +48,3 @@ def r(node: NodeProcess) -> Iterator[redis.Redis]:
     yield client
     client.close()
 
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """A client socket still unreachable at the end of the run (one test of
-    the real-process suite leaves one behind under a loaded machine, not yet
-    found) is collected here, quietly, rather than failing the whole session
-    after every test passed; a leak during the run still fails its test."""
-    import gc
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()
