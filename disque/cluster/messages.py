@@ -47,7 +47,10 @@ FEATURE_SCHEDULES: Final = 2  # SCHEDSET and TICKED (core/schedules.py)
 FEATURE_KEYS: Final = 4  # KEYCLAIM, KEYCLAIMED, KEYSET and KEYDONE (core/keys.py)
 FEATURE_LIMITS: Final = 8  # QSET, LIMITASK and LIMITGRANT (core/limits.py)
 FEATURE_BATCHES: Final = 16  # DEPEND and SETTLED (core/dependencies.py), BATCHSET (core/batches.py)
-FEATURES: Final = FEATURE_WAITING | FEATURE_SCHEDULES | FEATURE_KEYS | FEATURE_LIMITS | FEATURE_BATCHES  # this node's
+FEATURE_KEY_ORDER: Final = 32  # LIMITASK's oldest job and LIMITGRANT's hand_to: ordered keys (core/limits.py)
+FEATURES: Final = (
+    FEATURE_WAITING | FEATURE_SCHEDULES | FEATURE_KEYS | FEATURE_LIMITS | FEATURE_BATCHES | FEATURE_KEY_ORDER
+)  # this node's
 
 ZONE_MAX_LEN: Final = 64
 
@@ -391,6 +394,8 @@ class LimitAsk:
     tokens: int
     at: int
     key: bytes = b""  # a key's budget (per-key limits), not the queue's
+    first: int = 0  # an ordered key: the creation time of its oldest job queued at the sender (0: none)
+    first_id: bytes = b""  # ... and its ID
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,6 +410,8 @@ class LimitGrant:
     retry: int
     at: int
     key: bytes = b""
+    hand_to: str = ""  # an ordered key: the node the sender's queued jobs of it go to (its consumers wait)
+    behind: bool = False  # an ordered key: an older job of it is queued on another node (none of the asker's goes)
 
 
 @dataclass(frozen=True, slots=True)

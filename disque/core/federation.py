@@ -203,7 +203,6 @@ class Federation:
         """Send the `n` oldest jobs of `queue` (n <= its length) to `to`,
         whose link the caller checked, in frames of bounded size."""
         life = self.life
-        batch, size = [], 0
         whole = self.ordered(queue.name)
         taken: list[Job] = []
         while len(taken) < n:
@@ -213,6 +212,24 @@ class Federation:
             taken.append(job)
             if whole and job.key:  # the rest of its key's jobs go with it
                 taken += [life.take(queue, rest) for rest in queue.key_jobs(job.key)]
+        self._send_jobs(to, taken, pushed)
+
+    def hand_key(self, name: bytes, key: bytes, to: str) -> None:
+        """An ordered key's home asks: the jobs of `key` queued here go to
+        `to`, whose consumers wait for the key's oldest, which is here
+        (core/limits.py)."""
+        life = self.life
+        queue = life.queues.get(name)
+        if queue is None or queue.fair is None or key not in queue.fair.lanes or queue.pause & PAUSE_OUT:
+            return
+        if not life.membership.has_link(to):
+            return  # a RETRY 0 job handed to nobody would be lost
+        self._send_jobs(to, [life.take(queue, job) for job in queue.key_jobs(key)], True)
+
+    def _send_jobs(self, to: str, taken: list[Job], pushed: bool) -> None:
+        """YOURJOBS of `taken` (out of their queue) to `to`, in frames of bounded size."""
+        life = self.life
+        batch, size = [], 0
         for job in taken:
             job.add_delivered(to)  # it may hold a copy now: GC and QUEUED must reach it
             batch.append(job_to_wire(job, life.now))

@@ -72,6 +72,8 @@ from disque.store.limits import QueueLimits, apply_options
 from disque.store.records import decode_alone
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from disque.core.lifecycle import Lifecycle
     from disque.core.outbox import Outbox
     from disque.store.job import Job
@@ -85,6 +87,9 @@ ASK_TIMEOUT_MS = 200  # an ask unanswered this long is made again
 ASK_GAP_MS = 100  # an answer that lends nothing more is asked again this much later
 BURST = 20  # a home's bucket holds at most rate / BURST tokens (at least one)
 KEY_SCAN = 64  # with per-key limits, the keys looked at for one that has room
+ORDER_WAIT_MS = 5000  # an ordered key's older job elsewhere holds a node's consumers back this long at most
+SETTLE_MS = 200  # an ordered key's job goes this long after its creation at the soonest: older ones elsewhere are told by then
+NO_FIRST = (0, b"")  # (creation time, ID) of no job
 S_ACTIVE = State.ACTIVE
 
 
@@ -103,6 +108,9 @@ class Budget:
     waited: int = 0  # ms consumers waited on the limit, in all
     waits: int = 0  # ... that many times
     handed: int = 0  # jobs handed out within the limit
+    first: tuple[int, bytes] = NO_FIRST  # an ordered key: its oldest job here when last asked
+    cleared: bytes = b""  # ... the one the home's last answer let out (the oldest it knew of)
+    wanting: bool = False  # the ask awaiting its answer is for a consumer here
 
 
 @dataclass(slots=True)
@@ -114,6 +122,10 @@ class Lender:
     units: int = 0  # the bucket, in 1/period tokens (a token is `period` units; each ms adds `rate`)
     filled: int = 0  # ms of the last fill
     used: int = 0  # ms of the last ask
+    firsts: dict[str, tuple[int, bytes, int]] = field(default_factory=dict)  # an ordered key: node -> (its oldest, until)
+    held_back: dict[str, int] = field(default_factory=dict)  # ... node -> since when an older job elsewhere holds it back
+    moving: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # ... job ID -> (its creation time, until)
+    let_out: bytes = b""  # ... the job last let out
 
 
 def _handed(job: Job) -> int:
@@ -132,6 +144,7 @@ class Limits:
         self.view = tuple(life.membership.up_ids())  # the nodes up when this node last lent
         self.quiet_until = now + LEASE_MS + LEASE_SLACK  # a node that starts lends no new slots first
         self.dropped = 0  # records that broke a rule, from the bus or the AOF
+        self.hand_key: Callable[[bytes, bytes, str], None] = lambda queue, key, to: None  # federation's (set by NodeCore)
 
     # ------------------------------------------------------------ changes
 
@@ -269,13 +282,27 @@ class Limits:
         job out now; if not, the home is asked, and its answer may come at
         once (this node is the home)."""
         rule = self._rule(name, key)
-        if self._room(rule, budget):
+        if self._room(rule, budget) and self._cleared(name, key, budget):
             return True
         now = self.life.now
         if budget.asked and now - budget.asked < ASK_TIMEOUT_MS or budget.ask_at > now:
             return False  # an ask is on its way, or the home said when to ask again
         self._ask(name, key, budget, True)
-        return self._room(rule, budget)
+        return self._room(rule, budget) and self._cleared(name, key, budget)
+
+    def _cleared(self, name: bytes, key: bytes, budget: Budget) -> bool:
+        """Whether the home let out the oldest job of the key queued here
+        (an ordered key: one of its older jobs may be queued elsewhere)."""
+        return not key or budget.cleared == self._first(name, key)[1]
+
+    def _first(self, name: bytes, key: bytes) -> tuple[int, bytes]:
+        """An ordered queue's key: (creation time, ID) of its oldest job
+        queued here (NO_FIRST: none, or the queue is not ordered)."""
+        queue = self.life.queues.get(name)
+        fair = None if queue is None else queue.fair
+        lane = None if fair is None or not self.ordered(name) else fair.lanes.get(key)
+        job = None if lane is None else next(lane.oldest(), None)
+        return NO_FIRST if job is None else (job.ctime, job.id)
 
     def _rule(self, name: bytes, key: bytes) -> tuple[int, int, int]:
         """(rate, period, concurrency) of `name`'s budget, or of its keys'."""
@@ -342,13 +369,18 @@ class Limits:
         held = budget.slots if budget.slots_until > now else 0
         want = min(out + waiting, concurrency) if concurrency else 0
         tokens = min(waiting, _burst(rate)) if rate else 0
-        budget.asked, budget.ask_at = now, 0
-        ask = m.LimitAsk(name, want, out, held, tokens, now, key)
+        first = self._first(name, key) if key else NO_FIRST
+        budget.asked, budget.ask_at, budget.first, budget.wanting = now, 0, first, wanting
+        ask = m.LimitAsk(name, want, out, held, tokens, now, key, *first)
         owner = home(name + b"\0" + key if key else name, life.membership.up_ids())
         if owner == life.membership.my_id:
             self.on_grant(owner, self._lend(owner, ask))
-        else:
+        elif wanting or out or held or self._reads_order(owner):  # (else only the oldest is told: a home that reads it)
             self.out.send(owner, ask)
+
+    def _reads_order(self, node: str) -> bool:
+        peer = self.life.membership.nodes.get(node)
+        return peer is not None and bool(peer.features & m.FEATURE_KEY_ORDER)
 
     def on_ask(self, sender: str, msg: m.LimitAsk) -> None:
         if msg.queue in self.budgets:
@@ -366,8 +398,13 @@ class Limits:
         up = self._look()
         majority = 2 * len(up) > life.membership.size()
         slots = tokens = retry = 0
+        behind, hand_to = False, ""
         if concurrency:
             slots = self._slots(concurrency, lender, node, ask, now)
+            if ask.key and self.ordered(ask.queue):
+                behind, hand_to = self._order(lender, node, ask, up, now)
+                if behind:
+                    slots = min(slots, ask.out)
             if not majority or now < self.quiet_until:
                 slots = min(slots, ask.held)  # renew at most what it holds
             lender.leases[node] = (slots, now + LEASE_MS + LEASE_SLACK)
@@ -375,7 +412,53 @@ class Limits:
             tokens, retry = self._tokens(rate, period, lender, ask.tokens, now)
         elif rate:  # asked again once the quiet time is over, or the partition maybe healed
             retry = max(1, self.quiet_until - now) if majority else RENEW_MS
-        return m.LimitGrant(ask.queue, slots, tokens, retry, ask.at, ask.key)
+        return m.LimitGrant(ask.queue, slots, tokens, retry, ask.at, ask.key, hand_to, behind)
+
+    @staticmethod
+    def _order(lender: Lender, node: str, ask: m.LimitAsk, up: tuple[str, ...], now: int) -> tuple[bool, str]:
+        """An ordered key at its home, from the oldest job of it each node
+        said it holds (`firsts`), and those that left a node without being
+        let out there for SETTLE_MS (`moving`: on their way to another node,
+        which may not have told it yet): whether an older job holds `node`'s
+        back (a node that wants a slot: for ORDER_WAIT_MS at most, then its
+        own goes, out of order), or its oldest is younger than SETTLE_MS on
+        its clock and other nodes are up (they tell their oldest every
+        100 ms: one queued there just before may not be known yet); and,
+        when `node` holds the oldest and no consumer there wants it, the
+        node held back longest, to which `node` hands the key's jobs."""
+        firsts, held_back, wants, moving = lender.firsts, lender.held_back, lender.wants, lender.moving
+        for other, (_, _, until) in list(firsts.items()):
+            if until <= now or other not in up:
+                del firsts[other]  # lapsed (a node gone), or flagged failing
+        for other in list(held_back):
+            want, until = wants.get(other, (0, 0))
+            if not want or until <= now:
+                del held_back[other]  # its consumers went
+        for job_id, (_, until) in list(moving.items()):
+            if until <= now:
+                del moving[job_id]
+        mine = (ask.first, ask.first_id)
+        was = firsts.pop(node, None)
+        if was is not None and was[1] != ask.first_id and was[1] != lender.let_out:
+            moving[was[1]] = (was[0], now + SETTLE_MS)
+        if not ask.first_id:
+            return False, ""
+        moving.pop(ask.first_id, None)
+        firsts[node] = (ask.first, ask.first_id, now + LEASE_MS + LEASE_SLACK)
+        older = [(ctime, job_id) for other, (ctime, job_id, _) in firsts.items() if other != node]
+        if any(first < mine for first in [*older, *((ctime, job_id) for job_id, (ctime, _) in moving.items())]):
+            if ask.want <= ask.out:
+                return True, ""
+            since = held_back.setdefault(node, now)
+            if now - since < ORDER_WAIT_MS:
+                return True, ""
+        elif ask.want > ask.out and 0 <= ask.at - ask.first // 1_000_000 < SETTLE_MS and len(up) > 1:
+            return True, ""
+        held_back.pop(node, None)
+        if ask.want > ask.out:
+            lender.let_out = ask.first_id
+            return False, ""
+        return False, min(held_back, key=held_back.__getitem__) if held_back else ""
 
     @staticmethod
     def _slots(concurrency: int, lender: Lender, node: str, ask: m.LimitAsk, now: int) -> int:
@@ -407,12 +490,15 @@ class Limits:
         if budget is None or msg.at != budget.asked:
             return  # an answer to an ask made before the last, or to a limit gone
         budget.asked = 0
+        budget.cleared = b"" if msg.behind else budget.first[1]
         budget.slots, budget.slots_until = msg.slots, msg.at + LEASE_MS
         budget.tokens, budget.tokens_until = msg.tokens, msg.at + TOKEN_MS
         if msg.retry:
             budget.ask_at = self.life.now + msg.retry
-        elif not msg.tokens and msg.slots <= len(budget.out):  # nothing more: not asked again at once
+        elif budget.wanting and not msg.tokens and msg.slots <= len(budget.out):  # nothing more: not asked again at once
             budget.ask_at = self.life.now + ASK_GAP_MS
+        if msg.hand_to:
+            self.hand_key(msg.queue, msg.key, msg.hand_to)
 
     # ------------------------------------------------------------ time
 
@@ -449,6 +535,7 @@ class Limits:
         now = self.life.now
         if self.budgets:
             self._look()
+            self._ordered_keys()
         for name, budget in self.budgets.items():
             self._renew(name, b"", budget, name in self.throttled, now)
         for (name, key), budget in list(self.keyed.items()):
@@ -458,11 +545,24 @@ class Limits:
             if now - lender.used > LEASE_MS + LEASE_SLACK + TOKEN_MS and at[1]:
                 del self.lenders[at]  # a key no node asked for since its leases lapsed
 
+    def _ordered_keys(self) -> None:
+        """The keys of ordered queues with jobs queued here get a budget: their homes hear of their oldest."""
+        queues = self.life.queues
+        for name in self.budgets:
+            queue = queues.get(name)
+            if queue is not None and queue.fair is not None and self.ordered(name):
+                for key in queue.fair.lanes:
+                    if (name, key) not in self.keyed and self._first(name, key)[1]:
+                        self.keyed[name, key] = Budget()
+
     def _renew(self, name: bytes, key: bytes, budget: Budget, wanting: bool, now: int) -> bool:
-        """Ask again every RENEW_MS while a lease is held or consumers want
-        one (unused slots go back to the home); whether the budget is in use."""
-        if budget.slots and budget.slots_until > now or wanting or self._out(budget):
-            if now - max(budget.asked, budget.slots_until - LEASE_MS) >= RENEW_MS:
+        """Ask again every RENEW_MS while a lease is held, consumers want
+        one (unused slots go back to the home) or an ordered key has jobs
+        queued here, and at once when its oldest here changed; whether the
+        budget is in use."""
+        first = self._first(name, key) if key else NO_FIRST
+        if budget.slots and budget.slots_until > now or wanting or self._out(budget) or first[1] or budget.first[1]:
+            if now - max(budget.asked, budget.slots_until - LEASE_MS) >= RENEW_MS or first != budget.first and not budget.asked:
                 self._ask(name, key, budget, wanting)
             return True
         return False

@@ -10,7 +10,9 @@ nemesis of tests/sim/workload_schedules.py plays `plan.steps` (partitions,
 kills restarted from the AOF, clock jumps).  Beside them, the queue ORDERED_QUEUE is
 ordered (QCONFIG ... ordered yes) and two more producers add, for each of
 their keys, ORDERED_JOBS jobs one after the other through one node (another
-live one if it is down); the consumers take from both queues.  Then the
+live one if it is down), and a third through a random live node each (a
+key's jobs queued on several nodes at once); the consumers take from both
+queues.  Then the
 producers stop and a drainer reads every node until nothing came for QUIET_S.
 """
 
@@ -32,6 +34,7 @@ WINDOW_MS = 3_600_000  # DEDUP's window: longer than any run
 KEYS_PER_PRODUCER = 20
 ORDERED_QUEUE = "oq"
 ORDERED_KEYS, ORDERED_JOBS = 4, 8  # per producer, per key
+TTL_S = 3600  # longer than the plans' clock jumps (a job made on a clock 600 s behind would expire when it is put right)
 
 
 class KeyWorkload(ScheduleWorkload):
@@ -55,18 +58,18 @@ class KeyWorkload(ScheduleWorkload):
 
     async def add(self, op: Record, node: int, queue: str, body: str, key: str, *opts: Any) -> None:
         """ADDJOB of a keyed job, its answer recorded as `op`'s."""
-        reply = await self.cluster.call(node, "ADDJOB", queue, body, 2000, "KEY", key, *opts, "REPLICATE", 2, "TTL", 600)
+        reply = await self.cluster.call(node, "ADDJOB", queue, body, 2000, "KEY", key, *opts, "REPLICATE", 2, "TTL", TTL_S)
         if isinstance(reply, Status):
             self.history.complete(op, OK, job=bytes(reply).decode())
         else:
             self.history.complete(op, INFO, value=str(reply))
 
-    async def ordered_producer(self, process: int) -> None:
+    async def ordered_producer(self, process: int, spread: bool = False) -> None:
         for n in range(ORDERED_KEYS):
             key = f"o{process}-{n}"
             through = self.rng.choice(self.live())
             for seq in range(ORDERED_JOBS):
-                node = through if through in self.live() else self.rng.choice(self.live())
+                node = through if through in self.live() and not spread else self.rng.choice(self.live())
                 op = self.history.invoke(process, node, ORDERED, value={"key": key, "seq": seq})
                 await self.add(op, node, ORDERED_QUEUE, f"{key}:{seq}", key, "RETRY", 5)
                 await trio.sleep(self.rng.uniform(0.01, 0.1))
@@ -110,6 +113,7 @@ class KeyWorkload(ScheduleWorkload):
                     producers.start_soon(self.producer, process)
                 for process in (20, 21):
                     producers.start_soon(self.ordered_producer, process)
+                producers.start_soon(self.ordered_producer, 22, True)
                 await self.nemesis()
             await cluster.form()
             await self.drain(clients, self.taker)
