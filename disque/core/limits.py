@@ -33,6 +33,17 @@ has a share left (`Lifecycle.take`), or holds its consumers back.  A job
 without a key is held back by the queue's limits only.  An `ordered` queue
 is concurrency-per-key 1 served that way: one job per key out at a time,
 cluster-wide, and each key's oldest queued here first (docs/keys.md).
+Across nodes, an ordered key's home lets out the oldest job of the key
+wherever it is queued: every node holding queued jobs of the key tells
+the home its oldest (LIMITASK's `first`, at once when it changes and every
+RENEW_MS, consumers or not: `_ordered_keys`, `_renew`); the home holds
+back a node whose oldest is younger than another's, or than a job that
+just left a node unserved, or younger than SETTLE_MS while other nodes are
+up (LIMITGRANT's `behind`: `_order`), for ORDER_WAIT_MS at most; a node
+hands out a key's job only once the home let out that very job
+(`_cleared`); and the holder of the oldest, with no consumer wanting it,
+is told where consumers wait (`hand_to`): its jobs of the key go there
+together (core/federation.py `hand_key`).
 The home asks itself without a message.  A home grants nothing new while it
 sees no majority of the nodes it knows (the other side's home may lend the
 whole budget), nor in its first LEASE_MS + LEASE_SLACK after it started or
