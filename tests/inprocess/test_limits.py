@@ -650,7 +650,7 @@ def test_the_oldest_job_of_a_node_gone_holds_nothing_back(mesh):
     mesh.advance(SETTLE_MS)
     mesh.kill(lost[0])
     consumers = Consumers(mesh, "q", per_node=1, hold_ms=30, nodes=(holder,))
-    consumers.run(5000)
+    consumers.run(ORDER_WAIT_MS - 1000)  # flagged failing, then the home's quiet time: sooner than the fallback
     assert [job_id for *_, job_id in consumers.done] == [new]  # (the old one comes back by its RETRY)
 
 
