@@ -155,6 +155,8 @@ class Limits:
         self.view = tuple(life.membership.up_ids())  # the nodes up when this node last lent
         self.quiet_until = now + LEASE_MS + LEASE_SLACK  # a node that starts lends no new slots first
         self.dropped = 0  # records that broke a rule, from the bus or the AOF
+        self.order_waits = 0  # as an ordered key's home: nodes held back for an older job elsewhere
+        self.order_breaks = 0  # ... and let out after ORDER_WAIT_MS though an older one was still elsewhere
         self.hand_key: Callable[[bytes, bytes, str], None] = lambda queue, key, to: None  # federation's (set by NodeCore)
 
     # ------------------------------------------------------------ changes
@@ -425,8 +427,7 @@ class Limits:
             retry = max(1, self.quiet_until - now) if majority else RENEW_MS
         return m.LimitGrant(ask.queue, slots, tokens, retry, ask.at, ask.key, hand_to, behind)
 
-    @staticmethod
-    def _order(lender: Lender, node: str, ask: m.LimitAsk, up: tuple[str, ...], now: int) -> tuple[bool, str]:
+    def _order(self, lender: Lender, node: str, ask: m.LimitAsk, up: tuple[str, ...], now: int) -> tuple[bool, str]:
         """An ordered key at its home, from the oldest job of it each node
         said it holds (`firsts`), and those that left a node without being
         let out there for SETTLE_MS (`moving`: on their way to another node,
@@ -460,9 +461,12 @@ class Limits:
         if any(first < mine for first in [*older, *((ctime, job_id) for job_id, (ctime, _) in moving.items())]):
             if ask.want <= ask.out:
                 return True, ""
-            since = held_back.setdefault(node, now)
-            if now - since < ORDER_WAIT_MS:
+            if node not in held_back:
+                held_back[node] = now
+                self.order_waits += 1
+            if now - held_back[node] < ORDER_WAIT_MS:
                 return True, ""
+            self.order_breaks += 1
         elif ask.want > ask.out and 0 <= ask.at - ask.first // 1_000_000 < SETTLE_MS and len(up) > 1:
             return True, ""
         held_back.pop(node, None)
@@ -623,7 +627,8 @@ class Limits:
             ("limited_jobs_out", sum(len(b.out) for b in budgets)), ("limited_jobs_handed", sum(b.handed for b in budgets)),
             ("limit_waits", sum(b.waits for b in budgets)), ("limit_waited_ms", sum(b.waited for b in budgets)),
             ("limited_keys", len(self.keyed)), ("limit_budgets_lent", len(self.lenders)),
-            ("limit_records_dropped", self.dropped),
+            ("limit_records_dropped", self.dropped), ("ordered_key_waits", self.order_waits),
+            ("ordered_key_breaks", self.order_breaks),
         ]  # fmt: skip
 
 

@@ -640,6 +640,8 @@ def test_an_older_job_a_node_will_not_hand_over_holds_a_key_back_for_a_bounded_t
     assert not consumers.done  # held back for the older job on node 0
     consumers.run(2000)
     assert [job_id for *_, job_id in consumers.done] == [new]  # then out of order: documented
+    info = dict(mesh.core(home_of(mesh, b"q\0k")).limits.info_fields())
+    assert info["ordered_key_waits"] == 1 and info["ordered_key_breaks"] == 1  # counted at the key's home
 
 
 def test_the_oldest_job_of_a_node_gone_holds_nothing_back(mesh):
