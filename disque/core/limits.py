@@ -457,8 +457,9 @@ class Limits:
             return False, ""
         moving.pop(ask.first_id, None)
         firsts[node] = (ask.first, ask.first_id, now + LEASE_MS + LEASE_SLACK)
-        older = [(ctime, job_id) for other, (ctime, job_id, _) in firsts.items() if other != node]
-        if any(first < mine for first in [*older, *((ctime, job_id) for job_id, (ctime, _) in moving.items())]):
+        others = [(ctime, job_id) for other, (ctime, job_id, _) in firsts.items() if other != node]
+        others += [(ctime, job_id) for job_id, (ctime, _) in moving.items()]
+        if any(first < mine for first in others):
             if ask.want <= ask.out:
                 return True, ""
             if node not in held_back:
