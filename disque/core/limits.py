@@ -35,8 +35,9 @@ is concurrency-per-key 1 served that way: one job per key out at a time,
 cluster-wide, and each key's oldest queued here first (docs/keys.md).
 Across nodes, an ordered key's home lets out the oldest job of the key
 wherever it is queued: every node holding queued jobs of the key tells
-the home its oldest (LIMITASK's `first`, at once when it changes and every
-RENEW_MS, consumers or not: `_ordered_keys`, `_renew`); the home holds
+the home its oldest (LIMITASK's `first`, within a cron of a change and
+every REPORT_MS, consumers or not; a queue whose jobs did not change is
+not looked at again: `_ordered_keys`, `_renew`); the home holds
 back a node whose oldest is younger than another's, or than a job that
 just left a node unserved, or younger than SETTLE_MS while other nodes are
 up (LIMITGRANT's `behind`: `_order`), for ORDER_WAIT_MS at most; a node
@@ -93,6 +94,8 @@ if TYPE_CHECKING:
 LEASE_MS = 2000  # a concurrency lease lasts this long from the ask that got it
 LEASE_SLACK = 500  # ... and this much longer at the home, which reissues it only then
 RENEW_MS = 500  # a holder asks again this often (unused slots go back to the home)
+REPORT_MS = 2000  # a node holding an ordered key's jobs, and no lease of it, tells the home its oldest this often
+REPORT_TTL_MS = 2 * REPORT_MS + LEASE_SLACK  # ... and the home forgets it this long after (one report may be lost)
 TOKEN_MS = 250  # tokens lapse this long after the ask that got them
 ASK_TIMEOUT_MS = 200  # an ask unanswered this long is made again
 ASK_GAP_MS = 100  # an answer that lends nothing more is asked again this much later
@@ -158,6 +161,8 @@ class Limits:
         self.order_waits = 0  # as an ordered key's home: nodes held back for an older job elsewhere
         self.order_breaks = 0  # ... and let out after ORDER_WAIT_MS though an older one was still elsewhere
         self.hand_key: Callable[[bytes, bytes, str], None] = lambda queue, key, to: None  # federation's (set by NodeCore)
+        self.marks: dict[bytes, tuple[int, int]] = {}  # ordered queue -> (its length, jobs queued) when its keys were looked at
+        self.quiet: set[bytes] = set()  # ordered queues whose jobs did not change since (nor did their keys' oldest)
 
     # ------------------------------------------------------------ changes
 
@@ -434,7 +439,7 @@ class Limits:
         which may not have told it yet): whether an older job holds `node`'s
         back (a node that wants a slot: for ORDER_WAIT_MS at most, then its
         own goes, out of order), or its oldest is younger than SETTLE_MS on
-        its clock and other nodes are up (they tell their oldest every
+        its clock and other nodes are up (they tell a new oldest within
         100 ms: one queued there just before may not be known yet); and,
         when `node` holds the oldest and no consumer there wants it, the
         node held back longest, to which `node` hands the key's jobs."""
@@ -456,7 +461,7 @@ class Limits:
         if not ask.first_id:
             return False, ""
         moving.pop(ask.first_id, None)
-        firsts[node] = (ask.first, ask.first_id, now + LEASE_MS + LEASE_SLACK)
+        firsts[node] = (ask.first, ask.first_id, now + REPORT_TTL_MS)
         others = [(ctime, job_id) for other, (ctime, job_id, _) in firsts.items() if other != node]
         others += [(ctime, job_id) for job_id, (ctime, _) in moving.items()]
         if any(first < mine for first in others):
@@ -562,26 +567,49 @@ class Limits:
                 del self.lenders[at]  # a key no node asked for since its leases lapsed
 
     def _ordered_keys(self) -> None:
-        """The keys of ordered queues with jobs queued here get a budget: their homes hear of their oldest."""
-        queues = self.life.queues
+        """The keys of ordered queues with jobs queued here get a budget:
+        their homes hear of their oldest; the queues whose jobs did not
+        change since the last look are `quiet`."""
+        queues, marks, quiet = self.life.queues, self.marks, self.quiet
+        quiet.clear()
+        if len(self.view) < 2:
+            marks.clear()
+            return  # alone: no other node's jobs to go before
         for name in self.budgets:
             queue = queues.get(name)
-            if queue is not None and queue.fair is not None and self.ordered(name):
-                for key in queue.fair.lanes:
-                    if (name, key) not in self.keyed and self._first(name, key)[1]:
-                        self.keyed[name, key] = Budget()
+            if queue is None or queue.fair is None or not self.ordered(name):
+                continue
+            mark = (len(queue), queue.jobs_in)
+            if marks.get(name) == mark:
+                quiet.add(name)
+                continue
+            marks[name] = mark
+            for key in queue.fair.lanes:
+                if (name, key) not in self.keyed and self._first(name, key)[1]:
+                    self.keyed[name, key] = Budget()
 
     def _renew(self, name: bytes, key: bytes, budget: Budget, wanting: bool, now: int) -> bool:
-        """Ask again every RENEW_MS while a lease is held, consumers want
-        one (unused slots go back to the home) or an ordered key has jobs
-        queued here, and at once when its oldest here changed; whether the
-        budget is in use."""
+        """Ask again every RENEW_MS while a lease is held or consumers want
+        one (unused slots go back to the home), every REPORT_MS while an
+        ordered key has jobs queued here and other nodes are up, and at once
+        when its oldest here changed; whether the budget is in use."""
+        held = budget.slots and budget.slots_until > now or wanting or self._out(budget)
+        since = now - max(budget.asked, budget.slots_until - LEASE_MS)
+        if not held and name in self.quiet and since < REPORT_MS:
+            return bool(budget.first[1])  # its queue did not change: nor did its oldest, told already
         first = self._first(name, key) if key else NO_FIRST
-        if budget.slots and budget.slots_until > now or wanting or self._out(budget) or first[1] or budget.first[1]:
-            if now - max(budget.asked, budget.slots_until - LEASE_MS) >= RENEW_MS or first != budget.first and not budget.asked:
-                self._ask(name, key, budget, wanting)
-            return True
-        return False
+        if held:
+            every = RENEW_MS
+        elif (first[1] or budget.first[1]) and len(self.view) > 1:
+            every = REPORT_MS  # only its oldest to tell
+        else:
+            return False
+        moved = first != budget.first
+        if since >= every or moved and now - budget.asked >= ASK_TIMEOUT_MS:
+            self._ask(name, key, budget, wanting)
+        elif moved:
+            self.marks.pop(name, None)  # told once the ask on its way is answered or lost: looked at again
+        return True
 
     # ------------------------------------------------------------ reading
 

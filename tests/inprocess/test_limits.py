@@ -20,7 +20,7 @@ from disque.cluster import messages as m
 from disque.cluster.codec import decode_body, encode_body
 from disque.core.effects import AofAppend
 from disque.core.homes import home
-from disque.core.limits import LEASE_MS, LEASE_SLACK, ORDER_WAIT_MS, SETTLE_MS
+from disque.core.limits import LEASE_MS, LEASE_SLACK, ORDER_WAIT_MS, SETTLE_MS, Budget
 from disque.core.types import BLOCKED, NIL_ARRAY
 from disque.store import limits as records
 from disque.store.aof import AofCorrupt, check_record
@@ -675,3 +675,15 @@ def test_a_keys_jobs_go_to_no_node_without_a_link(mesh):
     for name, key in ((b"none", b"k"), (b"q", b"other"), (b"q", b"k")):
         federation.hand_key(name, key, "f" * 40)  # no such queue, key, or node linked
     assert federation.jobs_exported == 0 and mesh.call(0, "QLEN", "q") == 1
+
+
+def test_a_keys_oldest_that_changes_while_its_report_is_lost_is_told_again(mesh):
+    ordered_mesh(mesh)
+    owner = home_of(mesh, b"q\0k")
+    other = (owner + 1) % 3
+    mesh.lose_next(owner, m.LimitAsk)
+    first, second = add_keyed(mesh, [other, other])
+    mesh.wait_for(lambda: mesh.core(other).limits.keyed.get((b"q", b"k"), Budget()).asked, 200)  # told, and lost
+    assert mesh.call(other, "ACKJOB", first) == 1  # its oldest changes while the report is unanswered
+    mesh.advance(1000)
+    assert mesh.core(owner).limits.lenders[b"q", b"k"].firsts[mesh.my_id(other)][1] == second
