@@ -110,6 +110,7 @@ class Federation:
         self.life = life
         self.out = out
         self.ordered: Callable[[bytes], bool] = lambda queue: False  # whose keys move whole (set by NodeCore)
+        self.handed: Callable[[bytes, Job], None] = lambda queue, job: None  # a key's oldest moves: its home hears (ditto)
         # Counters (INFO federation, metrics): NEEDJOBS sent and received, jobs
         # handed out with YOURJOBS, jobs received and queued here, those of
         # them pushed (to a node that announced waiting consumers, or here),
@@ -213,6 +214,7 @@ class Federation:
                 break
             taken.append(job)
             if whole and job.key:  # the rest of its key's jobs go with it
+                self.handed(queue.name, job)
                 taken += [life.take(queue, rest) for rest in queue.key_jobs(job.key)]
         self._send_jobs(to, taken, pushed)
 
@@ -226,7 +228,10 @@ class Federation:
             return
         if not life.membership.has_link(to):
             return  # a RETRY 0 job handed to nobody would be lost
-        self._send_jobs(to, [life.take(queue, job) for job in queue.key_jobs(key)], True)
+        taken = [life.take(queue, job) for job in queue.key_jobs(key)]
+        if taken:
+            self.handed(name, taken[0])
+        self._send_jobs(to, taken, True)
 
     def _send_jobs(self, to: str, taken: list[Job], pushed: bool) -> None:
         """YOURJOBS of `taken` (out of their queue) to `to`, in frames of bounded size."""

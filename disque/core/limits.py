@@ -371,11 +371,20 @@ class Limits:
 
     # ------------------------------------------------------------ asking the home
 
-    def _ask(self, name: bytes, key: bytes, budget: Budget, wanting: bool) -> None:
+    def handed(self, name: bytes, job: Job) -> None:
+        """Federation hands `job`, the oldest of its ordered key here, to
+        another node: the key's home hears of it as this node's, and holds
+        the younger jobs back until that node tells it (`_order`'s `moving`)."""
+        budget = self.keyed.get((name, job.key))
+        if budget is None:
+            budget = self.keyed[name, job.key] = Budget()
+        self._ask(name, job.key, budget, False, (job.ctime, job.id))
+
+    def _ask(self, name: bytes, key: bytes, budget: Budget, wanting: bool, first: tuple[int, bytes] | None = None) -> None:
         """Ask the home of `name` (of its `key`) for a lease of the jobs out
         here and one per consumer waiting with a job queued for it (one at
         least when `wanting`: a consumer wants a job now), and a token for
-        each."""
+        each; an ordered key's oldest job here is told (or `first`)."""
         life = self.life
         now = life.now
         rate, _, concurrency = self._rule(name, key)
@@ -387,7 +396,8 @@ class Limits:
         held = budget.slots if budget.slots_until > now else 0
         want = min(out + waiting, concurrency) if concurrency else 0
         tokens = min(waiting, _burst(rate)) if rate else 0
-        first = self._first(name, key) if key else NO_FIRST
+        if first is None:
+            first = self._first(name, key) if key else NO_FIRST
         budget.asked, budget.ask_at, budget.first, budget.wanting = now, 0, first, wanting
         ask = m.LimitAsk(name, want, out, held, tokens, now, key, *first)
         owner = home(name + b"\0" + key if key else name, life.membership.up_ids())
