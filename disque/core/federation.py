@@ -41,7 +41,8 @@ waiting peers of its zone before the others.
 An ordered queue (QCONFIG ... ordered yes, core/limits.py) hands over a
 key's queued jobs together: the key's jobs queued here move as one, so no
 node holds a key's newer jobs while another holds its older ones
-(docs/keys.md, "Ordered keys"); and a key's home may ask the node holding
+(docs/keys.md, "Ordered keys"), and the key's home hears of the oldest of
+them at once (`handed`, core/limits.py); and a key's home may ask the node holding
 its oldest job to send the key's queued jobs to a node whose consumers
 wait for them (`hand_key`, core/limits.py).
 """

@@ -37,7 +37,8 @@ Across nodes, an ordered key's home lets out the oldest job of the key
 wherever it is queued: every node holding queued jobs of the key tells
 the home its oldest (LIMITASK's `first`, within a cron of a change and
 every REPORT_MS, consumers or not; a queue whose jobs did not change is
-not looked at again: `_ordered_keys`, `_renew`); the home holds
+not looked at again: `_ordered_keys`, `_renew`; and at once the oldest of
+those federation hands to another node: `handed`); the home holds
 back a node whose oldest is younger than another's, or than a job that
 just left a node unserved, or younger than SETTLE_MS while other nodes are
 up (LIMITGRANT's `behind`: `_order`), for ORDER_WAIT_MS at most; a node
