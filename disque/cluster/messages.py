@@ -47,9 +47,10 @@ FEATURE_SCHEDULES: Final = 2  # SCHEDSET and TICKED (core/schedules.py)
 FEATURE_KEYS: Final = 4  # KEYCLAIM, KEYCLAIMED, KEYSET and KEYDONE (core/keys.py)
 FEATURE_LIMITS: Final = 8  # QSET, LIMITASK and LIMITGRANT (core/limits.py)
 FEATURE_BATCHES: Final = 16  # DEPEND and SETTLED (core/dependencies.py), BATCHSET (core/batches.py)
-FEATURE_KEY_ORDER: Final = 32  # LIMITASK's oldest job and LIMITGRANT's hand_to: ordered keys (core/limits.py)
+FEATURE_DEBOUNCE: Final = 32  # KEYCLAIM's `debounce` and KEYSET's debounced records (core/keys.py)
+FEATURE_KEY_ORDER: Final = 64  # LIMITASK's oldest job and LIMITGRANT's hand_to: ordered keys (core/limits.py)
 FEATURES: Final = (
-    FEATURE_WAITING | FEATURE_SCHEDULES | FEATURE_KEYS | FEATURE_LIMITS | FEATURE_BATCHES | FEATURE_KEY_ORDER
+    FEATURE_WAITING | FEATURE_SCHEDULES | FEATURE_KEYS | FEATURE_LIMITS | FEATURE_BATCHES | FEATURE_DEBOUNCE | FEATURE_KEY_ORDER
 )  # this node's
 
 ZONE_MAX_LEN: Final = 64
@@ -330,7 +331,8 @@ class Ticked:
 class KeyClaim:
     """ADDJOB ... KEY DEDUP on a node that is not the key's home: may `job`
     hold (queue, key) for `hold` ms (`active`: until it is acknowledged, at
-    most that)?  The home (core/keys.py) answers KEYCLAIMED."""
+    most that; `debounce`: DEBOUNCE, superseding the key's pending job)?
+    The home (core/keys.py) answers KEYCLAIMED."""
 
     ticket: int
     queue: bytes
@@ -338,6 +340,7 @@ class KeyClaim:
     job: bytes
     hold: int
     active: bool = False
+    debounce: bool = False
 
 
 @dataclass(frozen=True, slots=True)
