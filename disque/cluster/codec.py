@@ -43,7 +43,7 @@ from disque.cluster.messages import (
 )  # fmt: skip
 from disque.store.records import (  # the pieces of the field tables
     _BITS, _FAILURE, _PORT, _UINT, Check, DecodeError, _ArrayLoader, _ArrayPacker, _bool, _bytes, _dump_wire_job, _Each, _Field,
-    _Fields, _IntIn, _job_id, _Key, _ListOf, _MapLoader, _MapPacker, _node_id, _node_ids, _opt_job_id, _Record, _str, _unpack,
+    _Fields, _IntIn, _job_id, _Key, _ListOf, _MapLoader, _MapPacker, _node_id, _node_ids, _opt_job_id, _opt_node_id, _Record, _str, _unpack,
     _unpack_map, _version, _wire_job, _wire_job_pos, _dump_wire_job_pos,
 )  # fmt: skip
 from disque.store.results import problem as result_problem
@@ -203,6 +203,7 @@ _JOBS = _Field("jobs", "j", _ListOf(_wire_job, 1), _Each(_dump_wire_job),
 _OPT_ID = _Field("id", "i", _opt_job_id, default=b"")
 _QUEUE = _Field("queue", "q", _bytes)
 _LIMIT_KEY = _Field("key", "K", _bytes, default=b"")  # a key's budget (LIMITASK, LIMITGRANT)
+_OPT_ID_FIRST = _Field("first_id", "fi", _opt_job_id, default=b"")  # an ordered key's oldest job (LIMITASK)
 _GROUP = _Field("group", "g", _bytes)
 _TICKET = _Field("ticket", "k", _UINT)
 _KEY_NAME = _Field("key", "y", _Key())  # ADDJOB KEY's rule (store/job.py)
@@ -256,9 +257,12 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("KEYDONE", KeyDone, (_QUEUE, _KEY_NAME, _KEY_JOB, _Field("aborted", "a", _bool, default=False))),
     ("QSET", QSet, (_Field("record", "r", _bytes),)),  # checked alone, as SCHEDSET's
     ("LIMITASK", LimitAsk, (_QUEUE, _Field("want", "w", _UINT), _Field("out", "o", _UINT), _Field("held", "h", _UINT),
-                            _Field("tokens", "n", _UINT), _Field("at", "a", _UINT), _LIMIT_KEY)),
+                            _Field("tokens", "n", _UINT), _Field("at", "a", _UINT), _LIMIT_KEY,
+                            _Field("first", "fc", _UINT, default=0), _OPT_ID_FIRST)),
     ("LIMITGRANT", LimitGrant, (_QUEUE, _Field("slots", "l", _UINT), _Field("tokens", "n", _UINT),
-                                _Field("retry", "y", _UINT), _Field("at", "a", _UINT), _LIMIT_KEY)),
+                                _Field("retry", "y", _UINT), _Field("at", "a", _UINT), _LIMIT_KEY,
+                                _Field("hand_to", "ht", _opt_node_id, default=""),
+                                _Field("behind", "bh", _bool, default=False))),
     ("DEPEND", Depend, (_Field("ids", "i", _ListOf(_job_id, 1)),)),
     ("SETTLED", Settled, (_ID, _Field("acked", "ak", _bool), _RESULT)),
     ("BATCHSET", BatchSet, (_Field("record", "r", _bytes),)),  # the record is checked alone: house rule 5

@@ -48,7 +48,10 @@ FEATURE_KEYS: Final = 4  # KEYCLAIM, KEYCLAIMED, KEYSET and KEYDONE (core/keys.p
 FEATURE_LIMITS: Final = 8  # QSET, LIMITASK and LIMITGRANT (core/limits.py)
 FEATURE_BATCHES: Final = 16  # DEPEND and SETTLED (core/dependencies.py), BATCHSET (core/batches.py)
 FEATURE_DEBOUNCE: Final = 32  # KEYCLAIM's `debounce` and KEYSET's debounced records (core/keys.py)
-FEATURES: Final = FEATURE_WAITING | FEATURE_SCHEDULES | FEATURE_KEYS | FEATURE_LIMITS | FEATURE_BATCHES | FEATURE_DEBOUNCE  # this node's
+FEATURE_KEY_ORDER: Final = 64  # LIMITASK's oldest job and LIMITGRANT's hand_to: ordered keys (core/limits.py)
+FEATURES: Final = (
+    FEATURE_WAITING | FEATURE_SCHEDULES | FEATURE_KEYS | FEATURE_LIMITS | FEATURE_BATCHES | FEATURE_DEBOUNCE | FEATURE_KEY_ORDER
+)  # this node's
 
 ZONE_MAX_LEN: Final = 64
 
@@ -394,6 +397,8 @@ class LimitAsk:
     tokens: int
     at: int
     key: bytes = b""  # a key's budget (per-key limits), not the queue's
+    first: int = 0  # an ordered key: the creation time of its oldest job queued at the sender (0: none)
+    first_id: bytes = b""  # ... and its ID
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,6 +413,8 @@ class LimitGrant:
     retry: int
     at: int
     key: bytes = b""
+    hand_to: str = ""  # an ordered key: the node the sender's queued jobs of it go to (its consumers wait)
+    behind: bool = False  # an ordered key: an older job of it is queued on another node (none of the asker's goes)
 
 
 @dataclass(frozen=True, slots=True)

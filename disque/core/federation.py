@@ -41,7 +41,10 @@ waiting peers of its zone before the others.
 An ordered queue (QCONFIG ... ordered yes, core/limits.py) hands over a
 key's queued jobs together: the key's jobs queued here move as one, so no
 node holds a key's newer jobs while another holds its older ones
-(docs/keys.md, "Ordered keys").
+(docs/keys.md, "Ordered keys"), and the key's home hears of the oldest of
+them at once (`handed`, core/limits.py); and a key's home may ask the node holding
+its oldest job to send the key's queued jobs to a node whose consumers
+wait for them (`hand_key`, core/limits.py).
 """
 
 from __future__ import annotations
@@ -108,6 +111,7 @@ class Federation:
         self.life = life
         self.out = out
         self.ordered: Callable[[bytes], bool] = lambda queue: False  # whose keys move whole (set by NodeCore)
+        self.handed: Callable[[bytes, Job], None] = lambda queue, job: None  # a key's oldest moves: its home hears (ditto)
         # Counters (INFO federation, metrics): NEEDJOBS sent and received, jobs
         # handed out with YOURJOBS, jobs received and queued here, those of
         # them pushed (to a node that announced waiting consumers, or here),
@@ -203,7 +207,6 @@ class Federation:
         """Send the `n` oldest jobs of `queue` (n <= its length) to `to`,
         whose link the caller checked, in frames of bounded size."""
         life = self.life
-        batch, size = [], 0
         whole = self.ordered(queue.name)
         taken: list[Job] = []
         while len(taken) < n:
@@ -212,7 +215,29 @@ class Federation:
                 break
             taken.append(job)
             if whole and job.key:  # the rest of its key's jobs go with it
+                self.handed(queue.name, job)
                 taken += [life.take(queue, rest) for rest in queue.key_jobs(job.key)]
+        self._send_jobs(to, taken, pushed)
+
+    def hand_key(self, name: bytes, key: bytes, to: str) -> None:
+        """An ordered key's home asks: the jobs of `key` queued here go to
+        `to`, whose consumers wait for the key's oldest, which is here
+        (core/limits.py)."""
+        life = self.life
+        queue = life.queues.get(name)
+        if queue is None or queue.fair is None or key not in queue.fair.lanes or queue.pause & PAUSE_OUT:
+            return
+        if not life.membership.has_link(to):
+            return  # a RETRY 0 job handed to nobody would be lost
+        taken = [life.take(queue, job) for job in queue.key_jobs(key)]
+        if taken:
+            self.handed(name, taken[0])
+        self._send_jobs(to, taken, True)
+
+    def _send_jobs(self, to: str, taken: list[Job], pushed: bool) -> None:
+        """YOURJOBS of `taken` (out of their queue) to `to`, in frames of bounded size."""
+        life = self.life
+        batch, size = [], 0
         for job in taken:
             job.add_delivered(to)  # it may hold a copy now: GC and QUEUED must reach it
             batch.append(job_to_wire(job, life.now))

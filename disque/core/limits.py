@@ -33,6 +33,19 @@ has a share left (`Lifecycle.take`), or holds its consumers back.  A job
 without a key is held back by the queue's limits only.  An `ordered` queue
 is concurrency-per-key 1 served that way: one job per key out at a time,
 cluster-wide, and each key's oldest queued here first (docs/keys.md).
+Across nodes, an ordered key's home lets out the oldest job of the key
+wherever it is queued: every node holding queued jobs of the key tells
+the home its oldest (LIMITASK's `first`, within a cron of a change and
+every REPORT_MS, consumers or not; a queue whose jobs did not change is
+not looked at again: `_ordered_keys`, `_renew`; and at once the oldest of
+those federation hands to another node: `handed`); the home holds
+back a node whose oldest is younger than another's, or than a job that
+just left a node unserved, or younger than SETTLE_MS while other nodes are
+up (LIMITGRANT's `behind`: `_order`), for ORDER_WAIT_MS at most; a node
+hands out a key's job only once the home let out that very job
+(`_cleared`); and the holder of the oldest, with no consumer wanting it,
+is told where consumers wait (`hand_to`): its jobs of the key go there
+together (core/federation.py `hand_key`).
 The home asks itself without a message.  A home grants nothing new while it
 sees no majority of the nodes it knows (the other side's home may lend the
 whole budget), nor in its first LEASE_MS + LEASE_SLACK after it started or
@@ -72,6 +85,8 @@ from disque.store.limits import QueueLimits, apply_options
 from disque.store.records import decode_alone
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from disque.core.lifecycle import Lifecycle
     from disque.core.outbox import Outbox
     from disque.store.job import Job
@@ -80,11 +95,16 @@ if TYPE_CHECKING:
 LEASE_MS = 2000  # a concurrency lease lasts this long from the ask that got it
 LEASE_SLACK = 500  # ... and this much longer at the home, which reissues it only then
 RENEW_MS = 500  # a holder asks again this often (unused slots go back to the home)
+REPORT_MS = 2000  # a node holding an ordered key's jobs, and no lease of it, tells the home its oldest this often
+REPORT_TTL_MS = 2 * REPORT_MS + LEASE_SLACK  # ... and the home forgets it this long after (one report may be lost)
 TOKEN_MS = 250  # tokens lapse this long after the ask that got them
 ASK_TIMEOUT_MS = 200  # an ask unanswered this long is made again
 ASK_GAP_MS = 100  # an answer that lends nothing more is asked again this much later
 BURST = 20  # a home's bucket holds at most rate / BURST tokens (at least one)
 KEY_SCAN = 64  # with per-key limits, the keys looked at for one that has room
+ORDER_WAIT_MS = 5000  # an ordered key's older job elsewhere holds a node's consumers back this long at most
+SETTLE_MS = 200  # an ordered key's job goes this long after its creation at the soonest: older ones elsewhere are told by then
+NO_FIRST = (0, b"")  # (creation time, ID) of no job
 S_ACTIVE = State.ACTIVE
 
 
@@ -103,6 +123,9 @@ class Budget:
     waited: int = 0  # ms consumers waited on the limit, in all
     waits: int = 0  # ... that many times
     handed: int = 0  # jobs handed out within the limit
+    first: tuple[int, bytes] = NO_FIRST  # an ordered key: its oldest job here when last asked
+    cleared: bytes = b""  # ... the one the home's last answer let out (the oldest it knew of)
+    wanting: bool = False  # the ask awaiting its answer is for a consumer here
 
 
 @dataclass(slots=True)
@@ -114,6 +137,10 @@ class Lender:
     units: int = 0  # the bucket, in 1/period tokens (a token is `period` units; each ms adds `rate`)
     filled: int = 0  # ms of the last fill
     used: int = 0  # ms of the last ask
+    firsts: dict[str, tuple[int, bytes, int]] = field(default_factory=dict)  # an ordered key: node -> (its oldest, until)
+    held_back: dict[str, int] = field(default_factory=dict)  # ... node -> since when an older job elsewhere holds it back
+    moving: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # ... job ID -> (its creation time, until)
+    let_out: bytes = b""  # ... the job last let out
 
 
 def _handed(job: Job) -> int:
@@ -132,6 +159,11 @@ class Limits:
         self.view = tuple(life.membership.up_ids())  # the nodes up when this node last lent
         self.quiet_until = now + LEASE_MS + LEASE_SLACK  # a node that starts lends no new slots first
         self.dropped = 0  # records that broke a rule, from the bus or the AOF
+        self.order_waits = 0  # as an ordered key's home: nodes held back for an older job elsewhere
+        self.order_breaks = 0  # ... and let out after ORDER_WAIT_MS though an older one was still elsewhere
+        self.hand_key: Callable[[bytes, bytes, str], None] = lambda queue, key, to: None  # federation's (set by NodeCore)
+        self.marks: dict[bytes, tuple[int, int]] = {}  # ordered queue -> (its length, jobs queued) when its keys were looked at
+        self.quiet: set[bytes] = set()  # ordered queues whose jobs did not change since (nor did their keys' oldest)
 
     # ------------------------------------------------------------ changes
 
@@ -269,13 +301,27 @@ class Limits:
         job out now; if not, the home is asked, and its answer may come at
         once (this node is the home)."""
         rule = self._rule(name, key)
-        if self._room(rule, budget):
+        if self._room(rule, budget) and self._cleared(name, key, budget):
             return True
         now = self.life.now
         if budget.asked and now - budget.asked < ASK_TIMEOUT_MS or budget.ask_at > now:
             return False  # an ask is on its way, or the home said when to ask again
         self._ask(name, key, budget, True)
-        return self._room(rule, budget)
+        return self._room(rule, budget) and self._cleared(name, key, budget)
+
+    def _cleared(self, name: bytes, key: bytes, budget: Budget) -> bool:
+        """Whether the home let out the oldest job of the key queued here
+        (an ordered key: one of its older jobs may be queued elsewhere)."""
+        return not key or budget.cleared == self._first(name, key)[1]
+
+    def _first(self, name: bytes, key: bytes) -> tuple[int, bytes]:
+        """An ordered queue's key: (creation time, ID) of its oldest job
+        queued here (NO_FIRST: none, or the queue is not ordered)."""
+        queue = self.life.queues.get(name)
+        fair = None if queue is None else queue.fair
+        lane = None if fair is None or not self.ordered(name) else fair.lanes.get(key)
+        job = None if lane is None else next(lane.oldest(), None)
+        return NO_FIRST if job is None else (job.ctime, job.id)
 
     def _rule(self, name: bytes, key: bytes) -> tuple[int, int, int]:
         """(rate, period, concurrency) of `name`'s budget, or of its keys'."""
@@ -326,11 +372,20 @@ class Limits:
 
     # ------------------------------------------------------------ asking the home
 
-    def _ask(self, name: bytes, key: bytes, budget: Budget, wanting: bool) -> None:
+    def handed(self, name: bytes, job: Job) -> None:
+        """Federation hands `job`, the oldest of its ordered key here, to
+        another node: the key's home hears of it as this node's, and holds
+        the younger jobs back until that node tells it (`_order`'s `moving`)."""
+        budget = self.keyed.get((name, job.key))
+        if budget is None:
+            budget = self.keyed[name, job.key] = Budget()
+        self._ask(name, job.key, budget, False, (job.ctime, job.id))
+
+    def _ask(self, name: bytes, key: bytes, budget: Budget, wanting: bool, first: tuple[int, bytes] | None = None) -> None:
         """Ask the home of `name` (of its `key`) for a lease of the jobs out
         here and one per consumer waiting with a job queued for it (one at
         least when `wanting`: a consumer wants a job now), and a token for
-        each."""
+        each; an ordered key's oldest job here is told (or `first`)."""
         life = self.life
         now = life.now
         rate, _, concurrency = self._rule(name, key)
@@ -342,13 +397,19 @@ class Limits:
         held = budget.slots if budget.slots_until > now else 0
         want = min(out + waiting, concurrency) if concurrency else 0
         tokens = min(waiting, _burst(rate)) if rate else 0
-        budget.asked, budget.ask_at = now, 0
-        ask = m.LimitAsk(name, want, out, held, tokens, now, key)
+        if first is None:
+            first = self._first(name, key) if key else NO_FIRST
+        budget.asked, budget.ask_at, budget.first, budget.wanting = now, 0, first, wanting
+        ask = m.LimitAsk(name, want, out, held, tokens, now, key, *first)
         owner = home(name + b"\0" + key if key else name, life.membership.up_ids())
         if owner == life.membership.my_id:
             self.on_grant(owner, self._lend(owner, ask))
-        else:
+        elif wanting or out or held or self._reads_order(owner):  # (else only the oldest is told: a home that reads it)
             self.out.send(owner, ask)
+
+    def _reads_order(self, node: str) -> bool:
+        peer = self.life.membership.nodes.get(node)
+        return peer is not None and bool(peer.features & m.FEATURE_KEY_ORDER)
 
     def on_ask(self, sender: str, msg: m.LimitAsk) -> None:
         if msg.queue in self.budgets:
@@ -366,8 +427,13 @@ class Limits:
         up = self._look()
         majority = 2 * len(up) > life.membership.size()
         slots = tokens = retry = 0
+        behind, hand_to = False, ""
         if concurrency:
             slots = self._slots(concurrency, lender, node, ask, now)
+            if ask.key and self.ordered(ask.queue):
+                behind, hand_to = self._order(lender, node, ask, up, now)
+                if behind:
+                    slots = min(slots, ask.out)
             if not majority or now < self.quiet_until:
                 slots = min(slots, ask.held)  # renew at most what it holds
             lender.leases[node] = (slots, now + LEASE_MS + LEASE_SLACK)
@@ -375,7 +441,56 @@ class Limits:
             tokens, retry = self._tokens(rate, period, lender, ask.tokens, now)
         elif rate:  # asked again once the quiet time is over, or the partition maybe healed
             retry = max(1, self.quiet_until - now) if majority else RENEW_MS
-        return m.LimitGrant(ask.queue, slots, tokens, retry, ask.at, ask.key)
+        return m.LimitGrant(ask.queue, slots, tokens, retry, ask.at, ask.key, hand_to, behind)
+
+    def _order(self, lender: Lender, node: str, ask: m.LimitAsk, up: tuple[str, ...], now: int) -> tuple[bool, str]:
+        """An ordered key at its home, from the oldest job of it each node
+        said it holds (`firsts`), and those that left a node without being
+        let out there for SETTLE_MS (`moving`: on their way to another node,
+        which may not have told it yet): whether an older job holds `node`'s
+        back (a node that wants a slot: for ORDER_WAIT_MS at most, then its
+        own goes, out of order), or its oldest is younger than SETTLE_MS on
+        its clock and other nodes are up (they tell a new oldest within
+        100 ms: one queued there just before may not be known yet); and,
+        when `node` holds the oldest and no consumer there wants it, the
+        node held back longest, to which `node` hands the key's jobs."""
+        firsts, held_back, wants, moving = lender.firsts, lender.held_back, lender.wants, lender.moving
+        for other, (_, _, until) in list(firsts.items()):
+            if until <= now or other not in up:
+                del firsts[other]  # lapsed (a node gone), or flagged failing
+        for other in list(held_back):
+            want, until = wants.get(other, (0, 0))
+            if not want or until <= now:
+                del held_back[other]  # its consumers went
+        for job_id, (_, until) in list(moving.items()):
+            if until <= now:
+                del moving[job_id]
+        mine = (ask.first, ask.first_id)
+        was = firsts.pop(node, None)
+        if was is not None and was[1] != ask.first_id and was[1] != lender.let_out:
+            moving[was[1]] = (was[0], now + SETTLE_MS)
+        if not ask.first_id:
+            return False, ""
+        moving.pop(ask.first_id, None)
+        firsts[node] = (ask.first, ask.first_id, now + REPORT_TTL_MS)
+        others = [(ctime, job_id) for other, (ctime, job_id, _) in firsts.items() if other != node]
+        others += [(ctime, job_id) for job_id, (ctime, _) in moving.items()]
+        if any(first < mine for first in others):
+            if ask.want <= ask.out:
+                return True, ""
+            if node not in held_back:
+                held_back[node] = now
+                self.order_waits += 1
+            if now - held_back[node] < ORDER_WAIT_MS:
+                return True, ""
+            self.order_breaks += 1
+        elif ask.want > ask.out and 0 <= ask.at - ask.first // 1_000_000 < SETTLE_MS and len(up) > 1:
+            return True, ""
+        held_back.pop(node, None)
+        if ask.want > ask.out:
+            lender.let_out = ask.first_id
+            return False, ""
+        return False, min(held_back, key=held_back.__getitem__) if held_back else ""
 
     @staticmethod
     def _slots(concurrency: int, lender: Lender, node: str, ask: m.LimitAsk, now: int) -> int:
@@ -407,12 +522,15 @@ class Limits:
         if budget is None or msg.at != budget.asked:
             return  # an answer to an ask made before the last, or to a limit gone
         budget.asked = 0
+        budget.cleared = b"" if msg.behind else budget.first[1]
         budget.slots, budget.slots_until = msg.slots, msg.at + LEASE_MS
         budget.tokens, budget.tokens_until = msg.tokens, msg.at + TOKEN_MS
         if msg.retry:
             budget.ask_at = self.life.now + msg.retry
-        elif not msg.tokens and msg.slots <= len(budget.out):  # nothing more: not asked again at once
+        elif budget.wanting and not msg.tokens and msg.slots <= len(budget.out):  # nothing more: not asked again at once
             budget.ask_at = self.life.now + ASK_GAP_MS
+        if msg.hand_to:
+            self.hand_key(msg.queue, msg.key, msg.hand_to)
 
     # ------------------------------------------------------------ time
 
@@ -449,6 +567,7 @@ class Limits:
         now = self.life.now
         if self.budgets:
             self._look()
+            self._ordered_keys()
         for name, budget in self.budgets.items():
             self._renew(name, b"", budget, name in self.throttled, now)
         for (name, key), budget in list(self.keyed.items()):
@@ -458,14 +577,50 @@ class Limits:
             if now - lender.used > LEASE_MS + LEASE_SLACK + TOKEN_MS and at[1]:
                 del self.lenders[at]  # a key no node asked for since its leases lapsed
 
+    def _ordered_keys(self) -> None:
+        """The keys of ordered queues with jobs queued here get a budget:
+        their homes hear of their oldest; the queues whose jobs did not
+        change since the last look are `quiet`."""
+        queues, marks, quiet = self.life.queues, self.marks, self.quiet
+        quiet.clear()
+        if len(self.view) < 2:
+            marks.clear()
+            return  # alone: no other node's jobs to go before
+        for name in self.budgets:
+            queue = queues.get(name)
+            if queue is None or queue.fair is None or not self.ordered(name):
+                continue
+            mark = (len(queue), queue.jobs_in)
+            if marks.get(name) == mark:
+                quiet.add(name)
+                continue
+            marks[name] = mark
+            for key in queue.fair.lanes:
+                if (name, key) not in self.keyed and self._first(name, key)[1]:
+                    self.keyed[name, key] = Budget()
+
     def _renew(self, name: bytes, key: bytes, budget: Budget, wanting: bool, now: int) -> bool:
         """Ask again every RENEW_MS while a lease is held or consumers want
-        one (unused slots go back to the home); whether the budget is in use."""
-        if budget.slots and budget.slots_until > now or wanting or self._out(budget):
-            if now - max(budget.asked, budget.slots_until - LEASE_MS) >= RENEW_MS:
-                self._ask(name, key, budget, wanting)
-            return True
-        return False
+        one (unused slots go back to the home), every REPORT_MS while an
+        ordered key has jobs queued here and other nodes are up, and at once
+        when its oldest here changed; whether the budget is in use."""
+        held = budget.slots and budget.slots_until > now or wanting or self._out(budget)
+        since = now - max(budget.asked, budget.slots_until - LEASE_MS)
+        if not held and name in self.quiet and since < REPORT_MS:
+            return bool(budget.first[1])  # its queue did not change: nor did its oldest, told already
+        first = self._first(name, key) if key else NO_FIRST
+        if held:
+            every = RENEW_MS
+        elif (first[1] or budget.first[1]) and len(self.view) > 1:
+            every = REPORT_MS  # only its oldest to tell
+        else:
+            return False
+        moved = first != budget.first
+        if since >= every or moved and now - budget.asked >= ASK_TIMEOUT_MS:
+            self._ask(name, key, budget, wanting)
+        elif moved:
+            self.marks.pop(name, None)  # told once the ask on its way is answered or lost: looked at again
+        return True
 
     # ------------------------------------------------------------ reading
 
@@ -512,7 +667,8 @@ class Limits:
             ("limited_jobs_out", sum(len(b.out) for b in budgets)), ("limited_jobs_handed", sum(b.handed for b in budgets)),
             ("limit_waits", sum(b.waits for b in budgets)), ("limit_waited_ms", sum(b.waited for b in budgets)),
             ("limited_keys", len(self.keyed)), ("limit_budgets_lent", len(self.lenders)),
-            ("limit_records_dropped", self.dropped),
+            ("limit_records_dropped", self.dropped), ("ordered_key_waits", self.order_waits),
+            ("ordered_key_breaks", self.order_breaks),
         ]  # fmt: skip
 
 

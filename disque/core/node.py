@@ -123,6 +123,8 @@ class NodeCore:
         self.federation = Federation(life, self.out)
         self.limits = Limits(life, self.out, now)
         self.federation.ordered = self.limits.ordered
+        self.limits.hand_key = self.federation.hand_key
+        self.federation.handed = self.limits.handed
         self.blocking = Blocking(life, self.out, self.federation, host, self.limits)
         self.replication = Replication(life, self.out)
         self.acks = Acks(life, self.out, self.replication, self.blocking)

@@ -118,6 +118,7 @@ class _Id(Check):
 
 _job_id: Final = _Id(bytes, valid_id, "job ID")
 _node_id: Final = _Id(str, re.compile("[0-9a-f]{40}").fullmatch, "node ID")
+_opt_node_id: Final = _Id(str, re.compile("(?:[0-9a-f]{40})?").fullmatch, "node ID")  # "": none
 
 
 class _OptJobId(Check):

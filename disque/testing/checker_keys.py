@@ -38,9 +38,10 @@ GETJOB's answer to its ACKJOB's invoke.  A key is *outside* when its span
 `two_out_inside`: a job of a key handed out while another of it was out;
 `order_outside` / `order_inside`: a job handed out for the first time
 before an older one of its key (answered) was; `ordered_lost`: answered
-jobs never delivered.  Valid when `two_out_outside` and `ordered_lost`
-are 0: creation order is kept among a key's jobs queued on one node, not
-across nodes (docs/keys.md), so the order breaks are counted, not judged.
+jobs never delivered.  Valid when `two_out_outside`, `order_outside` and
+`ordered_lost` are 0: while the cluster is whole, a key's jobs go in
+creation order wherever they are queued (docs/keys.md); the breaks inside
+the fault windows are counted, not judged.
 
 `check_debounce` judges DEBOUNCE bursts: `debounce` records are ADDJOB ...
 KEY DEBOUNCE <debounce_ms> (the invoke's `value` {"key", "seq"}: a key's
@@ -114,7 +115,7 @@ def check_keys(history: Iterable[Record], *, settle_ms: int) -> KeysResult:
 
 
 class OrderedResult(Result):
-    INVALID = ("two_out_outside", "ordered_lost")
+    INVALID = ("two_out_outside", "order_outside", "ordered_lost")
 
 
 def check_ordered(history: Iterable[Record], *, settle_ms: int) -> OrderedResult:

@@ -70,12 +70,15 @@ def test_ordered_keys_one_out_at_a_time_and_in_order() -> None:
     }  # fmt: skip
 
 
-def test_two_out_outside_and_a_lost_job_are_invalid_an_order_break_counted() -> None:
+def test_two_out_an_order_break_and_a_lost_job_outside_are_each_invalid() -> None:
     history = [*ordered(0, "a", 0, "A0"), *ordered(10, "a", 1, "A1"), *ordered(20, "a", 2, "A2"),
                *out(30, 50, 3, "A1"), *out(40, 60, 4, "A0")]  # fmt: skip
     result = check_ordered(history, settle_ms=50)
     assert not result.valid
     assert result.problems == {"two_out_outside": ["a"], "order_outside": ["A1"], "ordered_lost": ["A2"]}
+    broken = check_ordered([*ordered(0, "a", 0, "A0"), *ordered(10, "a", 1, "A1"), *out(30, 50, 3, "A1"),
+                            *out(60, 70, 3, "A0")], settle_ms=50)  # fmt: skip
+    assert not broken.valid and broken.problems == {"order_outside": ["A1"]}  # one out at a time, but A1 first
 
 
 def burst(time: int, key: str, jobs: list[str | None], process: int = 1) -> list[dict]:

@@ -20,7 +20,7 @@ from disque.cluster import messages as m
 from disque.cluster.codec import decode_body, encode_body
 from disque.core.effects import AofAppend
 from disque.core.homes import home
-from disque.core.limits import LEASE_MS, LEASE_SLACK
+from disque.core.limits import LEASE_MS, LEASE_SLACK, ORDER_WAIT_MS, SETTLE_MS, Budget
 from disque.core.types import BLOCKED, NIL_ARRAY
 from disque.store import limits as records
 from disque.store.aof import AofCorrupt, check_record
@@ -204,8 +204,13 @@ def test_limits_records_are_checked_and_a_bad_one_is_skipped_alone(env):
 
 def test_messages_cross_the_codec():
     header = m.Header("a" * 40, 7711, 0)
-    for msg in (m.QSet(b"r"), m.LimitAsk(b"q", 3, 1, 2, 4, 99), m.LimitGrant(b"q", 2, 5, 7, 99)):
+    for msg in (m.QSet(b"r"), m.LimitAsk(b"q", 3, 1, 2, 4, 99), m.LimitGrant(b"q", 2, 5, 7, 99),
+                m.LimitAsk(b"q", 1, 0, 0, 0, 99, b"k", 5 * 10**15, b"DI" + b"a" * 44 + b"SQ"), m.LimitGrant(b"q", 0, 0, 0, 99, b"k", "b" * 40, True)):  # fmt: skip
         assert decode_body(encode_body(header, msg)) == (header, msg)
+    older = {"v": 1, "t": "LIMITGRANT", "s": "a" * 40, "p": 7711, "f": 0, "m": 0, "q": b"q", "l": 1, "n": 0, "y": 0, "a": 9, "K": b"k"}
+    assert decode_body(msgpack.packb(older))[1] == m.LimitGrant(b"q", 1, 0, 0, 9, b"k")  # a node of an older version
+    with pytest.raises(DecodeError):
+        decode_body(msgpack.packb(older | {"ht": "not a node"}))
 
 
 def test_a_record_from_the_bus_is_kept_if_newer_and_a_bad_one_dropped(env):
@@ -576,4 +581,109 @@ def test_ordered_keys_go_one_at_a_time_across_the_cluster_and_in_parallel(mesh):
         assert all(prev[1] <= nxt[0] for prev, nxt in zip(spans, spans[1:]))
         assert [job_id for _, _, job_id in spans] == ids  # in creation order (a key's jobs move between nodes whole)
     assert consumers.most_out > 1  # the keys went in parallel
-    assert len({consumers.served[job_id] for job_id in order[0]}) > 1  # (they did move)
+
+
+def ordered_mesh(mesh: Mesh) -> None:
+    mesh.call(0, "QCONFIG", "q", "SET", "ordered", "yes")
+    mesh.advance(3000)
+
+
+def add_keyed(mesh: Mesh, nodes: list[int], key: str = "k") -> list[bytes]:
+    """A key's jobs added one after the other through `nodes` (10 ms apart)."""
+    ids = []
+    for i in nodes:
+        ids.append(mesh.call(i, "ADDJOB", "q", "x", 0, "REPLICATE", 1, "RETRY", 60, "KEY", key))
+        mesh.advance(10)
+    return ids
+
+
+def in_order(consumers: Consumers, ids: list[bytes]) -> bool:
+    """From the consumers' history: the jobs went one at a time, in creation order."""
+    spans = sorted((seen, acked, job_id) for seen, acked, job_id in consumers.done if job_id in ids)
+    return all(prev[1] <= nxt[0] for prev, nxt in zip(spans, spans[1:])) and [job_id for *_, job_id in spans] == ids
+
+
+def test_a_keys_jobs_added_through_several_nodes_go_in_creation_order(mesh):
+    ordered_mesh(mesh)
+    order = {key: add_keyed(mesh, [(n + k) % 3 for n in range(12)], f"k{k}") for k, key in enumerate(("a", "b", "c"))}
+    consumers = Consumers(mesh, "q", per_node=2, hold_ms=30)
+    consumers.run(15_000)
+    assert len(consumers.done) == 36 and all(in_order(consumers, ids) for ids in order.values())
+    assert consumers.most_out > 1  # the keys went in parallel
+
+
+def test_the_node_holding_a_keys_oldest_hands_it_to_the_consumers_of_another(mesh):
+    ordered_mesh(mesh)
+    ids = add_keyed(mesh, [0, 1, 2, 0, 1, 2])
+    consumers = Consumers(mesh, "q", per_node=1, hold_ms=30, nodes=(2,))  # consumers on one node only
+    consumers.run(5000)
+    assert len(consumers.done) == 6 and in_order(consumers, ids)
+    assert sum(mesh.core(i).federation.jobs_exported for i in (0, 1)) >= 4  # the others handed theirs over
+
+
+def test_a_fresh_job_waits_for_older_ones_elsewhere_to_be_told(mesh):
+    ordered_mesh(mesh)
+    old, new = add_keyed(mesh, [0, 1])  # node 0 has told no one of `old` yet
+    consumers = Consumers(mesh, "q", per_node=1, hold_ms=30, nodes=(1,))
+    consumers.run(SETTLE_MS // 2)
+    assert consumers.out == {} and not consumers.done  # `new` is too young to go
+    consumers.run(3000)
+    assert in_order(consumers, [old, new])
+
+
+def test_an_older_job_a_node_will_not_hand_over_holds_a_key_back_for_a_bounded_time(mesh):
+    ordered_mesh(mesh)
+    old, new = add_keyed(mesh, [0, 1])
+    mesh.call(0, "PAUSE", "q", "out")  # node 0 keeps its job: it hands out none of the queue
+    consumers = Consumers(mesh, "q", per_node=1, hold_ms=30, nodes=(1,))
+    consumers.run(ORDER_WAIT_MS - 1000)
+    assert not consumers.done  # held back for the older job on node 0
+    consumers.run(2000)
+    assert [job_id for *_, job_id in consumers.done] == [new]  # then out of order: documented
+    info = dict(mesh.core(home_of(mesh, b"q\0k")).limits.info_fields())
+    assert info["ordered_key_waits"] == 1 and info["ordered_key_breaks"] == 1  # counted at the key's home
+
+
+def test_the_oldest_job_of_a_node_gone_holds_nothing_back(mesh):
+    ordered_mesh(mesh)
+    owner = home_of(mesh, b"q\0k")
+    lost, holder = [i for i in range(3) if i != owner][:2], owner
+    old, new = add_keyed(mesh, [lost[0], holder])
+    mesh.advance(SETTLE_MS)
+    mesh.kill(lost[0])
+    consumers = Consumers(mesh, "q", per_node=1, hold_ms=30, nodes=(holder,))
+    consumers.run(ORDER_WAIT_MS - 1000)  # flagged failing, then the home's quiet time: sooner than the fallback
+    assert [job_id for *_, job_id in consumers.done] == [new]  # (the old one comes back by its RETRY)
+
+
+def test_a_keys_oldest_is_told_only_to_a_home_that_reads_it(mesh):
+    owner = home_of(mesh, b"q\0k")
+    other = (owner + 1) % 3
+    mesh.make_older(owner, ())
+    for i in (owner, other):
+        mesh.call(i, "QCONFIG", "q", "SET", "ordered", "yes")
+    mesh.advance(3000)
+    add_keyed(mesh, [other])
+    mesh.advance(1000)  # no consumer at `other`: only its oldest would be told
+    assert (b"q", b"k") in mesh.core(other).limits.keyed and (b"q", b"k") not in mesh.core(owner).limits.lenders
+
+
+def test_a_keys_jobs_go_to_no_node_without_a_link(mesh):
+    ordered_mesh(mesh)
+    (job_id,) = add_keyed(mesh, [0])
+    federation = mesh.core(0).federation
+    for name, key in ((b"none", b"k"), (b"q", b"other"), (b"q", b"k")):
+        federation.hand_key(name, key, "f" * 40)  # no such queue, key, or node linked
+    assert federation.jobs_exported == 0 and mesh.call(0, "QLEN", "q") == 1
+
+
+def test_a_keys_oldest_that_changes_while_its_report_is_lost_is_told_again(mesh):
+    ordered_mesh(mesh)
+    owner = home_of(mesh, b"q\0k")
+    other = (owner + 1) % 3
+    mesh.lose_next(owner, m.LimitAsk)
+    first, second = add_keyed(mesh, [other, other])
+    mesh.wait_for(lambda: mesh.core(other).limits.keyed.get((b"q", b"k"), Budget()).asked, 200)  # told, and lost
+    assert mesh.call(other, "ACKJOB", first) == 1  # its oldest changes while the report is unanswered
+    mesh.advance(1000)
+    assert mesh.core(owner).limits.lenders[b"q", b"k"].firsts[mesh.my_id(other)][1] == second

@@ -34,7 +34,7 @@ def judge(plan: SchedulePlan, seed: int) -> dict:
     ordered = check_ordered(history, settle_ms=2 * plan.node_timeout)
     print(f"ordered: {ordered.to_json()}")
     assert ordered.valid, ordered.to_json()
-    assert ordered.counts["ordered_keys"] == 8
+    assert ordered.counts["ordered_keys"] == 12
     debounced = check_debounce(history, settle_ms=2 * plan.node_timeout, debounce_ms=DEBOUNCE_MS)
     print(f"debounce: {debounced.to_json()}")
     assert debounced.valid, debounced.to_json()

@@ -10,7 +10,8 @@ nemesis of tests/sim/workload_schedules.py plays `plan.steps` (partitions,
 kills restarted from the AOF, clock jumps).  Beside them, the queue ORDERED_QUEUE is
 ordered (QCONFIG ... ordered yes) and two more producers add, for each of
 their keys, ORDERED_JOBS jobs one after the other through one node (another
-live one if it is down), and two DEBOUNCE producers send, for each of
+live one if it is down), and a third through a random live node each (a
+key's jobs queued on several nodes at once); two DEBOUNCE producers send, for each of
 their keys, a burst of two to four `ADDJOB ... KEY <key> DEBOUNCE
 DEBOUNCE_MS` to random live nodes, each well within the window of the one
 before, then wait past the window before the next key's burst; the
@@ -35,6 +36,7 @@ WINDOW_MS = 3_600_000  # DEDUP's window: longer than any run
 KEYS_PER_PRODUCER = 20
 ORDERED_QUEUE = "oq"
 ORDERED_KEYS, ORDERED_JOBS = 4, 8  # per producer, per key
+TTL_S = 3600  # longer than the plans' clock jumps (a job made on a clock 600 s behind would expire when it is put right)
 DEBOUNCE_QUEUE = "bq"
 DEBOUNCE_MS = 1000
 DEBOUNCE_KEYS = 6  # per producer
@@ -60,7 +62,7 @@ class KeyWorkload(ScheduleWorkload):
                 await self.add(op, node, QUEUE, key, key, "DEDUP", WINDOW_MS, "RETRY", 2)
                 await trio.sleep(self.rng.uniform(0.05, 0.5))
 
-    async def add(self, op: Record, node: int, queue: str, body: str, key: str, *opts: Any, ttl: int = 600) -> None:
+    async def add(self, op: Record, node: int, queue: str, body: str, key: str, *opts: Any, ttl: int = TTL_S) -> None:
         """ADDJOB of a keyed job, its answer recorded as `op`'s."""
         reply = await self.cluster.call(node, "ADDJOB", queue, body, 2000, "KEY", key, *opts, "REPLICATE", 2, "TTL", ttl)
         if isinstance(reply, Status):
@@ -68,12 +70,12 @@ class KeyWorkload(ScheduleWorkload):
         else:
             self.history.complete(op, INFO, value=str(reply))
 
-    async def ordered_producer(self, process: int) -> None:
+    async def ordered_producer(self, process: int, spread: bool = False) -> None:
         for n in range(ORDERED_KEYS):
             key = f"o{process}-{n}"
             through = self.rng.choice(self.live())
             for seq in range(ORDERED_JOBS):
-                node = through if through in self.live() else self.rng.choice(self.live())
+                node = through if through in self.live() and not spread else self.rng.choice(self.live())
                 op = self.history.invoke(process, node, ORDERED, value={"key": key, "seq": seq})
                 await self.add(op, node, ORDERED_QUEUE, f"{key}:{seq}", key, "RETRY", 5)
                 await trio.sleep(self.rng.uniform(0.01, 0.1))
@@ -127,6 +129,7 @@ class KeyWorkload(ScheduleWorkload):
                     producers.start_soon(self.producer, process)
                 for process in (20, 21):
                     producers.start_soon(self.ordered_producer, process)
+                producers.start_soon(self.ordered_producer, 22, True)
                 for process in (30, 31):
                     producers.start_soon(self.debounce_producer, process)
                 await self.nemesis()
