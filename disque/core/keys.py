@@ -263,9 +263,10 @@ class Keys:
             self.out.aof_record(None, encode_record(KEYHOLD, keyed.encode(h)))
 
     def _store(self, h: KeyHold) -> None:
-        self.life.memory.account(_size(h) - _size(self.holds.get(h.name)))
-        self.holds[h.name] = h
-        heappush(self.expiries, (h.until, h.name))
+        name = h.name
+        self.life.memory.account(_size(h) - _size(self.holds.get(name)))
+        self.holds[name] = h
+        heappush(self.expiries, (h.until, name))
 
     # ------------------------------------------------------------ standbys, links and the AOF
 
