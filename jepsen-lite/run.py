@@ -32,7 +32,7 @@ from disque.testing import checker_stats  # noqa: E402
 from disque.testing.checker import ACK, DEQUEUE, ENQUEUE, FAIL, FASTACK, INFO, NACK, OK, SCAN, WAITJOB, History, check  # noqa: E402
 from disque.testing.checker_groups import QACK, QADD, QGET, check_groups  # noqa: E402
 from disque.testing.checker_schedules import SCHEDULE, TICK, check_schedules  # noqa: E402
-from disque.testing.checker_keys import DEDUP, ORDERED, TAKE, check_keys, check_ordered  # noqa: E402
+from disque.testing.checker_keys import DEBOUNCE, DEDUP, ORDERED, TAKE, check_debounce, check_keys, check_ordered  # noqa: E402
 from disque.testing.checker_limits import check_concurrency  # noqa: E402
 from disque.testing.checker_workflows import BATCH, CHILD, CLOSE, PARENT, RESULT, TAKE, check_workflows  # noqa: E402
 
@@ -56,6 +56,8 @@ PAIR_OPTIONS = ("REPLICATE", 2, "RETRY", 5, "TTL", 600)  # --batches: each paren
 KEYED = QUEUE + "-keyed"  # --keys: jobs with KEY and DEDUP, each key added one to three times
 ORDERED_QUEUE = QUEUE + "-ordered"  # --keys: an ordered queue (QCONFIG ... ordered yes)
 ORDERED_JOBS = 8  # --keys: jobs per ordered key, added one after the other through one node
+DEBOUNCED = QUEUE + "-debounced"  # --keys: a burst of ADDJOB ... KEY DEBOUNCE per key, on random nodes
+DEBOUNCE_MS = 1000
 
 
 def now_ms() -> int:
@@ -412,7 +414,8 @@ class Workload:
     def keys_producer(self, process: int) -> None:
         """--keys: key after key, one to three ADDJOB ... KEY DEDUP of it on
         random nodes (a producer retrying elsewhere), then ORDERED_JOBS jobs
-        of an ordered key through one node (another if it fails)."""
+        of an ordered key through one node (another if it fails), then a
+        burst of two to four ADDJOB ... KEY DEBOUNCE of it on random nodes."""
         rng = random.Random(f"{self.args.seed}-kp{process}")
         conns: dict[int, Conn] = {}
         n = 0
@@ -428,13 +431,18 @@ class Workload:
                 ):
                     through = rng.randrange(len(self.nodes))
                     time.sleep(0.1)
+            for seq in range(rng.randint(2, 4) if self.producing.is_set() else 0):
+                i = rng.randrange(len(self.nodes))
+                self._keyed_add(conns, process, i, DEBOUNCE, {"key": key, "seq": seq}, DEBOUNCED, key, "DEBOUNCE",
+                                DEBOUNCE_MS, body=f"{key}:{seq}")  # fmt: skip
+                time.sleep(rng.uniform(0.05, 0.3))
 
     def _keyed_add(self, conns: dict[int, Conn], process: int, i: int, op: str, value: dict[str, Any], queue: str,
-                   key: str, *opts: Any) -> bool:  # fmt: skip
+                   key: str, *opts: Any, body: str | None = None) -> bool:  # fmt: skip
         with self.lock:
             invoked = self.keyed.invoke(process, i, op, value=value)
         try:
-            reply = self._call(conns, i, "ADDJOB", queue, key, 2000, "KEY", key, *opts, "REPLICATE", 2, "RETRY",
+            reply = self._call(conns, i, "ADDJOB", queue, key if body is None else body, 2000, "KEY", key, *opts, "REPLICATE", 2, "RETRY",
                                LIMITED_RETRY, "TTL", 600)  # fmt: skip
         except (OSError, ConnectionError):
             reply = None
@@ -446,7 +454,7 @@ class Workload:
         return isinstance(reply, bytes)
 
     def keys_consumer(self, process: int) -> None:
-        """--keys: GETJOB from both keyed queues on random nodes, ACKJOB, until
+        """--keys: GETJOB from the three keyed queues on random nodes, ACKJOB, until
         the drain is over; each delivery and ACK recorded."""
         rng = random.Random(f"{self.args.seed}-kc{process}")
         conns: dict[int, Conn] = {}
@@ -455,7 +463,7 @@ class Workload:
             with self.lock:
                 op = self.keyed.invoke(process, i, TAKE)
             try:
-                reply = self._call(conns, i, "GETJOB", "TIMEOUT", 300, "FROM", KEYED, ORDERED_QUEUE)
+                reply = self._call(conns, i, "GETJOB", "TIMEOUT", 300, "FROM", KEYED, ORDERED_QUEUE, DEBOUNCED)
             except (OSError, ConnectionError):
                 reply = None
             if not isinstance(reply, list) or not reply:
@@ -465,7 +473,8 @@ class Workload:
                 continue
             queue, job = reply[0][0].decode(), reply[0][1].decode()
             with self.lock:
-                self.keyed.complete(op, OK, job=job, body=ORDERED if queue == ORDERED_QUEUE else None)
+                marks = {ORDERED_QUEUE: ORDERED, DEBOUNCED: DEBOUNCE}
+                self.keyed.complete(op, OK, job=job, body=marks.get(queue), value=reply[0][2].decode())
                 ack = self.keyed.invoke(process, i, ACK, job=job)
             self.last_delivery = time.monotonic()
             time.sleep(rng.uniform(0.005, 0.03))
@@ -820,7 +829,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.keys:
         keyed = sorted(wl.keyed.records + [r for r in records if r["op"] == checker_stats.NEMESIS], key=lambda r: r["time"])
         keys = {"dedup": check_keys(keyed, settle_ms=out_settle).to_json(), "ordered": check_ordered(keyed, settle_ms=out_settle).to_json()}
-        keys["valid"] = keys["dedup"]["valid"] and keys["ordered"]["valid"]
+        keys["debounce"] = check_debounce(keyed, settle_ms=out_settle, debounce_ms=DEBOUNCE_MS).to_json()
+        keys["valid"] = keys["dedup"]["valid"] and keys["ordered"]["valid"] and keys["debounce"]["valid"]
     settle = args.settle_ms if args.settle_ms is not None else 2 * args.node_timeout_ms + args.schedule_grace
     workflows = check_workflows(records, settle_ms=settle).to_json() if args.batches else None
     results = {
@@ -910,6 +920,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{o['ordered_keys']} keys, two out at once {o['two_out_outside']} outside the faults and "
             f"{o['two_out_inside']} inside, order breaks {o['order_outside']} outside and {o['order_inside']} inside, "
             f"{o['ordered_lost']} lost")  # fmt: skip
+        b = keys["debounce"]
+        log(f"  debounce: {b['bursts']} bursts ({b['bursts_outside']} clear of the faults), {b['runs']} runs; extra runs "
+            f"{b['extra_outside']} outside the faults and {b['extra_inside']} inside, stale bodies {b['stale_outside']} "
+            f"outside and {b['stale_inside']} inside, early {b['early_outside']}, bursts lost {b['burst_lost']}")  # fmt: skip
     for n in notes:
         log(f"note: {n}")
     return results
@@ -932,8 +946,9 @@ def parser() -> argparse.ArgumentParser:
                         "check that no child runs before its parent's ACK and no result is lost (README)")  # fmt: skip
     p.add_argument("--schedule-grace", type=int, default=2000, help="the nodes' schedule-grace, ms")
     p.add_argument("--keys", action="store_true",
-                   help="keyed jobs beside the workload: KEY ... DEDUP and an ordered queue; VALID if no key has two "
-                        "jobs and no ordered key two out at once outside the faults, and none is lost (docs/keys.md)")  # fmt: skip
+                   help="keyed jobs beside the workload: KEY ... DEDUP, an ordered queue and DEBOUNCE bursts; VALID if "
+                        "no key has two jobs, no ordered key two out at once and no burst two runs or a stale body "
+                        "outside the faults, and none is lost (docs/keys.md)")  # fmt: skip
     p.add_argument("--limit", type=int, default=0,
                    help="also run a queue at QCONFIG concurrency N and check, from its consumers' history, that no more "
                         "than N jobs are out at once outside the faults (docs/limits.md)")  # fmt: skip

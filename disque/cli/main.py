@@ -13,7 +13,7 @@ through `dispatch`, the same lookup: what works as `disque [options] <line>`
 works at the prompt (with the prompt's options, or a line's own), and `help <name>`
 shows the same help as `disque <name> --help`.
 
-`qlen`, `qstat` and `top` are cluster-wide views by default (every node
+`qlen`, `qstat`, `keys` and `top` are cluster-wide views by default (every node
 HELLO lists, added up, `cluster.py`); `--local` narrows them to the node
 connected to, and `qscan`, `jscan` and `export` widen with `--cluster`.
 Server commands (QLEN, QSTAT) always answer what the node answers.
@@ -67,6 +67,7 @@ SERVER_COMMANDS: dict[str, tuple[str, str]] = {
     "QLEN": ("queue", "Number of jobs queued on this node"),
     "QPEEK": ("queue count", "Look at the oldest (count > 0) or newest jobs without taking them"),
     "QSTAT": ("queue", "Statistics of a queue on this node"),
+    "QKEYS": ("queue [COUNT n]", "The keys with jobs queued in a queue on this node, and the n busiest (see `keys --help`)"),
     "QSCAN": ("[cursor] [COUNT n] [BUSYLOOP] [MINLEN n] [MAXLEN n] [IMPORTRATE r]", "Iterate over queues"),
     "PAUSE": ("queue in|out|all|none|state|bcast ...", "Pause a queue for input and/or output"),
     "QSETTINGS": ("queue", "The queue's effective Kestrel settings"),
@@ -247,7 +248,7 @@ The options above go before or after the subcommand (`disque qstat q
 --json`); after a server command its words go as typed.
 
 \b
-qlen, qstat and top add up the figures of every node the connected one lists
+qlen, qstat, keys and top add up the figures of every node the connected one lists
 in HELLO; --local shows the connected node's alone.  qscan, jscan and export
 show the connected node's jobs unless --cluster is given: then a job held
 by several nodes is listed once (the record of the node that has it furthest
@@ -291,7 +292,7 @@ def cli(ctx: click.Context, host: str, port: int, password: str | None, tls: boo
         (prompt_loop if sys.stdin.isatty() else script_loop)(ctx)
 
 
-SCOPED = ("qlen", "qstat", "top", "qscan", "jscan", "export")  # the views that take --cluster/--local
+SCOPED = ("qlen", "qstat", "keys", "top", "qscan", "jscan", "export")  # the views that take --cluster/--local
 
 
 def scope_option(wide: bool, merge: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -370,6 +371,39 @@ def qstat(session: Session, queue: str, cluster: bool | None, groups: bool) -> N
         session.output("plain", total and {**jsonable(total), "nodes": [{"node": n, "address": a, **jsonable(s)} for n, a, s in found]})
     else:  # --raw: the merged record, as QSTAT prints it
         session.output("by-node", {"total": total, "nodes": found, "asked": len(answered)}, raw=[v for item in record_fields(total).items() for v in item])
+    session.check_nodes()
+
+
+@cli.command()
+@click.argument("queue")
+@click.option("--count", type=click.IntRange(1, 1000), default=10, show_default=True, help="The busiest keys to show (QKEYS ... COUNT on each node).")
+@scope_option(True, "keys, jobs and each busy key's jobs add up")
+@click.pass_obj
+def keys(session: Session, queue: str, count: int, cluster: bool | None) -> None:
+    """The keys with jobs queued in QUEUE (ADDJOB ... KEY), the keyed jobs,
+    and the busiest keys, added up over the cluster's nodes (QKEYS on each):
+    a key with jobs queued on two nodes counts once on each, and a busy
+    key's jobs are those of the nodes where it is among the COUNT busiest."""
+    from disque.cli.views import text
+
+    def figures(client: Any) -> dict[str, Any]:
+        found = {text(k): v for k, v in as_map(client.execute_command("QKEYS", queue, "COUNT", count)).items()}
+        pairs = found["busiest"]
+        return {"keys": found["keys"], "jobs": found["jobs"], "busiest": dict(zip(map(text, pairs[::2]), pairs[1::2]))}
+
+    if session.wide(cluster, default=True):
+        found = per_node(session, figures)
+    else:
+        client = session.client()
+        found = [(client.hello().node_id, session.label, figures(client))]
+    jobs: dict[str, int] = {}
+    for _, _, f in found:
+        for key, n in f["busiest"].items():
+            jobs[key] = jobs.get(key, 0) + n
+    busiest = [{"key": key, "jobs": n} for key, n in sorted(jobs.items(), key=lambda kv: (-kv[1], kv[0]))[:count]]
+    total = {"queue": queue, "keys": sum(f["keys"] for _, _, f in found), "jobs": sum(f["jobs"] for _, _, f in found), "busiest": busiest}
+    nodes = [{"node": n, "address": a, "keys": f["keys"], "jobs": f["jobs"]} for n, a, f in found]
+    session.output("keys", {**total, "nodes": nodes}, raw=[total["keys"], total["jobs"], *(f"{b['key']}\t{b['jobs']}" for b in busiest)])
     session.check_nodes()
 
 
@@ -612,10 +646,15 @@ def qconfig_set(session: Session, queue: str, rate: str | None, concurrency: str
     session.run(["QCONFIG", queue, "SET", *words])
 
 
+def as_map(reply: Any) -> dict[Any, Any]:
+    """A map reply: a dict in RESP3, a flat [key, value, ...] array in RESP2."""
+    return reply if isinstance(reply, dict) else dict(zip(reply[::2], reply[1::2]))
+
+
 def limits_row(queue: Any, reply: Any) -> dict[str, Any]:
     from disque.cli.views import text
 
-    show = reply if isinstance(reply, dict) else dict(zip(reply[::2], reply[1::2]))
+    show = as_map(reply)
     return {"queue": text(queue), **{text(k): (text(v) if isinstance(v, bytes) else v) for k, v in show.items()}}
 
 

@@ -118,6 +118,12 @@ def render(kind: str, value: Any, full: bool = False) -> RenderableType:
     if kind == "limits":  # qconfig list: rows of QCONFIG GET
         columns = ["queue", "rate-limit", "concurrency", "out", "lease", "handed", "waiting", "waited-ms"]
         return names_table(f"{len(value)} limited queue(s)", ([r[c] for c in columns] for r in value), columns)
+    if kind == "keys":  # keys: QKEYS added up over the nodes
+        title = f"{value['queue']}: {value['keys']} key(s) with jobs queued, {value['jobs']} keyed job(s), {len(value['nodes'])} node(s)"
+        busiest = names_table(title, ([b["key"], b["jobs"]] for b in value["busiest"]), ["key", "jobs"])
+        if len(value["nodes"]) < 2:
+            return busiest
+        return Group(busiest, Text(""), names_table("per node", (n.values() for n in value["nodes"]), ["node", "address", "keys", "jobs"]))
     if kind == "groups":  # qstat --groups: QSTATUS rows
         return groups_table(f"{len(value)} consumer group(s)", value)
     if kind == "scan":

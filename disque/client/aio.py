@@ -27,7 +27,7 @@ from disque.client.base import (
     _Send,
     log,
 )
-from disque.client.models import Job
+from disque.client.models import Job, JobHandle
 from disque.client.protocol import Address, DisqueConnectionError, DisqueReplyError, T, _text
 
 
@@ -162,5 +162,5 @@ class AsyncBatchJobs:
     client: AsyncClient
     id: str
 
-    async def add_job(self, queue: str, body: str | bytes, **options: Any) -> str:
+    async def add_job(self, queue: str, body: str | bytes, **options: Any) -> JobHandle:
         return await self.client.add_job(queue, body, batch=self.id, **options)

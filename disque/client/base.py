@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, overload
 import hiredis
 
 from disque.client import tracing
-from disque.client.models import Hello, Job, JobInfo, QueueStats, _jobs, _optional, _same
+from disque.client.models import Hello, Job, JobHandle, JobInfo, QueueStats, _jobs, _optional, _same
 from disque.client.protocol import (
     DEFAULT_ADDRESS,
     Address,
@@ -538,11 +538,13 @@ class _Base:
         priority: int | None = None,
         key: str | bytes | None = None,
         dedup: int | str | None = None,
+        debounce: int | None = None,
         after: Iterable[str] = (),
         on_parent_fail: str | None = None,
         batch: str | None = None,
-    ) -> Ops[str]:
-        """ADDJOB; returns the job ID.  `timeout_ms` bounds synchronous
+    ) -> Ops[JobHandle]:
+        """ADDJOB; returns the job ID, a `JobHandle` (a `str` whose `result`
+        and `wait()` read the job's result).  `timeout_ms` bounds synchronous
         replication (30 s by default, 0: wait for ever; docs/client.md), past
         it `ReplicationTimeout`; `replicate` and `minrepl` are REPLICATE and
         MINREPL (the server's defaults if None: docs/replication.md); after
@@ -550,23 +552,26 @@ class _Base:
         queue (the server's default one if None); a higher `priority` (0-9,
         the queue's default if None) is served first; `key` is KEY, and
         `dedup` DEDUP: ms during which another job of the key answers this
-        one's ID, or "active" for as long as this one is not acknowledged
-        (docs/keys.md); `after`: the IDs of the jobs this one waits for,
-        `on_parent_fail` (fail, run or drop) what one that fails does to it,
-        `batch` the batch it joins (docs/workflows.md).  A body over the
+        one's ID, or "active" for as long as this one is not acknowledged,
+        `debounce` DEBOUNCE: ms after the key's last add_job its last job
+        runs, the earlier ones of the burst deleted (docs/keys.md);
+        `after`: the IDs of the jobs this one waits for, `on_parent_fail`
+        (fail, run or drop) what one that fails does to it, `batch` the
+        batch it joins (docs/workflows.md).  A body over the
         client's `max_job_size` is refused before it is sent."""
         self._check_size(body)
         options = _options(
             [("ASYNC", asynchronous)],
             replicate=replicate, minrepl=minrepl, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
             maxattempts=max_attempts, deadletter=dead_letter, priority=priority, key=key, dedup=dedup, batch=batch,
+            debounce=debounce,
         )  # fmt: skip
         for parent in after:
             options += ["AFTER", parent]
         if on_parent_fail is not None:
             options += ["ON-PARENT-FAIL", on_parent_fail]
 
-        def send(body: str | bytes) -> Ops[str]:
+        def send(body: str | bytes) -> Ops[JobHandle]:
             return self._add_job(["ADDJOB", queue, body, timeout_ms, *options], timeout_ms)
 
         return tracing.sending(queue, body, send) if self.trace_context else send(body)
@@ -577,9 +582,9 @@ class _Base:
         if size > self.max_job_size:
             raise DisqueReplyError("ERR", f"Job body of {size} bytes is larger than max-job-size ({self.max_job_size} bytes): not sent")
 
-    def _add_job(self, args: list[Arg], timeout_ms: int) -> Ops[str]:
+    def _add_job(self, args: list[Arg], timeout_ms: int) -> Ops[JobHandle]:
         try:
-            return (yield from self._command(args, _text))
+            return (yield from self._command(args, lambda reply: JobHandle(_text(reply), self)))
         except DisqueReplyError as e:
             if e.code == "NOREPL" and e.message.startswith("Timeout"):
                 raise ReplicationTimeout(e.code, f"{e.message} within {timeout_ms} ms (not added: adding it again is safe)") from None
@@ -651,6 +656,20 @@ class _Base:
         return self._command(["RESULT", job_id])
 
     @_api
+    def parent_results(self, job_id: str) -> Ops[dict[str, bytes | None]]:
+        """The results of the jobs `job_id` was added after (ADDJOB ...
+        AFTER), by parent ID, in AFTER's order (None for one acknowledged
+        without a result, or past `result-ttl`): SHOW's `after`, then RESULT
+        of each, in one write.  Ask the node that served the job (a worker's
+        own connection): it holds the job, and learned each parent's result
+        with its ACK (docs/workflows.md).  -NOJOB when it does not hold it."""
+        info = yield from self._command(["SHOW", job_id], _optional(JobInfo.from_reply))
+        if info is None:
+            raise DisqueReplyError("NOJOB", f"Job {job_id} not known in the context of this node.")
+        results = yield from self._batch([(encode_command(["RESULT", parent]), _same) for parent in info.after])
+        return dict(zip(info.after, results))
+
+    @_api
     def fast_ack(self, *ids: str) -> Ops[int]:
         return self._ids("FASTACK", ids)
 
@@ -673,8 +692,21 @@ class _Base:
     def wait_results(self, *ids: str, timeout_ms: int | None = None) -> Ops[tuple[int, list[bytes | None]]]:
         """WAITJOB ... WITHRESULTS: `wait_job`, and the result of each job
         named, in order (None where the node keeps none)."""
-        args = ["WAITJOB", *ids, *_options(timeout=timeout_ms), "WITHRESULTS"]
-        return self._command(args, lambda reply: (reply[0], list(reply[1])))
+        return self._command(_with_results(ids, timeout_ms), lambda reply: (reply[0], list(reply[1])))
+
+    @_api
+    def wait_result(self, job_id: str, timeout_ms: int | None = None) -> Ops[bytes | None]:
+        """The job's result once it is acknowledged (None: acknowledged
+        without one), waiting `timeout_ms` at most (None: for ever);
+        `TimeoutError` when it is not acknowledged by then, or went without
+        an acknowledgement (expired, dead-lettered).  `JobHandle.wait`."""
+
+        def acknowledged(reply: list[Any]) -> bytes | None:
+            if not reply[0]:
+                raise TimeoutError(f"job {job_id} was not acknowledged (within {timeout_ms} ms, or it expired or was dead-lettered)")
+            return reply[1][0]  # type: ignore[no-any-return]
+
+        return self._command(_with_results([job_id], timeout_ms), acknowledged)
 
     @_api
     def enqueue(self, *ids: str) -> Ops[int]:
@@ -756,6 +788,10 @@ class _Base:
         """Every queue name, following the cursor to the end; an async iterator for `AsyncClient`."""
         options = _options([("BUSYLOOP", busyloop)], count=count, minlen=minlen, maxlen=maxlen, importrate=import_rate)
         return _Scan("QSCAN", options, _text)
+
+
+def _with_results(ids: Iterable[str], timeout_ms: int | None) -> list[Arg]:
+    return ["WAITJOB", *ids, *_options(timeout=timeout_ms), "WITHRESULTS"]
 
 
 class Pipeline(_Base):

@@ -9,7 +9,8 @@
 Every job is added at once; the cluster holds each one until the jobs it
 waits for are acknowledged (docs/workflows.md), so nothing here waits or
 polls.  `send` returns the IDs of the last jobs, those a next step would
-wait for.  For the blocking `Client` (an `AsyncClient`'s add_job is awaited:
+wait for: `JobHandle`s, so `tails[0].wait(timeout)` is the last job's
+result once it is acknowledged.  For the blocking `Client` (an `AsyncClient`'s add_job is awaited:
 use `after=` there).
 """
 

@@ -7,7 +7,7 @@ command methods hand to `_Base._command`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from disque.client.protocol import Address, T, _build, _pairs, _text
@@ -24,6 +24,9 @@ class Job:
     additional_deliveries: int | None = None
     priority: int | None = None  # QPEEK's, for a job of another priority than the default (5)
     key: str | None = None  # ADDJOB KEY (docs/keys.md), None without one
+    # The results of the jobs this one was added AFTER, by ID (None: kept by no one), for a worker's
+    # handler registered with `parent_results=True`; None otherwise (`Client.parent_results`).
+    parent_results: dict[str, bytes | None] | None = None
 
     @property
     def deliveries(self) -> int | None:
@@ -71,11 +74,47 @@ class JobInfo:
     error_pid: int | None = None
     error_time: int | None = None  # unix ms when a node recorded it
     key: str | None = None  # ADDJOB KEY (docs/keys.md), None without one
+    # ADDJOB ... AFTER (docs/workflows.md): every parent, and those still waited for; BATCH.
+    after: list[str] = field(default_factory=list)
+    waits_for: list[str] = field(default_factory=list)
+    batch: str | None = None
 
     @classmethod
     def from_reply(cls, reply: Sequence[Any]) -> JobInfo:
-        texts = ("id", "queue", "state", "dead_letter_of", "dead_letter_from", "error_type", "error_message", "error_traceback", "error_host", "key")
-        return _build(cls, reply, texts, ("nodes_delivered", "nodes_confirmed"))
+        texts = ("id", "queue", "state", "dead_letter_of", "dead_letter_from", "error_type", "error_message", "error_traceback", "error_host", "key", "batch")
+        return _build(cls, reply, texts, ("nodes_delivered", "nodes_confirmed", "after", "waits_for"))
+
+
+class JobHandle(str):
+    """A job's ID as `add_job` returns it, which also reads the job's result
+    through the client that added it, as Celery's AsyncResult does:
+    `result` is RESULT (None while there is none), `wait(timeout)` blocks
+    until the job is acknowledged and returns its result (WAITJOB ...
+    WITHRESULTS; `TimeoutError` when it is not, in time).  With an
+    `AsyncClient` both are awaited (`await handle.result`).  In every other
+    way it is the ID string (a `str`; pickled, a plain one)."""
+
+    client: Any
+
+    def __new__(cls, job_id: str, client: Any) -> JobHandle:
+        handle = super().__new__(cls, job_id)
+        handle.client = client
+        return handle
+
+    @property
+    def id(self) -> str:
+        return str(self)
+
+    @property
+    def result(self) -> Any:
+        return self.client.result(self.id)
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """The result once the job is acknowledged, waiting `timeout` seconds at most (None: for ever)."""
+        return self.client.wait_result(self.id, timeout_ms=None if timeout is None else max(1, round(timeout * 1000)))
+
+    def __reduce__(self) -> tuple[type[str], tuple[str]]:
+        return (str, (self.id,))
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,7 +75,8 @@ def _build(cls: type[T], reply: Sequence[Any], texts: Iterable[str] = (), text_l
         if name in values:  # (a field the reply leaves out takes its default)
             values[name] = _text(values[name])
     for name in text_lists:
-        values[name] = [_text(v) for v in values[name]]
+        if name in values:
+            values[name] = [_text(v) for v in values[name]]
     known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
     return cls(**{k: v for k, v in values.items() if k in known})
 

@@ -27,7 +27,7 @@ from disque.client.base import (
     _Send,
     log,
 )
-from disque.client.models import Job
+from disque.client.models import Job, JobHandle
 from disque.client.protocol import Address, DisqueConnectionError, DisqueReplyError, T, _text
 
 
@@ -165,5 +165,5 @@ class BatchJobs:
     client: Client
     id: str
 
-    def add_job(self, queue: str, body: str | bytes, **options: Any) -> str:
+    def add_job(self, queue: str, body: str | bytes, **options: Any) -> JobHandle:
         return self.client.add_job(queue, body, batch=self.id, **options)

@@ -32,10 +32,12 @@ from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from disque.client.models import Job
 from disque.client.protocol import _to_bytes
+
+ID = TypeVar("ID", bound=str)  # the job ID add_job returns (a JobHandle)
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -90,7 +92,7 @@ def unwrap(body: bytes) -> tuple[dict[str, str] | None, bytes]:
     return carrier, rest
 
 
-def sending(queue: str, body: str | bytes, send: Callable[[bytes], Generator[Any, Any, str]]) -> Generator[Any, Any, str]:
+def sending(queue: str, body: str | bytes, send: Callable[[bytes], Generator[Any, Any, ID]]) -> Generator[Any, Any, ID]:
     """`send` (an ADDJOB) of `body` with the trace context in front, in a
     `send <queue>` span: the client's generator, run by its driver."""
     attributes = {"messaging.system": SYSTEM, "messaging.operation.type": "send", "messaging.operation.name": "ADDJOB",

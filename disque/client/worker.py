@@ -68,7 +68,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -84,6 +84,7 @@ from disque.client import (
     DisqueConnectionError,
     DisqueReplyError,
     Job,
+    JobHandle,
     connection_name,
     format_address,
     tracing,
@@ -167,6 +168,7 @@ class Handler:
     timeout: float | None
     backoff: Backoff
     priority: int | None = None
+    parent_results: bool = False  # the job reaches the function with its parents' results (`Job.parent_results`)
 
     def __call__(self, job: Job) -> Any:
         return self.fn(job)
@@ -176,7 +178,7 @@ class Handler:
         """The ADDJOB options every job of this handler carries."""
         return {"max_attempts": self.max_attempts, "dead_letter": self.dead_letter, "priority": self.priority}
 
-    def send(self, body: str | bytes, **options: Any) -> str:
+    def send(self, body: str | bytes, **options: Any) -> JobHandle:
         """ADDJOB to the handler's queue, with its options, through the app's
         client; `options` are `Client.add_job`'s.  Returns the job ID."""
         return self.app.client.add_job(self.queue, body, **(self.job_options | options))
@@ -219,6 +221,7 @@ class App:
         rate: str | None = None,
         concurrency: int | None = None,
         ordered: bool = False,
+        parent_results: bool = False,
     ) -> Callable[[Callable[[Job], Any]], Handler]:
         """Decorator: the function handles the jobs of `queue`.  A job is
         delivered at most `max_attempts` times (`retries` + 1), then moved to
@@ -229,7 +232,11 @@ class App:
         queue's cluster-wide limits (QCONFIG SET, docs/limits.md) when a
         worker starts: how many jobs the whole cluster hands out per period,
         and how many may be out at once; `ordered` makes it hand out one
-        job per key at a time, each key's oldest first (docs/keys.md)."""
+        job per key at a time, each key's oldest first (docs/keys.md).
+        With `parent_results`, a job added AFTER others reaches the function
+        with their results in `job.parent_results` (read from the node that
+        served it, before the function runs: a failure to read them fails
+        the attempt; docs/workflows.md)."""
         if retries is not None:
             if max_attempts is not None:
                 raise ValueError("give retries or max_attempts, not both")
@@ -249,7 +256,7 @@ class App:
             self.limits[queue] = limits
 
         def register(fn: Callable[[Job], Any]) -> Handler:
-            handler = Handler(self, queue, fn, max_attempts, dead_letter, timeout, backoff, priority)
+            handler = Handler(self, queue, fn, max_attempts, dead_letter, timeout, backoff, priority, parent_results)
             self.handlers[queue] = handler
             return handler
 
@@ -611,7 +618,7 @@ class Worker:
         handler = self._handlers[job.queue]
         started = time.monotonic()
         with self._running.scope() as scope:
-            error, value = await self._attempt(beat, handler, job)
+            error, value = await self._attempt(client, beat, handler, job)
         if scope.cancelled_caught:
             log.warning("job interrupted by the stop, NACKed", extra=_fields(job))
             await self._settle(client.nack(job.id), job)
@@ -626,22 +633,26 @@ class Worker:
             log.error("job failed", exc_info=error, extra=_fields(job, error=repr(error), **outcome))
             await self._settle(client.nack(job.id, delay=delay, error=error), job)  # the reason stays with the job
 
-    async def _attempt(self, beat: _Beat, handler: Handler, job: Job) -> tuple[Exception | None, Any]:
+    async def _attempt(self, client: AsyncClient, beat: _Beat, handler: Handler, job: Job) -> tuple[Exception | None, Any]:
         """`_run_handler` in the job's trace span (disque.client.tracing), which
         also takes a producer's trace context off the body."""
         with tracing.processing(job, handler.exhausted(job)) as traced:
-            error, value = await self._run_handler(beat, handler, traced.job)
+            error, value = await self._run_handler(client, beat, handler, traced.job)
             traced.end(error)
             return error, value
 
-    async def _run_handler(self, beat: _Beat, handler: Handler, job: Job) -> tuple[Exception | None, Any]:
-        """Run the handler, the slot's heartbeats watching it; the exception
-        it raised, if any, and the value it returned."""
+    async def _run_handler(self, client: AsyncClient, beat: _Beat, handler: Handler, job: Job) -> tuple[Exception | None, Any]:
+        """Run the handler (given its parents' results first, if it asked
+        for them, on the slot's node: the one that served the job), the
+        slot's heartbeats watching it; the exception it raised, if any, and
+        the value it returned."""
         beat.start(job)
         error: Exception | None = None
         value: Any = None
         try:
             with anyio.fail_after(handler.timeout) as deadline:
+                if handler.parent_results:
+                    job = replace(job, parent_results=await client.parent_results(job.id))
                 if inspect.iscoroutinefunction(handler.fn):
                     value = await handler.fn(job)
                 else:

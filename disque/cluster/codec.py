@@ -249,7 +249,8 @@ _ROWS: tuple[tuple[Any, ...], ...] = (
     ("WAITING", Waiting, (_WAIT_ENTRIES,)),
     ("SCHEDSET", SchedSet, (_Field("record", "r", _bytes),)),  # the record is checked alone: house rule 5
     ("TICKED", Ticked, (_Field("name", "n", _bytes), _Field("tick", "k", _UINT), _Field("node", "o", _node_id))),
-    ("KEYCLAIM", KeyClaim, (_TICKET, _QUEUE, _KEY_NAME, _KEY_JOB, _Field("hold", "h", _UINT), _Field("active", "a", _bool, default=False))),
+    ("KEYCLAIM", KeyClaim, (_TICKET, _QUEUE, _KEY_NAME, _KEY_JOB, _Field("hold", "h", _UINT), _Field("active", "a", _bool, default=False),
+                              _Field("debounce", "d", _bool, default=False))),
     ("KEYCLAIMED", KeyClaimed, (_TICKET, _QUEUE, _KEY_NAME, _KEY_JOB)),
     ("KEYSET", KeySet, (_Field("record", "r", _bytes),)),  # the record is checked alone: house rule 5
     ("KEYDONE", KeyDone, (_QUEUE, _KEY_NAME, _KEY_JOB, _Field("aborted", "a", _bool, default=False))),

@@ -47,7 +47,8 @@ FEATURE_SCHEDULES: Final = 2  # SCHEDSET and TICKED (core/schedules.py)
 FEATURE_KEYS: Final = 4  # KEYCLAIM, KEYCLAIMED, KEYSET and KEYDONE (core/keys.py)
 FEATURE_LIMITS: Final = 8  # QSET, LIMITASK and LIMITGRANT (core/limits.py)
 FEATURE_BATCHES: Final = 16  # DEPEND and SETTLED (core/dependencies.py), BATCHSET (core/batches.py)
-FEATURES: Final = FEATURE_WAITING | FEATURE_SCHEDULES | FEATURE_KEYS | FEATURE_LIMITS | FEATURE_BATCHES  # this node's
+FEATURE_DEBOUNCE: Final = 32  # KEYCLAIM's `debounce` and KEYSET's debounced records (core/keys.py)
+FEATURES: Final = FEATURE_WAITING | FEATURE_SCHEDULES | FEATURE_KEYS | FEATURE_LIMITS | FEATURE_BATCHES | FEATURE_DEBOUNCE  # this node's
 
 ZONE_MAX_LEN: Final = 64
 
@@ -327,7 +328,8 @@ class Ticked:
 class KeyClaim:
     """ADDJOB ... KEY DEDUP on a node that is not the key's home: may `job`
     hold (queue, key) for `hold` ms (`active`: until it is acknowledged, at
-    most that)?  The home (core/keys.py) answers KEYCLAIMED."""
+    most that; `debounce`: DEBOUNCE, superseding the key's pending job)?
+    The home (core/keys.py) answers KEYCLAIMED."""
 
     ticket: int
     queue: bytes
@@ -335,6 +337,7 @@ class KeyClaim:
     job: bytes
     hold: int
     active: bool = False
+    debounce: bool = False
 
 
 @dataclass(frozen=True, slots=True)

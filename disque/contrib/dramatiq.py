@@ -13,9 +13,11 @@ worker's memory:
   <queue>.XQ`, Dramatiq's dead-letter name.  A message's `broker_priority`
   option (as RabbitMQ's broker takes it: higher first) is the job's
   `PRIORITY`, held to 0-9; without it the job takes its queue's default.
-  Its `key` and `dedup` options are ADDJOB's KEY and DEDUP (docs/keys.md:
-  `send_with_options(args=..., key="order-42", dedup=60000)` adds nothing
-  while a job of that key holds it).
+  Its `key`, `dedup` and `debounce` options are ADDJOB's KEY, DEDUP and
+  DEBOUNCE (docs/keys.md: `send_with_options(args=..., key="order-42",
+  dedup=60000)` adds nothing while a job of that key holds it; with
+  `debounce=500` the key's last message runs 500 ms after it was sent,
+  the earlier ones of the burst never).
 * A consumer reads with GETJOB COUNT n WITHCOUNTERS on a connection of its
   own (named `dramatiq:<host>:<pid>:<queue>` for CLIENT LIST), n being the
   room the worker's prefetch leaves (its messages not yet acked or nacked),
@@ -30,14 +32,36 @@ worker's memory:
   job's dead letter in `<queue>.XQ` show).
 * `ack` is ACKJOB.  `nack` (the retries are exhausted, or the actor's
   `throws` matched) is NACK when the delivery was the job's last attempt:
-  the server moves it to `<queue>.XQ`; before that (`throws`), the broker
-  adds the message to `<queue>.XQ` itself and acknowledges the job (both
-  in one write: a pipeline).
+  the server moves it to `<queue>.XQ`; before that (`throws`), or when the
+  `Results` middleware keeps the exception as the message's result, the
+  broker adds the message to `<queue>.XQ` itself and acknowledges the job
+  (with that result; both in one write: a pipeline).
 * `requeue` (prefetched messages a stopping worker did not run) is ENQUEUE,
   as is `close` for the jobs fetched but not handed out yet.
 * An actor's `queue_rate` ("100/s", "20/m", "500/h") and
   `queue_concurrency` options become its queue's cluster-wide limits
   (QCONFIG SET, docs/limits.md) when a worker starts consuming the queue.
+
+Results (docs/workflows.md), with no second store: `DisqueBackend` is a
+Dramatiq result backend over the cluster's own results.  A result (or the
+exception, as Dramatiq wraps it), encoded by Dramatiq's encoder, rides on
+the job's acknowledgement (ACKJOB <id> RESULT <bytes>, at most 16 KiB);
+`message.get_result()` reads it with RESULT, and `block=True` waits on the
+server with WAITJOB ... WITHRESULTS (no polling).  A result is the job's,
+so the broker remembers which job each message it enqueued became: in the
+message `enqueue` returns (its `disque_job_id` option) and, for the
+messages a pipeline or a group enqueued through it, in the broker itself
+(the last `JOB_IDS` of them).
+* A `pipeline` is added whole when its first message is enqueued: each
+  next message an ADDJOB ... AFTER the one before (ON-PARENT-FAIL drop: a
+  step that expires drops the rest), its `pipe_target` taken off so
+  Dramatiq's own `Pipelines` middleware adds nothing.  The
+  step's consumer reads the parent's result (`Client.parent_results`) and
+  appends it to the message's arguments, unless `pipe_ignore`; a failed
+  step's exception is its result (even without `Results`), and the steps
+  after it are acknowledged with it, unrun.  So
+  `pipeline.get_result()` and `group.get_results()` find every job.
+* A group's completion callbacks are not mapped (docs/workflows.md).
 
 Every command about a delivered job goes to the node that delivered the
 job, on a second connection of the consumer: Dramatiq's worker threads
@@ -50,18 +74,30 @@ commands).
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from typing import Any
 
 from dramatiq.broker import Broker, Consumer, MessageProxy
 from dramatiq.common import xq_name
-from dramatiq.message import Message
+from dramatiq.message import Message, get_encoder
 from dramatiq.middleware import Middleware, Retries
+from dramatiq.results import ResultBackend, ResultFailure, ResultMissing, Results, ResultTimeout
+from dramatiq.results.backend import DEFAULT_TIMEOUT, Result
+from dramatiq.results.result import unwrap_result, wrap_exception, wrap_result
 
 from disque.client import Client, Job, connection_name
+from disque.client.worker import MAX_RESULT_BYTES
+
+log = logging.getLogger(__name__)
+
+JOB_IDS = 100_000  # messages whose job ID the broker remembers (those a pipeline or group enqueued)
+JOB_ID = "disque_job_id"  # the option of a message `enqueue` returns: its job's ID
+PIPED = "disque_piped"  # the option of a pipeline's next message: it reads the previous one's result
+PIPES = "disque_pipes"  # the option of a pipeline's message a next one waits for: its result is kept
 
 
 class DisqueBroker(Broker):
@@ -70,10 +106,13 @@ class DisqueBroker(Broker):
     def __init__(self, nodes: Any = "127.0.0.1:7711", *, middleware: list[Middleware] | None = None, **client_options: Any) -> None:
         super().__init__(middleware=middleware)
         self.add_middleware(QueueLimits())
+        self.add_middleware(PipeResults())
         self.nodes = nodes
         self.client_options = client_options
         self.queues: set[str] = set()
         self._local = threading.local()  # one producer connection per thread
+        self._job_ids: OrderedDict[str, str] = OrderedDict()  # message ID -> job ID, the last JOB_IDS enqueued
+        self._job_ids_lock = threading.Lock()
 
     @property
     def client(self) -> Client:
@@ -92,6 +131,14 @@ class DisqueBroker(Broker):
         limit = message.options.get("max_retries", actor.options.get("max_retries", retries.max_retries))
         return None if limit is None else limit + 1
 
+    def stores_results(self, message: Message | MessageProxy) -> bool:
+        """Whether a `Results` middleware over a `DisqueBackend` keeps this message's result."""
+        for middleware in self.middleware:
+            if isinstance(middleware, Results) and isinstance(middleware.backend, DisqueBackend):
+                actor = self.get_actor(message.actor_name)
+                return bool(message.options.get("store_results", actor.options.get("store_results", middleware.store_results)))
+        return False
+
     def declare_queue(self, queue_name: str) -> None:
         if queue_name not in self.queues:
             self.emit_before("declare_queue", queue_name)
@@ -103,16 +150,45 @@ class DisqueBroker(Broker):
         if isinstance(message, _Delivery):
             message.retry_in = math.ceil((delay or 0) / 1000)  # the consumer NACKs the job with it
         else:
-            attempts = self.max_attempts(message)
-            priority = message.options.get("broker_priority")
-            self.client.add_job(
-                message.queue_name, message.encode(), delay=math.ceil(delay / 1000) if delay else None,
-                max_attempts=attempts, dead_letter=xq_name(message.queue_name) if attempts else None,
-                priority=None if priority is None else min(9, max(0, int(priority))),
-                key=message.options.get("key"), dedup=message.options.get("dedup"),
-            )  # fmt: skip
+            target = message.options.get("pipe_target")
+            job_id = self._add(message.copy(options={"pipe_target": None, PIPES: True}) if target else message, delay)
+            previous, message = message, message.copy(options={JOB_ID: job_id})
+            while target is not None:  # the rest of a pipeline, each step AFTER the one before
+                step: Message = Message(**target)
+                target = step.options.get("pipe_target")
+                ignore = step.options.get("pipe_ignore") or (  # (as Dramatiq's Pipelines decides it)
+                    previous.actor_name in self.actors and self.get_actor(previous.actor_name).options.get("pipe_ignore")
+                )
+                step = step.copy(options={"pipe_target": None, "pipe_ignore": bool(ignore), PIPED: True, PIPES: target is not None})
+                job_id = self._add(step, step.options.get("delay"), after=[job_id])
+                previous = step
         self.emit_after("enqueue", message, delay)
         return message
+
+    def _add(self, message: Message, delay: int | None, after: list[str] | None = None) -> str:
+        """ADDJOB of `message` (AFTER `after`, dropped if that one expires); its job ID, remembered."""
+        attempts = self.max_attempts(message)
+        priority = message.options.get("broker_priority")
+        job_id = self.client.add_job(
+            message.queue_name, message.encode(), delay=math.ceil(delay / 1000) if delay else None,
+            max_attempts=attempts, dead_letter=xq_name(message.queue_name) if attempts else None,
+            priority=None if priority is None else min(9, max(0, int(priority))),
+            key=message.options.get("key"), dedup=message.options.get("dedup"),
+            debounce=message.options.get("debounce"), after=after or (), on_parent_fail="drop" if after else None,
+        )  # fmt: skip
+        with self._job_ids_lock:
+            self._job_ids[message.message_id] = job_id.id
+            if len(self._job_ids) > JOB_IDS:
+                self._job_ids.popitem(last=False)
+        return job_id.id
+
+    def job_id(self, message: Message | MessageProxy) -> str | None:
+        """The ID of the job `message` became, if known here (`enqueue`'s message, or remembered)."""
+        known = message.options.get(JOB_ID)
+        if known is None:
+            with self._job_ids_lock:
+                known = self._job_ids.get(message.message_id)
+        return known
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 30000) -> Consumer:
         words = [
@@ -131,6 +207,59 @@ class DisqueBroker(Broker):
         return set()  # delays are the server's (ADDJOB DELAY, NACK DELAY)
 
 
+class DisqueBackend(ResultBackend):
+    """Dramatiq's result backend over the cluster's results (ACKJOB ...
+    RESULT, RESULT, WAITJOB ... WITHRESULTS): `Results(backend=DisqueBackend(broker))`.
+    Results are kept for the server's `result-ttl`, not Dramatiq's
+    `result_ttl`; one over 16 KiB is not kept (a warning says so)."""
+
+    def __init__(self, broker: DisqueBroker, **options: Any) -> None:
+        super().__init__(**options)
+        self.broker = broker
+
+    def store_result(self, message: Message | MessageProxy, result: Result, ttl: int) -> None:
+        _keep(message, wrap_result(result))
+
+    def store_exception(self, message: Message | MessageProxy, exception: Exception, ttl: int) -> None:
+        _keep(message, wrap_exception(exception))
+
+    def get_result(self, message: Message | MessageProxy, *, block: bool = False, timeout: int | None = None) -> Result:
+        job_id = self.broker.job_id(message)
+        if job_id is None:
+            raise ResultMissing(message)
+        client = self.broker.client
+        if block:
+            acked, (found,) = client.wait_results(job_id, timeout_ms=timeout or DEFAULT_TIMEOUT)
+            if not acked:
+                raise ResultTimeout(message)
+        else:
+            found = client.result(job_id)
+        if found is None:
+            raise ResultMissing(message)
+        return self.unwrap_result(get_encoder().decode(found))
+
+
+def _keep(message: Message | MessageProxy, wrapped: Any) -> None:
+    """Hold `wrapped` for the delivery's acknowledgement (the first one kept wins, as on the server)."""
+    if not isinstance(message, _Delivery) or message.result is not None:
+        return
+    encoded = get_encoder().encode(wrapped)
+    if len(encoded) > MAX_RESULT_BYTES:
+        log.warning("the result of message %s is not kept: %d bytes, over %d", message.message_id, len(encoded), MAX_RESULT_BYTES)
+        return
+    message.result = encoded
+
+
+class PipeResults(Middleware):
+    """Keeps the result of a message a pipeline's next step waits for
+    (`DisqueBroker.enqueue` added it AFTER this one), whether or not the
+    actor stores results."""
+
+    def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None, exception: BaseException | None = None) -> None:
+        if exception is None and message.options.get(PIPES):
+            _keep(message, wrap_result(result))
+
+
 class QueueLimits(Middleware):
     """Lets actors take `queue_rate` and `queue_concurrency` (DisqueBroker.consume sets them)."""
 
@@ -146,6 +275,7 @@ class _Delivery(MessageProxy):
         self.deliveries = deliveries
         self.retry_in: int | None = None  # set by a retry: NACK ... DELAY this many seconds
         self.error: BaseException | None = None  # what the actor raised, reported by the NACK
+        self.result: bytes | None = None  # the result (or exception) the acknowledgement carries
 
     def stuff_exception(self, exception: BaseException) -> None:
         # Kept until the NACK: the worker clears its own copy before the consumer settles the job.
@@ -181,16 +311,38 @@ class _Consumer(Consumer):
             return client
 
     def __next__(self) -> MessageProxy | None:
-        if not self._fetched:
-            room = max(1, self.prefetch - self._unsettled)
-            self._fetched.extend(self.client.get_jobs(self.queue_name, count=room, timeout_ms=self.timeout))
+        while True:
             if not self._fetched:
-                return None
-        job = self._fetched.popleft()
-        self._settled(-1)
-        message = Message.decode(job.body)
-        message.options["retries"] = job.nacks
-        return _Delivery(message, job.id, job.deliveries)
+                room = max(1, self.prefetch - self._unsettled)
+                self._fetched.extend(self.client.get_jobs(self.queue_name, count=room, timeout_ms=self.timeout))
+                if not self._fetched:
+                    return None
+            job = self._fetched.popleft()
+            message = Message.decode(job.body)
+            message.options["retries"] = job.nacks
+            step = self._piped(job.id, message) if message.options.get(PIPED) else message
+            if step is not None:
+                self._settled(-1)
+                return _Delivery(step, job.id, job.deliveries)
+
+    def _piped(self, job_id: str, message: Message) -> Message | None:
+        """A pipeline's step, the previous step's result appended to its
+        arguments (unless `pipe_ignore`); None when that step failed: this
+        one is then acknowledged with the same failure, unrun, and so on
+        down the pipeline, whose `get_result` raises `ResultFailure`."""
+        results = list(self.jobs_client.parent_results(job_id).values())
+        wrapped = results[0] if results else None
+        value = None if wrapped is None else get_encoder().decode(wrapped)
+        try:
+            unwrap_result(value)
+        except ResultFailure:
+            self.jobs_client.ack(job_id, result=wrapped)
+            return None
+        if message.options.get("pipe_ignore"):
+            return message
+        if wrapped is None:
+            log.warning("pipeline step %s: the previous step's result is not kept; None is passed", message.message_id)
+        return message.copy(args=(*message.args, value))
 
     def _settled(self, n: int) -> None:
         with self._jobs_lock:
@@ -201,7 +353,7 @@ class _Consumer(Consumer):
         message.error, error = None, message.error
         self._settled(1)
         if message.retry_in is None:
-            self.jobs_client.ack(message.job_id)
+            self.jobs_client.ack(message.job_id, result=message.result)
         else:
             self.jobs_client.nack(message.job_id, delay=message.retry_in or None, error=error)
 
@@ -209,11 +361,14 @@ class _Consumer(Consumer):
         assert isinstance(message, _Delivery)
         message.error, error = None, message.error
         self._settled(1)
+        # Results keeps the exception only after the nack, too late; a pipeline's next step reads it to end there.
+        if self.broker.stores_results(message) or message.options.get(PIPES):
+            _keep(message, wrap_exception(error or Exception("unknown")))
         attempts = self.broker.max_attempts(message)
-        if attempts is not None and message.deliveries >= attempts:
+        if attempts is not None and message.deliveries >= attempts and message.result is None:
             self.jobs_client.nack(message.job_id, error=error)  # the last attempt: the server dead-letters it
         else:
-            self.jobs_client.pipeline().add_job(xq_name(self.queue_name), message.encode()).ack(message.job_id).execute()
+            self.jobs_client.pipeline().add_job(xq_name(self.queue_name), message.encode()).ack(message.job_id, result=message.result).execute()
 
     def requeue(self, messages: Iterable[MessageProxy]) -> None:
         ids = [m.job_id for m in messages if isinstance(m, _Delivery)]

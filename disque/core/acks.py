@@ -33,6 +33,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from disque.cluster import messages as m
+from disque.core.types import Status
 from disque.store.aof import RESULT, encode_record
 from disque.store.ids import ttl_minutes
 from disque.store.job import ACK, Job, State
@@ -186,6 +187,8 @@ class Acks:
         job = life.jobs.get(msg.id)
         if job is not None:
             self.waits.settle_waits(msg.id, msg.acked)  # a FASTACK or the end of a GC; or not (dead-lettered, aborted)
+            if not msg.acked and job.rare is not None and job.rare.key:  # a DEBOUNCE job superseded (core/keys.py):
+                self.out.answer_producer(msg.id, Status(msg.id))  # a producer waiting for its copies was answered
             life.finished(job, msg.acked)
             life.delete_job(job)
         life.collected.remember(msg.id, life.now, msg.acked)

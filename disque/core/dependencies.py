@@ -24,11 +24,12 @@ the node that served it.
 
 Resolving: an acknowledged parent leaves the child's list; once the list is
 empty the child is released (and logged again, without parents, so that a
-restart does not hold it again).  The holder first in the child's order
-(core/homes.py, among its holders seen up) queues it now; the others set a
-RETRY requeue timer as any replica's copy has, so it is queued once in a
-connected cluster and at least once under faults (a creator still waiting
-for its copies queues it when they are made).  A parent that fails applies
+restart does not hold it again).  Its creator, when it is among its holders
+seen up, else the holder first in the child's order (core/homes.py, among
+those) queues it now; the others set a RETRY requeue timer as any
+replica's copy has, so it is queued once in a connected cluster and at
+least once under faults (a creator still waiting for its copies queues it
+when they are made, so that no copy runs before its ADDJOB is answered).  A parent that fails applies
 ON-PARENT-FAIL: `run` takes it as acknowledged, `drop` deletes every copy
 (each holder its own), `fail` dead-letters the child at that first holder
 (the move deletes the other copies) and the others drop theirs.
@@ -46,8 +47,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from disque.cluster import messages as m
-from disque.core.homes import home
+from disque.core.homes import score
 from disque.store.failure import Failure
+from disque.store.ids import node_prefix
 from disque.store.job import BCAST_WILLQUEUE, Job, State
 
 if TYPE_CHECKING:
@@ -178,7 +180,13 @@ class Dependencies:
         ]
 
     def _first(self, child: Job) -> bool:
-        """Whether this node comes first among the child's holders it sees up."""
+        """Whether this node comes first among the child's holders it sees
+        up: its creator when it is one of them (a creator still waiting for
+        the copies queues it once they are made: a copy queued elsewhere
+        could run, and be acknowledged, before its ADDJOB is answered),
+        else the first in the child's order."""
         life = self.life
         holders = [n for n in life.membership.up_ids() if n in child.nodes_delivered]
-        return not holders or home(child.id, holders) == life.membership.my_id
+        creator = node_prefix(child.id)
+        first = min(holders, key=lambda n: (not n.startswith(creator), score(child.id, n)), default=life.membership.my_id)
+        return first == life.membership.my_id

@@ -8,7 +8,8 @@ jobs by state are counted by walking the job table (O(jobs), a few ms per
 100,000 jobs), the rest is O(queues + nodes); the metrics endpoint caps
 the queues and groups it shows in detail (`max_queues`, `group_figures`);
 the dashboard's clients and dead letters are capped too (`client_figures`,
-`dead_letter_figures`).
+`dead_letter_figures`), and so are the queues whose keys are shown
+(`key_figures`: O(keys) for those).
 INFO keeps its own text sections (protocols/resp/admin.py); the names here
 follow them where they overlap.
 """
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from disque.core.types import Connection
 
 BODY_PREVIEW = 120  # bytes of a dead letter's body in its figures
+MAX_KEY_QUEUES = 100  # queues whose keys are shown (the most keyed jobs first) ...
+TOP_KEYS = 5  # ... each with this many of its busiest keys: at most 500 key series on /metrics
 
 
 def node_figures(node: NodeCore, max_queues: int | None = None) -> dict[str, Any]:
@@ -77,12 +80,27 @@ def node_figures(node: NodeCore, max_queues: int | None = None) -> dict[str, Any
         ],
         "schedules": dict(node.schedules.info_fields()),
         "keys": dict(node.keys.info_fields()),
+        "key_list": key_figures(node),
         "workflows": dict(node.deps.info_fields() + node.batches.info_fields()),
         "schedule_list": schedule_figures(node),
         "limits": dict(node.limits.info_fields()),
         "limit_list": node.limits.figures(),
         **queues_figures(node, max_queues),
     }
+
+
+def key_figures(node: NodeCore, max_queues: int = MAX_KEY_QUEUES, top: int = TOP_KEYS) -> list[dict[str, Any]]:
+    """The queues with keyed jobs queued here, at most `max_queues`, those
+    with the most keyed jobs (ties: the first in the queue table): the keys
+    with jobs queued, the keyed jobs, and the `top` busiest keys as [key,
+    jobs] (QKEYS's figures, store/queue.py `Fair.busiest`: one pass over
+    each queue's keys)."""
+    fairs = [(queue.name, queue.fair) for queue in node.queues.values() if queue.fair is not None and queue.fair.live]
+    out = []
+    for name, fair in heapq.nlargest(max_queues, fairs, key=lambda entry: entry[1].live):
+        keys, busiest = fair.busiest(top)
+        out.append({"queue": _text(name), "keys": keys, "jobs": fair.live, "busiest": [[_text(key), n] for key, n in busiest]})
+    return out
 
 
 def schedule_figures(node: NodeCore) -> list[dict[str, Any]]:

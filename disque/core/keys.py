@@ -23,6 +23,24 @@ without the hold, names a job that may exist: it ends nothing.)  The ACK
 of a keyed job (ACKJOB, FASTACK here) sends KEYDONE too, which ends a
 DEDUP ACTIVE hold.
 
+DEBOUNCE <ms> is a claim too, with no second mechanism: its job is added
+with a DELAY (queued <ms> after its ADDJOB on the node that makes it,
+core/lifecycle.py; its copies wait whole seconds more) and its hold is
+the key's *pending* job until it is due.  A DEBOUNCE claim that finds a
+pending job of the key (`_claim`) is granted all the same and supersedes
+it: the pending job is deleted on every node that may hold it, as FASTACK
+deletes (`_supersede`: DELJOB, not acknowledged; a producer still waiting
+for its copies gets its ID), so the key's last body runs, <ms> after its
+last ADDJOB.  A pending job already due has left the hold: the next claim
+starts a new burst.  The home remembers the jobs it superseded (in
+`collected`, as collected jobs are), so a copy of an old claim the bus
+delivers late supersedes nothing; a node that kept the record of a
+pending job and hears (KEYSET) that it was superseded while it could not
+hear of it (down, cut off) drops its own copy (`_drop_superseded`).  A
+DEBOUNCE claim waits for a home that reads it (FEATURE_DEBOUNCE); a DEDUP
+claim and a DEBOUNCE one do not supersede each other (the one holding the
+key answers).
+
 A home that does not answer within ASK_MS (gone, cut off, not linked, of
 an older version, or the claim lost) does not hold the producer longer:
 the job is added without the hold (`_unanswered`): at least once, never
@@ -50,12 +68,13 @@ from typing import TYPE_CHECKING, Any
 from disque.cluster import messages as m
 from disque.core import errors
 from disque.core.homes import home as home_of, ranked
-from disque.core.lifecycle import DEFAULT_TTL, default_retry
+from disque.core.lifecycle import DEFAULT_TTL, check_job_options, default_retry
 from disque.core.types import BLOCKED, Connection, Status, Waiter
 from disque.store import keyed
 from disque.store.aof import KEYHOLD, encode_record
 from disque.store.ids import new_job_id
-from disque.store.job_options import DEDUP_ACTIVE
+from disque.store.job import DELIVERED, State
+from disque.store.job_options import DEDUP_ACTIVE, debounce_problem
 from disque.store.keyed import KeyHold
 from disque.store.records import decode_alone
 
@@ -84,6 +103,7 @@ class _Ask:
     deadline: int
     hold: int  # ms (KEYCLAIM's)
     active: bool
+    debounce: bool
     sent: bool = False  # KEYCLAIM went to the home (else: it waits for a link to it)
 
 
@@ -98,12 +118,12 @@ class Keys:
         self.asks: dict[int, _Ask] = {}  # ticket -> the ADDJOB waiting for the home's answer
         self.abandoned: dict[int, tuple[bytes, int]] = {}  # ticket -> (the job never made, when to forget it)
         self.tickets = 0
-        self.hits = self.granted = self.unconfirmed = self.released = self.dropped = 0
+        self.hits = self.granted = self.unconfirmed = self.released = self.dropped = self.superseded = 0
 
     # ------------------------------------------------------------ ADDJOB
 
     def claim(self, client: Connection, queue: bytes, body: bytes, opts: JobOptions) -> Any:
-        """ADDJOB ... KEY DEDUP: the holder's ID (a duplicate), or the new
+        """ADDJOB ... KEY DEDUP|DEBOUNCE: the holder's ID (a duplicate), or the new
         job's reply, or BLOCKED while the key's home is asked."""
         life = self.life
         ttl = DEFAULT_TTL if opts.ttl is None else opts.ttl
@@ -111,12 +131,15 @@ class Keys:
         job_id = new_job_id(life.membership.my_id, life.rng, ttl, retry)
         opts = opts.with_job_id(job_id)
         active = opts.dedup == DEDUP_ACTIVE
-        hold = ttl * 1000 if active else opts.dedup
+        debounce = opts.debounce > 0
+        if debounce:  # refused before it supersedes anything
+            check_job_options(1, retry, opts.delay, ttl)  # type: ignore[arg-type]
+        hold = ttl * 1000 if active else opts.dedup or opts.debounce
         if self._home(queue, opts.key) == life.membership.my_id:
-            return self._answer(client, queue, body, opts, self._claim(queue, opts.key, job_id, hold, active))
+            return self._answer(client, queue, body, opts, self._claim(queue, opts.key, job_id, hold, active, debounce))
         self.tickets += 1
         waiter = self.waits.block(client, (), False, 0)  # its deadline is the ask's (`cron`)
-        ask = self.asks[self.tickets] = _Ask(client, waiter, queue, body, opts, life.now + ASK_MS, hold, active)
+        ask = self.asks[self.tickets] = _Ask(client, waiter, queue, body, opts, life.now + ASK_MS, hold, active, debounce)
         self._send(self.tickets, ask)
         return BLOCKED
 
@@ -137,11 +160,12 @@ class Keys:
         if home == life.membership.my_id:
             del self.asks[ticket]
             self.waits.drop_waiter(ask.waiter)
-            holder = self._claim(ask.queue, ask.opts.key, ask.opts.job_id, ask.hold, ask.active)  # type: ignore[arg-type]
+            holder = self._claim(ask.queue, ask.opts.key, ask.opts.job_id, ask.hold, ask.active, ask.debounce)  # type: ignore[arg-type]
             self._reply(ask, lambda: self._answer(ask.client, ask.queue, ask.body, ask.opts, holder))
-        elif home in life.membership.linked_ids(features=m.FEATURE_KEYS):
+        elif home in life.membership.linked_ids(features=m.FEATURE_KEYS | (m.FEATURE_DEBOUNCE if ask.debounce else 0)):
             ask.sent = True
-            self.out.send(home, m.KeyClaim(ticket, ask.queue, ask.opts.key, ask.opts.job_id, ask.hold, ask.active))  # type: ignore[arg-type]
+            msg = m.KeyClaim(ticket, ask.queue, ask.opts.key, ask.opts.job_id, ask.hold, ask.active, ask.debounce)  # type: ignore[arg-type]
+            self.out.send(home, msg)
 
     def _answer(self, client: Connection, queue: bytes, body: bytes, opts: JobOptions, holder: bytes) -> Any:
         """The ADDJOB's reply once the home said who holds the key."""
@@ -209,17 +233,40 @@ class Keys:
 
     # ------------------------------------------------------------ at the home
 
-    def _claim(self, queue: bytes, key: bytes, job: bytes, hold: int, active: bool) -> bytes:
-        """Decide a claim: the job that holds (queue, key) now."""
+    def _claim(self, queue: bytes, key: bytes, job: bytes, hold: int, active: bool, debounce: bool) -> bytes:
+        """Decide a claim: the job that holds (queue, key) now (DEBOUNCE's
+        `job`, superseding the key's pending one)."""
         now = self.life.now
+        if debounce and job in self.life.collected:  # a copy of the claim of a job superseded since: it changes nothing
+            return job
         known = self.holds.get(queue + b"\0" + key)
         if known is not None and known.holds(now):
-            return known.job
-        self._change(queue, key, known, job, now + hold, active)
+            if not (debounce and known.debounce) or known.job == job:  # (the same claim twice: the bus may copy one)
+                return known.job
+            self._supersede(known.job)
+        self._change(queue, key, known, job, now + hold, active, debounce)
         return job
 
+    def _supersede(self, job_id: bytes) -> None:
+        """Delete a pending DEBOUNCE job, a later one of its key granted: on
+        its holders if it is known here, else on every node linked (as
+        FASTACK does), not acknowledged; its producer, if it still waits for
+        the copies, gets its ID (core/acks.py does the same on a DELJOB)."""
+        life = self.life
+        self.superseded += 1
+        job = life.jobs.get(job_id)
+        life.collected.remember(job_id, life.now, False)  # a copy still on its way here is not kept, nor a claim's copy granted
+        if job is None:
+            self.out.broadcast(life.membership.linked_ids(), m.DelJob(job_id, acked=False))
+        else:
+            self.out.answer_producer(job_id, Status(job_id))
+            life.delete_everywhere(job)
+
     def on_key_claim(self, sender: str, msg: m.KeyClaim) -> None:
-        holder = self._claim(msg.queue, msg.key, msg.job, msg.hold, msg.active)
+        if msg.debounce and debounce_problem(True, msg.active, False) is not None:
+            self.dropped += 1  # (its producer's node adds the job without the hold once ASK_MS passed)
+            return
+        holder = self._claim(msg.queue, msg.key, msg.job, msg.hold, msg.active, msg.debounce)
         self.out.send(sender, m.KeyClaimed(msg.ticket, msg.queue, msg.key, holder))
 
     def done(self, job: Job, aborted: bool) -> None:
@@ -245,16 +292,18 @@ class Keys:
         known = self.holds.get(queue + b"\0" + key)
         if known is not None and known.job == job and known.holds(self.life.now) and (known.active or aborted):
             self.released += 1
-            self._change(queue, key, known, b"", known.until, False)  # kept as long as the hold would have been
+            self._change(queue, key, known, b"", known.until, False, False)  # kept as long as the hold would have been
 
-    def _change(self, queue: bytes, key: bytes, known: KeyHold | None, job: bytes, until: int, active: bool) -> None:
+    def _change(
+        self, queue: bytes, key: bytes, known: KeyHold | None, job: bytes, until: int, active: bool, debounce: bool
+    ) -> None:
         """A change made here (`job` holds the key until `until`; b"": none):
         stamped newer than the record it replaces (`known`), kept, and sent
         to the key's standbys."""
         life = self.life
         membership = life.membership
         version = life.now if known is None else max(life.now, known.version + 1)
-        h = KeyHold(queue, key, version, membership.my_id, job, until, active)
+        h = KeyHold(queue, key, version, membership.my_id, job, until, active, debounce)
         self._keep(h)
         alone = len(membership.nodes) == 1
         readers = [] if alone else membership.linked_ids(features=m.FEATURE_KEYS)  # (the others get it when they link up)
@@ -284,8 +333,22 @@ class Keys:
 
     def on_key_set(self, sender: str, msg: m.KeySet) -> None:
         h = self._checked(msg.record, f"from {sender}")
-        if h is not None and h.newer(self.holds.get(h.name)):
+        if h is not None and h.newer(known := self.holds.get(h.name)):
+            if known is not None and known.debounce and known.job != h.job and h.version < known.until:
+                self._drop_superseded(known.job)
             self._keep(h)
+
+    def _drop_superseded(self, job_id: bytes) -> None:
+        """A pending DEBOUNCE job this node held the record of was superseded
+        while it could not hear of it (it was down, or cut off): its copy
+        here goes too, unless it was queued or handed out here meanwhile
+        (then it was due: the homes' clocks may disagree, and a run is not
+        taken back).  The other copies were the home's to delete."""
+        life = self.life
+        job = life.jobs.get(job_id)
+        if job is not None and job.state == State.ACTIVE and not job.flags & DELIVERED:
+            life.finished(job, False)
+            life.delete_job(job)
 
     def _checked(self, record: bytes, source: str) -> KeyHold | None:
         """The record decoded; None for a bad one, dropped alone (logged and counted)."""
@@ -321,7 +384,8 @@ class Keys:
         return [
             ("keys_held", sum(h.holds(now) for h in self.holds.values())), ("keys_waiting", len(self.asks)),
             ("dedup_hits", self.hits), ("dedup_granted", self.granted), ("dedup_unconfirmed", self.unconfirmed),
-            ("dedup_released", self.released), ("key_records_dropped", self.dropped),
+            ("dedup_released", self.released), ("debounce_superseded", self.superseded),
+            ("key_records_dropped", self.dropped),
         ]  # fmt: skip
 
 

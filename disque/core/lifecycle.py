@@ -578,6 +578,8 @@ class Lifecycle:
             job.set_attempts(opts.max_attempts, queue + b"-dead" if opts.dead_letter is None else opts.dead_letter)
         if opts.key:
             job.key = opts.key
+            if opts.debounce:  # queued `debounce` ms from now here; the copies wait its DELAY, whole seconds (core/keys.py)
+                job.qtime = now + opts.debounce
         workflow = opts.workflow
         if workflow is not None:
             if workflow.after:

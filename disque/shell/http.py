@@ -53,8 +53,9 @@ What one client can cost is bounded:
   same object for every client, so a client that does not read holds no
   memory of its own;
 * the figures are read from the core on the event loop (capped: at most
-  MAX_QUEUE_SERIES queues in detail, the longest, and MAX_GROUP_SERIES
-  consumer groups, with totals for the rest), rendered (Prometheus text and
+  MAX_QUEUE_SERIES queues in detail, the longest, MAX_GROUP_SERIES
+  consumer groups, with totals for the rest, and the TOP_KEYS busiest keys
+  of at most MAX_KEY_QUEUES queues, core/figures.py), rendered (Prometheus text and
   JSON) in a worker thread so that the loop is not held meanwhile, and the
   result is shared by every request for CACHE_SECONDS, or 20 times what
   the last rendering took if that is longer (the port spends at most about
@@ -98,7 +99,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from disque.core import errors
 from disque.core.errors import DisqueError
-from disque.core.figures import client_figures, dead_letter_figures, group_figures, node_figures
+from disque.core.figures import TOP_KEYS, client_figures, dead_letter_figures, group_figures, node_figures
 from disque.core.lifecycle import SLICE
 from disque.core.node import NodeCore
 from disque.core.rate_history import merge
@@ -266,7 +267,9 @@ class NodeCollector:
         counter("dedup_unconfirmed", "ADDJOB ... DEDUP added without a hold: the key's home did not answer in time.",
                 keys["dedup_unconfirmed"])  # fmt: skip
         counter("dedup_released", "Holds ended early: a DEDUP ACTIVE job acknowledged, or an ADDJOB that failed.", keys["dedup_released"])
+        counter("debounce_superseded", "DEBOUNCE jobs deleted at their key's home, a later one of the key granted.", keys["debounce_superseded"])
         counter("key_records_dropped", "Key records from the bus or the AOF that broke a rule, dropped alone.", keys["key_records_dropped"])
+        out += self._keys(fig["key_list"])
         lim = fig["limits"]  # INFO limits (docs/limits.md)
         gauge("limited_queues", "Queues with a cluster-wide rate or concurrency limit.", lim["limited_queues"])
         counter("limit_records_dropped", "Limits records from the bus or the AOF that broke a rule, dropped alone.",
@@ -302,6 +305,21 @@ class NodeCollector:
             for key, family in families.items():
                 family.add_metric([row["queue"]], row[key])
         return list(families.values())
+
+    @staticmethod
+    def _keys(rows: list[dict[str, Any]]) -> list[Metric]:
+        """The queues with keyed jobs queued here (at most MAX_KEY_QUEUES): their keys, and their TOP_KEYS busiest."""
+        keys = GaugeMetricFamily("disque_queue_keys", "Keys with jobs queued here in the queue (ADDJOB ... KEY).", labels=["queue"])
+        jobs = GaugeMetricFamily("disque_queue_keyed_jobs", "Keyed jobs queued here in the queue.", labels=["queue"])
+        busiest = GaugeMetricFamily(
+            "disque_queue_key_jobs", f"Jobs queued here of each of the queue's {TOP_KEYS} busiest keys.", labels=["queue", "key"]
+        )
+        for row in rows:
+            keys.add_metric([row["queue"]], row["keys"])
+            jobs.add_metric([row["queue"]], row["jobs"])
+            for key, n in row["busiest"]:
+                busiest.add_metric([row["queue"], key], n)
+        return [keys, jobs, busiest]
 
     @staticmethod
     def _groups(status: list[tuple[bytes, int, list[Any]]]) -> list[Metric]:

@@ -94,12 +94,14 @@ class Rare:
     collector's attempts so far; `key`, ADDJOB KEY (docs/keys.md);
     `parents`, the jobs not yet acknowledged that ADDJOB ... AFTER holds
     this one for, and `on_parent_fail`, what a parent that fails does to it
-    (core/dependencies.py); `batch`, the batch ADDJOB ... BATCH put it in
+    (core/dependencies.py); `after`, every parent AFTER named, kept once
+    they are acknowledged (SHOW: a child reads its parents' results);
+    `batch`, the batch ADDJOB ... BATCH put it in
     (core/batches.py)."""
 
     __slots__ = (
         "delay", "nacks", "max_attempts", "dead_letter", "origin", "failure", "gc_retry", "key", "parents",
-        "on_parent_fail", "batch",
+        "on_parent_fail", "batch", "after",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -114,6 +116,7 @@ class Rare:
         self.parents: tuple[bytes, ...] = ()
         self.on_parent_fail = 0
         self.batch = b""
+        self.after: tuple[bytes, ...] = ()
 
 
 class Job:
@@ -146,6 +149,7 @@ class Job:
         parents: tuple[bytes, ...] = (),
         on_parent_fail: int = 0,
         batch: bytes = b"",
+        after: tuple[bytes, ...] = (),
     ) -> None:
         self.id = id
         self.queue = queue
@@ -173,6 +177,8 @@ class Job:
             self._rare().failure = failure
         if key:
             self._rare().key = key
+        if after:
+            self._rare().after = after
         if parents:
             self.hold(parents, on_parent_fail)
         if batch:
@@ -244,6 +250,11 @@ class Job:
         return self.rare.parents if self.rare is not None else ()
 
     @property
+    def after(self) -> tuple[bytes, ...]:
+        """Every parent ADDJOB ... AFTER named, those acknowledged included."""
+        return self.rare.after if self.rare is not None else ()
+
+    @property
     def on_parent_fail(self) -> int:
         return self.rare.on_parent_fail if self.rare is not None else 0
 
@@ -259,6 +270,8 @@ class Job:
     def hold(self, parents: tuple[bytes, ...], on_parent_fail: int) -> None:
         rare = self._rare()
         rare.parents, rare.on_parent_fail = parents, on_parent_fail
+        if not rare.after:  # the first hold names them all
+            rare.after = parents
 
     def set_attempts(self, max_attempts: int, dead_letter: bytes) -> None:
         rare = self._rare()
@@ -289,6 +302,7 @@ class Job:
             "deliv": self.deliv, "queue": self.queue, "body": self.body, "nodes_delivered": self.nodes_delivered,
             "max_attempts": self.max_attempts, "dead_letter": self.dead_letter, "origin": self.origin,
             "parents": self.parents, "on_parent_fail": self.on_parent_fail, "batch": self.batch,
+            "after": self.after,
         }  # fmt: skip
 
     def move(self, event: str) -> None:

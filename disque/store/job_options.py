@@ -43,6 +43,7 @@ class JobOptions:
         key: bytes = b"",  # KEY (docs/keys.md; b"": none), within store/job.py's key rule
         dedup: int = 0,  # DEDUP <ms>: the key held by the job that long (core/keys.py; 0: none, DEDUP_ACTIVE)
         workflow: Workflow | None = None,  # AFTER, ON-PARENT-FAIL, BATCH (one field: a plain job pays for one)
+        debounce: int = 0,  # DEBOUNCE <ms>: queued that long after the key's last ADDJOB (core/keys.py; 0: none)
     ) -> None:
         self.timeout = timeout
         self.repl = repl
@@ -60,13 +61,28 @@ class JobOptions:
         self.key = key
         self.dedup = dedup
         self.workflow = workflow
+        self.debounce = debounce
 
     def with_job_id(self, job_id: bytes) -> JobOptions:
         """The same options for a job whose ID is `job_id`."""
         return JobOptions(
             self.timeout, self.repl, self.ttl, self.retry, self.delay, self.maxlen, self.is_async, self.max_attempts,
             self.dead_letter, self.zones, self.priority, self.minrepl, job_id, self.key, self.dedup, self.workflow,
+            self.debounce,
         )
+
+
+def debounce_problem(key: bool, dedup: bool, delay: bool) -> str | None:
+    """The one rule DEBOUNCE is checked by, in ADDJOB (with KEY, without
+    DEDUP or DELAY), a KEYCLAIM and a KEYHOLD record (never with DEDUP
+    ACTIVE): the error text, None when it holds (docs/keys.md)."""
+    if not key:
+        return "DEBOUNCE needs KEY"
+    if dedup:
+        return "DEBOUNCE and DEDUP can't be used together"
+    if delay:
+        return "DEBOUNCE and DELAY can't be used together"
+    return None
 
 
 @dataclass(frozen=True, slots=True)

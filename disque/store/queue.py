@@ -217,6 +217,13 @@ class Fair:
         self.live -= 1
         self.lanes[job.key].discard()
 
+    def busiest(self, count: int) -> tuple[int, list[tuple[bytes, int]]]:
+        """How many keys have jobs queued, and the `count` of them with the
+        most (ties: by key), each with its count: one pass over the keys,
+        none over the jobs (QKEYS, docs/keys.md "Watching keys")."""
+        waiting = [(-lane.live, key) for key, lane in self.lanes.items() if lane.live]  # sorted as they are: no key function
+        return len(waiting), [(key, -minus) for minus, key in heapq.nsmallest(count, waiting)]
+
     def oldest(self) -> Iterator[Job]:
         return heapq.merge(*(lane.oldest() for lane in self.lanes.values()), key=_key)
 

@@ -492,6 +492,7 @@ _DEPENDS: _Fields = (
     _Field("parents", "pa", _ListOf(_job_id), default=()),
     _Field("on_parent_fail", "pf", _IntIn(0, 2), default=0),
     _Field("batch", "bt", _bytes, default=b""),  # ADDJOB ... BATCH (core/batches.py)
+    _Field("after", "af", _ListOf(_job_id), default=()),  # every parent AFTER named, kept after the release
 )
 _WIRE_JOB: _Fields = _JOB_COMMON + (
     _Field("ttl", "tl", _IntIn(1, _U64)), _Field("etime", "et", _UINT), _PRIORITY, _FAILURE, _KEY, *_DEPENDS
@@ -543,7 +544,8 @@ def _new_job(f: Any, etime: int) -> Job:
     compiled Job parses keywords at twice the cost of the whole call."""
     return Job(f["id"], f["queue"], f["body"], f["state"], f["flags"], f["repl"], etime, f["ctime"], f["delay"],
                f["retry"], f["nacks"], f["deliv"], f["nodes_delivered"], f["max_attempts"], f["dead_letter"],
-               f["origin"], f["priority"], f["failure"], f["key"], f["parents"], f["on_parent_fail"], f["batch"])  # fmt: skip
+               f["origin"], f["priority"], f["failure"], f["key"], f["parents"], f["on_parent_fail"], f["batch"],
+               f["after"])  # fmt: skip
 
 
 def job_to_storage(job: Job) -> dict[str, Any]:

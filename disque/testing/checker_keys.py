@@ -1,5 +1,6 @@
-"""The checkers of keyed jobs (docs/keys.md): one job per key (DEDUP), and
-one job of a key out at a time, in order (an ordered queue).
+"""The checkers of keyed jobs (docs/keys.md): one job per key (DEDUP), one
+job of a key out at a time, in order (an ordered queue), and one run per
+burst with the last body (DEBOUNCE).
 
 Theory of operation: a harness that adds jobs with `KEY <key> DEDUP <ms>`
 (the in-process simulation, tests/sim/workload_keys.py) records, in the
@@ -40,6 +41,23 @@ before an older one of its key (answered) was; `ordered_lost`: answered
 jobs never delivered.  Valid when `two_out_outside` and `ordered_lost`
 are 0: creation order is kept among a key's jobs queued on one node, not
 across nodes (docs/keys.md), so the order breaks are counted, not judged.
+
+`check_debounce` judges DEBOUNCE bursts: `debounce` records are ADDJOB ...
+KEY DEBOUNCE <debounce_ms> (the invoke's `value` {"key", "seq"}: a key's
+ADDJOBs are one burst, each sent within the window of the one before,
+`seq` counting from 0; `ok` the ID, anything else `info`), its deliveries
+`take` records whose `body` is DEBOUNCE and `value` the job's body
+(`<key>:<seq>`).  A key's span runs from its first ADDJOB sent to
+`debounce_ms` after its last answered; *outside* when it meets no fault
+window.  A key *runs* each job of it delivered (distinct IDs; a RETRY's
+redelivery of one job is not another run).  The counts: `bursts`,
+`bursts_outside`, `debounce_adds`, `runs`; `extra_outside` / `extra_inside`:
+the runs of a key beyond its first; `stale_outside` / `stale_inside`: a key
+whose runs do not include its last ADDJOB's body (the last answered `ok`);
+`early_outside`: a run delivered before `debounce_ms` after the last
+ADDJOB of its key sent before it; `burst_lost`: a key whose last ADDJOB was
+answered `ok` and nothing of it ran.  Valid when `extra_outside`,
+`stale_outside`, `early_outside` and `burst_lost` are 0.
 """
 
 from __future__ import annotations
@@ -50,7 +68,7 @@ from typing import Any
 from disque.testing.checker import ACK, INVOKE, OK, Record, Result
 from disque.testing.checker_stats import fault_windows
 
-DEDUP, TAKE, ORDERED = "dedup", "take", "ordered"
+DEDUP, TAKE, ORDERED, DEBOUNCE = "dedup", "take", "ordered", "debounce"
 
 
 class KeysResult(Result):
@@ -75,7 +93,7 @@ def check_keys(history: Iterable[Record], *, settle_ms: int) -> KeysResult:
             spans[key][1] = r["time"]
             ids.setdefault(key, set()).add(r["job"])
             adds += 1
-        elif op == TAKE and kind == OK and r["body"] != ORDERED:
+        elif op == TAKE and kind == OK and r["body"] not in (ORDERED, DEBOUNCE):
             delivered.add(r["job"])
             deliveries += 1
     answered = set().union(*ids.values())
@@ -146,4 +164,59 @@ def check_ordered(history: Iterable[Record], *, settle_ms: int) -> OrderedResult
     result._note("order_outside", order[True])
     result._note("order_inside", order[False])
     result._note("ordered_lost", sorted(set(jobs) - set(first)))
+    return result
+
+
+class DebounceResult(Result):
+    INVALID = ("extra_outside", "stale_outside", "early_outside", "burst_lost")
+
+
+def check_debounce(history: Iterable[Record], *, settle_ms: int, debounce_ms: int) -> DebounceResult:
+    records = list(history)
+    faults = [(w["start"], w["stop"] + settle_ms) for w in fault_windows(records)]
+    adding: dict[Any, tuple[str, int, int]] = {}  # process -> the (key, seq, sent at) of its ADDJOB in flight
+    spans: dict[str, list[int]] = {}  # key -> [first sent, last answered + debounce_ms]
+    sent: dict[str, list[int]] = {}  # key -> when each of its ADDJOBs was sent
+    last: dict[str, tuple[int, bool]] = {}  # key -> (seq, answered ok) of its latest ADDJOB answered
+    runs: dict[str, dict[str, tuple[int, int]]] = {}  # key -> job ID -> (seq of its body, first delivery)
+    adds = 0
+    for r in records:
+        op, kind, t = r["op"], r["type"], r["time"]
+        if op == DEBOUNCE and kind == INVOKE:
+            key, seq = r["value"]["key"], r["value"]["seq"]
+            adding[r["process"]] = key, seq, t
+            spans.setdefault(key, [t, t + debounce_ms])
+            sent.setdefault(key, []).append(t)
+        elif op == DEBOUNCE:
+            key, seq, _ = adding.pop(r["process"])
+            adds += kind == OK
+            spans[key][1] = t + debounce_ms
+            if seq >= last.get(key, (-1, False))[0]:
+                last[key] = seq, kind == OK
+        elif op == TAKE and kind == OK and r["body"] == DEBOUNCE:
+            key, seq = r["value"].rsplit(":", 1)
+            runs.setdefault(key, {}).setdefault(r["job"], (int(seq), t))
+    outside = {key for key, (a, b) in spans.items() if not any(x <= b and y >= a for x, y in faults)}
+    found: dict[str, dict[bool, list[str]]] = {name: {True: [], False: []} for name in ("extra", "stale")}
+    early: list[str] = []
+    lost: list[str] = []
+    for key in spans:
+        ran = runs.get(key, {})
+        side = key in outside
+        found["extra"][side].extend([key] * (len(ran) - 1))
+        seq, ok = last.get(key, (-1, False))
+        if ran and ok and seq not in {s for s, _ in ran.values()}:
+            found["stale"][side].append(key)
+        if side and any(t < max((x for x in sent[key] if x <= t), default=t) + debounce_ms for _, t in ran.values()):
+            early.append(key)
+        if not ran and ok:
+            lost.append(key)
+    result = DebounceResult()
+    result.counts.update(bursts=len(spans), bursts_outside=len(outside), debounce_adds=adds,
+                         runs=sum(map(len, runs.values())))  # fmt: skip
+    for name in ("extra", "stale"):
+        result._note(f"{name}_outside", found[name][True])
+        result._note(f"{name}_inside", found[name][False])
+    result._note("early_outside", early)
+    result._note("burst_lost", lost)
     return result

@@ -176,13 +176,17 @@ class NodeProcess:
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                raise RuntimeError(f"node on port {self.port} exited with {self.proc.returncode}: {err}")
+                _, err = self.proc.communicate()  # (and closes its stderr pipe)
+                raise RuntimeError(f"node on port {self.port} exited with {self.proc.returncode}: {err.decode()}")
             try:
-                if command(self.host, self.port, "PING", timeout=1).startswith(b"+PONG"):
+                # Ours, not another run's node on a port both picked at once (it answers first, ours fails to bind).
+                if command(self.host, self.port, "PING", timeout=1).startswith(b"+PONG") and (
+                    f"process_id:{self.proc.pid}\r\n".encode() in command(self.host, self.port, "INFO", "server", timeout=1)
+                ):
                     return self
             except OSError:
-                time.sleep(0.02)
+                pass
+            time.sleep(0.02)
         raise RuntimeError(f"node on port {self.port} did not answer within {wait}s")
 
     @property

@@ -6,7 +6,7 @@ inside the faults."""
 from __future__ import annotations
 
 from disque.testing.checker import ACK, INFO, INVOKE, OK
-from disque.testing.checker_keys import DEDUP, ORDERED, TAKE, check_keys, check_ordered
+from disque.testing.checker_keys import DEBOUNCE, DEDUP, ORDERED, TAKE, check_debounce, check_keys, check_ordered
 from disque.testing.checker_stats import NEMESIS
 
 
@@ -76,3 +76,49 @@ def test_two_out_outside_and_a_lost_job_are_invalid_an_order_break_counted() -> 
     result = check_ordered(history, settle_ms=50)
     assert not result.valid
     assert result.problems == {"two_out_outside": ["a"], "order_outside": ["A1"], "ordered_lost": ["A2"]}
+
+
+def burst(time: int, key: str, jobs: list[str | None], process: int = 1) -> list[dict]:
+    """A key's DEBOUNCE burst: one ADDJOB every 100 ms, answered `ok` with its job (None: `info`)."""
+    out = []
+    for seq, job in enumerate(jobs):
+        t = time + 100 * seq
+        out.append(rec(t, process, DEBOUNCE, INVOKE, value={"key": key, "seq": seq}))
+        out.append(rec(t + 5, process, DEBOUNCE, OK, job) if job else rec(t + 5, process, DEBOUNCE, INFO, value="timeout"))
+    return out
+
+
+def ran(time: int, job: str, body: str) -> dict:
+    taken = rec(time, 3, TAKE, OK, job, body)
+    taken["body"] = DEBOUNCE
+    return taken
+
+
+def test_one_run_per_burst_with_the_last_body_outside_the_faults() -> None:
+    history = [
+        *burst(0, "a", ["A0", "A1", "A2"]), ran(1300, "A2", "a:2"), ran(4000, "A2", "a:2"),  # a redelivery: one run
+        *burst(2000, "b", ["B0", "B1"]), ran(3200, "B1", "b:1"),
+        *fault(5000, 6000), *burst(5100, "c", ["C0", "C1"]), ran(5500, "C0", "c:0"), ran(6200, "C1", "c:1"),
+        *burst(9000, "d", ["D0", None]), ran(10200, "D0", "d:0"),  # its last ADDJOB unanswered: its body may not run
+    ]  # fmt: skip
+    result = check_debounce(history, settle_ms=500, debounce_ms=1000)
+    assert result.valid, result.to_json()
+    assert result.counts == {
+        "bursts": 4, "bursts_outside": 3, "debounce_adds": 8, "runs": 5, "extra_outside": 0, "extra_inside": 1,
+        "stale_outside": 0, "stale_inside": 0, "early_outside": 0, "burst_lost": 0,
+    }  # fmt: skip
+
+
+def test_an_extra_run_a_stale_body_an_early_run_and_a_lost_burst_are_invalid() -> None:
+    history = [
+        *burst(0, "a", ["A0", "A1"]), ran(1200, "A0", "a:0"), ran(1300, "A1", "a:1"),
+        *burst(3000, "b", ["B0", "B1"]), ran(4500, "B0", "b:0"),
+        *burst(6000, "c", ["C0"]), ran(6500, "C0", "c:0"),
+        *burst(9000, "d", ["D0"]),
+        *fault(12000, 13000), *burst(12100, "e", ["E0", "E1"]), ran(13500, "E0", "e:0"),
+    ]  # fmt: skip
+    result = check_debounce(history, settle_ms=500, debounce_ms=1000)
+    assert not result.valid
+    assert result.problems == {
+        "extra_outside": ["a"], "stale_outside": ["b"], "early_outside": ["c"], "burst_lost": ["d"], "stale_inside": ["e"],
+    }  # fmt: skip

@@ -75,6 +75,7 @@ def jobs(draw: st.DrawFn) -> Job:
         parents=tuple(draw(st.lists(job_ids, unique=True, max_size=3))),
         on_parent_fail=draw(st.integers(0, 2)),
         batch=draw(st.sampled_from((b"", b"BT" + b"0" * 40))),
+        after=tuple(draw(st.lists(job_ids, unique=True, max_size=3))),  # a released child's: parents gone, after kept
     )
 
 
@@ -111,7 +112,7 @@ MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     Waiting: st.builds(Waiting, st.lists(st.builds(WaitEntry, blobs, uints), min_size=1, max_size=3).map(tuple)),
     SchedSet: st.builds(lambda name, body: SchedSet(schedule.encode(schedule.Schedule(b"n" + name, 1, "a", b"q", body, 1000))), blobs, blobs),
     Ticked: st.builds(Ticked, blobs, uints, node_ids),
-    KeyClaim: st.builds(KeyClaim, uints, blobs, blobs, job_ids, uints, st.booleans()),
+    KeyClaim: st.builds(KeyClaim, uints, blobs, blobs, job_ids, uints, st.booleans(), st.booleans()),
     KeyClaimed: st.builds(KeyClaimed, uints, blobs, blobs, job_ids),
     KeySet: st.builds(lambda key, job: KeySet(keyed.encode(keyed.KeyHold(b"q", b"k" + key, 1, "a", job, 2))), blobs, job_ids),
     KeyDone: st.builds(KeyDone, blobs, blobs, job_ids, st.booleans()),
@@ -634,6 +635,7 @@ BAD_JOB_FIELDS = [
     ("nodes_delivered", ("A" * 40,)),
     ("parents", (b"x" * 48,)),
     ("on_parent_fail", 3),
+    ("after", (b"x" * 48,)),
 ]
 
 

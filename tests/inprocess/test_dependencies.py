@@ -9,6 +9,7 @@ import pytest
 from disque.cluster import messages as m
 from disque.core.dependencies import DEPEND_EVERY_MS
 from disque.core.effects import AofAppend
+from disque.core.homes import home
 from disque.core.types import BLOCKED
 from disque.store.job_options import MAX_PARENTS
 
@@ -34,6 +35,7 @@ def test_a_chain_runs_one_job_after_the_other(env):
     assert env.s("ENQUEUE", b) == 0  # held: nothing queues it
     assert fetch_ack(env, result="ra") == a
     assert [env.state(x) for x in (b, c)] == ["queued", "active"] and "waits-for" not in env.show(b)
+    assert env.show(b)["after"] == [a] and env.show(c)["after"] == [b]  # kept once released
     assert env.s("RESULT", a) == b"ra"  # what b's consumer reads
     assert fetch_ack(env) == b
     assert env.state(c) == "queued"
@@ -134,7 +136,8 @@ def test_the_aof_keeps_a_child_held_until_its_release_is_logged(env):
         core, clock, _ = make_core()
         clock.ms = env.clock.ms
         replay(core, data)
-        assert Session(core).show(b).get("waits-for") == parents
+        shown = Session(core).show(b)
+        assert shown.get("waits-for") == parents and shown["after"] == [a]
         check_core(core)
 
 
@@ -158,7 +161,8 @@ def test_a_child_on_other_nodes_is_queued_once_when_its_parent_is_acknowledged_e
     mesh.advance(20_000)  # the other holders' RETRY timers: still queued once
     assert len(queued_on(mesh, child)) == 1
     (home,) = queued_on(mesh, child)
-    assert mesh.call(home, "RESULT", parent) == b"from the parent"
+    assert all(mesh.core(i).jobs.get(child).after == (parent,) for i in holders(mesh, child))  # the copies' too
+    assert dict(mesh.call(home, "SHOW", child))[b"after"] == [parent] and mesh.call(home, "RESULT", parent) == b"from the parent"
     for core in mesh.cores:
         check_core(core)
 
@@ -204,6 +208,45 @@ def test_a_child_whose_copies_are_being_made_is_queued_once_they_are():
     mesh.advance(3_000)
     child = added(mesh.reply(client))
     assert len(queued_on(mesh, child)) == 1
+
+
+def test_a_child_released_while_its_creator_waits_for_its_copies_runs_only_after_its_addjob_is_answered():
+    """Its creator queues it once the copies are made, even when another
+    holder comes first in its order: a copy queued before would run, and be
+    acknowledged, while ADDJOB still waits (and then fails, NOREPL)."""
+    mesh = formed(3)
+    ids = [mesh.my_id(i) for i in range(3)]
+    parent = added(mesh.reply(mesh.call(0, "ADDJOB", "q", "p", 0, "REPLICATE", 3)))
+    seen = {parent}
+    for _ in range(20):  # a child whose first holder is not its creator, node 1
+        mesh.lose_next(1, m.GotJob)  # its level is reached late
+        client = mesh.call(1, "ADDJOB", "kids", "c", 5000, "REPLICATE", 3, "RETRY", 60, "AFTER", parent)
+        (child,) = {job.id for job in mesh.core(2).jobs.values()} - seen
+        seen.add(child)
+        if home(child, ids) != ids[1]:
+            break
+    assert mesh.reply(client) is None and home(child, ids) != ids[1]
+    ((_, job_id, _),) = mesh.call(0, "GETJOB", "FROM", "q")
+    assert mesh.call(0, "ACKJOB", job_id) == 1
+    assert queued_on(mesh, child) == [] and mesh.reply(client) is None  # released, not queued: ADDJOB still waits
+    mesh.advance(3_000)
+    assert added(mesh.reply(client)) == child and queued_on(mesh, child) == [1]
+    mesh.advance(20_000)  # the other holders' RETRY timers: still queued once
+    assert len(queued_on(mesh, child)) == 1
+    for core in mesh.cores:
+        check_core(core)
+
+
+def test_a_child_whose_creator_is_down_is_queued_by_the_first_of_its_other_holders():
+    mesh = formed(3)
+    ids = [mesh.my_id(i) for i in range(3)]
+    parent = added(mesh.reply(mesh.call(0, "ADDJOB", "q", "p", 0, "REPLICATE", 3)))
+    child = added(mesh.reply(mesh.call(1, "ADDJOB", "kids", "c", 5000, "REPLICATE", 3, "RETRY", 60, "AFTER", parent)))
+    mesh.kill(1)
+    mesh.wait_for(lambda: ids[1] not in mesh.core(0).membership.up_ids() + mesh.core(2).membership.up_ids(), 10_000)
+    ((_, job_id, _),) = mesh.call(0, "GETJOB", "FROM", "q")
+    assert mesh.call(0, "ACKJOB", job_id) == 1
+    assert queued_on(mesh, child) == [ids.index(home(child, ids[::2]))]  # at once, by the first of the others
 
 
 def test_every_holder_of_a_parent_tells_its_watchers():

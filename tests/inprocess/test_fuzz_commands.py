@@ -30,7 +30,7 @@ KEYWORDS = [
     b"resetstat", b"forget", b"meet", b"127.0.0.1", b"sleep", b"structsize", b"latest", b"history",
     b"graph", b"doctor", b"addr", b"type", b"normal", b"skipme", b"setinfo", b"lib-name", b"pause",
     b"AFTER", b"ON-PARENT-FAIL", b"run", b"drop", b"fail", b"RESULT", b"WITHRESULTS", b"BATCH", b"new", b"close",
-    b"show", b"ON-SUCCESS", b"ON-COMPLETE",
+    b"show", b"ON-SUCCESS", b"ON-COMPLETE", b"KEY",
 ]  # fmt: skip
 NUMBERS = [
     b"0", b"1", b"-1", b"2", b"3", b"10", b"100", b"1000", b"+5", b"", b" 1", b"1 ", b"1e3", b"0x10",
@@ -135,8 +135,8 @@ class CommandFuzz(RuleBasedStateMachine):
         q = data.draw(st.sampled_from(QUEUES[:2]))
         known = self.job_ids()
         ids = data.draw(st.lists(st.sampled_from(known), min_size=1, max_size=3)) if known else FAKE_IDS[:1]
-        words = [b"RETRY", b"TTL", b"DELAY", b"MAXLEN", b"0", b"1", b"2", b"5"]
-        opts = data.draw(st.lists(st.sampled_from(words), max_size=4))
+        words = [b"RETRY", b"TTL", b"DELAY", b"MAXLEN", b"0", b"1", b"2", b"5", b"KEY", b"k", b"DEBOUNCE", b"DEDUP", b"1500"]
+        opts = data.draw(st.lists(st.sampled_from(words), max_size=6))
         argv = {
             b"ADDJOB": [q, b"body", b"0", *opts],
             b"GETJOB": [b"NOHANG", b"COUNT", b"2", b"FROM", q],

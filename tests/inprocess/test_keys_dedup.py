@@ -43,7 +43,7 @@ def test_a_key_within_its_window_answers_the_first_job(env) -> None:
     assert third not in (first, other) and env.s("QLEN", "q") == 3
     assert info(env.core) | {"keys_held": 2} == {
         "keys_held": 2, "keys_waiting": 0, "dedup_hits": 1, "dedup_granted": 3, "dedup_unconfirmed": 0,
-        "dedup_released": 0, "key_records_dropped": 0,
+        "dedup_released": 0, "debounce_superseded": 0, "key_records_dropped": 0,
     }  # fmt: skip
     assert b"dedup_hits:1" in env.s("INFO", "keys")
     env.wait(6000)  # every hold ended: forgotten

@@ -388,7 +388,7 @@ def test_options_of_disque_go_before_or_after_the_subcommand(disque: Callable[..
     assert ok(disque("qlen", queue, "--raw")) == ok(disque("qlen", queue, "--port=1", "-p", str(client.address[1]))) == "1\n"  # the last -p wins
     assert ok(disque("--cluster", "jscan", "--ids", "--queue", queue)).split() == ok(disque("jscan", "--queue", queue, "--ids")).split()
     result = disque("--cluster", "QLEN", queue)  # a server command answers what the node answers: no --cluster for it
-    assert result.exit_code == 2 and "--cluster and --local apply to qlen, qstat, top, qscan, jscan, export, not to QLEN" in result.stderr
+    assert result.exit_code == 2 and "--cluster and --local apply to qlen, qstat, keys, top, qscan, jscan, export, not to QLEN" in result.stderr
     assert disque("show", "--local", "x").exit_code == 2
     body = ok(disque("ADDJOB", queue, "--json", "0")).strip()  # after a server command, words go as typed
     assert re.fullmatch(ID, body) and client.show(body).body == b"--json"  # type: ignore[union-attr]

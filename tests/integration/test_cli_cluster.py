@@ -127,6 +127,29 @@ def test_jscan_and_export_list_each_job_once(disque: Callable[..., Result], clie
     assert sorted(json.loads(line)["body"] for line in dump.read_text().splitlines()) == ["on all three", "on the third"]
 
 
+def test_keys_adds_up_every_node(disque: Callable[..., Result], clients: list[Client], queue: str) -> None:
+    """"a" has 1, 2 and 3 jobs on the three nodes, "b" 2 on the second, "c" 1 on the third; a plain job is no key's."""
+    for n, c in enumerate(clients):
+        for key in "a" * (n + 1) + "b" * (2 * (n == 1)) + "c" * (n == 2):
+            c.add_job(queue, f"{key} on node {n}", retry=0, replicate=1, key=key)
+    clients[0].add_job(queue, "plain", retry=0, replicate=1)
+    ids = {c.hello().node_id: n for n, c in enumerate(clients)}
+    merged = json.loads(ok(disque("--json", "keys", queue)))
+    assert (merged["queue"], merged["keys"], merged["jobs"]) == (queue, 5, 9)  # "a" counts on each node that has jobs of it
+    assert merged["busiest"] == [{"key": "a", "jobs": 6}, {"key": "b", "jobs": 2}, {"key": "c", "jobs": 1}]
+    assert sorted((ids[r["node"]], r["keys"], r["jobs"]) for r in merged["nodes"]) == [(0, 1, 1), (1, 2, 4), (2, 2, 4)]
+    assert json.loads(ok(disque("--json", "keys", queue, "--count", "1")))["busiest"] == [{"key": "a", "jobs": 6}]
+    assert ok(disque("keys", queue)).splitlines() == ["5", "9", "a\t6", "b\t2", "c\t1"]  # piped: keys, jobs, then key<TAB>jobs
+    assert ok(disque("keys", queue, "--local")).splitlines() == ok(disque("--local", "keys", queue)).splitlines() == ["1", "1", "a\t1"]
+    shown = ok(disque("--no-raw", "keys", queue))
+    assert f"{queue}: 5 key(s) with jobs queued, 9 keyed job(s), 3 node(s)" in shown and "per node" in shown
+    assert re.search(r"^│\s*a\s*│\s*6\s*│$", shown, re.M) and all(node_id in shown for node_id in ids)
+    assert "per node" not in ok(disque("--no-raw", "keys", queue, "--local"))
+    assert json.loads(ok(disque("--json", "keys", "missing-" + queue)))["busiest"] == []
+    bad = disque("keys", queue, "--count", "1001")
+    assert bad.exit_code == 2 and "1001 is not in the range 1<=x<=1000" in bad.stderr
+
+
 def test_top_merges_the_queues_of_every_node(disque: Callable[..., Result], clients: list[Client], queue: str) -> None:
     clients[1].add_job(queue, "x", retry=0, replicate=1)
     clients[2].add_job(queue, "y", retry=0, replicate=1)

@@ -4,6 +4,7 @@ as seeds.  The protocol pieces without I/O are tested first, on their own."""
 
 from __future__ import annotations
 
+import pickle
 import random
 import re
 import threading
@@ -23,6 +24,7 @@ from disque.client import (
     DisqueReplyError,
     Hello,
     Job,
+    JobHandle,
     JobInfo,
     NodeInfo,
     NodePlanner,
@@ -198,6 +200,46 @@ def test_add_job_after_and_the_canvas(client: Client, queue: str) -> None:
     assert client.wait_results(*tails) == (1, [b"C"])
     (end,) = chord([job(queue, f"h{i}") for i in range(3)], job(queue, "sum")).send(client)
     assert run_all() == [b"h0", b"h1", b"h2"] and run_all() == [b"sum"] and client.result(end) == b"SUM"
+
+
+def test_the_id_add_job_returns_reads_the_jobs_result(client: Client, queue: str, shared_node: NodeProcess) -> None:
+
+    handle = client.add_job(queue, "x")
+    assert isinstance(handle, JobHandle) and isinstance(handle, str) and ID.fullmatch(handle) and handle.id == handle
+    assert client.show(handle) is not None and {handle: 1}[str(handle)] == 1  # the ID string in every other way
+    assert type(pickle.loads(pickle.dumps(handle))) is str
+    assert handle.result is None
+    with pytest.raises(TimeoutError, match="not acknowledged"):
+        handle.wait(0.05)
+    with Client((shared_node.host, shared_node.port)) as consumer:  # (the waiting client's connection is busy)
+        acking = threading.Timer(0.2, lambda: consumer.ack(handle, result=b"done"))
+        acking.start()
+        assert handle.wait(10) == b"done" and handle.result == b"done"
+        acking.join()
+    (tail,) = chord([job(queue, "a")], job(queue, "b")).send(client)  # the canvas's tails are handles too
+    with client.batch() as batch:
+        member = batch.add_job(queue, "c")
+    for name, done in (("a", "A"), ("b", "B"), ("c", "C")):
+        got = client.get_job(queue, timeout_ms=5000)
+        assert got is not None and got.body == name.encode()
+        client.ack(got.id, result=done)
+    assert (tail.wait(5), member.result) == (b"B", b"C")
+
+
+def test_a_child_reads_its_parents_results(client: Client, queue: str) -> None:
+    parents = [client.add_job(queue, f"p{i}") for i in range(3)]
+    child = client.add_job(queue + "-child", "c", after=parents, on_parent_fail="run")
+    for i, parent in enumerate(parents):
+        got = client.get_job(queue, timeout_ms=5000)
+        assert got is not None and got.id == parent
+        client.ack(got.id, result=f"r{i}") if i < 2 else client.ack(got.id)  # the last one without a result
+    info = client.show(child)
+    assert info is not None and info.after == parents and info.waits_for == []
+    assert client.parent_results(child) == {parents[0]: b"r0", parents[1]: b"r1", parents[2]: None}
+    assert client.parent_results(client.add_job(queue, "alone")) == {}
+    with pytest.raises(DisqueReplyError) as unknown:
+        client.parent_results("DI" + "0" * 44 + "SQ")
+    assert unknown.value.code == "NOJOB"
 
 
 def test_a_batch_block_and_its_callback(client: Client, queue: str) -> None:
@@ -454,6 +496,17 @@ async def test_async_client_methods(shared_node: NodeProcess, queue: str) -> Non
         assert "Server" in await c.info()
         with pytest.raises(DisqueReplyError, match="^ERR unknown command"):
             await c.execute_command("NOPE")
+        parent = await c.add_job(queue + "-r", "p")  # (`queue` is paused)
+        child = await c.add_job(queue + "-r", "c", after=[parent])
+        assert await parent.result is None and (await c.show(child)).waits_for == [parent]  # type: ignore[union-attr]
+        got = await c.get_job(queue + "-r", nohang=True)
+        assert got is not None and got.id == parent and await c.ack(parent, result="42") == 1
+        assert await parent.wait(5) == b"42" and await parent.result == b"42"
+        assert await c.parent_results(child) == {parent: b"42"}
+        async with c.batch() as batch:
+            member = await batch.add_job(queue + "-r", "m")
+        with pytest.raises(TimeoutError):
+            await member.wait(0.05)
     with pytest.raises(DisqueConnectionError, match=r"127\.0\.0\.1:\d+: Connection refused"):
         await AsyncClient(("127.0.0.1", free_port())).ping()
 

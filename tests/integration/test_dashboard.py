@@ -32,8 +32,20 @@ SCREENSHOT = os.environ.get("DISQUE_SCREENSHOT")
 Cluster = list[tuple[NodeProcess, int]]  # (node, its HTTP port)
 
 
-def start_cluster(tmp_path: Path, *extra: str) -> Cluster:
-    """Three joined nodes; node i's HTTP port is its client port less the same offset for all."""
+def start_cluster(tmp_path: Path, *extra: str, attempts: int = 3) -> Cluster:
+    """Three joined nodes; node i's HTTP port is its client port less the same
+    offset for all.  Every test run picks its ports the same way, so another
+    run may bind them between the check and a node's start: that node exits,
+    and the cluster is made again on the next free ports, in a new directory."""
+    for attempt in range(attempts - 1):
+        try:
+            return _start_cluster(tmp_path / f"attempt{attempt}", *extra)
+        except RuntimeError:
+            pass  # a node could not bind its ports: the next ones
+    return _start_cluster(tmp_path / f"attempt{attempts - 1}", *extra)
+
+
+def _start_cluster(tmp_path: Path, *extra: str) -> Cluster:
     first = ports_below_ephemeral(3)
     offset = next(o for o in range(-500, -20_000, -500) if all(_bindable("127.0.0.1", first + o + i) for i in range(3)))
     nodes: Cluster = []
@@ -85,6 +97,18 @@ def api(http: int, path: str, body: Any = None, password: str | None = None) -> 
         return e.code, json.loads(e.read())
 
 
+def table_rows(browser: webdriver.Chrome, table: str) -> list[list[str]]:
+    """The text of the cells of a table's rows, read at once (the page redraws its tables every second)."""
+    script = "return [...document.querySelectorAll(arguments[0])].map(tr => [...tr.cells].map(td => td.innerText.trim()))"
+    return browser.execute_script(script, f"#{table} tbody tr")
+
+
+def figure(browser: webdriver.Chrome, selector: str) -> int:
+    """The number a line of figures shows in the span `selector` (`name: n`); -1 before it is drawn."""
+    found = browser.execute_script("const e = document.querySelector(arguments[0]); return e ? e.innerText : ''", selector)
+    return int(found.rpartition(" ")[2] or -1)
+
+
 def dead_letter(client: redis.Redis, queue: str, body: str, *error: str) -> None:
     """A job of `queue` out of attempts at once (NACK ... `error`): dead-lettered into <queue>-dead on this node."""
     job_id = client.execute_command("ADDJOB", queue, body, 0, "REPLICATE", 1, "RETRY", 30, "MAXATTEMPTS", 1)
@@ -114,9 +138,7 @@ def test_the_dashboard_shows_the_whole_cluster_and_acts_on_it(cluster: Cluster, 
     wait = WebDriverWait(browser, 15, ignored_exceptions=[StaleElementReferenceException])  # the tables are redrawn live
 
     def rows(table: str) -> list[list[str]]:
-        """The cells' text, read at once (the page redraws its tables every second)."""
-        script = "return [...document.querySelectorAll(arguments[0])].map(tr => [...tr.cells].map(td => td.innerText.trim()))"
-        return browser.execute_script(script, f"#{table} tbody tr")
+        return table_rows(browser, table)
 
     def text(selector: str) -> str:
         return browser.execute_script("const e = document.querySelector(arguments[0]); return e ? e.innerText.trim() : ''", selector)

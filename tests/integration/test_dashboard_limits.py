@@ -8,7 +8,7 @@ import redis
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.support.ui import WebDriverWait
 
-from test_dashboard import Cluster, api, browser, cluster  # noqa: F401  (fixtures)
+from test_dashboard import Cluster, api, browser, cluster, table_rows  # noqa: F401  (fixtures)
 
 
 def test_the_limits_panel(cluster: Cluster, browser) -> None:  # noqa: F811
@@ -19,8 +19,7 @@ def test_the_limits_panel(cluster: Cluster, browser) -> None:  # noqa: F811
     wait = WebDriverWait(browser, 30, ignored_exceptions=[StaleElementReferenceException])
 
     def rows() -> list[list[str]]:
-        script = "return [...document.querySelectorAll('#limits tbody tr')].map(tr => [...tr.cells].map(td => td.innerText.trim()))"
-        return browser.execute_script(script)
+        return table_rows(browser, "limits")
 
     wait.until(lambda _: rows() == [["stripe", "2", "5", "0", "0", "", "0.0"]])
     ra.execute_command("ADDJOB", "stripe", "charge", 0, "REPLICATE", 1)

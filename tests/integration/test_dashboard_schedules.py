@@ -8,8 +8,9 @@ from __future__ import annotations
 import redis
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.support.ui import WebDriverWait
+from support import wait_for
 
-from test_dashboard import Cluster, api, browser, cluster  # noqa: F401  (fixtures)
+from test_dashboard import Cluster, api, browser, cluster, figure, table_rows  # noqa: F401  (fixtures)
 
 
 def test_the_schedules_panel(cluster: Cluster, browser) -> None:  # noqa: F811
@@ -23,15 +24,13 @@ def test_the_schedules_panel(cluster: Cluster, browser) -> None:  # noqa: F811
     wait = WebDriverWait(browser, 30, ignored_exceptions=[StaleElementReferenceException])
 
     def rows() -> list[list[str]]:
-        script = "return [...document.querySelectorAll('#schedules tbody tr')].map(tr => [...tr.cells].map(td => td.innerText.trim()))"
-        return browser.execute_script(script)
+        return table_rows(browser, "schedules")
 
     def ticks(name: str) -> int:
-        found = browser.execute_script("const e = document.querySelector(`#schedule-totals span[data-ticks='${arguments[0]}']`);"
-                                       "return e ? e.innerText : ''", name)  # fmt: skip
-        return int(found.rpartition(" ")[2] or -1)
+        return figure(browser, f"#schedule-totals span[data-ticks='{name}']")
 
-    heartbeat, nightly = wait.until(lambda _: found if len(found := rows()) == 2 and found[0][5] else None)
+    # the PAUSE reaches this node after the ADD, in a message of its own: wait for both, not for the ADD alone
+    heartbeat, nightly = wait.until(lambda _: found if len(found := rows()) == 2 and found[0][5] and found[1][4] == "paused" else None)
     assert heartbeat[:5] == ["heartbeat", "pings", "every 1 s", "TTL 60", "running"]
     assert heartbeat[6] and heartbeat[7]  # the node that fired the latest tick, the next tick's time
     assert nightly[:5] == ["nightly", "reports", "0 3 * * * Europe/Paris", "", "paused"] and nightly[5] == nightly[6] == ""
@@ -39,7 +38,9 @@ def test_the_schedules_panel(cluster: Cluster, browser) -> None:  # noqa: F811
     # nobody takes the heartbeat's jobs: the panel says so, until a consumer takes one
     wait.until(lambda _: (row := rows()[0])[8] != "" and int(row[8]) >= 2 and row[9].startswith("NONE: jobs pile up"))
     assert nightly[8:] == ["0", ""]
-    assert any(r.execute_command("GETJOB", "NOHANG", "FROM", "pings") for r in (ra, rb, rc))  # the node that queued the ticks has them
+    # A node without the ticks' jobs asks the others for them (NEEDJOBS), which may move them there
+    # between two of these GETJOBs: ask again until one node hands one out.
+    wait_for(lambda: any(r.execute_command("GETJOB", "NOHANG", "FROM", "pings") for r in (ra, rb, rc)), what="a tick's job taken")
     wait.until(lambda _: rows()[0][9].startswith("last taken"))
     assert ticks("refused") == 0
     status, overview = api(http, "/api/overview")

@@ -8,7 +8,7 @@ import redis
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.support.ui import WebDriverWait
 
-from test_dashboard import Cluster, api, browser, cluster  # noqa: F401  (fixtures)
+from test_dashboard import Cluster, api, browser, cluster, figure  # noqa: F401  (fixtures)
 
 
 def test_the_workflows_panel(cluster: Cluster, browser) -> None:  # noqa: F811
@@ -22,13 +22,11 @@ def test_the_workflows_panel(cluster: Cluster, browser) -> None:  # noqa: F811
     browser.get(f"http://127.0.0.1:{http}/")
     wait = WebDriverWait(browser, 30, ignored_exceptions=[StaleElementReferenceException])
 
-    def figure(name: str) -> int:
-        found = browser.execute_script("const e = document.querySelector(`#workflow-totals span[data-figure='${arguments[0]}']`);"
-                                       "return e ? e.innerText : ''", name)  # fmt: skip
-        return int(found.rpartition(" ")[2] or -1)
+    def flow(name: str) -> int:
+        return figure(browser, f"#workflow-totals span[data-figure='{name}']")
 
-    wait.until(lambda _: figure("jobs_held") >= 1 and figure("batches") >= 1 and figure("batch_callbacks_fired") >= 1)
+    wait.until(lambda _: flow("jobs_held") >= 1 and flow("batches") >= 1 and flow("batch_callbacks_fired") >= 1)
     (job,) = ra.execute_command("GETJOB", "TIMEOUT", 5000, "FROM", "wf-parents")
     ra.execute_command("ACKJOB", job[1], "RESULT", "r")
-    wait.until(lambda _: figure("jobs_released") >= 1 and figure("results_kept") >= 1)
+    wait.until(lambda _: flow("jobs_released") >= 1 and flow("results_kept") >= 1)
     ra.close()

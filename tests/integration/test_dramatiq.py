@@ -13,13 +13,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import redis
 from client_helpers import queue, shared_node  # noqa: F401  (fixtures)
 from support import wait_for
 from dramatiq.message import Message
 
 from disque.client import Client
-from disque.contrib.dramatiq import DisqueBroker
+from disque.contrib.dramatiq import DisqueBackend, DisqueBroker
 from disque.testing.devcluster import NodeProcess, command, join
 
 TASKS = '''
@@ -126,4 +127,39 @@ def test_an_actors_queue_limits_become_the_queues_setting_when_it_is_consumed(sh
         client.execute_command("QCONFIG", queue, "DEL")
         broker.consume(queue + "-plain", timeout=100).close()  # no limits: none set
         assert f"{queue}-plain".encode() not in client.execute_command("QCONFIG", "LIST")
+    broker.client.close()
+
+
+def test_the_result_backend_reads_what_the_acknowledgement_carried(shared_node: NodeProcess, queue: str) -> None:
+    import dramatiq
+    from dramatiq.results import Results, ResultMissing, ResultTimeout
+
+    broker = DisqueBroker(f"{shared_node.host}:{shared_node.port}", middleware=[])
+    backend = DisqueBackend(broker)
+    broker.add_middleware(Results(backend=backend))
+
+    @dramatiq.actor(broker=broker, queue_name=queue, store_results=True)
+    def add(x: int, y: int) -> int: ...
+
+    sent = add.send(1, 2)
+    assert sent.options["disque_job_id"] == broker.job_id(sent) == broker.job_id(Message(**{**sent.asdict(), "options": {}}))
+    with pytest.raises(ResultMissing):
+        backend.get_result(sent)  # not acknowledged yet
+    with pytest.raises(ResultTimeout):
+        backend.get_result(sent, block=True, timeout=50)
+    with pytest.raises(ResultMissing):
+        backend.get_result(add.message(1, 2))  # never enqueued: no job
+    consumer = broker.consume(queue, timeout=100)
+    delivery = next(consumer)
+    backend.store_result(delivery, 3, 1000)  # what Results does once the actor returned
+    backend.store_result(delivery, 4, 1000)  # the first one kept wins, as on the server
+    consumer.ack(delivery)
+    assert backend.get_result(sent) == 3 and backend.get_result(Message(**sent.asdict()), block=True) == 3
+    too_big = add.send(0, 0)
+    delivery = next(consumer)
+    backend.store_result(delivery, "x" * 20_000, 1000)  # over 16 KiB: not kept, with a warning
+    consumer.ack(delivery)
+    with pytest.raises(ResultMissing):
+        backend.get_result(too_big, block=True, timeout=5000)  # acknowledged without one
+    consumer.close()
     broker.client.close()

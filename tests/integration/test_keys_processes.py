@@ -109,3 +109,59 @@ def test_keys_take_turns_after_kill_9_and_a_restart(tmp_path: Path) -> None:
         keys = [body.split("-")[0] for body in got]
         assert keys[:4] in (["big", "small"] * 2, ["small", "big"] * 2) and keys[4:] == ["big"] * 3, got
         assert [b for b in got if b.startswith("big")] == [f"big-{n}" for n in range(5)]  # each key in creation order
+
+
+def _runs(cluster: Cluster, queue: str) -> list[tuple[str, str]]:
+    """Every job of `queue` queued on a live node now, taken and acknowledged: (ID, body)."""
+    got = []
+    for i in cluster.live():
+        for _, job_id, body in cluster.call(i, "GETJOB", "NOHANG", "COUNT", 100, "FROM", queue) or []:
+            cluster.call(i, "ACKJOB", job_id)
+            got.append((job_id.decode(), body.decode()))
+    return got
+
+
+def test_debounce_runs_the_last_body_across_nodes_kill_9_of_the_home_and_a_restart(tmp_path: Path) -> None:
+    with Cluster(tmp_path, 3, "--appendonly", "yes", "--appendfsync", "always", "--cluster-node-timeout", "2000") as cluster:
+        opts = ("KEY", "doc-3", "RETRY", 2, "REPLICATE", 2)
+        ids = [cluster.addjob(i, "bq", f"v{n}", 5000, *opts, "DEBOUNCE", 1500) for n, i in enumerate((0, 1, 2, 0))]
+        assert len(set(ids)) == 4 and sum(cluster.qlen(i, "bq") for i in cluster.indexes) == 0
+        assert cluster.wait(lambda: _runs(cluster, "bq"), timeout=10, what="the burst's one job") == [(ids[-1], "v3")]
+        assert all(cluster.show(i, j) is None for i in cluster.indexes for j in ids[:-1])
+        # The home killed with a job pending: its standby supersedes it, and the
+        # copy the home keeps in its AOF goes when it comes back.
+        home, standby = (cluster.index_of(n) for n in ranked(b"bq\0doc-3", cluster.ids)[:2])
+        pending = cluster.addjob(home, "bq", "w0", 5000, *opts, "DEBOUNCE", 8000)
+        cluster.kill(home)
+        cluster.wait(lambda: cluster.flags(standby, home) & {"fail?", "fail"}, timeout=20, what="the home flagged")
+        last = cluster.addjob(standby, "bq", "w1", 5000, *opts, "DEBOUNCE", 8000)
+        assert int(cluster.call(standby, "INFO", "keys")["debounce_superseded"]) >= 1
+        cluster.restart(home)
+        runs = cluster.wait(lambda: _runs(cluster, "bq"), timeout=15, what="the second burst's job")
+        assert runs == [(last, "w1")]
+        cluster.wait(lambda: cluster.show(home, pending) is None, timeout=10, what="the superseded copy dropped")
+        assert _runs(cluster, "bq") == [] and all(cluster.show(i, pending) is None for i in cluster.indexes)
+
+
+def test_the_client_and_the_dramatiq_broker_send_debounce(spawn: Callable[..., NodeProcess]) -> None:
+    node = spawn()
+    address = f"{node.host}:{node.port}"
+    broker = DisqueBroker([address])
+    dramatiq.set_broker(broker)
+
+    @dramatiq.actor(queue_name="bdq", broker=broker)
+    def task(n: int) -> None:
+        pass
+
+    for n in range(3):
+        task.send_with_options(args=(n,), key="doc-1", debounce=300)
+    with Client([address]) as client:
+        first = client.add_job("bcq", "x", key="k", debounce=300)
+        last = client.add_job("bcq", "y", key="k", debounce=300)
+        assert first != last and client.show(first) is None
+        wait_for(lambda: client.execute_command("QLEN", "bcq") == 1, timeout=5, what="the last job queued")
+        assert client.show(last).body == b"y"
+        wait_for(lambda: client.execute_command("QLEN", "bdq") == 1, timeout=5, what="the last message queued")
+        [[_, _, body]] = client.execute_command("GETJOB", "FROM", "bdq")
+        assert list(dramatiq.Message.decode(body).args) == [2]
+    broker.close()

@@ -360,3 +360,18 @@ def test_metrics_show_each_limited_queue(metrics_node) -> None:
     assert got[("disque_limit_jobs_out", q)] == 1 and got[("disque_limit_jobs_handed_total", q)] == 1
     assert got[("disque_limit_lease", q)] >= 1 and got[("disque_limit_waiting", q)] == 0
     assert got[("disque_limit_waited_seconds_total", q)] > 0  # it waited for the node's first lease time
+
+
+def test_metrics_show_each_keyed_queue_and_its_busiest_keys(metrics_node) -> None:
+    node, port, r = metrics_node
+    for key, n in (("tenant-a", 3), ("tenant-b", 1)):
+        for _ in range(n):
+            r.execute_command("ADDJOB", "billing", "charge", 0, "KEY", key)
+    first = r.execute_command("ADDJOB", "mail", "hello", 0, "KEY", "order-1", "DEDUP", 60_000)
+    assert r.execute_command("ADDJOB", "mail", "again", 0, "KEY", "order-1", "DEDUP", 60_000) == first  # a dedup hit
+    got = samples(port)
+    billing, mail = (("queue", "billing"),), (("queue", "mail"),)
+    assert got[("disque_queue_keys", billing)] == 2 and got[("disque_queue_keyed_jobs", billing)] == 4
+    assert got[("disque_queue_key_jobs", (("key", "tenant-a"), ("queue", "billing")))] == 3
+    assert got[("disque_queue_key_jobs", (("key", "tenant-b"), ("queue", "billing")))] == 1
+    assert got[("disque_queue_keys", mail)] == 1 and got[("disque_dedup_hits_total", ())] == 1

@@ -188,7 +188,7 @@ def check_types(python: Path, where: Path) -> None:
     done = subprocess.run([*argv, "app.py"], cwd=where, capture_output=True, text=True, timeout=600)
     assert (done.returncode, done.stdout) == (0, "Success: no issues found in 1 source file\n"), done.stdout + done.stderr
     done = subprocess.run([*argv, "mistake.py"], cwd=where, capture_output=True, text=True, timeout=600)
-    assert 'mistake.py:5: error: Incompatible return value type (got "str", expected "int")' in done.stdout, done.stdout
+    assert 'mistake.py:5: error: Incompatible return value type (got "JobHandle", expected "int")' in done.stdout, done.stdout
 
 
 @pytest.mark.timeout(900)

@@ -479,20 +479,22 @@ def test_tls_clients(nodes: Nodes, certs: dict[str, str]) -> None:
         assert r.ping() is True
 
 
-def tls_ping(ca: str, password: str | None = None) -> Callable[..., bytes]:
-    """devcluster.command over TLS, for a node with no plain port."""
+def tls_command(ca: str, password: str | None = None) -> Callable[..., bytes]:
+    """devcluster.command over TLS, for a node with no plain port: PING's
+    reply as its status line, INFO's text as it is."""
 
-    def ping(host: str, port: int, *args: Any, timeout: float = 5.0) -> bytes:
+    def command(host: str, port: int, *args: Any, timeout: float = 5.0) -> bytes:
         with Client((host, port), tls=True, tls_ca_cert=ca, password=password, failover=False,
                     connect_timeout=timeout, socket_timeout=timeout) as c:  # fmt: skip
-            return b"+%s\r\n" % c.ping().encode()
+            reply = c.execute_command(*args)
+            return b"+%s\r\n" % reply if args[0] == "PING" else reply
 
-    return ping
+    return command
 
 
 def test_a_tls_only_node_with_a_password(nodes: Nodes, certs: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     port = free_port()
-    monkeypatch.setattr(devcluster, "command", tls_ping(certs["ca.crt"], "pw"))
+    monkeypatch.setattr(devcluster, "command", tls_command(certs["ca.crt"], "pw"))
     node = NodeProcess(port, nodes.base / "tls-only", *tls_args(certs, "--port", "0", "--tls-port", str(port),
                        "--tls-auth-clients", "no", "--requirepass", "pw"))  # fmt: skip
     nodes.started.append(node)

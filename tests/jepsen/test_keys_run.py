@@ -1,8 +1,8 @@
-"""jepsen-lite's `--keys`: keyed jobs with DEDUP and an ordered queue on a
+"""jepsen-lite's `--keys`: keyed jobs with DEDUP, an ordered queue and DEBOUNCE bursts on a
 3-node cluster of real processes under partitions and a kill -9, consumers
 on every node; from their history (disque/testing/checker_keys.py): no
-key with two jobs and no ordered key with two jobs out at once outside the
-fault windows, no keyed job lost, and what the faults cost (and the order
+key with two jobs, no ordered key with two jobs out at once and no burst
+with two runs or a stale body outside the fault windows, no keyed job lost, and what the faults cost (and the order
 breaks) counted and printed.  About two minutes: marked slow."""
 
 from __future__ import annotations
@@ -25,4 +25,6 @@ def test_keys_hold_outside_the_faults(tmp_path: Path) -> None:
     dedup, ordered = results["keys"]["dedup"], results["keys"]["ordered"]
     assert dedup["keys"] > 20 and dedup["split_outside"] == 0 and dedup["lost"] == 0, output
     assert ordered["ordered_jobs"] > 50 and ordered["two_out_outside"] == 0 and ordered["ordered_lost"] == 0, output
+    debounce = results["keys"]["debounce"]
+    assert debounce["bursts"] > 20 and debounce["extra_outside"] == 0 and debounce["burst_lost"] == 0, output
     assert "keys VALID: " in output and results["valid"] and done.returncode == 0, output

@@ -1,9 +1,10 @@
 """Keyed jobs' deduplication and ordered keys under random fault plans on
 the simulated network (tests/sim/workload_keys.py), judged by
 disque/testing/checker_keys.py: one job per key, and one job of an
-ordered key out at a time in creation order, while the cluster is whole;
-no job lost; the keys split, the jobs out at once and the order breaks
-inside the fault windows counted (printed: `pytest -s` shows them).
+ordered key out at a time in creation order, and one run of each
+DEBOUNCE burst with its last body, while the cluster is whole; no job
+lost; the keys split, the jobs out at once, the order breaks and the
+bursts' extra runs inside the fault windows counted (printed: `pytest -s` shows them).
 
 The plans are the schedules' (tests/sim/test_sim_schedules.py):
 partitions (some with a bridge node), kills restarted from the AOF and
@@ -18,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from trio.testing import MockClock
 
-from disque.testing.checker_keys import check_keys, check_ordered
+from disque.testing.checker_keys import check_debounce, check_keys, check_ordered
 from sim.test_sim_schedules import schedule_plans
-from sim.workload_keys import run_key_workload
+from sim.workload_keys import DEBOUNCE_MS, run_key_workload
 from sim.workload_schedules import SchedulePlan
 
 
@@ -34,7 +35,11 @@ def judge(plan: SchedulePlan, seed: int) -> dict:
     print(f"ordered: {ordered.to_json()}")
     assert ordered.valid, ordered.to_json()
     assert ordered.counts["ordered_keys"] == 8
-    return result.counts | ordered.counts
+    debounced = check_debounce(history, settle_ms=2 * plan.node_timeout, debounce_ms=DEBOUNCE_MS)
+    print(f"debounce: {debounced.to_json()}")
+    assert debounced.valid, debounced.to_json()
+    assert debounced.counts["bursts"] == 12 and debounced.counts["runs"] >= 12
+    return result.counts | ordered.counts | debounced.counts
 
 
 def test_a_partition_and_a_kill_keep_one_job_per_key_outside_them():
@@ -42,6 +47,7 @@ def test_a_partition_and_a_kill_keep_one_job_per_key_outside_them():
     counts = judge(plan, 7)
     assert counts["outside"] >= 5 and counts["adds"] > counts["keys"]
     assert counts["ordered_outside"] >= 1 and counts["ordered_jobs"] >= 50
+    assert counts["bursts_outside"] >= 3 and counts["debounce_adds"] > counts["bursts"]
 
 
 @pytest.mark.random_plans

@@ -40,7 +40,7 @@ from disque.store.failure import Failure, problem as failure_problem
 from disque.store.limits import OptionError
 from disque.store.schedule import Schedule, broken_rule
 from disque.store.job import DEFAULT_PRIORITY, MAX_PRIORITY, STATE_BY_NAME, STATE_NAMES, Job, State, key_problem
-from disque.store.job_options import DEDUP_ACTIVE, MAX_PARENTS, ON_PARENT_FAIL, JobOptions, Workflow
+from disque.store.job_options import DEDUP_ACTIVE, MAX_PARENTS, ON_PARENT_FAIL, JobOptions, Workflow, debounce_problem
 from disque.store.queue import PAUSE_IN, PAUSE_NAMES, PAUSE_OUT, Queue
 from disque.store.results import problem as result_problem
 
@@ -80,6 +80,7 @@ ADDJOB_OPTS: Final[dict[bytes, tuple[int, int, int, str]]] = {  # Final: a stati
     b"minrepl": (8, 1, 65535, "MINREPL must be between 1 and 65535"),  # an extension (docs/replication.md)
 }
 _DEDUP: Final = (0, 1, INT64_MAX, "DEDUP must be a number of ms > 0 or ACTIVE")  # (an ADDJOB_OPTS entry's shape)
+_DEBOUNCE: Final = (0, 1, INT64_MAX, "DEBOUNCE must be a number of ms > 0")
 # The same under their upper-case names, as clients send them: found without lowering the argument.
 _ADDJOB_OPTS_UPPER: Final[dict[bytes, tuple[int, int, int, str]]] = {k.upper(): v for k, v in ADDJOB_OPTS.items()}
 
@@ -98,13 +99,13 @@ def _option(spec: tuple[int, int, int, str], raw: bytes) -> int:
 
 def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> JobOptions:
     """ADDJOB's options from argv[i:] (ADDJOB_OPTS' values, ASYNC, DEADLETTER,
-    KEY, DEDUP, AFTER, ON-PARENT-FAIL, BATCH) and its `raw_timeout`, checked after them, as one record;
+    KEY, DEDUP, DEBOUNCE, AFTER, ON-PARENT-FAIL, BATCH) and its `raw_timeout`, checked after them, as one record;
     SCHEDULE ADD takes the same options, without a timeout."""
     values: list[int | None] = [None] * len(ADDJOB_OPTS)  # None: not given
     is_async = False
     dead_letter = None
     key = b""
-    dedup = 0
+    dedup = debounce = 0
     after: list[bytes] | None = None  # (no list for a plain job)
     on_parent_fail = None
     batch = b""
@@ -132,6 +133,9 @@ def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> 
         elif opt == b"dedup" and i + 1 < n:
             dedup = DEDUP_ACTIVE if argv[i + 1].lower() == b"active" else _option(_DEDUP, argv[i + 1])
             i += 2
+        elif opt == b"debounce" and i + 1 < n:
+            debounce = _option(_DEBOUNCE, argv[i + 1])
+            i += 2
         elif opt == b"after" and i + 1 < n:  # repeated, one parent each (docs/workflows.md)
             after = [] if after is None else after
             after.append(argv[i + 1])
@@ -148,18 +152,22 @@ def job_options(argv: list[bytes], i: int, raw_timeout: bytes | None = None) -> 
     repl, ttl, retry, delay, maxlen, max_attempts, zones, priority, minrepl = values
     if dead_letter is not None and max_attempts is None:
         raise err("DEADLETTER needs MAXATTEMPTS")
-    if not (key or dedup or after or on_parent_fail is not None or batch):  # a plain job: positional, the cheapest call
+    if not (key or dedup or debounce or after or on_parent_fail is not None or batch):  # a plain job: positional, the cheapest call
         return JobOptions(
             timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter, zones, priority, minrepl
         )
     if dedup and not key:
         raise err("DEDUP needs KEY")
+    if debounce:  # queued `debounce` ms after the key's last ADDJOB: a DELAY of whole seconds for every copy but the first
+        if (problem := debounce_problem(bool(key), bool(dedup), delay is not None)) is not None:
+            raise err(problem)
+        delay = -(-debounce // 1000)
     workflow = None
     if after or on_parent_fail is not None or batch:
         workflow = Workflow(_parents(after, on_parent_fail), ON_PARENT_FAIL.index(on_parent_fail or "fail"), batch)
     return JobOptions(
         timeout, repl, ttl, retry, delay, maxlen, is_async, max_attempts or 0, dead_letter, zones, priority, minrepl,
-        None, key, dedup, workflow,
+        None, key, dedup, workflow, debounce,
     )
 
 
@@ -180,7 +188,7 @@ def _parents(after: list[bytes] | None, on_parent_fail: str | None) -> tuple[byt
 @command("addjob", -4, "wmF")
 def cmd_addjob(node: NodeCore, client: Connection, argv: list[bytes]) -> Any:
     opts = job_options(argv, 4, argv[3])
-    if opts.dedup:  # the key's home decides first (core/keys.py)
+    if opts.dedup or opts.debounce:  # the key's home decides first (core/keys.py)
         return node.keys.claim(client, argv[1], argv[2], opts)
     return node.lifecycle.add_job(client, argv[1], argv[2], opts)
 
@@ -590,6 +598,7 @@ def show(node: NodeCore, job: Job) -> Map:
         + ([(b"key", job.key)] if job.key else [])
         + ([(b"waits-for", list(job.parents)), (b"on-parent-fail", ON_PARENT_FAIL[job.on_parent_fail])] if job.parents else [])
         + ([(b"batch", job.batch)] if job.batch else [])
+        + ([(b"after", list(job.after))] if job.after else [])  # every parent, acknowledged ones too
     )
 
 
@@ -764,6 +773,31 @@ def _priorities(queue: Queue) -> list[tuple[bytes, Any]]:
     if all(priority == DEFAULT_PRIORITY for priority, _ in counts):
         return []
     return [(b"priorities", [n for pair in counts for n in pair])]
+
+
+QKEYS_MAX: Final = 1000  # busiest keys in one reply: a reply stays small, its sort short
+QKEYS_SYNTAX: Final = "Syntax error, try QKEYS <queue> [COUNT <n>]"
+
+
+@command("qkeys", -2, "r")
+def cmd_qkeys(node: NodeCore, client: Connection, argv: list[bytes]) -> Map:
+    """QKEYS <queue> [COUNT n] (an extension, docs/keys.md "Watching keys"):
+    the keys with jobs queued in <queue> on this node, the keyed jobs
+    queued, and the n keys with the most (default 10, at most QKEYS_MAX),
+    as [key, jobs, ...], read from the queue's lanes (store/queue.py `Fair`)."""
+    count = 10
+    if len(argv) == 4 and argv[2].lower() == b"count":
+        count = int_or(argv[3], errors.not_integer)
+        if not 1 <= count <= QKEYS_MAX:
+            raise err(f"COUNT must be between 1 and {QKEYS_MAX}")
+    elif len(argv) != 2:
+        raise err(QKEYS_SYNTAX)
+    queue = node.queues.get(argv[1])
+    fair = queue.fair if queue is not None else None
+    if fair is None:  # no keyed job was ever queued here
+        return Map([(b"keys", 0), (b"jobs", 0), (b"busiest", [])])
+    keys, busiest = fair.busiest(count)
+    return Map([(b"keys", keys), (b"jobs", fair.live), (b"busiest", [v for pair in busiest for v in pair])])
 
 
 @command("qsettings", 2, "rF")

@@ -33,6 +33,22 @@ function fill(selector, rows, render) {
   for (const item of rows) render(body.insertRow(), item);
 }
 
+// A line of figures: a span `label: value` per [name, value], its name in data-<attr> (what the tests read).
+function figures(id, entries, attr, label = (name) => name) {
+  document.getElementById(id).replaceChildren(
+    ...entries.map(([name, value]) => {
+      const span = document.createElement("span");
+      span.textContent = `${label(name)}: ${value}`;
+      span.dataset[attr] = name;
+      return span;
+    }),
+  );
+}
+
+function words(name) {
+  return name.replaceAll("_", " ");
+}
+
 // ------------------------------------------------------------ merging
 
 function mergeQueues(live) {
@@ -167,24 +183,10 @@ function renderTotals(live, queues, rate) {
     blocked += overview.blocked_clients;
     dead += overview.dead_letters.reduce((n, q) => n + q.len, 0);
   }
-  document.getElementById("jobs").replaceChildren(
-    ...Object.entries(jobs).map(([state, n]) => {
-      const span = document.createElement("span");
-      span.textContent = `${state}: ${n}`;
-      span.dataset.state = state;
-      return span;
-    }),
-  );
+  figures("jobs", Object.entries(jobs), "state");
   const flow = Object.values(rate).reduce((t, r) => ({ in: t.in + r.in, out: t.out + r.out }), { in: 0, out: 0 });
-  const figures = { queues: queues.length, "in/s": flow.in.toFixed(1), "out/s": flow.out.toFixed(1), "dead letters": dead, clients, blocked };
-  document.getElementById("totals").replaceChildren(
-    ...Object.entries(figures).map(([name, value]) => {
-      const span = document.createElement("span");
-      span.textContent = `${name}: ${value}`;
-      span.dataset.total = name;
-      return span;
-    }),
-  );
+  const totals = { queues: queues.length, "in/s": flow.in.toFixed(1), "out/s": flow.out.toFixed(1), "dead letters": dead, clients, blocked };
+  figures("totals", Object.entries(totals), "total");
 }
 
 function renderQueues(queues, rate) {
@@ -310,14 +312,37 @@ function renderWorkflows(live) {
       totals[name] = name === "batches" ? Math.max(totals[name], n) : totals[name] + n;
     }
   }
-  document.getElementById("workflow-totals").replaceChildren(
-    ...Object.entries(totals).map(([name, n]) => {
-      const span = document.createElement("span");
-      span.textContent = `${name.replaceAll("_", " ")}: ${n}`;
-      span.dataset.figure = name;
-      return span;
-    }),
-  );
+  figures("workflow-totals", Object.entries(totals), "figure", words);
+}
+
+const TOP_KEYS = 5; // each node lists its queues' 5 busiest keys (core/figures.py TOP_KEYS)
+const DEDUP = ["dedup_hits", "dedup_granted", "dedup_unconfirmed", "dedup_released"];
+
+function renderKeys(live) {
+  // Each node's queues with keyed jobs (core/figures.py key_figures), added up: a key queued on two nodes counts on each.
+  const queues = {};
+  const dedup = Object.fromEntries(DEDUP.map((name) => [name, 0]));
+  for (const { id, overview } of live) {
+    for (const q of overview.key_list || []) { // (a node of an older version lists none)
+      const m = (queues[q.queue] ||= { queue: q.queue, keys: 0, jobs: 0, byNode: [], busiest: {} });
+      m.keys += q.keys;
+      m.jobs += q.jobs;
+      m.byNode.push(`${short(id)}: ${q.keys}`);
+      for (const [key, n] of q.busiest) m.busiest[key] = (m.busiest[key] || 0) + n;
+    }
+    for (const name of DEDUP) dedup[name] += (overview.keys || {})[name] || 0;
+  }
+  const rows = Object.values(queues).sort((a, b) => b.jobs - a.jobs || a.queue.localeCompare(b.queue));
+  fill("#keys", rows, (row, q) => {
+    row.dataset.queue = q.queue;
+    cell(row, q.queue);
+    cell(row, q.keys, "num");
+    cell(row, q.jobs, "num");
+    cell(row, q.byNode.join(", "), "muted");
+    const busiest = Object.entries(q.busiest).sort(([a, x], [b, y]) => y - x || (a < b ? -1 : a > b ? 1 : 0)).slice(0, TOP_KEYS);
+    cell(row, busiest.map(([key, n]) => `${key}: ${n}`).join(", "), "busiest");
+  });
+  figures("key-totals", Object.entries(dedup), "figure", words);
 }
 
 function renderSchedules(me, live) {
@@ -360,14 +385,7 @@ function renderSchedules(me, live) {
       totals[name] = (totals[name] || 0) + overview.schedules["schedule_ticks_" + name];
     }
   }
-  document.getElementById("schedule-totals").replaceChildren(
-    ...Object.entries(totals).map(([name, n]) => {
-      const span = document.createElement("span");
-      span.textContent = `ticks ${name}: ${n}`;
-      span.dataset.ticks = name;
-      return span;
-    }),
-  );
+  figures("schedule-totals", Object.entries(totals), "ticks", (name) => `ticks ${name}`);
 }
 
 function renderClients(live) {
@@ -426,6 +444,7 @@ async function poll() {
     renderSchedules(me, live);
     renderLimits(live);
     renderWorkflows(live);
+    renderKeys(live);
     renderClients(live);
     renderHealth(live);
   } catch (e) {
