@@ -24,11 +24,12 @@ Requests per second move with the machine's load; `instructions` counts
 what one request costs instead, which does not: `valgrind --tool=callgrind`
 on this file running LOW and HIGH requests of a kind (`one KIND N`: GETJOB
 from PREFILL jobs added first), the difference of the totals over HIGH -
-LOW (the start-up, and making HIGH requests' bytes in both, cancel out:
-a keyed request has more arguments to make; the process ends without
-freeing what the requests made, which a node does when each ends: the
-ACK, a hold's end), with the hash seed fixed (the layout of
-the dicts moves a count by a few thousand from one run to the next).
+LOW, with the hash seed fixed (the layout of the dicts moves a count by a
+few thousand from one run to the next).  The start-up cancels out, and so
+does making the requests' bytes: both runs make HIGH (a keyed request has
+more arguments to make, the client's work).  The process ends without
+freeing what the requests left (jobs, lanes, holds): a node does that when
+each ends (the ACK, a hold's end), not in the request.
 """
 
 from __future__ import annotations
