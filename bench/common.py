@@ -48,6 +48,14 @@ def environment() -> dict[str, object]:
     }
 
 
+def cpu_model() -> str:
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return "unknown CPU"
+
+
 def start_node(workdir: Path, *extra: str) -> NodeProcess:
     """A fresh single node (default config) on a free port."""
     return NodeProcess(free_port(), workdir, *extra).start()

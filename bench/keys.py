@@ -1,7 +1,10 @@
 """Keyed jobs against plain ones on one node, in process (docs/keys.md).
 
     python bench/keys.py [ROUNDS]
-    python bench/keys.py instructions     # per request, under callgrind
+    python bench/keys.py instructions [ROUNDS]    # and per request, under callgrind
+
+Both print the CPU and the core in use first (compiled or pure Python:
+disque/compiled.py; DISQUE_PURE=1 for the pure one), then the rates.
 
 A real `Server` whose `TcpClients` serves one end of a socketpair (as
 bench/instructions.py), requests pipelined PIPELINE deep, 100-byte bodies:
@@ -21,8 +24,12 @@ Requests per second move with the machine's load; `instructions` counts
 what one request costs instead, which does not: `valgrind --tool=callgrind`
 on this file running LOW and HIGH requests of a kind (`one KIND N`: GETJOB
 from PREFILL jobs added first), the difference of the totals over HIGH -
-LOW (the start-up cancels out), with the hash seed fixed (the layout of
-the dicts moves a count by a few thousand from one run to the next).
+LOW, with the hash seed fixed (the layout of the dicts moves a count by a
+few thousand from one run to the next).  The start-up cancels out, and so
+does making the requests' bytes: both runs make HIGH (a keyed request has
+more arguments to make, the client's work).  The process ends without
+freeing what the requests left (jobs, lanes, holds): a node does that when
+each ends (the ACK, a hold's end), not in the request.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from common import cpu_model
+from disque import compiled
 from disque.core.config import Config
 from disque.shell.server import Server
 
@@ -76,9 +85,11 @@ class Node:
         ours.setblocking(False)
         self.conn = self.tcp.add(ours, "127.0.0.1:1", "127.0.0.1:2", trusted=True)
 
-    def run(self, make: Callable[[int, bytes], bytes], queue: bytes, n: int) -> float | None:
-        """Requests per second of `n` requests made by `make` (None: refused)."""
-        batches = [b"".join(make(i + j, queue) for j in range(PIPELINE)) for i in range(0, n, PIPELINE)]
+    def run(self, make: Callable[[int, bytes], bytes], queue: bytes, n: int, built: int = 0) -> float | None:
+        """Requests per second of `n` requests made by `make` (None: refused);
+        max(n, `built`) are made, before the clock starts."""
+        made = [b"".join(make(i + j, queue) for j in range(PIPELINE)) for i in range(0, max(n, built), PIPELINE)]
+        batches = made[: n // PIPELINE]
         start = time.perf_counter()
         for data in batches:
             self.peer.sendall(data)
@@ -101,13 +112,13 @@ def one(kind: str, n: int) -> None:
     node = Node()
     if filled_by is not None:
         node.run(filled_by, b"q", PREFILL)
-    assert node.run(make, b"q", n) is not None
+    assert node.run(make, b"q", n, HIGH) is not None  # HIGH made in both runs: making them cancels out
 
 
 def instructions() -> None:
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is needed (make tools-valgrind)")
-    print(f"one node, in process, pipelined {PIPELINE}: instructions per request (callgrind, {HIGH} - {LOW} requests)")
+    print(f"instructions per request (callgrind, {HIGH} - {LOW} requests)")
     counts: dict[str, float] = {}
     for kind in KINDS:
         totals = []
@@ -123,12 +134,7 @@ def instructions() -> None:
         print(f"{kind:18} {counts[kind]:10,.0f}  {base / counts[kind]:.2f}x plain's rate")
 
 
-def main() -> None:
-    if sys.argv[1:2] == ["instructions"]:
-        return instructions()
-    if sys.argv[1:2] == ["one"]:
-        return one(sys.argv[2], int(sys.argv[3]))
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+def rates(rounds: int) -> None:
     best: dict[str, float | None] = {}
     for r in range(rounds):
         node = Node()
@@ -137,14 +143,27 @@ def main() -> None:
         figures = {kind: node.run(KINDS[kind][0], queues[kind], N) for kind in KINDS}
         for name, value in figures.items():
             best[name] = None if value is None or best.get(name, 0) is None else max(value, best.get(name) or 0)
-    base = {"ADDJOB KEY": "ADDJOB plain", "ADDJOB KEY DEDUP": "ADDJOB plain", "GETJOB KEY": "GETJOB plain"}
-    print(f"one node, in process, pipelined {PIPELINE}, best of {rounds} x {N} requests")
+    print(f"requests per second, best of {rounds} x {N} requests")
     for name, value in best.items():
         if value is None:
             print(f"{name:18} {'n/a':>10}")
             continue
-        ratio = f"  {value / best[base[name]]:.2f}x plain" if name in base and best[base[name]] else ""  # type: ignore[operator]
+        base = best[name.split()[0] + " plain"]
+        ratio = f"  {value / base:.2f}x plain" if base and not name.endswith("plain") else ""
         print(f"{name:18} {value:10,.0f}/s{ratio}")
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["one"]:
+        one(sys.argv[2], int(sys.argv[3]))
+        os._exit(0)  # no teardown: freeing what the requests left is the work of their end (ACK, a hold's end)
+    counting = sys.argv[1:2] == ["instructions"]
+    args = sys.argv[2:] if counting else sys.argv[1:]
+    core = "compiled" if compiled.active() else "pure Python"
+    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores); the {core} core; one node, in process, pipelined {PIPELINE}")
+    rates(int(args[0]) if args else 5)
+    if counting:
+        instructions()
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import ServerProcess, print_table
+from common import ServerProcess, cpu_model, print_table
 from disque.testing.devcluster import NodeProcess, command, free_port, join
 
 HERE = Path(__file__).parent
@@ -47,14 +47,6 @@ PEERS: list[tuple[str, str, bool, list[str]]] = [
     ("RQ SimpleWorker", "rq", True, ["-m", "rq.cli", "worker", "--url", "{url}", "--worker-class", "rq.worker.SimpleWorker", "bench"]),
 ]  # fmt: skip
 OURS_WORKER = ["-m", "disque.cli", "worker", "peers:app", "-c", "8"]
-
-
-def cpu_model() -> str:
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    return "unknown CPU"
 
 
 def _env(system: str, **more: str) -> dict[str, str]:

@@ -17,7 +17,7 @@ Pure functions of their arguments: the callers pass the node IDs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from hashlib import blake2b
 
 
@@ -31,6 +31,8 @@ def ranked(name: bytes, node_ids: Iterable[str]) -> list[str]:
     return sorted(node_ids, key=lambda node_id: score(name, node_id))
 
 
-def home(name: bytes, node_ids: Iterable[str]) -> str:
+def home(name: bytes, node_ids: Sequence[str]) -> str:
     """The home of `name` among `node_ids` (not empty)."""
+    if len(node_ids) == 1:  # a node alone: no hash to compute
+        return node_ids[0]
     return min(node_ids, key=lambda node_id: score(name, node_id))

@@ -50,7 +50,8 @@ Every hold is a record (store/keyed.py), newest wins: the home writes it to
 the AOF (KEYHOLD) and sends it (KEYSET) to its standbys, the next two
 nodes in the key's order, which take the home's place when it goes away;
 a node that links up is sent every live hold.  Holds are kept until they
-end (`expiries`: a heap of when each ends), counted in the node's memory.
+end (`expiries`: the holds ending in each 100 ms tick, and a heap of those
+ticks), counted in the node's memory.
 
 Called by NodeCore: `cron` (100 ms), the bus (`on_key_claim`,
 `on_key_claimed`, `on_key_set`, `on_key_done`), `sync_messages`,
@@ -86,7 +87,8 @@ if TYPE_CHECKING:
 ASK_MS = 1000  # how long a producer waits for the key's home before its job is added without the hold
 FORGET_MS = 10 * ASK_MS  # how long the claim of a producer gone is remembered, to end its hold if granted late
 STANDBYS = 2  # the nodes after the home in a key's order that keep its holds
-HOLD_OVERHEAD = 300  # bytes per hold kept (record, dict and heap entries) on top of its strings
+HOLD_OVERHEAD = 300  # bytes per hold kept (record, dict and expiry entries) on top of its strings
+TICK_MS = 100  # the holds ending within one tick share an entry of `expiries`, dropped once it is past
 
 
 @dataclass(slots=True)
@@ -111,7 +113,8 @@ class Keys:
         self.out = life.out
         self.waits = waits
         self.holds: dict[bytes, KeyHold] = {}  # KeyHold.name -> the newest record known
-        self.expiries: list[tuple[int, bytes]] = []  # (when a hold ends, its name): a heap, stale entries skipped
+        self.expiries: dict[int, list[bytes]] = {}  # tick (until // TICK_MS) -> the holds ending in it (stale ones skipped)
+        self.ticks: list[int] = []  # the ticks of `expiries`: a heap
         self.asks: dict[int, _Ask] = {}  # ticket -> the ADDJOB waiting for the home's answer
         self.abandoned: dict[int, tuple[bytes, int]] = {}  # ticket -> (the job never made, when to forget it)
         self.tickets = 0
@@ -132,7 +135,7 @@ class Keys:
         if debounce:  # refused before it supersedes anything
             check_job_options(1, retry, opts.delay, ttl)  # type: ignore[arg-type]
         hold = ttl * 1000 if active else opts.dedup or opts.debounce
-        if self._home(queue + b"\0" + opts.key) == life.membership.my_id:
+        if self._home(queue, opts.key) == life.membership.my_id:
             return self._answer(client, queue, body, opts, self._claim(queue, opts.key, job_id, hold, active, debounce))
         self.tickets += 1
         waiter = self.waits.block(client, (), False, 0)  # its deadline is the ask's (`cron`)
@@ -140,17 +143,20 @@ class Keys:
         self._send(self.tickets, ask)
         return BLOCKED
 
-    def _home(self, name: bytes) -> str:
-        """The home of `name` (core/homes.py) among the nodes this one sees
-        up, linked or not: a link dropped and made again (a PING answered
-        late) must not move a key's home for a moment."""
-        return home_of(name, self.life.membership.up_ids())
+    def _home(self, queue: bytes, key: bytes) -> str:
+        """The home of (queue, key) (core/homes.py) among the nodes this one
+        sees up, linked or not: a link dropped and made again (a PING
+        answered late) must not move a key's home for a moment."""
+        membership = self.life.membership
+        if len(membership.nodes) == 1:  # a node alone: no name to make, no list
+            return membership.my_id
+        return home_of(queue + b"\0" + key, membership.up_ids())
 
     def _send(self, ticket: int, ask: _Ask) -> None:
         """KEYCLAIM to the key's home once there is a link to it that reads
         it (or decide here, if this node became the home meanwhile)."""
         life = self.life
-        home = self._home(ask.queue + b"\0" + ask.opts.key)
+        home = self._home(ask.queue, ask.opts.key)
         if home == life.membership.my_id:
             del self.asks[ticket]
             self.waits.drop_waiter(ask.waiter)
@@ -217,13 +223,13 @@ class Keys:
                 self._send(ticket, ask)
         for ticket in [t for t, (_, until) in self.abandoned.items() if until <= now]:
             del self.abandoned[ticket]
-        expiries = self.expiries
-        while expiries and expiries[0][0] <= now:
-            _, name = heappop(expiries)
-            h = self.holds.get(name)
-            if h is not None and h.until <= now:
-                del self.holds[name]
-                self.life.memory.account(-_size(h))
+        ticks = self.ticks
+        while ticks and ticks[0] < now // TICK_MS:  # a tick wholly past
+            for name in self.expiries.pop(heappop(ticks)):
+                h = self.holds.get(name)
+                if h is not None and h.until <= now:
+                    del self.holds[name]
+                    self.life.memory.account(-_size(h))
 
     # ------------------------------------------------------------ at the home
 
@@ -273,7 +279,7 @@ class Keys:
         """KEYDONE to the key's home (when it cannot be told now, its hold
         runs to its end)."""
         membership = self.life.membership
-        home = self._home(queue + b"\0" + key)
+        home = self._home(queue, key)
         if home == membership.my_id:
             self._release(queue, key, job, aborted)
         elif home in membership.linked_ids(features=m.FEATURE_KEYS):
@@ -299,7 +305,8 @@ class Keys:
         version = life.now if known is None else max(life.now, known.version + 1)
         h = KeyHold(queue, key, version, membership.my_id, job, until, active, debounce)
         self._keep(h)
-        readers = membership.linked_ids(features=m.FEATURE_KEYS)  # (the others get it when they link up)
+        alone = len(membership.nodes) == 1
+        readers = [] if alone else membership.linked_ids(features=m.FEATURE_KEYS)  # (the others get it when they link up)
         if readers:
             me = membership.my_id
             standbys = [n for n in ranked(h.name, membership.up_ids()) if n != me][:STANDBYS]
@@ -312,9 +319,15 @@ class Keys:
             self.out.aof_record(None, encode_record(KEYHOLD, keyed.encode(h)))
 
     def _store(self, h: KeyHold) -> None:
-        self.life.memory.account(_size(h) - _size(self.holds.get(h.name)))
-        self.holds[h.name] = h
-        heappush(self.expiries, (h.until, h.name))
+        name = h.name
+        self.life.memory.account(_size(h) - _size(self.holds.get(name)))
+        self.holds[name] = h
+        tick = h.until // TICK_MS
+        names = self.expiries.get(tick)
+        if names is None:
+            names = self.expiries[tick] = []
+            heappush(self.ticks, tick)
+        names.append(name)
 
     # ------------------------------------------------------------ standbys, links and the AOF
 

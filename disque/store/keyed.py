@@ -30,16 +30,33 @@ from disque.store.job_options import debounce_problem
 from disque.store.records import DecodeError
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class KeyHold:
+    """Never changed once made (a change is a new record).  Its own
+    constructor: compiled, a dataclass's generated one (frozen even more)
+    costs about as much as the rest of a DEDUP claim."""
+
     queue: bytes
     key: bytes
     version: int  # ms of the change (last writer wins)
     origin: str  # node ID that made the change (breaks ties)
-    job: bytes = b""  # the job holding the key (b"": released)
-    until: int = 0  # ms the hold ends (the DEDUP window; DEDUP ACTIVE: the job's expiry)
-    active: bool = False  # DEDUP ACTIVE: the job's acknowledgement ends it
-    debounce: bool = False  # DEBOUNCE: the job is the key's pending one, superseded by a later claim until due
+    job: bytes  # the job holding the key (b"": released)
+    until: int  # ms the hold ends (the DEDUP window; DEDUP ACTIVE: the job's expiry)
+    active: bool  # DEDUP ACTIVE: the job's acknowledgement ends it
+    debounce: bool  # DEBOUNCE: the job is the key's pending one, superseded by a later claim until due
+
+    def __init__(
+        self, queue: bytes, key: bytes, version: int, origin: str, job: bytes = b"", until: int = 0, active: bool = False,
+        debounce: bool = False,
+    ) -> None:  # fmt: skip
+        self.queue = queue
+        self.key = key
+        self.version = version
+        self.origin = origin
+        self.job = job
+        self.until = until
+        self.active = active
+        self.debounce = debounce
 
     def newer(self, other: KeyHold | None) -> bool:
         """Whether this record replaces `other` (None: nothing known)."""
