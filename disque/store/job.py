@@ -74,7 +74,7 @@ TRANSITIONS: dict[State, dict[str, State]] = {
 DEFAULT_PRIORITY: Final = 5  # ADDJOB PRIORITY's default, and that of a frame or record without one
 MAX_PRIORITY: Final = 9
 
-RARE_BYTES: Final = 120  # a Rare record (GC header included)
+RARE_BYTES: Final = 128  # a Rare record (GC header included)
 FAILURE_BYTES: Final = 104  # a Failure tuple of six (GC header included), beside its strings
 MAX_KEY: Final = 1024  # ADDJOB KEY's longest key, in bytes (docs/keys.md)
 
