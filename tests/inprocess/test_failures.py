@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgpack
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from disque.cluster import messages as m
 from disque.cluster.codec import decode_body, encode_body
@@ -207,6 +207,7 @@ words = st.sampled_from([b"ERROR", b"error", b"TRACEBACK", b"HOST", b"PID", b"DE
 
 @settings(max_examples=200, deadline=None)
 @given(args=st.lists(words, max_size=9))
+@example(args=[b"DELAY", b"ERROR", b"DELAY", b"1"])  # a DELAY given twice: each value checked
 def test_nack_arguments_fuzz(args: list[bytes]) -> None:
     """Any NACK options: a count or an error reply, never a crash, and a
     failure is kept only when the reply counted the job."""

@@ -427,15 +427,16 @@ def parse_nack(argv: list[bytes]) -> tuple[list[bytes], int, Failure | None]:
     i = 1
     while i < len(argv) and argv[i].lower() not in NACK_OPTS:
         i += 1
-    ids, opts = argv[:i], {}
+    ids, opts, delay = argv[:i], {}, 0
     while i < len(argv):
         word = argv[i].lower()
         width = NACK_OPTS.get(word)
         if width is None or i + width >= len(argv):
             raise err("Syntax error, try NACK <id> ... [DELAY <seconds>] [ERROR <type> <message> [TRACEBACK <text>] [HOST <host>] [PID <pid>]]")
         opts[word] = argv[i + 1 : i + 1 + width]
+        if word == b"delay":  # each one checked, as ADDJOB's: a DELAY given twice wins last, never unchecked
+            delay = _option(ADDJOB_OPTS[b"delay"], opts[word][0])
         i += 1 + width
-    delay = _option(ADDJOB_OPTS[b"delay"], opts[b"delay"][0]) if b"delay" in opts else 0  # as ADDJOB's
     if b"error" not in opts:
         if opts.keys() - {b"delay"}:
             raise err("TRACEBACK, HOST and PID need ERROR")
