@@ -118,8 +118,8 @@ def job_info_fields(info: Any) -> dict[str, Any]:
     (with its time readable), the extensions' fields it does not use left out."""
     fields = record_fields(info)
     error = {k: fields.pop(k) for k in list(fields) if k.startswith("error-")}
-    for k in ("dead-letter-of", "dead-letter-from", "key"):
-        if fields[k] is None:
+    for k in ("dead-letter-of", "dead-letter-from", "key", "after", "waits-for", "batch"):
+        if not fields[k]:  # None, or no parents
             del fields[k]
     if error["error-type"] is None:
         return fields

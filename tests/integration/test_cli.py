@@ -208,7 +208,7 @@ def test_getjob_and_qpeek(disque: Callable[..., Result], pretty: Callable[..., R
     assert "2 job(s)" in peek and re.search(rf"{queue}\s*│\s*{first}\s*│\s*one", peek) and "nacks" not in peek
     shown = ok(pretty("GETJOB", "WITHCOUNTERS", "FROM", queue))
     assert "1 job(s)" in shown and re.search(rf"│\s*{first}\s*│\s*one\s*│\s*0\s*│\s*0\s*│", shown)
-    assert json.loads(ok(disque("--json", "GETJOB", "FROM", queue))) == [{"id": second, "queue": queue, "body": "\\xff binary", "nacks": None, "additional_deliveries": None, "priority": None, "key": None}]
+    assert json.loads(ok(disque("--json", "GETJOB", "FROM", queue))) == [{"id": second, "queue": queue, "body": "\\xff binary", "nacks": None, "additional_deliveries": None, "priority": None, "key": None, "parent_results": None}]
     client.nack(first)
     assert ok(disque("--raw", "GETJOB", "WITHCOUNTERS", "FROM", queue)).splitlines() == [queue, first, "one", "nacks", "1", "additional-deliveries", "0"]
 
