@@ -1,0 +1,140 @@
+"""Dramatiq's group completion callbacks over the cluster's batches
+(disque.contrib.dramatiq.DisqueGroupCallbacks, docs/workflows.md): a real
+`dramatiq` worker process and a producer process against a real 3-node
+cluster.  A group of five with two callbacks runs each callback once, after
+every member is done; a group with a pipeline member waits for the
+pipeline's last step; a group whose members fail for good (dead-lettered by
+the server, or a pipeline's step after a failed one) never runs its
+callback: its batch has a failed job and a dead letter pending."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from clusterkit import Cluster
+
+TASKS = '''
+import os
+
+import dramatiq
+from dramatiq.results import Results
+
+from disque.contrib.dramatiq import DisqueBackend, DisqueBroker
+
+broker = DisqueBroker(os.environ["DISQUE_NODES"].split(","))
+broker.add_middleware(Results(backend=DisqueBackend(broker)))
+dramatiq.set_broker(broker)
+
+
+@dramatiq.actor(store_results=True)
+def member(x):
+    return x
+
+
+@dramatiq.actor(store_results=True)
+def double(x):
+    return 2 * x
+
+
+@dramatiq.actor(max_retries=0)
+def boom():
+    raise ValueError("no way")
+
+
+@dramatiq.actor(store_results=True, max_retries=0)
+def boom_kept():
+    raise ValueError("no way, kept")
+
+
+@dramatiq.actor(queue_name="notes")
+def note(tag):
+    broker.client.add_job("fired", tag)
+'''
+
+PRODUCER = '''
+import json
+import os
+import time
+
+from dramatiq import group, pipeline
+
+from disque.client import Client
+
+import tasks
+
+out = {}
+client = Client(os.environ["DISQUE_NODES"].split(","))
+nodes = [Client(address) for address in os.environ["DISQUE_NODES"].split(",")]
+failing = group([tasks.member.message(1), tasks.boom.message(),
+                 pipeline([tasks.boom_kept.message(), tasks.member.message_with_options(args=(3,), pipe_ignore=True)])])
+failing.add_completion_callback(tasks.note.message("failed"))
+failing.run()
+five = group([tasks.member.message(i) for i in range(5)])
+five.add_completion_callback(tasks.note.message("five"))
+five.add_completion_callback(tasks.note.message("five, again"))
+five.run()
+piped = group([tasks.member.message(1), pipeline([tasks.member.message(2), tasks.double.message()])])
+piped.add_completion_callback(tasks.note.message("piped"))
+piped.run()
+fired = []
+while len(fired) < 3:
+    job = client.get_job("fired", timeout_ms=30000)
+    assert job is not None, fired
+    fired.append(job.body.decode())
+    if job.body == b"five":  # every member was done before: their results are there
+        out["five results"] = list(five.get_results())
+    if job.body == b"piped":
+        out["piped results"] = list(piped.get_results())
+    client.ack(job.id)
+out["fired"] = sorted(fired)
+# The failing group's batch: its dead letter (the pipeline's last step, unrun) joined it.
+deadline = time.monotonic() + 30
+batch = None
+while batch is None or batch["failed"] < 1 or batch["done"] < 2:
+    assert time.monotonic() < deadline, batch
+    for node in nodes:  # (QPEEK and SHOW are the node's own)
+        for dead in node.qpeek("default.XQ", 10):
+            shown = node.show(dead.id)
+            if shown is not None and shown.batch:
+                batch = client.batch_show(shown.batch)
+    time.sleep(0.05)
+out["failing batch"] = {k: batch[k] for k in ("closed", "jobs", "done", "failed", "pending", "success_fired")}
+out["fired after"] = sum(node.qlen("fired") for node in nodes)
+for c in [client, *nodes]:
+    c.close()
+tasks.broker.close()
+print(json.dumps(out))
+'''
+
+
+def test_group_completion_callbacks_through_a_real_worker(tmp_path: Path) -> None:
+    (tmp_path / "tasks.py").write_text(TASKS)
+    (tmp_path / "producer.py").write_text(PRODUCER)
+    with Cluster(tmp_path / "cluster", 3) as cluster:
+        env = {**os.environ, "DISQUE_NODES": ",".join(f"{n.host}:{n.port}" for n in cluster.nodes),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}  # fmt: skip
+        with open(tmp_path / "worker.log", "wb") as log:
+            worker = subprocess.Popen([str(Path(sys.executable).with_name("dramatiq")), "tasks", "--processes", "1", "--threads", "2"],
+                                      cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=log)  # fmt: skip
+            try:
+                produced = subprocess.run([sys.executable, "producer.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+            finally:
+                worker.send_signal(signal.SIGTERM)
+                worker.wait(30)
+        assert produced.returncode == 0, produced.stderr + (tmp_path / "worker.log").read_text()
+        out = json.loads(produced.stdout)
+        assert out == {
+            "five results": [0, 1, 2, 3, 4],
+            "piped results": [1, 4],
+            "fired": ["five", "five, again", "piped"],
+            # member(1) and boom_kept's pipeline's last step acknowledged, boom dead-lettered by the
+            # server, the last step's dead letter pending in default.XQ: the batch never succeeds.
+            "failing batch": {"closed": 1, "jobs": 4, "done": 2, "failed": 1, "pending": 1, "success_fired": 0},
+            "fired after": 0,
+        }, out
+        assert sum(cluster.qlen(i, "notes") for i in cluster.indexes) == 0  # the callbacks' carrier, acknowledged
