@@ -4,8 +4,9 @@
 cluster.  A group of five with two callbacks runs each callback once, after
 every member is done; a group with a pipeline member waits for the
 pipeline's last step; a group whose members fail for good (dead-lettered by
-the server, or a pipeline's step after a failed one) never runs its
-callback: its batch has a failed job and a dead letter pending."""
+the server, its exception kept as its result, or a pipeline's step after a
+failed one) never runs its callback: its batch has a failed job and dead
+letters pending."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ import tasks
 out = {}
 client = Client(os.environ["DISQUE_NODES"].split(","))
 nodes = [Client(address) for address in os.environ["DISQUE_NODES"].split(",")]
-failing = group([tasks.member.message(1), tasks.boom.message(),
+failing = group([tasks.member.message(1), tasks.boom.message(), tasks.boom_kept.message(),
                  pipeline([tasks.boom_kept.message(), tasks.member.message_with_options(args=(3,), pipe_ignore=True)])])
 failing.add_completion_callback(tasks.note.message("failed"))
 failing.run()
@@ -95,7 +96,7 @@ out["fired"] = sorted(fired)
 # The failing group's batch: its dead letter (the pipeline's last step, unrun) joined it.
 deadline = time.monotonic() + 30
 batch = None
-while batch is None or batch["failed"] < 1 or batch["done"] < 2:
+while batch is None or batch["failed"] < 1 or batch["done"] < 3:
     assert time.monotonic() < deadline, batch
     for node in nodes:  # (QPEEK and SHOW are the node's own)
         for dead in node.qpeek("default.XQ", 10):
@@ -132,9 +133,10 @@ def test_group_completion_callbacks_through_a_real_worker(tmp_path: Path) -> Non
             "five results": [0, 1, 2, 3, 4],
             "piped results": [1, 4],
             "fired": ["five", "five, again", "piped"],
-            # member(1) and boom_kept's pipeline's last step acknowledged, boom dead-lettered by the
-            # server, the last step's dead letter pending in default.XQ: the batch never succeeds.
-            "failing batch": {"closed": 1, "jobs": 4, "done": 2, "failed": 1, "pending": 1, "success_fired": 0},
+            # member(1), boom_kept (its exception its result) and the pipeline's last step (unrun)
+            # acknowledged, boom dead-lettered by the server, boom_kept's and the last step's dead
+            # letters pending in default.XQ: the batch never succeeds.
+            "failing batch": {"closed": 1, "jobs": 6, "done": 3, "failed": 1, "pending": 2, "success_fired": 0},
             "fired after": 0,
         }, out
         assert sum(cluster.qlen(i, "notes") for i in cluster.indexes) == 0  # the callbacks' carrier, acknowledged
