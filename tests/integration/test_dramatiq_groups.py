@@ -52,7 +52,7 @@ def note(tag):
     broker.client.add_job("fired", tag)
 '''
 
-PRODUCER = '''
+HEAD = '''
 import json
 import os
 import time
@@ -66,6 +66,30 @@ import tasks
 out = {}
 client = Client(os.environ["DISQUE_NODES"].split(","))
 nodes = [Client(address) for address in os.environ["DISQUE_NODES"].split(",")]
+'''
+
+# Waits for the batch a dead letter in default.XQ joined to have READY (done, failed, jobs), and
+# prints it, with how many callbacks are queued in "fired" (none left).
+FAILING_BATCH = '''
+deadline = time.monotonic() + 30
+batch = None
+while batch is None or (batch["done"], batch["failed"], batch["jobs"]) != READY:
+    assert time.monotonic() < deadline, batch
+    for node in nodes:  # (QPEEK and SHOW are the node's own)
+        for dead in node.qpeek("default.XQ", 10):
+            shown = node.show(dead.id)
+            if shown is not None and shown.batch:
+                batch = client.batch_show(shown.batch)
+    time.sleep(0.05)
+out["failing batch"] = {k: batch[k] for k in ("closed", "jobs", "done", "failed", "pending", "success_fired")}
+out["fired after"] = sum(node.qlen("fired") for node in nodes)
+for c in [client, *nodes]:
+    c.close()
+tasks.broker.close()
+print(json.dumps(out))
+'''
+
+PRODUCER = HEAD + '''
 failing = group([tasks.member.message(1), tasks.boom.message(), tasks.boom_kept.message(),
                  pipeline([tasks.boom_kept.message(), tasks.member.message_with_options(args=(3,), pipe_ignore=True)])])
 failing.add_completion_callback(tasks.note.message("failed"))
@@ -88,24 +112,8 @@ while len(fired) < 3:
         out["piped results"] = list(piped.get_results())
     client.ack(job.id)
 out["fired"] = sorted(fired)
-# The failing group's batch: its dead letter (the pipeline's last step, unrun) joined it.
-deadline = time.monotonic() + 30
-batch = None
-while batch is None or batch["failed"] < 1 or batch["done"] < 3:
-    assert time.monotonic() < deadline, batch
-    for node in nodes:  # (QPEEK and SHOW are the node's own)
-        for dead in node.qpeek("default.XQ", 10):
-            shown = node.show(dead.id)
-            if shown is not None and shown.batch:
-                batch = client.batch_show(shown.batch)
-    time.sleep(0.05)
-out["failing batch"] = {k: batch[k] for k in ("closed", "jobs", "done", "failed", "pending", "success_fired")}
-out["fired after"] = sum(node.qlen("fired") for node in nodes)
-for c in [client, *nodes]:
-    c.close()
-tasks.broker.close()
-print(json.dumps(out))
-'''
+# The failing group's batch: its dead letters (boom_kept, the pipeline's last step, unrun) joined it.
+''' + FAILING_BATCH.replace("READY", "(3, 1, 6)")
 
 
 def test_group_completion_callbacks_through_a_real_worker(tmp_path: Path) -> None:
@@ -122,3 +130,29 @@ def test_group_completion_callbacks_through_a_real_worker(tmp_path: Path) -> Non
             "fired after": 0,
         }, out
         assert sum(cluster.qlen(i, "notes") for i in cluster.indexes) == 0  # the callbacks' carrier, acknowledged
+
+
+
+# Without the Retries middleware a failed message is acknowledged: a member's is dead-lettered by the broker, in its batch.
+NO_RETRIES = TASKS.replace(
+    'broker = DisqueBroker(os.environ["DISQUE_NODES"].split(","))',
+    "from dramatiq.middleware import Retries, default_middleware\n\n"
+    'broker = DisqueBroker(os.environ["DISQUE_NODES"].split(","), middleware=[m() for m in default_middleware if m is not Retries])',
+).replace("max_retries=0", "")  # (an option of Retries)
+
+FAILED_ONCE = HEAD + '''
+failing = group([tasks.member.message(1), tasks.boom.message()])
+failing.add_completion_callback(tasks.note.message("failed"))
+failing.run()
+''' + FAILING_BATCH.replace("READY", "(2, 0, 3)")
+
+
+def test_a_member_failed_with_no_retries_leaves_its_group_unsuccessful(tmp_path: Path) -> None:
+    assert NO_RETRIES != TASKS
+    with Cluster(tmp_path / "cluster", 3) as cluster:
+        out = run_dramatiq(cluster, tmp_path, NO_RETRIES, FAILED_ONCE)
+        # member(1) and boom acknowledged, boom's message in default.XQ, in the batch: pending for ever.
+        assert out == {
+            "failing batch": {"closed": 1, "jobs": 3, "done": 2, "failed": 0, "pending": 1, "success_fired": 0},
+            "fired after": 0,
+        }, out
