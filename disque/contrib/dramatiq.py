@@ -61,7 +61,18 @@ messages a pipeline or a group enqueued through it, in the broker itself
   step's exception is its result (even without `Results`), and the steps
   after it are acknowledged with it, unrun.  So
   `pipeline.get_result()` and `group.get_results()` find every job.
-* A group's completion callbacks are not mapped (docs/workflows.md).
+* A group's completion callbacks are the cluster's batch (BATCH, docs/
+  workflows.md), with no barrier counted anywhere: `DisqueGroupCallbacks`
+  (installed by the broker) gives `group.run` a barrier backend whose
+  `add` only notes how many members the group has.  The first member
+  enqueued opens a batch (BATCH NEW ON-SUCCESS: a carrier of the
+  callbacks, in the first callback's queue), each member joins it (ADDJOB
+  ... BATCH; a pipeline member: its last step) and the last one closes it.
+  The batch's home adds the carrier once every member is acknowledged; its
+  consumer enqueues each callback and acknowledges it.  A member that
+  fails for good is dead-lettered by the server, or its message added to
+  `<queue>.XQ` in the batch by the broker: either way the batch never
+  succeeds, and the callbacks never run.
 
 Every command about a delivered job goes to the node that delivered the
 job, on a second connection of the consumer: Dramatiq's worker threads
@@ -84,7 +95,8 @@ from typing import Any
 from dramatiq.broker import Broker, Consumer, MessageProxy
 from dramatiq.common import xq_name
 from dramatiq.message import Message, get_encoder
-from dramatiq.middleware import Middleware, Retries
+from dramatiq.middleware import GroupCallbacks, Middleware, Retries
+from dramatiq.rate_limits import RateLimiterBackend
 from dramatiq.results import ResultBackend, ResultFailure, ResultMissing, Results, ResultTimeout
 from dramatiq.results.backend import DEFAULT_TIMEOUT, Result
 from dramatiq.results.result import unwrap_result, wrap_exception, wrap_result
@@ -98,6 +110,9 @@ JOB_IDS = 100_000  # messages whose job ID the broker remembers (those a pipelin
 JOB_ID = "disque_job_id"  # the option of a message `enqueue` returns: its job's ID
 PIPED = "disque_piped"  # the option of a pipeline's next message: it reads the previous one's result
 PIPES = "disque_pipes"  # the option of a pipeline's message a next one waits for: its result is kept
+GROUP = "group_completion_uuid"  # the option `group.run` gives each member (a pipeline: its last step)
+BATCH = "disque_batch"  # the option of a group's member: the batch it joined
+CALLBACKS = "disque_callbacks"  # the option of a batch's callback job: the group's callbacks, enqueued by its consumer
 
 
 class DisqueBroker(Broker):
@@ -107,6 +122,7 @@ class DisqueBroker(Broker):
         super().__init__(middleware=middleware)
         self.add_middleware(QueueLimits())
         self.add_middleware(PipeResults())
+        self.add_middleware(DisqueGroupCallbacks(self))
         self.nodes = nodes
         self.client_options = client_options
         self.queues: set[str] = set()
@@ -114,6 +130,7 @@ class DisqueBroker(Broker):
         self._job_ids: OrderedDict[str, str] = OrderedDict()  # message ID -> job ID, the last JOB_IDS enqueued
         self._lock = threading.Lock()
         self._clients: list[Client] = []  # every thread's producer connection, for close()
+        self._groups: dict[str, _Group] = {}  # group.run's completion UUID -> its batch, members not yet enqueued
 
     @property
     def client(self) -> Client:
@@ -179,6 +196,10 @@ class DisqueBroker(Broker):
 
     def _add(self, message: Message, delay: int | None, after: list[str] | None = None) -> str:
         """ADDJOB of `message` (AFTER `after`, dropped if that one expires); its job ID, remembered."""
+        group = self._group(message) if message.options.get(GROUP) else None
+        batch = None if group is None else group.batch
+        if batch is not None:
+            message = message.copy(options={GROUP: None, "group_completion_callbacks": None, BATCH: batch})
         attempts = self.max_attempts(message)
         priority = message.options.get("broker_priority")
         job_id = self.client.add_job(
@@ -187,12 +208,34 @@ class DisqueBroker(Broker):
             priority=None if priority is None else min(9, max(0, int(priority))),
             key=message.options.get("key"), dedup=message.options.get("dedup"),
             debounce=message.options.get("debounce"), after=after or (), on_parent_fail="drop" if after else None,
+            batch=batch,
         )  # fmt: skip
+        if group is not None and batch is not None:
+            self._joined(group, batch)
         with self._lock:
             self._job_ids[message.message_id] = job_id.id
             if len(self._job_ids) > JOB_IDS:
                 self._job_ids.popitem(last=False)
         return job_id.id
+
+    def _group(self, message: Message) -> _Group | None:
+        """The group `message` is a member of, its batch opened by its first
+        member (None: a barrier not made by this broker's `group.run`)."""
+        with self._lock:
+            group = self._groups.get(message.options[GROUP])
+        if group is not None and group.batch is None:
+            callbacks = message.options["group_completion_callbacks"]
+            carrier = Message(**callbacks[0]).copy(options={CALLBACKS: callbacks})
+            group.batch = self.client.batch_new(on_success=(carrier.queue_name, carrier.encode()))
+        return group
+
+    def _joined(self, group: _Group, batch: str) -> None:
+        """A member was added to its group's batch: after the last, BATCH CLOSE."""
+        group.left -= 1
+        if group.left == 0:
+            with self._lock:
+                self._groups.pop(group.uuid, None)
+            self.client.batch_close(batch)
 
     def job_id(self, message: Message | MessageProxy) -> str | None:
         """The ID of the job `message` became, if known here (`enqueue`'s message, or remembered)."""
@@ -217,6 +260,42 @@ class DisqueBroker(Broker):
 
     def get_declared_delay_queues(self) -> set[str]:
         return set()  # delays are the server's (ADDJOB DELAY, NACK DELAY)
+
+
+class _Group:
+    """A group being enqueued: its batch, and how many members are still to join it."""
+
+    def __init__(self, uuid: str, left: int) -> None:
+        self.uuid = uuid
+        self.left = left
+        self.batch: str | None = None
+
+
+class _GroupBatches(RateLimiterBackend):
+    """The barrier backend `group.run` is given: its `add` (Barrier.create)
+    notes the group's size in the broker, which makes the group a batch as
+    its members are enqueued.  The barrier is never waited on: the batch's
+    home counts the members, so the other operations are not provided."""
+
+    def __init__(self, broker: DisqueBroker) -> None:
+        self.broker = broker
+
+    def add(self, key: str, value: int, ttl: int) -> bool:
+        with self.broker._lock:
+            self.broker._groups[key] = _Group(key, value)
+        return True
+
+
+class DisqueGroupCallbacks(GroupCallbacks):
+    """Dramatiq's `GroupCallbacks` over the cluster's batches (installed by
+    DisqueBroker): the completion callbacks are run by the batch's callback
+    job, never by a member's worker, so nothing happens after a message."""
+
+    def __init__(self, broker: DisqueBroker) -> None:
+        super().__init__(_GroupBatches(broker))
+
+    def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None, exception: BaseException | None = None) -> None:
+        pass
 
 
 class DisqueBackend(ResultBackend):
@@ -332,6 +411,11 @@ class _Consumer(Consumer):
             job = self._fetched.popleft()
             message = Message.decode(job.body)
             message.options["retries"] = job.nacks
+            if message.options.get(CALLBACKS):  # a group's callbacks, due: each enqueued as its own message
+                for callback in message.options[CALLBACKS]:
+                    self.broker.enqueue(Message(**callback))
+                self.jobs_client.ack(job.id)
+                continue
             step = self._piped(job.id, message) if message.options.get(PIPED) else message
             if step is not None:
                 self._settled(-1)
@@ -348,7 +432,10 @@ class _Consumer(Consumer):
         try:
             unwrap_result(value)
         except ResultFailure:
-            self.jobs_client.ack(job_id, result=wrapped)
+            if message.options.get(BATCH):  # a group's member: its group fails too
+                self._dead_letter(job_id, message, wrapped)
+            else:
+                self.jobs_client.ack(job_id, result=wrapped)
             return None
         if message.options.get("pipe_ignore"):
             return message
@@ -364,7 +451,9 @@ class _Consumer(Consumer):
         assert isinstance(message, _Delivery)
         message.error, error = None, message.error
         self._settled(1)
-        if message.retry_in is None:
+        if message.retry_in is None and error is not None and message.options.get(BATCH):
+            self._dead_letter(message.job_id, message, message.result)  # a group's member failed, and nothing retries it
+        elif message.retry_in is None:
             self.jobs_client.ack(message.job_id, result=message.result)
         else:
             self.jobs_client.nack(message.job_id, delay=message.retry_in or None, error=error)
@@ -380,7 +469,15 @@ class _Consumer(Consumer):
         if attempts is not None and message.deliveries >= attempts and message.result is None:
             self.jobs_client.nack(message.job_id, error=error)  # the last attempt: the server dead-letters it
         else:
-            self.jobs_client.pipeline().add_job(xq_name(self.queue_name), message.encode()).ack(message.job_id, result=message.result).execute()
+            self._dead_letter(message.job_id, message, message.result)
+
+    def _dead_letter(self, job_id: str, message: Message | MessageProxy, result: bytes | None) -> None:
+        """Add `message` to `<queue>.XQ` and acknowledge its job (with
+        `result`), in one write; a group's member's dead letter joins the
+        group's batch, which then never succeeds (unless that dead letter
+        is acknowledged)."""
+        dead = self.jobs_client.pipeline().add_job(xq_name(self.queue_name), message.encode(), batch=message.options.get(BATCH))
+        dead.ack(job_id, result=result).execute()
 
     def requeue(self, messages: Iterable[MessageProxy]) -> None:
         ids = [m.job_id for m in messages if isinstance(m, _Delivery)]

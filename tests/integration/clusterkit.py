@@ -15,7 +15,11 @@ carries the tail of every node's log.
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -274,3 +278,24 @@ class Cluster:
             return all(self.registered_jobs(i) == 0 for i in self.live())
 
         self.wait(flushed, timeout, what="every node flushed")
+
+
+def run_dramatiq(cluster: Cluster, base: Path, tasks: str, producer: str) -> Any:
+    """Write `tasks.py` and `producer.py` in `base`, run a `dramatiq tasks`
+    worker process (1 process, 2 threads) against `cluster` while the
+    producer runs (DISQUE_NODES: the nodes' addresses), stop the worker, and
+    return what the producer printed, as JSON."""
+    (base / "tasks.py").write_text(tasks)
+    (base / "producer.py").write_text(producer)
+    env = {**os.environ, "DISQUE_NODES": ",".join(f"{n.host}:{n.port}" for n in cluster.nodes),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(base), os.environ.get("PYTHONPATH")]))}  # fmt: skip
+    with open(base / "worker.log", "wb") as log:
+        worker = subprocess.Popen([str(Path(sys.executable).with_name("dramatiq")), "tasks", "--processes", "1", "--threads", "2"],
+                                  cwd=base, env=env, stdout=subprocess.DEVNULL, stderr=log)  # fmt: skip
+        try:
+            produced = subprocess.run([sys.executable, "producer.py"], cwd=base, env=env, capture_output=True, text=True, timeout=90)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(30)
+    assert produced.returncode == 0, produced.stderr + (base / "worker.log").read_text()
+    return json.loads(produced.stdout)

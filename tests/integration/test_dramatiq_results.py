@@ -7,14 +7,9 @@ waited for; an actor's exception read back as Dramatiq's ResultFailure."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
-from clusterkit import Cluster
+from clusterkit import Cluster, run_dramatiq
 
 TASKS = '''
 import os
@@ -79,21 +74,8 @@ print(json.dumps(out))
 
 
 def test_results_pipelines_and_groups_through_a_real_worker(tmp_path: Path) -> None:
-    (tmp_path / "tasks.py").write_text(TASKS)
-    (tmp_path / "producer.py").write_text(PRODUCER)
     with Cluster(tmp_path / "cluster", 3) as cluster:
-        env = {**os.environ, "DISQUE_NODES": ",".join(f"{n.host}:{n.port}" for n in cluster.nodes),
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}  # fmt: skip
-        with open(tmp_path / "worker.log", "wb") as log:
-            worker = subprocess.Popen([str(Path(sys.executable).with_name("dramatiq")), "tasks", "--processes", "1", "--threads", "2"],
-                                      cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=log)  # fmt: skip
-            try:
-                produced = subprocess.run([sys.executable, "producer.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
-            finally:
-                worker.send_signal(signal.SIGTERM)
-                worker.wait(30)
-        assert produced.returncode == 0, produced.stderr + (tmp_path / "worker.log").read_text()
-        out = json.loads(produced.stdout)
+        out = run_dramatiq(cluster, tmp_path, TASKS, PRODUCER)
         assert out == {
             "missing": True,
             "group": [0, 2, 4, 20],
