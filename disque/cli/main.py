@@ -384,12 +384,10 @@ def keys(session: Session, queue: str, count: int, cluster: bool | None) -> None
     and the busiest keys, added up over the cluster's nodes (QKEYS on each):
     a key with jobs queued on two nodes counts once on each, and a busy
     key's jobs are those of the nodes where it is among the COUNT busiest."""
-    from disque.cli.views import text
 
     def figures(client: Any) -> dict[str, Any]:
-        found = {text(k): v for k, v in as_map(client.execute_command("QKEYS", queue, "COUNT", count)).items()}
-        pairs = found["busiest"]
-        return {"keys": found["keys"], "jobs": found["jobs"], "busiest": dict(zip(map(text, pairs[::2]), pairs[1::2]))}
+        found = client.qkeys(queue, count)
+        return {"keys": found.keys, "jobs": found.jobs, "busiest": dict(found.busiest)}
 
     if session.wide(cluster, default=True):
         found = per_node(session, figures)

@@ -44,7 +44,7 @@ below, so `from disque.client import Client` is the import to write.
 
 from disque.client.aio import AsyncClient
 from disque.client.base import FIRST_HEARTBEAT, Affinity, NodePlanner, Pipeline
-from disque.client.models import Hello, Job, JobHandle, JobInfo, NodeInfo, QueueStats
+from disque.client.models import Hello, Job, JobHandle, JobInfo, NodeInfo, QueueKeys, QueueStats
 from disque.client.protocol import (
     DEFAULT_ADDRESS,
     Address,
@@ -78,6 +78,7 @@ __all__ = [
     "NodeInfo",
     "NodePlanner",
     "Pipeline",
+    "QueueKeys",
     "QueueStats",
     "ReplicationTimeout",
     "connection_name",

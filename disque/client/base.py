@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, overload
 import hiredis
 
 from disque.client import tracing
-from disque.client.models import Hello, Job, JobHandle, JobInfo, QueueStats, _jobs, _optional, _same
+from disque.client.models import Hello, Job, JobHandle, JobInfo, QueueKeys, QueueStats, _jobs, _optional, _same
 from disque.client.protocol import (
     DEFAULT_ADDRESS,
     Address,
@@ -738,6 +738,12 @@ class _Base:
     def qstat(self, queue: str) -> Ops[QueueStats | None]:
         """QSTAT as `QueueStats`, or None for a queue that does not exist."""
         return self._command(["QSTAT", queue], _optional(QueueStats.from_reply))
+
+    @_api
+    def qkeys(self, queue: str, count: int = 10) -> Ops[QueueKeys]:
+        """QKEYS: the queue's keys with jobs queued on the connected node and
+        its `count` busiest (docs/keys.md, "Watching keys")."""
+        return self._command(["QKEYS", queue, "COUNT", count], QueueKeys.from_reply)
 
     @_api
     def qpeek(self, queue: str, count: int) -> Ops[list[Job]]:

@@ -138,6 +138,22 @@ class QueueStats:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueKeys:
+    """QKEYS: the keys with jobs queued in a queue on one node, its keyed
+    jobs, and the busiest keys with their jobs, most first."""
+
+    keys: int
+    jobs: int
+    busiest: list[tuple[str, int]]
+
+    @classmethod
+    def from_reply(cls, reply: Sequence[Any]) -> QueueKeys:
+        values = _pairs(reply)
+        pairs = values["busiest"]
+        return cls(values["keys"], values["jobs"], [(_text(pairs[i]), pairs[i + 1]) for i in range(0, len(pairs), 2)])
+
+
+@dataclass(frozen=True, slots=True)
 class NodeInfo:
     id: str
     host: str  # empty while the node does not know its own address

@@ -28,6 +28,7 @@ from disque.client import (
     JobInfo,
     NodeInfo,
     NodePlanner,
+    QueueKeys,
     QueueStats,
     encode_command,
     parse_address,
@@ -118,6 +119,16 @@ def test_add_job_options_and_show(client: Client, queue: str) -> None:
     with pytest.raises(DisqueReplyError) as bad:
         client.show("nope")
     assert (bad.value.code, bad.value.message) == ("BADID", "Invalid Job ID format.")
+
+
+def test_qkeys_counts_a_queues_keys_and_names_the_busiest(client: Client, queue: str) -> None:
+    assert client.qkeys(queue) == QueueKeys(0, 0, [])  # no such queue
+    client.add_job(queue, "plain")
+    for key, n in (("a", 1), ("b", 3), ("c", 2)):
+        for _ in range(n):
+            client.add_job(queue, "x", key=key)
+    assert client.qkeys(queue) == QueueKeys(3, 6, [("b", 3), ("c", 2), ("a", 1)])
+    assert client.qkeys(queue, count=1).busiest == [("b", 3)]
 
 
 def test_add_job_asynchronous_and_maxlen(client: Client, queue: str) -> None:
