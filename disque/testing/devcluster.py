@@ -95,8 +95,9 @@ def _claim(ports: list[int]) -> bool:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            for mine in [block] + new[:i]:  # none claimed, so as not to hold blocks the other process is using
-                os.close(_claims.pop(mine, fd))
+            os.close(fd)
+            for mine in new[:i]:  # none claimed, so as not to hold blocks the other process is using
+                os.close(_claims.pop(mine))
             return False
         _claims[block] = fd
     return True
